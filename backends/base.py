@@ -1,0 +1,173 @@
+"""The backend contract: everything that differs between accelerator vendors lives here.
+
+Code above `backends/` asks a `Backend` for capabilities and markers; it never compares vendor
+names. Each vendor module builds one `Backend` instance from data, so adding a vendor is adding a
+module, not editing the harness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from typing import Callable, Mapping, Sequence
+
+# Every vendor's visibility keys. A child's environment is scrubbed of all of them before its own
+# backend's key is set: a stale HIP_VISIBLE_DEVICES under a CUDA run (or the reverse) silently
+# picks the wrong card on hosts that have both stacks installed.
+ALL_VISIBILITY_KEYS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "MUSA_VISIBLE_DEVICES",
+    "ASCEND_RT_VISIBLE_DEVICES",
+)
+
+RECOVERABLE = "recoverable"
+FATAL = "fatal"
+POISONED = "poisoned"
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend's device is not present on this machine."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureMarkers:
+    """Substrings of accelerator error text, per class of graph-capture failure.
+
+    Markers must be specific: torch appends a generic "compile with TORCH_USE_CUDA_DSA to enable
+    device-side assertions" footer to every CUDA error, so a marker like "device-side assert"
+    would turn every harmless capture refusal into a fatal error.
+    """
+
+    recoverable: tuple[str, ...] = ()
+    fatal: tuple[str, ...] = ()
+    poisoned: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    name: str
+    aliases: tuple[str, ...]
+    torch_device_type: str
+    visibility_key: str | None
+    # (argv, regex): the vendor CLI that lists devices and the pattern of one device line.
+    vendor_cli: tuple[tuple[str, ...], str] | None = None
+    # Extension module that registers the device with torch (torch_musa, torch_npu).
+    torch_module: str | None = None
+    graph_capture: bool = False
+    # Graph class on the torch device module (torch.cuda.CUDAGraph, torch.musa.MUSAGraph).
+    graph_class: str = "CUDAGraph"
+    # Triton's own driver runs kernels (False for the interpreter: no compile hooks, no do_bench).
+    triton_driver: bool = True
+    capture_markers: CaptureMarkers = CaptureMarkers()
+    # Test functions whose capture attempt kills the context: timed directly from the start.
+    capture_deny: frozenset[str] = frozenset()
+    # Extra environment for the child (e.g. TRITON_INTERPRET=1).
+    child_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Shape set used when the user gives none.
+    default_shapes: str = "default.yaml"
+    # Default timing budgets (ms); the interpreter is orders of magnitude slower.
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    identity: Callable[[], dict] | None = None
+    # Whether the installed torch is a build for this vendor (ROCm torch also answers torch.cuda).
+    torch_build: Callable[[object], bool] = lambda torch: True
+
+    @property
+    def default_timer(self) -> str:
+        if not self.triton_driver:
+            return "host"
+        return "graph" if self.graph_capture else "direct"
+
+    # --- devices ---------------------------------------------------------------------------
+    def enumerate_devices(
+        self,
+        explicit: Sequence[int] | None = None,
+        environ: Mapping[str, str] | None = None,
+        torch_count: Callable[[], int] | None = None,
+    ) -> list[int]:
+        """Device indices, by the first source that answers: explicit list, visibility env,
+        vendor CLI, then torch."""
+        if explicit:
+            return list(explicit)
+        environ = os.environ if environ is None else environ
+        if self.visibility_key is None:
+            return [0]
+        visible = environ.get(self.visibility_key)
+        if visible is not None:
+            return [int(x) for x in visible.split(",") if x.strip() != ""]
+        listed = self._devices_from_cli()
+        if listed is not None:
+            return listed
+        return list(range((torch_count or self._torch_count)()))
+
+    def _devices_from_cli(self) -> list[int] | None:
+        if self.vendor_cli is None:
+            return None
+        argv, pattern = self.vendor_cli
+        if shutil.which(argv[0]) is None:
+            return None
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return list(range(len(re.findall(pattern, out, flags=re.MULTILINE))))
+
+    def _torch_count(self) -> int:
+        import importlib
+
+        try:
+            torch = importlib.import_module("torch")
+            if self.torch_module:
+                importlib.import_module(self.torch_module)
+            if not self.torch_build(torch):
+                return 0
+            accel = getattr(torch, self.torch_device_type)
+            return int(accel.device_count()) if accel.is_available() else 0
+        except (ImportError, AttributeError, RuntimeError):
+            return 0
+
+    def check_available(self, explicit: Sequence[int] | None = None) -> list[int]:
+        """The devices to use, or BackendUnavailable with one line telling what to do."""
+        found = self.enumerate_devices()
+        if not found:
+            raise BackendUnavailable(
+                f"backend '{self.name}': no device found on this machine; "
+                "to run the pipeline without a GPU use --backend interpreter"
+            )
+        if explicit:
+            missing = [d for d in explicit if d not in found]
+            if missing and self.visibility_key is not None:
+                raise BackendUnavailable(
+                    f"backend '{self.name}': device(s) {missing} not among the visible devices "
+                    f"{found}"
+                )
+            return list(explicit)
+        return found
+
+    def visibility_env(self, device: int, environ: Mapping[str, str]) -> dict[str, str]:
+        """The child's environment: every vendor's visibility key removed, then ours set."""
+        env = {k: v for k, v in environ.items() if k not in ALL_VISIBILITY_KEYS}
+        if self.visibility_key is not None:
+            env[self.visibility_key] = str(device)
+        env.update(self.child_env)
+        return env
+
+    # --- capture failures ------------------------------------------------------------------
+    def classify_capture_error(self, exc: BaseException) -> str:
+        """recoverable / fatal / poisoned, from the error text. Unknown text is fatal: a failure
+        we cannot name must not be papered over with a number from another timer."""
+        text = f"{type(exc).__name__}: {exc}"
+        m = self.capture_markers
+        for cls, markers in ((FATAL, m.fatal), (POISONED, m.poisoned), (RECOVERABLE, m.recoverable)):
+            if any(marker in text for marker in markers):
+                return cls
+        return FATAL
+
+    def torch_device(self) -> str:
+        """Inside the child exactly one device is visible, so it is always index 0."""
+        return "cpu" if self.torch_device_type == "cpu" else f"{self.torch_device_type}:0"

@@ -1,0 +1,45 @@
+"""NVIDIA CUDA."""
+
+from .base import Backend, CaptureMarkers
+
+
+def identity() -> dict:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device_name": props.name,
+        "arch": f"sm_{props.major}{props.minor}",
+        "runtime": f"cuda {torch.version.cuda}",
+    }
+
+
+BACKEND = Backend(
+    name="cuda",
+    aliases=("nvidia", "gpu"),
+    torch_device_type="cuda",
+    visibility_key="CUDA_VISIBLE_DEVICES",
+    vendor_cli=(("nvidia-smi", "-L"), r"^GPU \d+:"),
+    graph_capture=True,
+    capture_markers=CaptureMarkers(
+        recoverable=(
+            "operation not permitted when stream is capturing",
+            "cudaErrorStreamCaptureUnsupported",
+            "cudaErrorStreamCaptureInvalidated",
+            "cudaErrorStreamCaptureImplicit",
+            "Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture",
+            "during CUDA graph capture",
+            "not supported during capture",
+        ),
+        fatal=(
+            "an illegal memory access was encountered",
+            "CUDA out of memory",
+            "OutOfMemoryError",
+            "device-side assert triggered",
+            "misaligned address",
+        ),
+        poisoned=("CUDA error: unknown error", "CUDA driver error: unknown error"),
+    ),
+    identity=identity,
+    torch_build=lambda torch: torch.version.hip is None,
+)

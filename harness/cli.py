@@ -1,0 +1,264 @@
+"""`python -m harness record|replay ...`: what the nox sessions run.
+
+The parent resolves and validates everything up front (backend, device, operator, shapes,
+dtypes, replay source), claims the run dir, writes the spec into it, then runs the pytest child
+on one device and tees its output into run.log. Every bad input fails here, before any work, with
+one line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import backends
+from harness import registry, rundir, shapes, spec as spec_mod, tuning
+from ops import DTYPE_NAMES
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHAPES_DIR = REPO_ROOT / "shapes"
+DEFAULT_OP = "softmax"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+def _dtype_list(text: str) -> list[str]:
+    items = [d.strip() for d in text.split(",") if d.strip()]
+    bad = [d for d in items if d not in DTYPE_NAMES]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad or text!r}; known: {','.join(DTYPE_NAMES)}")
+    return items
+
+
+def _nonneg_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_argument_group("where to run")
+    where.add_argument("--backend", metavar="NAME", default=None,
+                       help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; "
+                            "replay: the recorded one)")
+    where.add_argument("--device", metavar="N", type=int, default=None,
+                       help="device index (default: the first visible device)")
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--shapes", metavar="FILE", type=Path, default=None,
+                      help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes)")
+    what.add_argument("--dtypes", metavar="LIST", type=_dtype_list, default=None,
+                      help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)")
+    what.add_argument("--ops-path", metavar="PATH", action="append", default=None,
+                      help="extra operator definitions: a directory of modules, a .py file or a module "
+                           "name (repeatable)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", metavar="DIR", type=Path, default=None,
+                     help="parent of the run dir (default: runs/)")
+    out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                     help="terminal colour (run.log is always plain) (default: auto)")
+
+
+def _add_measurement(parser: argparse.ArgumentParser) -> None:
+    how = parser.add_argument_group("how to measure")
+    how.add_argument("--seed", metavar="N", type=int, default=0, help="seed for random/numpy/torch (default: 0)")
+    how.add_argument("--timer", choices=spec_mod.TIMERS, default="auto",
+                     help="auto: graph where the backend can capture, else direct (default: auto)")
+    how.add_argument("--warmup-ms", metavar="MS", type=_nonneg_float, default=None,
+                     help="warmup budget per measurement (default: the backend's, 25 on GPUs)")
+    how.add_argument("--rep-ms", metavar="MS", type=_nonneg_float, default=None,
+                     help="timing budget per measurement (default: the backend's, 100 on GPUs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="run one operator, sweep autotune, archive everything")
+    rec.add_argument("op", nargs="?", default=DEFAULT_OP, help=f"operator name (default: {DEFAULT_OP})")
+    _add_common(rec)
+    _add_measurement(rec)
+    rep = sub.add_parser("replay", help="rerun a record run with its configs, shapes and seeds pinned")
+    rep.add_argument("run_dir", type=Path, help="the record run dir to replay")
+    _add_common(rep)
+    return parser
+
+
+# --- resolution ------------------------------------------------------------------------------
+def _resolve_backend(name: str | None) -> backends.Backend:
+    try:
+        return backends.get(name) if name else backends.auto_detect()
+    except (backends.UnknownBackend, backends.BackendUnavailable) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _resolve_device(backend: backends.Backend, device: int | None) -> int:
+    try:
+        return backend.check_available([device] if device is not None else None)[0]
+    except backends.BackendUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _resolve_timer(backend: backends.Backend, timer: str) -> str:
+    if timer == "graph" and not backend.graph_capture:
+        raise UsageError(f"backend '{backend.name}' cannot capture graphs; use --timer direct or auto")
+    if timer in ("graph", "direct") and not backend.triton_driver:
+        raise UsageError(f"backend '{backend.name}' has no device timer; use --timer host or auto")
+    if timer == "host" and backend.triton_driver:
+        raise UsageError("--timer host is for the interpreter; on a device it measures launch overhead only")
+    return backend.default_timer if timer == "auto" else timer
+
+
+def _resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
+    try:
+        key, shape_list, file_dtypes = shapes.resolve(
+            shape_file, op.name, op.shape_keys, len(op.dims) if op.dims else None)
+    except shapes.ShapeFileError as exc:
+        raise UsageError(str(exc)) from exc
+    chosen = dtypes or file_dtypes or list(op.dtypes)
+    unsupported = [d for d in chosen if d not in op.dtypes]
+    if unsupported:
+        raise UsageError(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)}")
+    return key, shape_list, chosen
+
+
+def _load_op(name: str, ops_paths: list[str]):
+    try:
+        return registry.load(name, ops_paths)
+    except registry.OperatorNotFound as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _abs_ops_paths(paths: list[str] | None) -> list[str]:
+    # Files and dirs are stored absolute (the child runs from the repo root); module names as is.
+    out = []
+    for p in paths or []:
+        out.append(str(Path(p).resolve()) if Path(p).exists() else p)
+    return out
+
+
+def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    backend = _resolve_backend(args.backend)
+    ops_paths = _abs_ops_paths(args.ops_path)
+    op, provider = _load_op(args.op, ops_paths)
+    shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
+    key, shape_list, dtypes = _resolve_shapes(op, shape_file, args.dtypes)
+    timer = _resolve_timer(backend, args.timer)
+    device = _resolve_device(backend, args.device)
+    run_spec = spec_mod.RunSpec(
+        op=op.name, backend=backend.name, mode="record", device=device, dtypes=dtypes,
+        shapes_source=f"{shape_file}#{key}", seed=args.seed, timer=timer,
+        warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
+        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
+        ops_paths=ops_paths, provider=provider, color=_color(args.color))
+    return run_spec, shape_list, args.out
+
+
+def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    try:
+        source = spec_mod.read(args.run_dir)
+        tuning.load_records(tuning.records_path(args.run_dir, source.op))
+    except (spec_mod.SpecError, tuning.RecordsError) as exc:
+        raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+    if source.mode != "record":
+        raise UsageError(f"cannot replay {args.run_dir}: it is a {source.mode} run; replay a record run")
+    backend = _resolve_backend(args.backend or source.backend)
+    if backend.name != source.backend:
+        raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}', "
+                         f"not '{backend.name}'; configs do not carry across backends")
+    ops_paths = _abs_ops_paths(args.ops_path) or source.ops_paths
+    op, provider = _load_op(source.op, ops_paths)
+    shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
+    key, shape_list, dtypes = _resolve_shapes(op, shape_file, args.dtypes)
+    device = _resolve_device(backend, args.device)
+    run_spec = spec_mod.RunSpec(
+        op=op.name, backend=backend.name, mode="replay", device=device, dtypes=dtypes,
+        shapes_source=f"{shape_file}#{key}", seed=source.seed, timer=source.timer,
+        warmup_ms=source.warmup_ms, rep_ms=source.rep_ms, ops_paths=ops_paths, provider=provider,
+        replay_from=str(Path(args.run_dir).resolve()), color=_color(args.color))
+    return run_spec, shape_list, args.out or Path(args.run_dir).resolve().parent
+
+
+def _color(choice: str) -> bool:
+    if choice == "auto":
+        return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return choice == "always"
+
+
+# --- running ---------------------------------------------------------------------------------
+class _Tee:
+    """Terminal and run.log at once; run.log gets plain text."""
+
+    def __init__(self, log_path: Path):
+        self.log = open(log_path, "a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        self.log.write(ANSI.sub("", text))
+        self.log.flush()
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee) -> int:
+    backend = backends.get(run_spec.backend)
+    env = backend.visibility_env(run_spec.device, os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(run_dir)], cwd=REPO_ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", bufsize=1)
+    try:
+        for line in proc.stdout:
+            tee.write(line)
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The child got the same SIGINT from the terminal; give it time to write its summary.
+        tee.write("\ninterrupted: waiting for the child to finish writing its results\n")
+        try:
+            for line in proc.stdout:
+                tee.write(line)
+            return proc.wait(timeout=30)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return 130
+
+
+def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> int:
+    root = (out or REPO_ROOT / "runs").resolve()
+    run_dir = rundir.claim_run_dir(root, run_spec.op)
+    spec_mod.write(run_dir, run_spec)
+    shapes.write_used(run_dir / rundir.SHAPES_YAML, run_spec.op, shape_list, run_spec.dtypes,
+                      run_spec.shapes_source)
+    tee = _Tee(run_dir / rundir.RUN_LOG)
+    try:
+        what = f"replay of {run_spec.replay_from}" if run_spec.mode == "replay" else "record"
+        tee.write(f"zl_bench {what}: op={run_spec.op} backend={run_spec.backend} device={run_spec.device} "
+                  f"dtypes={','.join(run_spec.dtypes)} shapes={len(shape_list)} timer={run_spec.timer}\n"
+                  f"run dir: {run_dir}\n")
+        code = run_child(run_dir, run_spec, tee)
+        verdict = "ok" if code == 0 else f"FAILED (exit {code})"
+        tee.write(f"\n{run_spec.mode} {verdict}; run dir: {run_dir}\n")
+    finally:
+        tee.close()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        resolved = resolve_record(args) if args.command == "record" else resolve_replay(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return execute(*resolved)

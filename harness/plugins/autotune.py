@@ -1,0 +1,45 @@
+"""Autotune: record the chosen config per kernel per key (record mode) or inject the recorded
+ones (replay mode). The mechanics live in harness.tuning; this plugin wires them to the run."""
+
+from __future__ import annotations
+
+from harness import identity, rundir, tuning
+
+
+class AutotunePlugin:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.patch: tuning.AutotunePatch | None = None
+        self.current_case = ""
+
+    def pytest_configure(self, config):
+        spec = self.ctx.spec
+        records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
+        common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.current_case,
+                      host_autotune=not self.ctx.backend.triton_driver)
+        if spec.mode == "record":
+            records_dir.mkdir(exist_ok=True)
+            rundir.atomic_write_json(records_dir / "meta.json", {
+                "format": tuning.RECORD_FORMAT, "op": spec.op, "backend": spec.backend,
+                "versions": identity.versions()})
+            store = tuning.RecordStore(tuning.records_path(self.ctx.run_dir, spec.op), spec.op)
+            self.patch = tuning.AutotunePatch("record", store=store, **common)
+        else:
+            source = tuning.records_path(spec.replay_from, spec.op)
+            self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
+        self.patch.install()
+
+    def _chosen(self, kernel: str, config: str) -> None:
+        self.ctx.configs[kernel] = config
+
+    def pytest_runtest_setup(self, item):
+        case = item.callspec.params.get("case") if hasattr(item, "callspec") else None
+        self.current_case = case.id if case is not None else item.name
+
+    def pytest_sessionfinish(self, session):
+        if self.patch is None:
+            return
+        self.patch.uninstall()
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
+                          {"observed": {"autotune": {"mode": self.patch.mode, **self.patch.counts}}})
+

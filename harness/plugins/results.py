@@ -1,0 +1,117 @@
+"""Results: one row per measured case into results.json (rewritten after every row, so a crash
+keeps the rows before it), a line per row as it lands, and the table at the end."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import rundir, shapes
+from reports import table
+
+RESULTS_FORMAT = 1
+MAX_RAW_SAMPLES = 1000
+
+
+class ResultsPlugin:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._pending: dict | None = None
+        self._reporter = None
+
+    def pytest_configure(self, config):
+        self._reporter = config.pluginmanager.get_plugin("terminalreporter")
+        self._flush()
+
+    @pytest.fixture
+    def record_row(self):
+        def record(timed, metrics):
+            self._pending = {"timed": timed, "metrics": metrics}
+
+        return record
+
+    def pytest_runtest_setup(self, item):
+        self.ctx.begin_case()
+        self._pending = None
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self._add_row(report)
+
+    def _add_row(self, report):
+        case = self._case_of(report)
+        row = {"op": self.ctx.operator.name, "dtype": case.dtype if case else None,
+               "shape": list(case.shape) if case else None,
+               "params": self._params(case), "case": case.id if case else report.nodeid,
+               "status": self._status(report), "baseline_ms": None, "candidate_ms": None,
+               "speedup": None, "timer": None}
+        pending = self._pending if report.passed else None
+        if pending is not None:
+            timed = pending["timed"]
+            base, cand = timed.measurements["baseline"], timed.measurements["candidate"]
+            row.update(baseline_ms=base.median_ms, candidate_ms=cand.median_ms,
+                       speedup=base.median_ms / cand.median_ms if cand.median_ms > 0 else None,
+                       timer=timed.timer, **pending["metrics"])
+            row["samples"] = {side: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]}
+                              for side, m in timed.measurements.items()}
+        if not report.passed:
+            row["error"] = self._error(report)
+        row["markers"] = list(self.ctx.markers)
+        row["configs"] = dict(self.ctx.configs)
+        row["nodeid"] = report.nodeid
+        self.ctx.rows.append(row)
+        self._flush()
+        self._print_row(row)
+
+    def _case_of(self, report):
+        for case in self.ctx.cases:
+            if report.nodeid.endswith(f"[{case.id}]"):
+                return case
+        return None
+
+    def _params(self, case) -> dict:
+        if case is None:
+            return {}
+        dims = self.ctx.operator.dims
+        if dims and len(dims) == len(case.shape):
+            return dict(zip(dims, case.shape))
+        return {"shape": shapes.label(case.shape)}
+
+    @staticmethod
+    def _status(report) -> str:
+        if report.skipped:
+            return "SKIPPED"
+        if report.passed:
+            return "SUCCESS"
+        return "FAILED" if report.when == "call" else "ERROR"
+
+    @staticmethod
+    def _error(report) -> str:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:
+            return crash.message[:2000]
+        return str(report.longrepr)[-2000:]
+
+    def _flush(self) -> None:
+        rundir.atomic_write_json(self.ctx.run_dir / rundir.RESULTS_JSON,
+                                 {"format": RESULTS_FORMAT, "rows": self.ctx.rows})
+
+    def _print_row(self, row) -> None:
+        n, total = len(self.ctx.rows), len(self.ctx.cases)
+        if row["status"] == "SUCCESS":
+            detail = (f"baseline {row['baseline_ms']:.4f} ms  candidate {row['candidate_ms']:.4f} ms  "
+                      f"{row['speedup']:.3f}x  timer={row['timer']}")
+        else:
+            detail = row.get("error", "").splitlines()[0][:160] if row.get("error") else ""
+        line = f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"
+        if self._reporter is not None:
+            self._reporter.write_line(line)
+        else:
+            print(line, flush=True)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        context = {"backend": self.ctx.spec.backend, "mode": self.ctx.spec.mode}
+        terminalreporter.write_sep("=", "results")
+        terminalreporter.write_line(table.render(self.ctx.rows, color=self.ctx.spec.color, context=context))
+        degraded = sum(1 for r in self.ctx.rows if r["markers"])
+        if degraded:
+            terminalreporter.write_line(f"{degraded} row(s) carry markers (degraded measurement); see results.json")

@@ -1,0 +1,48 @@
+"""Run info: merge what this process observed into run.json: the device, versions, compiler
+build identity at start; the timers actually used and the outcome at the end."""
+
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import platform
+import socket
+import sys
+
+from harness import identity, rundir
+
+
+class RunInfoPlugin:
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def _merge(self, facts: dict) -> None:
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": facts})
+
+    def pytest_configure(self, config):
+        backend = self.ctx.backend
+        device = backend.identity() if backend.identity else {}
+        self._merge({
+            "started": _dt.datetime.now().isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "device": device,
+            "versions": identity.versions(),
+            "compiler": identity.compiler_identity(),
+            "timer_policy": self.ctx.spec.timer if self.ctx.spec.timer != "auto" else backend.default_timer,
+        })
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        rows = self.ctx.rows
+        timers = collections.Counter(r["timer"] for r in rows if r.get("timer"))
+        statuses = collections.Counter(r["status"] for r in rows)
+        self._merge({
+            "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+            "exit_status": int(exitstatus),
+            "timers_used": dict(timers),
+            "statuses": dict(statuses),
+            "rows": len(rows),
+            "rows_with_markers": sum(1 for r in rows if r.get("markers")),
+            "cases_planned": len(self.ctx.cases),
+        })

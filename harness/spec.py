@@ -1,0 +1,78 @@
+"""The run spec: everything needed to reproduce a run, resolved once by the session and written
+into run.json. The pytest child reads it back; nothing flows the other way except facts merged
+under run.json's "observed" key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from harness import rundir
+
+SPEC_VERSION = 1
+MODES = ("record", "replay")
+TIMERS = ("auto", "graph", "direct", "host")
+
+
+class SpecError(ValueError):
+    """A run spec (or the run dir holding it) is missing, corrupt or inconsistent."""
+
+
+@dataclasses.dataclass
+class RunSpec:
+    op: str
+    backend: str
+    mode: str
+    device: int
+    dtypes: list[str]
+    shapes_source: str
+    seed: int = 0
+    timer: str = "auto"
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    ops_paths: list[str] = dataclasses.field(default_factory=list)
+    provider: str = "builtin"
+    replay_from: str | None = None
+    color: bool = False
+    version: int = SPEC_VERSION
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict, where: str) -> "RunSpec":
+        if not isinstance(data, dict):
+            raise SpecError(f"{where}: 'spec' is not an object")
+        if data.get("version") != SPEC_VERSION:
+            raise SpecError(f"{where}: spec version {data.get('version')!r}, expected {SPEC_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in data]
+        if missing:
+            raise SpecError(f"{where}: spec lacks {', '.join(missing)}")
+        spec = cls(**{k: v for k, v in data.items() if k in names})
+        if spec.mode not in MODES:
+            raise SpecError(f"{where}: mode {spec.mode!r} not one of {MODES}")
+        return spec
+
+
+def write(run_dir: Path, spec: RunSpec) -> None:
+    rundir.merge_json(run_dir / rundir.RUN_JSON, {"spec": spec.to_json()})
+
+
+def read(run_dir: Path) -> RunSpec:
+    """The spec of an existing run dir, or SpecError saying exactly what is wrong with it."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SpecError(f"run dir {run_dir} does not exist")
+    path = run_dir / rundir.RUN_JSON
+    if not path.is_file():
+        raise SpecError(f"{run_dir} is not a run dir: it has no {rundir.RUN_JSON}")
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path} is corrupt: {exc}") from exc
+    if not isinstance(data, dict) or "spec" not in data:
+        raise SpecError(f"{path} has no 'spec' section")
+    return RunSpec.from_json(data["spec"], str(path))

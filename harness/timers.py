@@ -1,0 +1,209 @@
+"""Timers: CUDA-graph replay, direct event timing, and a host clock for the interpreter.
+
+Small kernels timed directly measure mostly Python launch overhead, so the graph timer is the
+default wherever the backend can capture. A capture failure is classified from its error text
+by the backend: recoverable failures fall back to direct timing for that measurement with a
+marker, fatal ones re-raise, and a poisoned context stops the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+import backends
+
+WARMUP_RANGE = (1, 1000)
+REPS_RANGE = (10, 1000)
+HOST_REPS_RANGE = (3, 50)
+# One graph replay unrolls enough calls to last about this long, so event resolution and replay
+# launch cost vanish against the kernels being timed.
+GRAPH_REPLAY_TARGET_MS = 0.1
+GRAPH_MAX_UNROLL = 100
+
+
+def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
+    lo, hi = bounds
+    if per_call_ms <= 0:
+        return hi
+    return max(lo, min(hi, math.ceil(budget_ms / per_call_ms)))
+
+
+@dataclasses.dataclass
+class Measurement:
+    samples_ms: list[float]
+    timer: str
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    def summary(self) -> dict:
+        a = np.asarray(self.samples_ms)
+        return {"n": int(a.size), "median": float(np.median(a)), "mean": float(a.mean()),
+                "std": float(a.std(ddof=1)) if a.size > 1 else 0.0, "min": float(a.min()),
+                "max": float(a.max()), "p20": float(np.percentile(a, 20)),
+                "p80": float(np.percentile(a, 80))}
+
+
+@dataclasses.dataclass
+class Timed:
+    measurements: dict[str, Measurement]
+    timer: str
+
+
+class CapturePoisoned(RuntimeError):
+    """The capture attempt killed the accelerator context: nothing after it can be trusted."""
+
+
+class _CaptureFailed(Exception):
+    def __init__(self, phase: str, error: BaseException):
+        super().__init__(phase)
+        self.phase = phase
+        self.error = error
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+class Timer:
+    def __init__(self, backend: backends.Backend, timer: str, warmup_ms: float, rep_ms: float,
+                 mark: Callable[[str], None]):
+        self.backend = backend
+        self.timer = backend.default_timer if timer == "auto" else timer
+        self.warmup_ms = warmup_ms
+        self.rep_ms = rep_ms
+        self.mark = mark
+        self._accel = None
+        if backend.triton_driver:
+            import torch
+
+            self._accel = getattr(torch, backend.torch_device_type)
+
+    # --- public ------------------------------------------------------------------------------
+    def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]]) -> Timed:
+        """Time every fn on one caliber: if any side cannot be captured, all sides are timed
+        directly, so a row never compares a graph number with a direct one."""
+        if self.timer == "host":
+            return Timed({k: self._host(fn) for k, fn in fns.items()}, "host")
+        if self.timer == "direct":
+            return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")
+        if test_name in self.backend.capture_deny:
+            self.mark(f"TIMER_FALLBACK phase=deny reason=capture_denied "
+                      f"detail='{test_name} is on the {self.backend.name} capture deny list'")
+            return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")
+        try:
+            return Timed({k: self._graph(fn) for k, fn in fns.items()}, "graph")
+        except _CaptureFailed as failed:
+            verdict = self.backend.classify_capture_error(failed.error)
+            detail = _first_line(failed.error)
+            if verdict == backends.POISONED:
+                self.mark(f"CAPTURE_POISONED phase={failed.phase} detail={detail!r}")
+                raise CapturePoisoned(detail) from failed.error
+            if verdict == backends.FATAL:
+                raise failed.error
+            self.mark(f"TIMER_FALLBACK phase={failed.phase} reason=recoverable detail={detail!r}")
+            self._check_alive()
+            return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")
+
+    # --- timers ------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self._accel is not None:
+            self._accel.synchronize()
+
+    def _event_pair_ms(self, fn: Callable[[], object], calls: int = 1) -> float:
+        start, end = self._accel.Event(enable_timing=True), self._accel.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls
+
+    def _prepare(self, fn) -> float:
+        """Run once and discard (absorbs JIT and autotune), then estimate one call's time."""
+        self._sync()
+        fn()
+        self._sync()
+        return self._event_pair_ms(fn, calls=3)
+
+    def _direct(self, fn) -> Measurement:
+        est = self._prepare(fn)
+        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
+            fn()
+        self._sync()
+        reps = clamp_count(self.rep_ms, est, REPS_RANGE)
+        samples = [self._event_pair_ms(fn) for _ in range(reps)]
+        return Measurement(samples, "direct")
+
+    def _graph(self, fn) -> Measurement:
+        import torch
+
+        accel = self._accel
+        est = self._prepare(fn)
+        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
+            fn()
+        self._sync()
+        unroll = max(1, min(GRAPH_MAX_UNROLL, int(GRAPH_REPLAY_TARGET_MS / max(est, 1e-6))))
+        graph_cls = getattr(accel, self.backend.graph_class)
+        graph = graph_cls()
+        stream = accel.Stream()
+        try:
+            # A scratch RNG state: an aborted capture otherwise leaves the process-wide generator
+            # marked as capturing and every later torch.randn fails.
+            with torch.random.fork_rng(devices=[accel.current_device()],
+                                       device_type=self.backend.torch_device_type):
+                with accel.graph(graph, stream=stream):
+                    for _ in range(unroll):
+                        fn()
+        except Exception as exc:  # classified by the caller from the backend's markers
+            raise _CaptureFailed("capture", exc) from exc
+        try:
+            graph.replay()
+            self._sync()
+            reps = clamp_count(self.rep_ms, est * unroll, REPS_RANGE)
+            samples = []
+            for _ in range(reps):
+                start, end = accel.Event(enable_timing=True), accel.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / unroll)
+        except Exception as exc:
+            raise _CaptureFailed("replay", exc) from exc
+        finally:
+            del graph
+        return Measurement(samples, "graph")
+
+    def _host(self, fn) -> Measurement:
+        start = time.perf_counter()
+        fn()
+        est = (time.perf_counter() - start) * 1e3
+        for _ in range(clamp_count(self.warmup_ms, est, (0, WARMUP_RANGE[1]))):
+            fn()
+        samples = []
+        for _ in range(clamp_count(self.rep_ms, est, HOST_REPS_RANGE)):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return Measurement(samples, "host")
+
+    def _check_alive(self) -> None:
+        """After a recoverable capture failure the context and the default generator must still
+        work; if they do not, the failure was a poisoning one after all."""
+        import torch
+
+        try:
+            self._sync()
+            torch.randn(1, device=self.backend.torch_device())
+            self._sync()
+        except Exception as exc:
+            self.mark(f"CAPTURE_POISONED phase=after_fallback detail={_first_line(exc)!r}")
+            raise CapturePoisoned(_first_line(exc)) from exc

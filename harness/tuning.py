@@ -1,0 +1,251 @@
+"""Autotune record and replay for Triton's `Autotuner`.
+
+We watch the autotuner's own `cache` dict instead of recomputing its key: the key Triton looks
+up is the key we see, whatever Triton version built it. Record reads back the config chosen for
+this call's key after the autotuner ran (never "which keys are new": a warm persistent cache
+adds no new key). Replay injects the recorded config at the first lookup of each key, even if a
+warm cache already holds one, and reports every deviation per measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from harness import rundir
+
+RECORD_FORMAT = 1
+ANY_KEY = "*"  # single-config kernels: their only config, whatever the key
+
+
+def records_path(run_dir, op: str) -> Path:
+    return Path(run_dir) / rundir.RECORDS_DIR / f"{op}.json"
+
+
+def key_str(key) -> str:
+    return ANY_KEY if key is None else json.dumps(list(key), default=repr)
+
+
+def kernel_id(tuner) -> str:
+    fn = getattr(tuner, "base_fn", None) or tuner.fn
+    while not hasattr(fn, "__qualname__") or not hasattr(fn, "__module__"):
+        fn = fn.fn
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def config_to_json(config) -> dict | None:
+    """A Config as JSON, or None when it carries a pre_hook (a function cannot be stored)."""
+    if getattr(config, "pre_hook", None) is not None:
+        return None
+    out = {"kwargs": dict(config.kwargs), "num_warps": config.num_warps,
+           "num_stages": config.num_stages, "num_ctas": getattr(config, "num_ctas", 1)}
+    for optional in ("maxnreg", "ir_override"):
+        if getattr(config, optional, None) is not None:
+            out[optional] = getattr(config, optional)
+    return out
+
+
+def config_from_json(data: dict, space) -> tuple[object, bool]:
+    """(config, in_space): the matching Config object of the autotuner's own space when there is
+    one, else a new Config built from the record."""
+    import triton
+
+    for config in space:
+        if config_to_json(config) == data:
+            return config, True
+    kwargs = {k: v for k, v in data.items() if k != "kwargs"}
+    return triton.Config(dict(data["kwargs"]), **kwargs), False
+
+
+def describe(config) -> str:
+    parts = [f"{k}={v}" for k, v in config.kwargs.items()]
+    parts += [f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"]
+    return " ".join(parts)
+
+
+def compile_error_types() -> tuple[type, ...]:
+    import importlib
+
+    found = []
+    for module, name in (("triton.compiler.errors", "CompilationError"),
+                         ("triton.compiler.errors", "CompileTimeAssertionFailure"),
+                         ("triton.runtime.errors", "OutOfResources"),
+                         ("triton.runtime.errors", "PTXASError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
+class RecordStore:
+    """`autotune_records/<op>.json`, rewritten atomically on every new choice so that a crash
+    mid-run keeps everything chosen before it."""
+
+    def __init__(self, path: Path, op: str):
+        self.path = path
+        self.data = {"format": RECORD_FORMAT, "op": op, "kernels": {}}
+        self.flush()
+
+    def add(self, kernel: str, key, config_json: dict, case: str) -> None:
+        entries = self.data["kernels"].setdefault(kernel, {})
+        k = key_str(key)
+        if k in entries and entries[k]["config"] == config_json:
+            return
+        entries[k] = {"key": None if key is None else list(key), "config": config_json, "case": case}
+        self.flush()
+
+    def flush(self) -> None:
+        rundir.atomic_write_json(self.path, self.data)
+
+
+class RecordsError(ValueError):
+    pass
+
+
+def load_records(path: Path) -> dict:
+    if not path.is_file():
+        raise RecordsError(f"replay source has no autotune records: {path} is missing")
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise RecordsError(f"autotune records {path} are corrupt: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or not isinstance(data.get("kernels"), dict):
+        raise RecordsError(f"autotune records {path}: unknown format (expected format {RECORD_FORMAT})")
+    return data
+
+
+def host_bench(kernel_call, quantiles=None, **_ignored):
+    """Autotune benchmarker for a backend without a Triton driver (the interpreter)."""
+    start = time.perf_counter()
+    kernel_call()
+    ms = (time.perf_counter() - start) * 1e3
+    return [ms, ms, ms] if quantiles else ms
+
+
+class _ObservedCache(dict):
+    """The autotuner's cache, with each lookup reported to the patch."""
+
+    def __init__(self, patch: "AutotunePatch", tuner, initial):
+        super().__init__(initial)
+        self._patch = patch
+        self._tuner = tuner
+
+    def __contains__(self, key):
+        self._patch.on_lookup(self._tuner, key, self)
+        return dict.__contains__(self, key)
+
+    def __getitem__(self, key):
+        config = dict.__getitem__(self, key)
+        self._patch.on_chosen(self._tuner, key, config)
+        return config
+
+
+class AutotunePatch:
+    """Wraps `Autotuner.run` for one process. `mark` reports a marker for the current row,
+    `chosen` the config each kernel ran with, `case` names the current row."""
+
+    def __init__(self, mode: str, *, store: RecordStore | None = None, records: dict | None = None,
+                 mark: Callable[[str], None], chosen: Callable[[str, str], None],
+                 case: Callable[[], str], host_autotune: bool = False):
+        self.mode = mode
+        self.store = store
+        self.records = (records or {}).get("kernels", {})
+        self.mark = mark
+        self.chosen = chosen
+        self.case = case
+        self.host_autotune = host_autotune
+        self.state: dict[tuple[str, str], str] = {}  # (kernel, key) -> injected|key_missing|compile_failed
+        self.counts = {"recorded": 0, "injected": 0, "key_missing": 0, "compile_failed": 0,
+                       "not_recorded_pre_hook": 0, "outside_space": 0}
+        self._injected_now = None
+        self._original = None
+        self._compile_errors = compile_error_types()
+
+    # --- hooks from the observed cache ---------------------------------------------------------
+    def on_lookup(self, tuner, key, cache) -> None:
+        if self.mode != "replay":
+            return
+        kernel, k = kernel_id(tuner), key_str(key)
+        state = self.state.get((kernel, k))
+        if state is None:
+            entry = self.records.get(kernel, {}).get(k)
+            if entry is None:
+                state = "key_missing"
+                self.counts["key_missing"] += 1
+            else:
+                config, in_space = config_from_json(entry["config"], tuner.configs)
+                dict.__setitem__(cache, key, config)  # unconditionally: a warm cache must not win
+                state = "injected"
+                self.counts["injected"] += 1
+                self._injected_now = (kernel, k, key)
+                if not in_space:
+                    self.counts["outside_space"] += 1
+                    self.mark(f"AUTOTUNE_REPLAY_OUTSIDE_SPACE kernel={kernel} key={k}")
+            self.state[(kernel, k)] = state
+        if state != "injected":
+            self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason={state}")
+
+    def on_chosen(self, tuner, key, config) -> None:
+        kernel = kernel_id(tuner)
+        self.chosen(kernel, describe(config))
+        if self.mode != "record":
+            return
+        as_json = config_to_json(config)
+        if as_json is None:
+            # Plain Triton configs with a pre_hook cannot be serialized: not recorded, and they
+            # show up as key_missing on replay.
+            if (kernel, key_str(key)) not in self.state:
+                self.state[(kernel, key_str(key))] = "not_recorded"
+                self.counts["not_recorded_pre_hook"] += 1
+            self.mark(f"AUTOTUNE_NOT_RECORDED kernel={kernel} key={key_str(key)} reason=pre_hook")
+            return
+        before = len(self.store.data["kernels"].get(kernel, {}))
+        self.store.add(kernel, key, as_json, self.case())
+        self.counts["recorded"] += len(self.store.data["kernels"][kernel]) - before
+
+    # --- the wrapper ---------------------------------------------------------------------------
+    def _run(self, tuner, *args, **kwargs):
+        if self.host_autotune and "do_bench" not in vars(tuner):
+            vars(tuner)["do_bench"] = host_bench
+        if not isinstance(tuner.cache, _ObservedCache):
+            tuner.cache = _ObservedCache(self, tuner, tuner.cache)
+        self._injected_now = None
+        try:
+            result = self._original(tuner, *args, **kwargs)
+        except self._compile_errors as exc:
+            injected, self._injected_now = self._injected_now, None
+            if injected is None:
+                raise
+            # The recorded config does not compile under this compiler: sweep live, loudly.
+            kernel, k, key = injected
+            dict.pop(tuner.cache, key, None)
+            self.state[(kernel, k)] = "compile_failed"
+            self.counts["compile_failed"] += 1
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason=compile_failed "
+                      f"detail={first_line[:200]!r}")
+            result = self._original(tuner, *args, **kwargs)
+        if len(tuner.configs) == 1:
+            self.on_chosen(tuner, None, tuner.configs[0])
+        return result
+
+    def install(self) -> None:
+        from triton.runtime.autotuner import Autotuner
+
+        self._original = Autotuner.run
+        patch = self
+
+        def run(tuner, *args, **kwargs):
+            return patch._run(tuner, *args, **kwargs)
+
+        Autotuner.run = run
+
+    def uninstall(self) -> None:
+        from triton.runtime.autotuner import Autotuner
+
+        if self._original is not None:
+            Autotuner.run = self._original
+            self._original = None

@@ -1,0 +1,48 @@
+"""The operator corpus. One module per operator; each defines module-level `Operator` objects.
+
+`harness.registry` imports only the module of the operator asked for, so one operator's broken
+dependency cannot break the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+DTYPE_NAMES = ("fp16", "bf16", "fp32")
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """An operator as data: how to build inputs for a shape, the torch baseline, the Triton
+    candidate, and how to size a row (bytes moved, flops) for gbps/tflops."""
+
+    name: str
+    # (shape, torch dtype, device) -> tuple of positional args for baseline and candidate.
+    inputs: Callable[..., tuple]
+    baseline: Callable[..., Any]
+    candidate: Callable[..., Any]
+    dtypes: tuple[str, ...] = DTYPE_NAMES
+    # Names of the shape dims ("M", "N", "K") when the operator takes a fixed rank; None: any rank.
+    dims: tuple[str, ...] | None = None
+    # Shape-file keys tried after the op name: a family key ("blas", "norm") shared by several ops.
+    shape_keys: tuple[str, ...] = ()
+    # (shape, element size in bytes) -> bytes moved; (shape) -> flops. None: metric unknown.
+    bytes_moved: Callable[[tuple, int], int] | None = None
+    flops: Callable[[tuple], int] | None = None
+    # dtype name -> (atol, rtol) for the correctness check against the baseline.
+    tolerance: dict[str, tuple[float, float]] = dataclasses.field(
+        default_factory=lambda: {"fp16": (1e-2, 1e-2), "bf16": (2e-2, 2e-2), "fp32": (1e-4, 1e-4)}
+    )
+
+    def __post_init__(self):
+        unknown = set(self.dtypes) - set(DTYPE_NAMES)
+        if unknown:
+            raise ValueError(f"operator {self.name}: unknown dtypes {sorted(unknown)}")
