@@ -20,10 +20,13 @@ import backends
 WARMUP_RANGE = (1, 1000)
 REPS_RANGE = (10, 1000)
 HOST_REPS_RANGE = (3, 50)
-# One graph replay unrolls enough calls to last about this long, so event resolution and replay
-# launch cost vanish against the kernels being timed.
-GRAPH_REPLAY_TARGET_MS = 0.1
-GRAPH_MAX_UNROLL = 100
+# One graph replay unrolls enough calls to last about this long, so the replay's own launch cost
+# (~10 us) vanishes against the kernels being timed: a 1.6 us kernel replayed one call at a time
+# reads 10x slow. The per-call estimate comes from a probe graph, never from host-side timing,
+# which for small kernels measures the Python launch path.
+GRAPH_REPLAY_TARGET_MS = 2.0
+GRAPH_PROBE_CALLS = 10
+GRAPH_MAX_UNROLL = 2000
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
@@ -142,44 +145,55 @@ class Timer:
         samples = [self._event_pair_ms(fn) for _ in range(reps)]
         return Measurement(samples, "direct")
 
-    def _graph(self, fn) -> Measurement:
+    def _capture(self, fn, calls: int):
         import torch
 
         accel = self._accel
-        est = self._prepare(fn)
-        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
-            fn()
-        self._sync()
-        unroll = max(1, min(GRAPH_MAX_UNROLL, int(GRAPH_REPLAY_TARGET_MS / max(est, 1e-6))))
-        graph_cls = getattr(accel, self.backend.graph_class)
-        graph = graph_cls()
-        stream = accel.Stream()
+        graph = getattr(accel, self.backend.graph_class)()
         try:
             # A scratch RNG state: an aborted capture otherwise leaves the process-wide generator
             # marked as capturing and every later torch.randn fails.
             with torch.random.fork_rng(devices=[accel.current_device()],
                                        device_type=self.backend.torch_device_type):
-                with accel.graph(graph, stream=stream):
-                    for _ in range(unroll):
+                with accel.graph(graph, stream=accel.Stream()):
+                    for _ in range(calls):
                         fn()
         except Exception as exc:  # classified by the caller from the backend's markers
             raise _CaptureFailed("capture", exc) from exc
+        return graph
+
+    def _replay_ms(self, graph) -> float:
+        start, end = self._accel.Event(enable_timing=True), self._accel.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def _graph(self, fn) -> Measurement:
+        est = self._prepare(fn)
+        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
+            fn()
+        self._sync()
+        graph = self._capture(fn, GRAPH_PROBE_CALLS)
         try:
             graph.replay()
             self._sync()
-            reps = clamp_count(self.rep_ms, est * unroll, REPS_RANGE)
-            samples = []
-            for _ in range(reps):
-                start, end = accel.Event(enable_timing=True), accel.Event(enable_timing=True)
-                start.record()
+            per_call = min(self._replay_ms(graph) for _ in range(3)) / GRAPH_PROBE_CALLS
+            unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET_MS / max(per_call, 1e-6))))
+            if unroll != GRAPH_PROBE_CALLS:
+                graph = None
+                graph = self._capture(fn, unroll)
                 graph.replay()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / unroll)
+                self._sync()
+            reps = clamp_count(self.rep_ms, per_call * unroll, REPS_RANGE)
+            samples = [self._replay_ms(graph) / unroll for _ in range(reps)]
+        except _CaptureFailed:
+            raise
         except Exception as exc:
             raise _CaptureFailed("replay", exc) from exc
         finally:
-            del graph
+            graph = None  # release the graph's memory pool before the next measurement
         return Measurement(samples, "graph")
 
     def _host(self, fn) -> Measurement:
