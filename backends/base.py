@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 # Every vendor's visibility keys. A child's environment is scrubbed of all of them before its own
 # backend's key is set: a stale HIP_VISIBLE_DEVICES under a CUDA run (or the reverse) silently

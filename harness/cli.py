@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 import backends
-from harness import registry, rundir, shapes, spec as spec_mod, tuning
+from harness import registry, rundir, shapes, tuning
+from harness import spec as spec_mod
 from ops import DTYPE_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

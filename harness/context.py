@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 
 import backends
-from harness import registry, rundir, shapes, spec as spec_mod
+from harness import registry, rundir, shapes
+from harness import spec as spec_mod
 from ops import Operator
 
 
@@ -36,7 +37,7 @@ class RunContext:
     configs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def load(cls, run_dir: Path) -> "RunContext":
+    def load(cls, run_dir: Path) -> RunContext:
         run_spec = spec_mod.read(run_dir)
         backend = backends.get(run_spec.backend)
         operator, _ = registry.load(run_spec.op, run_spec.ops_paths)

@@ -51,7 +51,8 @@ def _user_modules(ops_path: str):
         try:
             yield ops_path, importlib.import_module(ops_path)
         except ImportError as exc:
-            raise OperatorNotFound(f"--ops-path {ops_path}: not a directory, .py file or importable module ({exc})") from exc
+            raise OperatorNotFound(
+                f"--ops-path {ops_path}: not a directory, .py file or importable module ({exc})") from exc
 
 
 def builtin_names() -> list[str]:

@@ -36,7 +36,8 @@ def load(path: Path) -> dict:
     return data
 
 
-def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...], ndim: int | None = None) -> tuple[str, list[list[int]], list[str] | None]:
+def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],
+            ndim: int | None = None) -> tuple[str, list[list[int]], list[str] | None]:
     """(key used, shapes, dtypes or None) for one operator, validated."""
     data = load(path)
     for key in (op_name, *fallback_keys):

@@ -40,7 +40,7 @@ class RunSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict, where: str) -> "RunSpec":
+    def from_json(cls, data: dict, where: str) -> RunSpec:
         if not isinstance(data, dict):
             raise SpecError(f"{where}: 'spec' is not an object")
         if data.get("version") != SPEC_VERSION:

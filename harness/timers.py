@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class Timer:
                 self.mark(f"CAPTURE_POISONED phase={failed.phase} detail={detail!r}")
                 raise CapturePoisoned(detail) from failed.error
             if verdict == backends.FATAL:
-                raise failed.error
+                raise failed.error from None
             self.mark(f"TIMER_FALLBACK phase={failed.phase} reason=recoverable detail={detail!r}")
             self._check_alive()
             return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")

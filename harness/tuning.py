@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from harness import rundir
 
@@ -72,7 +72,9 @@ def compile_error_types() -> tuple[type, ...]:
     for module, name in (("triton.compiler.errors", "CompilationError"),
                          ("triton.compiler.errors", "CompileTimeAssertionFailure"),
                          ("triton.runtime.errors", "OutOfResources"),
-                         ("triton.runtime.errors", "PTXASError")):
+                         ("triton.runtime.errors", "PTXASError"),
+                         # The interpreter's equivalent of a config that does not compile.
+                         ("triton.runtime.errors", "InterpreterError")):
         try:
             found.append(getattr(importlib.import_module(module), name))
         except (ImportError, AttributeError):
@@ -128,7 +130,7 @@ def host_bench(kernel_call, quantiles=None, **_ignored):
 class _ObservedCache(dict):
     """The autotuner's cache, with each lookup reported to the patch."""
 
-    def __init__(self, patch: "AutotunePatch", tuner, initial):
+    def __init__(self, patch: AutotunePatch, tuner, initial):
         super().__init__(initial)
         self._patch = patch
         self._tuner = tuner

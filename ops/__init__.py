@@ -7,7 +7,8 @@ dependency cannot break the others.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
 

@@ -73,7 +73,7 @@ class ResultsPlugin:
             return {}
         dims = self.ctx.operator.dims
         if dims and len(dims) == len(case.shape):
-            return dict(zip(dims, case.shape))
+            return dict(zip(dims, case.shape, strict=False))
         return {"shape": shapes.label(case.shape)}
 
     @staticmethod

@@ -1,0 +1,38 @@
+"""Tests run on the CPU: kernels go through Triton's interpreter, which must be switched on
+before triton decorates any kernel (i.e. before any ops module is imported)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_harness(*args, cwd=REPO, timeout=600):
+    """`python -m harness ...` in a subprocess, as the nox sessions run it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_dir_of(proc) -> Path:
+    for line in reversed(proc.stdout.splitlines()):
+        if "run dir: " in line:
+            return Path(line.split("run dir: ", 1)[1].strip())
+    raise AssertionError(f"no run dir in output:\n{proc.stdout}\n{proc.stderr}")
+
+
+def load(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+@pytest.fixture
+def harness():
+    return run_harness

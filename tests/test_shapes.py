@@ -1,0 +1,64 @@
+import pytest
+
+from harness import shapes
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_op_key_wins_over_family_key(tmp_path):
+    p = write(tmp_path, "mm: {shapes: [[1, 2, 3]]}\nblas: {shapes: [[4, 5, 6]]}\n")
+    assert shapes.resolve(p, "mm", ("blas",)) == ("mm", [[1, 2, 3]], None)
+
+
+def test_family_key_fallback_and_dtypes(tmp_path):
+    p = write(tmp_path, "blas:\n  shapes: [[4, 5, 6]]\n  dtypes: [bf16]\n")
+    assert shapes.resolve(p, "mm", ("blas",), ndim=3) == ("blas", [[4, 5, 6]], ["bf16"])
+
+
+def test_bare_list_and_scalar_shapes(tmp_path):
+    p = write(tmp_path, "add: [[2, 3], 7]\n")
+    assert shapes.resolve(p, "add", ())[1] == [[2, 3], [7]]
+
+
+@pytest.mark.parametrize("text,match", [
+    ("other: {shapes: [[1]]}\n", r"no entry for 'mm' \(keys tried: mm, blas\)"),
+    ("mm: {shapes: [[1, 0, 3]]}\n", r"key 'mm': shapes\[0\] = \[1, 0, 3\] is not a list of positive ints"),
+    ("mm: {shapes: [[1, 2]]}\n", r"key 'mm': shapes\[0\] = \[1, 2\] has 2 dims, 'mm' takes 3"),
+    ("mm: {shapes: []}\n", r"key 'mm': 'shapes' must be a non-empty list"),
+    ("mm: {shapes: [[1, 2, 3]], dtypes: [int8]}\n", r"key 'mm': dtypes \['int8'\]"),
+    ("mm: {shape: [[1, 2, 3]]}\n", r"key 'mm': expected a mapping with a 'shapes' list"),
+    ("mm: {shapes: [[1, 2, 3]], level: core}\n", r"key 'mm': unknown fields \['level'\]"),
+    ("- 1\n- 2\n", r"top level must be a mapping"),
+    ("mm: [\n", r"not valid yaml"),
+])
+def test_errors_name_file_and_key(tmp_path, text, match):
+    p = write(tmp_path, text)
+    with pytest.raises(shapes.ShapeFileError, match=match) as info:
+        shapes.resolve(p, "mm", ("blas",), ndim=3)
+    assert str(p) in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(shapes.ShapeFileError, match="does not exist"):
+        shapes.resolve(tmp_path / "nope.yaml", "mm", ())
+
+
+def test_written_shapes_read_back(tmp_path):
+    out = tmp_path / "shapes.yaml"
+    shapes.write_used(out, "softmax", [[4, 16], [3, 40]], ["fp32"], "src.yaml#norm")
+    assert shapes.resolve(out, "softmax", ()) == ("softmax", [[4, 16], [3, 40]], ["fp32"])
+
+
+def test_builtin_shape_files_cover_every_builtin_op():
+    from harness import registry
+
+    for name in registry.builtin_names():
+        op, _ = registry.load(name)
+        for f in ("default.yaml", "tiny.yaml"):
+            key, found, _ = shapes.resolve(registry.BUILTIN_DIR.parent / "shapes" / f, op.name, op.shape_keys,
+                                           len(op.dims) if op.dims else None)
+            assert found, (name, f)

@@ -1,0 +1,90 @@
+import pytest
+
+import backends
+from harness import timers
+from harness.timers import Measurement, Timer, _CaptureFailed
+
+
+def test_clamp_count():
+    assert timers.clamp_count(25, 0.001, (1, 1000)) == 1000
+    assert timers.clamp_count(25, 100, (1, 1000)) == 1
+    assert timers.clamp_count(25, 1, (1, 1000)) == 25
+    assert timers.clamp_count(0, 5, (0, 1000)) == 0
+
+
+def test_host_timer_measures_every_side():
+    marks = []
+    t = Timer(backends.get("interpreter"), "auto", 0, 0, marks.append)
+    timed = t.measure_pair("softmax", {"baseline": lambda: sum(range(100)), "candidate": lambda: None})
+    assert timed.timer == "host" and set(timed.measurements) == {"baseline", "candidate"}
+    assert all(m.timer == "host" and len(m.samples_ms) >= timers.HOST_REPS_RANGE[0]
+               for m in timed.measurements.values())
+    assert marks == []
+
+
+class FakeGraphTimer(Timer):
+    """A graph-capable timer whose graph path fails the way a test asks, without a GPU."""
+
+    def __init__(self, error=None, alive=True):
+        self.backend = backends.get("cuda")
+        self.timer, self.warmup_ms, self.rep_ms = "graph", 1, 1
+        self.marks, self.mark = [], None
+        self.mark = self.marks.append
+        self._accel = None
+        self.error, self.alive, self.graph_calls = error, alive, 0
+
+    def _graph(self, fn):
+        self.graph_calls += 1
+        if self.error is not None and self.graph_calls == 2:  # the candidate refuses capture
+            raise _CaptureFailed("capture", RuntimeError(self.error))
+        return Measurement([1.0, 1.0], "graph")
+
+    def _direct(self, fn):
+        return Measurement([2.0, 2.0], "direct")
+
+    def _check_alive(self):
+        if not self.alive:
+            raise timers.CapturePoisoned("dead")
+
+
+FNS = {"baseline": lambda: None, "candidate": lambda: None}
+
+
+def test_graph_when_capture_works():
+    t = FakeGraphTimer()
+    timed = t.measure_pair("softmax", FNS)
+    assert timed.timer == "graph" and t.marks == []
+
+
+def test_recoverable_failure_times_both_sides_direct_with_marker():
+    t = FakeGraphTimer("CUDA error: operation not permitted when stream is capturing")
+    timed = t.measure_pair("softmax", FNS)
+    assert timed.timer == "direct"
+    assert {m.timer for m in timed.measurements.values()} == {"direct"}  # one caliber per row
+    assert len(t.marks) == 1 and t.marks[0].startswith("TIMER_FALLBACK phase=capture reason=recoverable")
+
+
+def test_fatal_failure_reraises_and_reports_no_number():
+    t = FakeGraphTimer("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        t.measure_pair("softmax", FNS)
+
+
+def test_poisoned_failure_stops_with_its_own_marker():
+    t = FakeGraphTimer("CUDA error: unknown error")
+    with pytest.raises(timers.CapturePoisoned):
+        t.measure_pair("softmax", FNS)
+    assert t.marks[0].startswith("CAPTURE_POISONED")
+
+
+def test_denied_op_is_timed_directly_up_front(monkeypatch):
+    t = FakeGraphTimer()
+    monkeypatch.setattr(t, "backend", backends.get("musa"))
+    timed = t.measure_pair("unique2", FNS)
+    assert timed.timer == "direct" and t.graph_calls == 0
+    assert "reason=capture_denied" in t.marks[0]
+
+
+def test_measurement_summary():
+    s = Measurement([1.0, 2.0, 3.0, 4.0], "graph").summary()
+    assert s["n"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0
