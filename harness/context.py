@@ -50,7 +50,6 @@ class RunContext:
         self.configs = {}
 
     def mark(self, marker: str) -> None:
-        """A degraded-measurement marker for the current row; also printed, greppable in run.log."""
+        """A degraded-measurement marker for the current row (printed under the row's line)."""
         if marker not in self.markers:
             self.markers.append(marker)
-            print(f"\n{marker}", flush=True)

@@ -102,11 +102,13 @@ class ResultsPlugin:
                       f"{row['speedup']:.3f}x  timer={row['timer']}")
         else:
             detail = row.get("error", "").splitlines()[0][:160] if row.get("error") else ""
-        line = f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"
-        if self._reporter is not None:
-            self._reporter.write_line(line)
-        else:
-            print(line, flush=True)
+        lines = [f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"]
+        lines += [f"    {marker}" for marker in row["markers"]]
+        for line in lines:
+            if self._reporter is not None:
+                self._reporter.write_line(line)
+            else:
+                print(line, flush=True)
 
     def pytest_terminal_summary(self, terminalreporter):
         context = {"backend": self.ctx.spec.backend, "mode": self.ctx.spec.mode}

@@ -1,0 +1,171 @@
+"""record -> replay end to end on the interpreter backend, in subprocesses, as a user runs it."""
+
+import json
+import shutil
+
+import pytest
+from conftest import REPO, load, run_dir_of
+
+from harness import tuning
+
+pytestmark = pytest.mark.e2e
+RESOURCES = REPO / "tests" / "resources"
+SOFTMAX_KERNEL = "ops.softmax.softmax_kernel"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from conftest import run_harness
+
+    out = tmp_path_factory.mktemp("runs")
+    proc = run_harness("record", "softmax", "--backend", "interpreter", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir_of(proc), proc
+
+
+def test_record_leaves_a_complete_run_dir(recorded):
+    run_dir, proc = recorded
+    assert run_dir.name.startswith("softmax_")
+    for name in ("run.json", "shapes.yaml", "results.json", "run.log", "autotune_records/softmax.json",
+                 "autotune_records/meta.json"):
+        assert (run_dir / name).is_file(), name
+    run = load(run_dir / "run.json")
+    assert run["spec"]["mode"] == "record" and run["spec"]["backend"] == "interpreter"
+    assert run["observed"]["versions"]["triton"] and run["observed"]["compiler"]["files_digest"]
+    assert run["observed"]["timers_used"] == {"host": 4} and run["observed"]["exit_status"] == 0
+    rows = load(run_dir / "results.json")["rows"]
+    assert [(r["dtype"], r["shape"]) for r in rows] == [("fp32", [4, 16]), ("fp32", [3, 40]),
+                                                        ("fp16", [4, 16]), ("fp16", [3, 40])]
+    for r in rows:
+        assert r["status"] == "SUCCESS" and r["timer"] == "host" and r["candidate_ms"] > 0
+        assert r["samples"]["candidate"]["n"] == len(r["samples"]["candidate"]["raw"])
+        assert SOFTMAX_KERNEL in r["configs"]
+    records = load(run_dir / "autotune_records/softmax.json")
+    assert len(records["kernels"][SOFTMAX_KERNEL]) == 4  # (N, dtype) keys
+    log = (run_dir / "run.log").read_text()
+    assert "results" in log and "\033[" not in log
+    assert "run dir:" in proc.stdout
+
+
+def test_replay_pins_every_recorded_config(recorded, harness):
+    run_dir, _ = recorded
+    proc = harness("replay", run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replay_dir = run_dir_of(proc)
+    run = load(replay_dir / "run.json")
+    assert run["spec"]["mode"] == "replay" and run["spec"]["replay_from"] == str(run_dir)
+    assert run["observed"]["autotune"]["injected"] == 4
+    assert run["observed"]["autotune"]["key_missing"] == 0
+    assert not (replay_dir / "autotune_records").exists()  # replay runs write no records
+    assert (replay_dir / "shapes.yaml").read_text().split("\n", 1)[1] == \
+        (run_dir / "shapes.yaml").read_text().split("\n", 1)[1]
+    recorded_rows = {r["case"]: r["configs"] for r in load(run_dir / "results.json")["rows"]}
+    replayed_rows = {r["case"]: r["configs"] for r in load(replay_dir / "results.json")["rows"]}
+    assert replayed_rows == recorded_rows
+    assert all(not r["markers"] for r in load(replay_dir / "results.json")["rows"])
+
+
+def test_edited_record_is_the_config_that_runs(recorded, harness, tmp_path):
+    run_dir, _ = recorded
+    edited = tmp_path / run_dir.name
+    shutil.copytree(run_dir, edited)
+    path = edited / "autotune_records/softmax.json"
+    records = json.loads(path.read_text())
+    entries = records["kernels"][SOFTMAX_KERNEL]
+    key16 = next(k for k, e in entries.items() if e["key"][0] == 16 and "float32" in e["key"][1])
+    current = entries[key16]["config"]["num_warps"]
+    forced = 2 if current != 2 else 4
+    entries[key16]["config"].update(num_warps=forced, num_stages=1)
+    del entries[next(k for k, e in entries.items() if e["key"][0] == 40 and "float16" in e["key"][1])]
+    path.write_text(json.dumps(records))
+
+    proc = harness("replay", edited)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["case"]: r for r in load(run_dir_of(proc) / "results.json")["rows"]}
+    assert rows["fp32-4x16"]["configs"][SOFTMAX_KERNEL] == f"num_warps={forced} num_stages=1"
+    assert rows["fp32-4x16"]["markers"] == []
+    missing = rows["fp16-3x40"]["markers"]
+    assert len(missing) == 1 and "AUTOTUNE_REPLAY_FALLBACK" in missing[0] and "reason=key_missing" in missing[0]
+    assert "AUTOTUNE_REPLAY_FALLBACK" in proc.stdout  # loud in the log too
+
+
+def test_record_survives_a_crash_mid_run(harness, tmp_path):
+    proc = harness("record", "crashy", "--backend", "interpreter", "--ops-path", RESOURCES / "crash_ops",
+                   "--out", tmp_path)
+    assert proc.returncode != 0
+    (run_dir,) = tmp_path.iterdir()
+    rows = load(run_dir / "results.json")["rows"]
+    assert [r["shape"] for r in rows] == [[300]] and rows[0]["status"] == "SUCCESS"
+    records = tuning.load_records(run_dir / "autotune_records/crashy.json")
+    assert len(records["kernels"]["ops.add.add_kernel"]) == 1
+    assert "[1/2] crashy fp32-300 SUCCESS" in (run_dir / "run.log").read_text()
+    assert "FAILED" in proc.stdout
+
+
+def test_user_operator_from_ops_path_records_and_replays(harness, tmp_path):
+    proc = harness("record", "scale3", "--backend", "cpu", "--ops-path", RESOURCES / "user_ops",
+                   "--dtypes", "fp32", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_of(proc)
+    assert load(run_dir / "run.json")["spec"]["provider"].endswith("scale.py")
+    proc = harness("replay", run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert load(run_dir_of(proc) / "run.json")["observed"]["autotune"]["injected"] == 2
+
+
+def test_options_shapes_dtypes_out(harness, tmp_path):
+    shapes = tmp_path / "my.yaml"
+    shapes.write_text("gelu:\n  shapes: [[5, 7]]\n")
+    proc = harness("record", "gelu", "--backend", "interpreter", "--shapes", shapes, "--dtypes", "fp16",
+                   "--device", "0", "--out", tmp_path / "out", "--seed", "7")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_of(proc)
+    assert run_dir.parent == tmp_path / "out"
+    spec = load(run_dir / "run.json")["spec"]
+    assert spec["dtypes"] == ["fp16"] and spec["seed"] == 7 and spec["shapes_source"].endswith("my.yaml#gelu")
+    assert [r["case"] for r in load(run_dir / "results.json")["rows"]] == ["fp16-5x7"]
+
+
+def _error(proc):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr  # one clear line, no traceback
+    return lines[0]
+
+
+def test_unknown_backend_lists_known(harness):
+    line = _error(harness("record", "softmax", "--backend", "tpu"))
+    assert "unknown backend 'tpu'" in line and "interpreter" in line
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA GPU")
+def test_gpu_backend_without_device_suggests_interpreter(harness):
+    line = _error(harness("record", "softmax", "--backend", "cuda"))
+    assert "no device found" in line and "--backend interpreter" in line
+
+
+def test_unknown_op_and_bad_dtype(harness):
+    assert "unknown operator 'nope'" in _error(harness("record", "nope", "--backend", "cpu"))
+    assert "does not take dtype" in _error(harness("record", "scale3", "--backend", "cpu", "--ops-path",
+                                                   RESOURCES / "user_ops", "--dtypes", "bf16"))
+
+
+def test_bad_shape_file_names_file_and_key(harness, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("softmax:\n  shapes: [[0, 4]]\n")
+    line = _error(harness("record", "softmax", "--backend", "cpu", "--shapes", bad))
+    assert str(bad) in line and "key 'softmax'" in line
+
+
+def test_replay_refuses_missing_corrupt_and_cross_backend(recorded, harness, tmp_path):
+    assert "does not exist" in _error(harness("replay", tmp_path / "nope"))
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(recorded[0], corrupt)
+    (corrupt / "run.json").write_text("{ half a file")
+    assert "corrupt" in _error(harness("replay", corrupt))
+    no_records = tmp_path / "no_records"
+    shutil.copytree(recorded[0], no_records)
+    shutil.rmtree(no_records / "autotune_records")
+    assert "no autotune records" in _error(harness("replay", no_records))
+    line = _error(harness("replay", recorded[0], "--backend", "cuda"))
+    assert "recorded on backend 'interpreter'" in line
