@@ -16,7 +16,6 @@ from pathlib import Path
 import nox
 
 nox.options.default_venv_backend = "none"
-nox.options.sessions = ["tests", "lint"]
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
@@ -105,7 +104,7 @@ def replay(session: nox.Session) -> None:
     _harness(session, "replay")
 
 
-@nox.session
+@nox.session(tags=["ci"])
 def tests(session: nox.Session) -> None:
     """The project's own tests (CPU only, interpreter backend)."""
     _require_compiler(session)
@@ -113,7 +112,7 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *session.posargs)
 
 
-@nox.session(venv_backend="virtualenv")
+@nox.session(venv_backend="virtualenv", tags=["ci"])
 def lint(session: nox.Session) -> None:
     """Static checks (ruff)."""
     session.install("ruff")

@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(rec)
     _add_measurement(rec)
     rep = sub.add_parser("replay", help="rerun a record run with its configs, shapes and seeds pinned")
-    rep.add_argument("run_dir", type=Path, help="the record run dir to replay")
+    rep.add_argument("run_dir", type=Path, nargs="?", default=None,
+                     help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep)
     return parser
 
@@ -162,7 +163,23 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     return run_spec, shape_list, args.out
 
 
+def newest_record_run(root: Path) -> Path:
+    candidates = []
+    for run_json in root.glob(f"*/{rundir.RUN_JSON}"):
+        try:
+            if spec_mod.read(run_json.parent).mode == "record":
+                candidates.append(run_json.parent)
+        except spec_mod.SpecError:
+            continue
+    if not candidates:
+        raise UsageError(f"no record run under {root} to replay; give a run dir")
+    return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
+
+
 def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    if args.run_dir is None:
+        args.run_dir = newest_record_run((args.out or REPO_ROOT / "runs").resolve())
+        print(f"replaying the newest record run: {args.run_dir}")
     try:
         source = spec_mod.read(args.run_dir)
         tuning.load_records(tuning.records_path(args.run_dir, source.op))
