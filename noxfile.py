@@ -42,7 +42,7 @@ _COMPILER = (
 def _light_deps(session: nox.Session, requirements: tuple[str, ...]) -> None:
     if DEPS_DIR.is_dir():
         session.env["PYTHONPATH"] = str(DEPS_DIR)
-    missing = session.run("python", "-c", _MISSING, *requirements, silent=True).split()
+    missing = session.run("python", "-c", _MISSING, *requirements, silent=True).strip().splitlines()[-1].split()
     if not missing:
         return
     session.log(f"installing missing packages into {DEPS_DIR}: {' '.join(missing)}")
@@ -77,7 +77,8 @@ def _drop_shadowing(target: Path, present: set[str]) -> None:
 
 
 def _require_compiler(session: nox.Session) -> None:
-    status = session.run("python", "-c", _COMPILER, silent=True).strip()
+    # The last line is the verdict; torch may print warnings (e.g. no numpy yet) before it.
+    status = session.run("python", "-c", _COMPILER, silent=True).strip().splitlines()[-1]
     if not status.startswith("ok"):
         session.error(
             f"this Python lacks torch or triton ({status}). Sessions use the compiler of the "

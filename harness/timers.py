@@ -142,8 +142,16 @@ class Timer:
             fn()
         self._sync()
         reps = clamp_count(self.rep_ms, est, REPS_RANGE)
-        samples = [self._event_pair_ms(fn) for _ in range(reps)]
-        return Measurement(samples, "direct")
+        # Queue every call with its events and synchronize once: a sync per sample would start
+        # each call on an idle device and add the host's launch latency to every sample.
+        starts = [self._accel.Event(enable_timing=True) for _ in range(reps)]
+        ends = [self._accel.Event(enable_timing=True) for _ in range(reps)]
+        for start, end in zip(starts, ends, strict=False):
+            start.record()
+            fn()
+            end.record()
+        self._sync()
+        return Measurement([s.elapsed_time(e) for s, e in zip(starts, ends, strict=False)], "direct")
 
     def _capture(self, fn, calls: int):
         import torch
