@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.context import RunContext
-from harness.plugins import autotune, results, runinfo, seeds, shapes, timing
+from harness.plugins import autotune, ir, results, runinfo, seeds, shapes, timing
 
 HERE = Path(__file__).resolve().parent
 
@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
         seeds.SeedsPlugin(ctx),
         shapes.ShapesPlugin(ctx),
         autotune.AutotunePlugin(ctx),
+        ir.IRPlugin(ctx),
         timing.TimingPlugin(ctx),
         results.ResultsPlugin(ctx),
     ]

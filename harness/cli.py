@@ -9,11 +9,13 @@ one line saying what is wrong.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import backends
@@ -64,6 +66,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", type=Path, default=None,
                      help="parent of the run dir (default: runs/)")
+    out.add_argument("--no-ir", dest="ir", action="store_false",
+                     help="do not collect per-shape TTGIR (collected by default where the compiler allows)")
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
 
@@ -90,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep)
+    cmp_ = sub.add_parser("compare-ir", help="compare the IR of two run dirs, per launched variant")
+    cmp_.add_argument("run_a", type=Path)
+    cmp_.add_argument("run_b", type=Path)
     return parser
 
 
@@ -159,7 +166,7 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
         shapes_source=f"{shape_file}#{key}", seed=args.seed, timer=timer,
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
-        ops_paths=ops_paths, provider=provider, color=_color(args.color))
+        ops_paths=ops_paths, provider=provider, color=_color(args.color), ir=args.ir)
     return run_spec, shape_list, args.out
 
 
@@ -200,7 +207,7 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
         op=op.name, backend=backend.name, mode="replay", device=device, dtypes=dtypes,
         shapes_source=f"{shape_file}#{key}", seed=source.seed, timer=source.timer,
         warmup_ms=source.warmup_ms, rep_ms=source.rep_ms, ops_paths=ops_paths, provider=provider,
-        replay_from=str(Path(args.run_dir).resolve()), color=_color(args.color))
+        replay_from=str(Path(args.run_dir).resolve()), color=_color(args.color), ir=args.ir)
     return run_spec, shape_list, args.out or Path(args.run_dir).resolve().parent
 
 
@@ -227,10 +234,13 @@ class _Tee:
         self.log.close()
 
 
-def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee) -> int:
+def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: str) -> int:
     backend = backends.get(run_spec.backend)
     env = backend.visibility_env(run_spec.device, os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    # A private compiler cache per run: the IR collected is exactly this run's, and nothing
+    # compiled by another compiler build is picked up from a shared cache.
+    env["TRITON_CACHE_DIR"] = cache_dir
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(run_dir)], cwd=REPO_ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -264,7 +274,9 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
         tee.write(f"zl_bench {what}: op={run_spec.op} backend={run_spec.backend} device={run_spec.device} "
                   f"dtypes={','.join(run_spec.dtypes)} shapes={len(shape_list)} timer={run_spec.timer}\n"
                   f"run dir: {run_dir}\n")
-        code = run_child(run_dir, run_spec, tee)
+        with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
+            code = run_child(run_dir, run_spec, tee, cache_dir)
         verdict = "ok" if code == 0 else f"FAILED (exit {code})"
         tee.write(f"\n{run_spec.mode} {verdict}; run dir: {run_dir}\n")
     finally:
@@ -272,8 +284,32 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
     return code
 
 
+def compare_ir(run_a: Path, run_b: Path) -> int:
+    from tabulate import tabulate
+
+    from harness import ir
+
+    for run in (run_a, run_b):
+        if not (run / ir.IR_DIR / "index.tsv").is_file():
+            raise UsageError(f"{run} has no {ir.IR_DIR}/index.tsv (IR collection was off or it is not a run dir)")
+    rows = ir.compare(run_a, run_b)
+    print(tabulate([[r["status"], r["shape"], r["kernel"].rsplit(".", 1)[-1], r["file_a"], r["file_b"], r["stages"]]
+                    for r in rows], headers=["status", "shape", "kernel", "A", "B", "stages differing"]))
+    counts = collections.Counter(r["status"] for r in rows)
+    print("  ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if rows and counts["identical"] == len(rows):
+        print("every launched variant compiled to identical IR at every stage in A and B")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "compare-ir":
+        try:
+            return compare_ir(args.run_a, args.run_b)
+        except UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         resolved = resolve_record(args) if args.command == "record" else resolve_replay(args)
     except UsageError as exc:

@@ -34,6 +34,7 @@ class RunSpec:
     provider: str = "builtin"
     replay_from: str | None = None
     color: bool = False
+    ir: bool = True
     version: int = SPEC_VERSION
 
     def to_json(self) -> dict:

@@ -1,0 +1,127 @@
+"""IR naming rules on synthetic variant tables, and the dump path on kernels really compiled for a
+Hopper target on the CPU (Triton compiles for an explicit GPUTarget without a GPU)."""
+
+import pytest
+
+from harness import ir
+from harness.ir import Variant
+
+
+def var(h, dtype="bf16", align="nodiv", w=4, s=3, **constexprs):
+    return Variant(kernel="m.k", hash=h, constexprs=tuple(sorted(constexprs.items())), num_warps=w,
+                   num_stages=s, dtype=dtype, align=align)
+
+
+@pytest.mark.parametrize("name,short", [("BLOCK_SIZE_M", "BSM"), ("blockSizeM", "BSM"), ("BLOCK_M", "BM"),
+                                        ("BLOCK", "BLOCK"), ("EVEN_K", "EK"), ("num_stages", "NS")])
+def test_abbreviate(name, short):
+    assert ir.abbreviate(name) == short
+
+
+def test_clashing_abbreviations_keep_full_names():
+    assert ir.abbreviations(["BLOCK_M", "BATCH_M", "GROUP_SIZE"]) == {
+        "BLOCK_M": "BLOCK_M", "BATCH_M": "BATCH_M", "GROUP_SIZE": "GS"}
+    # An abbreviation equal to another parameter's full name would read as that parameter.
+    assert ir.abbreviations(["BLOCK_M", "BM"]) == {"BLOCK_M": "BLOCK_M", "BM": "BM"}
+
+
+def test_only_varying_constexprs_enter_the_name():
+    group = [var("a" * 8, BLOCK_M=64, GROUP_M=8), var("b" * 8, BLOCK_M=128, GROUP_M=8, w=8)]
+    assert ir.name_variants(group) == {"a" * 8: "BM64_w4s3", "b" * 8: "BM128_w8s3"}
+
+
+def test_collisions_resolve_by_dtype_then_alignment_then_hash():
+    by_dtype = [var("h1", dtype="bf16"), var("h2", dtype="fp16")]
+    assert ir.name_variants(by_dtype) == {"h1": "w4s3__bf16", "h2": "w4s3__fp16"}
+    by_align = [var("h1", align="div16-A"), var("h2", align="nodiv")]
+    assert ir.name_variants(by_align) == {"h1": "w4s3__div16-A", "h2": "w4s3__nodiv"}
+    by_hash = [var("1234567890"), var("abcdefabcd")]
+    assert ir.name_variants(by_hash) == {"1234567890": "w4s3__12345678", "abcdefabcd": "w4s3__abcdefab"}
+    mixed = [var("h1", dtype="bf16"), var("h2", dtype="bf16", align="div16-A"), var("h3", dtype="fp16")]
+    assert ir.name_variants(mixed) == {"h1": "w4s3__bf16__nodiv", "h2": "w4s3__bf16__div16-A", "h3": "w4s3__fp16"}
+
+
+def test_names_are_unique_for_any_group():
+    group = [var(f"{i:08d}", dtype=d, BLOCK=b) for i, (d, b) in enumerate(
+        [("bf16", 16), ("bf16", 16), ("fp16", 16), ("fp16", 32), ("bf16", 32)])]
+    names = ir.name_variants(group)
+    assert len(set(names.values())) == len(group)
+
+
+@pytest.fixture
+def hopper_kernels(monkeypatch):
+    """Two configs x two dtypes of a kernel, compiled for sm_90 on this CPU."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns while it is unset
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def scale_kernel(x_ptr, out_ptr, n, BLOCK_SIZE_M: tl.constexpr, EVEN: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    compiled = []
+    for dtype in ("bf16", "fp16"):
+        for block in (64, 128):
+            src = ASTSource(fn=scale_kernel, signature={"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "n": "i32",
+                                                        "BLOCK_SIZE_M": "constexpr", "EVEN": "constexpr"},
+                            constexprs={"BLOCK_SIZE_M": block, "EVEN": True})
+            try:
+                compiled.append(triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
+            except (RuntimeError, FileNotFoundError) as exc:  # no ptxas in this Triton build
+                pytest.skip(f"cannot compile for sm_90 here: {exc}")
+    return compiled
+
+
+def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
+    collector = ir.IRCollector(tmp_path)
+    # Stand-ins for loaded function handles (a GPU would set them on first launch).
+    for i, ck in enumerate(hopper_kernels):
+        ck.function = 1000 + i
+    collector.shape = "4096x4096"
+    for i in range(3):  # 64-wide bf16 and fp16, 128-wide bf16 launched; 128-wide fp16 only compiled
+        collector.on_launch({"function": 1000 + i})
+    collector.sweeping = 1
+    collector.on_launch({"function": 1003})  # a sweep launch is not a use
+    collector.write()
+
+    kdir = tmp_path / "ttgir" / "4096x4096" / "scale_kernel"
+    files = sorted(p.name for p in kdir.iterdir())
+    assert files == ["BSM128_w4s3.ttgir", "BSM64_w4s3__bf16.ttgir", "BSM64_w4s3__fp16.ttgir"]
+    assert "ttg." in (kdir / "BSM128_w4s3.ttgir").read_text()
+    rows = ir.read_index(tmp_path)
+    assert len(rows) == 4
+    unlaunched = [r for r in rows if r["file"] == "-"]
+    assert len(unlaunched) == 1 and unlaunched[0]["launches"] == "0"
+    assert all(r["ttgir_sha"] != "-" and r["ptx_sha"] != "-" for r in rows)
+    assert "| BSM | BLOCK_SIZE_M |" in (tmp_path / "ttgir" / "naming.md").read_text()
+
+
+def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_path):
+    def run(name, launched, tamper=None):
+        collector = ir.IRCollector(tmp_path / name)
+        (tmp_path / name).mkdir()
+        for i, ck in enumerate(hopper_kernels):
+            ck.function = 2000 + i
+        collector.shape = "64"
+        for i in launched:
+            collector.on_launch({"function": 2000 + i})
+        collector.write()
+        if tamper:
+            index = tmp_path / name / "ttgir" / "index.tsv"
+            index.write_text(index.read_text().replace(tamper[0], tamper[1]))
+        return tmp_path / name
+
+    a = run("a", [0, 1])
+    llir = ir.read_index(a)[0]["llir_sha"]
+    b = run("b", [0, 1, 2], tamper=(llir, "0" * 16))
+    rows = ir.compare(a, b)
+    assert sorted(r["status"] for r in rows) == ["changed", "identical", "only_in_b"]
+    changed = next(r for r in rows if r["status"] == "changed")
+    assert changed["stages"] == "llir"
+    # Matched by parameters although b renamed the file (a dtype collision appeared in b).
+    pairs = {(r["file_a"], r["file_b"]) for r in rows}
+    assert ("64/scale_kernel/BSM64_w4s3.ttgir", "64/scale_kernel/BSM64_w4s3__bf16.ttgir") in pairs
