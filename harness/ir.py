@@ -160,7 +160,9 @@ class IRCollector:
         from triton.compiler.compiler import CompiledKernel
 
         for obj in gc.get_objects():
-            if isinstance(obj, CompiledKernel) and getattr(obj, "src", None) is not None:
+            # type(), not isinstance(): some objects (torch's deprecated aliases) warn when their
+            # __class__ is read.
+            if issubclass(type(obj), CompiledKernel) and getattr(obj, "src", None) is not None:
                 if obj.hash not in self.variants:
                     try:
                         self.variants[obj.hash] = variant_of(obj)
