@@ -142,14 +142,18 @@ class IRCollector:
         self.variants: dict[str, Variant] = {}
         self.ttgir: dict[str, str] = {}
         self.handle_to_hash: dict[int, str] = {}
+        self.unreadable = 0  # launches whose metadata named no function: reported, not guessed
 
     # --- hooks ---------------------------------------------------------------------------------
     def on_launch(self, metadata) -> None:
         if self.sweeping:
             return
-        try:
-            handle = metadata["function"]
-        except (KeyError, TypeError):
+        # Triton passes a LazyDict; its `.data` holds name/function/stream without running the
+        # kernel's own (possibly costly) launch_metadata callbacks.
+        data = getattr(metadata, "data", metadata)
+        handle = data.get("function") if isinstance(data, dict) else None
+        if handle is None:
+            self.unreadable += 1
             return
         self.launches[(self.shape, handle)] += 1
 

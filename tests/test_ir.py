@@ -76,6 +76,13 @@ def hopper_kernels(monkeypatch):
     return compiled
 
 
+def launch(collector, handle):
+    """A launch as Triton reports it: a LazyDict holding name, function and stream."""
+    from triton.compiler.compiler import LazyDict
+
+    collector.on_launch(LazyDict({"name": "k", "function": handle, "stream": 0}))
+
+
 def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     collector = ir.IRCollector(tmp_path)
     # Stand-ins for loaded function handles (a GPU would set them on first launch).
@@ -83,9 +90,9 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
         ck.function = 1000 + i
     collector.shape = "4096x4096"
     for i in range(3):  # 64-wide bf16 and fp16, 128-wide bf16 launched; 128-wide fp16 only compiled
-        collector.on_launch({"function": 1000 + i})
+        launch(collector, 1000 + i)
     collector.sweeping = 1
-    collector.on_launch({"function": 1003})  # a sweep launch is not a use
+    launch(collector, 1003)  # a sweep launch is not a use
     collector.write()
 
     kdir = tmp_path / "ttgir" / "4096x4096" / "scale_kernel"
@@ -98,6 +105,10 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     assert len(unlaunched) == 1 and unlaunched[0]["launches"] == "0"
     assert all(r["ttgir_sha"] != "-" and r["ptx_sha"] != "-" for r in rows)
     assert "| BSM | BLOCK_SIZE_M |" in (tmp_path / "ttgir" / "naming.md").read_text()
+    assert collector.unreadable == 0
+    collector.sweeping = 0
+    collector.on_launch(object())  # metadata of an unknown shape is counted as unreadable, not guessed
+    assert collector.unreadable == 1
 
 
 def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_path):
@@ -108,7 +119,7 @@ def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_p
             ck.function = 2000 + i
         collector.shape = "64"
         for i in launched:
-            collector.on_launch({"function": 2000 + i})
+            launch(collector, 2000 + i)
         collector.write()
         if tamper:
             index = tmp_path / name / "ttgir" / "index.tsv"

@@ -89,5 +89,8 @@ class IRPlugin:
         files = sum(len(v) for v in used.values())
         print(f"IR: {len(self.collector.variants)} variants compiled, {files} launched variant files "
               f"under {self.collector.root}")
+        if self.collector.unreadable:
+            print(f"IR: {self.collector.unreadable} launches had unreadable metadata and were not counted")
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"ir": {
-            "variants_compiled": len(self.collector.variants), "files_written": files}}})
+            "variants_compiled": len(self.collector.variants), "files_written": files,
+            "unreadable_launches": self.collector.unreadable}}})
