@@ -66,12 +66,17 @@ def _fmt(value) -> str:
     return str(value).replace("/", "_").replace(" ", "")
 
 
+def varying_params(variants: list[Variant]) -> list[str]:
+    """Constexprs whose value differs inside the group: the only ones a file name needs."""
+    keys = sorted({k for v in variants for k, _ in v.constexprs})
+    return [k for k in keys if len({_fmt(v.params.get(k)) for v in variants}) > 1]
+
+
 def name_variants(variants: list[Variant]) -> dict[str, str]:
     """hash -> file stem, for the variants of one (shape, kernel) group."""
     if not variants:
         return {}
-    keys = sorted({k for v in variants for k, _ in v.constexprs})
-    varying = [k for k in keys if len({_fmt(v.params.get(k)) for v in variants}) > 1]
+    varying = varying_params(variants)
     abbr = abbreviations(varying)
     names = {}
     for v in variants:
@@ -200,8 +205,7 @@ class IRCollector:
         for (shape, kernel), counts in sorted(groups.items()):
             members = [self.variants[h] for h in counts]
             names = name_variants(members)
-            varying = {k for v in members for k, _ in v.constexprs}
-            abbrs.update({k: a for k, a in abbreviations(varying).items() if a != k})
+            abbrs.update({k: a for k, a in abbreviations(varying_params(members)).items() if a != k})
             kdir = staging / shape / kernel.rsplit(".", 1)[-1]
             kdir.mkdir(parents=True, exist_ok=True)
             for v in members:
