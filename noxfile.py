@@ -105,6 +105,12 @@ def replay(session: nox.Session) -> None:
     _harness(session, "replay")
 
 
+@nox.session
+def ab(session: nox.Session) -> None:
+    """A records, then A and B replay A's configs interleaved; statistics and a report."""
+    _harness(session, "ab")
+
+
 @nox.session(tags=["ci"])
 def tests(session: nox.Session) -> None:
     """The project's own tests (CPU only, interpreter backend)."""

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import backends
+from harness import ab as ab_mod
 from harness import registry, rundir, shapes, tuning
 from harness import spec as spec_mod
 from ops import DTYPE_NAMES
@@ -94,6 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep)
+    ab = sub.add_parser("ab", help="A records, A and B replay A's configs, interleaved; compare with statistics")
+    ab.add_argument("plan", type=Path, nargs="?", default=None,
+                    help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
+    side = ab.add_argument_group("the experiment (override the plan)")
+    side.add_argument("--ops", nargs="+", metavar="OP", default=None, help="operators to compare")
+    side.add_argument("--repeats", type=int, metavar="N", default=None, help="replays per side (>= 2; default 3)")
+    for s_ in ("a", "b"):
+        side.add_argument(f"--{s_}-env", action="append", metavar="KEY=VAL", default=None,
+                          help=f"environment variable for side {s_.upper()} (repeatable)")
+        side.add_argument(f"--{s_}-python", metavar="PATH", default=None,
+                          help=f"Python interpreter of side {s_.upper()} (a second compiler build)")
+    side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
+                      help="compare two existing run dirs without running anything")
+    _add_common(ab)
     cmp_ = sub.add_parser("compare-ir", help="compare the IR of two run dirs, per launched variant")
     cmp_.add_argument("run_a", type=Path)
     cmp_.add_argument("run_b", type=Path)
@@ -302,14 +317,109 @@ def compare_ir(run_a: Path, run_b: Path) -> int:
     return 0
 
 
+def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise UsageError(f"{flag} {item!r}: expected KEY=VAL")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+def resolve_plan(args) -> ab_mod.Plan:
+    try:
+        if args.plan is not None or not args.ops:
+            plan = ab_mod.load_plan(args.plan or ab_mod.DEFAULT_PLAN)
+        else:
+            plan = ab_mod.Plan(name="adhoc", ops=args.ops, a=ab_mod.Side("A", "as is"), b=ab_mod.Side("B", ""))
+    except ab_mod.PlanError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.ops:
+        plan.ops = args.ops
+    if args.repeats is not None:
+        if args.repeats < 2:
+            raise UsageError("--repeats must be >= 2: A's own spread is the noise floor")
+        plan.repeats = args.repeats
+    for side in (plan.a, plan.b):
+        key = side.name.lower()
+        side.env.update(_env_pairs(getattr(args, f"{key}_env"), f"--{key}-env"))
+        python = getattr(args, f"{key}_python")
+        if python:
+            if not Path(python).is_file():
+                raise UsageError(f"--{key}-python {python} does not exist")
+            side.python = python
+    if args.backend:
+        plan.backend = args.backend
+    if args.shapes:
+        plan.shapes = str(args.shapes.resolve())
+    if args.dtypes:
+        plan.dtypes = args.dtypes
+    if args.device is not None:
+        plan.device = args.device
+    plan.ops_paths += _abs_ops_paths(args.ops_path)
+    if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
+        print("note: sides A and B are identical: this is an A/A run (measures noise)")
+    if plan.backend:
+        _resolve_backend(plan.backend)  # unknown names fail before anything runs
+    return plan
+
+
+def run_ab(args) -> int:
+    if args.compare:
+        dir_a, dir_b = args.compare
+        for d in (dir_a, dir_b):
+            try:
+                spec_mod.read(d)
+            except spec_mod.SpecError as exc:
+                raise UsageError(f"--compare: {exc}") from exc
+        out = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "compare")
+        warnings, _ = ab_mod.validity({"runs": {"A": [dir_a], "B": [dir_b]}})
+        context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
+                   "note": "single runs: each run's raw samples stand in for repeats"}
+        return ab_mod.report(out, [([dir_a], [dir_b])], context, warnings)
+    plan = resolve_plan(args)
+    ab_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), f"ab_{plan.name}")
+    print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
+          f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
+    runner = ab_mod.Runner(plan, ab_dir)
+    interrupted = False
+    try:
+        results = runner.run()
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping the running side and reporting what completed")
+        runner.interrupt()
+        results = {}
+        for step in runner.state["steps"]:
+            op = step["args"][1] if step["args"][0] == "record" else Path(step["args"][1]).name.split("_")[0]
+            if step["run_dir"] and step["exit"] == 0:
+                results.setdefault(op, {"record": [], "A": [], "B": []})
+                kind = "record" if step["args"][0] == "record" else step["side"]
+                results[op][kind].append(Path(step["run_dir"]))
+    warnings, ir_per_op = ab_mod.validity(results)
+    if interrupted or not runner.state["complete"]:
+        done = sum(1 for s in runner.state["steps"] if s["exit"] == 0)
+        warnings.insert(0, f"INCOMPLETE: interrupted after {done} successful steps; rows below cover only those")
+    failed = [s["what"] for s in runner.state["steps"] if s["exit"] != 0]
+    if failed:
+        warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
+    context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
+               "ir": ir_per_op}
+    code = ab_mod.report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings)
+    return 130 if interrupted else code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "compare-ir":
-        try:
+    try:
+        if args.command == "compare-ir":
             return compare_ir(args.run_a, args.run_b)
-        except UsageError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        if args.command == "ab":
+            return run_ab(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         resolved = resolve_record(args) if args.command == "record" else resolve_replay(args)
     except UsageError as exc:

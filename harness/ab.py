@@ -1,0 +1,224 @@
+"""The A/B experiment: side A records once, then both sides replay A's configs in separate
+processes, interleaved A B A B ... for N repeats, so drift and heat hit both sides alike.
+
+A side differs from the other by environment variables (a compiler switch) and/or a Python
+interpreter (a second compiler build installed side by side). Every step's output goes to
+ab.log; ab.json says what completed, so an interrupted A/B still reports what it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from harness import ir, rundir
+from reports import ab_report, compare
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PLAN = REPO_ROOT / "ops" / "ab_default.yaml"
+PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "a", "b"}
+SIDE_FIELDS = {"label", "env", "python", "requirements"}
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Side:
+    name: str
+    label: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    python: str | None = None
+
+    def describe(self) -> str:
+        parts = [self.label] if self.label else []
+        parts += [f"{k}={v}" for k, v in self.env.items()]
+        if self.python:
+            parts.append(f"python={self.python}")
+        return " ".join(parts) or "as is"
+
+
+@dataclasses.dataclass
+class Plan:
+    name: str
+    ops: list[str]
+    a: Side
+    b: Side
+    repeats: int = 3
+    shapes: str | None = None
+    dtypes: list[str] | None = None
+    backend: str | None = None
+    device: int | None = None
+    ops_paths: list[str] = dataclasses.field(default_factory=list)
+
+
+def _side(data, name: str, where: str) -> Side:
+    if data is None:
+        return Side(name, "")
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: side '{name}' must be a mapping")
+    unknown = set(data) - SIDE_FIELDS
+    if unknown:
+        raise PlanError(f"{where}: side '{name}': unknown fields {sorted(unknown)} (allowed: {sorted(SIDE_FIELDS)})")
+    if data.get("requirements"):
+        raise PlanError(f"{where}: side '{name}': 'requirements' (a pip-built side env) is not supported yet; "
+                        "install the build side by side and give its interpreter as 'python'")
+    env = data.get("env") or {}
+    if not isinstance(env, dict):
+        raise PlanError(f"{where}: side '{name}': env must be a mapping of NAME: value")
+    python = data.get("python")
+    if python is not None and not Path(python).is_file():
+        raise PlanError(f"{where}: side '{name}': python {python} does not exist")
+    return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python)
+
+
+def load_plan(path: Path) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"plan {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PlanError(f"plan {path}: not valid yaml: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PlanError(f"plan {path}: expected a mapping")
+    unknown = set(data) - PLAN_FIELDS
+    if unknown:
+        raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(PLAN_FIELDS)})")
+    ops = data.get("ops")
+    if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
+        raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
+    repeats = data.get("repeats", 3)
+    if not isinstance(repeats, int) or repeats < 2:
+        raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
+    shapes = data.get("shapes")
+    if shapes is not None:
+        shapes = str((path.parent / shapes).resolve())
+    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, shapes=shapes,
+                dtypes=data.get("dtypes"), backend=data.get("backend"), device=data.get("device"),
+                ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
+                a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)))
+
+
+class Runner:
+    """Runs the steps of one A/B in subprocesses and keeps ab.json current."""
+
+    def __init__(self, plan: Plan, ab_dir: Path):
+        self.plan = plan
+        self.dir = ab_dir
+        self.log = open(ab_dir / "ab.log", "a", encoding="utf-8")
+        self.state = {"plan": dataclasses.asdict(plan), "steps": [], "complete": False}
+        self.proc: subprocess.Popen | None = None
+
+    def _save(self) -> None:
+        rundir.atomic_write_json(self.dir / "ab.json", self.state)
+
+    def step(self, side: Side, args: list[str], out: Path, what: str) -> Path | None:
+        """One harness invocation; its run dir, or None if it failed."""
+        env = dict(os.environ)
+        env.update(side.env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        cmd = [side.python or sys.executable, "-m", "harness", *args, "--out", str(out), "--color", "never"]
+        self.log.write(f"\n$ {' '.join(f'{k}={v}' for k, v in side.env.items())} {' '.join(cmd)}\n")
+        self.log.flush()
+        print(f"{what} ...", end="", flush=True)
+        start = time.monotonic()
+        # Own session: a Ctrl-C is forwarded by us, so we can wait for the child's summary.
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        code = self.proc.wait()
+        self.proc = None
+        elapsed = time.monotonic() - start
+        runs = sorted(out.glob("*/run.json"))
+        run_dir = runs[-1].parent if runs else None
+        ok = code == 0 and run_dir is not None
+        print(f" {'ok' if ok else f'FAILED (exit {code})'} ({elapsed:.0f} s)", flush=True)
+        self.state["steps"].append({"what": what, "side": side.name, "args": args, "exit": code,
+                                    "run_dir": str(run_dir) if run_dir else None, "seconds": round(elapsed, 1)})
+        self._save()
+        return run_dir if ok else None
+
+    def interrupt(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def run(self) -> dict[str, dict[str, list[Path]]]:
+        """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
+        plan = self.plan
+        common = []
+        if plan.shapes:
+            common += ["--shapes", plan.shapes]
+        if plan.dtypes:
+            common += ["--dtypes", ",".join(plan.dtypes)]
+        if plan.device is not None:
+            common += ["--device", str(plan.device)]
+        for p in plan.ops_paths:
+            common += ["--ops-path", p]
+        results: dict[str, dict[str, list[Path]]] = {}
+        self._save()
+        for i, op in enumerate(plan.ops, 1):
+            tag = f"[{i}/{len(plan.ops)} {op}]"
+            runs = results.setdefault(op, {"record": [], "A": [], "B": []})
+            backend = ["--backend", plan.backend] if plan.backend else []
+            record = self.step(plan.a, ["record", op, *backend, *common], self.dir / op / "A-record",
+                               f"{tag} A records")
+            if record is None:
+                continue
+            runs["record"].append(record)
+            for r in range(1, plan.repeats + 1):
+                for side in (plan.a, plan.b):
+                    replay = self.step(side, ["replay", str(record), *common], self.dir / op / f"{side.name}-{r}",
+                                       f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
+                    if replay is not None:
+                        runs[side.name].append(replay)
+        self.state["complete"] = True
+        self._save()
+        return results
+
+
+def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict]:
+    """Warnings about what the A/B can and cannot conclude, and the IR comparison per op."""
+    warnings, per_op = [], {}
+    for op, runs in results.items():
+        if not runs["A"] or not runs["B"]:
+            continue
+        a, b = runs["A"][0], runs["B"][0]
+        if not (a / ir.IR_DIR / "index.tsv").is_file() or not (b / ir.IR_DIR / "index.tsv").is_file():
+            per_op[op] = "IR not collected"
+            continue
+        rows = ir.compare(a, b)
+        counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("identical", "changed", "only_in_a",
+                                                                           "only_in_b")}
+        per_op[op] = counts
+    compared = {op: c for op, c in per_op.items() if isinstance(c, dict)}
+    if compared and all(c["identical"] > 0 and c["identical"] == sum(c.values()) for c in compared.values()):
+        warnings.append("the A/B axis changed NOTHING: both sides compiled byte-identical IR at every stage for "
+                        "every launched kernel; a switch that no longer exists looks exactly like this")
+    if any(c == "IR not collected" for c in per_op.values()):
+        warnings.append("IR was not collected on some ops (see run.json observed.ir): cannot tell whether the "
+                        "axis changed the generated code there")
+    return warnings, per_op
+
+
+def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str]) -> int:
+    """Pair and compare each group (one op's A runs against its B runs), then report them all."""
+    rows = [row for a_runs, b_runs in groups if a_runs or b_runs for row in compare.pair(a_runs, b_runs)]
+    summary = compare.summarize(rows)
+    print()
+    print(ab_report.render(rows, summary, warnings, context))
+    files = ab_report.write(ab_dir, rows, summary, warnings, context)
+    print("report: " + ", ".join(str(f) for f in files))
+    return 0 if rows and summary.headline_rows == summary.rows else 1

@@ -1,0 +1,128 @@
+"""The A/B report: a terminal table, the same as markdown, CSV and JSON files, and a PNG of
+per-row ratios with their intervals grouped by operator."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from pathlib import Path
+
+from tabulate import tabulate
+
+from harness import rundir
+from reports import stats
+from reports.compare import PairedRow, Summary
+
+REPORT_FORMAT = 1
+HEADERS = ["op", "dtype", "shape", "A ms", "B ms", "B/A", "95% CI", "verdict", "control B/A", "flags"]
+
+
+def _shape(row: PairedRow) -> str:
+    return "x".join(map(str, row.shape))
+
+
+def _median(values) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _cells(row: PairedRow) -> list:
+    c = row.comparison
+    control = stats.compare(row.a_control_ms, row.b_control_ms).ratio if row.a_control_ms and row.b_control_ms else None
+    flags = list(row.flags) + (["config_differs"] if row.config_differs else [])
+    a, b = _median(row.a_ms), _median(row.b_ms)
+    return [row.op, row.dtype, _shape(row), f"{a:.4f}" if a else "-", f"{b:.4f}" if b else "-",
+            f"{c.ratio:.4f}" if c else "-", f"[{c.lo:.4f}, {c.hi:.4f}]" if c and math.isfinite(c.hi) else "-",
+            c.verdict if c else "UNPAIRED", f"{control:.4f}" if control else "-", ",".join(flags)]
+
+
+def _gm(gm: tuple[float, float, float]) -> str:
+    ratio, lo, hi = gm
+    if not math.isfinite(ratio):
+        return "n/a"
+    interval = f" [{lo:.4f}, {hi:.4f}]" if math.isfinite(lo) else ""
+    return f"{ratio:.4f}{interval} ({stats.describe(ratio)})"
+
+
+def headline(summary: Summary, warnings: list[str], context: dict) -> list[str]:
+    lines = [f"A/B {context.get('name', '')}: A = {context.get('a', 'A')}, B = {context.get('b', 'B')}; "
+             f"ratio = B latency / A latency (below 1: B faster)"]
+    lines += [f"WARNING: {w}" for w in warnings]
+    verdicts = ", ".join(f"{k} {v}" for k, v in sorted(summary.verdicts.items())) or "none"
+    lines.append(f"rows: {summary.headline_rows} of {summary.rows} in the headline; verdicts: {verdicts}")
+    if summary.excluded:
+        excluded = ", ".join(f"{k} {v}" for k, v in sorted(summary.excluded.items()))
+        lines.append(f"excluded from the headline: {excluded}")
+    if summary.config_differs:
+        lines.append(f"rows whose sides ran different autotune configs: {summary.config_differs}")
+    lines.append(f"overall geomean B/A: {_gm(summary.overall)}")
+    for op, gm in summary.per_op.items():
+        lines.append(f"  {op}: {_gm(gm)}")
+    lines.append(f"control (torch baseline) geomean B/A: {_gm(summary.control)} -- should be ~1: it does not "
+                 "depend on the compiler under test")
+    return lines
+
+
+def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict, fmt: str = "simple") -> str:
+    table = tabulate([_cells(r) for r in rows], headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+    return "\n".join(headline(summary, warnings, context)) + "\n\n" + table + "\n"
+
+
+def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "report.md"
+    rundir.atomic_write_text(md, "# A/B report\n\n" + render(rows, summary, warnings, context, "github").replace(
+        "\n\n", "\n\n", 1))
+    csv_path = out_dir / "report.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["op", "dtype", "shape", "a_ms_median", "b_ms_median", "ratio", "ci_lo", "ci_hi", "verdict",
+                    "noise_floor", "n_a", "n_b", "flags", "config_differs"])
+        for r in rows:
+            c = r.comparison
+            w.writerow([r.op, r.dtype, _shape(r), _median(r.a_ms), _median(r.b_ms), c.ratio if c else "",
+                        c.lo if c else "", c.hi if c else "", c.verdict if c else "UNPAIRED",
+                        c.floor if c else "", len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
+    js = out_dir / "report.json"
+    rundir.atomic_write_json(js, {
+        "format": REPORT_FORMAT, "context": context, "warnings": warnings,
+        "summary": dataclasses.asdict(summary),
+        "rows": [{"op": r.op, "dtype": r.dtype, "shape": list(r.shape), "a_ms": r.a_ms, "b_ms": r.b_ms,
+                  "a_control_ms": r.a_control_ms, "b_control_ms": r.b_control_ms, "timers": sorted(r.timers),
+                  "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
+                  "config_differs": r.config_differs,
+                  "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
+    return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context)]
+
+
+def plot(path: Path, rows: list[PairedRow], context: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.comparison is not None]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(shown) + 2), 4.5))
+    colors = {stats.FASTER: "tab:green", stats.SLOWER: "tab:red", stats.SAME: "tab:gray", stats.NOISY: "tab:orange"}
+    for i, r in enumerate(shown):
+        c = r.comparison
+        lo = c.lo if math.isfinite(c.lo) else c.ratio
+        hi = c.hi if math.isfinite(c.hi) else c.ratio
+        ax.errorbar(i, c.ratio, yerr=[[c.ratio - lo], [hi - c.ratio]], fmt="o", capsize=3,
+                    color=colors[c.verdict], markerfacecolor="none" if r.flags else colors[c.verdict])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(shown)), [f"{r.op} {r.dtype} {_shape(r)}" for r in shown], rotation=90, fontsize=7)
+    ops = [r.op for r in shown]
+    for i in range(1, len(ops)):
+        if ops[i] != ops[i - 1]:
+            ax.axvline(i - 0.5, color="lightgray", linewidth=0.8)
+    ax.set_ylabel("B / A latency (below 1: B faster)")
+    ax.set_title(f"A/B {context.get('name', '')}: {context.get('b', 'B')} vs {context.get('a', 'A')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,130 @@
+"""Pair rows of A runs with rows of B runs by (op, dtype, shape) and compare them.
+
+Each side is a list of run dirs (its repeats). A row's latency per repeat is that run's median
+candidate latency; with a single run per side (comparing two existing run dirs), the raw samples
+of that run stand in for repeats. Rows whose timer fell back, whose replay fell back, or whose
+sides were timed by different timers are kept and shown, but excluded from the headline.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+
+from reports import stats
+
+TIMER_FALLBACK = "TIMER_FALLBACK"
+REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
+
+
+@dataclasses.dataclass
+class PairedRow:
+    op: str
+    dtype: str
+    shape: tuple
+    a_ms: list[float]
+    b_ms: list[float]
+    a_control_ms: list[float]
+    b_control_ms: list[float]
+    timers: set[str]
+    flags: list[str]
+    configs_a: dict
+    configs_b: dict
+    comparison: stats.Comparison | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.op, self.dtype, self.shape)
+
+    @property
+    def in_headline(self) -> bool:
+        return self.comparison is not None and not self.flags
+
+    @property
+    def config_differs(self) -> bool:
+        return bool(self.configs_a) and bool(self.configs_b) and self.configs_a != self.configs_b
+
+
+def load_rows(run_dir: Path) -> dict[tuple, dict]:
+    data = json.loads((Path(run_dir) / "results.json").read_text())
+    return {(r["op"], r["dtype"], tuple(r["shape"] or ())): r for r in data["rows"]}
+
+
+def _flags(rows: list[dict]) -> list[str]:
+    flags = set()
+    for r in rows:
+        markers = r.get("markers") or []
+        if any(m.startswith(TIMER_FALLBACK) for m in markers):
+            flags.add("timer_fallback")
+        if any(m.startswith(REPLAY_FALLBACK) for m in markers):
+            flags.add("replay_fallback")
+    return sorted(flags)
+
+
+def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
+    """Per-repeat medians; a single run's raw samples when there is only one run per side."""
+    if single and rows and rows[0].get("samples"):
+        return list(rows[0]["samples"][side]["raw"])
+    return [r[f"{side}_ms"] for r in rows]
+
+
+def pair(a_runs: list[Path], b_runs: list[Path]) -> list[PairedRow]:
+    side_rows = {"a": [load_rows(d) for d in a_runs], "b": [load_rows(d) for d in b_runs]}
+    single = len(a_runs) == 1 and len(b_runs) == 1
+    keys = list(dict.fromkeys(k for runs in side_rows.values() for rows in runs for k in rows))
+    paired = []
+    for key in keys:
+        got = {s: [rows[key] for rows in runs if key in rows] for s, runs in side_rows.items()}
+        ok = {s: [r for r in rs if r["status"] == "SUCCESS"] for s, rs in got.items()}
+
+        flags = _flags(ok["a"] + ok["b"])
+        expected = {"a": len(a_runs), "b": len(b_runs)}
+        for side in ("a", "b"):
+            if len(ok[side]) < expected[side]:
+                flags.append(f"incomplete_{side}({len(ok[side])}/{expected[side]})")
+        timers = {r["timer"] for r in ok["a"] + ok["b"]}
+        if len(timers) > 1:
+            flags.append("timer_mismatch")
+        row = PairedRow(
+            op=key[0], dtype=key[1], shape=key[2],
+            a_ms=_latencies(ok["a"], "candidate", single), b_ms=_latencies(ok["b"], "candidate", single),
+            a_control_ms=_latencies(ok["a"], "baseline", single),
+            b_control_ms=_latencies(ok["b"], "baseline", single),
+            timers=timers, flags=flags,
+            configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {})
+        if row.a_ms and row.b_ms:
+            row.comparison = stats.compare(row.a_ms, row.b_ms)
+        paired.append(row)
+    return paired
+
+
+@dataclasses.dataclass
+class Summary:
+    rows: int
+    headline_rows: int
+    excluded: dict[str, int]
+    verdicts: dict[str, int]
+    overall: tuple[float, float, float]
+    per_op: dict[str, tuple[float, float, float]]
+    control: tuple[float, float, float]
+    config_differs: int
+
+
+def summarize(rows: list[PairedRow]) -> Summary:
+    head = [r for r in rows if r.in_headline]
+    excluded = collections.Counter(f.split("(")[0] for r in rows for f in r.flags)
+    no_pair = sum(1 for r in rows if r.comparison is None)
+    if no_pair:
+        excluded["unpaired"] = no_pair
+    per_op = {}
+    for op in dict.fromkeys(r.op for r in head):
+        per_op[op] = stats.geomean([r.comparison.ratio for r in head if r.op == op])
+    controls = [stats.compare(r.a_control_ms, r.b_control_ms).ratio for r in head
+                if r.a_control_ms and r.b_control_ms]
+    return Summary(
+        rows=len(rows), headline_rows=len(head), excluded=dict(excluded),
+        verdicts=dict(collections.Counter(r.comparison.verdict for r in head)),
+        overall=stats.geomean([r.comparison.ratio for r in head]), per_op=per_op,
+        control=stats.geomean(controls), config_differs=sum(1 for r in rows if r.config_differs))

@@ -1,0 +1,108 @@
+"""The A/B session end to end on the interpreter backend, plus plan parsing and validity."""
+
+import json
+
+import pytest
+from conftest import load
+
+from harness import ab, ir
+
+pytestmark = pytest.mark.e2e
+
+
+def ab_dir_of(proc):
+    for line in proc.stdout.splitlines():
+        if line.startswith("ab dir: "):
+            from pathlib import Path
+
+            return Path(line[len("ab dir: "):].strip())
+    raise AssertionError(proc.stdout + proc.stderr)
+
+
+def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
+    proc = harness("ab", "--ops", "add", "--backend", "interpreter", "--b-env", "ZL_TEST_SWITCH=1",
+                   "--repeats", "2", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    d = ab_dir_of(proc)
+    for name in ("report.md", "report.csv", "report.json", "ratios.png", "ab.json", "ab.log"):
+        assert (d / name).is_file(), name
+    state = load(d / "ab.json")
+    assert state["complete"] is True
+    # One record, then A and B interleaved.
+    assert [s["what"].split(": ")[-1] for s in state["steps"]] == [
+        "[1/1 add] A records", "A replays A", "B replays A", "A replays A", "B replays A"]
+    report = load(d / "report.json")
+    assert len(report["rows"]) == 2  # tiny pointwise shapes
+    for row in report["rows"]:
+        assert len(row["a_ms"]) == 2 and len(row["b_ms"]) == 2 and row["flags"] == []
+        assert row["comparison"]["verdict"] in ("FASTER", "SLOWER", "SAME", "NOISY")
+    assert report["summary"]["headline_rows"] == 2
+    assert any("IR was not collected" in w for w in report["warnings"])
+    assert "overall geomean B/A" in proc.stdout and "B/A" in (d / "report.md").read_text()
+    # B replayed A's configs: every row ran the same configs on both sides.
+    assert all(not row["config_differs"] for row in report["rows"])
+
+
+def test_incomplete_pairing_is_reported_as_such(harness, tmp_path):
+    proc = harness("ab", "--ops", "add", "--backend", "interpreter", "--b-python", "/bin/false",
+                   "--repeats", "2", "--out", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = load(ab_dir_of(proc) / "report.json")
+    assert report["summary"]["headline_rows"] == 0
+    assert all(row["comparison"] is None for row in report["rows"])
+    assert any("step(s) failed" in w for w in report["warnings"])
+    assert "UNPAIRED" in proc.stdout
+
+
+def test_compare_two_records_shows_config_drift(harness, tmp_path):
+    runs = []
+    for _ in range(2):
+        proc = harness("record", "add", "--backend", "interpreter", "--out", tmp_path / "rec")
+        assert proc.returncode == 0
+    runs = sorted((tmp_path / "rec").iterdir())
+    # Force a different choice in the second record, as an independent sweep may make.
+    results = json.loads((runs[1] / "results.json").read_text())
+    results["rows"][0]["configs"] = {"ops.add.add_kernel": "BLOCK=999 num_warps=1 num_stages=3"}
+    (runs[1] / "results.json").write_text(json.dumps(results))
+    proc = harness("ab", "--compare", runs[0], runs[1], "--out", tmp_path / "cmp")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rows whose sides ran different autotune configs: 1" in proc.stdout
+    assert "config_differs" in proc.stdout
+
+
+def test_plan_errors_name_file_and_field(tmp_path):
+    p = tmp_path / "plan.yaml"
+    p.write_text("ops: [add]\nrepeats: 1\n")
+    with pytest.raises(ab.PlanError, match=r"plan .*plan.yaml: 'repeats' must be an integer >= 2"):
+        ab.load_plan(p)
+    p.write_text("ops: [add]\nb: {env: {X: 1}, requirements: [triton==3.5]}\n")
+    with pytest.raises(ab.PlanError, match="requirements"):
+        ab.load_plan(p)
+    p.write_text("ops: [add]\nflavour: x\n")
+    with pytest.raises(ab.PlanError, match=r"unknown fields \['flavour'\]"):
+        ab.load_plan(p)
+
+
+def test_repo_plans_load():
+    for plan in ("ab_default.yaml", "ab_f32_ieee.yaml"):
+        loaded = ab.load_plan(ab.REPO_ROOT / "ops" / plan)
+        assert loaded.ops and loaded.a.env != loaded.b.env
+
+
+def _index(run, stage_value):
+    (run / "ttgir").mkdir(parents=True)
+    row = {c: "x" for c in ir.INDEX_COLUMNS} | {"shape": "64", "kernel": "k", "file": "64/k/w4s3.ttgir"}
+    row |= {f"{s}_sha": stage_value for s in ir.HASHED_STAGES}
+    (run / "ttgir" / "index.tsv").write_text("\t".join(ir.INDEX_COLUMNS) + "\n" +
+                                             "\t".join(row[c] for c in ir.INDEX_COLUMNS) + "\n")
+
+
+def test_validity_warns_when_the_axis_changed_nothing(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    _index(a, "same")
+    _index(b, "same")
+    _index(c, "other")
+    warnings, per_op = ab.validity({"op": {"A": [a], "B": [b]}})
+    assert any("changed NOTHING" in w for w in warnings) and per_op["op"]["identical"] == 1
+    warnings, per_op = ab.validity({"op": {"A": [a], "B": [c]}})
+    assert not any("changed NOTHING" in w for w in warnings) and per_op["op"]["changed"] == 1
