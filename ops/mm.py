@@ -84,6 +84,7 @@ mm = Operator(
     shape_keys=("blas",),
     bytes_moved=lambda shape, elem: elem * (shape[0] * shape[2] + shape[2] * shape[1] + shape[0] * shape[1]),
     flops=lambda shape: 2 * shape[0] * shape[1] * shape[2],
-    # fp32 accumulation over K; compare loosely against cuBLAS, which also reorders the sum.
-    tolerance={"fp16": (5e-2, 1e-2), "bf16": (1e-1, 2e-2), "fp32": (5e-2, 1e-2)},
+    # fp32 accumulation over K, compared with cuBLAS, which reorders the sum; fp32 inputs run as
+    # tf32 by Triton's default (TRITON_F32_DEFAULT), hence the loose fp32 tolerance.
+    tolerance={"fp16": (5e-2, 1e-2), "bf16": (1e-1, 2e-2), "fp32": (3e-1, 1e-2)},
 )
