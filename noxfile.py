@@ -2,8 +2,8 @@
 
 Every session runs in the Python environment nox was started from (`venv_backend="none"`):
 that is where the user's compiler (Triton or a FlagTree build) and torch live, and no session
-ever reinstalls either. The few light packages the harness needs (pytest, pyyaml, tabulate,
-numpy) are taken from that environment when present; only the missing ones are installed, into
+ever reinstalls either. The light packages the harness needs (pytest, pyyaml, tabulate, numpy,
+scipy, matplotlib) are taken from that environment when present; only the missing ones are installed, into
 .nox/deps, keeping nothing that would shadow a package the environment already has. So an
 offline GPU host with those packages works as is, and a fresh networked machine needs no step.
 """
@@ -19,7 +19,7 @@ nox.options.default_venv_backend = "none"
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
-BENCH_DEPS = ("pytest", "pyyaml", "tabulate", "numpy")
+BENCH_DEPS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib")
 TEST_DEPS = BENCH_DEPS
 
 _MISSING = (
