@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,12 +38,15 @@ class Side:
     label: str
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     python: str | None = None
+    requirements: list[str] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         parts = [self.label] if self.label else []
         parts += [f"{k}={v}" for k, v in self.env.items()]
         if self.python:
             parts.append(f"python={self.python}")
+        if self.requirements:
+            parts.append(f"pip: {' '.join(self.requirements)}")
         return " ".join(parts) or "as is"
 
 
@@ -68,16 +72,23 @@ def _side(data, name: str, where: str) -> Side:
     unknown = set(data) - SIDE_FIELDS
     if unknown:
         raise PlanError(f"{where}: side '{name}': unknown fields {sorted(unknown)} (allowed: {sorted(SIDE_FIELDS)})")
-    if data.get("requirements"):
-        raise PlanError(f"{where}: side '{name}': 'requirements' (a pip-built side env) is not supported yet; "
-                        "install the build side by side and give its interpreter as 'python'")
+    requirements = data.get("requirements") or []
+    if isinstance(requirements, str):  # a requirements file, relative to the plan
+        req_file = Path(where).parent / requirements
+        if not req_file.is_file():
+            raise PlanError(f"{where}: side '{name}': requirements file {req_file} does not exist")
+        requirements = [line.split("#")[0].strip() for line in req_file.read_text().splitlines()]
+        requirements = [r for r in requirements if r]
+    if not isinstance(requirements, list) or not all(isinstance(r, str) for r in requirements):
+        raise PlanError(f"{where}: side '{name}': requirements must be a list of pip specifiers or a file name")
     env = data.get("env") or {}
     if not isinstance(env, dict):
         raise PlanError(f"{where}: side '{name}': env must be a mapping of NAME: value")
     python = data.get("python")
     if python is not None and not Path(python).is_file():
         raise PlanError(f"{where}: side '{name}': python {python} does not exist")
-    return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python)
+    return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python,
+                requirements)
 
 
 def load_plan(path: Path) -> Plan:
@@ -106,6 +117,42 @@ def load_plan(path: Path) -> Plan:
                 dtypes=data.get("dtypes"), backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
                 a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)))
+
+
+SIDE_ENVS = REPO_ROOT / ".nox" / "ab-envs"
+_SITE_DIRS = "import json, site; print(json.dumps(site.getsitepackages() + [site.getusersitepackages()]))"
+
+
+def build_side_env(side: Side, log, root: Path = SIDE_ENVS) -> str:
+    """A virtual environment for a side's pip requirement set; returns its interpreter.
+
+    The new env sees the base environment's packages through a .pth file placed after its own
+    site-packages, so only what the requirements name (say, another triton) differs from the
+    base, and nothing is installed into the base. Envs are cached by base interpreter and
+    requirement set; a failed build leaves no env marked complete."""
+    import hashlib
+    import json
+
+    base = side.python or sys.executable
+    key = hashlib.sha256("\n".join([base, *sorted(side.requirements)]).encode()).hexdigest()[:12]
+    env_dir = root / key
+    python = env_dir / "bin" / "python"
+    if (env_dir / ".complete").is_file():
+        return str(python)
+    shutil.rmtree(env_dir, ignore_errors=True)
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    print(f"building side {side.name}'s env ({' '.join(side.requirements)}) in {env_dir} ...", flush=True)
+    subprocess.run([base, "-m", "venv", str(env_dir)], check=True, stdout=log, stderr=subprocess.STDOUT)
+    site_dirs = json.loads(subprocess.run([base, "-c", _SITE_DIRS], check=True, capture_output=True,
+                                          text=True).stdout)
+    own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    # "zz" sorts last: the base's packages come after the side's own.
+    (Path(own_site) / "zz_zl_base_env.pth").write_text("\n".join(d for d in site_dirs if Path(d).is_dir()) + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    *side.requirements], check=True, stdout=log, stderr=subprocess.STDOUT)
+    (env_dir / ".complete").write_text("\n".join(side.requirements) + "\n")
+    return str(python)
 
 
 class Runner:
@@ -158,6 +205,14 @@ class Runner:
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
         plan = self.plan
+        for side in (plan.a, plan.b):
+            if side.requirements:
+                try:
+                    side.python = build_side_env(side, self.log)
+                except subprocess.CalledProcessError as exc:
+                    raise PlanError(f"side {side.name}: building its env failed ({exc}); "
+                                    f"see {self.dir / 'ab.log'}") from exc
+                self.log.flush()
         common = []
         if plan.shapes:
             common += ["--shapes", plan.shapes]

@@ -386,6 +386,8 @@ def run_ab(args) -> int:
     interrupted = False
     try:
         results = runner.run()
+    except ab_mod.PlanError as exc:
+        raise UsageError(str(exc)) from exc
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping the running side and reporting what completed")

@@ -75,8 +75,8 @@ def test_plan_errors_name_file_and_field(tmp_path):
     p.write_text("ops: [add]\nrepeats: 1\n")
     with pytest.raises(ab.PlanError, match=r"plan .*plan.yaml: 'repeats' must be an integer >= 2"):
         ab.load_plan(p)
-    p.write_text("ops: [add]\nb: {env: {X: 1}, requirements: [triton==3.5]}\n")
-    with pytest.raises(ab.PlanError, match="requirements"):
+    p.write_text("ops: [add]\nb: {env: {X: 1}, requirements: missing.txt}\n")
+    with pytest.raises(ab.PlanError, match=r"requirements file .*missing.txt does not exist"):
         ab.load_plan(p)
     p.write_text("ops: [add]\nflavour: x\n")
     with pytest.raises(ab.PlanError, match=r"unknown fields \['flavour'\]"):
@@ -106,3 +106,26 @@ def test_validity_warns_when_the_axis_changed_nothing(tmp_path):
     assert any("changed NOTHING" in w for w in warnings) and per_op["op"]["identical"] == 1
     warnings, per_op = ab.validity({"op": {"A": [a], "B": [c]}})
     assert not any("changed NOTHING" in w for w in warnings) and per_op["op"]["changed"] == 1
+
+
+def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
+    """A pip-built side sees its own tabulate and the base environment's torch; the base env is
+    left alone. Needs PyPI (CI has it)."""
+    import subprocess
+
+    import tabulate
+
+    req = tmp_path / "req.txt"
+    req.write_text("tabulate==0.9.0  # older than the base env's\n")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("ops: [add]\nb: {requirements: req.txt}\n")
+    side = ab.load_plan(plan).b
+    assert side.requirements == ["tabulate==0.9.0"]
+    with open(tmp_path / "log", "w") as log:
+        python = ab.build_side_env(side, log, root=tmp_path / "envs")
+    out = subprocess.run([python, "-c", "import tabulate, torch, triton; print(tabulate.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "0.9.0"
+    assert tabulate.__version__ != "0.9.0"
+    with open(tmp_path / "log", "a") as log:  # cached: the second call builds nothing
+        assert ab.build_side_env(side, log, root=tmp_path / "envs") == python
