@@ -55,13 +55,16 @@ def test_incomplete_pairing_is_reported_as_such(harness, tmp_path):
 
 
 def test_compare_two_records_shows_config_drift(harness, tmp_path):
-    runs = []
     for _ in range(2):
         proc = harness("record", "add", "--backend", "interpreter", "--out", tmp_path / "rec")
         assert proc.returncode == 0
     runs = sorted((tmp_path / "rec").iterdir())
-    # Force a different choice in the second record, as an independent sweep may make.
+    # Independent sweeps (host-timed here) may pick anything: pin the second record's choices to the
+    # first's, then make one row differ, as a re-sweep would.
+    first = json.loads((runs[0] / "results.json").read_text())
     results = json.loads((runs[1] / "results.json").read_text())
+    for mine, theirs in zip(results["rows"], first["rows"], strict=True):
+        mine["configs"] = theirs["configs"]
     results["rows"][0]["configs"] = {"ops.add.add_kernel": "BLOCK=999 num_warps=1 num_stages=3"}
     (runs[1] / "results.json").write_text(json.dumps(results))
     proc = harness("ab", "--compare", runs[0], runs[1], "--out", tmp_path / "cmp")
