@@ -19,7 +19,7 @@ nox.options.default_venv_backend = "none"
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
-BENCH_DEPS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib")
+BENCH_DEPS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib", "tqdm")
 TEST_DEPS = BENCH_DEPS
 
 _MISSING = (
@@ -109,6 +109,18 @@ def replay(session: nox.Session) -> None:
 def ab(session: nox.Session) -> None:
     """A records, then A and B replay A's configs interleaved; statistics and a report."""
     _harness(session, "ab")
+
+
+@nox.session
+def batch(session: nox.Session) -> None:
+    """Screen many operators across devices: isolated, timeouts, retries, resume, CSVs."""
+    _harness(session, "batch")
+
+
+@nox.session(name="inventory-regen")
+def inventory_regen(session: nox.Session) -> None:
+    """Rebuild the operator inventory from the operator sources it can see."""
+    _harness(session, "inventory-regen")
 
 
 @nox.session(tags=["ci"])

@@ -147,8 +147,12 @@ def build_side_env(side: Side, log, root: Path = SIDE_ENVS) -> str:
                                           text=True).stdout)
     own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
                               capture_output=True, text=True).stdout.strip()
-    # "zz" sorts last: the base's packages come after the side's own.
-    (Path(own_site) / "zz_zl_base_env.pth").write_text("\n".join(d for d in site_dirs if Path(d).is_dir()) + "\n")
+    # "zz" sorts last: the base's packages, then the PYTHONPATH entries the harness runs with (the
+    # sessions' light packages), come after the side's own. The side runs without PYTHONPATH, which
+    # would otherwise shadow what its requirements installed.
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
+    (Path(own_site) / "zz_zl_base_env.pth").write_text(
+        "\n".join(d for d in [*site_dirs, *inherited] if Path(d).is_dir()) + "\n")
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     *side.requirements], check=True, stdout=log, stderr=subprocess.STDOUT)
     (env_dir / ".complete").write_text("\n".join(side.requirements) + "\n")
@@ -172,7 +176,9 @@ class Runner:
         """One harness invocation; its run dir, or None if it failed."""
         env = dict(os.environ)
         env.update(side.env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        # A pip-built side already sees the base env's paths, after its own (see build_side_env).
+        inherited = None if side.requirements else env.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), inherited) if p)
         cmd = [side.python or sys.executable, "-m", "harness", *args, "--out", str(out), "--color", "never"]
         self.log.write(f"\n$ {' '.join(f'{k}={v}' for k, v in side.env.items())} {' '.join(cmd)}\n")
         self.log.flush()

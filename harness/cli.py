@@ -109,6 +109,26 @@ def build_parser() -> argparse.ArgumentParser:
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs without running anything")
     _add_common(ab)
+    bat = sub.add_parser("batch", help="screen many operators across devices, isolated, with retries and resume")
+    sel = bat.add_argument_group("selection")
+    sel.add_argument("--all", action="store_true", help="the whole inventory, minus skip marks and ops/dismiss.txt")
+    sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
+    sel.add_argument("--ops-file", type=Path, metavar="FILE", default=None, help="one selection entry per line")
+    sel.add_argument("--repos", nargs="+", metavar="REPO", default=None, help="only these inventories")
+    run_ = bat.add_argument_group("running")
+    run_.add_argument("--devices", metavar="LIST", default=None,
+                      help="comma-separated device indices (default: the backend's visible devices)")
+    run_.add_argument("--op-timeout", type=float, metavar="S", default=1800.0,
+                      help="per-op timeout in seconds; the op's process group is killed (default: 1800)")
+    run_.add_argument("--resume", action="store_true", help="rerun only ops not PASS/SKIP in --batch-dir")
+    run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None, help="the batch dir to resume")
+    run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
+                      help="replay each op from this earlier batch dir")
+    run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
+                      help="only regenerate DIR/summary.csv from its per-op dirs")
+    _add_common(bat)
+    inv = sub.add_parser("inventory-regen", help="rebuild ops/inventory_builtin.csv from the operator sources")
+    inv.add_argument("--check", action="store_true", help="fail if the committed inventory is out of date")
     cmp_ = sub.add_parser("compare-ir", help="compare the IR of two run dirs, per launched variant")
     cmp_.add_argument("run_a", type=Path)
     cmp_.add_argument("run_b", type=Path)
@@ -412,9 +432,104 @@ def run_ab(args) -> int:
     return 130 if interrupted else code
 
 
+def run_batch(args) -> int:
+    from harness import batch, inventory
+
+    if args.summarize:
+        print(f"summary: {batch.write_summary(args.summarize.resolve())}")
+        return 0
+    backend = _resolve_backend(args.backend)
+    try:
+        visible = backend.check_available()
+    except backends.BackendUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+    devices = visible if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
+    if backend.visibility_key is not None and not set(devices) <= set(visible):
+        raise UsageError(f"--devices {devices}: not all among the visible devices {visible}")
+    ops_paths = _abs_ops_paths(args.ops_path)
+    try:
+        entries = inventory.load()
+        for p in ops_paths:
+            if Path(p).is_dir():
+                entries += inventory.scan_dir(Path(p), "path", Path(p).parent)
+        specs = list(args.ops or []) + (inventory.read_ops_file(args.ops_file) if args.ops_file else [])
+        selected, excluded = inventory.select(entries, specs, args.all, args.repos, inventory.load_dismissed())
+    except inventory.SelectionError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.resume:
+        if args.batch_dir is None:
+            raise UsageError("--resume needs --batch-dir")
+        batch_dir = args.batch_dir.resolve()
+    else:
+        batch_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "batch")
+    op_dtypes = {}
+    for e in selected:
+        try:
+            op_dtypes[e.key] = registry.load(e.op, ops_paths)[0].dtypes
+        except registry.OperatorNotFound as exc:
+            raise UsageError(str(exc)) from exc
+    opts = batch.Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
+                         shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
+                         op_timeout=args.op_timeout,
+                         replay_root=args.replay_root.resolve() if args.replay_root else None)
+    runner = batch.Batch(batch_dir, opts, selected, op_dtypes)
+    todo = [e for e in selected if not (args.resume and batch.completed(batch_dir, e))]
+    print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
+          f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
+    for e, why in excluded:
+        print(f"  excluded {e.key}: {why}")
+    rundir.merge_json(batch_dir / "batch.json", {"backend": backend.name, "devices": devices,
+                                                  "selected": [e.key for e in selected],
+                                                  "excluded": {e.key: why for e, why in excluded}})
+    counts = collections.Counter()
+    from tqdm import tqdm
+
+    with tqdm(total=len(todo), unit="op", dynamic_ncols=True, disable=None) as bar:
+        def on_done(row):
+            counts[row["status"]] += 1
+            bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
+            bar.update(1)
+            bar.write(f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} "
+                      f"{row['elapsed_s']} s rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+
+        try:
+            runner.run(todo, on_done)
+        except KeyboardInterrupt:
+            print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", batch_dir)
+            batch.write_summary(batch_dir)
+            return 130
+    summary = batch.write_summary(batch_dir)
+    status = batch.read_status(batch_dir)
+    final = collections.Counter(r["status"] for k, r in status.items() if k in {e.key for e in selected})
+    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
+    failed = sorted(k for k, r in status.items() if r["status"] not in batch.DONE and k in {e.key for e in selected})
+    if failed:
+        print("not passed: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+def inventory_regen(args) -> int:
+    from harness import inventory
+
+    path = inventory.OPS_DIR / f"inventory_{inventory.BUILTIN}.csv"
+    fresh = inventory.to_csv(inventory.scan_dir(inventory.OPS_DIR, inventory.BUILTIN, inventory.OPS_DIR.parent))
+    if args.check:
+        if not path.is_file() or path.read_text() != fresh:
+            raise UsageError(f"{path} is out of date: run nox -s inventory-regen")
+        print(f"{path} is up to date")
+        return 0
+    inventory.regenerate_builtin()
+    print(f"wrote {path} ({fresh.count(chr(10)) - 1} operators)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "batch":
+            return run_batch(args)
+        if args.command == "inventory-regen":
+            return inventory_regen(args)
         if args.command == "compare-ir":
             return compare_ir(args.run_a, args.run_b)
         if args.command == "ab":

@@ -114,6 +114,7 @@ def test_validity_warns_when_the_axis_changed_nothing(tmp_path):
 def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
     """A pip-built side sees its own tabulate and the base environment's torch; the base env is
     left alone. Needs PyPI (CI has it)."""
+    import os
     import subprocess
 
     import tabulate
@@ -126,8 +127,9 @@ def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
     assert side.requirements == ["tabulate==0.9.0"]
     with open(tmp_path / "log", "w") as log:
         python = ab.build_side_env(side, log, root=tmp_path / "envs")
-    out = subprocess.run([python, "-c", "import tabulate, torch, triton; print(tabulate.__version__)"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the runner starts a pip-built side
+    out = subprocess.run([python, "-c", "import tabulate, torch, triton, yaml; print(tabulate.__version__)"],
+                         capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert out == "0.9.0"
     assert tabulate.__version__ != "0.9.0"
     with open(tmp_path / "log", "a") as log:  # cached: the second call builds nothing

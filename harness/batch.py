@@ -1,0 +1,288 @@
+"""Batch screening: many operators, isolated, across devices, with timeouts, retries and resume.
+
+Each operator is one `python -m harness record|replay` subprocess in its own process group, so
+its per-op dir is exactly a single run's (replayable alone later). Operators are sharded over
+devices by a stable hash (a resumed batch lands each op on the same device) and run serially
+within a device. `ops_status.csv` is rewritten atomically after every op, and a per-op
+completion marker makes `--resume` skip ops that already PASSed or SKIPped.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from harness import rundir
+from harness.inventory import Entry
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STATUS_COLUMNS = ("op", "repo", "status", "exit_code", "attempts", "elapsed_s", "backend", "device", "timer",
+                  "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
+DONE = ("PASS", "SKIP")
+MAX_RETRIES = 2
+KILL_GRACE_S = 10
+DTYPE_REJECTED = "does not take dtype"
+
+
+@dataclasses.dataclass
+class Options:
+    backend: str
+    devices: list[int]
+    dtypes: list[str] | None = None
+    shapes: str | None = None
+    ops_paths: list[str] = dataclasses.field(default_factory=list)
+    op_timeout: float = 1800.0
+    replay_root: Path | None = None
+
+
+def shard(key: str, n: int) -> int:
+    """Stable across processes and Python versions (unlike hash())."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % n
+
+
+def _op_dir(batch_dir: Path, entry: Entry) -> Path:
+    return batch_dir / "ops" / f"{entry.repo}__{entry.op}"
+
+
+def read_status(batch_dir: Path) -> dict[str, dict]:
+    path = batch_dir / "ops_status.csv"
+    if not path.is_file():
+        return {}
+    with open(path, newline="") as f:
+        return {f"{r['repo']}:{r['op']}": r for r in csv.DictReader(f)}
+
+
+def completed(batch_dir: Path, entry: Entry) -> str | None:
+    marker = _op_dir(batch_dir, entry) / ".complete"
+    if marker.is_file():
+        status = marker.read_text().strip()
+        return status if status in DONE else None
+    return None
+
+
+def _run_facts(run_dir: Path | None) -> dict:
+    if run_dir is None or not (run_dir / rundir.RESULTS_JSON).is_file():
+        return {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {}}
+    rows = rundir.read_json(run_dir / rundir.RESULTS_JSON)["rows"]
+    timers = sorted({r["timer"] for r in rows if r.get("timer")})
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return {"rows": len(rows), "timer": "+".join(timers),
+            "timer_fallback_rows": sum(1 for r in rows if any(m.startswith("TIMER_FALLBACK") for m in r["markers"])),
+            "replay_fallback_rows": sum(1 for r in rows
+                                        if any(m.startswith("AUTOTUNE_REPLAY_FALLBACK") for m in r["markers"])),
+            "statuses": statuses}
+
+
+class Batch:
+    def __init__(self, batch_dir: Path, opts: Options, entries: list[Entry], op_dtypes: dict[str, tuple[str, ...]]):
+        self.dir = batch_dir
+        self.opts = opts
+        self.entries = entries
+        self.op_dtypes = op_dtypes  # what each op accepts, for the dtype fallback
+        self.status = read_status(batch_dir)
+        self.lock = threading.Lock()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.stopping = threading.Event()
+        self.events: queue.Queue = queue.Queue()
+
+    # --- one op ----------------------------------------------------------------------------------
+    def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
+        if self.opts.replay_root is not None:
+            source = sorted((_op_dir(self.opts.replay_root, entry)).glob("*/run.json"))
+            if not source:
+                return []
+            args = ["replay", str(source[0].parent)]
+        else:
+            args = ["record", entry.op, "--backend", self.opts.backend]
+            if self.opts.shapes:
+                args += ["--shapes", self.opts.shapes]
+            if dtypes:
+                args += ["--dtypes", ",".join(dtypes)]
+        for p in self.opts.ops_paths:
+            args += ["--ops-path", p]
+        return [sys.executable, "-m", "harness", *args, "--device", str(device), "--out", str(out), "--color", "never"]
+
+    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float]:
+        """(exit code or None on timeout, seconds)."""
+        start = time.monotonic()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        with open(log_path, "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            with self.lock:
+                self.procs[proc.pid] = proc
+            try:
+                code = proc.wait(timeout=self.opts.op_timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                code = None
+            finally:
+                with self.lock:
+                    self.procs.pop(proc.pid, None)
+        return code, time.monotonic() - start
+
+    def run_op(self, entry: Entry, device: int) -> dict:
+        op_dir = _op_dir(self.dir, entry)
+        op_dir.mkdir(parents=True, exist_ok=True)
+        (op_dir / ".complete").unlink(missing_ok=True)
+        log_path = op_dir / "batch.log"
+        notes, attempts, elapsed, codes = [], 0, 0.0, []
+        dtypes = self.opts.dtypes
+        status, code = "FAIL", None
+        while not self.stopping.is_set():
+            out = op_dir / f"attempt{attempts + 1}"
+            cmd = self._command(entry, device, dtypes, out)
+            if not cmd:
+                status, notes = "FAIL", ["no run dir to replay under --replay-root"]
+                break
+            attempts += 1
+            code, seconds = self._attempt(cmd, log_path)
+            elapsed += seconds
+            if self.stopping.is_set():
+                status = "INTERRUPTED"
+                break
+            if code is None:
+                status = "TIMEOUT"
+                notes.append(f"timeout after {self.opts.op_timeout:.0f} s (killed, not retried)")
+                break
+            if code == 0:
+                status = "PASS"
+                break
+            if code == 2 and DTYPE_REJECTED in log_path.read_text()[-4000:] and dtypes is not None:
+                accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.key, ())]
+                if accepted and accepted != dtypes:
+                    notes.append(f"dtype fallback {','.join(dtypes)} -> {','.join(accepted)}")
+                    dtypes = accepted
+                else:
+                    notes.append(f"dtype rescue: {','.join(dtypes)} rejected, ran without a dtype filter")
+                    dtypes = None
+                continue
+            codes.append(code)
+            if len(codes) >= 2 and codes[-1] == codes[-2]:
+                notes.append(f"exit {code} twice in a row: deterministic, not retried further")
+                break
+            if len(codes) > MAX_RETRIES:
+                break
+            notes.append(f"retry after exit {code}")
+        runs = sorted(op_dir.glob("attempt*/*/run.json"), key=lambda p: p.stat().st_mtime)
+        run_dir = runs[-1].parent if runs else None
+        facts = _run_facts(run_dir)
+        if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
+            status = "SKIP"
+        row = {"op": entry.op, "repo": entry.repo, "status": status, "exit_code": "" if code is None else code,
+               "attempts": attempts, "elapsed_s": round(elapsed, 1), "backend": self.opts.backend,
+               "device": device, "timer": facts["timer"], "rows": facts["rows"],
+               "timer_fallback_rows": facts["timer_fallback_rows"],
+               "replay_fallback_rows": facts["replay_fallback_rows"],
+               "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes)}
+        with self.lock:
+            self.status[entry.key] = row
+            self._write_status()
+        if status in DONE:
+            (op_dir / ".complete").write_text(status + "\n")
+        return row
+
+    def _write_status(self) -> None:
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=STATUS_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for key in sorted(self.status):
+            w.writerow({c: self.status[key].get(c, "") for c in STATUS_COLUMNS})
+        rundir.atomic_write_text(self.dir / "ops_status.csv", out.getvalue())
+
+    # --- all ops ---------------------------------------------------------------------------------
+    def run(self, todo: list[Entry], on_done) -> None:
+        devices = self.opts.devices
+        shards: dict[int, list[Entry]] = {d: [] for d in devices}
+        for e in todo:
+            shards[devices[shard(e.key, len(devices))]].append(e)
+
+        def worker(device: int) -> None:
+            for entry in shards[device]:
+                if self.stopping.is_set():
+                    return
+                self.events.put(("done", self.run_op(entry, device)))
+
+        threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices]
+        for t in threads:
+            t.start()
+        remaining = len(todo)
+        try:
+            while remaining:
+                try:
+                    _, row = self.events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                remaining -= 1
+                on_done(row)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        finally:
+            for t in threads:
+                t.join(timeout=KILL_GRACE_S + 5)
+
+    def stop(self) -> None:
+        """Stop scheduling and kill every running op's process group."""
+        self.stopping.set()
+        with self.lock:
+            procs = list(self.procs.values())
+        for proc in procs:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the op's process group, then SIGKILL whatever is left of it after a grace period."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader if children remain
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def write_summary(batch_dir: Path) -> Path:
+    """summary.csv, one row per measured case, from the per-op run dirs alone."""
+    status = read_status(batch_dir)
+    columns = ("repo", "op", "dtype", "shape", "status", "baseline_ms", "candidate_ms", "speedup", "gbps",
+               "tflops", "timer", "markers", "run_dir")
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(columns)
+    for key in sorted(status):
+        st = status[key]
+        if not st.get("run_dir"):
+            continue
+        results = batch_dir / st["run_dir"] / rundir.RESULTS_JSON
+        if not results.is_file():
+            continue
+        for r in json.loads(results.read_text())["rows"]:
+            w.writerow([st["repo"], r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
+                        r.get("baseline_ms"), r.get("candidate_ms"), r.get("speedup"), r.get("gbps"),
+                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st["run_dir"]])
+    path = batch_dir / "summary.csv"
+    rundir.atomic_write_text(path, out.getvalue())
+    return path

@@ -1,0 +1,40 @@
+"""Test-only operators for batch: each misbehaves in one way a real operator can."""
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ops import Operator
+from ops.add import triton_add
+
+
+def _inputs(shape, dtype, device):
+    return (torch.randn(*shape, dtype=dtype, device=device), torch.randn(*shape, dtype=dtype, device=device))
+
+
+def _crash(x, y):
+    os._exit(3)  # dies like a segfaulting extension: no Python cleanup, same exit code every time
+
+
+def _hang(x, y):
+    time.sleep(3600)
+
+
+def _flaky(x, y):
+    # Fails in the first process that runs it, passes afterwards (state kept by the test).
+    marker = Path(os.environ["ZL_TEST_STATE_DIR"]) / "flaky_ran_once"
+    if not marker.exists():
+        marker.write_text("1")
+        raise RuntimeError("transient failure")
+    return triton_add(x, y)
+
+
+# Spelled out as Operator(name=...) calls: the inventory scan reads them statically.
+COMMON = dict(inputs=_inputs, baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
+crash_op = Operator(name="crash_op", candidate=_crash, **COMMON)
+hang_op = Operator(name="hang_op", candidate=_hang, **COMMON)
+flaky_op = Operator(name="flaky_op", candidate=_flaky, **COMMON)
+fp32_op = Operator(name="fp32_op", candidate=triton_add, **COMMON)
+skip_op = Operator(name="skip_op", candidate=triton_add, skip="not meaningful on this backend", **COMMON)

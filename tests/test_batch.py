@@ -1,0 +1,177 @@
+"""Batch screening on the interpreter backend with operators that crash, hang, fail once, reject a
+dtype or carry a skip mark."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from harness import batch, inventory
+
+OPS = REPO / "tests" / "resources" / "batch_ops"
+
+
+def statuses(batch_dir: Path) -> dict[str, dict]:
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        return {r["op"]: r for r in csv.DictReader(f)}
+
+
+def batch_dir_of(text: str) -> Path:
+    for line in text.splitlines():
+        if line.startswith("batch dir: "):
+            return Path(line[len("batch dir: "):].strip())
+    raise AssertionError(text)
+
+
+def start_batch(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["ZL_TEST_STATE_DIR"] = str(tmp_path)
+    return subprocess.Popen([sys.executable, "-m", "harness", "batch", "--backend", "interpreter",
+                             "--ops-path", str(OPS), "--out", str(tmp_path / "out"), *map(str, args)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.e2e
+def test_every_failure_path_gets_its_status_notes_and_files(tmp_path):
+    proc = start_batch(tmp_path, "--ops", "crash_op", "hang_op", "flaky_op", "fp32_op", "skip_op", "builtin:add",
+                       "--dtypes", "fp16", "--devices", "0,1", "--op-timeout", "20")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out  # some ops failed
+    d = batch_dir_of(out)
+    st = statuses(d)
+    # One attempt rejected fp16 (the rescue drops the filter), then the same crash twice: stop.
+    assert st["crash_op"]["status"] == "FAIL" and st["crash_op"]["attempts"] == "3"
+    assert "dtype rescue" in st["crash_op"]["notes"] and "exit 3 twice in a row" in st["crash_op"]["notes"]
+    assert st["hang_op"]["status"] == "TIMEOUT" and st["hang_op"]["attempts"] == "2"
+    assert "not retried" in st["hang_op"]["notes"]
+    assert st["flaky_op"]["status"] == "PASS" and st["flaky_op"]["attempts"] == "3"
+    assert "retry after exit" in st["flaky_op"]["notes"]
+    # fp32-only ops asked for fp16: the rescue run drops the dtype filter.
+    assert st["fp32_op"]["status"] == "PASS" and "dtype rescue" in st["fp32_op"]["notes"]
+    assert st["skip_op"]["status"] == "SKIP"
+    assert st["add"]["status"] == "PASS" and st["add"]["timer"] == "host" and st["add"]["rows"] == "2"
+    assert {r["device"] for r in st.values()} <= {"0", "1"}
+    # Per-op dirs are single run dirs: replayable alone.
+    run_dir = d / st["add"]["run_dir"]
+    assert (run_dir / "run.json").is_file() and (run_dir / "autotune_records" / "add.json").is_file()
+    # summary.csv: one row per measured case, and it regenerates from the batch dir alone.
+    summary = (d / "summary.csv").read_text()
+    (d / "summary.csv").unlink()
+    batch.write_summary(d)
+    assert (d / "summary.csv").read_text() == summary
+    assert sum(1 for line in summary.splitlines()[1:] if line.startswith("builtin,add,")) == 2
+    assert "not passed: path:crash_op, path:hang_op" in out
+    assert not any(Path(f"/proc/{p}").exists() for p in _pids_running(d))
+
+
+def _pids_running(batch_dir: Path) -> list[int]:
+    """Processes whose command line names this batch dir (an op left behind would)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(batch_dir) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _wait_for(predicate, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.e2e
+def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
+    proc = start_batch(tmp_path, "--ops", "builtin:add", "builtin:gelu", "fp32_op", "hang_op", "--op-timeout", "120")
+    out_dir = tmp_path / "out"
+    assert _wait_for(lambda: any(p.name == "ops_status.csv" for p in out_dir.rglob("ops_status.csv")), 300)
+    d = next(out_dir.iterdir())
+    assert _wait_for(lambda: any(r["status"] == "PASS" for r in statuses(d).values()), 300)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    for pid in _pids_running(d):  # the op that was running is an orphan now (own session): end it
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    finished = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
+    markers = {op: (d / "ops" / f"{r['repo']}__{op}" / ".complete").stat().st_mtime for op, r in finished.items()}
+
+    resumed = start_batch(tmp_path, "--resume", "--batch-dir", d, "--ops", "builtin:add", "builtin:gelu",
+                          "fp32_op", "hang_op", "--op-timeout", "15")
+    out, _ = resumed.communicate(timeout=600)
+    assert f"{len(finished)} already done" in out
+    st = statuses(d)
+    for op, mtime in markers.items():  # not rerun
+        assert st[op]["status"] == "PASS"
+        assert (d / "ops" / f"{st[op]['repo']}__{op}" / ".complete").stat().st_mtime == mtime
+    assert {op for op, r in st.items() if r["status"] == "PASS"} == {"add", "gelu", "fp32_op"}
+    assert st["hang_op"]["status"] == "TIMEOUT"
+
+
+@pytest.mark.e2e
+def test_ctrl_c_leaves_no_child_process(tmp_path):
+    proc = start_batch(tmp_path, "--ops", "hang_op", "--op-timeout", "300")
+    out_dir = tmp_path / "out"
+    assert _wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
+    d = next(out_dir.iterdir())
+    assert _wait_for(lambda: any(d.rglob("attempt1")) and len(_pids_running(d)) > 0, 120)
+    time.sleep(3)  # let the op's pytest child start
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert _wait_for(lambda: not _pids_running(d), 30), _pids_running(d)
+
+
+def test_selection_reports_every_bad_entry_and_applies_dismissals(tmp_path):
+    entries = inventory.load() + inventory.scan_dir(OPS, "path")
+    with pytest.raises(inventory.SelectionError) as info:
+        inventory.select(entries, ["nope", "builtin:mm", "other:add", "mm@wrong_file"], False, None, {})
+    text = str(info.value)
+    assert "'nope': unknown" in text and "'other:add': unknown" in text and "'mm@wrong_file': unknown" in text
+    assert "builtin:mm" not in text.replace("'builtin:mm'", "")  # the good entry is not reported
+    dup = entries + [inventory.Entry("vllm", "add", "add", "x.py")]
+    with pytest.raises(inventory.SelectionError, match=r"'add': ambiguous \(builtin:add@add, vllm:add@add\)"):
+        inventory.select(dup, ["add"], False, None, {})
+    selected, excluded = inventory.select(entries, None, True, None, {"builtin:gelu": "flaky on this host"})
+    names = {e.op for e in selected}
+    assert "gelu" not in names and "skip_op" not in names and "add" in names
+    assert {(e.op, why) for e, why in excluded} == {("gelu", "dismissed: flaky on this host"),
+                                                    ("skip_op", "skip mark: not meaningful on this backend")}
+
+
+def test_dismiss_entries_need_a_reason(tmp_path):
+    p = tmp_path / "dismiss.txt"
+    p.write_text("# header\nvllm:fused_moe  # needs 8 GPUs\n")
+    assert inventory.load_dismissed(p) == {"vllm:fused_moe": "needs 8 GPUs"}
+    p.write_text("add\n")
+    with pytest.raises(inventory.SelectionError, match="has no reason"):
+        inventory.load_dismissed(p)
+
+
+def test_committed_inventory_matches_the_sources():
+    fresh = inventory.to_csv(inventory.scan_dir(inventory.OPS_DIR, inventory.BUILTIN, inventory.OPS_DIR.parent))
+    assert (inventory.OPS_DIR / "inventory_builtin.csv").read_text() == fresh
+
+
+def test_sharding_is_stable_and_spreads():
+    keys = [f"builtin:op{i}" for i in range(200)]
+    first = [batch.shard(k, 4) for k in keys]
+    assert first == [batch.shard(k, 4) for k in keys]
+    assert set(first) == {0, 1, 2, 3}
