@@ -93,6 +93,7 @@ class Batch:
         self.entries = entries
         self.op_dtypes = op_dtypes  # what each op accepts, for the dtype fallback
         self.status = read_status(batch_dir)
+        self.replay_sources = read_status(opts.replay_root) if opts.replay_root else {}
         self.lock = threading.Lock()
         self.procs: dict[int, subprocess.Popen] = {}
         self.stopping = threading.Event()
@@ -101,10 +102,10 @@ class Batch:
     # --- one op ----------------------------------------------------------------------------------
     def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
         if self.opts.replay_root is not None:
-            source = sorted((_op_dir(self.opts.replay_root, entry)).glob("*/run.json"))
-            if not source:
+            earlier = self.replay_sources.get(entry.key, {})
+            if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
                 return []
-            args = ["replay", str(source[0].parent)]
+            args = ["replay", str(self.opts.replay_root / earlier["run_dir"])]
         else:
             args = ["record", entry.op, "--backend", self.opts.backend]
             if self.opts.shapes:
@@ -149,7 +150,7 @@ class Batch:
             out = op_dir / f"attempt{attempts + 1}"
             cmd = self._command(entry, device, dtypes, out)
             if not cmd:
-                status, notes = "FAIL", ["no run dir to replay under --replay-root"]
+                status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
                 break
             attempts += 1
             code, seconds = self._attempt(cmd, log_path)

@@ -2,7 +2,9 @@
 dtype or carry a skip mark."""
 
 import csv
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,3 +177,25 @@ def test_sharding_is_stable_and_spreads():
     first = [batch.shard(k, 4) for k in keys]
     assert first == [batch.shard(k, 4) for k in keys]
     assert set(first) == {0, 1, 2, 3}
+
+
+@pytest.mark.e2e
+def test_replay_root_replays_each_op_from_an_earlier_batch(tmp_path):
+    first = start_batch(tmp_path, "--ops", "fp32_op")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out
+    earlier = batch_dir_of(out)
+    again = start_batch(tmp_path, "--ops", "fp32_op", "--replay-root", earlier)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out
+    d = batch_dir_of(out)
+    run = json.loads((d / statuses(d)["fp32_op"]["run_dir"] / "run.json").read_text())
+    assert run["spec"]["mode"] == "replay" and run["spec"]["replay_from"].startswith(str(earlier))
+    assert run["observed"]["autotune"]["injected"] == 2
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA GPU")
+def test_gpu_backend_without_device_is_one_clear_error(harness):
+    proc = harness("batch", "--all", "--backend", "cuda")
+    assert proc.returncode == 2 and "--backend interpreter" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
