@@ -20,7 +20,7 @@ nox.options.default_venv_backend = "none"
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
 BENCH_DEPS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib", "tqdm")
-TEST_DEPS = BENCH_DEPS
+TEST_DEPS = (*BENCH_DEPS, "ray")  # ray: the batch executor tests run it in local mode
 
 _MISSING = (
     "import sys, importlib.metadata as m\n"

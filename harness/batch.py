@@ -192,12 +192,15 @@ class Batch:
                "timer_fallback_rows": facts["timer_fallback_rows"],
                "replay_fallback_rows": facts["replay_fallback_rows"],
                "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes)}
+        if status in DONE:
+            (op_dir / ".complete").write_text(status + "\n")
+        self.record(entry, row)
+        return row
+
+    def record(self, entry: Entry, row: dict) -> None:
         with self.lock:
             self.status[entry.key] = row
             self._write_status()
-        if status in DONE:
-            (op_dir / ".complete").write_text(status + "\n")
-        return row
 
     def _write_status(self) -> None:
         out = io.StringIO()

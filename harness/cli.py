@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None, help="the batch dir to resume")
     run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
                       help="replay each op from this earlier batch dir")
+    run_.add_argument("--executor", choices=("local", "ray"), default="local",
+                      help="local subprocesses, or Ray tasks of one device each (default: local)")
+    run_.add_argument("--ray-address", metavar="ADDR", default=None,
+                      help="Ray cluster to join (default with --executor ray: a local Ray instance)")
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat)
@@ -433,8 +437,12 @@ def run_ab(args) -> int:
 
 
 def run_batch(args) -> int:
+    import importlib.util
+
     from harness import batch, inventory
 
+    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs the ray package in this environment (pip install ray)")
     if args.summarize:
         print(f"summary: {batch.write_summary(args.summarize.resolve())}")
         return 0
@@ -493,7 +501,12 @@ def run_batch(args) -> int:
                       f"{row['elapsed_s']} s rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
 
         try:
-            runner.run(todo, on_done)
+            if args.executor == "ray":
+                from harness import ray_executor
+
+                ray_executor.run(runner, todo, on_done, args.ray_address)
+            else:
+                runner.run(todo, on_done)
         except KeyboardInterrupt:
             print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", batch_dir)
             batch.write_summary(batch_dir)

@@ -199,3 +199,21 @@ def test_gpu_backend_without_device_is_one_clear_error(harness):
     proc = harness("batch", "--all", "--backend", "cuda")
     assert proc.returncode == 2 and "--backend interpreter" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.e2e
+def test_ray_executor_gives_the_same_statuses_files_and_resume(tmp_path):
+    pytest.importorskip("ray")
+    proc = start_batch(tmp_path, "--ops", "builtin:add", "crash_op", "--executor", "ray", "--devices", "0,1")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out
+    d = batch_dir_of(out)
+    st = statuses(d)
+    assert st["add"]["status"] == "PASS" and st["crash_op"]["status"] == "FAIL"
+    assert "exit 3 twice in a row" in st["crash_op"]["notes"]
+    run_dir = d / st["add"]["run_dir"]  # gathered back from the task's scratch dir
+    assert (run_dir / "results.json").is_file() and (d / "ops" / "builtin__add" / ".complete").is_file()
+    assert "builtin,add,fp32" in (d / "summary.csv").read_text()
+    again = start_batch(tmp_path, "--ops", "builtin:add", "--executor", "ray", "--resume", "--batch-dir", d)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0 and "1 already done" in out
