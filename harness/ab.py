@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from harness import ir, rundir
+from harness import ir, resolve, rundir
+from harness import spec as spec_mod
 from reports import ab_report, compare
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -283,3 +284,99 @@ def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: d
     files = ab_report.write(ab_dir, rows, summary, warnings, context)
     print("report: " + ", ".join(str(f) for f in files))
     return 0 if rows and summary.headline_rows == summary.rows else 1
+
+
+def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise resolve.UsageError(f"{flag} {item!r}: expected KEY=VAL")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+def resolve_plan(args) -> Plan:
+    try:
+        if args.plan is not None or not args.ops:
+            plan = load_plan(args.plan or DEFAULT_PLAN)
+        else:
+            plan = Plan(name="adhoc", ops=args.ops, a=Side("A", "as is"), b=Side("B", ""))
+    except PlanError as exc:
+        raise resolve.UsageError(str(exc)) from exc
+    if args.ops:
+        plan.ops = args.ops
+    if args.repeats is not None:
+        if args.repeats < 2:
+            raise resolve.UsageError("--repeats must be >= 2: A's own spread is the noise floor")
+        plan.repeats = args.repeats
+    for side in (plan.a, plan.b):
+        key = side.name.lower()
+        side.env.update(_env_pairs(getattr(args, f"{key}_env"), f"--{key}-env"))
+        python = getattr(args, f"{key}_python")
+        if python:
+            if not Path(python).is_file():
+                raise resolve.UsageError(f"--{key}-python {python} does not exist")
+            side.python = python
+    if args.backend:
+        plan.backend = args.backend
+    if args.shapes:
+        plan.shapes = str(args.shapes.resolve())
+    if args.dtypes:
+        plan.dtypes = args.dtypes
+    if args.device is not None:
+        plan.device = args.device
+    plan.ops_paths += resolve.abs_ops_paths(args.ops_path)
+    if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
+        print("note: sides A and B are identical: this is an A/A run (measures noise)")
+    if plan.backend:
+        resolve.resolve_backend(plan.backend)  # unknown names fail before anything runs
+    return plan
+
+
+def run_from_args(args) -> int:
+    """`python -m harness ab ...`"""
+    if args.compare:
+        dir_a, dir_b = args.compare
+        for d in (dir_a, dir_b):
+            try:
+                spec_mod.read(d)
+            except spec_mod.SpecError as exc:
+                raise resolve.UsageError(f"--compare: {exc}") from exc
+        out = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "compare")
+        warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
+        context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
+                   "note": "single runs: each run's raw samples stand in for repeats"}
+        return report(out, [([dir_a], [dir_b])], context, warnings)
+    plan = resolve_plan(args)
+    ab_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), f"ab_{plan.name}")
+    print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
+          f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
+    runner = Runner(plan, ab_dir)
+    interrupted = False
+    try:
+        results = runner.run()
+    except PlanError as exc:
+        raise resolve.UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping the running side and reporting what completed")
+        runner.interrupt()
+        results = {}
+        for step in runner.state["steps"]:
+            op = step["args"][1] if step["args"][0] == "record" else Path(step["args"][1]).name.split("_")[0]
+            if step["run_dir"] and step["exit"] == 0:
+                results.setdefault(op, {"record": [], "A": [], "B": []})
+                kind = "record" if step["args"][0] == "record" else step["side"]
+                results[op][kind].append(Path(step["run_dir"]))
+    warnings, ir_per_op = validity(results)
+    if interrupted or not runner.state["complete"]:
+        done = sum(1 for s in runner.state["steps"] if s["exit"] == 0)
+        warnings.insert(0, f"INCOMPLETE: interrupted after {done} successful steps; rows below cover only those")
+    failed = [s["what"] for s in runner.state["steps"] if s["exit"] != 0]
+    if failed:
+        warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
+    context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
+               "ir": ir_per_op}
+    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings)
+    return 130 if interrupted else code

@@ -9,6 +9,7 @@ completion marker makes `--resume` skip ops that already PASSed or SKIPped.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import hashlib
@@ -23,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness import rundir
+import backends
+from harness import resolve, rundir
 from harness.inventory import Entry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -290,3 +292,89 @@ def write_summary(batch_dir: Path) -> Path:
     path = batch_dir / "summary.csv"
     rundir.atomic_write_text(path, out.getvalue())
     return path
+
+
+def run_from_args(args) -> int:
+    """`python -m harness batch ...`"""
+    import importlib.util
+
+    from harness import inventory, registry
+
+    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise resolve.UsageError("--executor ray needs the ray package in this environment (pip install ray)")
+    if args.summarize:
+        print(f"summary: {write_summary(args.summarize.resolve())}")
+        return 0
+    backend = resolve.resolve_backend(args.backend)
+    try:
+        visible = backend.check_available()
+    except backends.BackendUnavailable as exc:
+        raise resolve.UsageError(str(exc)) from exc
+    devices = visible if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
+    if backend.visibility_key is not None and not set(devices) <= set(visible):
+        raise resolve.UsageError(f"--devices {devices}: not all among the visible devices {visible}")
+    ops_paths = resolve.abs_ops_paths(args.ops_path)
+    try:
+        entries = inventory.load()
+        for p in ops_paths:
+            if Path(p).is_dir():
+                entries += inventory.scan_dir(Path(p), "path", Path(p).parent)
+        specs = list(args.ops or []) + (inventory.read_ops_file(args.ops_file) if args.ops_file else [])
+        selected, excluded = inventory.select(entries, specs, args.all, args.repos, inventory.load_dismissed())
+    except inventory.SelectionError as exc:
+        raise resolve.UsageError(str(exc)) from exc
+    if args.resume:
+        if args.batch_dir is None:
+            raise resolve.UsageError("--resume needs --batch-dir")
+        batch_dir = args.batch_dir.resolve()
+    else:
+        batch_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "batch")
+    op_dtypes = {}
+    for e in selected:
+        try:
+            op_dtypes[e.key] = registry.load(e.op, ops_paths)[0].dtypes
+        except registry.OperatorNotFound as exc:
+            raise resolve.UsageError(str(exc)) from exc
+    opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
+                         shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
+                         op_timeout=args.op_timeout,
+                         replay_root=args.replay_root.resolve() if args.replay_root else None)
+    runner = Batch(batch_dir, opts, selected, op_dtypes)
+    todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
+    print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
+          f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
+    for e, why in excluded:
+        print(f"  excluded {e.key}: {why}")
+    rundir.merge_json(batch_dir / "json", {"backend": backend.name, "devices": devices,
+                                                  "selected": [e.key for e in selected],
+                                                  "excluded": {e.key: why for e, why in excluded}})
+    counts = collections.Counter()
+    from tqdm import tqdm
+
+    with tqdm(total=len(todo), unit="op", dynamic_ncols=True, disable=None) as bar:
+        def on_done(row):
+            counts[row["status"]] += 1
+            bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
+            bar.update(1)
+            bar.write(f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} "
+                      f"{row['elapsed_s']} s rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+
+        try:
+            if args.executor == "ray":
+                from harness import ray_executor
+
+                ray_executor.run(runner, todo, on_done, args.ray_address)
+            else:
+                runner.run(todo, on_done)
+        except KeyboardInterrupt:
+            print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", batch_dir)
+            write_summary(batch_dir)
+            return 130
+    summary = write_summary(batch_dir)
+    status = read_status(batch_dir)
+    final = collections.Counter(r["status"] for k, r in status.items() if k in {e.key for e in selected})
+    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
+    failed = sorted(k for k, r in status.items() if r["status"] not in DONE and k in {e.key for e in selected})
+    if failed:
+        print("not passed: " + ", ".join(failed))
+    return 1 if failed else 0

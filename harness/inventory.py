@@ -147,3 +147,19 @@ def read_ops_file(path: Path) -> list[str]:
     if not path.is_file():
         raise SelectionError(f"--ops-file {path} does not exist")
     return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+
+
+def regen_from_args(args) -> int:
+    """`python -m harness inventory-regen [--check]`"""
+    from harness.resolve import UsageError
+
+    path = OPS_DIR / f"inventory_{BUILTIN}.csv"
+    fresh = to_csv(scan_dir(OPS_DIR, BUILTIN, OPS_DIR.parent))
+    if args.check:
+        if not path.is_file() or path.read_text() != fresh:
+            raise UsageError(f"{path} is out of date: run nox -s inventory-regen")
+        print(f"{path} is up to date")
+        return 0
+    regenerate_builtin()
+    print(f"wrote {path} ({fresh.count(chr(10)) - 1} operators)")
+    return 0

@@ -277,3 +277,22 @@ def compare(run_a: Path, run_b: Path) -> list[dict]:
 
 def write_status(run_dir: Path, enabled: bool, reason: str) -> None:
     rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"ir": {"collected": enabled, "reason": reason}}})
+
+
+def compare_from_args(run_a: Path, run_b: Path) -> int:
+    """`python -m harness compare-ir A B`: the comparison as a table."""
+    from tabulate import tabulate
+
+    from harness.resolve import UsageError
+
+    for run in (run_a, run_b):
+        if not (run / IR_DIR / "index.tsv").is_file():
+            raise UsageError(f"{run} has no {IR_DIR}/index.tsv (IR collection was off or it is not a run dir)")
+    rows = compare(run_a, run_b)
+    print(tabulate([[r["status"], r["shape"], r["kernel"].rsplit(".", 1)[-1], r["file_a"], r["file_b"], r["stages"]]
+                    for r in rows], headers=["status", "shape", "kernel", "A", "B", "stages differing"]))
+    counts = collections.Counter(r["status"] for r in rows)
+    print("  ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if rows and counts["identical"] == len(rows):
+        print("every launched variant compiled to identical IR at every stage in A and B")
+    return 0

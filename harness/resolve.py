@@ -1,0 +1,141 @@
+"""Resolve a run spec from command-line arguments, for record and replay.
+
+Everything is validated up front (backend, device, operator, shapes, dtypes, replay source):
+every bad input raises UsageError with one line saying what is wrong, before any work starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import backends
+from harness import registry, rundir, shapes, tuning
+from harness import spec as spec_mod
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHAPES_DIR = REPO_ROOT / "shapes"
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+def resolve_backend(name: str | None) -> backends.Backend:
+    try:
+        return backends.get(name) if name else backends.auto_detect()
+    except (backends.UnknownBackend, backends.BackendUnavailable) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def resolve_device(backend: backends.Backend, device: int | None) -> int:
+    try:
+        return backend.check_available([device] if device is not None else None)[0]
+    except backends.BackendUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def resolve_timer(backend: backends.Backend, timer: str) -> str:
+    if timer == "graph" and not backend.graph_capture:
+        raise UsageError(f"backend '{backend.name}' cannot capture graphs; use --timer direct or auto")
+    if timer in ("graph", "direct") and not backend.triton_driver:
+        raise UsageError(f"backend '{backend.name}' has no device timer; use --timer host or auto")
+    if timer == "host" and backend.triton_driver:
+        raise UsageError("--timer host is for the interpreter; on a device it measures launch overhead only")
+    return backend.default_timer if timer == "auto" else timer
+
+
+def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
+    try:
+        key, shape_list, file_dtypes = shapes.resolve(
+            shape_file, op.name, op.shape_keys, len(op.dims) if op.dims else None)
+    except shapes.ShapeFileError as exc:
+        raise UsageError(str(exc)) from exc
+    chosen = dtypes or file_dtypes or list(op.dtypes)
+    unsupported = [d for d in chosen if d not in op.dtypes]
+    if unsupported:
+        raise UsageError(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)}")
+    return key, shape_list, chosen
+
+
+def load_op(name: str, ops_paths: list[str]):
+    try:
+        return registry.load(name, ops_paths)
+    except registry.OperatorNotFound as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def abs_ops_paths(paths: list[str] | None) -> list[str]:
+    # Files and dirs are stored absolute (the child runs from the repo root); module names as is.
+    out = []
+    for p in paths or []:
+        out.append(str(Path(p).resolve()) if Path(p).exists() else p)
+    return out
+
+
+def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    backend = resolve_backend(args.backend)
+    ops_paths = abs_ops_paths(args.ops_path)
+    op, provider = load_op(args.op, ops_paths)
+    shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
+    key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+    timer = resolve_timer(backend, args.timer)
+    device = resolve_device(backend, args.device)
+    run_spec = spec_mod.RunSpec(
+        op=op.name, backend=backend.name, mode="record", device=device, dtypes=dtypes,
+        shapes_source=f"{shape_file}#{key}", seed=args.seed, timer=timer,
+        warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
+        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
+        ops_paths=ops_paths, provider=provider, color=color_enabled(args.color), ir=args.ir)
+    return run_spec, shape_list, args.out
+
+
+def newest_record_run(root: Path) -> Path:
+    candidates = []
+    for run_json in root.glob(f"*/{rundir.RUN_JSON}"):
+        try:
+            if spec_mod.read(run_json.parent).mode == "record":
+                candidates.append(run_json.parent)
+        except spec_mod.SpecError:
+            continue
+    if not candidates:
+        raise UsageError(f"no record run under {root} to replay; give a run dir")
+    return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
+
+
+def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    if args.run_dir is None:
+        args.run_dir = newest_record_run((args.out or REPO_ROOT / "runs").resolve())
+        print(f"replaying the newest record run: {args.run_dir}")
+    try:
+        source = spec_mod.read(args.run_dir)
+        tuning.load_records(tuning.records_path(args.run_dir, source.op))
+    except (spec_mod.SpecError, tuning.RecordsError) as exc:
+        raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+    if source.mode != "record":
+        raise UsageError(f"cannot replay {args.run_dir}: it is a {source.mode} run; replay a record run")
+    backend = resolve_backend(args.backend or source.backend)
+    if backend.name != source.backend:
+        raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}', "
+                         f"not '{backend.name}'; configs do not carry across backends")
+    ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
+    op, provider = load_op(source.op, ops_paths)
+    shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
+    key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+    device = resolve_device(backend, args.device)
+    run_spec = spec_mod.RunSpec(
+        op=op.name, backend=backend.name, mode="replay", device=device, dtypes=dtypes,
+        shapes_source=f"{shape_file}#{key}", seed=source.seed, timer=source.timer,
+        warmup_ms=source.warmup_ms, rep_ms=source.rep_ms, ops_paths=ops_paths, provider=provider,
+        replay_from=str(Path(args.run_dir).resolve()), color=color_enabled(args.color), ir=args.ir)
+    return run_spec, shape_list, args.out or Path(args.run_dir).resolve().parent
+
+
+def color_enabled(choice: str) -> bool:
+    if choice == "auto":
+        return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return choice == "always"
+
+
+# --- running ---------------------------------------------------------------------------------

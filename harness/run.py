@@ -1,0 +1,85 @@
+"""Run a resolved spec: claim the run dir, write the spec and shapes into it, run the pytest child
+on one device with a private Triton cache, and tee its output into run.log."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import backends
+from harness import rundir, shapes
+from harness import spec as spec_mod
+from harness.resolve import REPO_ROOT
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class _Tee:
+    """Terminal and run.log at once; run.log gets plain text."""
+
+    def __init__(self, log_path: Path):
+        self.log = open(log_path, "a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        self.log.write(ANSI.sub("", text))
+        self.log.flush()
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: str) -> int:
+    backend = backends.get(run_spec.backend)
+    env = backend.visibility_env(run_spec.device, os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    # A private compiler cache per run: the IR collected is exactly this run's, and nothing
+    # compiled by another compiler build is picked up from a shared cache.
+    env["TRITON_CACHE_DIR"] = cache_dir
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(run_dir)], cwd=REPO_ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", bufsize=1)
+    try:
+        for line in proc.stdout:
+            tee.write(line)
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The child got the same SIGINT from the terminal; give it time to write its summary.
+        tee.write("\ninterrupted: waiting for the child to finish writing its results\n")
+        try:
+            for line in proc.stdout:
+                tee.write(line)
+            return proc.wait(timeout=30)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return 130
+
+
+def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> int:
+    root = (out or REPO_ROOT / "runs").resolve()
+    run_dir = rundir.claim_run_dir(root, run_spec.op)
+    spec_mod.write(run_dir, run_spec)
+    shapes.write_used(run_dir / rundir.SHAPES_YAML, run_spec.op, shape_list, run_spec.dtypes,
+                      run_spec.shapes_source)
+    tee = _Tee(run_dir / rundir.RUN_LOG)
+    try:
+        what = f"replay of {run_spec.replay_from}" if run_spec.mode == "replay" else "record"
+        tee.write(f"zl_bench {what}: op={run_spec.op} backend={run_spec.backend} device={run_spec.device} "
+                  f"dtypes={','.join(run_spec.dtypes)} shapes={len(shape_list)} timer={run_spec.timer}\n"
+                  f"run dir: {run_dir}\n")
+        with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
+            code = run_child(run_dir, run_spec, tee, cache_dir)
+        verdict = "ok" if code == 0 else f"FAILED (exit {code})"
+        tee.write(f"\n{run_spec.mode} {verdict}; run dir: {run_dir}\n")
+    finally:
+        tee.close()
+    return code
