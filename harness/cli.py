@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("op", nargs="?", default=DEFAULT_OP, help=f"operator name (default: {DEFAULT_OP})")
     _add_common(rec)
     _add_measurement(rec)
+    rec.add_argument("--sweep-devices", type=int, metavar="N", default=0,
+                     help="sweep autotune in parallel over the first N visible devices, then measure serially "
+                          "on one (default: 0, a serial sweep)")
     rep = sub.add_parser("replay", help="rerun a record run with its configs, shapes and seeds pinned")
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")

@@ -87,7 +87,8 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
         shapes_source=f"{shape_file}#{key}", seed=args.seed, timer=timer,
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
-        ops_paths=ops_paths, provider=provider, color=color_enabled(args.color), ir=args.ir)
+        ops_paths=ops_paths, provider=provider, color=color_enabled(args.color), ir=args.ir,
+        sweep_devices=args.sweep_devices)
     return run_spec, shape_list, args.out
 
 

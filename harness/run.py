@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import backends
-from harness import rundir, shapes
+from harness import rundir, shapes, sweep
 from harness import spec as spec_mod
 from harness.resolve import REPO_ROOT
 
@@ -75,6 +75,12 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
         tee.write(f"zl_bench {what}: op={run_spec.op} backend={run_spec.backend} device={run_spec.device} "
                   f"dtypes={','.join(run_spec.dtypes)} shapes={len(shape_list)} timer={run_spec.timer}\n"
                   f"run dir: {run_dir}\n")
+        if run_spec.sweep_devices:
+            outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write)
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": outcome.facts}})
+            if outcome.merged is not None:
+                run_spec.preset_records = str(outcome.merged)
+                spec_mod.write(run_dir, run_spec)
         with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
             rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
             code = run_child(run_dir, run_spec, tee, cache_dir)

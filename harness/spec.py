@@ -35,6 +35,9 @@ class RunSpec:
     replay_from: str | None = None
     color: bool = False
     ir: bool = True
+    # Parallel sweep: devices asked for, and the merged picks the measurement injects.
+    sweep_devices: int = 0
+    preset_records: str | None = None
     version: int = SPEC_VERSION
 
     def to_json(self) -> dict:

@@ -154,6 +154,8 @@ class AutotunePatch:
                  case: Callable[[], str], host_autotune: bool = False):
         self.mode = mode
         self.store = store
+        # Replay injects; so does a record run measuring a parallel sweep's merged picks.
+        self.inject = mode == "replay" or records is not None
         self.records = (records or {}).get("kernels", {})
         self.mark = mark
         self.chosen = chosen
@@ -168,7 +170,7 @@ class AutotunePatch:
 
     # --- hooks from the observed cache ---------------------------------------------------------
     def on_lookup(self, tuner, key, cache) -> None:
-        if self.mode != "replay":
+        if not self.inject:
             return
         kernel, k = kernel_id(tuner), key_str(key)
         state = self.state.get((kernel, k))

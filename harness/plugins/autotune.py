@@ -3,6 +3,8 @@ ones (replay mode). The mechanics live in harness.tuning; this plugin wires them
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harness import identity, rundir, tuning
 
 
@@ -23,7 +25,9 @@ class AutotunePlugin:
                 "format": tuning.RECORD_FORMAT, "op": spec.op, "backend": spec.backend,
                 "versions": identity.versions()})
             store = tuning.RecordStore(tuning.records_path(self.ctx.run_dir, spec.op), spec.op)
-            self.patch = tuning.AutotunePatch("record", store=store, **common)
+            # A parallel sweep's merged picks are injected, and recorded as this run's own.
+            preset = tuning.load_records(Path(spec.preset_records)) if spec.preset_records else None
+            self.patch = tuning.AutotunePatch("record", store=store, records=preset, **common)
         else:
             source = tuning.records_path(spec.replay_from, spec.op)
             self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
