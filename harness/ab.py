@@ -329,8 +329,8 @@ def resolve_plan(args) -> Plan:
     plan.ops_paths += resolve.abs_ops_paths(args.ops_path)
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
-    if plan.backend:
-        resolve.resolve_backend(plan.backend)  # unknown names fail before anything runs
+    # Unknown names, or no accelerator when none is named, fail before anything runs.
+    plan.backend = resolve.resolve_backend(plan.backend).name
     return plan
 
 

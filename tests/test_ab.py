@@ -134,3 +134,10 @@ def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
     assert tabulate.__version__ != "0.9.0"
     with open(tmp_path / "log", "a") as log:  # cached: the second call builds nothing
         assert ab.build_side_env(side, log, root=tmp_path / "envs") == python
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="this machine has an NVIDIA GPU")
+def test_ab_without_an_accelerator_fails_before_running(harness, tmp_path):
+    proc = harness("ab", "--ops", "add", "--out", tmp_path)
+    assert proc.returncode == 2 and "--backend interpreter" in proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing started
