@@ -151,7 +151,8 @@ class AutotunePatch:
 
     def __init__(self, mode: str, *, store: RecordStore | None = None, records: dict | None = None,
                  mark: Callable[[str], None], chosen: Callable[[str, str], None],
-                 case: Callable[[], str], host_autotune: bool = False):
+                 case: Callable[[], str], host_autotune: bool = False,
+                 progress: Callable[[str], None] = lambda line: None):
         self.mode = mode
         self.store = store
         # Replay injects; so does a record run measuring a parallel sweep's merged picks.
@@ -161,6 +162,7 @@ class AutotunePatch:
         self.chosen = chosen
         self.case = case
         self.host_autotune = host_autotune
+        self.progress = progress
         self.state: dict[tuple[str, str], str] = {}  # (kernel, key) -> injected|key_missing|compile_failed
         self.counts = {"recorded": 0, "injected": 0, "key_missing": 0, "compile_failed": 0,
                        "not_recorded_pre_hook": 0, "outside_space": 0}
@@ -171,6 +173,10 @@ class AutotunePatch:
     # --- hooks from the observed cache ---------------------------------------------------------
     def on_lookup(self, tuner, key, cache) -> None:
         if not self.inject:
+            if not dict.__contains__(cache, key) and len(tuner.configs) > 1:
+                # A long sweep (mm: 48 configs, minutes) must not look like a hang.
+                self.progress(f"autotune: sweeping {kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)} "
+                              f"over {len(tuner.configs)} configs")
             return
         kernel, k = kernel_id(tuner), key_str(key)
         state = self.state.get((kernel, k))
@@ -191,6 +197,8 @@ class AutotunePatch:
             self.state[(kernel, k)] = state
         if state != "injected":
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason={state}")
+            if not dict.__contains__(cache, key):
+                self.progress(f"autotune: sweeping {kernel.rsplit('.', 1)[-1]} key={k} live ({state})")
 
     def on_chosen(self, tuner, key, config) -> None:
         kernel = kernel_id(tuner)

@@ -45,6 +45,7 @@ def test_record_leaves_a_complete_run_dir(recorded):
     log = (run_dir / "run.log").read_text()
     assert "results" in log and "\033[" not in log
     assert "run dir:" in proc.stdout
+    assert proc.stdout.count("autotune: sweeping softmax_kernel") == 4  # live progress, once per key
 
 
 def test_replay_pins_every_recorded_config(recorded, harness):
@@ -63,6 +64,7 @@ def test_replay_pins_every_recorded_config(recorded, harness):
     replayed_rows = {r["case"]: r["configs"] for r in load(replay_dir / "results.json")["rows"]}
     assert replayed_rows == recorded_rows
     assert all(not r["markers"] for r in load(replay_dir / "results.json")["rows"])
+    assert "autotune: sweeping" not in proc.stdout
 
 
 def test_edited_record_is_the_config_that_runs(recorded, harness, tmp_path):

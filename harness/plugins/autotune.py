@@ -18,7 +18,7 @@ class AutotunePlugin:
         spec = self.ctx.spec
         records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.current_case,
-                      host_autotune=not self.ctx.backend.triton_driver)
+                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(config))
         if spec.mode == "record":
             records_dir.mkdir(exist_ok=True)
             rundir.atomic_write_json(records_dir / "meta.json", {
@@ -32,6 +32,19 @@ class AutotunePlugin:
             source = tuning.records_path(spec.replay_from, spec.op)
             self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
         self.patch.install()
+
+    @staticmethod
+    def _progress(config):
+        def write(line: str) -> None:
+            # Live, past pytest's output capture (as its live-logging does), into the parent's tee.
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            capture = config.pluginmanager.get_plugin("capturemanager")
+            if reporter is None or capture is None:
+                return
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"  {line}")
+
+        return write
 
     def _chosen(self, kernel: str, config: str) -> None:
         self.ctx.configs[kernel] = config
