@@ -62,6 +62,12 @@ class ResultsPlugin:
         self._flush()
         self._print_row(row)
 
+    def pytest_report_teststatus(self, report, config):
+        # Our own line per row replaces pytest's progress letters, which would interleave with it.
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            return report.outcome, "", report.outcome.upper()
+        return None
+
     def _case_of(self, report):
         for case in self.ctx.cases:
             if report.nodeid.endswith(f"[{case.id}]"):
