@@ -46,6 +46,9 @@ def test_record_leaves_a_complete_run_dir(recorded):
     assert "results" in log and "\033[" not in log
     assert "run dir:" in proc.stdout
     assert proc.stdout.count("autotune: sweeping softmax_kernel") == 4  # live progress, once per key
+    # No IR on the interpreter: the run goes on, and says why in run.json and in the log.
+    assert run["observed"]["ir"] == {"collected": False, "reason": "backend 'interpreter' compiles no kernels"}
+    assert "IR collection off: backend 'interpreter' compiles no kernels" in proc.stdout
 
 
 def test_replay_pins_every_recorded_config(recorded, harness):

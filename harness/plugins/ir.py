@@ -41,21 +41,21 @@ class IRPlugin:
 
     def pytest_configure(self, config):
         if not self.ctx.spec.ir:
-            ir.write_status(self.ctx.run_dir, False, "turned off (--no-ir)")
-            return
+            return self._off("turned off (--no-ir)")
         if not self.ctx.backend.triton_driver:
-            ir.write_status(self.ctx.run_dir, False, f"backend '{self.ctx.backend.name}' compiles no kernels")
-            return
+            return self._off(f"backend '{self.ctx.backend.name}' compiles no kernels")
         collector = ir.IRCollector(self.ctx.run_dir)
         reason = _install_launch_hook(collector.on_launch)
         if reason is not None:
-            print(f"IR collection off: {reason}")
-            ir.write_status(self.ctx.run_dir, False, reason)
-            return
+            return self._off(reason)
         self._exclude_sweeps(collector)
         self.collector = collector
         ir.write_status(self.ctx.run_dir, True, "launch hook + compiled-kernel scan")
         atexit.register(collector.write)  # a crash in a later case still leaves this IR
+
+    def _off(self, reason: str) -> None:
+        print(f"IR collection off: {reason}")
+        ir.write_status(self.ctx.run_dir, False, reason)
 
     @staticmethod
     def _exclude_sweeps(collector) -> None:
