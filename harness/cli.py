@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import backends
-from harness import ab, batch, inventory, ir, resolve, run
+from harness import resolve
 from harness import spec as spec_mod
 from harness.resolve import UsageError
 from ops import DTYPE_NAMES
@@ -129,16 +129,29 @@ def build_parser() -> argparse.ArgumentParser:
 # --- resolution ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {
-        "record": lambda: run.execute(*resolve.resolve_record(args)),
-        "replay": lambda: run.execute(*resolve.resolve_replay(args)),
-        "ab": lambda: ab.run_from_args(args),
-        "batch": lambda: batch.run_from_args(args),
-        "inventory-regen": lambda: inventory.regen_from_args(args),
-        "compare-ir": lambda: ir.compare_from_args(args.run_a, args.run_b),
-    }
+    # Each command imports only what it needs: a replay's parent process stays free of torch,
+    # scipy and matplotlib (seconds of start-up on every A/B and batch step).
     try:
-        return commands[args.command]()
+        if args.command in ("record", "replay"):
+            from harness import run
+
+            resolved = resolve.resolve_record(args) if args.command == "record" else resolve.resolve_replay(args)
+            return run.execute(*resolved)
+        if args.command == "ab":
+            from harness import ab
+
+            return ab.run_from_args(args)
+        if args.command == "batch":
+            from harness import batch
+
+            return batch.run_from_args(args)
+        if args.command == "inventory-regen":
+            from harness import inventory
+
+            return inventory.regen_from_args(args)
+        from harness import ir
+
+        return ir.compare_from_args(args.run_a, args.run_b)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -121,12 +121,23 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
         raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}', "
                          f"not '{backend.name}'; configs do not carry across backends")
     ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
-    op, provider = load_op(source.op, ops_paths)
     shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
-    key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+    if args.shapes or args.dtypes:
+        # Overrides are checked against the operator itself.
+        op, provider = load_op(source.op, ops_paths)
+        key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+    else:
+        # The recorded shapes and dtypes were checked when recorded: this parent need not import
+        # the operator (and torch with it); the child loads it anyway.
+        provider = source.provider
+        try:
+            key, shape_list, dtypes = shapes.resolve(shape_file, source.op, ())
+        except shapes.ShapeFileError as exc:
+            raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+        dtypes = dtypes or source.dtypes
     device = resolve_device(backend, args.device)
     run_spec = spec_mod.RunSpec(
-        op=op.name, backend=backend.name, mode="replay", device=device, dtypes=dtypes,
+        op=source.op, backend=backend.name, mode="replay", device=device, dtypes=dtypes,
         shapes_source=f"{shape_file}#{key}", seed=source.seed, timer=source.timer,
         warmup_ms=source.warmup_ms, rep_ms=source.rep_ms, ops_paths=ops_paths, provider=provider,
         replay_from=str(Path(args.run_dir).resolve()), color=color_enabled(args.color), ir=args.ir)
