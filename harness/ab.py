@@ -169,6 +169,9 @@ class Runner:
         self.log = open(ab_dir / "ab.log", "a", encoding="utf-8")
         self.state = {"plan": dataclasses.asdict(plan), "steps": [], "complete": False}
         self.proc: subprocess.Popen | None = None
+        # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
+        # so an interrupted A/B still reports what completed.
+        self.results: dict[str, dict[str, list[Path]]] = {}
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
@@ -229,7 +232,7 @@ class Runner:
             common += ["--device", str(plan.device)]
         for p in plan.ops_paths:
             common += ["--ops-path", p]
-        results: dict[str, dict[str, list[Path]]] = {}
+        results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
             tag = f"[{i}/{len(plan.ops)} {op}]"
@@ -275,9 +278,12 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
     return warnings, per_op
 
 
-def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str]) -> int:
-    """Pair and compare each group (one op's A runs against its B runs), then report them all."""
-    rows = [row for a_runs, b_runs in groups if a_runs or b_runs for row in compare.pair(a_runs, b_runs)]
+def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str],
+           expected: int | None = None) -> int:
+    """Pair and compare each group (one op's A runs against its B runs), then report them all;
+    `expected` is the planned repeats per side, so a short side is flagged on every row."""
+    rows = [row for a_runs, b_runs in groups if a_runs or b_runs
+            for row in compare.pair(a_runs, b_runs, expected)]
     summary = compare.summarize(rows)
     print()
     print(ab_report.render(rows, summary, warnings, context))
@@ -362,13 +368,7 @@ def run_from_args(args) -> int:
         interrupted = True
         print("\ninterrupted: stopping the running side and reporting what completed")
         runner.interrupt()
-        results = {}
-        for step in runner.state["steps"]:
-            op = step["args"][1] if step["args"][0] == "record" else Path(step["args"][1]).name.split("_")[0]
-            if step["run_dir"] and step["exit"] == 0:
-                results.setdefault(op, {"record": [], "A": [], "B": []})
-                kind = "record" if step["args"][0] == "record" else step["side"]
-                results[op][kind].append(Path(step["run_dir"]))
+        results = runner.results
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:
         done = sum(1 for s in runner.state["steps"] if s["exit"] == 0)
@@ -378,5 +378,5 @@ def run_from_args(args) -> int:
         warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
-    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings)
+    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, plan.repeats)
     return 130 if interrupted else code

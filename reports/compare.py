@@ -70,7 +70,9 @@ def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
     return [r[f"{side}_ms"] for r in rows]
 
 
-def pair(a_runs: list[Path], b_runs: list[Path]) -> list[PairedRow]:
+def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None) -> list[PairedRow]:
+    """Rows of both sides paired by (op, dtype, shape). `expected`: repeats planned per side;
+    a row with fewer successful runs on a side is flagged incomplete (default: the runs given)."""
     side_rows = {"a": [load_rows(d) for d in a_runs], "b": [load_rows(d) for d in b_runs]}
     single = len(a_runs) == 1 and len(b_runs) == 1
     keys = list(dict.fromkeys(k for runs in side_rows.values() for rows in runs for k in rows))
@@ -80,10 +82,10 @@ def pair(a_runs: list[Path], b_runs: list[Path]) -> list[PairedRow]:
         ok = {s: [r for r in rs if r["status"] == "SUCCESS"] for s, rs in got.items()}
 
         flags = _flags(ok["a"] + ok["b"])
-        expected = {"a": len(a_runs), "b": len(b_runs)}
+        want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
         for side in ("a", "b"):
-            if len(ok[side]) < expected[side]:
-                flags.append(f"incomplete_{side}({len(ok[side])}/{expected[side]})")
+            if len(ok[side]) < want[side]:
+                flags.append(f"incomplete_{side}({len(ok[side])}/{want[side]})")
         timers = {r["timer"] for r in ok["a"] + ok["b"]}
         if len(timers) > 1:
             flags.append("timer_mismatch")

@@ -141,3 +141,49 @@ def test_ab_without_an_accelerator_fails_before_running(harness, tmp_path):
     proc = harness("ab", "--ops", "add", "--out", tmp_path)
     assert proc.returncode == 2 and "--backend interpreter" in proc.stderr
     assert not any(tmp_path.iterdir())  # nothing started
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "add", "--backend", "interpreter",
+                             "--repeats", "3", "--out", str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    state = None
+    while time.monotonic() < deadline:  # wait until A recorded and one replay finished
+        found = list(tmp_path.glob("ab_*/ab.json"))
+        state = load(found[0]) if found else None
+        if state and len([s for s in state["steps"] if s["exit"] == 0]) >= 2:
+            break
+        time.sleep(0.5)
+    assert state is not None
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "INCOMPLETE" in out
+    d = next(tmp_path.glob("ab_*"))
+    report = load(d / "report.json")
+    assert report["warnings"][0].startswith("INCOMPLETE")
+    assert report["rows"] and report["summary"]["headline_rows"] < report["summary"]["rows"] + 1
+    assert all(r["flags"] for r in report["rows"])  # fewer repeats than planned: flagged, not headline
+    assert load(d / "ab.json")["complete"] is False
+    leftovers = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if str(d).encode() in f.read():
+                        leftovers.append(entry)
+            except OSError:
+                pass
+    assert leftovers == []
