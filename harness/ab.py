@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from harness import ir, resolve, rundir
 from harness import spec as spec_mod
 from reports import ab_report, compare
@@ -94,14 +92,7 @@ def _side(data, name: str, where: str) -> Side:
 
 def load_plan(path: Path) -> Plan:
     path = Path(path)
-    if not path.is_file():
-        raise PlanError(f"plan {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise PlanError(f"plan {path}: not valid yaml: {exc}") from exc
-    if not isinstance(data, dict):
-        raise PlanError(f"plan {path}: expected a mapping")
+    data = rundir.read_yaml_mapping(path, PlanError, "plan")
     unknown = set(data) - PLAN_FIELDS
     if unknown:
         raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(PLAN_FIELDS)})")
@@ -181,8 +172,7 @@ class Runner:
         env = dict(os.environ)
         env.update(side.env)
         # A pip-built side already sees the base env's paths, after its own (see build_side_env).
-        inherited = None if side.requirements else env.get("PYTHONPATH")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), inherited) if p)
+        env["PYTHONPATH"] = resolve.harness_pythonpath(None if side.requirements else env.get("PYTHONPATH"))
         cmd = [side.python or sys.executable, "-m", "harness", *args, "--out", str(out), "--color", "never"]
         self.log.write(f"\n$ {' '.join(f'{k}={v}' for k, v in side.env.items())} {' '.join(cmd)}\n")
         self.log.flush()

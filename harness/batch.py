@@ -89,10 +89,9 @@ def _run_facts(run_dir: Path | None) -> dict:
 
 
 class Batch:
-    def __init__(self, batch_dir: Path, opts: Options, entries: list[Entry], op_dtypes: dict[str, tuple[str, ...]]):
+    def __init__(self, batch_dir: Path, opts: Options, op_dtypes: dict[str, tuple[str, ...]]):
         self.dir = batch_dir
         self.opts = opts
-        self.entries = entries
         self.op_dtypes = op_dtypes  # what each op accepts, for the dtype fallback
         self.status = read_status(batch_dir)
         self.replay_sources = read_status(opts.replay_root) if opts.replay_root else {}
@@ -122,7 +121,7 @@ class Batch:
         """(exit code or None on timeout, seconds)."""
         start = time.monotonic()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = resolve.harness_pythonpath(env.get("PYTHONPATH"))
         with open(log_path, "a") as log:
             log.write(f"\n$ {' '.join(cmd)}\n")
             log.flush()
@@ -339,7 +338,7 @@ def run_from_args(args) -> int:
                          shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
                          op_timeout=args.op_timeout,
                          replay_root=args.replay_root.resolve() if args.replay_root else None)
-    runner = Batch(batch_dir, opts, selected, op_dtypes)
+    runner = Batch(batch_dir, opts, op_dtypes)
     todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
     print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
           f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")

@@ -41,7 +41,7 @@ def _run_remote(entry: dict, opts: dict, op_dtypes: dict) -> tuple[dict, bytes]:
         # Ray already narrowed the visible devices to this task's; inside them, ours is index 0.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         device = int(visible.split(",")[0]) if visible else 0
-        row = batch.Batch(scratch, opts_, [entry_], op_dtypes).run_op(entry_, device)
+        row = batch.Batch(scratch, opts_, op_dtypes).run_op(entry_, device)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             tar.add(scratch / "ops", arcname="ops")

@@ -22,6 +22,12 @@ class UsageError(Exception):
     """Bad input: reported as one line, exit code 2."""
 
 
+def harness_pythonpath(inherited: str | None) -> str:
+    """PYTHONPATH for a harness subprocess: the checkout first (zl_bench runs from it, it is not
+    installed), then whatever was inherited (the sessions' .nox/deps)."""
+    return os.pathsep.join(p for p in (str(REPO_ROOT), inherited) if p)
+
+
 def resolve_backend(name: str | None) -> backends.Backend:
     try:
         return backends.get(name) if name else backends.auto_detect()

@@ -14,7 +14,7 @@ from pathlib import Path
 import backends
 from harness import rundir, shapes, sweep
 from harness import spec as spec_mod
-from harness.resolve import REPO_ROOT
+from harness.resolve import REPO_ROOT, harness_pythonpath
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -42,7 +42,7 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
     # A private compiler cache per run: the IR collected is exactly this run's, and nothing
     # compiled by another compiler build is picked up from a shared cache.
     env["TRITON_CACHE_DIR"] = cache_dir
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = harness_pythonpath(env.get("PYTHONPATH"))
     proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(run_dir)], cwd=REPO_ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)

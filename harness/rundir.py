@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 RUN_JSON = "run.json"
 RESULTS_JSON = "results.json"
 SHAPES_YAML = "shapes.yaml"
@@ -78,6 +80,20 @@ def merge_json(path: Path, facts: dict) -> dict:
         _deep_merge(data, facts)
         atomic_write_json(path, data)
         return data
+
+
+def read_yaml_mapping(path: Path, error: type[Exception], what: str, expect: str = "a mapping") -> dict:
+    """A yaml file whose top level is a mapping, or `error` naming the file and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path}: not valid yaml: {exc}") from exc
+    if not isinstance(data, dict):
+        raise error(f"{what} {path}: top level must be {expect}")
+    return data
 
 
 def read_json(path: Path) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.rundir import atomic_write_text
+from harness.rundir import atomic_write_text, read_yaml_mapping
 from ops import DTYPE_NAMES
 
 
@@ -24,16 +24,7 @@ class ShapeFileError(ValueError):
 
 
 def load(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ShapeFileError(f"shape file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ShapeFileError(f"{path}: not valid yaml: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ShapeFileError(f"{path}: top level must be a mapping of op or family names")
-    return data
+    return read_yaml_mapping(path, ShapeFileError, "shape file", "a mapping of op or family names")
 
 
 def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],

@@ -85,6 +85,7 @@ class IRPlugin:
         if self.collector is None:
             return
         self.collector.write()
+        atexit.unregister(self.collector.write)  # the exit-time dump is for crashes only
         used = self.collector.used()
         files = sum(len(v) for v in used.values())
         print(f"IR: {len(self.collector.variants)} variants compiled, {files} launched variant files "

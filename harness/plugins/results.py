@@ -16,10 +16,10 @@ class ResultsPlugin:
     def __init__(self, ctx):
         self.ctx = ctx
         self._pending: dict | None = None
-        self._reporter = None
+        self._config = None
 
     def pytest_configure(self, config):
-        self._reporter = config.pluginmanager.get_plugin("terminalreporter")
+        self._config = config
         self._flush()
 
     @pytest.fixture
@@ -110,9 +110,11 @@ class ResultsPlugin:
             detail = row.get("error", "").splitlines()[0][:160] if row.get("error") else ""
         lines = [f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"]
         lines += [f"    {marker}" for marker in row["markers"]]
+        # Looked up here: the terminal reporter registers after our configure hook.
+        reporter = self._config.pluginmanager.get_plugin("terminalreporter") if self._config else None
         for line in lines:
-            if self._reporter is not None:
-                self._reporter.write_line(line)
+            if reporter is not None:
+                reporter.write_line(line)
             else:
                 print(line, flush=True)
 
