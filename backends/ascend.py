@@ -15,6 +15,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    flaggems_vendor="ascend",
     name="ascend",
     aliases=("npu", "huawei"),
     torch_device_type="npu",

@@ -66,6 +66,9 @@ class Backend:
     capture_markers: CaptureMarkers = CaptureMarkers()
     # Test functions whose capture attempt kills the context: timed directly from the start.
     capture_deny: frozenset[str] = frozenset()
+    # FlagGems' name for this vendor (GEMS_VENDOR), set before flag_gems is imported: its own probe
+    # shells out to vendor CLIs and can hang; None leaves FlagGems to probe.
+    flaggems_vendor: str | None = None
     # Extra environment for the child (e.g. TRITON_INTERPRET=1).
     child_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Shape set used when the user gives none.

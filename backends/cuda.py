@@ -15,6 +15,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    flaggems_vendor="nvidia",
     name="cuda",
     aliases=("nvidia", "gpu"),
     torch_device_type="cuda",

@@ -16,6 +16,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    flaggems_vendor="mthreads",
     name="musa",
     aliases=("mthreads", "moore"),
     torch_device_type="musa",

@@ -15,6 +15,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    flaggems_vendor="amd",
     name="rocm",
     aliases=("amd", "hip"),
     torch_device_type="cuda",

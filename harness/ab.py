@@ -23,7 +23,8 @@ from reports import ab_report, compare
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLAN = REPO_ROOT / "ops" / "ab_default.yaml"
-PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "a", "b"}
+PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
+               "level", "flagtune", "a", "b"}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 
 
@@ -61,6 +62,19 @@ class Plan:
     backend: str | None = None
     device: int | None = None
     ops_paths: list[str] = dataclasses.field(default_factory=list)
+    # FlagGems checkouts ([NAME=]PATH), upstream level and FlagTune switch: A records with them and
+    # B replays A, so both sides run the same level, switch and tuning space.
+    flaggems_dirs: list[str] = dataclasses.field(default_factory=list)
+    level: str | None = None
+    flagtune: str | None = None
+
+
+def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
+    name, sep, path = item.partition("=")
+    if not sep:
+        name, path = "", item
+    resolved = str((plan_dir / Path(path).expanduser()).resolve())
+    return f"{name}={resolved}" if name else resolved
 
 
 def _side(data, name: str, where: str) -> Side:
@@ -108,6 +122,8 @@ def load_plan(path: Path) -> Plan:
     return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, shapes=shapes,
                 dtypes=data.get("dtypes"), backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
+                flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
+                level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
                 a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)))
 
 
@@ -222,20 +238,25 @@ class Runner:
             common += ["--device", str(plan.device)]
         for p in plan.ops_paths:
             common += ["--ops-path", p]
+        for d in plan.flaggems_dirs:
+            common += ["--flaggems-dir", d]
+        record_only = [flag for flag, value in (("--level", plan.level), ("--flagtune", plan.flagtune))
+                       if value is not None for flag in (flag, value)]
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
             tag = f"[{i}/{len(plan.ops)} {op}]"
             runs = results.setdefault(op, {"record": [], "A": [], "B": []})
             backend = ["--backend", plan.backend] if plan.backend else []
-            record = self.step(plan.a, ["record", op, *backend, *common], self.dir / op / "A-record",
+            op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
+            record = self.step(plan.a, ["record", op, *backend, *common, *record_only], op_dir / "A-record",
                                f"{tag} A records")
             if record is None:
                 continue
             runs["record"].append(record)
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
-                    replay = self.step(side, ["replay", str(record), *common], self.dir / op / f"{side.name}-{r}",
+                    replay = self.step(side, ["replay", str(record), *common], op_dir / f"{side.name}-{r}",
                                        f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
                     if replay is not None:
                         runs[side.name].append(replay)
@@ -323,6 +344,9 @@ def resolve_plan(args) -> Plan:
     if args.device is not None:
         plan.device = args.device
     plan.ops_paths += resolve.abs_ops_paths(args.ops_path)
+    plan.flaggems_dirs += args.flaggems_dir or []
+    plan.level = args.level or plan.level
+    plan.flagtune = args.flagtune or plan.flagtune
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.

@@ -5,6 +5,10 @@ its per-op dir is exactly a single run's (replayable alone later). Operators are
 devices by a stable hash (a resumed batch lands each op on the same device) and run serially
 within a device. `ops_status.csv` is rewritten atomically after every op, and a per-op
 completion marker makes `--resume` skip ops that already PASSed or SKIPped.
+
+A FlagGems operator runs as `record NAME:OP@OP_FILE --flaggems-dir NAME=PATH` (replay: the run dir
+plus `--flaggems-dir`). Its dtypes are known only once it runs, so when it rejects the requested
+ones the fallback goes straight to the rescue run without a dtype filter.
 """
 
 from __future__ import annotations
@@ -25,16 +29,18 @@ import time
 from pathlib import Path
 
 import backends
-from harness import resolve, rundir
+from harness import flaggems, resolve, rundir
 from harness.inventory import Entry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STATUS_COLUMNS = ("op", "repo", "status", "exit_code", "attempts", "elapsed_s", "backend", "device", "timer",
-                  "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
+STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
+                  "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
 DONE = ("PASS", "SKIP")
 MAX_RETRIES = 2
 KILL_GRACE_S = 10
-DTYPE_REJECTED = "does not take dtype"
+# What a record run that rejects the requested dtypes prints: ours (resolve_shapes), and FlagGems'
+# Benchmark.set_dtypes, which fails the test instead.
+DTYPE_REJECTED = ("does not take dtype", "can't be supported by this op")
 
 
 @dataclasses.dataclass
@@ -44,6 +50,8 @@ class Options:
     dtypes: list[str] | None = None
     shapes: str | None = None
     ops_paths: list[str] = dataclasses.field(default_factory=list)
+    flaggems_dirs: dict[str, str] = dataclasses.field(default_factory=dict)  # repo -> checkout
+    flaggems_args: list[str] = dataclasses.field(default_factory=list)  # --level etc., for FlagGems records
     op_timeout: float = 1800.0
     replay_root: Path | None = None
 
@@ -54,7 +62,7 @@ def shard(key: str, n: int) -> int:
 
 
 def _op_dir(batch_dir: Path, entry: Entry) -> Path:
-    return batch_dir / "ops" / f"{entry.repo}__{entry.op}"
+    return batch_dir / "ops" / entry.key.replace(":", "__", 1).replace("/", ".")
 
 
 def read_status(batch_dir: Path) -> dict[str, dict]:
@@ -62,7 +70,7 @@ def read_status(batch_dir: Path) -> dict[str, dict]:
     if not path.is_file():
         return {}
     with open(path, newline="") as f:
-        return {f"{r['repo']}:{r['op']}": r for r in csv.DictReader(f)}
+        return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
 
 
 def completed(batch_dir: Path, entry: Entry) -> str | None:
@@ -92,7 +100,7 @@ class Batch:
     def __init__(self, batch_dir: Path, opts: Options, op_dtypes: dict[str, tuple[str, ...]]):
         self.dir = batch_dir
         self.opts = opts
-        self.op_dtypes = op_dtypes  # what each op accepts, for the dtype fallback
+        self.op_dtypes = op_dtypes  # entry id -> the dtypes it accepts (built-in and --ops-path ops)
         self.status = read_status(batch_dir)
         self.replay_sources = read_status(opts.replay_root) if opts.replay_root else {}
         self.lock = threading.Lock()
@@ -103,28 +111,35 @@ class Batch:
     # --- one op ----------------------------------------------------------------------------------
     def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
         if self.opts.replay_root is not None:
-            earlier = self.replay_sources.get(entry.key, {})
+            earlier = self.replay_sources.get(entry.id, {})
             if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
                 return []
             args = ["replay", str(self.opts.replay_root / earlier["run_dir"])]
         else:
-            args = ["record", entry.op, "--backend", self.opts.backend]
+            if entry.repo in self.opts.flaggems_dirs:
+                args = ["record", f"{entry.repo}:{entry.op}@{entry.op_file}", *self.opts.flaggems_args]
+            else:
+                args = ["record", entry.op]
+            args += ["--backend", self.opts.backend]
             if self.opts.shapes:
                 args += ["--shapes", self.opts.shapes]
             if dtypes:
                 args += ["--dtypes", ",".join(dtypes)]
         for p in self.opts.ops_paths:
             args += ["--ops-path", p]
+        if entry.repo in self.opts.flaggems_dirs:
+            args += ["--flaggems-dir", f"{entry.repo}={self.opts.flaggems_dirs[entry.repo]}"]
         return [sys.executable, "-m", "harness", *args, "--device", str(device), "--out", str(out), "--color", "never"]
 
-    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float]:
-        """(exit code or None on timeout, seconds)."""
+    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float, str]:
+        """(exit code or None on timeout, seconds, the last lines this attempt wrote)."""
         start = time.monotonic()
         env = dict(os.environ)
         env["PYTHONPATH"] = resolve.harness_pythonpath(env.get("PYTHONPATH"))
         with open(log_path, "a") as log:
             log.write(f"\n$ {' '.join(cmd)}\n")
             log.flush()
+            offset = log.tell()
             proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             with self.lock:
@@ -137,7 +152,10 @@ class Batch:
             finally:
                 with self.lock:
                     self.procs.pop(proc.pid, None)
-        return code, time.monotonic() - start
+        with open(log_path, "rb") as log:
+            log.seek(max(offset, log.seek(0, os.SEEK_END) - 8000))
+            tail = log.read().decode(errors="replace")
+        return code, time.monotonic() - start, tail
 
     def run_op(self, entry: Entry, device: int) -> dict:
         op_dir = _op_dir(self.dir, entry)
@@ -154,7 +172,7 @@ class Batch:
                 status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
                 break
             attempts += 1
-            code, seconds = self._attempt(cmd, log_path)
+            code, seconds, tail = self._attempt(cmd, log_path)
             elapsed += seconds
             if self.stopping.is_set():
                 status = "INTERRUPTED"
@@ -166,8 +184,9 @@ class Batch:
             if code == 0:
                 status = "PASS"
                 break
-            if code == 2 and DTYPE_REJECTED in log_path.read_text()[-4000:] and dtypes is not None:
-                accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.key, ())]
+            if dtypes is not None and any(m in tail for m in DTYPE_REJECTED):
+                # Built-in ops narrow to the dtypes they take first; others go straight to the rescue.
+                accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.id, ())]
                 if accepted and accepted != dtypes:
                     notes.append(f"dtype fallback {','.join(dtypes)} -> {','.join(accepted)}")
                     dtypes = accepted
@@ -187,7 +206,8 @@ class Batch:
         facts = _run_facts(run_dir)
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
-        row = {"op": entry.op, "repo": entry.repo, "status": status, "exit_code": "" if code is None else code,
+        row = {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status,
+               "exit_code": "" if code is None else code,
                "attempts": attempts, "elapsed_s": round(elapsed, 1), "backend": self.opts.backend,
                "device": device, "timer": facts["timer"], "rows": facts["rows"],
                "timer_fallback_rows": facts["timer_fallback_rows"],
@@ -200,7 +220,7 @@ class Batch:
 
     def record(self, entry: Entry, row: dict) -> None:
         with self.lock:
-            self.status[entry.key] = row
+            self.status[entry.id] = row
             self._write_status()
 
     def _write_status(self) -> None:
@@ -216,7 +236,7 @@ class Batch:
         devices = self.opts.devices
         shards: dict[int, list[Entry]] = {d: [] for d in devices}
         for e in todo:
-            shards[devices[shard(e.key, len(devices))]].append(e)
+            shards[devices[shard(e.id, len(devices))]].append(e)
 
         def worker(device: int) -> None:
             for entry in shards[device]:
@@ -293,6 +313,57 @@ def write_summary(batch_dir: Path) -> Path:
     return path
 
 
+def _entries(ops_paths: list[str], checkouts: dict[str, Path]) -> list[Entry]:
+    """Every inventory, plus the operators of --ops-path directories. A FlagGems repo whose
+    checkout is given is scanned afresh from it (that checkout is what will run), keeping the
+    committed inventory's `collected` values; a committed inventory that differs is reported."""
+    from harness import inventory
+
+    entries = [e for e in inventory.load() if e.repo not in checkouts]
+    for repo, root in checkouts.items():
+        path = inventory.inventory_path(repo)
+        committed = inventory.read_csv(path)
+        fresh = inventory.keep_verified(inventory.scan_flaggems(root, repo), committed)
+        if inventory.to_csv(fresh) != inventory.to_csv(committed):
+            ids = {e.id for e in fresh}, {e.id for e in committed}
+            print(f"NOTE: {path.name} differs from a scan of {root} ({len(ids[0] - ids[1])} ops only in the "
+                  f"checkout, {len(ids[1] - ids[0])} only in the inventory): selecting from the checkout; refresh "
+                  f"it with nox -s inventory-regen -- --flaggems-dir {repo}={root}")
+        entries += fresh
+    for p in ops_paths:
+        if Path(p).is_dir():
+            entries += inventory.scan_dir(Path(p), inventory.PATH_REPO, Path(p).parent)
+    return entries
+
+
+def require_checkouts(selected: list[Entry], checkouts: dict[str, Path]) -> None:
+    """Fail before anything runs when a selected FlagGems op has no checkout to run from."""
+    from harness import inventory
+
+    missing = collections.Counter(e.repo for e in selected if inventory.needs_checkout(e.repo)
+                                  and e.repo not in checkouts)
+    if missing:
+        raise resolve.UsageError(
+            f"the selection includes operators of FlagGems repos whose checkouts were not given: {_counted(missing)}; "
+            f"add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(missing))}, or leave them out with "
+            f"--repos {inventory.BUILTIN}")
+
+
+def _flaggems_args(args) -> list[str]:
+    """The FlagGems options given to the batch, passed on to each FlagGems op's record (a replay
+    keeps its recorded ones)."""
+    out = []
+    for flag, value in (("--level", args.level), ("--flagtune", args.flagtune),
+                        ("--libtuner-cache", args.libtuner_cache)):
+        if value is not None:
+            out += [flag, value]
+    return out
+
+
+def _counted(repos: collections.Counter) -> str:
+    return ", ".join(f"{r} ({n} op{'s' * (n != 1)})" for r, n in sorted(repos.items()))
+
+
 def run_from_args(args) -> int:
     """`python -m harness batch ...`"""
     import importlib.util
@@ -314,14 +385,22 @@ def run_from_args(args) -> int:
         raise resolve.UsageError(f"--devices {devices}: not all among the visible devices {visible}")
     ops_paths = resolve.abs_ops_paths(args.ops_path)
     try:
-        entries = inventory.load()
-        for p in ops_paths:
-            if Path(p).is_dir():
-                entries += inventory.scan_dir(Path(p), "path", Path(p).parent)
+        checkouts = flaggems.parse_dirs(args.flaggems_dir)
+        entries = _entries(ops_paths, checkouts)
+        repos, left_out = args.repos, {}
+        if args.all and repos is None:
+            left_out = collections.Counter(e.repo for e in entries
+                                           if inventory.needs_checkout(e.repo) and e.repo not in checkouts)
+            repos = sorted({e.repo for e in entries} - set(left_out))
         specs = list(args.ops or []) + (inventory.read_ops_file(args.ops_file) if args.ops_file else [])
-        selected, excluded = inventory.select(entries, specs, args.all, args.repos, inventory.load_dismissed())
-    except inventory.SelectionError as exc:
+        selected, excluded = inventory.select(entries, specs, args.all, repos, inventory.load_dismissed())
+    except (inventory.SelectionError, flaggems.FlagGemsError) as exc:
         raise resolve.UsageError(str(exc)) from exc
+    require_checkouts(selected, checkouts)
+    if left_out:
+        # Loud, not silent: --all on a host without FlagGems checkouts screens the built-in corpus.
+        print(f"NOTE: --all leaves out the FlagGems inventories {_counted(left_out)}: their checkouts were not "
+              f"given; to include them add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
     if args.resume:
         if args.batch_dir is None:
             raise resolve.UsageError("--resume needs --batch-dir")
@@ -330,23 +409,28 @@ def run_from_args(args) -> int:
         batch_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "batch")
     op_dtypes = {}
     for e in selected:
+        if inventory.needs_checkout(e.repo):
+            continue  # a FlagGems op's dtypes are known only once it runs (see DTYPE_REJECTED)
         try:
-            op_dtypes[e.key] = registry.load(e.op, ops_paths)[0].dtypes
+            op_dtypes[e.id] = registry.load(e.op, ops_paths)[0].dtypes
         except registry.OperatorNotFound as exc:
             raise resolve.UsageError(str(exc)) from exc
     opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
-                         shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
-                         op_timeout=args.op_timeout,
-                         replay_root=args.replay_root.resolve() if args.replay_root else None)
+                   shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
+                   flaggems_dirs={r: str(p) for r, p in checkouts.items()}, flaggems_args=_flaggems_args(args),
+                   op_timeout=args.op_timeout,
+                   replay_root=args.replay_root.resolve() if args.replay_root else None)
     runner = Batch(batch_dir, opts, op_dtypes)
     todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
     print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
           f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
     for e, why in excluded:
         print(f"  excluded {e.key}: {why}")
-    rundir.merge_json(batch_dir / "json", {"backend": backend.name, "devices": devices,
-                                                  "selected": [e.key for e in selected],
-                                                  "excluded": {e.key: why for e, why in excluded}})
+    rundir.merge_json(batch_dir / "batch.json", {"backend": backend.name, "devices": devices,
+                                                 "flaggems_dirs": opts.flaggems_dirs,
+                                                 "selected": [e.key for e in selected],
+                                                 "excluded": {e.key: why for e, why in excluded},
+                                                 "left_out_repos": dict(left_out)})
     counts = collections.Counter()
     from tqdm import tqdm
 
@@ -371,9 +455,9 @@ def run_from_args(args) -> int:
             return 130
     summary = write_summary(batch_dir)
     status = read_status(batch_dir)
-    final = collections.Counter(r["status"] for k, r in status.items() if k in {e.key for e in selected})
+    final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
-    failed = sorted(k for k, r in status.items() if r["status"] not in DONE and k in {e.key for e in selected})
+    failed = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] not in DONE)
     if failed:
         print("not passed: " + ", ".join(failed))
     return 1 if failed else 0

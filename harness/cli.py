@@ -42,9 +42,22 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                        help="device index (default: the first visible device)")
     what = parser.add_argument_group("what to run")
     what.add_argument("--shapes", metavar="FILE", type=Path, default=None,
-                      help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes)")
+                      help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems "
+                           "ops: `upstream`, the checkout's own, by default)")
     what.add_argument("--dtypes", metavar="LIST", type=_dtype_list, default=None,
                       help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)")
+    fg = parser.add_argument_group("FlagGems benchmark checkouts (operators named REPO:OP[@FILE] or a pytest node)")
+    fg.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None,
+                    help="a FlagGems-style checkout (benchmark/ and src/); NAME is the repo prefix of its "
+                         "operators, `flaggems` when omitted (repeatable)")
+    fg.add_argument("--level", choices=("core", "comprehensive"), default=None,
+                    help="upstream --level, recorded; replays keep the recorded one (default: core)")
+    fg.add_argument("--flagtune", choices=("0", "1"), default=None,
+                    help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one "
+                         "(default: $USE_FLAGTUNE, else 0)")
+    fg.add_argument("--libtuner-cache", metavar="private|user|URL", default=None,
+                    help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), "
+                         "FlagGems' own (user), or a sqlite path/URL; recorded in run.json")
     what.add_argument("--ops-path", metavar="PATH", action="append", default=None,
                       help="extra operator definitions: a directory of modules, a .py file or a module "
                            "name (repeatable)")
@@ -72,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="run one operator, sweep autotune, archive everything")
-    rec.add_argument("op", nargs="?", default=DEFAULT_OP, help=f"operator name (default: {DEFAULT_OP})")
+    rec.add_argument("op", nargs="?", default=DEFAULT_OP,
+                     help=f"built-in operator, REPO:OP[@FILE] of a FlagGems checkout, or a pytest node "
+                          f"PATH/benchmark/test_x.py::test_op (default: {DEFAULT_OP})")
     _add_common(rec)
     _add_measurement(rec)
     rec.add_argument("--sweep-devices", type=int, metavar="N", default=0,
@@ -118,8 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat)
-    inv = sub.add_parser("inventory-regen", help="rebuild ops/inventory_builtin.csv from the operator sources")
+    inv = sub.add_parser("inventory-regen", help="rebuild ops/inventory_<repo>.csv by a static scan of the built-in "
+                                                 "operators or of FlagGems checkouts")
     inv.add_argument("--check", action="store_true", help="fail if the committed inventory is out of date")
+    inv.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None,
+                     help="scan this FlagGems-style checkout's benchmark/ into ops/inventory_NAME.csv instead of the "
+                          "built-in operators; NAME is `flaggems` when omitted (repeatable)")
+    inv.add_argument("--verify-collect", action="store_true",
+                     help="also run `pytest --collect-only` in each checkout and record per op whether pytest "
+                          "collected it (column `collected`; without this option the previous values are kept)")
+    inv.add_argument("--migrate-shapes", type=Path, metavar="IN", default=None,
+                     help="instead of writing inventories: keep the keys of shape file IN that still name an op, "
+                          "a Benchmark class or a family key, add the checkouts' core_shapes.yaml keys IN lacks, "
+                          "write OUT, and the keys naming nothing to OUT's .unmatched.yaml")
+    inv.add_argument("--out", type=Path, metavar="OUT", default=None, help="the migrated shape file")
     cmp_ = sub.add_parser("compare-ir", help="compare the IR of two run dirs, per launched variant")
     cmp_.add_argument("run_a", type=Path)
     cmp_.add_argument("run_b", type=Path)

@@ -4,6 +4,7 @@ operator, and what happened during the test now running (markers, configs used).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import backends
@@ -28,26 +29,40 @@ class RunContext:
     run_dir: Path
     spec: spec_mod.RunSpec
     backend: backends.Backend
-    operator: Operator
+    # A built-in operator and its cases; None and [] for a FlagGems-style benchmark, whose cases
+    # appear as its input iterator yields them.
+    operator: Operator | None
     cases: list[Case]
     # Rows measured so far (the results plugin appends; run info summarizes).
     rows: list[dict] = dataclasses.field(default_factory=list)
-    # Per-test state, reset by the results plugin before each test.
+    # Per-case state, reset when a case begins.
+    case_id: str = ""
     markers: list[str] = dataclasses.field(default_factory=list)
     configs: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Told the shape label of each case as it begins (the IR collector files IR under it).
+    case_listeners: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
+    # Set by the plugins that own them, for the FlagGems plugin to drive.
+    timer: object = None
+    autotune_patch: object = None
 
     @classmethod
     def load(cls, run_dir: Path) -> RunContext:
         run_spec = spec_mod.read(run_dir)
         backend = backends.get(run_spec.backend)
+        if run_spec.flaggems is not None:
+            return cls(run_dir, run_spec, backend, None, [])
         operator, _ = registry.load(run_spec.op, run_spec.ops_paths)
         _, shape_list, dtypes = shapes.resolve(run_dir / rundir.SHAPES_YAML, operator.name, ())
         cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
         return cls(run_dir, run_spec, backend, operator, cases)
 
-    def begin_case(self) -> None:
+    def begin_case(self, case_id: str = "", shape_label: str | None = None) -> None:
+        self.case_id = case_id
         self.markers = []
         self.configs = {}
+        if shape_label is not None:
+            for listener in self.case_listeners:
+                listener(shape_label)
 
     def mark(self, marker: str) -> None:
         """A degraded-measurement marker for the current row (printed under the row's line)."""

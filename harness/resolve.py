@@ -6,12 +6,13 @@ every bad input raises UsageError with one line saying what is wrong, before any
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 import backends
-from harness import registry, rundir, shapes, tuning
+from harness import flaggems, registry, rundir, shapes, tuning
 from harness import spec as spec_mod
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -80,8 +81,71 @@ def abs_ops_paths(paths: list[str] | None) -> list[str]:
     return out
 
 
+def _flaggems_shapes(shape_arg: Path | None) -> str | None:
+    """The shape yaml of a FlagGems run, or None for the checkout's own shapes."""
+    if shape_arg is None or str(shape_arg) == flaggems.UPSTREAM:
+        return None
+    try:
+        shapes.load(shape_arg)  # keys resolve in the child, against the benchmark's class chain
+    except shapes.ShapeFileError as exc:
+        raise UsageError(str(exc)) from exc
+    return str(shape_arg.resolve())
+
+
+def resolve_flaggems_record(args, backend) -> tuple[spec_mod.RunSpec, list, Path]:
+    try:
+        target = flaggems.resolve_target(args.op, flaggems.parse_dirs(args.flaggems_dir))
+    except flaggems.FlagGemsError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.sweep_devices:
+        raise UsageError("--sweep-devices needs an enumerable shape set; FlagGems benchmarks build theirs at run time")
+    options = flaggems.Options(
+        repo=target.repo, root=target.root, test_file=target.test_file, function=target.function,
+        level=args.level or "core", shapes_file=_flaggems_shapes(args.shapes),
+        flagtune=args.flagtune or os.environ.get("USE_FLAGTUNE", "0"),
+        libtuner_cache=args.libtuner_cache or "private")
+    timer = resolve_timer(backend, args.timer)
+    device = resolve_device(backend, args.device)
+    run_spec = spec_mod.RunSpec(
+        op=target.op, backend=backend.name, mode="record", device=device, dtypes=args.dtypes or [],
+        shapes_source=options.shapes_file or f"{flaggems.UPSTREAM} (level {options.level})", seed=args.seed,
+        timer=timer, warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
+        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms, provider=f"flaggems:{target.repo}",
+        color=color_enabled(args.color), ir=args.ir, flaggems=dataclasses.asdict(options))
+    return run_spec, [], args.out
+
+
+def _flaggems_replay(args, source: spec_mod.RunSpec) -> dict:
+    """The record's FlagGems options, with the checkout possibly moved (--flaggems-dir NAME=PATH).
+    Level and FlagTune switch are the record's: a side that differs is not replaying A."""
+    options = flaggems.Options.from_json(source.flaggems)
+    for flag, value, recorded in (("--level", args.level, options.level),
+                                  ("--flagtune", args.flagtune, options.flagtune),
+                                  ("USE_FLAGTUNE", os.environ.get("USE_FLAGTUNE"), options.flagtune)):
+        if value is not None and value != recorded:
+            raise UsageError(f"cannot replay {args.run_dir}: it was recorded with {flag}={recorded}, this side has "
+                             f"{value}; both sides of a comparison must match")
+    try:
+        dirs = flaggems.parse_dirs(args.flaggems_dir)
+    except flaggems.FlagGemsError as exc:
+        raise UsageError(str(exc)) from exc
+    if options.repo in dirs:
+        options.root = str(dirs[options.repo])
+    if not (Path(options.root) / options.test_file).is_file():
+        raise UsageError(f"cannot replay {args.run_dir}: {Path(options.root) / options.test_file} does not exist; "
+                         f"give --flaggems-dir {options.repo}=PATH")
+    recorded_shapes = Path(args.run_dir).resolve() / rundir.SHAPES_YAML
+    options.shapes_file = (_flaggems_shapes(args.shapes) if args.shapes is not None
+                           else str(recorded_shapes) if options.shapes_file else None)
+    if args.libtuner_cache:
+        options.libtuner_cache = args.libtuner_cache
+    return dataclasses.asdict(options)
+
+
 def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     backend = resolve_backend(args.backend)
+    if flaggems.is_target(args.op):
+        return resolve_flaggems_record(args, backend)
     ops_paths = abs_ops_paths(args.ops_path)
     op, provider = load_op(args.op, ops_paths)
     shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
@@ -127,6 +191,16 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
         raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}', "
                          f"not '{backend.name}'; configs do not carry across backends")
     ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
+    if source.flaggems is not None:
+        options = _flaggems_replay(args, source)
+        device = resolve_device(backend, args.device)
+        run_spec = spec_mod.RunSpec(
+            op=source.op, backend=backend.name, mode="replay", device=device, dtypes=args.dtypes or source.dtypes,
+            shapes_source=options["shapes_file"] or f"{flaggems.UPSTREAM} (level {options['level']})",
+            seed=source.seed, timer=source.timer, warmup_ms=source.warmup_ms, rep_ms=source.rep_ms,
+            provider=source.provider, replay_from=str(Path(args.run_dir).resolve()),
+            color=color_enabled(args.color), ir=args.ir, flaggems=options)
+        return run_spec, [], args.out or Path(args.run_dir).resolve().parent
     shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
     if args.shapes or args.dtypes:
         # Overrides are checked against the operator itself.

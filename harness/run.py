@@ -63,17 +63,37 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
             return 130
 
 
+def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
+    """A FlagGems run's shapes.yaml: the whole shape file (its keys resolve at run time against the
+    benchmark's class chain), or a note that the checkout's own shapes were used."""
+    source = run_spec.flaggems["shapes_file"]
+    if source is None:
+        return (f"# upstream shapes: the checkout's own at level {run_spec.flaggems['level']}\n"
+                "# (the shapes measured are in results.json)\n{}\n")
+    return f"# shape file used by this run (from {source})\n" + Path(source).read_text()
+
+
 def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> int:
     root = (out or REPO_ROOT / "runs").resolve()
     run_dir = rundir.claim_run_dir(root, run_spec.op)
+    if run_spec.flaggems is not None:
+        shapes_text = flaggems_shapes_yaml(run_spec)
+        if run_spec.flaggems["shapes_file"]:
+            run_spec.flaggems["shapes_file"] = str(run_dir / rundir.SHAPES_YAML)
+        rundir.atomic_write_text(run_dir / rundir.SHAPES_YAML, shapes_text)
+        shape_count = run_spec.shapes_source
+    else:
+        shapes.write_used(run_dir / rundir.SHAPES_YAML, run_spec.op, shape_list, run_spec.dtypes,
+                          run_spec.shapes_source)
+        shape_count = str(len(shape_list))
     spec_mod.write(run_dir, run_spec)
-    shapes.write_used(run_dir / rundir.SHAPES_YAML, run_spec.op, shape_list, run_spec.dtypes,
-                      run_spec.shapes_source)
     tee = _Tee(run_dir / rundir.RUN_LOG)
     try:
         what = f"replay of {run_spec.replay_from}" if run_spec.mode == "replay" else "record"
-        tee.write(f"zl_bench {what}: op={run_spec.op} backend={run_spec.backend} device={run_spec.device} "
-                  f"dtypes={','.join(run_spec.dtypes)} shapes={len(shape_list)} timer={run_spec.timer}\n"
+        fg = run_spec.flaggems
+        target = f"{fg['repo']}:{run_spec.op} ({fg['test_file']}::{fg['function']})" if fg else run_spec.op
+        tee.write(f"zl_bench {what}: op={target} backend={run_spec.backend} device={run_spec.device} "
+                  f"dtypes={','.join(run_spec.dtypes) or 'upstream'} shapes={shape_count} timer={run_spec.timer}\n"
                   f"run dir: {run_dir}\n")
         if run_spec.sweep_devices:
             outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write)

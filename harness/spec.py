@@ -38,6 +38,8 @@ class RunSpec:
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
     sweep_devices: int = 0
     preset_records: str | None = None
+    # A FlagGems-style benchmark (harness.flaggems.Options as a dict); None for built-in ops.
+    flaggems: dict | None = None
     version: int = SPEC_VERSION
 
     def to_json(self) -> dict:

@@ -35,9 +35,10 @@ def kernel_id(tuner) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def config_to_json(config) -> dict | None:
-    """A Config as JSON, or None when it carries a pre_hook (a function cannot be stored)."""
-    if getattr(config, "pre_hook", None) is not None:
+def config_to_json(config, hook_reattached: bool = False) -> dict | None:
+    """A Config as JSON, or None when it carries a pre_hook (a function cannot be stored) that
+    the tuner would not re-attach itself (FlagGems' LibTuner does, from its own space)."""
+    if getattr(config, "pre_hook", None) is not None and not hook_reattached:
         return None
     out = {"kwargs": dict(config.kwargs), "num_warps": config.num_warps,
            "num_stages": config.num_stages, "num_ctas": getattr(config, "num_ctas", 1)}
@@ -47,13 +48,13 @@ def config_to_json(config) -> dict | None:
     return out
 
 
-def config_from_json(data: dict, space) -> tuple[object, bool]:
+def config_from_json(data: dict, space, hook_reattached: bool = False) -> tuple[object, bool]:
     """(config, in_space): the matching Config object of the autotuner's own space when there is
-    one, else a new Config built from the record."""
+    one (with its pre_hook), else a new Config built from the record."""
     import triton
 
     for config in space:
-        if config_to_json(config) == data:
+        if config_to_json(config, hook_reattached) == data:
             return config, True
     kwargs = {k: v for k, v in data.items() if k != "kwargs"}
     return triton.Config(dict(data["kwargs"]), **kwargs), False
@@ -128,7 +129,9 @@ def host_bench(kernel_call, quantiles=None, **_ignored):
 
 
 class _ObservedCache(dict):
-    """The autotuner's cache, with each lookup reported to the patch."""
+    """Triton's Autotuner cache (a dict), with each lookup reported to the patch."""
+
+    hook_reattached = False
 
     def __init__(self, patch: AutotunePatch, tuner, initial):
         super().__init__(initial)
@@ -141,8 +144,67 @@ class _ObservedCache(dict):
 
     def __getitem__(self, key):
         config = dict.__getitem__(self, key)
-        self._patch.on_chosen(self._tuner, key, config)
+        self._patch.on_chosen(self._tuner, key, config, self.hook_reattached)
         return config
+
+    def has_own(self, key) -> bool:
+        return dict.__contains__(self, key)
+
+    def inject(self, key, config) -> None:
+        dict.__setitem__(self, key, config)
+
+    def drop(self, key) -> None:
+        dict.pop(self, key, None)
+
+
+_SWEEP = object()  # overlay entry: the key is treated as absent, so the tuner sweeps live
+
+
+class _OverlayCache:
+    """A LibTuner's persistent config cache (FlagGems: sqlite, keyed without compiler identity)
+    seen through an in-process overlay: injected configs win over whatever the persistent cache
+    holds, and are never written into it; dropping a key masks it, so a live sweep happens even
+    though a persistent entry cannot be evicted."""
+
+    hook_reattached = True  # LibTuner re-attaches pre_hooks from its own space
+
+    def __init__(self, patch: AutotunePatch, tuner, inner):
+        self._patch = patch
+        self._tuner = tuner
+        self.inner = inner
+        self.overlay: dict = {}
+
+    def __contains__(self, key):
+        self._patch.on_lookup(self._tuner, key, self)
+        return self.has_own(key)
+
+    def __getitem__(self, key):
+        config = self.overlay.get(key)
+        if config is None or config is _SWEEP:
+            config = self.inner[key]
+        self._patch.on_chosen(self._tuner, key, config, True)
+        return config
+
+    def __setitem__(self, key, config):
+        if key in self.overlay:  # a masked key's live sweep stays in this process
+            self.overlay[key] = config
+        else:
+            self.inner[key] = config
+
+    def get(self, key, default=None):
+        return self[key] if self.has_own(key) else default
+
+    def has_own(self, key) -> bool:
+        value = self.overlay.get(key)
+        if value is _SWEEP:
+            return False
+        return value is not None or key in self.inner
+
+    def inject(self, key, config) -> None:
+        self.overlay[key] = config
+
+    def drop(self, key) -> None:
+        self.overlay[key] = _SWEEP
 
 
 class AutotunePatch:
@@ -167,13 +229,13 @@ class AutotunePatch:
         self.counts = {"recorded": 0, "injected": 0, "key_missing": 0, "compile_failed": 0,
                        "not_recorded_pre_hook": 0, "outside_space": 0}
         self._injected_now = None
-        self._original = None
+        self._originals: dict[type, Callable] = {}
         self._compile_errors = compile_error_types()
 
     # --- hooks from the observed cache ---------------------------------------------------------
     def on_lookup(self, tuner, key, cache) -> None:
         if not self.inject:
-            if not dict.__contains__(cache, key) and len(tuner.configs) > 1:
+            if not cache.has_own(key) and len(tuner.configs) > 1:
                 # A long sweep (mm: 48 configs, minutes) must not look like a hang.
                 self.progress(f"autotune: sweeping {kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)} "
                               f"over {len(tuner.configs)} configs")
@@ -186,8 +248,8 @@ class AutotunePatch:
                 state = "key_missing"
                 self.counts["key_missing"] += 1
             else:
-                config, in_space = config_from_json(entry["config"], tuner.configs)
-                dict.__setitem__(cache, key, config)  # unconditionally: a warm cache must not win
+                config, in_space = config_from_json(entry["config"], tuner.configs, cache.hook_reattached)
+                cache.inject(key, config)  # unconditionally: a warm cache must not win
                 state = "injected"
                 self.counts["injected"] += 1
                 self._injected_now = (kernel, k, key)
@@ -197,15 +259,15 @@ class AutotunePatch:
             self.state[(kernel, k)] = state
         if state != "injected":
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason={state}")
-            if not dict.__contains__(cache, key):
+            if not cache.has_own(key):
                 self.progress(f"autotune: sweeping {kernel.rsplit('.', 1)[-1]} key={k} live ({state})")
 
-    def on_chosen(self, tuner, key, config) -> None:
+    def on_chosen(self, tuner, key, config, hook_reattached: bool = False) -> None:
         kernel = kernel_id(tuner)
         self.chosen(kernel, describe(config))
         if self.mode != "record":
             return
-        as_json = config_to_json(config)
+        as_json = config_to_json(config, hook_reattached)
         if as_json is None:
             # Plain Triton configs with a pre_hook cannot be serialized: not recorded, and they
             # show up as key_missing on replay.
@@ -219,45 +281,50 @@ class AutotunePatch:
         self.counts["recorded"] += len(self.store.data["kernels"][kernel]) - before
 
     # --- the wrapper ---------------------------------------------------------------------------
-    def _run(self, tuner, *args, **kwargs):
+    def _run(self, original, tuner, *args, **kwargs):
         if self.host_autotune and "do_bench" not in vars(tuner):
             vars(tuner)["do_bench"] = host_bench
-        if not isinstance(tuner.cache, _ObservedCache):
-            tuner.cache = _ObservedCache(self, tuner, tuner.cache)
+        # Re-checked on every call: a LibTuner swaps its cache object when its tuning space changes.
+        if not isinstance(tuner.cache, (_ObservedCache, _OverlayCache)):
+            tuner.cache = (_ObservedCache(self, tuner, tuner.cache) if isinstance(tuner.cache, dict)
+                           else _OverlayCache(self, tuner, tuner.cache))
         self._injected_now = None
         try:
-            result = self._original(tuner, *args, **kwargs)
+            result = original(tuner, *args, **kwargs)
         except self._compile_errors as exc:
             injected, self._injected_now = self._injected_now, None
             if injected is None:
                 raise
             # The recorded config does not compile under this compiler: sweep live, loudly.
             kernel, k, key = injected
-            dict.pop(tuner.cache, key, None)
+            tuner.cache.drop(key)
             self.state[(kernel, k)] = "compile_failed"
             self.counts["compile_failed"] += 1
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason=compile_failed "
                       f"detail={first_line[:200]!r}")
-            result = self._original(tuner, *args, **kwargs)
+            result = original(tuner, *args, **kwargs)
         if len(tuner.configs) == 1:
-            self.on_chosen(tuner, None, tuner.configs[0])
+            self.on_chosen(tuner, None, tuner.configs[0], isinstance(tuner.cache, _OverlayCache))
         return result
 
-    def install(self) -> None:
-        from triton.runtime.autotuner import Autotuner
-
-        self._original = Autotuner.run
+    def install(self, tuner_class=None) -> None:
+        """Wrap `run` of Triton's Autotuner, or of a subclass with its own run (FlagGems'
+        LibTuner, patched once its package is imported)."""
+        if tuner_class is None:
+            from triton.runtime.autotuner import Autotuner as tuner_class
+        if tuner_class in self._originals:
+            return
+        original = tuner_class.run
+        self._originals[tuner_class] = original
         patch = self
 
         def run(tuner, *args, **kwargs):
-            return patch._run(tuner, *args, **kwargs)
+            return patch._run(original, tuner, *args, **kwargs)
 
-        Autotuner.run = run
+        tuner_class.run = run
 
     def uninstall(self) -> None:
-        from triton.runtime.autotuner import Autotuner
-
-        if self._original is not None:
-            Autotuner.run = self._original
-            self._original = None
+        for tuner_class, original in self._originals.items():
+            tuner_class.run = original
+        self._originals.clear()

@@ -12,6 +12,9 @@ import pytest
 os.environ["TRITON_INTERPRET"] = "1"
 
 REPO = Path(__file__).resolve().parent.parent
+# Fixtures shaped like other projects' test suites (a FlagGems checkout): run by our tests, never
+# collected as ours.
+collect_ignore = ["resources"]
 
 
 def run_harness(*args, cwd=REPO, timeout=600):

@@ -17,6 +17,7 @@ from conftest import REPO
 from harness import batch, inventory
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
 
 
 def statuses(batch_dir: Path) -> dict[str, dict]:
@@ -141,8 +142,30 @@ def test_ctrl_c_leaves_no_child_process(tmp_path):
     assert _wait_for(lambda: not _pids_running(d), 30), _pids_running(d)
 
 
+@pytest.mark.e2e
+def test_flaggems_ops_run_from_their_checkout(tmp_path):
+    proc = start_batch(tmp_path, "--ops", "flaggems:mm", "flaggems:scale_nested@special/nested", "builtin:add",
+                       "--flaggems-dir", CHECKOUT, "--dtypes", "fp16")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    # Selection reads the checkout given, and says when the committed inventory differs from it.
+    assert "NOTE: inventory_flaggems.csv differs from a scan of" in out
+    d = batch_dir_of(out)
+    st = statuses(d)
+    assert st["add"]["status"] == "PASS" and not st["add"]["notes"]
+    for op in ("mm", "scale_nested"):  # fp32-only benchmarks: FlagGems' own rejection triggers the rescue
+        assert st[op]["status"] == "PASS" and st[op]["repo"] == "flaggems", st[op]
+        assert "dtype rescue: fp16 rejected" in st[op]["notes"]
+    assert st["scale_nested"]["op_file"] == "special/nested"
+    log = (d / "ops" / "flaggems__scale_nested" / "batch.log").read_text()
+    assert "record flaggems:scale_nested@special/nested --backend interpreter" in log
+    assert f"--flaggems-dir flaggems={CHECKOUT}" in log
+    assert (d / "ops" / "flaggems__mm" / ".complete").read_text().strip() == "PASS"
+
+
 def test_selection_reports_every_bad_entry_and_applies_dismissals(tmp_path):
-    entries = inventory.load() + inventory.scan_dir(OPS, "path")
+    # The built-in inventory only: the committed FlagGems ones would make `add` ambiguous too.
+    entries = inventory.read_csv(inventory.inventory_path(inventory.BUILTIN)) + inventory.scan_dir(OPS, "path")
     with pytest.raises(inventory.SelectionError) as info:
         inventory.select(entries, ["nope", "builtin:mm", "other:add", "mm@wrong_file"], False, None, {})
     text = str(info.value)

@@ -12,12 +12,11 @@ class AutotunePlugin:
     def __init__(self, ctx):
         self.ctx = ctx
         self.patch: tuning.AutotunePatch | None = None
-        self.current_case = ""
 
     def pytest_configure(self, config):
         spec = self.ctx.spec
         records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
-        common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.current_case,
+        common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
                       host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(config))
         if spec.mode == "record":
             records_dir.mkdir(exist_ok=True)
@@ -32,6 +31,7 @@ class AutotunePlugin:
             source = tuning.records_path(spec.replay_from, spec.op)
             self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
         self.patch.install()
+        self.ctx.autotune_patch = self.patch  # FlagGems' LibTuner is hooked once its package is imported
 
     @staticmethod
     def _progress(config):
@@ -48,10 +48,6 @@ class AutotunePlugin:
 
     def _chosen(self, kernel: str, config: str) -> None:
         self.ctx.configs[kernel] = config
-
-    def pytest_runtest_setup(self, item):
-        case = item.callspec.params.get("case") if hasattr(item, "callspec") else None
-        self.current_case = case.id if case is not None else item.name
 
     def pytest_sessionfinish(self, session):
         if self.patch is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 
-from harness import ir, rundir, shapes
+from harness import ir, rundir
 
 
 def _install_launch_hook(callback) -> str | None:
@@ -50,6 +50,7 @@ class IRPlugin:
             return self._off(reason)
         self._exclude_sweeps(collector)
         self.collector = collector
+        self.ctx.case_listeners.append(self._on_case)
         ir.write_status(self.ctx.run_dir, True, "launch hook + compiled-kernel scan")
         atexit.register(collector.write)  # a crash in a later case still leaves this IR
 
@@ -73,9 +74,8 @@ class IRPlugin:
 
         Autotuner._bench = bench
 
-    def pytest_runtest_setup(self, item):
-        if self.collector is not None and hasattr(item, "callspec"):
-            self.collector.shape = shapes.label(item.callspec.params["case"].shape)
+    def _on_case(self, shape_label: str) -> None:
+        self.collector.shape = shape_label
 
     def pytest_runtest_teardown(self, item):
         if self.collector is not None:

@@ -15,17 +15,18 @@ class TimingPlugin:
     def pytest_configure(self, config):
         spec = self.ctx.spec
         self.timer = Timer(self.ctx.backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark)
+        self.ctx.timer = self
+
+    def measure(self, test_name, fns):
+        try:
+            return self.timer.measure_pair(test_name, fns)
+        except CapturePoisoned as exc:
+            self.poisoned = str(exc)
+            raise
 
     @pytest.fixture
     def measure_pair(self):
-        def measure(test_name, fns):
-            try:
-                return self.timer.measure_pair(test_name, fns)
-            except CapturePoisoned as exc:
-                self.poisoned = str(exc)
-                raise
-
-        return measure
+        return self.measure
 
     def pytest_runtest_teardown(self, item):
         if self.poisoned is not None:

@@ -1,0 +1,210 @@
+"""FlagGems-style checkouts: node resolution, shapes through the class chain (and into hardcoded
+input iterators), LibTuner record/replay with a persistent cache, level and FlagTune pinning.
+The checkout is our own fixture (tests/resources/flaggems_checkout), run on the interpreter."""
+
+import re
+import shutil
+import types
+
+import pytest
+from conftest import REPO, load, run_dir_of, run_harness
+
+import backends
+from harness import child, flaggems
+
+pytestmark = pytest.mark.e2e
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
+MM_KERNEL = "flag_gems.ops.mm_kernel"
+SHAPES = """\
+softmax:
+  shapes: [[2, 8], [3, 16]]
+BlasBenchmark:
+  shapes: [[1, 4, 8, 4], [1, 16, 16, 8]]
+GenericBenchmark:
+  shapes: [[1, 2, 4, 4]]
+"""
+
+
+@pytest.fixture(scope="module")
+def shape_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("shapes") / "ours.yaml"
+    path.write_text(SHAPES)
+    return path
+
+
+def record(out, op, *extra):
+    proc = run_harness("record", op, "--flaggems-dir", CHECKOUT, "--backend", "interpreter", "--out", out, *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir_of(proc), proc
+
+
+def rows_of(run_dir):
+    return load(run_dir / "results.json")["rows"]
+
+
+# --- resolution --------------------------------------------------------------------------------
+def test_targets_resolve_from_op_op_file_and_pytest_node():
+    dirs = flaggems.parse_dirs([str(CHECKOUT)])
+    assert dirs == {"flaggems": CHECKOUT.resolve()}
+    t = flaggems.resolve_target("flaggems:mm", dirs)
+    assert (t.repo, t.test_file, t.function, t.op) == ("flaggems", "benchmark/test_mm.py", "test_mm", "mm")
+    nested = flaggems.resolve_target("flaggems:scale_nested@special/nested", dirs)
+    assert nested.test_file == "benchmark/test_special/test_nested.py"
+    node = flaggems.resolve_target(f"{CHECKOUT}/benchmark/test_softmax.py::test_log_softmax", {})
+    assert (node.repo, node.root, node.op) == ("flaggems", str(CHECKOUT.resolve()), "log_softmax")
+    named = flaggems.resolve_target(f"{CHECKOUT}/benchmark/test_mm.py::test_mm", {"vllm": CHECKOUT.resolve()})
+    assert named.repo == "vllm"
+
+
+@pytest.mark.parametrize(("op", "message"), [
+    ("flaggems:nonexistent", "test_nonexistent.py does not exist"),
+    ("flaggems:log_softmax@mm", "has no function test_log_softmax (it has: test_mm)"),
+    ("vllm:mm", "no checkout for repo 'vllm'"),
+])
+def test_bad_targets_fail_with_what_is_wrong(op, message):
+    with pytest.raises(flaggems.FlagGemsError, match=re.escape(message)):
+        flaggems.resolve_target(op, flaggems.parse_dirs([str(CHECKOUT)]))
+
+
+def test_bad_checkouts_fail_before_anything_runs(tmp_path):
+    assert flaggems.parse_dirs([f"vllm={CHECKOUT}"]) == {"vllm": CHECKOUT.resolve()}
+    assert flaggems.parse_dirs(None) == {}
+    for items, message in (([str(tmp_path)], "has no benchmark/ folder"),
+                           ([f"x={tmp_path / 'nope'}"], "is not a directory"),
+                           ([f"a={CHECKOUT}", f"a={CHECKOUT}"], "'a' given twice"),
+                           ([f"builtin={CHECKOUT}"], "reserved"),
+                           ([f"my-repo={CHECKOUT}"], "NAME an identifier")):
+        with pytest.raises(flaggems.FlagGemsError, match=message):
+            flaggems.parse_dirs(items)
+    proc = run_harness("record", "flaggems:nope", "--flaggems-dir", CHECKOUT, "--backend", "interpreter",
+                       "--out", tmp_path)
+    assert proc.returncode == 2 and "test_nope.py does not exist" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_vendor_cache_and_flagtune_are_set_before_flag_gems_is_imported(tmp_path, monkeypatch):
+    for key in ("GEMS_VENDOR", "FLAGGEMS_DB_URL", "USE_FLAGTUNE"):
+        monkeypatch.delenv(key, raising=False)
+    options = flaggems.Options("flaggems", str(CHECKOUT), "benchmark/test_mm.py", "test_mm", flagtune="1")
+    spec = types.SimpleNamespace(flaggems=vars(options), dtypes=["bf16"], color=False)
+    ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), run_dir=tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    args = child.prepare_flaggems(ctx)
+    import os
+
+    assert os.environ["GEMS_VENDOR"] == "nvidia" and os.environ["USE_FLAGTUNE"] == "1"
+    assert os.environ["FLAGGEMS_DB_URL"] == f"sqlite:///{tmp_path / 'libtuner_cache.db'}"
+    assert args[0] == f"{CHECKOUT}/benchmark/test_mm.py::test_mm"
+    assert args[args.index("--level") + 1] == "core" and args[args.index("--dtypes") + 1] == "bfloat16"
+
+
+# --- record and replay -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mm_record(tmp_path_factory, shape_file):
+    return record(tmp_path_factory.mktemp("runs"), "flaggems:mm", "--shapes", shape_file)
+
+
+def test_blas_shapes_come_from_the_class_key(mm_record):
+    run_dir, proc = mm_record
+    rows = rows_of(run_dir)
+    # BlasBenchmark's (b, m, n, k) from our file, not the checkout's core_shapes, nor 1-D defaults.
+    assert [r["case"] for r in rows] == ["fp32-4x4,4x8", "fp32-16x8,8x16"]
+    assert all(r["status"] == "SUCCESS" and r["timer"] == "host" and r["candidate_ms"] > 0 for r in rows)
+    assert rows[0]["params"]["shape_detail"] == [[4, 4], [4, 8]] and "tflops" in rows[0]
+    assert "shapes: key 'BlasBenchmark'" in proc.stdout
+    assert "[1/?] mm fp32-4x4,4x8 SUCCESS" in proc.stdout
+
+
+def test_libtuner_choices_are_recorded_with_pre_hook_configs(mm_record):
+    run_dir, _ = mm_record
+    run = load(run_dir / "run.json")
+    facts = run["observed"]["flaggems"]
+    assert facts["libtuner_hooked"] and facts["package"] == "flag_gems"
+    assert facts["libtuner_cache"] == {"choice": "private", "url": f"sqlite:///{run_dir / 'libtuner_cache.db'}"}
+    entries = load(run_dir / "autotune_records" / "mm.json")["kernels"][MM_KERNEL]
+    assert len(entries) == 2 and run["observed"]["autotune"]["recorded"] == 2
+    assert all(set(e["config"]["kwargs"]) == {"BM", "BN"} for e in entries.values())
+    assert all(r["configs"][MM_KERNEL].startswith("BM=") for r in rows_of(run_dir))
+
+
+def test_replay_injects_libtuner_configs_even_over_a_warm_persistent_cache(mm_record, tmp_path):
+    run_dir, _ = mm_record
+    # A warm cache holding the other config for every key: replay must not let it win.
+    warm = tmp_path / "warm.db"
+    shutil.copy(run_dir / "libtuner_cache.db", warm)
+    import sqlite3
+
+    conn = sqlite3.connect(warm)
+    conn.execute("""UPDATE configs SET config = '{"kwargs": {"BM": 16, "BN": 16}, "num_warps": 4, "num_stages": 3}'""")
+    conn.commit()
+    conn.close()
+    proc = run_harness("replay", run_dir, "--libtuner-cache", warm, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replay = run_dir_of(proc)
+    run = load(replay / "run.json")
+    assert run["observed"]["autotune"]["injected"] == 2 and run["observed"]["autotune"]["key_missing"] == 0
+    assert run["observed"]["flaggems"]["libtuner_cache"]["url"] == f"sqlite:///{warm}"
+    assert [r["configs"] for r in rows_of(replay)] == [r["configs"] for r in rows_of(run_dir)]
+    assert [r["case"] for r in rows_of(replay)] == [r["case"] for r in rows_of(run_dir)]
+    assert not any(r["markers"] for r in rows_of(replay))
+
+
+def test_a_warm_persistent_cache_is_still_recorded(mm_record, tmp_path):
+    run_dir, _ = mm_record
+    warm = tmp_path / "warm.db"
+    shutil.copy(run_dir / "libtuner_cache.db", warm)
+    again, proc = record(tmp_path, "flaggems:mm", "--shapes", run_dir / "shapes.yaml", "--libtuner-cache", warm)
+    assert "autotune: sweeping" not in proc.stdout  # every key was a cache hit
+    assert load(again / "autotune_records" / "mm.json")["kernels"][MM_KERNEL].keys() == \
+        load(run_dir / "autotune_records" / "mm.json")["kernels"][MM_KERNEL].keys()
+
+
+# --- shapes ------------------------------------------------------------------------------------
+def test_hardcoded_input_shapes_take_ours_through_input_fn(tmp_path, shape_file):
+    ours, proc = record(tmp_path, "flaggems:avg_pool2d", "--shapes", shape_file)
+    assert [r["case"] for r in rows_of(ours)] == ["fp32-1x2x4x4"]
+    assert "hardcodes its shapes; ours are fed through its input_fn" in proc.stdout
+    upstream, _ = record(tmp_path, "flaggems:avg_pool2d")
+    assert [r["case"] for r in rows_of(upstream)] == ["fp32-2x3x8x8", "fp32-1x4x4x4"]
+    assert (upstream / "shapes.yaml").read_text().startswith("# upstream shapes")
+
+
+def test_a_file_without_a_key_keeps_upstream_shapes_and_says_so(tmp_path):
+    other = tmp_path / "other.yaml"
+    other.write_text("layer_norm:\n  shapes: [[8, 8]]\n")
+    run_dir, proc = record(tmp_path, "flaggems:mm", "--shapes", other)
+    assert [r["case"] for r in rows_of(run_dir)] == ["fp32-8x8,8x16"]  # core_shapes.yaml's BlasBenchmark
+    assert "has no key for 'mm' (tried mm, BlasBenchmark, Benchmark, object)" in proc.stdout
+    assert load(run_dir / "run.json")["observed"]["flaggems_notes"]
+
+
+def test_level_is_passed_through_recorded_and_pinned_on_replay(tmp_path):
+    core, _ = record(tmp_path, "flaggems:log_softmax@softmax")
+    comprehensive, _ = record(tmp_path, "flaggems:log_softmax@softmax", "--level", "comprehensive")
+    assert [r["case"] for r in rows_of(core)] == ["fp32-2x16"]
+    # The level adds the class's set_more_shapes, as upstream does.
+    assert [r["case"] for r in rows_of(comprehensive)] == ["fp32-2x16", "fp32-3x48"]
+    assert load(comprehensive / "run.json")["spec"]["flaggems"]["level"] == "comprehensive"
+    proc = run_harness("replay", comprehensive, "--level", "core", "--out", tmp_path)
+    assert proc.returncode == 2 and "recorded with --level=comprehensive" in proc.stderr
+    proc = run_harness("replay", comprehensive, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["case"] for r in rows_of(run_dir_of(proc))] == ["fp32-2x16", "fp32-3x48"]
+
+
+def test_flagtune_switch_must_match_the_record(tmp_path, monkeypatch):
+    run_dir, _ = record(tmp_path, "flaggems:log_softmax@softmax", "--flagtune", "1")
+    assert load(run_dir / "run.json")["spec"]["flaggems"]["flagtune"] == "1"
+    monkeypatch.setenv("USE_FLAGTUNE", "0")
+    proc = run_harness("replay", run_dir, "--out", tmp_path)
+    assert proc.returncode == 2 and "USE_FLAGTUNE=1" in proc.stderr
+
+
+def test_dtypes_pass_through_and_a_failing_benchmark_is_a_row(tmp_path, shape_file):
+    run_dir, _ = record(tmp_path, "flaggems:softmax", "--shapes", shape_file, "--dtypes", "fp16")
+    assert [r["case"] for r in rows_of(run_dir)] == ["fp16-2x8", "fp16-3x16"]
+    proc = run_harness("record", "flaggems:softmax", "--flaggems-dir", CHECKOUT, "--backend", "interpreter",
+                       "--dtypes", "bf16", "--out", tmp_path)
+    assert proc.returncode == 1
+    failed = rows_of(run_dir_of(proc))
+    assert len(failed) == 1 and failed[0]["status"] == "FAILED" and "can't be supported" in failed[0]["error"]

@@ -1,0 +1,266 @@
+"""Inventories: the static scan of a FlagGems-style checkout, pytest's collection check, shape-file
+migration, and selection across repos. The checkout is our own fixture (no GPU needed)."""
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from harness import batch, inventory
+
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
+
+
+def rows(entries):
+    return {(e.op, e.op_file, e.file, e.skip, e.op_names, e.classes) for e in entries}
+
+
+def test_scan_of_the_fixture_checkout():
+    entries = inventory.scan_flaggems(CHECKOUT, "flaggems")
+    assert {e.repo for e in entries} == {"flaggems"}
+    assert rows(entries) == {
+        ("avg_pool2d", "avg_pool2d", "benchmark/test_avg_pool2d.py", "", "avg_pool2d",
+         "AvgPoolBenchmark;GenericBenchmark;Benchmark"),
+        ("mm", "mm", "benchmark/test_mm.py", "", "mm", "BlasBenchmark;Benchmark"),
+        ("softmax", "softmax", "benchmark/test_softmax.py", "", "softmax", "UnaryReductionBenchmark;Benchmark"),
+        ("log_softmax", "softmax", "benchmark/test_softmax.py", "", "log_softmax",
+         "UnaryReductionBenchmark;Benchmark"),
+        # A test_-prefixed subfolder: op_file keeps the folder, minus its prefix.
+        ("scale_nested", "special/nested", "benchmark/test_special/test_nested.py", "", "scale_nested",
+         "NestedBenchmark;GenericBenchmark;Benchmark"),
+        ("cholesky", "unsupported", "benchmark/test_unsupported.py", "not supported by this build", "", ""),
+    }
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_scan_follows_classes_helpers_and_marks_statically(tmp_path):
+    root = _write(tmp_path, {
+        "benchmark/__init__.py": "",
+        "benchmark/base.py": """
+            class Benchmark:
+                def __init__(self, op_name, torch_op=None, **kw): ...
+            class BlasBenchmark(Benchmark): ...
+            class Mixin: ...
+        """,
+        "benchmark/test_a.py": """
+            import pytest
+            import flag_gems  # not importable here: the scan must not import
+            from . import base
+            from .base import Benchmark, Mixin
+
+            pytestmark = [pytest.mark.filterwarnings("ignore")]
+            _gpu_only = pytest.mark.skipif(not flag_gems.has_gpu, reason="needs a GPU")
+            _broken = pytest.mark.skip(reason="broken upstream")
+
+            class Parallel(Mixin, base.BlasBenchmark): ...
+
+            class Fixed(Benchmark):
+                def __init__(self):
+                    super().__init__("fixed_name", None)
+
+            def _run(name, dtype):
+                Parallel(op_name=name).run()
+
+            def test_helper():
+                _run("via_helper", "fp16")
+
+            @_gpu_only
+            def test_local_class():
+                class Local(base.GenericMissing, Benchmark): ...
+                Local(op_name="local")
+
+            @_broken
+            def test_aliased_skip():
+                Fixed()
+
+            @pytest.mark.skipif(True, reason="always")
+            def test_skipif_true():
+                pass
+
+            def helper_not_a_test():
+                pass
+        """,
+        "benchmark/test_a_dup.py": "def test_helper():\n    pass\n",
+        "benchmark/test_FLA/test_kda.py": """
+            import pytest
+            from benchmark.base import Benchmark
+            pytestmark = pytest.mark.skip("whole module")
+            class KdaBenchmark(Benchmark): ...
+            def test_perf_kda():
+                KdaBenchmark(op_name="kda")
+        """,
+        "benchmark/models_benchmark/test_not_collected.py": "def test_x():\n    pass\n",
+    })
+    by_op = {(e.op, e.op_file): e for e in inventory.scan_flaggems(root, "fg")}
+    assert set(by_op) == {("helper", "a"), ("local_class", "a"), ("aliased_skip", "a"), ("skipif_true", "a"),
+                          ("helper", "a_dup"), ("perf_kda", "FLA/kda")}
+    helper = by_op[("helper", "a")]
+    assert helper.op_names == "via_helper" and helper.classes == "Parallel;Mixin;BlasBenchmark;Benchmark"
+    local = by_op[("local_class", "a")]  # skipif is conditional: not a skip
+    assert (local.op_names, local.classes, local.skip) == ("local", "Local;GenericMissing;Benchmark", "")
+    assert by_op[("aliased_skip", "a")].skip == "broken upstream"
+    assert by_op[("aliased_skip", "a")].op_names == "fixed_name"  # passed up by the class's __init__
+    assert by_op[("skipif_true", "a")].skip == "always"
+    kda = by_op[("perf_kda", "FLA/kda")]
+    assert (kda.file, kda.skip, kda.classes) == ("benchmark/test_FLA/test_kda.py", "whole module",
+                                                  "KdaBenchmark;Benchmark")
+    # One name in two files: both stay selectable, and their keys and per-op dirs differ.
+    entries = inventory.qualify(list(by_op.values()))
+    dup = [e for e in entries if e.op == "helper"]
+    assert {e.key for e in dup} == {"fg:helper@a", "fg:helper@a_dup"}
+    assert len({batch._op_dir(tmp_path, e) for e in dup}) == 2
+    with pytest.raises(inventory.SelectionError, match=r"'helper': ambiguous"):
+        inventory.select(entries, ["helper"], False, None, {})
+    selected, _ = inventory.select(entries, ["fg:helper@a_dup"], False, None, {})
+    assert [e.file for e in selected] == ["benchmark/test_a_dup.py"]
+
+
+@pytest.fixture
+def checkout_copy(tmp_path):
+    """The fixture checkout copied, so pytest's collection writes nothing into the repo."""
+    return Path(shutil.copytree(CHECKOUT, tmp_path / "checkout"))
+
+
+def test_verify_collect_marks_what_pytest_does_not_collect(checkout_copy):
+    (checkout_copy / "benchmark" / "test_broken.py").write_text(
+        "import no_such_module\n\n\ndef test_broken():\n    pass\n")
+    entries = inventory.verify_collect(checkout_copy, inventory.scan_flaggems(checkout_copy, "flaggems"))
+    collected = {e.op: e.collected for e in entries}
+    assert collected == {"avg_pool2d": "yes", "mm": "yes", "softmax": "yes", "log_softmax": "yes",
+                         "scale_nested": "yes", "cholesky": "yes", "broken": "no"}
+    # Without a new verification, a regeneration keeps the last one's values (new ops: blank).
+    fresh = inventory.scan_flaggems(checkout_copy, "flaggems") + [inventory.Entry("flaggems", "new", "new", "x")]
+    kept = {e.op: e.collected for e in inventory.keep_verified(fresh, entries)}
+    assert kept == {**collected, "new": ""}
+    # A suite whose conftest cannot import says nothing per op: an error, not `no` everywhere.
+    with open(checkout_copy / "benchmark" / "conftest.py", "a") as f:
+        f.write("\nraise ImportError('no device here')\n")
+    with pytest.raises(inventory.SelectionError, match="pytest could not collect"):
+        inventory.verify_collect(checkout_copy, entries)
+
+
+def test_migrate_shapes_keeps_merges_and_sets_aside(checkout_copy, tmp_path):
+    with open(checkout_copy / "benchmark" / "core_shapes.yaml", "a") as f:
+        f.write("gone_upstream:\n  shapes: [[1]]\n")  # names no op of the checkout: never merged
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump({
+        "softmax": {"shapes": [[8, 8]]},             # an op_name
+        "BlasBenchmark": {"shapes": [[1, 2, 3, 4]]},  # a Benchmark class
+        "norm": {"shapes": [[4, 4]]},                 # a built-in family key
+        "zz_removed_op": {"shapes": [[2]]},           # names nothing any more
+    }, sort_keys=False))
+    out = tmp_path / "out" / "shapes.yaml"
+    entries = inventory.scan_flaggems(checkout_copy, "flaggems")
+    counts = inventory.migrate_shapes(source, out, entries, {"flaggems": checkout_copy})
+    assert counts == {"kept": 3, "merged": 1, "unmatched": 1}
+    migrated = yaml.safe_load(out.read_text())
+    assert list(migrated) == ["softmax", "BlasBenchmark", "norm", "UnaryReductionBenchmark"]
+    assert migrated["softmax"] == {"shapes": [[8, 8]]}  # ours wins over upstream's
+    assert migrated["UnaryReductionBenchmark"] == {"shapes": [[2, 16]]}
+    assert yaml.safe_load((tmp_path / "out" / "shapes.unmatched.yaml").read_text()) == {
+        "zz_removed_op": {"shapes": [[2]]}}
+
+
+def test_inventory_regen_cli(checkout_copy, tmp_path, harness):
+    source = tmp_path / "in.yaml"
+    source.write_text("mm:\n  shapes: [[1, 2, 3, 4]]\nzz_gone:\n  shapes: [[1]]\n")
+    out = tmp_path / "migrated.yaml"
+    proc = harness("inventory-regen", "--flaggems-dir", f"fx={checkout_copy}", "--migrate-shapes", source, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "kept 1, merged 3 from the checkouts' core_shapes.yaml; unmatched 1" in proc.stdout
+    # --check writes nothing; an inventory never generated is out of date, with the command to fix it.
+    proc = harness("inventory-regen", "--flaggems-dir", f"fx={checkout_copy}", "--check")
+    assert proc.returncode == 2 and "inventory_fx.csv" in proc.stderr
+    assert f"--flaggems-dir fx={checkout_copy}" in proc.stderr
+    assert not (inventory.OPS_DIR / "inventory_fx.csv").exists()
+    proc = harness("inventory-regen", "--verify-collect")
+    assert proc.returncode == 2 and "give --flaggems-dir" in proc.stderr
+
+
+# --- selection across repos ----------------------------------------------------------------------
+def _corpus():
+    builtin = inventory.scan_dir(inventory.OPS_DIR, inventory.BUILTIN, inventory.OPS_DIR.parent)
+    return builtin + inventory.scan_flaggems(CHECKOUT, "flaggems") + [
+        inventory.Entry("vllm", "fused_moe", "fused_moe", "benchmark/test_fused_moe.py", collected="no")]
+
+
+def test_selection_across_repos():
+    entries = _corpus()
+    with pytest.raises(inventory.SelectionError) as info:
+        inventory.select(entries, ["softmax", "mm", "flaggems:nope"], False, None, {})
+    text = str(info.value)
+    assert "'softmax': ambiguous (builtin:softmax@softmax, flaggems:softmax@softmax)" in text
+    assert "'mm': ambiguous" in text and "'flaggems:nope': unknown" in text
+    selected, _ = inventory.select(entries, ["builtin:softmax", "flaggems:softmax", "log_softmax",
+                                             "flaggems:scale_nested@special/nested"], False, None, {})
+    assert [e.key for e in selected] == ["builtin:softmax", "flaggems:softmax", "flaggems:log_softmax",
+                                         "flaggems:scale_nested"]
+    # Dismissals name a repo's op, or an op in every repo.
+    selected, excluded = inventory.select(entries, None, True, None, {"flaggems:mm": "needs tf32", "gelu": "slow"})
+    assert {e.key for e, _ in excluded} == {"flaggems:mm", "builtin:gelu", "flaggems:cholesky", "vllm:fused_moe"}
+    assert dict((e.key, why) for e, why in excluded)["vllm:fused_moe"].startswith("pytest did not collect")
+    assert "builtin:mm" in {e.key for e in selected}
+
+
+def test_flaggems_ops_without_their_checkout_fail_before_running():
+    selected, _ = inventory.select(_corpus(), ["flaggems:mm", "flaggems:softmax", "builtin:add"], False, None, {})
+    with pytest.raises(batch.resolve.UsageError) as info:
+        batch.require_checkouts(selected, {})
+    assert "flaggems (2 ops)" in str(info.value)
+    assert "--flaggems-dir flaggems=PATH" in str(info.value) and "--repos builtin" in str(info.value)
+    batch.require_checkouts(selected, {"flaggems": CHECKOUT})
+
+
+def test_batch_all_without_checkouts_says_what_it_leaves_out(harness):
+    # --resume without --batch-dir stops right after selection: nothing runs.
+    proc = harness("batch", "--backend", "interpreter", "--all", "--resume")
+    assert "NOTE: --all leaves out the FlagGems inventories flaggems (" in proc.stdout
+    assert "--flaggems-dir flaggems=PATH" in proc.stdout
+    assert proc.returncode == 2 and "--resume needs --batch-dir" in proc.stderr
+    proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:mm@mm")
+    assert proc.returncode == 2 and "--flaggems-dir flaggems=PATH" in proc.stderr
+
+
+def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
+    entries = batch._entries([], {"flaggems": CHECKOUT})
+    # The checkout given is what runs: selection reads its scan, not the committed inventory.
+    assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in inventory.scan_flaggems(CHECKOUT, "x")}
+    assert "differs from a scan of" in capsys.readouterr().out
+    opts = batch.Options("interpreter", [0], flaggems_dirs={"flaggems": str(CHECKOUT)},
+                         flaggems_args=["--level", "comprehensive"])
+    runner = batch.Batch(tmp_path, opts, {})
+    nested = next(e for e in entries if e.op == "scale_nested")
+    cmd = runner._command(nested, 0, ["fp32"], tmp_path / "a1")
+    assert cmd[3:7] == ["record", "flaggems:scale_nested@special/nested", "--level", "comprehensive"]
+    assert cmd[cmd.index("--flaggems-dir") + 1] == f"flaggems={CHECKOUT}"
+    assert cmd[cmd.index("--dtypes") + 1] == "fp32"
+    earlier = tmp_path / "earlier"
+    runner.replay_sources = {nested.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
+    runner.opts.replay_root = earlier
+    cmd = runner._command(nested, 0, None, tmp_path / "a1")
+    assert cmd[3:5] == ["replay", str(earlier / "ops/x/attempt1/run")] and "--level" not in cmd
+    assert cmd[cmd.index("--flaggems-dir") + 1] == f"flaggems={CHECKOUT}"
+
+
+def test_committed_flaggems_inventories_are_well_formed():
+    """Generated from checkouts this repo does not hold: at least their rows must agree with themselves."""
+    for path in inventory.OPS_DIR.glob("inventory_*.csv"):
+        repo = path.stem.removeprefix("inventory_")
+        if not inventory.needs_checkout(repo):
+            continue
+        entries = inventory.read_csv(path)
+        assert path.read_text() == inventory.to_csv(entries)
+        assert len({e.id for e in entries}) == len(entries)
+        for e in entries:
+            assert e.repo == repo and e.file.startswith("benchmark/") and e.collected in ("", "yes", "no")
+            assert inventory._op_file(Path(e.file).relative_to("benchmark")) == e.op_file
