@@ -317,13 +317,13 @@ def _entries(ops_paths: list[str], checkouts: dict[str, Path]) -> list[Entry]:
     """Every inventory, plus the operators of --ops-path directories. A FlagGems repo whose
     checkout is given is scanned afresh from it (that checkout is what will run), keeping the
     committed inventory's `collected` values; a committed inventory that differs is reported."""
-    from harness import inventory
+    from harness import flaggems_scan, inventory
 
     entries = [e for e in inventory.load() if e.repo not in checkouts]
     for repo, root in checkouts.items():
         path = inventory.inventory_path(repo)
         committed = inventory.read_csv(path)
-        fresh = inventory.keep_verified(inventory.scan_flaggems(root, repo), committed)
+        fresh = flaggems_scan.keep_verified(flaggems_scan.scan(root, repo), committed)
         if inventory.to_csv(fresh) != inventory.to_csv(committed):
             ids = {e.id for e in fresh}, {e.id for e in committed}
             print(f"NOTE: {path.name} differs from a scan of {root} ({len(ids[0] - ids[1])} ops only in the "

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from harness import batch, inventory
+from harness import batch, flaggems_scan, inventory
 
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
 
@@ -19,7 +19,7 @@ def rows(entries):
 
 
 def test_scan_of_the_fixture_checkout():
-    entries = inventory.scan_flaggems(CHECKOUT, "flaggems")
+    entries = flaggems_scan.scan(CHECKOUT, "flaggems")
     assert {e.repo for e in entries} == {"flaggems"}
     assert rows(entries) == {
         ("avg_pool2d", "avg_pool2d", "benchmark/test_avg_pool2d.py", "", "avg_pool2d",
@@ -101,7 +101,7 @@ def test_scan_follows_classes_helpers_and_marks_statically(tmp_path):
         """,
         "benchmark/models_benchmark/test_not_collected.py": "def test_x():\n    pass\n",
     })
-    by_op = {(e.op, e.op_file): e for e in inventory.scan_flaggems(root, "fg")}
+    by_op = {(e.op, e.op_file): e for e in flaggems_scan.scan(root, "fg")}
     assert set(by_op) == {("helper", "a"), ("local_class", "a"), ("aliased_skip", "a"), ("skipif_true", "a"),
                           ("helper", "a_dup"), ("perf_kda", "FLA/kda")}
     helper = by_op[("helper", "a")]
@@ -134,19 +134,19 @@ def checkout_copy(tmp_path):
 def test_verify_collect_marks_what_pytest_does_not_collect(checkout_copy):
     (checkout_copy / "benchmark" / "test_broken.py").write_text(
         "import no_such_module\n\n\ndef test_broken():\n    pass\n")
-    entries = inventory.verify_collect(checkout_copy, inventory.scan_flaggems(checkout_copy, "flaggems"))
+    entries = flaggems_scan.verify_collect(checkout_copy, flaggems_scan.scan(checkout_copy, "flaggems"))
     collected = {e.op: e.collected for e in entries}
     assert collected == {"avg_pool2d": "yes", "mm": "yes", "softmax": "yes", "log_softmax": "yes",
                          "scale_nested": "yes", "cholesky": "yes", "broken": "no"}
     # Without a new verification, a regeneration keeps the last one's values (new ops: blank).
-    fresh = inventory.scan_flaggems(checkout_copy, "flaggems") + [inventory.Entry("flaggems", "new", "new", "x")]
-    kept = {e.op: e.collected for e in inventory.keep_verified(fresh, entries)}
+    fresh = flaggems_scan.scan(checkout_copy, "flaggems") + [inventory.Entry("flaggems", "new", "new", "x")]
+    kept = {e.op: e.collected for e in flaggems_scan.keep_verified(fresh, entries)}
     assert kept == {**collected, "new": ""}
     # A suite whose conftest cannot import says nothing per op: an error, not `no` everywhere.
     with open(checkout_copy / "benchmark" / "conftest.py", "a") as f:
         f.write("\nraise ImportError('no device here')\n")
     with pytest.raises(inventory.SelectionError, match="pytest could not collect"):
-        inventory.verify_collect(checkout_copy, entries)
+        flaggems_scan.verify_collect(checkout_copy, entries)
 
 
 def test_migrate_shapes_keeps_merges_and_sets_aside(checkout_copy, tmp_path):
@@ -160,7 +160,7 @@ def test_migrate_shapes_keeps_merges_and_sets_aside(checkout_copy, tmp_path):
         "zz_removed_op": {"shapes": [[2]]},           # names nothing any more
     }, sort_keys=False))
     out = tmp_path / "out" / "shapes.yaml"
-    entries = inventory.scan_flaggems(checkout_copy, "flaggems")
+    entries = flaggems_scan.scan(checkout_copy, "flaggems")
     counts = inventory.migrate_shapes(source, out, entries, {"flaggems": checkout_copy})
     assert counts == {"kept": 3, "merged": 1, "unmatched": 1}
     migrated = yaml.safe_load(out.read_text())
@@ -190,7 +190,7 @@ def test_inventory_regen_cli(checkout_copy, tmp_path, harness):
 # --- selection across repos ----------------------------------------------------------------------
 def _corpus():
     builtin = inventory.scan_dir(inventory.OPS_DIR, inventory.BUILTIN, inventory.OPS_DIR.parent)
-    return builtin + inventory.scan_flaggems(CHECKOUT, "flaggems") + [
+    return builtin + flaggems_scan.scan(CHECKOUT, "flaggems") + [
         inventory.Entry("vllm", "fused_moe", "fused_moe", "benchmark/test_fused_moe.py", collected="no")]
 
 
@@ -234,7 +234,7 @@ def test_batch_all_without_checkouts_says_what_it_leaves_out(harness):
 def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     entries = batch._entries([], {"flaggems": CHECKOUT})
     # The checkout given is what runs: selection reads its scan, not the committed inventory.
-    assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in inventory.scan_flaggems(CHECKOUT, "x")}
+    assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in flaggems_scan.scan(CHECKOUT, "x")}
     assert "differs from a scan of" in capsys.readouterr().out
     opts = batch.Options("interpreter", [0], flaggems_dirs={"flaggems": str(CHECKOUT)},
                          flaggems_args=["--level", "comprehensive"])
@@ -263,4 +263,4 @@ def test_committed_flaggems_inventories_are_well_formed():
         assert len({e.id for e in entries}) == len(entries)
         for e in entries:
             assert e.repo == repo and e.file.startswith("benchmark/") and e.collected in ("", "yes", "no")
-            assert inventory._op_file(Path(e.file).relative_to("benchmark")) == e.op_file
+            assert flaggems_scan._op_file(Path(e.file).relative_to("benchmark")) == e.op_file
