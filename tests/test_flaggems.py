@@ -203,6 +203,11 @@ def test_flagtune_switch_must_match_the_record(tmp_path, monkeypatch):
 def test_dtypes_pass_through_and_a_failing_benchmark_is_a_row(tmp_path, shape_file):
     run_dir, _ = record(tmp_path, "flaggems:softmax", "--shapes", shape_file, "--dtypes", "fp16")
     assert [r["case"] for r in rows_of(run_dir)] == ["fp16-2x8", "fp16-3x16"]
+    # The shape file's dtypes narrow upstream's when --dtypes is not given.
+    narrowed = tmp_path / "narrowed.yaml"
+    narrowed.write_text("softmax:\n  shapes: [[2, 8]]\n  dtypes: [fp16]\n")
+    run_dir, _ = record(tmp_path, "flaggems:softmax", "--shapes", narrowed)
+    assert [r["case"] for r in rows_of(run_dir)] == ["fp16-2x8"]
     proc = run_harness("record", "flaggems:softmax", "--flaggems-dir", CHECKOUT, "--backend", "interpreter",
                        "--dtypes", "bf16", "--out", tmp_path)
     assert proc.returncode == 1

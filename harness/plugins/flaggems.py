@@ -138,6 +138,14 @@ class FlagGemsPlugin:
         listed = entry.get("shapes") if isinstance(entry, dict) else entry
         bench.shapes = [tuple(s) if isinstance(s, list) else (s,) for s in listed]
         self._note(f"shapes: key '{key}' of {self.options.shapes_file} ({len(bench.shapes)} shapes)")
+        wanted = entry.get("dtypes") if isinstance(entry, dict) else None
+        if wanted and not self.ctx.spec.dtypes:  # --dtypes, passed upstream, wins over the file
+            takes = [d for d in bench.to_bench_dtypes if SHORT_DTYPES.get(str(d).removeprefix("torch.")) in wanted]
+            if takes:
+                bench.to_bench_dtypes = takes
+            else:
+                self._note(f"shapes: '{bench.op_name}' takes none of dtypes {wanted} of key '{key}': "
+                           f"its own {[str(d).removeprefix('torch.') for d in bench.to_bench_dtypes]} are kept")
         if not _reads_shapes(type(bench)):
             if not callable(getattr(bench, "input_fn", None)):
                 raise RuntimeError(f"{type(bench).__name__}.get_input_iter hardcodes its shapes and the benchmark "
