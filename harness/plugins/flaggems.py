@@ -64,6 +64,7 @@ class FlagGemsPlugin:
         self.pending: list = []  # measurements of the current case, in call order
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
         self.notes: list[str] = []
+        self.current: dict | None = None  # the case being measured: benchmark, dtype, label, id
 
     # --- patching, once the benchmark package is imported ----------------------------------------
     @pytest.hookimpl(tryfirst=True)
