@@ -213,3 +213,21 @@ def test_dtypes_pass_through_and_a_failing_benchmark_is_a_row(tmp_path, shape_fi
     assert proc.returncode == 1
     failed = rows_of(run_dir_of(proc))
     assert len(failed) == 1 and failed[0]["status"] == "FAILED" and "can't be supported" in failed[0]["error"]
+
+
+def test_a_flaggems_vllm_checkout_is_hooked_through_its_own_package(tmp_path, shape_file):
+    # FlagGems-vllm has the same scaffold with the package `flaggems_vllm`: our fixture, renamed.
+    vllm = tmp_path / "FlagGems-vllm"
+    shutil.copytree(CHECKOUT, vllm, ignore=shutil.ignore_patterns("__pycache__"))
+    (vllm / "src" / "flag_gems").rename(vllm / "src" / "flaggems_vllm")
+    for path in vllm.rglob("*.py"):
+        path.write_text(path.read_text().replace("flag_gems", "flaggems_vllm"))
+    proc = run_harness("record", "vllm:mm", "--flaggems-dir", f"vllm={vllm}", "--shapes", shape_file,
+                       "--backend", "interpreter", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_of(proc)
+    facts = load(run_dir / "run.json")["observed"]["flaggems"]
+    assert facts["package"] == "flaggems_vllm" and facts["libtuner_hooked"]
+    assert facts["package_file"] == str(vllm / "src" / "flaggems_vllm" / "__init__.py")
+    assert list(load(run_dir / "autotune_records" / "mm.json")["kernels"]) == ["flaggems_vllm.ops.mm_kernel"]
+    assert load(run_dir / "run.json")["spec"]["provider"] == "flaggems:vllm"
