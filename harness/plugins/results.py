@@ -126,8 +126,10 @@ class ResultsPlugin:
     def _print_row(self, row) -> None:
         n, total = len(self.ctx.rows), len(self.ctx.cases) or "?"
         if row["status"] == "SUCCESS":
-            detail = (f"baseline {row['baseline_ms']:.4f} ms  candidate {row['candidate_ms']:.4f} ms  "
-                      f"{row['speedup']:.3f}x  timer={row['timer']}")
+            # A FlagGems benchmark may time one side only (its metrics list decides).
+            fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+            detail = (f"baseline {fmt(row['baseline_ms'], '.4f')} ms  candidate {fmt(row['candidate_ms'], '.4f')} ms  "
+                      f"{fmt(row['speedup'], '.3f')}x  timer={row['timer']}")
         else:
             detail = row.get("error", "").splitlines()[0][:160] if row.get("error") else ""
         lines = [f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"]
