@@ -194,9 +194,15 @@ class Runner:
         self.log.flush()
         print(f"{what} ...", end="", flush=True)
         start = time.monotonic()
-        # Own session: a Ctrl-C is forwarded by us, so we can wait for the child's summary.
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        # Own session: a Ctrl-C is forwarded by us, so we can wait for the child's summary. SIGINT is
+        # held off until the child is known: arriving inside Popen, it would leave an orphan that
+        # interrupt() cannot see.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         code = self.proc.wait()
         self.proc = None
         elapsed = time.monotonic() - start

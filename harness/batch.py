@@ -144,6 +144,8 @@ class Batch:
                                     start_new_session=True)
             with self.lock:
                 self.procs[proc.pid] = proc
+            if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
+                _kill_group(proc)
             try:
                 code = proc.wait(timeout=self.opts.op_timeout)
             except subprocess.TimeoutExpired:
