@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ir, resolve, rundir
+from harness import flaggems, ir, resolve, rundir
 from harness import spec as spec_mod
 from reports import ab_report, compare
 
@@ -70,11 +70,8 @@ class Plan:
 
 
 def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
-    name, sep, path = item.partition("=")
-    if not sep:
-        name, path = "", item
-    resolved = str((plan_dir / Path(path).expanduser()).resolve())
-    return f"{name}={resolved}" if name else resolved
+    name, path = flaggems.split_dir(item)
+    return f"{name}={(plan_dir / Path(path).expanduser()).resolve()}"
 
 
 def _side(data, name: str, where: str) -> Side:
@@ -246,8 +243,7 @@ class Runner:
             common += ["--ops-path", p]
         for d in plan.flaggems_dirs:
             common += ["--flaggems-dir", d]
-        record_only = [flag for flag, value in (("--level", plan.level), ("--flagtune", plan.flagtune))
-                       if value is not None for flag in (flag, value)]
+        record_only = flaggems.record_args(plan.level, plan.flagtune, None)
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):

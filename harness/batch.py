@@ -351,17 +351,6 @@ def require_checkouts(selected: list[Entry], checkouts: dict[str, Path]) -> None
             f"--repos {inventory.BUILTIN}")
 
 
-def _flaggems_args(args) -> list[str]:
-    """The FlagGems options given to the batch, passed on to each FlagGems op's record (a replay
-    keeps its recorded ones)."""
-    out = []
-    for flag, value in (("--level", args.level), ("--flagtune", args.flagtune),
-                        ("--libtuner-cache", args.libtuner_cache)):
-        if value is not None:
-            out += [flag, value]
-    return out
-
-
 def _counted(repos: collections.Counter) -> str:
     return ", ".join(f"{r} ({n} op{'s' * (n != 1)})" for r, n in sorted(repos.items()))
 
@@ -419,7 +408,8 @@ def run_from_args(args) -> int:
             raise resolve.UsageError(str(exc)) from exc
     opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
                    shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
-                   flaggems_dirs={r: str(p) for r, p in checkouts.items()}, flaggems_args=_flaggems_args(args),
+                   flaggems_dirs={r: str(p) for r, p in checkouts.items()},
+                   flaggems_args=flaggems.record_args(args.level, args.flagtune, args.libtuner_cache),
                    op_timeout=args.op_timeout,
                    replay_root=args.replay_root.resolve() if args.replay_root else None)
     runner = Batch(batch_dir, opts, op_dtypes)

@@ -42,7 +42,7 @@ class RunContext:
     # Told the shape label of each case as it begins (the IR collector files IR under it).
     case_listeners: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
     # Set by the plugins that own them, for the FlagGems plugin to drive.
-    timer: object = None
+    measure: Callable | None = None  # the timing plugin's (test name, {side: fn}) -> Timed
     autotune_patch: object = None
 
     @classmethod

@@ -10,7 +10,6 @@ the work inside the child.
 from __future__ import annotations
 
 import ast
-import csv
 import dataclasses
 from pathlib import Path
 
@@ -23,7 +22,6 @@ LEVELS = ("core", "comprehensive")
 # benchmark classes add), untouched.
 UPSTREAM = "upstream"
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-OPS_DIR = Path(__file__).resolve().parent.parent / "ops"
 
 
 class FlagGemsError(ValueError):
@@ -46,13 +44,17 @@ class Target:
         return f"{self.test_file}::{self.function}"
 
 
+def split_dir(item: str) -> tuple[str, str]:
+    """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
+    name, sep, path = item.partition("=")
+    return (name, path) if sep else (DEFAULT_REPO, item)
+
+
 def parse_dirs(items: list[str] | None) -> dict[str, Path]:
-    """`--flaggems-dir [NAME=]PATH` values as {name: checkout}; NAME defaults to `flaggems`."""
+    """`--flaggems-dir [NAME=]PATH` values as {name: checkout}."""
     dirs: dict[str, Path] = {}
     for item in items or []:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = DEFAULT_REPO, item
+        name, path = split_dir(item)
         if not name.isidentifier() or not path:
             raise FlagGemsError(f"--flaggems-dir {item}: expected [NAME=]PATH, NAME an identifier (it prefixes "
                                 "op names)")
@@ -88,11 +90,9 @@ def _file_for(op_file: str) -> str:
 
 
 def _inventory_file(repo: str, op: str) -> str | None:
-    path = OPS_DIR / f"inventory_{repo}.csv"
-    if not path.is_file():
-        return None
-    with open(path, newline="") as f:
-        files = [row["file"] for row in csv.DictReader(f) if row.get("op") == op]
+    from harness import inventory  # it builds on this module
+
+    files = [e.file for e in inventory.read_csv(inventory.inventory_path(repo)) if e.op == op]
     return files[0] if len(files) == 1 else None
 
 
@@ -158,12 +158,25 @@ class Options:
     libtuner_cache: str = "private"
 
     @property
+    def shapes_source(self) -> str:
+        return self.shapes_file or f"{UPSTREAM} (level {self.level})"
+
+    @property
     def target(self) -> Target:
         return Target(self.repo, self.root, self.test_file, self.function)
 
     @classmethod
     def from_json(cls, data: dict) -> Options:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+def record_args(level: str | None, flagtune: str | None, libtuner_cache: str | None) -> list[str]:
+    """The FlagGems options a batch or an A/B gives each FlagGems record (its replays keep them)."""
+    out = []
+    for flag, value in (("--level", level), ("--flagtune", flagtune), ("--libtuner-cache", libtuner_cache)):
+        if value is not None:
+            out += [flag, value]
+    return out
 
 
 def libtuner_db_url(choice: str, run_dir: Path) -> str | None:

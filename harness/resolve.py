@@ -104,18 +104,13 @@ def resolve_flaggems_record(args, backend) -> tuple[spec_mod.RunSpec, list, Path
         level=args.level or "core", shapes_file=_flaggems_shapes(args.shapes),
         flagtune=args.flagtune or os.environ.get("USE_FLAGTUNE", "0"),
         libtuner_cache=args.libtuner_cache or "private")
-    timer = resolve_timer(backend, args.timer)
-    device = resolve_device(backend, args.device)
-    run_spec = spec_mod.RunSpec(
-        op=target.op, backend=backend.name, mode="record", device=device, dtypes=args.dtypes or [],
-        shapes_source=options.shapes_file or f"{flaggems.UPSTREAM} (level {options.level})", seed=args.seed,
-        timer=timer, warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
-        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms, provider=f"flaggems:{target.repo}",
-        color=color_enabled(args.color), ir=args.ir, flaggems=dataclasses.asdict(options))
+    run_spec = _record_spec(
+        args, backend, op=target.op, dtypes=args.dtypes or [],
+        shapes_source=options.shapes_source, provider=f"flaggems:{target.repo}", flaggems=dataclasses.asdict(options))
     return run_spec, [], args.out
 
 
-def _flaggems_replay(args, source: spec_mod.RunSpec) -> dict:
+def _flaggems_replay(args, source: spec_mod.RunSpec) -> flaggems.Options:
     """The record's FlagGems options, with the checkout possibly moved (--flaggems-dir NAME=PATH).
     Level and FlagTune switch are the record's: a side that differs is not replaying A."""
     options = flaggems.Options.from_json(source.flaggems)
@@ -139,7 +134,17 @@ def _flaggems_replay(args, source: spec_mod.RunSpec) -> dict:
                            else str(recorded_shapes) if options.shapes_file else None)
     if args.libtuner_cache:
         options.libtuner_cache = args.libtuner_cache
-    return dataclasses.asdict(options)
+    return options
+
+
+def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
+    """A record spec: what the operator source resolved, plus where and how to measure."""
+    return spec_mod.RunSpec(
+        backend=backend.name, mode="record", timer=resolve_timer(backend, args.timer),
+        device=resolve_device(backend, args.device), seed=args.seed,
+        warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
+        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
+        color=color_enabled(args.color), ir=args.ir, **fields)
 
 
 def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
@@ -150,15 +155,8 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     op, provider = load_op(args.op, ops_paths)
     shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
     key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
-    timer = resolve_timer(backend, args.timer)
-    device = resolve_device(backend, args.device)
-    run_spec = spec_mod.RunSpec(
-        op=op.name, backend=backend.name, mode="record", device=device, dtypes=dtypes,
-        shapes_source=f"{shape_file}#{key}", seed=args.seed, timer=timer,
-        warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
-        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
-        ops_paths=ops_paths, provider=provider, color=color_enabled(args.color), ir=args.ir,
-        sweep_devices=args.sweep_devices)
+    run_spec = _record_spec(args, backend, op=op.name, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+                            ops_paths=ops_paths, provider=provider, sweep_devices=args.sweep_devices)
     return run_spec, shape_list, args.out
 
 
@@ -193,13 +191,8 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
     ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
     if source.flaggems is not None:
         options = _flaggems_replay(args, source)
-        device = resolve_device(backend, args.device)
-        run_spec = spec_mod.RunSpec(
-            op=source.op, backend=backend.name, mode="replay", device=device, dtypes=args.dtypes or source.dtypes,
-            shapes_source=options["shapes_file"] or f"{flaggems.UPSTREAM} (level {options['level']})",
-            seed=source.seed, timer=source.timer, warmup_ms=source.warmup_ms, rep_ms=source.rep_ms,
-            provider=source.provider, replay_from=str(Path(args.run_dir).resolve()),
-            color=color_enabled(args.color), ir=args.ir, flaggems=options)
+        run_spec = _replay_spec(args, source, backend, dtypes=args.dtypes or source.dtypes,
+                                shapes_source=options.shapes_source, flaggems=dataclasses.asdict(options))
         return run_spec, [], args.out or Path(args.run_dir).resolve().parent
     shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
     if args.shapes or args.dtypes:
@@ -215,13 +208,17 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
         except shapes.ShapeFileError as exc:
             raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
         dtypes = dtypes or source.dtypes
-    device = resolve_device(backend, args.device)
-    run_spec = spec_mod.RunSpec(
-        op=source.op, backend=backend.name, mode="replay", device=device, dtypes=dtypes,
-        shapes_source=f"{shape_file}#{key}", seed=source.seed, timer=source.timer,
-        warmup_ms=source.warmup_ms, rep_ms=source.rep_ms, ops_paths=ops_paths, provider=provider,
-        replay_from=str(Path(args.run_dir).resolve()), color=color_enabled(args.color), ir=args.ir)
+    run_spec = _replay_spec(args, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+                            ops_paths=ops_paths, provider=provider)
     return run_spec, shape_list, args.out or Path(args.run_dir).resolve().parent
+
+
+def _replay_spec(args, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
+    """The record's spec (op, seed, timer, budgets...) as a replay of it, with what this run sets."""
+    return dataclasses.replace(
+        source, mode="replay", backend=backend.name, device=resolve_device(backend, args.device),
+        replay_from=str(Path(args.run_dir).resolve()), color=color_enabled(args.color), ir=args.ir,
+        sweep_devices=0, preset_records=None, **fields)
 
 
 def color_enabled(choice: str) -> bool:

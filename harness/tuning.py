@@ -191,9 +191,6 @@ class _OverlayCache:
         else:
             self.inner[key] = config
 
-    def get(self, key, default=None):
-        return self[key] if self.has_own(key) else default
-
     def has_own(self, key) -> bool:
         value = self.overlay.get(key)
         if value is _SWEEP:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness import flaggems, rundir, shapes
+from harness.plugins.results import make_row
 from harness.plugins.seeds import seed_everything
 
 SHORT_DTYPES = {v: k for k, v in flaggems.TORCH_DTYPES.items()}
@@ -34,7 +35,7 @@ def _input_label(item) -> str:
     for value in item if isinstance(item, (tuple, list)) else (item,):
         if isinstance(value, torch.Tensor):
             parts.append(shapes.label(value.shape) or "scalar")
-        elif isinstance(value, (int, float, bool)) and not isinstance(value, bool):
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             parts.append(str(value))
         elif isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
             parts.append("[" + ",".join(shapes.label(v.shape) for v in value) + "]")
@@ -205,7 +206,7 @@ class FlagGemsPlugin:
             dout = torch.randn_like(out)
             xs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
             fn = lambda: torch.autograd.grad((out,), xs, grad_outputs=(dout,), retain_graph=True)  # noqa: E731
-        timed = self.ctx.timer.measure(self.ctx.spec.op, {"x": fn})
+        timed = self.ctx.measure(self.ctx.spec.op, {"x": fn})
         measurement = timed.measurements["x"]
         self.pending.append(measurement)
         metrics = getattr(bench, "to_bench_metrics", ("latency_base", "latency"))
@@ -215,8 +216,6 @@ class FlagGemsPlugin:
         return measurement.median_ms
 
     def _row(self, bench, metrics) -> None:
-        from harness.plugins.results import MAX_RAW_SAMPLES
-
         roles = ["baseline", "candidate"] if "latency_base" in metrics and "latency" in metrics else (
             ["baseline"] if "latency" not in metrics else ["candidate"])
         measured = dict(zip(roles, self.pending, strict=False))
@@ -224,16 +223,11 @@ class FlagGemsPlugin:
         timer = timers.pop() if len(timers) == 1 else "mixed"
         if timer == "mixed":
             self.ctx.mark("TIMER_MIXED " + " ".join(f"{k}={m.timer}" for k, m in measured.items()))
-        base, cand = measured.get("baseline"), measured.get("candidate")
         cur = self.current
-        row = {"op": self.ctx.spec.op, "dtype": cur["dtype"], "shape": [cur["label"]], "params": {},
-               "case": cur["case"], "status": "SUCCESS",
-               "baseline_ms": base.median_ms if base else None, "candidate_ms": cand.median_ms if cand else None,
-               "speedup": base.median_ms / cand.median_ms if base and cand and cand.median_ms > 0 else None,
-               "timer": timer,
-               "samples": {k: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]} for k, m in measured.items()},
-               "markers": list(self.ctx.markers), "configs": dict(self.ctx.configs),
-               "nodeid": self.options.target.node, "benchmark": type(cur["bench"]).__name__}
+        row = make_row(self.ctx, op=self.ctx.spec.op, dtype=cur["dtype"], shape=[cur["label"]], params={},
+                       case=cur["case"], status="SUCCESS", nodeid=self.options.target.node, measurements=measured,
+                       timer=timer)
+        row["benchmark"] = type(cur["bench"]).__name__
         self.dtype_rows.append(row)
         self.pending = []
         self.results.add_row(row)

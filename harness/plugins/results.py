@@ -12,6 +12,22 @@ RESULTS_FORMAT = 1
 MAX_RAW_SAMPLES = 1000
 
 
+def make_row(ctx, *, op, dtype, shape, params, case, status, nodeid, measurements=None, timer=None) -> dict:
+    """One results.json row: the case, its baseline/candidate Measurements (either may be absent),
+    and the markers and configs of the case now ending."""
+    measurements = measurements or {}
+    base, cand = measurements.get("baseline"), measurements.get("candidate")
+    row = {"op": op, "dtype": dtype, "shape": shape, "params": params, "case": case, "status": status,
+           "baseline_ms": base.median_ms if base else None, "candidate_ms": cand.median_ms if cand else None,
+           "speedup": base.median_ms / cand.median_ms if base and cand and cand.median_ms > 0 else None,
+           "timer": timer}
+    if measurements:
+        row["samples"] = {side: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]}
+                          for side, m in measurements.items()}
+    row.update(markers=list(ctx.markers), configs=dict(ctx.configs), nodeid=nodeid)
+    return row
+
+
 class ResultsPlugin:
     def __init__(self, ctx):
         self.ctx = ctx
@@ -46,33 +62,22 @@ class ResultsPlugin:
         elif not report.passed:
             # A FlagGems benchmark's rows arrive from its own loop (harness.plugins.flaggems); what
             # pytest reports here is the case that failed or a test skipped as a whole.
-            self.add_row({"op": self.ctx.spec.op, "dtype": None, "shape": [self.ctx.case_id or report.nodeid],
-                          "params": {}, "case": self.ctx.case_id or report.nodeid, "status": self._status(report),
-                          "baseline_ms": None, "candidate_ms": None, "speedup": None, "timer": None,
-                          "error": self._error(report), "markers": list(self.ctx.markers),
-                          "configs": dict(self.ctx.configs), "nodeid": report.nodeid})
+            case = self.ctx.case_id or report.nodeid
+            row = make_row(self.ctx, op=self.ctx.spec.op, dtype=None, shape=[case], params={}, case=case,
+                           status=self._status(report), nodeid=report.nodeid)
+            self.add_row({**row, "error": self._error(report)})
 
     def _add_row(self, report):
         case = self._case_of(report)
-        row = {"op": self.ctx.operator.name, "dtype": case.dtype if case else None,
-               "shape": list(case.shape) if case else None,
-               "params": self._params(case), "case": case.id if case else report.nodeid,
-               "status": self._status(report), "baseline_ms": None, "candidate_ms": None,
-               "speedup": None, "timer": None}
         pending = self._pending if report.passed else None
-        if pending is not None:
-            timed = pending["timed"]
-            base, cand = timed.measurements["baseline"], timed.measurements["candidate"]
-            row.update(baseline_ms=base.median_ms, candidate_ms=cand.median_ms,
-                       speedup=base.median_ms / cand.median_ms if cand.median_ms > 0 else None,
-                       timer=timed.timer, **pending["metrics"])
-            row["samples"] = {side: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]}
-                              for side, m in timed.measurements.items()}
+        timed = pending["timed"] if pending else None
+        row = make_row(self.ctx, op=self.ctx.operator.name, dtype=case.dtype if case else None,
+                       shape=list(case.shape) if case else None, params=self._params(case),
+                       case=case.id if case else report.nodeid, status=self._status(report), nodeid=report.nodeid,
+                       measurements=timed.measurements if timed else None, timer=timed.timer if timed else None)
+        row.update(pending["metrics"] if pending else {})
         if not report.passed:
             row["error"] = self._error(report)
-        row["markers"] = list(self.ctx.markers)
-        row["configs"] = dict(self.ctx.configs)
-        row["nodeid"] = report.nodeid
         self.add_row(row)
 
     def add_row(self, row: dict) -> None:

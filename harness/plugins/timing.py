@@ -15,7 +15,7 @@ class TimingPlugin:
     def pytest_configure(self, config):
         spec = self.ctx.spec
         self.timer = Timer(self.ctx.backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark)
-        self.ctx.timer = self
+        self.ctx.measure = self.measure
 
     def measure(self, test_name, fns):
         try:
