@@ -24,7 +24,7 @@ from reports import ab_report, compare
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLAN = REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
-               "level", "flagtune", "a", "b"}
+               "level", "flagtune", "libtuner_cache", "a", "b"}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 
 
@@ -67,6 +67,7 @@ class Plan:
     flaggems_dirs: list[str] = dataclasses.field(default_factory=list)
     level: str | None = None
     flagtune: str | None = None
+    libtuner_cache: str | None = None  # each run's own private cache unless named
 
 
 def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
@@ -121,6 +122,7 @@ def load_plan(path: Path) -> Plan:
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
                 flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
                 level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
+                libtuner_cache=data.get("libtuner_cache"),
                 a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)))
 
 
@@ -243,7 +245,7 @@ class Runner:
             common += ["--ops-path", p]
         for d in plan.flaggems_dirs:
             common += ["--flaggems-dir", d]
-        record_only = flaggems.record_args(plan.level, plan.flagtune, None)
+        record_only = flaggems.record_args(plan.level, plan.flagtune, plan.libtuner_cache)
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
@@ -349,6 +351,7 @@ def resolve_plan(args) -> Plan:
     plan.flaggems_dirs += args.flaggems_dir or []
     plan.level = args.level or plan.level
     plan.flagtune = args.flagtune or plan.flagtune
+    plan.libtuner_cache = args.libtuner_cache or plan.libtuner_cache
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.

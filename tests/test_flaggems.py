@@ -231,3 +231,21 @@ def test_a_flaggems_vllm_checkout_is_hooked_through_its_own_package(tmp_path, sh
     assert facts["package_file"] == str(vllm / "src" / "flaggems_vllm" / "__init__.py")
     assert list(load(run_dir / "autotune_records" / "mm.json")["kernels"]) == ["flaggems_vllm.ops.mm_kernel"]
     assert load(run_dir / "run.json")["spec"]["provider"] == "flaggems:vllm"
+
+
+def test_an_ab_over_a_flaggems_op_passes_its_options_to_every_side(tmp_path, shape_file):
+    cache = tmp_path / "shared.db"
+    proc = run_harness("ab", "--ops", "flaggems:mm", "--flaggems-dir", CHECKOUT, "--shapes", shape_file,
+                       "--level", "core", "--libtuner-cache", cache, "--backend", "interpreter", "--repeats", "2",
+                       "--b-env", "ZL_TEST_SWITCH=1", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sorted(tmp_path.glob("ab_*/flaggems-mm/*/*/run.json"))
+    assert len(runs) == 5  # A's record, then two replays per side
+    for run in map(load, runs):
+        assert run["spec"]["flaggems"]["libtuner_cache"] == str(cache)
+        assert run["observed"]["flaggems"]["libtuner_cache"]["url"] == f"sqlite:///{cache}"
+    replays = [load(r) for r in runs if load(r)["spec"]["mode"] == "replay"]
+    assert all(r["observed"]["autotune"]["injected"] == 2 and r["observed"]["autotune"]["key_missing"] == 0
+               for r in replays)
+    report = load(next(tmp_path.glob("ab_*/report.json")))
+    assert [row["shape"] for row in report["rows"]] == [["4x4,4x8"], ["16x8,8x16"]]
