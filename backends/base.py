@@ -63,6 +63,9 @@ class Backend:
     graph_class: str = "CUDAGraph"
     # Triton's own driver runs kernels (False for the interpreter: no compile hooks, no do_bench).
     triton_driver: bool = True
+    # Whether this backend's timings are performance numbers at all (the interpreter's are not:
+    # its runs exercise the pipeline, and reports must not present verdicts on them).
+    measures_performance: bool = True
     capture_markers: CaptureMarkers = CaptureMarkers()
     # Test functions whose capture attempt kills the context: timed directly from the start.
     capture_deny: frozenset[str] = frozenset()
