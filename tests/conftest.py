@@ -1,15 +1,22 @@
 """Tests run on the CPU: kernels go through Triton's interpreter, which must be switched on
 before triton decorates any kernel (i.e. before any ops module is imported)."""
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ["TRITON_INTERPRET"] = "1"
+# The tests' own compiler cache, empty at start: a test must not pass only because the user's
+# ~/.triton/cache happens to hold a kernel, nor write into it.
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="zl_tests_triton_cache_")
+atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parent.parent
 # Fixtures shaped like other projects' test suites (a FlagGems checkout): run by our tests, never

@@ -1,10 +1,18 @@
 """IR naming rules on synthetic variant tables, and the dump path on kernels really compiled for a
 Hopper target on the CPU (Triton compiles for an explicit GPUTarget without a GPU)."""
 
+import importlib
+import os
+import subprocess
+import sys
+
 import pytest
+from conftest import REPO
 
 from harness import ir
 from harness.ir import Variant
+
+KERNELS = REPO / "tests" / "resources" / "ir_kernels"
 
 
 def var(h, dtype="bf16", align="nodiv", w=4, s=3, **constexprs):
@@ -49,31 +57,24 @@ def test_names_are_unique_for_any_group():
 
 
 @pytest.fixture
-def hopper_kernels(monkeypatch):
-    """Two configs x two dtypes of a kernel, compiled for sm_90 on this CPU."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns while it is unset
-    triton = pytest.importorskip("triton")
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def scale_kernel(x_ptr, out_ptr, n, BLOCK_SIZE_M: tl.constexpr, EVEN: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
-
-    compiled = []
-    for dtype in ("bf16", "fp16"):
-        for block in (64, 128):
-            src = ASTSource(fn=scale_kernel, signature={"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "n": "i32",
-                                                        "BLOCK_SIZE_M": "constexpr", "EVEN": "constexpr"},
-                            constexprs={"BLOCK_SIZE_M": block, "EVEN": True})
-            try:
-                compiled.append(triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
-            except (RuntimeError, FileNotFoundError) as exc:  # no ptxas in this Triton build
-                pytest.skip(f"cannot compile for sm_90 here: {exc}")
-    return compiled
+def hopper_kernels(monkeypatch, tmp_path):
+    """Two configs x two dtypes of a kernel, compiled for sm_90 on this CPU, into a cache dir of
+    this test's own: a fresh process compiles (see resources/ir_kernels/hopper.py), this one loads."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton_cache"), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, str(KERNELS / "hopper.py")], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        # Only a Triton build without the CUDA backend's tools (ptxas) cannot do this.
+        assert "ptxas" in proc.stderr or "FileNotFoundError" in proc.stderr, proc.stderr
+        pytest.skip(f"cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+    for key in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # so triton.jit builds a JITFunction, as in the compiling process
+    monkeypatch.syspath_prepend(str(KERNELS))
+    monkeypatch.delitem(sys.modules, "hopper", raising=False)
+    hopper = importlib.import_module("hopper")
+    monkeypatch.delitem(sys.modules, "hopper")
+    return hopper.compile_all()
 
 
 def launch(collector, handle):
