@@ -2,14 +2,16 @@
 
 Every session runs in the Python environment nox was started from (`venv_backend="none"`):
 that is where the user's compiler (Triton or a FlagTree build) and torch live, and no session
-ever reinstalls either. The light packages the harness needs (pytest, pyyaml, tabulate, numpy,
-scipy, matplotlib) are taken from that environment when present; only the missing ones are installed, into
-.nox/deps, keeping nothing that would shadow a package the environment already has. So an
-offline GPU host with those packages works as is, and a fresh networked machine needs no step.
+ever reinstalls either. The light packages the harness needs (harness.deps lists them: pytest,
+pyyaml, tabulate, numpy, scipy, matplotlib, tqdm) are taken from that environment when present;
+only the missing ones are installed, into .nox/deps, keeping nothing that would shadow a package
+the environment already has. So an offline GPU host with those packages works as is, and a fresh
+networked machine needs no step.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -19,46 +21,33 @@ nox.options.default_venv_backend = "none"
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
-BENCH_DEPS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib", "tqdm")
-TEST_DEPS = (*BENCH_DEPS, "ray")  # ray: the batch executor tests run it in local mode
-
-_MISSING = (
-    "import sys, importlib.metadata as m\n"
-    "def have(d):\n"
-    "    try: m.version(d); return True\n"
-    "    except m.PackageNotFoundError: return False\n"
-    "print('listed:', *[d for d in sys.argv[1:] if not have(d)])\n"
-)
-_COMPILER = (
-    "import sys\n"
-    "try:\n"
-    "    import torch, triton\n"
-    "    print('ok', torch.__version__, triton.__version__)\n"
-    "except ImportError as e:\n"
-    "    print('missing', sys.executable, e)\n"
-)
+# nox probes for uv before every session, whatever its venv_backend (nox.virtualenv.get_virtualenv
+# asks for OPTIONAL_VENVS first), and logs "uv binary not found." where there is none. No session
+# here uses uv: the line only alarms.
+logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
 
 
-def _light_deps(session: nox.Session, requirements: tuple[str, ...]) -> None:
+def _check(session: nox.Session, *args: str) -> str:
+    """The last line `python -m harness.deps ARGS` prints in the session's Python; not echoed, it
+    is bookkeeping (a failure still shows the command and its output)."""
+    lines = session.run("python", "-m", "harness.deps", *args, silent=True, log=False).splitlines()
+    return lines[-1] if lines else ""
+
+
+def _light_deps(session: nox.Session, command: str, *extra: str) -> None:
+    """Install what `python -m harness COMMAND` (harness.deps.needed) and `extra` need and this
+    environment lacks into .nox/deps, and put that on the session's PYTHONPATH."""
     if DEPS_DIR.is_dir():
         session.env["PYTHONPATH"] = str(DEPS_DIR)
-    missing = _listed(session.run("python", "-c", _MISSING, *requirements, silent=True))
+    missing = _check(session, "missing", command, *extra).split()
     if not missing:
         return
     session.log(f"installing missing packages into {DEPS_DIR}: {' '.join(missing)}")
     session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                 "--target", str(DEPS_DIR), "--upgrade", *missing)
     session.env.pop("PYTHONPATH", None)
-    present = _listed(session.run("python", "-c", _MISSING.replace("not have(d)", "have(d)"),
-                                  *_dist_names(DEPS_DIR), silent=True))
-    _drop_shadowing(DEPS_DIR, set(present))
+    _drop_shadowing(DEPS_DIR, set(_check(session, "present", *_dist_names(DEPS_DIR)).split()))
     session.env["PYTHONPATH"] = str(DEPS_DIR)
-
-
-def _listed(output: str) -> list[str]:
-    # The helper's own line: warnings the interpreter prints around it must not read as names.
-    line = next((x for x in output.splitlines() if x.startswith("listed:")), "listed:")
-    return line.split()[1:]
 
 
 def _dist_names(target: Path) -> list[str]:
@@ -83,8 +72,7 @@ def _drop_shadowing(target: Path, present: set[str]) -> None:
 
 
 def _require_compiler(session: nox.Session) -> None:
-    # The last line is the verdict; torch may print warnings (e.g. no numpy yet) before it.
-    status = session.run("python", "-c", _COMPILER, silent=True).strip().splitlines()[-1]
+    status = _check(session, "compiler")
     if not status.startswith("ok"):
         session.error(
             f"this Python lacks torch or triton ({status}). Sessions use the compiler of the "
@@ -95,7 +83,7 @@ def _require_compiler(session: nox.Session) -> None:
 
 def _harness(session: nox.Session, command: str) -> None:
     _require_compiler(session)
-    _light_deps(session, BENCH_DEPS)
+    _light_deps(session, command)
     session.run("python", "-m", "harness", command, *session.posargs)
 
 
@@ -128,7 +116,7 @@ def inventory_regen(session: nox.Session) -> None:
     """Rebuild ops/inventory_<repo>.csv by a static scan (built-in ops, or --flaggems-dir checkouts)."""
     # A static scan imports no operator, so unlike the benchmark sessions this one runs without
     # torch or triton; --verify-collect runs pytest on the checkout, which brings its own needs.
-    _light_deps(session, ("pytest", "pyyaml"))
+    _light_deps(session, "inventory-regen")
     session.run("python", "-m", "harness", "inventory-regen", *session.posargs)
 
 
@@ -136,7 +124,7 @@ def inventory_regen(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The project's own tests (CPU only, interpreter backend)."""
     _require_compiler(session)
-    _light_deps(session, TEST_DEPS)
+    _light_deps(session, "tests", "ray")  # ray: the batch executor tests run it in local mode
     session.run("python", "-m", "pytest", *session.posargs)
 
 

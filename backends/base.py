@@ -105,7 +105,12 @@ class Backend:
             return [0]
         visible = environ.get(self.visibility_key)
         if visible is not None:
-            return [int(x) for x in visible.split(",") if x.strip() != ""]
+            items = [x.strip() for x in visible.split(",") if x.strip() != ""]
+            if not all(x.isdigit() for x in items):
+                # The child is handed one index in this key: UUIDs or MIG names cannot be mapped.
+                raise BackendUnavailable(f"backend '{self.name}': {self.visibility_key}={visible!r} is not a list of "
+                                         "device indices (zl_bench hands each child one index); set indices, e.g. 0,1")
+            return [int(x) for x in items]
         listed = self._devices_from_cli()
         if listed is not None:
             return listed
@@ -147,10 +152,11 @@ class Backend:
             )
         if explicit:
             missing = [d for d in explicit if d not in found]
-            if missing and self.visibility_key is not None:
+            if missing:
+                valid = ", ".join(map(str, found))
                 raise BackendUnavailable(
-                    f"backend '{self.name}': device(s) {missing} not among the visible devices "
-                    f"{found}"
+                    f"backend '{self.name}': device(s) {missing} do not exist here; it has {len(found)} "
+                    f"device{'s' if len(found) != 1 else ''}, valid --device: {valid}"
                 )
             return list(explicit)
         return found

@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness import flaggems, ir, resolve, rundir
+import backends
+from harness import deps, flaggems, ir, resolve, rundir
 from harness import spec as spec_mod
-from reports import ab_report, compare
+from reports import ab_report, compare, table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLAN = REPO_ROOT / "ops" / "ab_default.yaml"
@@ -154,10 +155,10 @@ def build_side_env(side: Side, log, root: Path = SIDE_ENVS) -> str:
                                           text=True).stdout)
     own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
                               capture_output=True, text=True).stdout.strip()
-    # "zz" sorts last: the base's packages, then the PYTHONPATH entries the harness runs with (the
-    # sessions' light packages), come after the side's own. The side runs without PYTHONPATH, which
-    # would otherwise shadow what its requirements installed.
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
+    # "zz" sorts last: the base's packages, then the PYTHONPATH entries the harness runs with and
+    # .nox/deps (the sessions' light packages), come after the side's own. The side runs with only
+    # the checkout on PYTHONPATH, which would otherwise shadow what its requirements installed.
+    inherited = [p for p in deps.search_path(os.environ.get("PYTHONPATH")) if Path(p).is_dir()]
     (Path(own_site) / "zz_zl_base_env.pth").write_text(
         "\n".join(d for d in [*site_dirs, *inherited] if Path(d).is_dir()) + "\n")
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
@@ -186,8 +187,9 @@ class Runner:
         """One harness invocation; its run dir, or None if it failed."""
         env = dict(os.environ)
         env.update(side.env)
-        # A pip-built side already sees the base env's paths, after its own (see build_side_env).
-        env["PYTHONPATH"] = resolve.harness_pythonpath(None if side.requirements else env.get("PYTHONPATH"))
+        # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
+        # build_side_env): it gets the checkout alone.
+        env["PYTHONPATH"] = str(REPO_ROOT) if side.requirements else resolve.harness_pythonpath(env.get("PYTHONPATH"))
         cmd = [side.python or sys.executable, "-m", "harness", *args, "--out", str(out), "--color", "never"]
         self.log.write(f"\n$ {' '.join(f'{k}={v}' for k, v in side.env.items())} {' '.join(cmd)}\n")
         self.log.flush()
@@ -294,15 +296,19 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
 
 
 def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str],
-           expected: int | None = None) -> int:
+           backend_names: set[str], expected: int | None = None) -> int:
     """Pair and compare each group (one op's A runs against its B runs), then report them all;
-    `expected` is the planned repeats per side, so a short side is flagged on every row."""
+    `expected` is the planned repeats per side, so a short side is flagged on every row. On a
+    backend whose timings are not performance numbers the pipeline runs all the same, but every
+    report says so at its top and calls no verdict."""
+    not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
+    note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
     rows = [row for a_runs, b_runs in groups if a_runs or b_runs
-            for row in compare.pair(a_runs, b_runs, expected)]
+            for row in compare.pair(a_runs, b_runs, expected, performance=note is None)]
     summary = compare.summarize(rows)
     print()
-    print(ab_report.render(rows, summary, warnings, context))
-    files = ab_report.write(ab_dir, rows, summary, warnings, context)
+    print(ab_report.render(rows, summary, warnings, context, note=note))
+    files = ab_report.write(ab_dir, rows, summary, warnings, context, note)
     print("report: " + ", ".join(str(f) for f in files))
     return 0 if rows and summary.headline_rows == summary.rows else 1
 
@@ -363,20 +369,23 @@ def run_from_args(args) -> int:
     """`python -m harness ab ...`"""
     if args.compare:
         dir_a, dir_b = args.compare
+        backend_names = set()
         for d in (dir_a, dir_b):
             try:
-                spec_mod.read(d)
+                backend_names.add(spec_mod.read(d).backend)
             except spec_mod.SpecError as exc:
                 raise resolve.UsageError(f"--compare: {exc}") from exc
         out = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
                    "note": "single runs: each run's raw samples stand in for repeats"}
-        return report(out, [([dir_a], [dir_b])], context, warnings)
+        return report(out, [([dir_a], [dir_b])], context, warnings, backend_names)
     plan = resolve_plan(args)
     ab_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), f"ab_{plan.name}")
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
           f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
+    if not backends.get(plan.backend).measures_performance:
+        print(table.not_performance_note(plan.backend))
     runner = Runner(plan, ab_dir)
     interrupted = False
     try:
@@ -397,5 +406,6 @@ def run_from_args(args) -> int:
         warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
-    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, plan.repeats)
+    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, {plan.backend},
+                  plan.repeats)
     return 130 if interrupted else code

@@ -4,12 +4,14 @@ the cases under our plugins, one job each."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness import flaggems
+from harness import flaggems, rundir
+from harness.console import Console
 from harness.context import RunContext
 from harness.plugins import autotune, ir, results, runinfo, seeds, shapes, timing
 from harness.plugins import flaggems as flaggems_plugin
@@ -33,31 +35,81 @@ def prepare_flaggems(ctx: RunContext) -> list[str]:
     return flaggems_plugin.child_args(options, ctx.spec.dtypes, ctx.spec.color)
 
 
+SIGNAL_REASONS = {signal.SIGINT: "interrupted (SIGINT)", signal.SIGTERM: "terminated (SIGTERM)"}
+
+
+def stop_on_signals(ctx: RunContext) -> None:
+    """SIGINT and SIGTERM end the run through pytest's interrupt path (results and outcome are
+    written, the summary says INCOMPLETE); a repeated signal does not cut that short (the parent
+    kills outright if the child takes too long)."""
+
+    def handler(signum, frame):
+        if ctx.stop_reason is None:
+            ctx.stop_reason = SIGNAL_REASONS[signum]
+            raise KeyboardInterrupt
+
+    for signum in SIGNAL_REASONS:
+        signal.signal(signum, handler)
+
+
+class DiskFullGuard:
+    """A full disk, wherever it is met (a test writing records, a hook writing results): one line
+    to the user and an immediate exit. Files written before are complete (atomic writes), and
+    anything written from here on could only fail or come out partial."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def stop_if_full(self, exc: BaseException | None) -> None:
+        full = rundir.disk_full(exc) if exc is not None else None
+        if full is not None:
+            self.console.say(f"error: {full}")
+            os._exit(rundir.EXIT_DISK_FULL)
+
+    def pytest_exception_interact(self, node, call, report):
+        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+
+    def pytest_runtest_makereport(self, item, call):
+        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+
+    def pytest_internalerror(self, excrepr, excinfo):
+        self.stop_if_full(excinfo.value)
+
+
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
-    ctx = RunContext.load(run_dir)
-    results_plugin = results.ResultsPlugin(ctx)
-    plugins = [
-        runinfo.RunInfoPlugin(ctx),
-        seeds.SeedsPlugin(ctx),
-        shapes.ShapesPlugin(ctx),
-        autotune.AutotunePlugin(ctx),
-        ir.IRPlugin(ctx),
-        timing.TimingPlugin(ctx),
-        results_plugin,
-    ]
-    if ctx.spec.flaggems is not None:
-        args = prepare_flaggems(ctx)
-        plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin))
+    console = Console.split_stdout()
+    guard = DiskFullGuard(console)
+    try:
+        ctx = RunContext.load(run_dir)
+        ctx.say = console.say
+        stop_on_signals(ctx)
+        results_plugin = results.ResultsPlugin(ctx)
+        plugins = [
+            guard,
+            runinfo.RunInfoPlugin(ctx),
+            seeds.SeedsPlugin(ctx),
+            shapes.ShapesPlugin(ctx),
+            autotune.AutotunePlugin(ctx),
+            ir.IRPlugin(ctx),
+            timing.TimingPlugin(ctx),
+            results_plugin,
+        ]
+        if ctx.spec.flaggems is not None:
+            args = prepare_flaggems(ctx)
+            plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin))
+            return int(pytest.main(args, plugins=plugins))
+        args = [
+            str(HERE / "cases.py"),
+            "-c", str(HERE / "child.ini"),
+            "--rootdir", str(HERE),
+            f"--color={'yes' if ctx.spec.color else 'no'}",
+            "-q", "--tb=short", "-rfE",
+        ]
         return int(pytest.main(args, plugins=plugins))
-    args = [
-        str(HERE / "cases.py"),
-        "-c", str(HERE / "child.ini"),
-        "--rootdir", str(HERE),
-        f"--color={'yes' if ctx.spec.color else 'no'}",
-        "-q", "--tb=short", "-rfE",
-    ]
-    return int(pytest.main(args, plugins=plugins))
+    except OSError as exc:
+        guard.stop_if_full(exc)
+        raise
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import backends
-from harness import resolve
+from harness import resolve, rundir
 from harness import spec as spec_mod
 from harness.resolve import UsageError
 from ops import DTYPE_NAMES
@@ -120,10 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     run_ = bat.add_argument_group("running")
     run_.add_argument("--devices", metavar="LIST", default=None,
                       help="comma-separated device indices (default: the backend's visible devices)")
-    run_.add_argument("--op-timeout", type=float, metavar="S", default=1800.0,
-                      help="per-op timeout in seconds; the op's process group is killed (default: 1800)")
-    run_.add_argument("--resume", action="store_true", help="rerun only ops not PASS/SKIP in --batch-dir")
-    run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None, help="the batch dir to resume")
+    run_.add_argument("--op-timeout", type=float, metavar="S", default=None,
+                      help="per-op timeout in seconds; the op's process group is killed (default: 1800; "
+                           "--resume: the batch's)")
+    run_.add_argument("--resume", action="store_true",
+                      help="rerun only ops not PASS/SKIP in --batch-dir, with the selection and options stored "
+                           "there unless given again")
+    run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None,
+                      help="the batch dir: a new or empty one (created), or with --resume the batch to resume "
+                           "(default for a new batch: runs/batch_<ts>)")
     run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
                       help="replay each op from this earlier batch dir")
     run_.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -182,3 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        full = rundir.disk_full(exc)
+        if full is None:
+            raise
+        print(f"error: {full}", file=sys.stderr)
+        return 1

@@ -44,6 +44,11 @@ class RunContext:
     # Set by the plugins that own them, for the FlagGems plugin to drive.
     measure: Callable | None = None  # the timing plugin's (test name, {side: fn}) -> Timed
     autotune_patch: object = None
+    # Lines for the user (harness.console); pytest's own output goes to run.log only.
+    say: Callable[..., None] = print
+    # Why the run stopped early (a signal), set by the child; the outcome written at the end.
+    stop_reason: str | None = None
+    outcome: dict | None = None
 
     @classmethod
     def load(cls, run_dir: Path) -> RunContext:
@@ -60,6 +65,10 @@ class RunContext:
         self.case_id = case_id
         self.markers = []
         self.configs = {}
+        if case_id:
+            # Kept current on disk: a run killed outright (SIGKILL, a batch timeout) still says
+            # which case it was in.
+            rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
         if shape_label is not None:
             for listener in self.case_listeners:
                 listener(shape_label)

@@ -195,10 +195,24 @@ class IRCollector:
         return groups
 
     def write(self) -> None:
+        """Rewrite ttgir/ whole: built in a staging dir and renamed into place, so a failure (a full
+        disk) leaves the previous ttgir/ and no staging litter."""
         self.scan()
-        groups = self.used()
         staging = self.root.with_name(f".{IR_DIR}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
+        try:
+            self._write_into(staging)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            full = rundir.disk_full(exc, self.root)
+            if full is not None:
+                raise full from exc
+            raise
+        shutil.rmtree(self.root, ignore_errors=True)
+        staging.rename(self.root)
+
+    def _write_into(self, staging: Path) -> None:
+        groups = self.used()
         staging.mkdir(parents=True)
         rows, abbrs = [], {}
         launched = set()
@@ -218,8 +232,6 @@ class IRCollector:
         (staging / "index.tsv").write_text(
             "\t".join(INDEX_COLUMNS) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
         (staging / "naming.md").write_text(_legend(abbrs))
-        shutil.rmtree(self.root, ignore_errors=True)
-        staging.rename(self.root)
 
     @staticmethod
     def _row(shape: str, v: Variant, file: str, launches: int) -> tuple:

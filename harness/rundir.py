@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -39,13 +40,51 @@ def claim_run_dir(root: Path, op: str, now: _dt.datetime | None = None) -> Path:
     raise RuntimeError(f"could not claim a run directory under {root}")
 
 
+class DiskFull(OSError):
+    """No space (or quota) left where a run writes: the run cannot go on, and says so in one line."""
+
+    def __init__(self, path: Path):
+        super().__init__(errno.ENOSPC, f"no space left on device writing {path}")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# A child's exit code when the disk filled: nothing more can be saved, so it stops at once.
+EXIT_DISK_FULL = 75
+
+
+def disk_full(exc: BaseException, path: Path | str | None = None) -> DiskFull | None:
+    """The DiskFull behind `exc` (itself, its cause or context chain, or a raw ENOSPC OSError,
+    named by its own file name, else `path`)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFull):
+            return exc
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
+            return DiskFull(Path(exc.filename or path or "?"))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write whole or not at all: on any failure the temporary file is removed and the previous
+    file stays as it was; a full disk raises DiskFull naming `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
+            raise DiskFull(path) from exc
+        raise
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -83,14 +122,27 @@ def merge_json(path: Path, facts: dict) -> dict:
 
 
 def read_yaml_mapping(path: Path, error: type[Exception], what: str, expect: str = "a mapping") -> dict:
-    """A yaml file whose top level is a mapping, or `error` naming the file and what is wrong."""
+    """A yaml file whose top level is a mapping, or `error` in one line naming the file, the line
+    where the parser stopped, and what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise error(f"{what} {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path}: not valid yaml: not UTF-8 text (byte {exc.start})") from exc
+    except OSError as exc:
+        raise error(f"{what} {path}: cannot be read: {exc.strerror or exc}") from exc
+    except yaml.MarkedYAMLError as exc:
+        # PyYAML's own text spans lines and calls the file "<unicode string>".
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = exc.problem or type(exc).__name__
+        if exc.context and exc.context_mark and exc.context_mark is not mark:
+            problem += f" ({exc.context} at line {exc.context_mark.line + 1})"
+        raise error(f"{what} {where}: not valid yaml: {problem}") from exc
     except yaml.YAMLError as exc:
-        raise error(f"{what} {path}: not valid yaml: {exc}") from exc
+        raise error(f"{what} {path}: not valid yaml: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise error(f"{what} {path}: top level must be {expect}")
     return data

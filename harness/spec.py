@@ -33,6 +33,10 @@ class RunSpec:
     ops_paths: list[str] = dataclasses.field(default_factory=list)
     provider: str = "builtin"
     replay_from: str | None = None
+    # A replay's view of its source: the record's run.json `observed.outcome` as read when the
+    # replay was resolved (status COMPLETE or INCOMPLETE, rows done and planned, reason), so a
+    # replay of a record that never finished says so in its own run.json.
+    replay_source_outcome: dict | None = None
     color: bool = False
     ir: bool = True
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
@@ -69,6 +73,11 @@ def write(run_dir: Path, spec: RunSpec) -> None:
 
 def read(run_dir: Path) -> RunSpec:
     """The spec of an existing run dir, or SpecError saying exactly what is wrong with it."""
+    return read_run(run_dir)[0]
+
+
+def read_run(run_dir: Path) -> tuple[RunSpec, dict]:
+    """(spec, observed) of an existing run dir; observed is {} when nothing was merged yet."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise SpecError(f"run dir {run_dir} does not exist")
@@ -81,4 +90,7 @@ def read(run_dir: Path) -> RunSpec:
         raise SpecError(f"{path} is corrupt: {exc}") from exc
     if not isinstance(data, dict) or "spec" not in data:
         raise SpecError(f"{path} has no 'spec' section")
-    return RunSpec.from_json(data["spec"], str(path))
+    observed = data.get("observed", {})
+    if not isinstance(observed, dict):
+        raise SpecError(f"{path} is corrupt: 'observed' is not an object")
+    return RunSpec.from_json(data["spec"], str(path)), observed

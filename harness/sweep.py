@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 import backends
-from harness import rundir, tuning
+from harness import procs, rundir, tuning
 from harness import spec as spec_mod
 
 SWEEP_DIR = "sweep"
@@ -84,32 +84,35 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
     sweep_dir.mkdir()
     shards = round_robin(shape_list, n)
     start = time.monotonic()
-    procs = []
+    running = []
     for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
         shard_file = sweep_dir / f"shard{i}.yaml"
         shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
-        cmd = [sys.executable, "-m", "harness", "record", run_spec.op, "--backend", run_spec.backend,
-               "--device", str(device), "--shapes", str(shard_file), "--dtypes", ",".join(run_spec.dtypes),
+        # A backend without device indices (the interpreter) runs every shard on its one "device".
+        where = ["--device", str(device)] if backend.visibility_key is not None else []
+        cmd = [sys.executable, "-m", "harness", "record", run_spec.op, "--backend", run_spec.backend, *where,
+               "--shapes", str(shard_file), "--dtypes", ",".join(run_spec.dtypes),
                "--seed", str(run_spec.seed), "--timer", run_spec.timer, "--warmup-ms", str(run_spec.warmup_ms),
                "--rep-ms", str(run_spec.rep_ms), "--no-ir", "--color", "never", "--out", str(sweep_dir / f"shard{i}")]
         for p in run_spec.ops_paths:
             cmd += ["--ops-path", p]
         out = open(sweep_dir / f"shard{i}.log", "w")
-        procs.append((i, subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=dict(os.environ),
-                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True), out))
+        running.append((i, subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=dict(os.environ),
+                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=procs.die_with_parent()), out))
     log(f"parallel sweep: {len(shape_list)} shapes over devices {devices} "
         f"({', '.join(str(len(s)) for s in shards)} shapes each)\n")
     try:
-        codes = {i: p.wait() for i, p, _ in procs}
+        codes = {i: p.wait() for i, p, _ in running}
     except KeyboardInterrupt:
-        for _, p, _ in procs:  # Ctrl-C leaves no shard behind
+        for _, p, _ in running:  # Ctrl-C leaves no shard behind
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         raise
     finally:
-        for _, p, out in procs:
+        for _, p, out in running:
             p.wait()
             out.close()
     seconds = round(time.monotonic() - start, 1)

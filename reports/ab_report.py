@@ -1,11 +1,17 @@
 """The A/B report: a terminal table, the same as markdown, CSV and JSON files, and a PNG of
-per-row ratios with their intervals grouped by operator."""
+per-row ratios with their intervals grouped by operator.
+
+`note`, where given, says the timings are not performance numbers (reports.table.not_performance_note):
+it heads every one of them, verdicts are n/a (reports.compare.pair), and the text reports show no
+ratio, interval or geomean; the CSV and JSON keep the computed values, for checking the pipeline.
+"""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import math
+import textwrap
 from pathlib import Path
 
 from tabulate import tabulate
@@ -30,27 +36,32 @@ def _median(values) -> float | None:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def _cells(row: PairedRow) -> list:
+def _cells(row: PairedRow, performance: bool) -> list:
     c = row.comparison
     control = stats.compare(row.a_control_ms, row.b_control_ms).ratio if row.a_control_ms and row.b_control_ms else None
     flags = list(row.flags) + (["config_differs"] if row.config_differs else [])
     a, b = _median(row.a_ms), _median(row.b_ms)
+    ratio = f"{c.ratio:.4f}" if c else "-"
+    interval = f"[{c.lo:.4f}, {c.hi:.4f}]" if c and math.isfinite(c.hi) else "-"
+    control_cell = f"{control:.4f}" if control else "-"
+    if not performance:
+        ratio, interval, control_cell = (stats.NOT_APPLICABLE if c else "-",) * 3
     return [row.op, row.dtype, _shape(row), f"{a:.4f}" if a else "-", f"{b:.4f}" if b else "-",
-            f"{c.ratio:.4f}" if c else "-", f"[{c.lo:.4f}, {c.hi:.4f}]" if c and math.isfinite(c.hi) else "-",
-            c.verdict if c else "UNPAIRED", f"{control:.4f}" if control else "-", ",".join(flags)]
+            ratio, interval, c.verdict if c else "UNPAIRED", control_cell, ",".join(flags)]
 
 
-def _gm(gm: tuple[float, float, float]) -> str:
+def _gm(gm: tuple[float, float, float], performance: bool) -> str:
     ratio, lo, hi = gm
-    if not math.isfinite(ratio):
-        return "n/a"
+    if not math.isfinite(ratio) or not performance:
+        return stats.NOT_APPLICABLE
     interval = f" [{lo:.4f}, {hi:.4f}]" if math.isfinite(lo) else ""
     return f"{ratio:.4f}{interval} ({stats.describe(ratio)})"
 
 
-def headline(summary: Summary, warnings: list[str], context: dict) -> list[str]:
-    lines = [f"A/B {context.get('name', '')}: A = {context.get('a', 'A')}, B = {context.get('b', 'B')}; "
-             f"ratio = B latency / A latency (below 1: B faster)"]
+def headline(summary: Summary, warnings: list[str], context: dict, note: str | None = None) -> list[str]:
+    lines = [note] if note else []
+    lines.append(f"A/B {context.get('name', '')}: A = {context.get('a', 'A')}, B = {context.get('b', 'B')}; "
+                 f"ratio = B latency / A latency (below 1: B faster)")
     lines += [f"WARNING: {w}" for w in warnings]
     verdicts = ", ".join(f"{k} {v}" for k, v in sorted(summary.verdicts.items())) or "none"
     lines.append(f"rows: {summary.headline_rows} of {summary.rows} in the headline; verdicts: {verdicts}")
@@ -59,26 +70,30 @@ def headline(summary: Summary, warnings: list[str], context: dict) -> list[str]:
         lines.append(f"excluded from the headline: {excluded}")
     if summary.config_differs:
         lines.append(f"rows whose sides ran different autotune configs: {summary.config_differs}")
-    lines.append(f"overall geomean B/A: {_gm(summary.overall)}")
+    performance = note is None
+    lines.append(f"overall geomean B/A: {_gm(summary.overall, performance)}")
     for op, gm in summary.per_op.items():
-        lines.append(f"  {op}: {_gm(gm)}")
-    lines.append(f"control (torch baseline) geomean B/A: {_gm(summary.control)} -- should be ~1: it does not "
-                 "depend on the compiler under test")
+        lines.append(f"  {op}: {_gm(gm, performance)}")
+    lines.append(f"control (torch baseline) geomean B/A: {_gm(summary.control, performance)} -- should be ~1: it "
+                 "does not depend on the compiler under test")
     return lines
 
 
-def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict, fmt: str = "simple") -> str:
-    table = tabulate([_cells(r) for r in rows], headers=HEADERS, tablefmt=fmt, disable_numparse=True)
-    return "\n".join(headline(summary, warnings, context)) + "\n\n" + table + "\n"
+def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict, fmt: str = "simple",
+           note: str | None = None) -> str:
+    table = tabulate([_cells(r, note is None) for r in rows], headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+    return "\n".join(headline(summary, warnings, context, note)) + "\n\n" + table + "\n"
 
 
-def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict) -> list[Path]:
+def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict,
+          note: str | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "report.md"
-    rundir.atomic_write_text(md, "# A/B report\n\n" + render(rows, summary, warnings, context, "github").replace(
-        "\n\n", "\n\n", 1))
+    rundir.atomic_write_text(md, "# A/B report\n\n" + render(rows, summary, warnings, context, "github", note))
     csv_path = out_dir / "report.csv"
     with open(csv_path, "w", newline="") as f:
+        if note:
+            f.write(f"# {note}\n")
         w = csv.writer(f)
         w.writerow(["op", "dtype", "shape", "a_ms_median", "b_ms_median", "ratio", "ci_lo", "ci_hi", "verdict",
                     "noise_floor", "n_a", "n_b", "flags", "config_differs"])
@@ -89,17 +104,18 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                         c.floor if c else "", len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
     js = out_dir / "report.json"
     rundir.atomic_write_json(js, {
-        "format": REPORT_FORMAT, "context": context, "warnings": warnings,
+        "format": REPORT_FORMAT, "measures_performance": note is None, "note": note, "context": context,
+        "warnings": warnings,
         "summary": dataclasses.asdict(summary),
         "rows": [{"op": r.op, "dtype": r.dtype, "shape": list(r.shape), "a_ms": r.a_ms, "b_ms": r.b_ms,
                   "a_control_ms": r.a_control_ms, "b_control_ms": r.b_control_ms, "timers": sorted(r.timers),
                   "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
                   "config_differs": r.config_differs,
                   "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
-    return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context)]
+    return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context, note)]
 
 
-def plot(path: Path, rows: list[PairedRow], context: dict) -> Path:
+def plot(path: Path, rows: list[PairedRow], context: dict, note: str | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,7 +123,8 @@ def plot(path: Path, rows: list[PairedRow], context: dict) -> Path:
 
     shown = [r for r in rows if r.comparison is not None]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(shown) + 2), 4.5))
-    colors = {stats.FASTER: "tab:green", stats.SLOWER: "tab:red", stats.SAME: "tab:gray", stats.NOISY: "tab:orange"}
+    colors = {stats.FASTER: "tab:green", stats.SLOWER: "tab:red", stats.SAME: "tab:gray", stats.NOISY: "tab:orange",
+              stats.NOT_APPLICABLE: "tab:gray"}
     for i, r in enumerate(shown):
         c = r.comparison
         lo = c.lo if math.isfinite(c.lo) else c.ratio
@@ -121,7 +138,8 @@ def plot(path: Path, rows: list[PairedRow], context: dict) -> Path:
         if ops[i] != ops[i - 1]:
             ax.axvline(i - 0.5, color="lightgray", linewidth=0.8)
     ax.set_ylabel("B / A latency (below 1: B faster)")
-    ax.set_title(f"A/B {context.get('name', '')}: {context.get('b', 'B')} vs {context.get('a', 'A')}", fontsize=9)
+    title = f"A/B {context.get('name', '')}: {context.get('b', 'B')} vs {context.get('a', 'A')}"
+    ax.set_title(f"{textwrap.fill(note, 100)}\n{title}" if note else title, fontsize=8 if note else 9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

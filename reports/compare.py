@@ -70,9 +70,11 @@ def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
     return [r[f"{side}_ms"] for r in rows]
 
 
-def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None) -> list[PairedRow]:
+def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
+         performance: bool = True) -> list[PairedRow]:
     """Rows of both sides paired by (op, dtype, shape). `expected`: repeats planned per side;
-    a row with fewer successful runs on a side is flagged incomplete (default: the runs given)."""
+    a row with fewer successful runs on a side is flagged incomplete (default: the runs given).
+    `performance`: whether the timings are performance numbers; if not, every verdict is n/a."""
     side_rows = {"a": [load_rows(d) for d in a_runs], "b": [load_rows(d) for d in b_runs]}
     single = len(a_runs) == 1 and len(b_runs) == 1
     keys = list(dict.fromkeys(k for runs in side_rows.values() for rows in runs for k in rows))
@@ -98,6 +100,8 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None) ->
             configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {})
         if row.a_ms and row.b_ms:
             row.comparison = stats.compare(row.a_ms, row.b_ms)
+            if not performance:
+                row.comparison = dataclasses.replace(row.comparison, verdict=stats.NOT_APPLICABLE)
         paired.append(row)
     return paired
 

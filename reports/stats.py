@@ -7,6 +7,7 @@ interval against a noise floor taken from A's own repeats (the A/A inside every 
     SLOWER  the whole interval lies above 1 + floor
     SAME    the whole interval lies within [1 - floor, 1 + floor]
     NOISY   anything else, or A's own repeats disagree by more than MAX_FLOOR: the data cannot tell
+    n/a     the backend's timings are not performance numbers (the interpreter): nothing to call
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ NOISE_SIGMAS = 3.0
 # A row whose A/A floor exceeds this is too noisy to call anything, SAME included (5%).
 MAX_FLOOR = 0.05
 
-FASTER, SLOWER, SAME, NOISY = "FASTER", "SLOWER", "SAME", "NOISY"
+FASTER, SLOWER, SAME, NOISY, NOT_APPLICABLE = "FASTER", "SLOWER", "SAME", "NOISY", "n/a"
 
 
 @dataclasses.dataclass(frozen=True)

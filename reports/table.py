@@ -22,6 +22,14 @@ COLUMNS = (
     ("markers", "markers"),
 )
 FOLDABLE = ("op", "dtype", "shape", "timer", "status")
+# Derived from timings as if they were performance numbers: left out where they are not.
+PERFORMANCE_ONLY = ("speedup", "gbps", "tflops")
+
+
+def not_performance_note(backend: str) -> str:
+    """Said once at the top of every report on a backend whose timings are not performance numbers."""
+    return (f"NOTE: backend '{backend}' exercises the pipeline only: its timings are not performance numbers "
+            "(no speedups, bandwidths or verdicts)")
 
 
 def _cell(row: dict, field: str):
@@ -37,10 +45,14 @@ def _cell(row: dict, field: str):
     return "" if value is None else value
 
 
-def render(rows: list[dict], color: bool = False, context: dict | None = None) -> str:
+def render(rows: list[dict], color: bool = False, context: dict | None = None, performance: bool = True) -> str:
+    """`performance`: whether the backend's timings are performance numbers; if not, a note says so
+    and no column derived from them (speedup, GB/s, TFLOP/s) is shown."""
+    note = "" if performance else not_performance_note((context or {}).get("backend", "?")) + "\n"
     if not rows:
-        return "no rows"
-    columns = [c for c in COLUMNS if any(_cell(r, c[0]) != "" for r in rows)]
+        return note + "no rows"
+    columns = [c for c in COLUMNS if any(_cell(r, c[0]) != "" for r in rows)
+               and (performance or c[0] not in PERFORMANCE_ONLY)]
     legend = dict(context or {})
     if len(rows) > 1:
         for field in FOLDABLE:
@@ -58,4 +70,4 @@ def render(rows: list[dict], color: bool = False, context: dict | None = None) -
     out = tabulate(table, headers=[h for _, h in columns], disable_numparse=True)
     if legend:
         out = "  ".join(f"{k}={v}" for k, v in legend.items()) + "\n" + out
-    return out
+    return note + out

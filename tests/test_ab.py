@@ -1,11 +1,13 @@
 """The A/B session end to end on the interpreter backend, plus plan parsing and validity."""
 
 import json
+import re
 
 import pytest
 from conftest import load
 
 from harness import ab, ir
+from reports import table
 
 pytestmark = pytest.mark.e2e
 
@@ -33,12 +35,22 @@ def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
         "[1/1 add] A records", "A replays A", "B replays A", "A replays A", "B replays A"]
     report = load(d / "report.json")
     assert len(report["rows"]) == 2  # tiny pointwise shapes
+    # The interpreter's timings are not performance numbers: paired and compared all the same, but
+    # no verdict is called, and every report says why at its top.
+    note = table.not_performance_note("interpreter")
+    assert report["measures_performance"] is False and report["note"] == note
     for row in report["rows"]:
         assert len(row["a_ms"]) == 2 and len(row["b_ms"]) == 2 and row["flags"] == []
-        assert row["comparison"]["verdict"] in ("FASTER", "SLOWER", "SAME", "NOISY")
+        assert row["comparison"]["verdict"] == "n/a" and row["comparison"]["ratio"] > 0
     assert report["summary"]["headline_rows"] == 2
     assert any("IR was not collected" in w for w in report["warnings"])
-    assert "overall geomean B/A" in proc.stdout and "B/A" in (d / "report.md").read_text()
+    assert "overall geomean B/A: n/a" in proc.stdout and "B/A" in (d / "report.md").read_text()
+    assert proc.stdout.split("ab dir: ", 1)[1].splitlines()[1] == note  # atop the run
+    printed = proc.stdout.split("\n\n", 1)[1]
+    assert printed.splitlines()[0] == note and printed.count(note) == 1  # atop the report
+    assert (d / "report.md").read_text().splitlines()[2] == note
+    assert (d / "report.csv").read_text().splitlines()[0] == f"# {note}"
+    assert not re.search(r"x (slower|faster)|no change|FASTER|SLOWER|SAME|NOISY", printed)
     # B replayed A's configs: every row ran the same configs on both sides.
     assert all(not row["config_differs"] for row in report["rows"])
 
@@ -187,3 +199,37 @@ def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
             except OSError:
                 pass
     assert leftovers == []
+
+
+def _fake_run(path, candidate_ms):
+    path.mkdir(parents=True)
+    rows = [{"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
+             "candidate_ms": candidate_ms, "timer": "graph", "markers": [], "configs": {}}]
+    (path / "results.json").write_text(json.dumps({"format": 1, "rows": rows}))
+    return path
+
+
+@pytest.mark.parametrize("backend", ["cuda", "interpreter"])
+def test_verdicts_only_where_the_backend_measures_performance(tmp_path, capsys, backend):
+    """B is clearly 10% slower: called SLOWER on a GPU backend; n/a on the interpreter, whose report
+    still pairs the rows and writes every file, each headed by the note."""
+    groups = [([_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
+               [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))])]
+    code = ab.report(tmp_path / "out", groups, {"name": "t"}, [], {backend})
+    out = capsys.readouterr().out
+    report = load(tmp_path / "out" / "report.json")
+    assert code == 0 and report["summary"]["headline_rows"] == 1
+    assert report["rows"][0]["comparison"]["ratio"] == pytest.approx(1.1, rel=1e-3)
+    note = table.not_performance_note(backend)
+    if backend == "cuda":
+        assert report["rows"][0]["comparison"]["verdict"] == "SLOWER" and report["measures_performance"] is True
+        assert "1.100x slower" in out and note not in out
+        assert (tmp_path / "out" / "report.csv").read_text().startswith("op,")
+    else:
+        assert report["rows"][0]["comparison"]["verdict"] == "n/a" and report["measures_performance"] is False
+        assert out.strip().splitlines()[0] == note
+        assert not re.search(r"x (slower|faster)|SLOWER|1\.1000", out)  # no ratio shown: B/A is 1.1
+        assert "verdicts: n/a 1" in out
+        assert (tmp_path / "out" / "report.csv").read_text().startswith(f"# {note}\nop,")
+        assert note in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "ratios.png").is_file()

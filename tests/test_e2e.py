@@ -104,7 +104,7 @@ def test_record_survives_a_crash_mid_run(harness, tmp_path):
     records = tuning.load_records(run_dir / "autotune_records/crashy.json")
     assert len(records["kernels"]["ops.add.add_kernel"]) == 1
     assert "[1/2] crashy fp32-300 SUCCESS" in (run_dir / "run.log").read_text()
-    assert "FAILED" in proc.stdout
+    assert "record INCOMPLETE: 1/2 rows, child killed by signal 9 (SIGKILL) during case fp32-2x700" in proc.stdout
 
 
 def test_user_operator_from_ops_path_records_and_replays(harness, tmp_path):

@@ -17,7 +17,7 @@ class AutotunePlugin:
         spec = self.ctx.spec
         records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
-                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(config))
+                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress())
         if spec.mode == "record":
             records_dir.mkdir(exist_ok=True)
             rundir.atomic_write_json(records_dir / "meta.json", {
@@ -33,16 +33,9 @@ class AutotunePlugin:
         self.patch.install()
         self.ctx.autotune_patch = self.patch  # FlagGems' LibTuner is hooked once its package is imported
 
-    @staticmethod
-    def _progress(config):
+    def _progress(self):
         def write(line: str) -> None:
-            # Live, past pytest's output capture (as its live-logging does), into the parent's tee.
-            reporter = config.pluginmanager.get_plugin("terminalreporter")
-            capture = config.pluginmanager.get_plugin("capturemanager")
-            if reporter is None or capture is None:
-                return
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(f"  {line}")
+            self.ctx.say(f"  {line}")  # live, whatever pytest is capturing
 
         return write
 

@@ -98,8 +98,8 @@ class FlagGemsPlugin:
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems": facts}})
         cache = facts.get("libtuner_cache")
         if cache and self.options.libtuner_cache == "user":
-            print(f"WARNING: LibTuner uses FlagGems' own persistent cache {cache['url']}: its winners are "
-                  "shared across compilers and runs (use the default private cache for a clean sweep)")
+            self.ctx.say(f"WARNING: LibTuner uses FlagGems' own persistent cache {cache['url']}: its winners are "
+                         "shared across compilers and runs (use the default private cache for a clean sweep)")
 
     def _patch_benchmark(self, base) -> None:
         if self.patched:

@@ -55,7 +55,7 @@ class IRPlugin:
         atexit.register(collector.write)  # a crash in a later case still leaves this IR
 
     def _off(self, reason: str) -> None:
-        print(f"IR collection off: {reason}")
+        self.ctx.say(f"IR collection off: {reason}")
         ir.write_status(self.ctx.run_dir, False, reason)
 
     @staticmethod
@@ -88,10 +88,10 @@ class IRPlugin:
         atexit.unregister(self.collector.write)  # the exit-time dump is for crashes only
         used = self.collector.used()
         files = sum(len(v) for v in used.values())
-        print(f"IR: {len(self.collector.variants)} variants compiled, {files} launched variant files "
-              f"under {self.collector.root}")
+        self.ctx.say(f"IR: {len(self.collector.variants)} variants compiled, {files} launched variant files "
+                     f"under {self.collector.root}")
         if self.collector.unreadable:
-            print(f"IR: {self.collector.unreadable} launches had unreadable metadata and were not counted")
+            self.ctx.say(f"IR: {self.collector.unreadable} launches had unreadable metadata and were not counted")
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"ir": {
             "variants_compiled": len(self.collector.variants), "files_written": files,
             "unreadable_launches": self.collector.unreadable}}})

@@ -32,10 +32,8 @@ class ResultsPlugin:
     def __init__(self, ctx):
         self.ctx = ctx
         self._pending: dict | None = None
-        self._config = None
 
     def pytest_configure(self, config):
-        self._config = config
         self._flush()
 
     @pytest.fixture
@@ -133,8 +131,10 @@ class ResultsPlugin:
         if row["status"] == "SUCCESS":
             # A FlagGems benchmark may time one side only (its metrics list decides).
             fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+            # A speedup is a performance claim: where timings are not performance numbers, the timings only.
+            speedup = f"{fmt(row['speedup'], '.3f')}x  " if self.ctx.backend.measures_performance else ""
             detail = (f"baseline {fmt(row['baseline_ms'], '.4f')} ms  candidate {fmt(row['candidate_ms'], '.4f')} ms  "
-                      f"{fmt(row['speedup'], '.3f')}x  timer={row['timer']}")
+                      f"{speedup}timer={row['timer']}")
         else:
             detail = row.get("error", "").splitlines()[0][:160] if row.get("error") else ""
         lines = [f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"]
@@ -142,24 +142,19 @@ class ResultsPlugin:
         self.write_lines(lines)
 
     def write_lines(self, lines: list[str]) -> None:
-        """Live on the terminal (and so in run.log), even from inside a running test."""
-        # Looked up here: the terminal reporter registers after our configure hook.
-        manager = self._config.pluginmanager if self._config else None
-        reporter = manager.get_plugin("terminalreporter") if manager else None
-        capture = manager.get_plugin("capturemanager") if manager else None
-        if reporter is None or capture is None:
-            for line in lines:
-                print(line, flush=True)
-            return
-        # Past pytest's capture: FlagGems rows land while the upstream test is still running.
-        with capture.global_and_fixture_disabled():
-            for line in lines:
-                reporter.write_line(line)
+        """Live to the user (and so into run.log), even from inside a running test."""
+        self.ctx.say(*lines)
 
     def pytest_terminal_summary(self, terminalreporter):
+        # Said to the user, not through pytest's reporter (whose output is kept in run.log only).
         context = {"backend": self.ctx.spec.backend, "mode": self.ctx.spec.mode}
-        terminalreporter.write_sep("=", "results")
-        terminalreporter.write_line(table.render(self.ctx.rows, color=self.ctx.spec.color, context=context))
+        outcome = self.ctx.outcome
+        if outcome is not None and outcome["status"] != "COMPLETE":
+            # First in the header: a table over some of the cases must not read as the run's result.
+            context = {"run": f"INCOMPLETE {outcome['rows_done']}/{outcome['rows_planned'] or '?'}", **context}
+        self.ctx.say("=" * 30 + " results " + "=" * 30,
+                     table.render(self.ctx.rows, color=self.ctx.spec.color, context=context,
+                                  performance=self.ctx.backend.measures_performance))
         degraded = sum(1 for r in self.ctx.rows if r["markers"])
         if degraded:
-            terminalreporter.write_line(f"{degraded} row(s) carry markers (degraded measurement); see results.json")
+            self.ctx.say(f"{degraded} row(s) carry markers (degraded measurement); see results.json")

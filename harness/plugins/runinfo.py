@@ -9,6 +9,8 @@ import platform
 import socket
 import sys
 
+import pytest
+
 from harness import identity, rundir
 
 
@@ -37,6 +39,7 @@ class RunInfoPlugin:
         rows = self.ctx.rows
         timers = collections.Counter(r["timer"] for r in rows if r.get("timer"))
         statuses = collections.Counter(r["status"] for r in rows)
+        self.ctx.outcome = outcome(self.ctx, session, exitstatus)
         self._merge({
             "finished": _dt.datetime.now().isoformat(timespec="seconds"),
             "exit_status": int(exitstatus),
@@ -45,4 +48,25 @@ class RunInfoPlugin:
             "rows": len(rows),
             "rows_with_markers": sum(1 for r in rows if r.get("markers")),
             "cases_planned": len(self.ctx.cases),
+            "outcome": self.ctx.outcome,
+            "running_case": self.ctx.outcome["running_case"],
         })
+
+
+def outcome(ctx, session, exitstatus) -> dict:
+    """COMPLETE when every planned case ran (a FlagGems benchmark's cases are known only as they
+    run: there, when the session was not cut short), else INCOMPLETE and why."""
+    planned = len(ctx.cases) or None
+    done = len(ctx.rows)
+    reason = ctx.stop_reason
+    if reason is None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        reason = "interrupted"
+    if reason is None and isinstance(session.shouldstop, str):
+        reason = f"stopped: {session.shouldstop}"
+    if reason is None and exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+        reason = "internal error (traceback in run.log)"
+    if reason is None and planned is not None and done < planned:
+        reason = f"{planned - done} planned case(s) never reported"
+    complete = reason is None
+    return {"status": "COMPLETE" if complete else "INCOMPLETE", "rows_done": done, "rows_planned": planned,
+            "reason": reason, "running_case": None if complete else (ctx.case_id or None)}

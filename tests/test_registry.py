@@ -1,0 +1,100 @@
+"""Operator lookup: a user module that does not import breaks only the runs that need it, and is
+reported in one line at the user's own file and line."""
+
+import sys
+
+import pytest
+from conftest import run_dir_of
+
+from harness import registry
+
+GOOD = '''
+from ops import Operator
+
+{name} = Operator(name="{name}", inputs=lambda shape, dtype, device: (), baseline=abs, candidate=abs,
+                  dtypes=("fp32",))
+'''
+
+
+def ops_dir(tmp_path, **modules):
+    d = tmp_path / "ops_dir"
+    d.mkdir()
+    for stem, text in modules.items():
+        (d / f"{stem}.py").write_text(text)
+    return d
+
+
+def collect():
+    lines = []
+    return lines, lines.append
+
+
+def test_syntax_error_skips_only_that_module(tmp_path):
+    d = ops_dir(tmp_path, reg_broken_syntax="x = 1\ndef oops(:\n", reg_good_a=GOOD.format(name="reg_good_a"))
+    lines, warn = collect()
+    op, provider = registry.load("reg_good_a", [str(d)], warn=warn)
+    assert op.name == "reg_good_a" and provider == str(d / "reg_good_a.py")
+    assert lines == [f"skipped operator module {d / 'reg_broken_syntax.py'}, which does not import: "
+                     f"{d / 'reg_broken_syntax.py'}:2: SyntaxError: invalid syntax"]
+    assert "zl_ops_path.reg_broken_syntax" not in sys.modules
+    # Said once per process, however many operators are looked up.
+    registry.load("reg_good_a", [str(d)], warn=warn)
+    assert len(lines) == 1
+
+
+def test_not_found_names_the_module_that_failed(tmp_path):
+    d = ops_dir(tmp_path, reg_broken_dep="import json\nimport zl_no_such_dependency\n",
+                reg_good_b=GOOD.format(name="reg_good_b"))
+    with pytest.raises(registry.OperatorNotFound) as info:
+        registry.load("reg_wanted", [str(d)], warn=lambda line: None)
+    text = str(info.value)
+    assert text.startswith(f"{d / 'reg_broken_dep.py'}:2: ModuleNotFoundError: No module named "
+                           "'zl_no_such_dependency'")
+    assert "'reg_wanted'" in text and "\n" not in text
+
+
+def test_error_raised_in_a_library_is_located_at_the_user_line(tmp_path):
+    d = ops_dir(tmp_path, reg_broken_lib="import json\n\nCONFIG = json.loads('{')\n")
+    with pytest.raises(registry.OperatorNotFound) as info:
+        registry.load("reg_other", [str(d)])
+    assert str(info.value).startswith(f"{d / 'reg_broken_lib.py'}:3: JSONDecodeError: Expecting property name")
+
+
+def test_module_name_entry_that_raises_is_broken_not_missing(tmp_path, monkeypatch):
+    pkg = tmp_path / "reg_user_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "defs.py").write_text("\n\nraise RuntimeError('needs a GPU\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(registry.OperatorNotFound) as info:
+        registry.load("anything", ["reg_user_pkg.defs"])
+    assert str(info.value).startswith(f"{pkg / 'defs.py'}:3: RuntimeError: needs a GPU (")
+    with pytest.raises(registry.OperatorNotFound, match="not a directory, .py file or importable module"):
+        registry.load("anything", ["reg_user_pkg.nope"])
+
+
+def test_duplicate_still_refused_with_a_broken_neighbour(tmp_path):
+    d = ops_dir(tmp_path, reg_dup_1=GOOD.format(name="reg_dup"), reg_dup_2=GOOD.format(name="reg_dup"),
+                reg_dup_broken="(")
+    with pytest.raises(registry.OperatorNotFound, match="defined more than once"):
+        registry.load("reg_dup", [str(d)], warn=lambda line: None)
+
+
+@pytest.mark.e2e
+def test_broken_ops_path_module_does_not_break_a_builtin_run(harness, tmp_path):
+    d = ops_dir(tmp_path, broken="def f(:\n")
+    shapes = tmp_path / "one.yaml"
+    shapes.write_text("softmax: {shapes: [[2, 8]], dtypes: [fp32]}\n")
+    proc = harness("record", "softmax", "--backend", "interpreter", "--ops-path", d, "--shapes", shapes,
+                   "--out", tmp_path / "runs")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warning = (f"warning: skipped operator module {d / 'broken.py'}, which does not import: "
+               f"{d / 'broken.py'}:1: SyntaxError: invalid syntax")
+    assert proc.stderr.splitlines() == [warning]  # the parent's, on the terminal
+    assert (run_dir_of(proc) / "run.log").read_text().count(warning) == 1  # the child's, into the archive
+    assert "Traceback" not in proc.stdout + proc.stderr
+    # The op asked for is found nowhere: the error is the broken module's, in one line.
+    proc = harness("record", "nope", "--backend", "interpreter", "--ops-path", d)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"error: {d / 'broken.py'}:1: SyntaxError: invalid syntax (operator 'nope' is defined nowhere else: "
+        "that module may be its home)"], proc.stderr
