@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import backends
-from harness import deps, flaggems, ir, resolve, rundir
+from harness import deps, flaggems, ir, procs, resolve, rundir
 from harness import spec as spec_mod
 from reports import ab_report, compare, table
 
@@ -200,8 +200,9 @@ class Runner:
         # interrupt() cannot see.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
+            # An A/B killed outright takes its running step with it (parent-death signal).
             self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=procs.die_with_parent())
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         code = self.proc.wait()

@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+from harness.plugins.seeds import input_sha256
 from ops import numel
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -15,6 +16,8 @@ def test_op(case, run_context, measure_pair, record_row):
         pytest.skip(op.skip)
     device = run_context.backend.torch_device()
     args = op.inputs(case.shape, TORCH_DTYPES[case.dtype], device)
+    # Before anything runs on them: an operator that writes into its inputs must not change the digest.
+    digest = input_sha256(args)
 
     # The first candidate call also absorbs JIT compilation and the autotune sweep (or replay).
     expected = op.baseline(*args)
@@ -26,7 +29,7 @@ def test_op(case, run_context, measure_pair, record_row):
     timed = measure_pair(case.op, {"baseline": lambda: op.baseline(*args),
                                    "candidate": lambda: op.candidate(*args)})
     elem = torch.empty((), dtype=TORCH_DTYPES[case.dtype]).element_size()
-    metrics = {}
+    metrics = {"input_sha256": digest}
     ms = timed.measurements["candidate"].median_ms
     if op.bytes_moved is not None and ms > 0:
         metrics["gbps"] = op.bytes_moved(case.shape, elem) / ms / 1e6

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import flaggems, rundir
+from harness import flaggems, registry, rundir
+from harness import shapes as shapes_mod
+from harness import spec as spec_mod
 from harness.console import Console
 from harness.context import RunContext
 from harness.plugins import autotune, ir, results, runinfo, seeds, shapes, timing
@@ -81,8 +83,11 @@ def main(argv: list[str]) -> int:
     console = Console.split_stdout()
     guard = DiskFullGuard(console)
     try:
-        ctx = RunContext.load(run_dir)
-        ctx.say = console.say
+        try:
+            ctx = RunContext.load(run_dir, console.say)
+        except (spec_mod.SpecError, registry.OperatorNotFound, shapes_mod.ShapeFileError) as exc:
+            console.say(f"error: {exc}")  # e.g. an operator module that broke since its record
+            return 2
         stop_on_signals(ctx)
         results_plugin = results.ResultsPlugin(ctx)
         plugins = [

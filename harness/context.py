@@ -51,15 +51,17 @@ class RunContext:
     outcome: dict | None = None
 
     @classmethod
-    def load(cls, run_dir: Path) -> RunContext:
+    def load(cls, run_dir: Path, say: Callable[..., None] = print) -> RunContext:
+        """The context of the run in `run_dir`; SpecError, OperatorNotFound or ShapeFileError
+        (one line each) when it cannot be run."""
         run_spec = spec_mod.read(run_dir)
         backend = backends.get(run_spec.backend)
         if run_spec.flaggems is not None:
-            return cls(run_dir, run_spec, backend, None, [])
-        operator, _ = registry.load(run_spec.op, run_spec.ops_paths)
+            return cls(run_dir, run_spec, backend, None, [], say=say)
+        operator, _ = registry.load(run_spec.op, run_spec.ops_paths, warn=lambda line: say(f"warning: {line}"))
         _, shape_list, dtypes = shapes.resolve(run_dir / rundir.SHAPES_YAML, operator.name, ())
         cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
-        return cls(run_dir, run_spec, backend, operator, cases)
+        return cls(run_dir, run_spec, backend, operator, cases, say=say)
 
     def begin_case(self, case_id: str = "", shape_label: str | None = None) -> None:
         self.case_id = case_id

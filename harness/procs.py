@@ -17,11 +17,15 @@ except OSError:  # not Linux: no parent-death signal; children are reaped by the
 def die_with_parent(signum: int = signal.SIGTERM):
     """A `preexec_fn`: the child gets `signum` when the thread that started it dies, even by
     SIGKILL, so no measurement outlives the run that owns its device. Call Popen from a thread
-    that lives as long as the child (the main thread, or the worker that waits on it)."""
+    that lives as long as the child (the main thread, or the worker that waits on it).
+
+    The child also starts with no signal blocked: a parent holding SIGINT off around Popen would
+    otherwise hand that mask through exec, and the child would never see a forwarded Ctrl-C."""
 
     parent = os.getpid()
 
     def arm() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         if _LIBC is not None:
             _LIBC.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
             if os.getppid() != parent:  # the parent died before the signal was armed

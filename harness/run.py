@@ -25,6 +25,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How long an interrupted child gets to write its results and outcome before it is killed.
 CHILD_GRACE_S = 30
 CRASH_TAIL_LINES = 15
+# Exit codes: 0 every row passed, 1 some row failed, 2 bad input, 3 the run stopped before its
+# last case, 75 the disk filled, 128+N a signal N stopped it.
+EXIT_INCOMPLETE = 3
 
 
 class _Tee:
@@ -237,6 +240,8 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
         tee.close()
     if interrupted:
         return 128 + getattr(signal, interrupted)
+    if outcome["status"] != "COMPLETE" and code >= 0 and code != rundir.EXIT_DISK_FULL:
+        return EXIT_INCOMPLETE  # the child stopped early on its own (a poisoned capture, say)
     return procs.shell_code(code)
 
 

@@ -2,8 +2,9 @@
 
 Each side is a list of run dirs (its repeats). A row's latency per repeat is that run's median
 candidate latency; with a single run per side (comparing two existing run dirs), the raw samples
-of that run stand in for repeats. Rows whose timer fell back, whose replay fell back, or whose
-sides were timed by different timers are kept and shown, but excluded from the headline.
+of that run stand in for repeats. Rows whose timer fell back, whose replay fell back, whose
+baseline and candidate were timed by different timers (FlagGems' `mixed`), or whose sides were
+timed by different timers are kept and shown, but excluded from the headline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from reports import stats
 
 TIMER_FALLBACK = "TIMER_FALLBACK"
 REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
+TIMER_MIXED = "TIMER_MIXED"
 
 
 @dataclasses.dataclass
@@ -60,6 +62,8 @@ def _flags(rows: list[dict]) -> list[str]:
             flags.add("timer_fallback")
         if any(m.startswith(REPLAY_FALLBACK) for m in markers):
             flags.add("replay_fallback")
+        if any(m.startswith(TIMER_MIXED) for m in markers):
+            flags.add("timer_mixed")
     return sorted(flags)
 
 

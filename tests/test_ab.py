@@ -1,29 +1,33 @@
 """The A/B session end to end on the interpreter backend, plus plan parsing and validity."""
 
 import json
+import math
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import load
+from conftest import REPO, load
 
 from harness import ab, ir
 from reports import table
 
 pytestmark = pytest.mark.e2e
 
+# A user operator that writes the ZL_TEST_SWITCH its run saw into its run dir.
+PROBE = REPO / "tests" / "resources" / "user_ops" / "switch_probe.py"
+
 
 def ab_dir_of(proc):
     for line in proc.stdout.splitlines():
         if line.startswith("ab dir: "):
-            from pathlib import Path
-
             return Path(line[len("ab dir: "):].strip())
     raise AssertionError(proc.stdout + proc.stderr)
 
 
 def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
-    proc = harness("ab", "--ops", "add", "--backend", "interpreter", "--b-env", "ZL_TEST_SWITCH=1",
-                   "--repeats", "2", "--out", tmp_path)
+    proc = harness("ab", "--ops", "switch_probe", "--ops-path", PROBE, "--backend", "interpreter",
+                   "--b-env", "ZL_TEST_SWITCH=1", "--repeats", "2", "--out", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     d = ab_dir_of(proc)
     for name in ("report.md", "report.csv", "report.json", "ratios.png", "ab.json", "ab.log"):
@@ -32,7 +36,14 @@ def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
     assert state["complete"] is True
     # One record, then A and B interleaved.
     assert [s["what"].split(": ")[-1] for s in state["steps"]] == [
-        "[1/1 add] A records", "A replays A", "B replays A", "A replays A", "B replays A"]
+        "[1/1 switch_probe] A records", "A replays A", "B replays A", "A replays A", "B replays A"]
+    # B ran with B's environment, A (its record included) without it: the probe operator wrote the
+    # switch each of its cases saw into its run dir.
+    seen = {s["what"].split(": ")[-1] + f" {i}": (Path(s["run_dir"]) / "switch_seen.txt").read_text().split()
+            for i, s in enumerate(state["steps"])}
+    assert seen == {"[1/1 switch_probe] A records 0": ["unset", "unset"],
+                    "A replays A 1": ["unset", "unset"], "B replays A 2": ["1", "1"],
+                    "A replays A 3": ["unset", "unset"], "B replays A 4": ["1", "1"]}
     report = load(d / "report.json")
     assert len(report["rows"]) == 2  # tiny pointwise shapes
     # The interpreter's timings are not performance numbers: paired and compared all the same, but
@@ -172,10 +183,10 @@ def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     state = None
-    while time.monotonic() < deadline:  # wait until A recorded and one replay finished
+    while time.monotonic() < deadline:  # wait until A recorded and each side replayed once
         found = list(tmp_path.glob("ab_*/ab.json"))
         state = load(found[0]) if found else None
-        if state and len([s for s in state["steps"] if s["exit"] == 0]) >= 2:
+        if state and len([s for s in state["steps"] if s["exit"] == 0]) >= 3:
             break
         time.sleep(0.5)
     assert state is not None
@@ -186,8 +197,10 @@ def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
     d = next(tmp_path.glob("ab_*"))
     report = load(d / "report.json")
     assert report["warnings"][0].startswith("INCOMPLETE")
-    assert report["rows"] and report["summary"]["headline_rows"] < report["summary"]["rows"] + 1
-    assert all(r["flags"] for r in report["rows"])  # fewer repeats than planned: flagged, not headline
+    # Every row paired (a run per side) but with fewer repeats than planned: flagged, none in the headline.
+    assert report["rows"] and all(r["comparison"] is not None for r in report["rows"])
+    assert all({f.split("(")[0] for f in r["flags"]} == {"incomplete_a", "incomplete_b"} for r in report["rows"])
+    assert report["summary"]["headline_rows"] == 0
     assert load(d / "ab.json")["complete"] is False
     leftovers = []
     for entry in os.listdir("/proc"):
@@ -233,3 +246,115 @@ def test_verdicts_only_where_the_backend_measures_performance(tmp_path, capsys, 
         assert (tmp_path / "out" / "report.csv").read_text().startswith(f"# {note}\nop,")
         assert note in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "ratios.png").is_file()
+
+
+# Synthetic A/B results for the headline and flag rules (README, A/B). Each repeat jitters both
+# sides alike, so every row's B/A is exactly the ratio it was built with.
+JITTER = (1.0, 1.001, 0.999)
+
+
+def _row(op, shape, ms, baseline_ms, timer="graph", markers=(), status="SUCCESS"):
+    return {"op": op, "dtype": "fp32", "shape": list(shape), "status": status, "baseline_ms": baseline_ms,
+            "candidate_ms": ms, "timer": timer, "markers": list(markers), "configs": {}}
+
+
+def _side_runs(root, side, rows_of_repeat):
+    """One run dir per repeat; rows_of_repeat(repeat, jitter) -> that run's rows."""
+    runs = []
+    for i, jitter in enumerate(JITTER):
+        path = root / f"{side}{i}"
+        path.mkdir(parents=True)
+        (path / "results.json").write_text(json.dumps({"format": 1, "rows": rows_of_repeat(i, jitter)}))
+        runs.append(path)
+    return runs
+
+
+# Rows measured cleanly: (op, shape, A ms, B/A). Their control (torch baseline) B/A is 1.02.
+CLEAN = [("add", [1], 2.0, 1.1), ("add", [2], 1.0, 0.9), ("mm", [3], 4.0, 1.0)]
+# A degraded row: B three times slower and its control twice, so counting it would move every number.
+FALLBACK_CAPTURE = "TIMER_FALLBACK phase=capture reason=recoverable detail='host sync'"
+FALLBACK_DENY = "TIMER_FALLBACK phase=deny reason=capture_denied"
+KEY_MISSING = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=key_missing"
+COMPILE_FAILED = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=compile_failed"
+MIXED = "TIMER_MIXED baseline=graph candidate=direct"
+# shape -> (flag it must carry, A's row fields, B's row fields, repeats in which the row is absent
+# from B's run, repeats in which B's row FAILED)
+DEGRADED = {
+    10: ("timer_fallback", {"timer": "direct", "markers": [FALLBACK_CAPTURE]},
+         {"timer": "direct", "markers": [FALLBACK_CAPTURE]}, (), ()),
+    11: ("timer_fallback", {"timer": "direct", "markers": [FALLBACK_DENY]},
+         {"timer": "direct", "markers": [FALLBACK_DENY]}, (), ()),
+    12: ("replay_fallback", {}, {"markers": [KEY_MISSING]}, (), ()),
+    13: ("replay_fallback", {}, {"markers": [COMPILE_FAILED]}, (), ()),
+    14: ("timer_mixed", {"timer": "mixed", "markers": [MIXED]}, {"timer": "mixed", "markers": [MIXED]}, (), ()),
+    15: ("timer_mismatch", {"timer": "graph"}, {"timer": "direct"}, (), ()),
+    16: ("incomplete_b(0/3)", {}, {}, (0, 1, 2), ()),
+    17: ("incomplete_b(2/3)", {}, {}, (), (1,)),
+}
+
+
+def _ab(tmp_path, degraded: dict):
+    """ab.report over the CLEAN rows plus `degraded`, on a backend that measures performance."""
+    def a_rows(i, j):
+        return ([_row(op, shape, ms * j, 1.0 * j) for op, shape, ms, _ in CLEAN] +
+                [_row("add", [s], 2.0 * j, 1.0 * j, **fa) for s, (_, fa, _, _, _) in degraded.items()])
+
+    def b_rows(i, j):
+        return ([_row(op, shape, ms * ratio * j, 1.02 * j) for op, shape, ms, ratio in CLEAN] +
+                [_row("add", [s], 6.0 * j, 2.0 * j, **fb, status="FAILED" if i in failed else "SUCCESS")
+                 for s, (_, _, fb, absent, failed) in degraded.items() if i not in absent])
+
+    groups = [(_side_runs(tmp_path, "a", a_rows), _side_runs(tmp_path, "b", b_rows))]
+    code = ab.report(tmp_path / "out", groups, {"name": "t"}, [], {"cuda"}, expected=3)
+    return code, load(tmp_path / "out" / "report.json")
+
+
+@pytest.mark.parametrize("shape", sorted(DEGRADED))
+def test_a_degraded_row_is_shown_flagged_and_left_out_of_the_headline(tmp_path, capsys, shape):
+    flag = DEGRADED[shape][0]
+    code, report = _ab(tmp_path, {shape: DEGRADED[shape]})
+    out = capsys.readouterr().out
+    rows = {tuple(r["shape"]): r for r in report["rows"]}
+    assert rows[(shape,)]["flags"] == [flag]
+    assert [rows[tuple(s)]["flags"] for _, s, _, _ in CLEAN] == [[], [], []]
+    (line,) = [ln for ln in out.splitlines() if re.match(rf"add\s+fp32\s+{shape}\s", ln)]  # shown
+    assert line.split()[-1] == flag
+    summary = report["summary"]
+    assert summary["rows"] == 4 and summary["headline_rows"] == 3
+    assert "rows: 3 of 4 in the headline; verdicts: FASTER 1, SAME 1, SLOWER 1" in out
+    assert summary["excluded"][flag.split("(")[0]] == 1
+    assert summary["overall"][0] == pytest.approx((1.1 * 0.9 * 1.0) ** (1 / 3))
+    assert summary["control"][0] == pytest.approx(1.02)
+    assert code == 1  # not every row made the headline
+
+
+def test_headline_counts_clean_rows_only_with_geomeans_per_op_overall_and_control(tmp_path, capsys):
+    from scipy import stats as sps
+
+    code, report = _ab(tmp_path, DEGRADED)
+    out = capsys.readouterr().out
+    rows = {tuple(r["shape"]): r for r in report["rows"]}
+    assert {s: rows[(s,)]["flags"] for s in DEGRADED} == {s: [d[0]] for s, d in DEGRADED.items()}
+    assert rows[(16,)]["comparison"] is None and re.search(r"add\s+fp32\s+16\s.*UNPAIRED", out)
+    summary = report["summary"]
+    assert summary["rows"] == 11 and summary["headline_rows"] == 3
+    assert "rows: 3 of 11 in the headline; verdicts: FASTER 1, SAME 1, SLOWER 1" in out
+    assert summary["verdicts"] == {"SLOWER": 1, "FASTER": 1, "SAME": 1}
+    assert summary["excluded"] == {"timer_fallback": 2, "replay_fallback": 2, "timer_mixed": 1, "timer_mismatch": 1,
+                                   "incomplete_b": 2, "unpaired": 1}
+    assert ("excluded from the headline: incomplete_b 2, replay_fallback 2, timer_fallback 2, timer_mismatch 1, "
+            "timer_mixed 1, unpaired 1") in out
+    # Per operator and overall: geometric mean of the rows' B/A with a 95% t interval over rows.
+    assert summary["per_op"]["add"][0] == pytest.approx(math.sqrt(1.1 * 0.9))
+    assert summary["per_op"]["mm"][0] == pytest.approx(1.0)
+    logs = np.log([1.1, 0.9, 1.0])
+    gm, lo, hi = summary["overall"]
+    assert gm == pytest.approx(0.99 ** (1 / 3))
+    expected = sps.t.interval(0.95, 2, loc=logs.mean(), scale=sps.sem(logs))
+    assert (lo, hi) == pytest.approx(tuple(np.exp(expected)))
+    assert f"overall geomean B/A: {gm:.4f} [{lo:.4f}, {hi:.4f}] (1.003x faster)" in out
+    assert "  add: 0.9950" in out and "  mm: 1.0000" in out
+    # The torch baseline as a control, over the same rows: ~1 here, or the machine drifted.
+    assert summary["control"][0] == pytest.approx(1.02)
+    assert "control (torch baseline) geomean B/A: 1.0200" in out
+    assert code == 1

@@ -4,9 +4,11 @@ import json
 import shutil
 
 import pytest
+import torch
 from conftest import REPO, load, run_dir_of
 
-from harness import tuning
+from harness import registry, tuning
+from harness.plugins.seeds import input_sha256, seed_everything
 
 pytestmark = pytest.mark.e2e
 RESOURCES = REPO / "tests" / "resources"
@@ -66,6 +68,10 @@ def test_replay_pins_every_recorded_config(recorded, harness):
     recorded_rows = {r["case"]: r["configs"] for r in load(run_dir / "results.json")["rows"]}
     replayed_rows = {r["case"]: r["configs"] for r in load(replay_dir / "results.json")["rows"]}
     assert replayed_rows == recorded_rows
+    # The replay's inputs are the record's, byte for byte (same seed, shapes and dtypes).
+    recorded_inputs = {r["case"]: r["input_sha256"] for r in load(run_dir / "results.json")["rows"]}
+    assert len(set(recorded_inputs.values())) == len(recorded_inputs) == 4  # one digest per case, all present
+    assert {r["case"]: r["input_sha256"] for r in load(replay_dir / "results.json")["rows"]} == recorded_inputs
     assert all(not r["markers"] for r in load(replay_dir / "results.json")["rows"])
     assert "autotune: sweeping" not in proc.stdout
 
@@ -107,6 +113,39 @@ def test_record_survives_a_crash_mid_run(harness, tmp_path):
     assert "record INCOMPLETE: 1/2 rows, child killed by signal 9 (SIGKILL) during case fp32-2x700" in proc.stdout
 
 
+def test_a_wrong_candidate_fails_its_row_with_no_time(harness, tmp_path):
+    shapes = tmp_path / "one.yaml"
+    shapes.write_text("wrong_add:\n  shapes: [[64]]\n")
+    proc = harness("record", "wrong_add", "--backend", "interpreter", "--ops-path", RESOURCES / "wrong_ops",
+                   "--shapes", shapes, "--out", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = load(run_dir_of(proc) / "results.json")["rows"]
+    assert row["status"] == "FAILED"
+    assert row["baseline_ms"] is None and row["candidate_ms"] is None and row["speedup"] is None
+    assert "samples" not in row and row["timer"] is None
+    assert "candidate disagrees with baseline" in row["error"]
+    assert "[1/1] wrong_add fp32-64 FAILED AssertionError: candidate disagrees with baseline" in proc.stdout
+
+
+def test_a_poisoned_capture_stops_the_run(harness, tmp_path):
+    # tests/resources/poison_ops: the capture of the first case fails as a dead CUDA context does.
+    shapes = tmp_path / "two.yaml"
+    shapes.write_text("poisoned:\n  shapes: [[64], [128]]\n")
+    proc = harness("record", "poisoned", "--backend", "interpreter", "--ops-path", RESOURCES / "poison_ops",
+                   "--shapes", shapes, "--out", tmp_path)
+    assert proc.returncode != 0
+    run_dir = run_dir_of(proc)
+    rows = load(run_dir / "results.json")["rows"]
+    assert [r["case"] for r in rows] == ["fp32-64"]  # the second case never ran
+    assert rows[0]["status"] == "FAILED" and rows[0]["candidate_ms"] is None
+    assert rows[0]["markers"] == ["CAPTURE_POISONED phase=capture detail='CUDA error: unknown error'"]
+    outcome = load(run_dir / "run.json")["observed"]["outcome"]
+    reason = "stopped: capture poisoned the accelerator context: CUDA error: unknown error"
+    assert outcome == {"status": "INCOMPLETE", "rows_done": 1, "rows_planned": 2, "reason": reason,
+                       "running_case": "fp32-64"}
+    assert f"record INCOMPLETE: 1/2 rows, {reason} during case fp32-64" in proc.stdout
+
+
 def test_user_operator_from_ops_path_records_and_replays(harness, tmp_path):
     proc = harness("record", "scale3", "--backend", "cpu", "--ops-path", RESOURCES / "user_ops",
                    "--dtypes", "fp32", "--out", tmp_path)
@@ -128,7 +167,16 @@ def test_options_shapes_dtypes_out(harness, tmp_path):
     assert run_dir.parent == tmp_path / "out"
     spec = load(run_dir / "run.json")["spec"]
     assert spec["dtypes"] == ["fp16"] and spec["seed"] == 7 and spec["shapes_source"].endswith("my.yaml#gelu")
-    assert [r["case"] for r in load(run_dir / "results.json")["rows"]] == ["fp16-5x7"]
+    (row,) = load(run_dir / "results.json")["rows"]
+    assert row["case"] == "fp16-5x7"
+    # The inputs are those seed 7 builds, not those of the default seed.
+    gelu, _ = registry.load("gelu", [])
+
+    def digest_at(seed):
+        seed_everything(seed)
+        return input_sha256(gelu.inputs((5, 7), torch.float16, "cpu"))
+
+    assert row["input_sha256"] == digest_at(7) != digest_at(0)
 
 
 def _error(proc):

@@ -109,6 +109,15 @@ def test_child_killed_outright_leaves_its_outcome_and_a_replay_says_so(tmp_path,
     last = out.strip().splitlines()[-1]
     assert last == (f"record INCOMPLETE: {len(rows)}/{PLANNED} rows, child killed by signal 9 (SIGKILL) during case "
                     f"{outcome['running_case']}; run dir: {run_dir}")
+    replay = harness("replay", run_dir)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    warning = [line for line in replay.stderr.splitlines() if line.startswith("warning: ")]
+    assert warning == [f"warning: {run_dir} is an incomplete record ({len(rows)}/{PLANNED} rows; child killed by "
+                       f"signal 9 (SIGKILL) during case {outcome['running_case']}): cases it never reached have no "
+                       "recorded config and will sweep live"]
+    replayed = load(run_dir_of(replay) / "run.json")
+    assert replayed["spec"]["replay_source_outcome"] == outcome
+    assert replayed["observed"]["autotune"]["key_missing"] == PLANNED - len(rows)
 
 
 def test_ctrl_c_says_incomplete_in_our_words(tmp_path):

@@ -2,8 +2,11 @@
 input iterators), LibTuner record/replay with a persistent cache, level and FlagTune pinning.
 The checkout is our own fixture (tests/resources/flaggems_checkout), run on the interpreter."""
 
+import contextlib
+import json
 import re
 import shutil
+import sqlite3
 import types
 
 import pytest
@@ -127,17 +130,26 @@ def test_libtuner_choices_are_recorded_with_pre_hook_configs(mm_record):
     assert all(r["configs"][MM_KERNEL].startswith("BM=") for r in rows_of(run_dir))
 
 
-def test_replay_injects_libtuner_configs_even_over_a_warm_persistent_cache(mm_record, tmp_path):
+def cache_rows(db) -> dict:
+    """(table, key) -> config, as the LibTuner stand-in stores them."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return {(tbl, key): config for tbl, key, config in conn.execute("SELECT tbl, key, config FROM configs")}
+
+
+def test_replay_injects_libtuner_configs_over_a_warm_persistent_cache_and_leaves_it_unchanged(mm_record, tmp_path):
     run_dir, _ = mm_record
-    # A warm cache holding the other config for every key: replay must not let it win.
+    recorded = cache_rows(run_dir / "libtuner_cache.db")  # the private cache holds the recorded winners
+    # A warm cache holding the other config for every key: replay must not let it win, nor overwrite it.
     warm = tmp_path / "warm.db"
     shutil.copy(run_dir / "libtuner_cache.db", warm)
-    import sqlite3
-
-    conn = sqlite3.connect(warm)
-    conn.execute("""UPDATE configs SET config = '{"kwargs": {"BM": 16, "BN": 16}, "num_warps": 4, "num_stages": 3}'""")
-    conn.commit()
-    conn.close()
+    with contextlib.closing(sqlite3.connect(warm)) as conn:
+        for (tbl, key), config in recorded.items():
+            other = json.loads(config)
+            other["kwargs"]["BM"] = {16: 32, 32: 16}[other["kwargs"]["BM"]]
+            conn.execute("UPDATE configs SET config = ? WHERE tbl = ? AND key = ?", (json.dumps(other), tbl, key))
+        conn.commit()
+    warm_before = cache_rows(warm)
+    assert len(warm_before) == 2 and all(warm_before[k] != recorded[k] for k in recorded)
     proc = run_harness("replay", run_dir, "--libtuner-cache", warm, "--out", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     replay = run_dir_of(proc)
@@ -147,6 +159,11 @@ def test_replay_injects_libtuner_configs_even_over_a_warm_persistent_cache(mm_re
     assert [r["configs"] for r in rows_of(replay)] == [r["configs"] for r in rows_of(run_dir)]
     assert [r["case"] for r in rows_of(replay)] == [r["case"] for r in rows_of(run_dir)]
     assert not any(r["markers"] for r in rows_of(replay))
+    assert cache_rows(warm) == warm_before  # the injected configs never reached the user's cache
+    # The replay's inputs are the record's, byte for byte.
+    digests = [r["input_sha256"] for r in rows_of(run_dir)]
+    assert all(digests) and len(set(digests)) == 2
+    assert [r["input_sha256"] for r in rows_of(replay)] == digests
 
 
 def test_a_warm_persistent_cache_is_still_recorded(mm_record, tmp_path):
@@ -174,8 +191,11 @@ def test_a_file_without_a_key_keeps_upstream_shapes_and_says_so(tmp_path):
     other.write_text("layer_norm:\n  shapes: [[8, 8]]\n")
     run_dir, proc = record(tmp_path, "flaggems:mm", "--shapes", other)
     assert [r["case"] for r in rows_of(run_dir)] == ["fp32-8x8,8x16"]  # core_shapes.yaml's BlasBenchmark
-    assert "has no key for 'mm' (tried mm, BlasBenchmark, Benchmark, object)" in proc.stdout
-    assert load(run_dir / "run.json")["observed"]["flaggems_notes"]
+    # The note names the run dir's copy of the file, the one a replay reads.
+    note = (f"shapes: {run_dir / 'shapes.yaml'} has no key for 'mm' (tried mm, BlasBenchmark, Benchmark, object): "
+            "the checkout's own shapes are kept")
+    assert load(run_dir / "run.json")["observed"]["flaggems_notes"] == [note]
+    assert note in proc.stdout.splitlines()
 
 
 def test_level_is_passed_through_recorded_and_pinned_on_replay(tmp_path):

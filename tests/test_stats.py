@@ -27,11 +27,12 @@ def test_clear_speedup_is_faster():
     assert stats.compare(a, b).verdict == stats.FASTER
 
 
-def test_change_below_the_noise_floor_is_not_called():
-    # A's own repeats spread by ~1%: a 0.5% shift must not be called a change.
+def test_change_below_the_noise_floor_is_same():
+    # A's own repeats spread by ~1%: a 0.5% shift lies within the floor they set.
     a = [1.00, 1.01, 0.99, 1.005, 0.995]
     b = [x * 1.005 for x in a]
-    assert stats.compare(a, b).verdict in (stats.SAME, stats.NOISY)
+    c = stats.compare(a, b)
+    assert c.floor > 0.01 and c.verdict == stats.SAME
 
 
 def test_wide_interval_is_noisy():
@@ -58,8 +59,50 @@ def test_welch_interval_matches_scipy():
 
 
 def test_noise_floor_has_a_minimum_and_grows_with_spread():
-    assert stats.noise_floor([1.0, 1.0, 1.0]) == stats.MIN_EFFECT
+    assert stats.noise_floor([1.0, 1.0, 1.0]) == 0.005  # README: at least 0.5%
     assert stats.noise_floor([1.0, 1.1, 0.9]) > 0.2
+
+
+# README's A/B rules, numbers as literals: the floor is at least 0.5%; FASTER / SLOWER when the
+# whole interval lies beyond it, SAME within it, NOISY otherwise or when A's repeats disagree by
+# more than 5%. A's repeats below agree to 0.01%, so the floor is the 0.5% minimum.
+STEADY = [1.0, 1.0001, 0.9999, 1.0, 1.0001]
+
+
+@pytest.mark.parametrize("shift,verdict", [
+    (1.0045, stats.SAME), (0.9955, stats.SAME),      # within 0.5%: would be a change under a 0.4% floor
+    (1.0055, stats.SLOWER), (0.9945, stats.FASTER),  # beyond 0.5%: would be SAME under a 0.6% floor
+])
+def test_the_noise_floor_is_half_a_percent(shift, verdict):
+    c = stats.compare(STEADY, [x * shift for x in STEADY])
+    assert c.floor == 0.005 and c.ratio == pytest.approx(shift)
+    assert c.lo > min(shift, 1.0) - 0.0005 and c.hi < max(shift, 1.0) + 0.0005  # a tight interval
+    assert c.verdict == verdict
+
+
+@pytest.mark.parametrize("lo,hi,verdict", [
+    (1.001, 1.004, stats.SAME), (0.996, 1.004, stats.SAME),
+    (1.006, 1.100, stats.SLOWER), (0.900, 0.994, stats.FASTER),
+    (1.003, 1.007, stats.NOISY), (0.993, 0.997, stats.NOISY),  # straddles the floor
+    (0.900, 1.100, stats.NOISY),                               # straddles the whole band
+])
+def test_verdict_compares_the_whole_interval_with_the_floor(lo, hi, verdict):
+    assert stats.verdict(lo, hi, 0.005) == verdict
+
+
+@pytest.mark.parametrize("floor,far,near", [(0.049, stats.SLOWER, stats.SAME), (0.051, stats.NOISY, stats.NOISY)])
+def test_a_side_whose_repeats_disagree_by_more_than_5_percent_calls_nothing(floor, far, near):
+    assert stats.verdict(1.5, 2.0, floor) == far
+    assert stats.verdict(0.999, 1.001, floor) == near
+
+
+def test_the_floor_comes_from_a_own_repeats():
+    # A spread by several percent: even B twice as slow, with a tight B, is not called.
+    a = [1.0, 1.06, 0.95, 1.04]
+    c = stats.compare(a, [2.0, 2.0001, 1.9999, 2.0])
+    assert c.floor > 0.05 and c.verdict == stats.NOISY
+    # B's own spread does not set the floor: A steady, B noisy, the floor stays at 0.5%.
+    assert stats.compare(STEADY, [1.0, 1.06, 0.95, 1.04]).floor == 0.005
 
 
 def test_geomean_with_interval():

@@ -44,20 +44,39 @@ def test_refusals(mode, n, shapes, devices, reason):
     assert sweep.refusal(spec(mode), n, shapes, devices) == reason
 
 
+def shard_picks(run_dir, kernel):
+    """The BLOCK each shard's own record chose, per shard, for its one key."""
+    picks = []
+    for shard in sorted((run_dir / "sweep").glob("shard*/*/autotune_records/split_key.json")):
+        (entry,) = load(shard)["kernels"][kernel].values()
+        picks.append(entry["config"]["kwargs"]["BLOCK"])
+    return picks
+
+
 @pytest.mark.e2e
-def test_parallel_sweep_merges_then_measures_a_replayable_record(harness, tmp_path):
-    proc = harness("record", "softmax", "--backend", "interpreter", "--sweep-devices", "2", "--out", tmp_path)
+def test_parallel_sweep_counts_conflicts_then_measures_a_replayable_record(harness, tmp_path):
+    # split_key's winner for its one key depends on the rows, which the key leaves out: shard 0
+    # (shape [2, 16]) picks BLOCK=16, shard 1 ([8, 16]) BLOCK=32. One key, exactly one conflict.
+    shapes = tmp_path / "split.yaml"
+    shapes.write_text("split_key:\n  shapes: [[2, 16], [8, 16]]\n")
+    proc = harness("record", "split_key", "--backend", "interpreter", "--ops-path", RESOURCES / "sweep_ops",
+                   "--shapes", shapes, "--sweep-devices", "2", "--out", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = run_dir_of(proc)
     observed = load(run_dir / "run.json")["observed"]
     assert observed["sweep"]["status"] == "parallel" and observed["sweep"]["shards"] == [1, 1]
-    assert observed["sweep"]["keys"] == 4 and observed["sweep"]["conflicts"] >= 0
-    # The measurement injected the merge and recorded it as this run's own records.
-    assert observed["autotune"]["injected"] == 4 and observed["autotune"]["key_missing"] == 0
-    assert load(run_dir / "autotune_records/softmax.json")["kernels"] == load(run_dir / "sweep/merged.json")["kernels"]
-    assert "conflicting winners" in proc.stdout
+    (kernel,) = load(run_dir / "sweep/merged.json")["kernels"]
+    assert shard_picks(run_dir, kernel) == [16, 32]
+    assert observed["sweep"]["keys"] == 1 and observed["sweep"]["conflicts"] == 1
+    assert "1 key(s) with conflicting winners across shards" in proc.stdout
+    # The measurement injected the merge (the first shard's pick, for both shapes) and recorded it
+    # as this run's own records.
+    assert observed["autotune"]["injected"] == 1 and observed["autotune"]["key_missing"] == 0
+    assert [r["configs"][kernel].split()[0] for r in load(run_dir / "results.json")["rows"]] == ["BLOCK=16"] * 2
+    assert load(run_dir / "autotune_records/split_key.json")["kernels"] == \
+        load(run_dir / "sweep/merged.json")["kernels"]
     replay = harness("replay", run_dir)
-    assert replay.returncode == 0 and load(run_dir_of(replay) / "run.json")["observed"]["autotune"]["injected"] == 4
+    assert replay.returncode == 0 and load(run_dir_of(replay) / "run.json")["observed"]["autotune"]["injected"] == 1
 
 
 @pytest.mark.e2e

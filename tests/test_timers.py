@@ -1,7 +1,11 @@
+import types
+
 import pytest
+import torch
 
 import backends
-from harness import timers
+from harness import flaggems, timers
+from harness.plugins.flaggems import FlagGemsPlugin
 from harness.timers import Measurement, Timer, _CaptureFailed
 
 
@@ -88,3 +92,42 @@ def test_denied_op_is_timed_directly_up_front(monkeypatch):
 def test_measurement_summary():
     s = Measurement([1.0, 2.0, 3.0, 4.0], "graph").summary()
     assert s["n"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0
+
+
+class FakeResults:
+    def __init__(self):
+        self.rows = []
+
+    def add_row(self, row):
+        self.rows.append(row)
+
+    def write_lines(self, lines):
+        pass
+
+
+def flaggems_row(timers_by_side):
+    """The row FlagGemsPlugin writes for one upstream input whose two `get_latency` calls (torch,
+    then the FlagGems op) our timer measured with the given timers."""
+    sides = iter(timers_by_side)
+    markers = []
+    ctx = types.SimpleNamespace(
+        spec=types.SimpleNamespace(flaggems=vars(flaggems.Options("flaggems", "/x", "benchmark/test_mm.py", "test_mm")),
+                                   op="flaggems:mm", seed=0),
+        markers=markers, configs={}, mark=markers.append, begin_case=lambda *a: markers.clear(),
+        measure=lambda name, fns: timers.Timed({"x": Measurement([1.0], next(sides))}, "unused"))
+    results = FakeResults()
+    plugin = FlagGemsPlugin(ctx, results)
+    bench = types.SimpleNamespace(to_bench_metrics=["latency_base", "latency"])
+    plugin._begin_case(bench, torch.float32, (torch.ones(2, 3),))
+    for _ in timers_by_side:
+        plugin._latency(bench, lambda x: x, (torch.ones(2, 3),), {})
+    (row,) = results.rows
+    return row
+
+
+def test_a_flaggems_row_timed_on_two_calibers_is_marked_mixed():
+    row = flaggems_row(["graph", "direct"])
+    assert row["timer"] == "mixed"
+    assert row["markers"] == ["TIMER_MIXED baseline=graph candidate=direct"]
+    same = flaggems_row(["graph", "graph"])
+    assert same["timer"] == "graph" and same["markers"] == []

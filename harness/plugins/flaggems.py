@@ -22,7 +22,7 @@ import pytest
 
 from harness import flaggems, rundir, shapes
 from harness.plugins.results import make_row
-from harness.plugins.seeds import seed_everything
+from harness.plugins.seeds import input_sha256, seed_everything
 
 SHORT_DTYPES = {v: k for k, v in flaggems.TORCH_DTYPES.items()}
 
@@ -189,7 +189,8 @@ class FlagGemsPlugin:
             self.dtype_rows = []
         self.pending = []
         self.ctx.begin_case(case_id, label if n == 1 else f"{label}#{n}")
-        self.current = {"bench": bench, "dtype": short, "label": case_id.split("-", 1)[1], "case": case_id}
+        self.current = {"bench": bench, "dtype": short, "label": case_id.split("-", 1)[1], "case": case_id,
+                        "input_sha256": input_sha256(item)}
 
     def _note(self, line: str) -> None:
         if line not in self.notes:
@@ -226,7 +227,7 @@ class FlagGemsPlugin:
         cur = self.current
         row = make_row(self.ctx, op=self.ctx.spec.op, dtype=cur["dtype"], shape=[cur["label"]], params={},
                        case=cur["case"], status="SUCCESS", nodeid=self.options.target.node, measurements=measured,
-                       timer=timer)
+                       timer=timer, input_sha256=cur["input_sha256"])
         row["benchmark"] = type(cur["bench"]).__name__
         self.dtype_rows.append(row)
         self.pending = []

@@ -12,15 +12,17 @@ RESULTS_FORMAT = 1
 MAX_RAW_SAMPLES = 1000
 
 
-def make_row(ctx, *, op, dtype, shape, params, case, status, nodeid, measurements=None, timer=None) -> dict:
+def make_row(ctx, *, op, dtype, shape, params, case, status, nodeid, measurements=None, timer=None,
+             input_sha256=None) -> dict:
     """One results.json row: the case, its baseline/candidate Measurements (either may be absent),
-    and the markers and configs of the case now ending."""
+    the digest of its inputs (harness.plugins.seeds; None where the inputs were never built), and
+    the markers and configs of the case now ending."""
     measurements = measurements or {}
     base, cand = measurements.get("baseline"), measurements.get("candidate")
     row = {"op": op, "dtype": dtype, "shape": shape, "params": params, "case": case, "status": status,
            "baseline_ms": base.median_ms if base else None, "candidate_ms": cand.median_ms if cand else None,
            "speedup": base.median_ms / cand.median_ms if base and cand and cand.median_ms > 0 else None,
-           "timer": timer}
+           "timer": timer, "input_sha256": input_sha256}
     if measurements:
         row["samples"] = {side: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]}
                           for side, m in measurements.items()}

@@ -59,10 +59,11 @@ def outcome(ctx, session, exitstatus) -> dict:
     planned = len(ctx.cases) or None
     done = len(ctx.rows)
     reason = ctx.stop_reason
-    if reason is None and exitstatus == pytest.ExitCode.INTERRUPTED:
-        reason = "interrupted"
+    # Before INTERRUPTED: a plugin that stops the session (a poisoned capture) exits with that status too.
     if reason is None and isinstance(session.shouldstop, str):
         reason = f"stopped: {session.shouldstop}"
+    if reason is None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        reason = "interrupted"
     if reason is None and exitstatus == pytest.ExitCode.INTERNAL_ERROR:
         reason = "internal error (traceback in run.log)"
     if reason is None and planned is not None and done < planned:
