@@ -149,16 +149,17 @@ def _rows_done(run_dir: Path) -> int:
         return 0
 
 
-def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> dict:
-    """The run's outcome: the child's own, or, when it died without writing one, the parent's
-    account of it (what killed it, rows done of planned, the case it was in), written into run.json."""
+def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> tuple[dict, bool]:
+    """(the run's outcome, whether the child wrote it): the child's own, or, when it died without
+    writing one, the parent's account of it (what killed it, rows done of planned, the case it was
+    in), written into run.json."""
     try:
         observed = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {})
     except (OSError, ValueError):
         observed = {}
     outcome = observed.get("outcome")
     if outcome is not None:
-        return outcome
+        return outcome, True
     if code == rundir.EXIT_DISK_FULL:
         reason = "no space left on device"
     elif interrupted:
@@ -175,7 +176,7 @@ def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | Non
     except OSError as exc:
         if rundir.disk_full(exc) is None:
             raise  # a full disk is said on the terminal below; run.json keeps what it held
-    return outcome
+    return outcome, False
 
 
 def summary_line(mode: str, outcome: dict, code: int) -> str:
@@ -232,7 +233,7 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
         with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
             rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
             code, interrupted = run_child(run_dir, run_spec, tee, cache_dir)
-        outcome = finish(run_dir, code, interrupted, planned, tee)
+        outcome, child_wrote_it = finish(run_dir, code, interrupted, planned, tee)
         tee.write(f"\n{summary_line(run_spec.mode, outcome, code)}; run dir: {run_dir}\n")
         if tee.log_error is not None:
             tee.write(f"error: {tee.log_error}; run.log stops there\n")
@@ -240,7 +241,7 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
         tee.close()
     if interrupted:
         return 128 + getattr(signal, interrupted)
-    if outcome["status"] != "COMPLETE" and code >= 0 and code != rundir.EXIT_DISK_FULL:
+    if child_wrote_it and outcome["status"] != "COMPLETE":
         return EXIT_INCOMPLETE  # the child stopped early on its own (a poisoned capture, say)
     return procs.shell_code(code)
 
