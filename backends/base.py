@@ -80,6 +80,9 @@ class Backend:
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     identity: Callable[[], dict] | None = None
+    # A backend without device indices (the interpreter): how many runs it takes side by side,
+    # numbered 0..n-1 like devices, so batch and the parallel sweep shard over it as over GPUs.
+    virtual_devices: Callable[[], int] = lambda: 1
     # Whether the installed torch is a build for this vendor (ROCm torch also answers torch.cuda).
     torch_build: Callable[[object], bool] = lambda torch: True
 
@@ -102,7 +105,7 @@ class Backend:
             return list(explicit)
         environ = os.environ if environ is None else environ
         if self.visibility_key is None:
-            return [0]
+            return list(range(self.virtual_devices()))
         visible = environ.get(self.visibility_key)
         if visible is not None:
             items = [x.strip() for x in visible.split(",") if x.strip() != ""]

@@ -2,6 +2,7 @@
 pipeline (record, replay, results, reports) on a machine with no accelerator, which is what CI
 and the end-to-end tests use."""
 
+import os
 import platform
 
 from .base import Backend
@@ -27,4 +28,5 @@ BACKEND = Backend(
     warmup_ms=0.0,
     rep_ms=0.0,
     identity=identity,
+    virtual_devices=lambda: os.cpu_count() or 1,  # one interpreter process per core
 )

@@ -6,6 +6,11 @@ devices by a stable hash (a resumed batch lands each op on the same device) and 
 within a device. `ops_status.csv` is rewritten atomically after every op, and a per-op
 completion marker makes `--resume` skip ops that already PASSed or SKIPped.
 
+Each op's group is led by harness.opguard, which ends it when the batch dies, however it died.
+A batch holds its dir's owner lock while it runs and stores its selection and options in
+batch.json; `--resume` refuses a dir whose owner still runs, stops what a dead owner left
+running (before it uses that device), and reuses what the command line does not give again.
+
 A FlagGems operator runs as `record NAME:OP@OP_FILE --flaggems-dir NAME=PATH` (replay: the run dir
 plus `--flaggems-dir`). Its dtypes are known only once it runs, so when it rejects the requested
 ones the fallback goes straight to the rescue run without a dtype filter.
@@ -14,8 +19,10 @@ ones the fallback goes straight to the rescue run without a dtype filter.
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import hashlib
 import io
 import json
@@ -29,13 +36,20 @@ import time
 from pathlib import Path
 
 import backends
-from harness import flaggems, resolve, rundir
+from harness import flaggems, opguard, resolve, rundir
 from harness.inventory import Entry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
                   "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
 DONE = ("PASS", "SKIP")
+BATCH_JSON = "batch.json"  # what makes a dir a batch dir
+OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
+DEFAULT_OP_TIMEOUT = 1800.0
+# The options (argparse names) a batch stores in batch.json: `--resume` reuses each one that its
+# command line does not give, so `--resume --batch-dir D` alone reruns the same batch.
+STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggems_dir", "level", "flagtune",
+                  "libtuner_cache", "op_timeout", "replay_root")
 MAX_RETRIES = 2
 KILL_GRACE_S = 10
 # What a record run that rejects the requested dtypes prints: ours (resolve_shapes), and FlagGems'
@@ -52,7 +66,7 @@ class Options:
     ops_paths: list[str] = dataclasses.field(default_factory=list)
     flaggems_dirs: dict[str, str] = dataclasses.field(default_factory=dict)  # repo -> checkout
     flaggems_args: list[str] = dataclasses.field(default_factory=list)  # --level etc., for FlagGems records
-    op_timeout: float = 1800.0
+    op_timeout: float = DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
 
 
@@ -132,15 +146,20 @@ class Batch:
         return [sys.executable, "-m", "harness", *args, "--device", str(device), "--out", str(out), "--color", "never"]
 
     def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float, str]:
-        """(exit code or None on timeout, seconds, the last lines this attempt wrote)."""
+        """(exit code or None on timeout, seconds, the last lines this attempt wrote).
+
+        The op runs under harness.opguard, the leader of its process group, which ends the group
+        when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
         start = time.monotonic()
         env = dict(os.environ)
         env["PYTHONPATH"] = resolve.harness_pythonpath(env.get("PYTHONPATH"))
+        running = log_path.parent / opguard.RUNNING
         with open(log_path, "a") as log:
             log.write(f"\n$ {' '.join(cmd)}\n")
             log.flush()
             offset = log.tell()
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([sys.executable, "-m", "harness.opguard", str(os.getpid()), str(running), "--",
+                                     *cmd], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             with self.lock:
                 self.procs[proc.pid] = proc
@@ -154,6 +173,7 @@ class Batch:
             finally:
                 with self.lock:
                     self.procs.pop(proc.pid, None)
+                running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
         with open(log_path, "rb") as log:
             log.seek(max(offset, log.seek(0, os.SEEK_END) - 8000))
             tail = log.read().decode(errors="replace")
@@ -181,7 +201,9 @@ class Batch:
                 break
             if code is None:
                 status = "TIMEOUT"
-                notes.append(f"timeout after {self.opts.op_timeout:.0f} s (killed, not retried)")
+                what = f"timeout after {self.opts.op_timeout:.0f} s {_killed_during(out)}"
+                notes.append(f"{what} (killed, not retried)")
+                _killed_note(out, log_path, what)
                 break
             if code == 0:
                 status = "PASS"
@@ -274,6 +296,28 @@ class Batch:
             _kill_group(proc)
 
 
+def _killed_during(attempt_dir: Path) -> str:
+    """Where a timed-out attempt was when it was killed, from its run.json: `observed.running_case`,
+    which the child sets as each case starts and clears once it finished normally (or the same in
+    the outcome it wrote as it stopped)."""
+    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
+    if not runs:
+        return "before its run dir was written (the op never started a case)"
+    observed = rundir.read_json(runs[-1]).get("observed", {})
+    case = observed.get("running_case") or (observed.get("outcome") or {}).get("running_case")
+    if case:
+        return f"during case {case}"
+    rows = _run_facts(runs[-1].parent)["rows"]
+    return f"with no case running ({rows} row{'s' * (rows != 1)} done)" if rows else "before its first case started"
+
+
+def _killed_note(attempt_dir: Path, log_path: Path, what: str) -> None:
+    """Say in the op's batch.log, and in the killed run's own run.log, why it stopped there."""
+    for log in [log_path, *sorted(attempt_dir.glob(f"*/{rundir.RUN_LOG}"))[-1:]]:
+        with open(log, "a") as f:
+            f.write(f"\nkilled by the batch's --op-timeout: {what}\n")
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the op's process group, then SIGKILL whatever is left of it after a grace period."""
     try:
@@ -359,32 +403,91 @@ def run_from_args(args) -> int:
     """`python -m harness batch ...`"""
     import importlib.util
 
-    from harness import inventory, registry
-
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise resolve.UsageError("--executor ray needs the ray package in this environment (pip install ray)")
     if args.summarize:
         print(f"summary: {write_summary(args.summarize.resolve())}")
         return 0
+    with contextlib.ExitStack() as held:
+        stored, origin = {}, ""
+        if args.resume and args.batch_dir is not None:
+            batch_dir = args.batch_dir.resolve()
+            if not (batch_dir / BATCH_JSON).is_file():
+                raise resolve.UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {BATCH_JSON})")
+            held.enter_context(_own(batch_dir))
+            stored = rundir.read_json(batch_dir / BATCH_JSON).get("request", {})
+            origin = _apply_stored(args, stored)
+        elif args.batch_dir is not None:
+            _check_new_batch_dir(args.batch_dir.resolve())
+        backend, devices, checkouts, ops_paths = _where(args)
+        selected, excluded, left_out = _select(args, stored.get("selection"), ops_paths, checkouts)
+        if args.resume:
+            if args.batch_dir is None:
+                raise resolve.UsageError("--resume needs --batch-dir")
+            print(origin)
+        op_dtypes = _op_dtypes(selected, ops_paths)
+        opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
+                       shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
+                       flaggems_dirs={r: str(p) for r, p in checkouts.items()},
+                       flaggems_args=flaggems.record_args(args.level, args.flagtune, args.libtuner_cache),
+                       op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
+                       replay_root=args.replay_root.resolve() if args.replay_root else None)
+        if args.resume:
+            for line in stop_leftovers(batch_dir):
+                print(line)
+        else:
+            batch_dir = _new_batch_dir(args)
+            held.enter_context(_own(batch_dir))
+        rundir.merge_json(batch_dir / BATCH_JSON, {
+            "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
+            "selected": [e.key for e in selected], "excluded": {e.key: why for e, why in excluded},
+            "left_out_repos": dict(left_out), "request": _request(args, opts, selected)})
+        runner = Batch(batch_dir, opts, op_dtypes)
+        todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
+        print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
+              f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
+        for e, why in excluded:
+            print(f"  excluded {e.key}: {why}")
+        return _run(runner, todo, selected, args)
+
+
+def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str]]:
+    """(backend, devices, FlagGems checkouts, --ops-path entries made absolute)."""
     backend = resolve.resolve_backend(args.backend)
     try:
-        visible = backend.check_available()
+        wanted = None if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
+    except ValueError:
+        raise resolve.UsageError(f"--devices {args.devices}: expected comma-separated device indices, "
+                                 "e.g. 0,1") from None
+    try:
+        devices = backend.check_available(wanted)
     except backends.BackendUnavailable as exc:
         raise resolve.UsageError(str(exc)) from exc
-    devices = visible if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
-    if backend.visibility_key is not None and not set(devices) <= set(visible):
-        raise resolve.UsageError(f"--devices {devices}: not all among the visible devices {visible}")
-    ops_paths = resolve.abs_ops_paths(args.ops_path)
     try:
         checkouts = flaggems.parse_dirs(args.flaggems_dir)
+    except flaggems.FlagGemsError as exc:
+        raise resolve.UsageError(str(exc)) from exc
+    return backend, devices, checkouts, resolve.abs_ops_paths(args.ops_path)
+
+
+def _select(args, stored: list[str] | None, ops_paths: list[str],
+            checkouts: dict[str, Path]) -> tuple[list[Entry], list[tuple[Entry, str]], collections.Counter]:
+    """(selected, excluded with reasons, ops per FlagGems repo --all left out), from the command
+    line's selection, else from the one a resumed batch stored. A bare op name means one of the
+    inventories that can run here."""
+    from harness import inventory
+
+    try:
         entries = _entries(ops_paths, checkouts)
-        repos, left_out = args.repos, {}
+        runnable = {e.repo for e in entries if not inventory.needs_checkout(e.repo) or e.repo in checkouts}
+        repos, left_out = args.repos, collections.Counter()
         if args.all and repos is None:
-            left_out = collections.Counter(e.repo for e in entries
-                                           if inventory.needs_checkout(e.repo) and e.repo not in checkouts)
-            repos = sorted({e.repo for e in entries} - set(left_out))
+            left_out = collections.Counter(e.repo for e in entries if e.repo not in runnable)
+            repos = sorted(runnable)
         specs = list(args.ops or []) + (inventory.read_ops_file(args.ops_file) if args.ops_file else [])
-        selected, excluded = inventory.select(entries, specs, args.all, repos, inventory.load_dismissed())
+        if stored is not None and not (args.all or specs or args.repos):
+            specs = stored
+        selected, excluded = inventory.select(entries, specs, args.all, repos, inventory.load_dismissed(), runnable)
     except (inventory.SelectionError, flaggems.FlagGemsError) as exc:
         raise resolve.UsageError(str(exc)) from exc
     require_checkouts(selected, checkouts)
@@ -392,12 +495,12 @@ def run_from_args(args) -> int:
         # Loud, not silent: --all on a host without FlagGems checkouts screens the built-in corpus.
         print(f"NOTE: --all leaves out the FlagGems inventories {_counted(left_out)}: their checkouts were not "
               f"given; to include them add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
-    if args.resume:
-        if args.batch_dir is None:
-            raise resolve.UsageError("--resume needs --batch-dir")
-        batch_dir = args.batch_dir.resolve()
-    else:
-        batch_dir = rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "batch")
+    return selected, excluded, left_out
+
+
+def _op_dtypes(selected: list[Entry], ops_paths: list[str]) -> dict[str, tuple[str, ...]]:
+    from harness import inventory, registry
+
     op_dtypes = {}
     for e in selected:
         if inventory.needs_checkout(e.repo):
@@ -406,23 +509,96 @@ def run_from_args(args) -> int:
             op_dtypes[e.id] = registry.load(e.op, ops_paths)[0].dtypes
         except registry.OperatorNotFound as exc:
             raise resolve.UsageError(str(exc)) from exc
-    opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
-                   shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
-                   flaggems_dirs={r: str(p) for r, p in checkouts.items()},
-                   flaggems_args=flaggems.record_args(args.level, args.flagtune, args.libtuner_cache),
-                   op_timeout=args.op_timeout,
-                   replay_root=args.replay_root.resolve() if args.replay_root else None)
-    runner = Batch(batch_dir, opts, op_dtypes)
-    todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
-    print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
-          f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
-    for e, why in excluded:
-        print(f"  excluded {e.key}: {why}")
-    rundir.merge_json(batch_dir / "batch.json", {"backend": backend.name, "devices": devices,
-                                                 "flaggems_dirs": opts.flaggems_dirs,
-                                                 "selected": [e.key for e in selected],
-                                                 "excluded": {e.key: why for e, why in excluded},
-                                                 "left_out_repos": dict(left_out)})
+    return op_dtypes
+
+
+# --- the batch dir -------------------------------------------------------------------------------
+def _check_new_batch_dir(batch_dir: Path) -> None:
+    """A new batch goes into a new or empty dir: never into another batch's, nor over other files."""
+    if (batch_dir / BATCH_JSON).is_file():
+        raise resolve.UsageError(f"--batch-dir {batch_dir} is an existing batch dir: to continue it add --resume; "
+                                 "for a new batch give a new or empty dir")
+    if batch_dir.exists() and not batch_dir.is_dir():
+        raise resolve.UsageError(f"--batch-dir {batch_dir} is a file, not a directory")
+    if batch_dir.is_dir() and any(batch_dir.iterdir()):
+        raise resolve.UsageError(f"--batch-dir {batch_dir} is not empty and is not a batch dir (it has no "
+                                 f"{BATCH_JSON}): give a new or empty dir")
+
+
+def _new_batch_dir(args) -> Path:
+    if args.batch_dir is None:
+        return rundir.claim_run_dir((args.out or REPO_ROOT / "runs").resolve(), "batch")
+    batch_dir = args.batch_dir.resolve()
+    try:
+        batch_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise resolve.UsageError(f"--batch-dir {batch_dir}: cannot create it: {exc.strerror}") from exc
+    return batch_dir
+
+
+def _own(batch_dir: Path):
+    """Hold the batch dir's owner lock for this batch's life (the open file is the context manager).
+    The kernel drops a flock when its process dies, even by SIGKILL, so a held lock means a live
+    owner whatever pid numbers got reused; a second batch in the dir is refused, naming the owner."""
+    f = open(batch_dir / OWNER_LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise resolve.UsageError(f"batch dir {batch_dir} belongs to batch pid {pid}, which is still running: wait "
+                                 f"for it, or stop it (kill {pid}) and resume then") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def stop_leftovers(batch_dir: Path) -> list[str]:
+    """Stop the ops of a dead batch that still run (their guard could not end them: stopped, or
+    killed alone), before this batch uses their devices. One line for each one stopped."""
+    lines = []
+    for running in sorted(batch_dir.glob(f"ops/*/{opguard.RUNNING}")):
+        facts = opguard.stop_leftover(running, KILL_GRACE_S)
+        if facts is not None:
+            lines.append(f"resume: stopped {running.parent.relative_to(batch_dir)}, still running from the dead "
+                         f"batch pid {facts['batch_pid']} (process group {facts['pgid']}), before reusing its device")
+    return lines
+
+
+# --- what a batch stores for its resume -----------------------------------------------------------
+def _request(args, opts: Options, selected: list[Entry]) -> dict:
+    """The options and selection this batch ran with, as `_apply_stored` reads them back."""
+    return {"backend": opts.backend, "devices": ",".join(map(str, opts.devices)), "dtypes": opts.dtypes,
+            "shapes": opts.shapes, "ops_path": opts.ops_paths or None,
+            "flaggems_dir": [f"{r}={p}" for r, p in opts.flaggems_dirs.items()] or None,
+            "level": args.level, "flagtune": args.flagtune, "libtuner_cache": args.libtuner_cache,
+            "op_timeout": opts.op_timeout, "replay_root": str(opts.replay_root) if opts.replay_root else None,
+            "selection": [e.id for e in selected]}
+
+
+def _apply_stored(args, stored: dict) -> str:
+    """Fill in each stored option the command line does not give; the line saying what came from where."""
+    from_file, from_cli = [], []
+    for name in STORED_OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        if getattr(args, name) is not None:
+            from_cli.append(flag)
+        elif stored.get(name) is not None:
+            setattr(args, name, Path(stored[name]) if name in ("shapes", "replay_root") else stored[name])
+            from_file.append(flag)
+    n = len(stored.get("selection") or [])
+    if args.all or args.ops or args.ops_file or args.repos:
+        selection = f"the selection given on the command line (not the {n} ops stored in {BATCH_JSON})"
+    else:
+        selection = f"the selection stored in {BATCH_JSON} ({n} op{'s' * (n != 1)})"
+    return (f"resume: {selection}; options from {BATCH_JSON}: {' '.join(from_file) or 'none'}; "
+            f"from the command line: {' '.join(from_cli) or 'none'}")
+
+
+# --- running -------------------------------------------------------------------------------------
+def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
     counts = collections.Counter()
     from tqdm import tqdm
 
@@ -442,11 +618,11 @@ def run_from_args(args) -> int:
             else:
                 runner.run(todo, on_done)
         except KeyboardInterrupt:
-            print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", batch_dir)
-            write_summary(batch_dir)
+            print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", runner.dir)
+            write_summary(runner.dir)
             return 130
-    summary = write_summary(batch_dir)
-    status = read_status(batch_dir)
+    summary = write_summary(runner.dir)
+    status = read_status(runner.dir)
     final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
     failed = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] not in DONE)

@@ -173,8 +173,13 @@ def qualify(entries: list[Entry]) -> list[Entry]:
 
 
 def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: list[str] | None,
-           dismissed: dict[str, str]) -> tuple[list[Entry], list[tuple[Entry, str]]]:
-    """(selected, excluded with reasons). Unknown or ambiguous specs raise, listing every one."""
+           dismissed: dict[str, str], runnable: set[str] | None = None) -> tuple[list[Entry], list[tuple[Entry, str]]]:
+    """(selected, excluded with reasons). Unknown or ambiguous specs raise, listing every one.
+
+    A spec without a repo means an operator of the `runnable` repos (those that can run here: a
+    FlagGems inventory only once its checkout is given), so `softmax` is not ambiguous with a
+    FlagGems op that could not run anyway; only an op that no runnable repo has is looked up in
+    the others (and then needs its checkout). None: every repo can run."""
     pool = [e for e in qualify(entries) if not repos or e.repo in repos]
     if all_ops:
         chosen = list(pool)
@@ -182,6 +187,8 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
         chosen, bad = [], []
         for spec in specs or []:
             hits = [e for e in pool if _matches(e, spec)]
+            if runnable is not None and ":" not in spec:
+                hits = [e for e in hits if e.repo in runnable] or hits
             if not hits:
                 bad.append(f"'{spec}': unknown")
             elif len(hits) > 1:

@@ -63,10 +63,7 @@ def refusal(run_spec: spec_mod.RunSpec, n: int, shape_count: int, devices: list[
 
 
 def sweep_devices(backend: backends.Backend, n: int) -> list[int]:
-    """The first n devices the user made visible; a backend without devices (the interpreter)
-    takes n virtual ones."""
-    if backend.visibility_key is None:
-        return list(range(n))
+    """The first n devices the user made visible (the interpreter's are one per CPU core)."""
     try:
         return backend.check_available()[:n]
     except backends.BackendUnavailable:
@@ -88,9 +85,8 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
     for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
         shard_file = sweep_dir / f"shard{i}.yaml"
         shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
-        # A backend without device indices (the interpreter) runs every shard on its one "device".
-        where = ["--device", str(device)] if backend.visibility_key is not None else []
-        cmd = [sys.executable, "-m", "harness", "record", run_spec.op, "--backend", run_spec.backend, *where,
+        cmd = [sys.executable, "-m", "harness", "record", run_spec.op, "--backend", run_spec.backend,
+               "--device", str(device),
                "--shapes", str(shard_file), "--dtypes", ",".join(run_spec.dtypes),
                "--seed", str(run_spec.seed), "--timer", run_spec.timer, "--warmup-ms", str(run_spec.warmup_ms),
                "--rep-ms", str(run_spec.rep_ms), "--no-ir", "--color", "never", "--out", str(sweep_dir / f"shard{i}")]

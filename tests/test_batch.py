@@ -107,16 +107,13 @@ def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
-    for pid in _pids_running(d):  # the op that was running is an orphan now (own session): end it
-        try:
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # The op that was running dies with its batch (its guard saw the batch go), before any resume.
+    assert _wait_for(lambda: not _pids_running(d), 10), _pids_running(d)
     finished = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
     markers = {op: (d / "ops" / f"{r['repo']}__{op}" / ".complete").stat().st_mtime for op, r in finished.items()}
 
     resumed = start_batch(tmp_path, "--resume", "--batch-dir", d, "--ops", "builtin:add", "builtin:gelu",
-                          "fp32_op", "hang_op", "--op-timeout", "15")
+                          "fp32_op", "hang_op", "--op-timeout", "40")
     out, _ = resumed.communicate(timeout=600)
     assert f"{len(finished)} already done" in out
     st = statuses(d)
@@ -226,7 +223,8 @@ def test_gpu_backend_without_device_is_one_clear_error(harness):
 
 @pytest.mark.e2e
 def test_ray_executor_gives_the_same_statuses_files_and_resume(tmp_path):
-    pytest.importorskip("ray")
+    import ray  # noqa: F401  (the tests session installs ray: missing, this test fails, never skips)
+
     proc = start_batch(tmp_path, "--ops", "builtin:add", "crash_op", "--executor", "ray", "--devices", "0,1")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1, out

@@ -212,6 +212,29 @@ def test_selection_across_repos():
     assert "builtin:mm" in {e.key for e in selected}
 
 
+def test_bare_names_resolve_among_the_inventories_that_can_run():
+    entries = _corpus()
+    here = {inventory.BUILTIN, inventory.PATH_REPO}  # no FlagGems checkout given
+    selected, _ = inventory.select(entries, ["softmax", "mm", "log_softmax"], False, None, {}, here)
+    # softmax and mm are the built-in ones; log_softmax exists only in flaggems, so it stays
+    # selected there and needs its checkout (require_checkouts says so before anything runs).
+    assert [e.key for e in selected] == ["builtin:softmax", "builtin:mm", "flaggems:log_softmax"]
+    selected, _ = inventory.select(entries, ["flaggems:softmax"], False, None, {}, here)
+    assert [e.key for e in selected] == ["flaggems:softmax"]  # named explicitly: its repo, runnable or not
+    with pytest.raises(inventory.SelectionError, match=r"'softmax': ambiguous \(builtin:softmax@softmax, "
+                                                       r"flaggems:softmax@softmax\)"):
+        inventory.select(entries, ["softmax"], False, None, {}, here | {"flaggems"})  # its checkout given
+
+
+def test_batch_bare_names_need_no_flaggems_checkout(harness):
+    # --resume without --batch-dir stops right after selection: nothing runs.
+    proc = harness("batch", "--backend", "interpreter", "--ops", "softmax", "add", "--resume")
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --resume needs --batch-dir", proc.stderr
+    proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:softmax", "--resume")
+    assert proc.returncode == 2 and "--flaggems-dir flaggems=PATH" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_flaggems_ops_without_their_checkout_fail_before_running():
     selected, _ = inventory.select(_corpus(), ["flaggems:mm", "flaggems:softmax", "builtin:add"], False, None, {})
     with pytest.raises(batch.resolve.UsageError) as info:

@@ -2,6 +2,7 @@
 the file and what is wrong; an incomplete record is replayed, loudly, and the replay says so."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -134,11 +135,15 @@ def test_record_of_an_absent_backend_says_no_backend_can_replay_it(tmp_path, mon
 
 
 def test_device_beyond_the_backend_is_refused_with_the_valid_indices(tmp_path, monkeypatch):
+    # The interpreter's devices are virtual, one per CPU core.
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
     with pytest.raises(UsageError) as info:
         resolve.resolve_device(backends.get("interpreter"), 5)
     assert str(info.value) == "backend 'interpreter': device(s) [5] do not exist here; it has 1 device, " \
                               "valid --device: 0"
     assert resolve.resolve_device(backends.get("interpreter"), 0) == 0
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert resolve.resolve_device(backends.get("interpreter"), 2) == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(UsageError, match=r"device\(s\) \[2\] do not exist here; it has 2 devices, valid --device: "
                                          r"0, 1$"):

@@ -22,6 +22,14 @@ def _hang(x, y):
     time.sleep(3600)
 
 
+def _hang_in_2d_case(x, y):
+    # Hangs in its second case only (the interpreter's pointwise shapes are [300], then [2, 700]),
+    # so a timeout has a case to name that is not simply the first.
+    if x.dim() == 2:
+        time.sleep(3600)
+    return triton_add(x, y)
+
+
 def _flaky(x, y):
     # Fails in the first process that runs it, passes afterwards (state kept by the test).
     marker = Path(os.environ["ZL_TEST_STATE_DIR"]) / "flaky_ran_once"
@@ -35,6 +43,7 @@ def _flaky(x, y):
 COMMON = dict(inputs=_inputs, baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
 crash_op = Operator(name="crash_op", candidate=_crash, **COMMON)
 hang_op = Operator(name="hang_op", candidate=_hang, **COMMON)
+hang_later_op = Operator(name="hang_later_op", candidate=_hang_in_2d_case, **COMMON)
 flaky_op = Operator(name="flaky_op", candidate=_flaky, **COMMON)
 fp32_op = Operator(name="fp32_op", candidate=triton_add, **COMMON)
 skip_op = Operator(name="skip_op", candidate=triton_add, skip="not meaningful on this backend", **COMMON)

@@ -1,0 +1,219 @@
+"""Batch faults injected for real: a batch killed by SIGKILL (its ops must die with it, and a resume
+must stop any that did not), an op that hangs in a known case until the timeout, and the batch dir
+and stored options of `--batch-dir` / `--resume`."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from harness import batch, opguard, rundir
+
+OPS = REPO / "tests" / "resources" / "batch_ops"
+
+
+@pytest.fixture
+def harness_batch(tmp_path):
+    """`python -m harness batch ARGS` with nothing added (a resume must find the rest in batch.json);
+    whatever a failed test leaves running is killed at teardown."""
+    started = []
+
+    def start(*args) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env["ZL_TEST_STATE_DIR"] = str(tmp_path)
+        started.append(subprocess.Popen([sys.executable, "-m", "harness", "batch", *map(str, args)], cwd=REPO,
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    for running in tmp_path.rglob(opguard.RUNNING):  # ops a broken guard left behind
+        try:
+            os.killpg(json.loads(running.read_text())["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, ValueError, KeyError):
+            pass
+
+
+def finish(proc: subprocess.Popen, timeout=600) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def statuses(batch_dir: Path) -> dict[str, dict]:
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        return {r["op"]: r for r in csv.DictReader(f)}
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it runs nothing and holds no device)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def group_pids(pgid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def start_hanging_batch(harness_batch, tmp_path) -> tuple[subprocess.Popen, Path, dict]:
+    """A batch whose one op hangs in its first case; returns once the op's pytest child runs."""
+    d = tmp_path / "batch"
+    proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "hang_op",
+                         "--op-timeout", 300, "--batch-dir", d)
+    running = d / "ops" / "path__hang_op" / opguard.RUNNING
+    assert wait_for(running.is_file, 120), finish(proc, 5)
+    facts = json.loads(running.read_text())
+    # guard, record, and the child that hangs
+    assert wait_for(lambda: len(group_pids(facts["pgid"])) >= 3, 120), group_pids(facts["pgid"])
+    return proc, d, facts
+
+
+@pytest.mark.e2e
+def test_a_live_batch_refuses_resume_and_its_ops_die_with_it(harness_batch, tmp_path):
+    proc, d, facts = start_hanging_batch(harness_batch, tmp_path)
+    assert facts["batch_pid"] == proc.pid
+    code, _, err = finish(harness_batch("--resume", "--batch-dir", d))
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: batch dir {d} belongs to batch pid {proc.pid}, which is still running: wait for it, or stop it "
+        f"(kill {proc.pid}) and resume then"]
+    members = group_pids(facts["pgid"])
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
+    proc.communicate()
+    assert wait_for(lambda: not any(alive(p) for p in members), 10), [p for p in members if alive(p)]
+
+
+@pytest.mark.e2e
+def test_resume_stops_a_leftover_op_of_a_dead_batch(harness_batch, tmp_path):
+    proc, d, facts = start_hanging_batch(harness_batch, tmp_path)
+    members = group_pids(facts["pgid"])
+    os.kill(facts["pid"], signal.SIGSTOP)  # the op's guard cannot act: the op outlives its batch
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    time.sleep(2)
+    assert all(alive(p) for p in members)
+    code, out, err = finish(harness_batch("--resume", "--batch-dir", d, "--op-timeout", 1))
+    lines = out.splitlines()
+    stopped = [i for i, line in enumerate(lines) if line.startswith("resume: stopped ")]
+    assert [lines[i] for i in stopped] == [
+        f"resume: stopped ops/path__hang_op, still running from the dead batch pid {proc.pid} (process group "
+        f"{facts['pgid']}), before reusing its device"], out + err
+    assert stopped[0] < lines.index(f"batch dir: {d}")  # before any op of this batch starts
+    assert not any(alive(p) for p in members)
+    assert code == 1 and statuses(d)["hang_op"]["status"] == "TIMEOUT"
+
+
+@pytest.mark.e2e
+def test_a_timeout_names_the_case_it_killed(harness_batch, tmp_path):
+    d = tmp_path / "batch"
+    code, out, err = finish(harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops",
+                                          "hang_later_op", "--op-timeout", 40, "--batch-dir", d))
+    assert code == 1, out + err
+    row = statuses(d)["hang_later_op"]
+    run_dir = d / row["run_dir"]
+    case = rundir.read_json(run_dir / "run.json")["observed"]["running_case"]
+    assert case.endswith("2x700")  # the op hangs in its second case, not its first
+    what = f"timeout after 40 s during case {case}"
+    assert row["status"] == "TIMEOUT" and row["notes"] == f"{what} (killed, not retried)"
+    batch_log = (d / "ops" / "path__hang_later_op" / "batch.log").read_text()
+    assert f"killed by the batch's --op-timeout: {what}" in batch_log
+    assert (run_dir / "run.log").read_text().splitlines()[-1] == f"killed by the batch's --op-timeout: {what}"
+
+
+def test_a_timeout_says_when_no_case_was_running(tmp_path):
+    attempt = tmp_path / "attempt1"
+    attempt.mkdir()
+    assert batch._killed_during(attempt) == "before its run dir was written (the op never started a case)"
+    run_dir = attempt / "op_20260101-000000"
+    run_dir.mkdir()
+    rundir.atomic_write_json(run_dir / "run.json", {"observed": {"running_case": None}})
+    assert batch._killed_during(attempt) == "before its first case started"
+    row = {"status": "SUCCESS", "timer": "host", "markers": []}
+    rundir.atomic_write_json(run_dir / "results.json", {"rows": [row, row]})
+    assert batch._killed_during(attempt) == "with no case running (2 rows done)"
+    rundir.atomic_write_json(run_dir / "run.json", {"observed": {"running_case": "fp16-4x16"}})
+    assert batch._killed_during(attempt) == "during case fp16-4x16"
+    (run_dir / "run.log").write_text("earlier lines\n")
+    what = "timeout after 5 s during case fp16-4x16"
+    batch._killed_note(attempt, tmp_path / "batch.log", what)
+    for log in (run_dir / "run.log", tmp_path / "batch.log"):
+        assert log.read_text().splitlines()[-1] == f"killed by the batch's --op-timeout: {what}"
+
+
+@pytest.mark.e2e
+def test_batch_dir_is_honoured_and_resume_reuses_what_the_batch_stored(harness_batch, tmp_path):
+    d = tmp_path / "new" / "sub" / "batch"
+    # `add` is also in the committed FlagGems inventory, whose checkout is not given: not ambiguous.
+    code, out, err = finish(harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "add",
+                                          "crash_op", "--dtypes", "fp32", "--batch-dir", d))
+    assert code == 1 and f"batch dir: {d}" in out.splitlines(), out + err
+    assert statuses(d)["add"]["status"] == "PASS" and statuses(d)["crash_op"]["status"] == "FAIL"
+
+    code, _, err = finish(harness_batch("--backend", "interpreter", "--ops", "add", "--batch-dir", d))
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: --batch-dir {d} is an existing batch dir: to continue it add --resume; for a new batch give a new "
+        "or empty dir"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    code, _, err = finish(harness_batch("--backend", "interpreter", "--ops", "add", "--batch-dir", other))
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: --batch-dir {other} is not empty and is not a batch dir (it has no batch.json): give a new or "
+        "empty dir"]
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+    # Nothing but the dir: backend, ops path, dtypes and the selection come from batch.json.
+    log = d / "ops" / "path__crash_op" / "batch.log"
+    before = log.read_text().count("\n$ ")
+    code, out, err = finish(harness_batch("--resume", "--batch-dir", d))
+    assert code == 1, out + err
+    assert ("resume: the selection stored in batch.json (2 ops); options from batch.json: --backend --devices "
+            "--dtypes --ops-path --op-timeout; from the command line: none") in out.splitlines()
+    assert "2 selected, 1 already done, 0 excluded; devices [0]; backend interpreter" in out
+    rerun = log.read_text().split("\n$ ")[before + 1:]
+    assert rerun and all(f"--backend interpreter --dtypes fp32 --ops-path {OPS}" in cmd for cmd in rerun)
+
+    code, out, err = finish(harness_batch("--resume", "--batch-dir", d, "--ops", "add"))
+    assert code == 0, out + err
+    assert out.splitlines()[0].startswith("resume: the selection given on the command line (not the 2 ops stored")
+    assert "1 selected, 1 already done" in out
+
+
+def test_bad_devices_are_one_line_and_create_nothing(harness_batch, tmp_path):
+    for devices, message in (("1", "device(s) [1] do not exist here"),
+                             ("a,b", "--devices a,b: expected comma-separated device indices")):
+        code, _, err = finish(harness_batch("--backend", "interpreter", "--ops", "add", "--devices", devices,
+                                            "--batch-dir", tmp_path / "b"))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "b").exists()
