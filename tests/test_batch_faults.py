@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+import backends
 from harness import batch, opguard, rundir
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
@@ -200,7 +201,8 @@ def test_batch_dir_is_honoured_and_resume_reuses_what_the_batch_stored(harness_b
     assert code == 1, out + err
     assert ("resume: the selection stored in batch.json (2 ops); options from batch.json: --backend --devices "
             "--dtypes --ops-path --op-timeout; from the command line: none") in out.splitlines()
-    assert "2 selected, 1 already done, 0 excluded; devices [0]; backend interpreter" in out
+    visible = backends.get("interpreter").check_available()  # the stored devices: all the visible ones
+    assert f"2 selected, 1 already done, 0 excluded; devices {visible}; backend interpreter" in out
     rerun = log.read_text().split("\n$ ")[before + 1:]
     assert rerun and all(f"--backend interpreter --dtypes fp32 --ops-path {OPS}" in cmd for cmd in rerun)
 
