@@ -12,7 +12,9 @@ networked machine needs no step.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import nox
@@ -21,6 +23,7 @@ nox.options.default_venv_backend = "none"
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
+MUTANTS_DIR = HERE / "mutants"
 # nox probes for uv before every session, whatever its venv_backend (nox.virtualenv.get_virtualenv
 # asks for OPTIONAL_VENVS first), and logs "uv binary not found." where there is none. No session
 # here uses uv: the line only alarms.
@@ -133,3 +136,39 @@ def lint(session: nox.Session) -> None:
     """Static checks (ruff)."""
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of the logic modules against the fast tests; a score per module."""
+    # What is mutated and which tests run: [tool.mutmut] in pyproject.toml. posargs go to `mutmut
+    # run` (mutant name globs such as 'harness.shapes.*', --max-children N).
+    _require_compiler(session)
+    _light_deps(session, "tests", "mutmut")
+    # mutmut keeps verdicts between runs and retests a survivor only when it is named: a fresh
+    # tree makes the score that of the tests as they are now.
+    shutil.rmtree(MUTANTS_DIR, ignore_errors=True)
+    session.run("python", "-m", "mutmut", "run", *session.posargs)
+    results = session.run("python", "-m", "mutmut", "results", "--all", "true", silent=True, log=False)
+    _print_mutation_scores(results)
+
+
+def _print_mutation_scores(results: str) -> None:
+    """Print each mutant the tests did not catch, then killed / total per module (a timeout counts as
+    killed: the mutant hung the tests). `results` is `mutmut results --all true`, one `KEY: STATUS`
+    line per mutant, KEY = MODULE.x_FUNCTION__mutmut_N or MODULE.xǁCLASSǁMETHOD__mutmut_N."""
+    caught = ("killed", "timeout")
+    by_module: dict[str, Counter] = defaultdict(Counter)
+    for key, status in re.findall(r"^\s+(\S+): (.+)$", results, re.MULTILINE):
+        by_module[re.split(r"\.x[_ǁ]", key, maxsplit=1)[0]][status] += 1
+        if status not in (*caught, "not checked"):
+            print(f"{status:>12}  {key}")
+    print(f"\n{'module':<20}{'killed / total':>16}  not killed")
+    for module, counts in sorted(by_module.items()):
+        killed, total = sum(counts[s] for s in caught), sum(counts.values())
+        if counts["not checked"] == total:
+            print(f"{module:<20}{'not run':>16}")
+            continue
+        rest = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if s not in caught)
+        print(f"{module:<20}{f'{killed} / {total}':>16}  {killed / total:4.0%}  {rest}")
+    print("\none mutant's change: PYTHONPATH=.nox/deps python -m mutmut show KEY")

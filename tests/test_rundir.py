@@ -1,6 +1,13 @@
 import datetime as dt
+import errno
 import json
+import os
+import re
 import threading
+from pathlib import Path
+
+import pytest
+import yaml
 
 from harness import rundir
 
@@ -34,3 +41,204 @@ def test_merge_is_deep_and_keeps_other_keys(tmp_path):
 def test_atomic_write_leaves_no_temp_files(tmp_path):
     rundir.atomic_write_json(tmp_path / "a.json", {"x": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_claim_without_a_clock_uses_now_and_makes_op_names_path_safe(tmp_path):
+    d = rundir.claim_run_dir(tmp_path / "new" / "root", "flaggems:FLA/kda")
+    assert d.is_dir() and d.parent == tmp_path / "new" / "root"
+    assert re.fullmatch(r"flaggems_FLA_kda_\d{8}-\d{6}", d.name), d.name
+
+
+def test_claim_gives_up_after_ten_thousand_taken_names(tmp_path, monkeypatch):
+    tried = []
+    real_mkdir = Path.mkdir
+
+    def taken(self, *args, **kwargs):
+        if self.parent != tmp_path:
+            return real_mkdir(self, *args, **kwargs)
+        tried.append(self.name)
+        raise FileExistsError(self)
+
+    monkeypatch.setattr(Path, "mkdir", taken)
+    with pytest.raises(RuntimeError, match=f"could not claim a run directory under {re.escape(str(tmp_path))}$"):
+        rundir.claim_run_dir(tmp_path, "op", dt.datetime(2026, 1, 2, 3, 4, 5))
+    assert len(tried) == 10_000
+    assert tried[0] == "op_20260102-030405" and tried[1] == "op_20260102-030405-1"
+    assert tried[-1] == "op_20260102-030405-9999"
+
+
+def test_disk_full_is_one_line_naming_the_file(tmp_path):
+    exc = rundir.DiskFull(tmp_path / "results.json")
+    assert str(exc) == f"no space left on device writing {tmp_path / 'results.json'}"
+    assert exc.errno == errno.ENOSPC and exc.path == tmp_path / "results.json"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_disk_full_found_behind_raw_os_errors(code):
+    named = OSError(code, "full", "/data/run.log")
+    assert rundir.disk_full(named, "/other").path == Path("/data/run.log")
+    assert rundir.disk_full(OSError(code, "full"), "/other").path == Path("/other")
+    assert rundir.disk_full(OSError(code, "full")).path == Path("?")
+
+
+def test_disk_full_found_through_cause_and_context_chains():
+    full = rundir.DiskFull(Path("/x"))
+    try:
+        try:
+            raise full
+        except OSError:
+            raise ValueError("wrapped") from None  # context kept, cause suppressed
+    except ValueError as exc:
+        wrapped = exc
+    assert rundir.disk_full(wrapped) is full
+    caused = RuntimeError("caused")
+    caused.__cause__ = OSError(errno.ENOSPC, "full", "/y")
+    assert rundir.disk_full(caused).path == Path("/y")
+
+
+def test_other_errors_are_not_disk_full_even_in_a_cycle():
+    assert rundir.disk_full(OSError(errno.EACCES, "denied", "/z")) is None
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a
+    assert rundir.disk_full(a) is None
+
+
+@pytest.mark.parametrize("code,raised", [(errno.ENOSPC, rundir.DiskFull), (errno.EDQUOT, rundir.DiskFull),
+                                         (errno.EIO, OSError)])
+def test_failed_write_keeps_the_previous_file_and_no_temp(tmp_path, monkeypatch, code, raised):
+    path = tmp_path / "results.json"
+    rundir.atomic_write_json(path, {"rows": 1})
+
+    def fail(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(raised) as info:
+        rundir.atomic_write_json(path, {"rows": 2})
+    assert isinstance(info.value, rundir.DiskFull) == (raised is rundir.DiskFull)
+    if raised is rundir.DiskFull:
+        assert info.value.path == path and info.value.__cause__.errno == code
+    assert json.loads(path.read_text()) == {"rows": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_disk_full_before_the_temp_file_exists(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir, "open", full, raising=False)  # rundir's own `open`, not the builtin
+    with pytest.raises(rundir.DiskFull, match="writing .*results.json$"):
+        rundir.atomic_write_text(tmp_path / "results.json", "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_json_is_indented_in_insertion_order_with_paths_as_text(tmp_path):
+    path = tmp_path / "run.json"
+    rundir.atomic_write_json(path, {"z": 1, "a": {"p": Path("/tmp/x")}})
+    assert path.read_text(encoding="utf-8") == '{\n  "z": 1,\n  "a": {\n    "p": "/tmp/x"\n  }\n}\n'
+    assert rundir.read_json(path) == {"z": 1, "a": {"p": "/tmp/x"}}
+
+
+def test_text_is_written_as_utf8(tmp_path):
+    path = tmp_path / "run.log"
+    rundir.atomic_write_text(path, "µs ✓\n")
+    assert path.read_bytes() == "µs ✓\n".encode()
+
+
+def test_merge_replaces_what_is_not_a_mapping_on_either_side(tmp_path):
+    p = tmp_path / "run.json"
+    rundir.merge_json(p, {"observed": {"timers": "graph", "device": {"name": "x"}}})
+    merged = rundir.merge_json(p, {"observed": {"timers": {"graph": 2}, "device": "cpu"}})
+    assert merged == {"observed": {"timers": {"graph": 2}, "device": "cpu"}}
+    assert json.loads(p.read_text()) == merged
+
+
+def test_concurrent_merges_lose_nothing(tmp_path):
+    p = tmp_path / "run.json"
+
+    def add(i):
+        for j in range(20):
+            rundir.merge_json(p, {"observed": {f"{i}-{j}": j}})
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(json.loads(p.read_text())["observed"]) == 6 * 20
+
+
+class Bad(ValueError):
+    pass
+
+
+def read_back(tmp_path, content: bytes):
+    p = tmp_path / "plan.yaml"
+    p.write_bytes(content)
+    with pytest.raises(Bad) as info:
+        rundir.read_yaml_mapping(p, Bad, "plan", "a mapping of sides")
+    return p, str(info.value)
+
+
+def test_yaml_errors_name_file_line_and_what_is_wrong(tmp_path):
+    p, msg = read_back(tmp_path, b"a: [1, 2\nb: 3\n")
+    assert msg == f"plan {p}:2:2: not valid yaml: expected ',' or ']', but got ':' " \
+                  "(while parsing a flow sequence at line 1)"
+    p, msg = read_back(tmp_path, b"a: b: c\n")
+    assert msg == f"plan {p}:1:5: not valid yaml: mapping values are not allowed here"
+
+
+def test_yaml_errors_without_a_line_are_one_line(tmp_path):
+    p, msg = read_back(tmp_path, b"x: \x07\n")
+    assert msg.startswith(f"plan {p}: not valid yaml: unacceptable character #x0007") and "\n" not in msg
+
+
+def test_yaml_error_marked_only_by_its_context(tmp_path, monkeypatch):
+    mark = yaml.Mark("<unicode string>", 0, 4, 2, None, None)
+
+    def fail(text):
+        raise yaml.MarkedYAMLError(context="while scanning", context_mark=mark)
+
+    monkeypatch.setattr(yaml, "safe_load", fail)
+    p, msg = read_back(tmp_path, b"a: 1\n")
+    assert msg == f"plan {p}:5:3: not valid yaml: MarkedYAMLError"
+
+
+def test_yaml_error_without_any_mark_names_the_file(tmp_path, monkeypatch):
+    def fail(text):
+        raise yaml.MarkedYAMLError(problem="boom")
+
+    monkeypatch.setattr(yaml, "safe_load", fail)
+    p, msg = read_back(tmp_path, b"a: 1\n")
+    assert msg == f"plan {p}: not valid yaml: boom"
+
+
+def test_yaml_file_that_is_not_text_or_not_a_mapping(tmp_path):
+    p, msg = read_back(tmp_path, b"a: \xff\xfe\n")
+    assert msg == f"plan {p}: not valid yaml: not UTF-8 text (byte 3)"
+    p, msg = read_back(tmp_path, b"- 1\n")
+    assert msg == f"plan {p}: top level must be a mapping of sides"
+    p, msg = read_back(tmp_path, b"")
+    assert msg == f"plan {p}: top level must be a mapping of sides"
+    with pytest.raises(Bad) as info:
+        rundir.read_yaml_mapping(p, Bad, "plan")
+    assert str(info.value) == f"plan {p}: top level must be a mapping"
+
+
+def test_yaml_file_missing_or_unreadable(tmp_path, monkeypatch):
+    with pytest.raises(Bad) as info:
+        rundir.read_yaml_mapping(tmp_path, Bad, "plan")
+    assert str(info.value) == f"plan {tmp_path} does not exist"
+
+    def unreadable(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    p, msg = read_back(tmp_path, b"a: 1\n")
+    assert msg == f"plan {p}: cannot be read: Input/output error"
+
+
+def test_yaml_mapping_is_returned(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("mm: {shapes: [[1]]}\n", encoding="utf-8")
+    assert rundir.read_yaml_mapping(p, Bad, "shape file") == {"mm": {"shapes": [[1]]}}

@@ -62,3 +62,63 @@ def test_builtin_shape_files_cover_every_builtin_op():
             key, found, _ = shapes.resolve(registry.BUILTIN_DIR.parent / "shapes" / f, op.name, op.shape_keys,
                                            len(op.dims) if op.dims else None)
             assert found, (name, f)
+
+
+def test_file_errors_say_it_is_a_shape_file(tmp_path):
+    with pytest.raises(shapes.ShapeFileError) as info:
+        shapes.resolve(tmp_path / "nope.yaml", "mm", ())
+    assert str(info.value) == f"shape file {tmp_path / 'nope.yaml'} does not exist"
+    p = write(tmp_path, "- [1]\n")
+    with pytest.raises(shapes.ShapeFileError) as info:
+        shapes.load(p)
+    assert str(info.value) == f"shape file {p}: top level must be a mapping of op or family names"
+
+
+def test_first_family_key_present_wins(tmp_path):
+    p = write(tmp_path, "reduce: [[1]]\nnorm: [[2]]\n")
+    assert shapes.resolve(p, "softmax", ("missing", "norm", "reduce"))[:2] == ("norm", [[2]])
+
+
+@pytest.mark.parametrize("bad", ["[[1, true]]", "[[]]", "['4x16']", "[[2.5]]", "[-3]", "[0]", "[{a: 1}]"])
+def test_every_dim_must_be_a_positive_int(tmp_path, bad):
+    p = write(tmp_path, f"mm: {{shapes: {bad}}}\n")
+    with pytest.raises(shapes.ShapeFileError, match=r"shapes\[0\] = .* is not a list of positive ints$"):
+        shapes.resolve(p, "mm", ())
+
+
+def test_the_index_of_the_bad_shape_is_named(tmp_path):
+    p = write(tmp_path, "mm: [[1, 2], [3, 0]]\n")
+    with pytest.raises(shapes.ShapeFileError, match=r"shapes\[1\] = \[3, 0\]"):
+        shapes.resolve(p, "mm", ())
+
+
+@pytest.mark.parametrize("entry,match", [
+    ("{shapes: [1]}", None), ("{shapes: 7}", "'shapes' must be a non-empty list"),
+    ("{shapes: [1], dtypes: bf16}", r"dtypes 'bf16' must be a list drawn from \['"),
+    ("7", "expected a mapping with a 'shapes' list"),
+])
+def test_entry_forms(tmp_path, entry, match):
+    p = write(tmp_path, f"add: {entry}\n")
+    if match is None:
+        assert shapes.resolve(p, "add", ()) == ("add", [[1]], None)
+    else:
+        with pytest.raises(shapes.ShapeFileError, match=match):
+            shapes.resolve(p, "add", ())
+
+
+def test_any_number_of_dims_without_ndim(tmp_path):
+    p = write(tmp_path, "add: [[1], [1, 2, 3, 4]]\n")
+    assert shapes.resolve(p, "add", ())[1] == [[1], [1, 2, 3, 4]]
+    assert shapes.resolve(p, "add", (), ndim=None)[1] == [[1], [1, 2, 3, 4]]
+
+
+def test_written_shapes_file_is_short_and_says_where_it_came_from(tmp_path):
+    out = tmp_path / "shapes.yaml"
+    shapes.write_used(out, "mm", [[4, 16, 8]], ["fp16", "bf16"], "shapes/tiny.yaml#blas")
+    assert out.read_text() == ("# shapes used by this run (from shapes/tiny.yaml#blas)\n"
+                               "mm:\n  shapes:\n  - [4, 16, 8]\n  dtypes: [fp16, bf16]\n")
+
+
+def test_label_joins_dims_with_x():
+    assert shapes.label([4, 16, 8]) == "4x16x8"
+    assert shapes.label((7,)) == "7"

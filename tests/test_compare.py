@@ -1,0 +1,290 @@
+"""Pairing A and B rows from run dirs written by hand (reports.compare): which latencies a row
+gets, which flags keep it out of the headline, and what the summary counts."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from reports import compare, stats
+
+
+def row(op="softmax", dtype="fp16", shape=(4, 16), status="SUCCESS", cand=1.0, base=2.0, timer="graph",
+        markers=None, configs=None, raw=None):
+    r = {"op": op, "dtype": dtype, "shape": list(shape) if shape is not None else None, "status": status,
+         "candidate_ms": cand, "baseline_ms": base, "timer": timer, "markers": markers, "configs": configs or {}}
+    if raw is not None:
+        r["samples"] = {"candidate": {"raw": raw[0]}, "baseline": {"raw": raw[1]}}
+    return r
+
+
+def run_dir(tmp_path, name, *rows):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps({"rows": list(rows)}))
+    return d
+
+
+def runs(tmp_path, side, *per_run_rows):
+    return [run_dir(tmp_path, f"{side}{i}", *rows) for i, rows in enumerate(per_run_rows)]
+
+
+def test_repeats_pair_by_op_dtype_shape_with_one_median_per_run(tmp_path):
+    a = runs(tmp_path, "a", [row(cand=1.0, base=2.0), row(dtype="bf16", cand=5.0)],
+             [row(dtype="bf16", cand=5.1), row(cand=1.1, base=2.2)])
+    b = runs(tmp_path, "b", [row(cand=0.5, base=2.1), row(dtype="bf16", cand=5.2)],
+             [row(cand=0.6, base=2.3), row(dtype="bf16", cand=5.3)])
+    paired = compare.pair(a, b)
+    assert [p.key for p in paired] == [("softmax", "fp16", (4, 16)), ("softmax", "bf16", (4, 16))]
+    fp16 = paired[0]
+    assert (fp16.a_ms, fp16.b_ms) == ([1.0, 1.1], [0.5, 0.6])
+    assert (fp16.a_control_ms, fp16.b_control_ms) == ([2.0, 2.2], [2.1, 2.3])
+    assert fp16.comparison == stats.compare([1.0, 1.1], [0.5, 0.6])
+    assert fp16.flags == [] and fp16.timers == {"graph"} and fp16.in_headline
+
+
+def test_a_row_only_in_b_is_paired_after_a_rows_and_left_unpaired(tmp_path):
+    a = runs(tmp_path, "a", [row(shape=(8,))])
+    b = runs(tmp_path, "b", [row(shape=(9,)), row(shape=(8,))])
+    paired = compare.pair(a, b)
+    assert [p.shape for p in paired] == [(8,), (9,)]
+    only_b = paired[1]
+    assert only_b.flags == ["incomplete_a(0/1)"] and only_b.a_ms == [] and only_b.b_ms == [1.0]
+    assert only_b.comparison is None and not only_b.in_headline
+    assert only_b.configs_a == {}
+
+
+def test_a_row_only_in_a_has_no_b_configs(tmp_path):
+    a = runs(tmp_path, "a", [row(shape=(8,), configs={"k": 1})])
+    b = runs(tmp_path, "b", [row(shape=(9,))])
+    only_a = compare.pair(a, b)[0]
+    assert only_a.shape == (8,) and only_a.flags == ["incomplete_b(0/1)"] and only_a.b_ms == []
+    assert only_a.configs_a == {"k": 1} and only_a.configs_b == {} and not only_a.config_differs
+
+
+def test_a_scalar_op_without_shape_pairs_under_the_empty_shape(tmp_path):
+    a = runs(tmp_path, "a", [row(shape=None)])
+    b = runs(tmp_path, "b", [row(shape=None, cand=1.5)])
+    (paired,) = compare.pair(a, b)
+    assert paired.shape == () and paired.comparison.ratio == pytest.approx(1.5)
+
+
+def test_one_run_per_side_compares_raw_samples(tmp_path):
+    a = runs(tmp_path, "a", [row(cand=1.0, raw=([1.0, 1.01, 0.99], [2.0, 2.02]))])
+    b = runs(tmp_path, "b", [row(cand=0.5, raw=([0.5, 0.51, 0.49], [2.1, 2.12]))])
+    (paired,) = compare.pair(a, b)
+    assert paired.a_ms == [1.0, 1.01, 0.99] and paired.b_ms == [0.5, 0.51, 0.49]
+    assert paired.a_control_ms == [2.0, 2.02] and paired.b_control_ms == [2.1, 2.12]
+    assert paired.comparison.n_a == 3 and paired.comparison.verdict == stats.FASTER
+
+
+def test_one_run_per_side_without_samples_uses_the_median(tmp_path):
+    a = runs(tmp_path, "a", [row(cand=1.0)])
+    b = runs(tmp_path, "b", [row(cand=0.5)])
+    (paired,) = compare.pair(a, b)
+    assert paired.a_ms == [1.0] and paired.b_ms == [0.5]
+
+
+def test_one_run_against_repeats_uses_medians_on_both_sides(tmp_path):
+    samples = ([9.0, 9.0], [9.0, 9.0])
+    a = runs(tmp_path, "a", [row(cand=1.0, raw=samples)])
+    b = runs(tmp_path, "b", [row(cand=0.5, raw=samples)], [row(cand=0.6, raw=samples)])
+    (paired,) = compare.pair(a, b)
+    assert paired.a_ms == [1.0] and paired.b_ms == [0.5, 0.6]
+
+
+def test_repeats_ignore_raw_samples(tmp_path):
+    samples = ([9.0, 9.0], [9.0, 9.0])
+    a = runs(tmp_path, "a", [row(cand=1.0, raw=samples)], [row(cand=1.1, raw=samples)])
+    b = runs(tmp_path, "b", [row(cand=0.5, raw=samples)], [row(cand=0.6, raw=samples)])
+    (paired,) = compare.pair(a, b)
+    assert paired.a_ms == [1.0, 1.1] and paired.b_ms == [0.5, 0.6]
+
+
+def test_fallback_markers_flag_the_row_and_failed_rows_do_not_count(tmp_path):
+    a = runs(tmp_path, "a", [row(markers=["TIMER_FALLBACK: graph capture failed", "AUTOTUNE_REPLAY_FALLBACK k"])],
+             [row(markers=["TIMER_MIXED baseline=host"])])
+    b = runs(tmp_path, "b", [row(status="FAILED", markers=["OTHER"], timer="host")], [row()])
+    (paired,) = compare.pair(a, b)
+    assert paired.flags == ["replay_fallback", "timer_fallback", "timer_mixed", "incomplete_b(1/2)"]
+    assert paired.timers == {"graph"}  # the FAILED row's timer is not among the sides' timers
+    assert paired.comparison is not None and not paired.in_headline
+
+
+@pytest.mark.parametrize("marker,flag", [("TIMER_FALLBACK", "timer_fallback"),
+                                         ("AUTOTUNE_REPLAY_FALLBACK", "replay_fallback"),
+                                         ("TIMER_MIXED", "timer_mixed")])
+def test_each_marker_alone_gives_its_flag(tmp_path, marker, flag):
+    a = runs(tmp_path, "a", [row(markers=[f"{marker}: why"])])
+    b = runs(tmp_path, "b", [row(markers=["UNRELATED"])])
+    assert compare.pair(a, b)[0].flags == [flag]
+
+
+def test_expected_repeats_flag_a_side_that_ran_fewer(tmp_path):
+    a = runs(tmp_path, "a", [row()], [row()])
+    b = runs(tmp_path, "b", [row()], [row()], [row()])
+    assert compare.pair(a, b, expected=3)[0].flags == ["incomplete_a(2/3)"]
+    assert compare.pair(a, b)[0].flags == []
+
+
+def test_sides_timed_by_different_timers_are_flagged(tmp_path):
+    a = runs(tmp_path, "a", [row(timer="graph")])
+    b = runs(tmp_path, "b", [row(timer="direct")])
+    (paired,) = compare.pair(a, b)
+    assert paired.flags == ["timer_mismatch"] and paired.timers == {"graph", "direct"}
+
+
+def test_timings_that_are_not_performance_get_no_verdict(tmp_path):
+    a = runs(tmp_path, "a", [row(cand=2.0)], [row(cand=2.0)])
+    b = runs(tmp_path, "b", [row(cand=1.0)], [row(cand=1.0)])
+    (paired,) = compare.pair(a, b, performance=False)
+    assert paired.comparison.verdict == stats.NOT_APPLICABLE and paired.comparison.ratio == pytest.approx(0.5)
+    assert compare.pair(a, b)[0].comparison.verdict == stats.FASTER
+
+
+@pytest.mark.parametrize("configs_a,configs_b,differs", [
+    ({"k": {"BLOCK": 64}}, {"k": {"BLOCK": 128}}, True),
+    ({"k": {"BLOCK": 64}}, {"k": {"BLOCK": 64}}, False),
+    ({}, {"k": {"BLOCK": 128}}, False),  # a side without autotune records has nothing to differ
+    ({"k": {"BLOCK": 64}}, {}, False),
+])
+def test_config_differs_compares_the_first_successful_run_of_each_side(tmp_path, configs_a, configs_b, differs):
+    a = runs(tmp_path, "a", [row(status="ERROR", configs={"k": "failed"})], [row(configs=configs_a)])
+    b = runs(tmp_path, "b", [row(configs=configs_b)], [row(configs={"k": "later"})])
+    (paired,) = compare.pair(a, b)
+    assert paired.configs_a == configs_a and paired.configs_b == configs_b
+    assert paired.config_differs is differs
+
+
+def test_summary_counts_headline_exclusions_verdicts_and_means(tmp_path):
+    a = runs(tmp_path, "a",
+             [row(shape=(1,), cand=1.0, base=2.0), row(shape=(2,), cand=1.0, base=2.0, configs={"k": 1}),
+              row(op="mm", shape=(3,), cand=4.0, base=1.0), row(op="mm", shape=(4,), markers=["TIMER_FALLBACK"]),
+              row(op="mm", shape=(5,))],
+             [row(shape=(1,), cand=1.0, base=2.0), row(shape=(2,), cand=1.0, base=2.0, configs={"k": 1}),
+              row(op="mm", shape=(3,), cand=4.0, base=1.0), row(op="mm", shape=(4,)),
+              row(op="mm", shape=(5,), status="FAILED")])
+    b = runs(tmp_path, "b",
+             [row(shape=(1,), cand=1.1, base=2.0), row(shape=(2,), cand=0.9, base=2.0, configs={"k": 2}),
+              row(op="mm", shape=(3,), cand=2.0, base=1.0), row(op="mm", shape=(4,)), row(op="mm", shape=(5,)),
+              row(op="mm", shape=(6,))],
+             [row(shape=(1,), cand=1.1, base=2.0), row(shape=(2,), cand=0.9, base=2.0, configs={"k": 2}),
+              row(op="mm", shape=(3,), cand=2.0, base=1.0), row(op="mm", shape=(4,)), row(op="mm", shape=(5,)),
+              row(op="mm", shape=(6,))])
+    rows = compare.pair(a, b)
+    s = compare.summarize(rows)
+    assert s.rows == 6 and s.headline_rows == 3
+    # shape 4: timer fallback; shape 5: A failed once; shape 6: only in B (incomplete and unpaired).
+    assert s.excluded == {"timer_fallback": 1, "incomplete_a": 2, "unpaired": 1}
+    assert s.verdicts == {stats.SLOWER: 1, stats.FASTER: 2}
+    assert s.config_differs == 1
+    ratios = {"softmax": [1.1, 0.9], "mm": [0.5]}
+    assert s.per_op == {op: pytest.approx(stats.geomean(r), nan_ok=True) for op, r in ratios.items()}
+    assert list(s.per_op) == ["softmax", "mm"]
+    assert s.overall == pytest.approx(stats.geomean([1.1, 0.9, 0.5]))
+    # The torch baseline did not move on any headline row.
+    assert s.control[0] == pytest.approx(1.0)
+    assert s.control[1:] == pytest.approx((1.0, 1.0))
+
+
+def test_summary_control_leaves_out_rows_without_baseline_timings(tmp_path):
+    a = runs(tmp_path, "a", [row(shape=(1,), base=2.0), row(shape=(2,), base=1.0)])
+    b = runs(tmp_path, "b", [row(shape=(1,), base=3.0), row(shape=(2,), base=1.0)])
+    rows = compare.pair(a, b)
+    rows[1].a_control_ms = []
+    assert compare.summarize(rows).control[0] == pytest.approx(1.5)
+    rows[0].b_control_ms = []
+    assert math.isnan(compare.summarize(rows).control[0])
+
+
+# reports.stats, beyond tests/test_stats.py: the edges of each rule.
+
+def test_a_side_with_one_latency_gives_an_unbounded_interval_and_the_minimum_floor():
+    c = stats.compare([1.0], [2.0, 2.1, 1.9])
+    assert (c.lo, c.hi) == (0.0, math.inf) and c.verdict == stats.NOISY
+    assert (c.n_a, c.n_b) == (1, 3) and c.floor == stats.MIN_EFFECT
+    assert stats.compare([2.0, 2.1], [1.0]).verdict == stats.NOISY
+
+
+def test_two_repeats_a_side_can_call_a_clear_change():
+    c = stats.compare([1.0, 1.001], [2.0, 2.002])
+    assert c.verdict == stats.SLOWER and 1.9 < c.lo < 2.0 < c.hi < 2.1
+
+
+def test_sides_without_spread_give_a_point_interval():
+    c = stats.compare([1.0, 1.0, 1.0], [1.5, 1.5])
+    assert c.ratio == pytest.approx(1.5) and c.lo == pytest.approx(1.5) and c.hi == pytest.approx(1.5)
+    assert c.verdict == stats.SLOWER
+
+
+def test_an_empty_side_is_refused():
+    for a, b in (([], [1.0]), ([1.0], [])):
+        with pytest.raises(ValueError, match="^both sides need at least one latency$"):
+            stats.compare(a, b)
+
+
+def test_a_given_floor_replaces_the_one_from_a():
+    a = [1.0, 1.0001, 0.9999, 1.0]
+    b = [x * 1.01 for x in a]
+    assert stats.compare(a, b).verdict == stats.SLOWER
+    c = stats.compare(a, b, floor=0.02)
+    assert c.floor == 0.02 and c.verdict == stats.SAME
+
+
+def test_welch_interval_with_two_repeats_a_side():
+    from scipy import stats as sps
+
+    a, b = [1.0, 1.1], [2.0, 2.3]
+    c = stats.compare(a, b)
+    lo, hi = sps.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval(0.95)
+    assert (c.lo, c.hi) == pytest.approx((math.exp(lo), math.exp(hi)))
+
+
+def test_the_floor_is_three_a_a_standard_deviations():
+    # log-scale values -s, 0, s: their sample standard deviation is s.
+    s = 0.01
+    assert stats.noise_floor([math.exp(-s), 1.0, math.exp(s)]) == pytest.approx(math.expm1(3 * s))
+    assert stats.noise_floor([1.0]) == stats.MIN_EFFECT
+    assert stats.noise_floor([1.0, math.exp(0.01)]) == pytest.approx(math.expm1(3 * 0.01 / math.sqrt(2)))
+
+
+def test_delta_is_the_ratio_in_percent():
+    assert stats.compare([2.0], [2.1]).delta_pct == pytest.approx(5.0)
+    assert stats.compare([2.0], [1.8]).delta_pct == pytest.approx(-10.0)
+
+
+@pytest.mark.parametrize("lo,hi,verdict", [
+    (0.900, 0.995, stats.NOISY), (1.005, 1.100, stats.NOISY),  # touching the floor is not beyond it
+    (0.995, 1.005, stats.SAME),                                # the floor itself is within it
+])
+def test_verdict_at_the_floor_itself(lo, hi, verdict):
+    assert stats.verdict(lo, hi, 0.005) == verdict
+
+
+def test_a_floor_of_exactly_5_percent_still_calls():
+    assert stats.verdict(1.5, 2.0, stats.MAX_FLOOR) == stats.SLOWER
+    assert stats.MAX_FLOOR == 0.05
+
+
+def test_geomean_interval_is_the_t_interval_of_the_log_ratios():
+    from scipy import stats as sps
+
+    ratios = [1.02, 0.97, 1.10, 1.01]
+    gm, lo, hi = stats.geomean(ratios)
+    logs = [math.log(r) for r in ratios]
+    assert gm == pytest.approx(math.exp(sum(logs) / 4))
+    ci = sps.ttest_1samp(logs, 0.0).confidence_interval(0.95)
+    assert (lo, hi) == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+
+
+def test_geomean_of_too_few_rows():
+    assert all(math.isnan(x) for x in stats.geomean([]))
+    gm, lo, hi = stats.geomean([2.0])
+    assert gm == pytest.approx(2.0) and math.isnan(lo) and math.isnan(hi)
+
+
+@pytest.mark.parametrize("ratio,words", [(math.nan, "n/a"), (math.inf, "n/a"), (1.00005, "no change"),
+                                         (0.99995, "no change"), (1.0002, "1.000x slower"), (0.9997, "1.000x faster")])
+def test_direction_in_words_at_the_edges(ratio, words):
+    assert stats.describe(ratio) == words
