@@ -2,7 +2,7 @@
 
 Every session runs in the Python environment nox was started from (`venv_backend="none"`):
 that is where the user's compiler (Triton or a FlagTree build) and torch live, and no session
-ever reinstalls either. The light packages the harness needs (harness.deps lists them: pytest,
+ever reinstalls either. The light packages the harness needs (harness.core.deps lists them: pytest,
 pyyaml, tabulate, numpy, scipy, matplotlib, tqdm) are taken from that environment when present;
 only the missing ones are installed, into .nox/deps, keeping nothing that would shadow a package
 the environment already has. So an offline GPU host with those packages works as is, and a fresh
@@ -31,14 +31,14 @@ logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv bin
 
 
 def _check(session: nox.Session, *args: str) -> str:
-    """The last line `python -m harness.deps ARGS` prints in the session's Python; not echoed, it
+    """The last line `python -m harness.core.deps ARGS` prints in the session's Python; not echoed, it
     is bookkeeping (a failure still shows the command and its output)."""
-    lines = session.run("python", "-m", "harness.deps", *args, silent=True, log=False).splitlines()
+    lines = session.run("python", "-m", "harness.core.deps", *args, silent=True, log=False).splitlines()
     return lines[-1] if lines else ""
 
 
 def _light_deps(session: nox.Session, command: str, *extra: str) -> None:
-    """Install what `python -m harness COMMAND` (harness.deps.needed) and `extra` need and this
+    """Install what `python -m harness COMMAND` (harness.core.deps.needed) and `extra` need and this
     environment lacks into .nox/deps, and put that on the session's PYTHONPATH."""
     if DEPS_DIR.is_dir():
         session.env["PYTHONPATH"] = str(DEPS_DIR)
@@ -133,16 +133,17 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="virtualenv", tags=["ci"])
 def lint(session: nox.Session) -> None:
-    """Static checks (ruff)."""
-    session.install("ruff")
+    """Static checks: ruff, and the import layers of harness/ (import-linter, pyproject.toml)."""
+    session.install("ruff", "import-linter")
     session.run("ruff", "check", ".")
+    session.run("lint-imports")
 
 
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Mutation testing (mutmut) of the logic modules against the fast tests; a score per module."""
     # What is mutated and which tests run: [tool.mutmut] in pyproject.toml. posargs go to `mutmut
-    # run` (mutant name globs such as 'harness.shapes.*', --max-children N).
+    # run` (mutant name globs such as 'harness.providers.shapes.*', --max-children N).
     _require_compiler(session)
     _light_deps(session, "tests", "mutmut")
     # mutmut keeps verdicts between runs and retests a survivor only when it is named: a fresh

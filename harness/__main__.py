@@ -4,7 +4,7 @@ an import traceback."""
 
 import sys
 
-from harness import deps
+from harness.core import deps
 
 deps.use_deps_dir()
 _missing = deps.missing(deps.needed(sys.argv[1] if len(sys.argv) > 1 else None))

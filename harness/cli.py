@@ -1,6 +1,6 @@
 """`python -m harness record|replay|ab|batch|inventory-regen|compare-ir ...`: what the nox
-sessions run. This module declares the options and dispatches; resolving a run spec lives in
-harness.resolve, running it in harness.run, the A/B driver in harness.ab, batch in harness.batch.
+sessions run. This module declares the options and dispatches to harness.sessions (resolve a run
+spec, run it, A/B, batch, inventory regeneration).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import backends
-from harness import resolve, rundir
-from harness import spec as spec_mod
-from harness.resolve import UsageError
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.core.errors import UsageError
+from harness.sessions import resolve
 from ops import DTYPE_NAMES
 
 DEFAULT_OP = "softmax"
@@ -165,23 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     # scipy and matplotlib (seconds of start-up on every A/B and batch step).
     try:
         if args.command in ("record", "replay"):
-            from harness import run
+            from harness.sessions import run
 
             resolved = resolve.resolve_record(args) if args.command == "record" else resolve.resolve_replay(args)
             return run.execute(*resolved)
         if args.command == "ab":
-            from harness import ab
+            from harness.sessions import ab
 
             return ab.run_from_args(args)
         if args.command == "batch":
-            from harness import batch
+            from harness.sessions import batch
 
             return batch.run_from_args(args)
         if args.command == "inventory-regen":
-            from harness import inventory
+            from harness.sessions import inventory_regen
 
-            return inventory.regen_from_args(args)
-        from harness import ir
+            return inventory_regen.regen_from_args(args)
+        from harness.measure import ir
 
         return ir.compare_from_args(args.run_a, args.run_b)
     except UsageError as exc:

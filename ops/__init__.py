@@ -1,6 +1,6 @@
 """The operator corpus. One module per operator; each defines module-level `Operator` objects.
 
-`harness.registry` imports only the module of the operator asked for, so one operator's broken
+`harness.providers.registry` imports only the module of the operator asked for, so one operator's broken
 dependency cannot break the others.
 """
 

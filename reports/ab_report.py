@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from harness import rundir
+from harness.core import rundir
 from reports import stats
 from reports.compare import PairedRow, Summary
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import REPO, load
 
-from harness import ab, ir
+from harness.measure import ir
+from harness.sessions import ab
 from reports import table
 
 pytestmark = pytest.mark.e2e
@@ -111,7 +112,7 @@ def test_plan_errors_name_file_and_field(tmp_path):
 
 def test_repo_plans_load():
     for plan in ("ab_default.yaml", "ab_f32_ieee.yaml"):
-        loaded = ab.load_plan(ab.REPO_ROOT / "ops" / plan)
+        loaded = ab.load_plan(ab.paths.REPO_ROOT / "ops" / plan)
         assert loaded.ops and loaded.a.env != loaded.b.env
 
 

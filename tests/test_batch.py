@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from harness import batch, inventory
+from harness.core.paths import OPS_DIR
+from harness.providers import builtin_scan, catalog
+from harness.sessions import batch
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
@@ -162,16 +164,16 @@ def test_flaggems_ops_run_from_their_checkout(tmp_path):
 
 def test_selection_reports_every_bad_entry_and_applies_dismissals(tmp_path):
     # The built-in inventory only: the committed FlagGems ones would make `add` ambiguous too.
-    entries = inventory.read_csv(inventory.inventory_path(inventory.BUILTIN)) + inventory.scan_dir(OPS, "path")
-    with pytest.raises(inventory.SelectionError) as info:
-        inventory.select(entries, ["nope", "builtin:mm", "other:add", "mm@wrong_file"], False, None, {})
+    entries = catalog.read_csv(catalog.inventory_path(catalog.BUILTIN)) + builtin_scan.scan_dir(OPS, "path")
+    with pytest.raises(catalog.SelectionError) as info:
+        catalog.select(entries, ["nope", "builtin:mm", "other:add", "mm@wrong_file"], False, None, {})
     text = str(info.value)
     assert "'nope': unknown" in text and "'other:add': unknown" in text and "'mm@wrong_file': unknown" in text
     assert "builtin:mm" not in text.replace("'builtin:mm'", "")  # the good entry is not reported
-    dup = entries + [inventory.Entry("vllm", "add", "add", "x.py")]
-    with pytest.raises(inventory.SelectionError, match=r"'add': ambiguous \(builtin:add@add, vllm:add@add\)"):
-        inventory.select(dup, ["add"], False, None, {})
-    selected, excluded = inventory.select(entries, None, True, None, {"builtin:gelu": "flaky on this host"})
+    dup = entries + [catalog.Entry("vllm", "add", "add", "x.py")]
+    with pytest.raises(catalog.SelectionError, match=r"'add': ambiguous \(builtin:add@add, vllm:add@add\)"):
+        catalog.select(dup, ["add"], False, None, {})
+    selected, excluded = catalog.select(entries, None, True, None, {"builtin:gelu": "flaky on this host"})
     names = {e.op for e in selected}
     assert "gelu" not in names and "skip_op" not in names and "add" in names
     assert {(e.op, why) for e, why in excluded} == {("gelu", "dismissed: flaky on this host"),
@@ -181,15 +183,15 @@ def test_selection_reports_every_bad_entry_and_applies_dismissals(tmp_path):
 def test_dismiss_entries_need_a_reason(tmp_path):
     p = tmp_path / "dismiss.txt"
     p.write_text("# header\nvllm:fused_moe  # needs 8 GPUs\n")
-    assert inventory.load_dismissed(p) == {"vllm:fused_moe": "needs 8 GPUs"}
+    assert catalog.load_dismissed(p) == {"vllm:fused_moe": "needs 8 GPUs"}
     p.write_text("add\n")
-    with pytest.raises(inventory.SelectionError, match="has no reason"):
-        inventory.load_dismissed(p)
+    with pytest.raises(catalog.SelectionError, match="has no reason"):
+        catalog.load_dismissed(p)
 
 
 def test_committed_inventory_matches_the_sources():
-    fresh = inventory.to_csv(inventory.scan_dir(inventory.OPS_DIR, inventory.BUILTIN, inventory.OPS_DIR.parent))
-    assert (inventory.OPS_DIR / "inventory_builtin.csv").read_text() == fresh
+    fresh = catalog.to_csv(builtin_scan.scan_dir(OPS_DIR, catalog.BUILTIN, OPS_DIR.parent))
+    assert (OPS_DIR / "inventory_builtin.csv").read_text() == fresh
 
 
 def test_sharding_is_stable_and_spreads():

@@ -15,7 +15,8 @@ import pytest
 from conftest import REPO
 
 import backends
-from harness import batch, opguard, rundir
+from harness.core import opguard, rundir
+from harness.sessions import batch
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 

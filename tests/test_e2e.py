@@ -7,8 +7,9 @@ import pytest
 import torch
 from conftest import REPO, load, run_dir_of
 
-from harness import registry, tuning
-from harness.plugins.seeds import input_sha256, seed_everything
+from harness.child.plugins.seeds import input_sha256, seed_everything
+from harness.measure import tuning
+from harness.providers import registry
 
 pytestmark = pytest.mark.e2e
 RESOURCES = REPO / "tests" / "resources"

@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO, load, run_dir_of, run_harness
 
 import backends
-from harness import child, flaggems
+from harness.child import runner
+from harness.providers import flaggems
 
 pytestmark = pytest.mark.e2e
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
@@ -92,7 +93,7 @@ def test_vendor_cache_and_flagtune_are_set_before_flag_gems_is_imported(tmp_path
     spec = types.SimpleNamespace(flaggems=vars(options), dtypes=["bf16"], color=False)
     ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), run_dir=tmp_path)
     monkeypatch.setattr("sys.path", list(__import__("sys").path))
-    args = child.prepare_flaggems(ctx)
+    args = runner.prepare_flaggems(ctx)
     import os
 
     assert os.environ["GEMS_VENDOR"] == "nvidia" and os.environ["USE_FLAGTUNE"] == "1"

@@ -9,7 +9,10 @@ import pytest
 import yaml
 from conftest import REPO
 
-from harness import batch, flaggems_scan, inventory
+from harness.core.errors import UsageError
+from harness.core.paths import OPS_DIR
+from harness.providers import builtin_scan, catalog, flaggems_scan
+from harness.sessions import batch, inventory_regen
 
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
 
@@ -115,13 +118,13 @@ def test_scan_follows_classes_helpers_and_marks_statically(tmp_path):
     assert (kda.file, kda.skip, kda.classes) == ("benchmark/test_FLA/test_kda.py", "whole module",
                                                   "KdaBenchmark;Benchmark")
     # One name in two files: both stay selectable, and their keys and per-op dirs differ.
-    entries = inventory.qualify(list(by_op.values()))
+    entries = catalog.qualify(list(by_op.values()))
     dup = [e for e in entries if e.op == "helper"]
     assert {e.key for e in dup} == {"fg:helper@a", "fg:helper@a_dup"}
     assert len({batch._op_dir(tmp_path, e) for e in dup}) == 2
-    with pytest.raises(inventory.SelectionError, match=r"'helper': ambiguous"):
-        inventory.select(entries, ["helper"], False, None, {})
-    selected, _ = inventory.select(entries, ["fg:helper@a_dup"], False, None, {})
+    with pytest.raises(catalog.SelectionError, match=r"'helper': ambiguous"):
+        catalog.select(entries, ["helper"], False, None, {})
+    selected, _ = catalog.select(entries, ["fg:helper@a_dup"], False, None, {})
     assert [e.file for e in selected] == ["benchmark/test_a_dup.py"]
 
 
@@ -139,13 +142,13 @@ def test_verify_collect_marks_what_pytest_does_not_collect(checkout_copy):
     assert collected == {"avg_pool2d": "yes", "mm": "yes", "softmax": "yes", "log_softmax": "yes",
                          "scale_nested": "yes", "cholesky": "yes", "broken": "no"}
     # Without a new verification, a regeneration keeps the last one's values (new ops: blank).
-    fresh = flaggems_scan.scan(checkout_copy, "flaggems") + [inventory.Entry("flaggems", "new", "new", "x")]
+    fresh = flaggems_scan.scan(checkout_copy, "flaggems") + [catalog.Entry("flaggems", "new", "new", "x")]
     kept = {e.op: e.collected for e in flaggems_scan.keep_verified(fresh, entries)}
     assert kept == {**collected, "new": ""}
     # A suite whose conftest cannot import says nothing per op: an error, not `no` everywhere.
     with open(checkout_copy / "benchmark" / "conftest.py", "a") as f:
         f.write("\nraise ImportError('no device here')\n")
-    with pytest.raises(inventory.SelectionError, match="pytest could not collect"):
+    with pytest.raises(catalog.SelectionError, match="pytest could not collect"):
         flaggems_scan.verify_collect(checkout_copy, entries)
 
 
@@ -161,7 +164,7 @@ def test_migrate_shapes_keeps_merges_and_sets_aside(checkout_copy, tmp_path):
     }, sort_keys=False))
     out = tmp_path / "out" / "shapes.yaml"
     entries = flaggems_scan.scan(checkout_copy, "flaggems")
-    counts = inventory.migrate_shapes(source, out, entries, {"flaggems": checkout_copy})
+    counts = inventory_regen.migrate_shapes(source, out, entries, {"flaggems": checkout_copy})
     assert counts == {"kept": 3, "merged": 1, "unmatched": 1}
     migrated = yaml.safe_load(out.read_text())
     assert list(migrated) == ["softmax", "BlasBenchmark", "norm", "UnaryReductionBenchmark"]
@@ -182,31 +185,31 @@ def test_inventory_regen_cli(checkout_copy, tmp_path, harness):
     proc = harness("inventory-regen", "--flaggems-dir", f"fx={checkout_copy}", "--check")
     assert proc.returncode == 2 and "inventory_fx.csv" in proc.stderr
     assert f"--flaggems-dir fx={checkout_copy}" in proc.stderr
-    assert not (inventory.OPS_DIR / "inventory_fx.csv").exists()
+    assert not (OPS_DIR / "inventory_fx.csv").exists()
     proc = harness("inventory-regen", "--verify-collect")
     assert proc.returncode == 2 and "give --flaggems-dir" in proc.stderr
 
 
 # --- selection across repos ----------------------------------------------------------------------
 def _corpus():
-    builtin = inventory.scan_dir(inventory.OPS_DIR, inventory.BUILTIN, inventory.OPS_DIR.parent)
+    builtin = builtin_scan.scan_dir(OPS_DIR, catalog.BUILTIN, OPS_DIR.parent)
     return builtin + flaggems_scan.scan(CHECKOUT, "flaggems") + [
-        inventory.Entry("vllm", "fused_moe", "fused_moe", "benchmark/test_fused_moe.py", collected="no")]
+        catalog.Entry("vllm", "fused_moe", "fused_moe", "benchmark/test_fused_moe.py", collected="no")]
 
 
 def test_selection_across_repos():
     entries = _corpus()
-    with pytest.raises(inventory.SelectionError) as info:
-        inventory.select(entries, ["softmax", "mm", "flaggems:nope"], False, None, {})
+    with pytest.raises(catalog.SelectionError) as info:
+        catalog.select(entries, ["softmax", "mm", "flaggems:nope"], False, None, {})
     text = str(info.value)
     assert "'softmax': ambiguous (builtin:softmax@softmax, flaggems:softmax@softmax)" in text
     assert "'mm': ambiguous" in text and "'flaggems:nope': unknown" in text
-    selected, _ = inventory.select(entries, ["builtin:softmax", "flaggems:softmax", "log_softmax",
+    selected, _ = catalog.select(entries, ["builtin:softmax", "flaggems:softmax", "log_softmax",
                                              "flaggems:scale_nested@special/nested"], False, None, {})
     assert [e.key for e in selected] == ["builtin:softmax", "flaggems:softmax", "flaggems:log_softmax",
                                          "flaggems:scale_nested"]
     # Dismissals name a repo's op, or an op in every repo.
-    selected, excluded = inventory.select(entries, None, True, None, {"flaggems:mm": "needs tf32", "gelu": "slow"})
+    selected, excluded = catalog.select(entries, None, True, None, {"flaggems:mm": "needs tf32", "gelu": "slow"})
     assert {e.key for e, _ in excluded} == {"flaggems:mm", "builtin:gelu", "flaggems:cholesky", "vllm:fused_moe"}
     assert dict((e.key, why) for e, why in excluded)["vllm:fused_moe"].startswith("pytest did not collect")
     assert "builtin:mm" in {e.key for e in selected}
@@ -214,16 +217,16 @@ def test_selection_across_repos():
 
 def test_bare_names_resolve_among_the_inventories_that_can_run():
     entries = _corpus()
-    here = {inventory.BUILTIN, inventory.PATH_REPO}  # no FlagGems checkout given
-    selected, _ = inventory.select(entries, ["softmax", "mm", "log_softmax"], False, None, {}, here)
+    here = {catalog.BUILTIN, catalog.PATH_REPO}  # no FlagGems checkout given
+    selected, _ = catalog.select(entries, ["softmax", "mm", "log_softmax"], False, None, {}, here)
     # softmax and mm are the built-in ones; log_softmax exists only in flaggems, so it stays
     # selected there and needs its checkout (require_checkouts says so before anything runs).
     assert [e.key for e in selected] == ["builtin:softmax", "builtin:mm", "flaggems:log_softmax"]
-    selected, _ = inventory.select(entries, ["flaggems:softmax"], False, None, {}, here)
+    selected, _ = catalog.select(entries, ["flaggems:softmax"], False, None, {}, here)
     assert [e.key for e in selected] == ["flaggems:softmax"]  # named explicitly: its repo, runnable or not
-    with pytest.raises(inventory.SelectionError, match=r"'softmax': ambiguous \(builtin:softmax@softmax, "
+    with pytest.raises(catalog.SelectionError, match=r"'softmax': ambiguous \(builtin:softmax@softmax, "
                                                        r"flaggems:softmax@softmax\)"):
-        inventory.select(entries, ["softmax"], False, None, {}, here | {"flaggems"})  # its checkout given
+        catalog.select(entries, ["softmax"], False, None, {}, here | {"flaggems"})  # its checkout given
 
 
 def test_batch_bare_names_need_no_flaggems_checkout(harness):
@@ -236,8 +239,8 @@ def test_batch_bare_names_need_no_flaggems_checkout(harness):
 
 
 def test_flaggems_ops_without_their_checkout_fail_before_running():
-    selected, _ = inventory.select(_corpus(), ["flaggems:mm", "flaggems:softmax", "builtin:add"], False, None, {})
-    with pytest.raises(batch.resolve.UsageError) as info:
+    selected, _ = catalog.select(_corpus(), ["flaggems:mm", "flaggems:softmax", "builtin:add"], False, None, {})
+    with pytest.raises(UsageError) as info:
         batch.require_checkouts(selected, {})
     assert "flaggems (2 ops)" in str(info.value)
     assert "--flaggems-dir flaggems=PATH" in str(info.value) and "--repos builtin" in str(info.value)
@@ -256,7 +259,7 @@ def test_batch_all_without_checkouts_says_what_it_leaves_out(harness):
 
 def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     entries = batch._entries([], {"flaggems": CHECKOUT})
-    # The checkout given is what runs: selection reads its scan, not the committed inventory.
+    # The checkout given is what runs: selection reads its scan, not the committed catalog.
     assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in flaggems_scan.scan(CHECKOUT, "x")}
     assert "differs from a scan of" in capsys.readouterr().out
     opts = batch.Options("interpreter", [0], flaggems_dirs={"flaggems": str(CHECKOUT)},
@@ -277,12 +280,12 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
 
 def test_committed_flaggems_inventories_are_well_formed():
     """Generated from checkouts this repo does not hold: at least their rows must agree with themselves."""
-    for path in inventory.OPS_DIR.glob("inventory_*.csv"):
+    for path in OPS_DIR.glob("inventory_*.csv"):
         repo = path.stem.removeprefix("inventory_")
-        if not inventory.needs_checkout(repo):
+        if not catalog.needs_checkout(repo):
             continue
-        entries = inventory.read_csv(path)
-        assert path.read_text() == inventory.to_csv(entries)
+        entries = catalog.read_csv(path)
+        assert path.read_text() == catalog.to_csv(entries)
         assert len({e.id for e in entries}) == len(entries)
         for e in entries:
             assert e.repo == repo and e.file.startswith("benchmark/") and e.collected in ("", "yes", "no")

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import REPO
 
-from harness import ir
-from harness.ir import Variant
+from harness.measure import ir
+from harness.measure.ir import Variant
 
 KERNELS = REPO / "tests" / "resources" / "ir_kernels"
 

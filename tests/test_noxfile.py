@@ -37,7 +37,7 @@ def test_session_list_as_json():
 
 
 def test_compiler_check_finds_without_importing():
-    code = ("import sys; from harness import deps; deps.main(['compiler']); "
+    code = ("import sys; from harness.core import deps; deps.main(['compiler']); "
             "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     status, imported = out.splitlines()
@@ -49,6 +49,6 @@ def test_compiler_check_names_what_is_missing(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
     python = tmp_path / "bare" / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([python, "-m", "harness.deps", "compiler"], cwd=REPO, env=env, capture_output=True,
+    out = subprocess.run([python, "-m", "harness.core.deps", "compiler"], cwd=REPO, env=env, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == f"missing torch triton in {python}"

@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import run_dir_of
 
-from harness import registry
+from harness.providers import registry
 
 GOOD = '''
 from ops import Operator

@@ -10,9 +10,12 @@ import pytest
 from conftest import load, run_dir_of
 
 import backends
-from harness import ab, cli, resolve, rundir, shapes
-from harness import spec as spec_mod
-from harness.resolve import UsageError
+from harness import cli
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.core.errors import UsageError
+from harness.providers import shapes
+from harness.sessions import ab, resolve
 
 KILLED = {"status": "INCOMPLETE", "rows_done": 13, "rows_planned": 20, "reason": "killed by signal 9",
           "running_case": "fp32-2x8"}

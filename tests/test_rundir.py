@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import rundir
+from harness.core import rundir
 
 
 def test_same_second_claims_get_suffixes(tmp_path):

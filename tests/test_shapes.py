@@ -1,6 +1,6 @@
 import pytest
 
-from harness import shapes
+from harness.providers import shapes
 
 
 def write(tmp_path, text):
@@ -54,7 +54,7 @@ def test_written_shapes_read_back(tmp_path):
 
 
 def test_builtin_shape_files_cover_every_builtin_op():
-    from harness import registry
+    from harness.providers import registry
 
     for name in registry.builtin_names():
         op, _ = registry.load(name)

@@ -3,8 +3,8 @@
 import pytest
 from conftest import REPO, load, run_dir_of
 
-from harness import spec as spec_mod
-from harness import sweep
+from harness.core import spec as spec_mod
+from harness.sessions import sweep
 
 RESOURCES = REPO / "tests" / "resources"
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import backends
-from harness import flaggems, timers
-from harness.plugins.flaggems import FlagGemsPlugin
-from harness.timers import Measurement, Timer, _CaptureFailed
+from harness.child.plugins.flaggems import FlagGemsPlugin
+from harness.measure import timers
+from harness.measure.timers import Measurement, Timer, _CaptureFailed
+from harness.providers import flaggems
 
 
 def test_clamp_count():

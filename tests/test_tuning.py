@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness import tuning
+from harness.measure import tuning
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
 

@@ -9,8 +9,8 @@ outcome) is the harness's own code."""
 import torch
 
 import backends
-from harness import timers
-from harness.plugins import timing
+from harness.child.plugins import timing
+from harness.measure import timers
 from ops import Operator
 from ops.add import triton_add
 

@@ -1,0 +1,1 @@
+"""The pytest child (`python -m harness.child RUN_DIR`): its context, cases and plugins."""

@@ -1,0 +1,39 @@
+"""The one test the child collects, parametrized over the run's cases by the seeds plugin's
+`case` fixture: build inputs, check the candidate against the baseline, time both."""
+
+import pytest
+import torch
+
+from harness.child.plugins.seeds import input_sha256
+from ops import numel
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def test_op(case, run_context, measure_pair, record_row):
+    op = run_context.operator
+    if op.skip:
+        pytest.skip(op.skip)
+    device = run_context.backend.torch_device()
+    args = op.inputs(case.shape, TORCH_DTYPES[case.dtype], device)
+    # Before anything runs on them: an operator that writes into its inputs must not change the digest.
+    digest = input_sha256(args)
+
+    # The first candidate call also absorbs JIT compilation and the autotune sweep (or replay).
+    expected = op.baseline(*args)
+    got = op.candidate(*args)
+    atol, rtol = op.tolerance[case.dtype]
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, check_dtype=True,
+                               msg=lambda m: f"candidate disagrees with baseline: {m}")
+
+    timed = measure_pair(case.op, {"baseline": lambda: op.baseline(*args),
+                                   "candidate": lambda: op.candidate(*args)})
+    elem = torch.empty((), dtype=TORCH_DTYPES[case.dtype]).element_size()
+    metrics = {"input_sha256": digest}
+    ms = timed.measurements["candidate"].median_ms
+    if op.bytes_moved is not None and ms > 0:
+        metrics["gbps"] = op.bytes_moved(case.shape, elem) / ms / 1e6
+    if op.flops is not None and ms > 0:
+        metrics["tflops"] = op.flops(case.shape) / ms / 1e9
+    metrics["numel"] = numel(case.shape)
+    record_row(timed, metrics)

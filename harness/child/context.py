@@ -1,0 +1,82 @@
+"""State shared by the child's plugins: the spec read from the run dir, the backend, the
+operator, and what happened during the test now running (markers, configs used)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import backends
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.providers import registry, shapes
+from ops import Operator
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.dtype}-{shapes.label(self.shape)}"
+
+
+@dataclasses.dataclass
+class RunContext:
+    run_dir: Path
+    spec: spec_mod.RunSpec
+    backend: backends.Backend
+    # A built-in operator and its cases; None and [] for a FlagGems-style benchmark, whose cases
+    # appear as its input iterator yields them.
+    operator: Operator | None
+    cases: list[Case]
+    # Rows measured so far (the results plugin appends; run info summarizes).
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    # Per-case state, reset when a case begins.
+    case_id: str = ""
+    markers: list[str] = dataclasses.field(default_factory=list)
+    configs: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Told the shape label of each case as it begins (the IR collector files IR under it).
+    case_listeners: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
+    # Set by the plugins that own them, for the FlagGems plugin to drive.
+    measure: Callable | None = None  # the timing plugin's (test name, {side: fn}) -> Timed
+    autotune_patch: object = None
+    # Lines for the user (harness.child.console); pytest's own output goes to run.log only.
+    say: Callable[..., None] = print
+    # Why the run stopped early (a signal), set by the child; the outcome written at the end.
+    stop_reason: str | None = None
+    outcome: dict | None = None
+
+    @classmethod
+    def load(cls, run_dir: Path, say: Callable[..., None] = print) -> RunContext:
+        """The context of the run in `run_dir`; SpecError, OperatorNotFound or ShapeFileError
+        (one line each) when it cannot be run."""
+        run_spec = spec_mod.read(run_dir)
+        backend = backends.get(run_spec.backend)
+        if run_spec.flaggems is not None:
+            return cls(run_dir, run_spec, backend, None, [], say=say)
+        operator, _ = registry.load(run_spec.op, run_spec.ops_paths, warn=lambda line: say(f"warning: {line}"))
+        _, shape_list, dtypes = shapes.resolve(run_dir / rundir.SHAPES_YAML, operator.name, ())
+        cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
+        return cls(run_dir, run_spec, backend, operator, cases, say=say)
+
+    def begin_case(self, case_id: str = "", shape_label: str | None = None) -> None:
+        self.case_id = case_id
+        self.markers = []
+        self.configs = {}
+        if case_id:
+            # Kept current on disk: a run killed outright (SIGKILL, a batch timeout) still says
+            # which case it was in.
+            rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
+        if shape_label is not None:
+            for listener in self.case_listeners:
+                listener(shape_label)
+
+    def mark(self, marker: str) -> None:
+        """A degraded-measurement marker for the current row (printed under the row's line)."""
+        if marker not in self.markers:
+            self.markers.append(marker)

@@ -1,0 +1,52 @@
+"""Autotune: record the chosen config per kernel per key (record mode) or inject the recorded
+ones (replay mode). The mechanics live in harness.measure.tuning; this plugin wires them to the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.core import identity, rundir
+from harness.measure import tuning
+
+
+class AutotunePlugin:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.patch: tuning.AutotunePatch | None = None
+
+    def pytest_configure(self, config):
+        spec = self.ctx.spec
+        records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
+        common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
+                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress())
+        if spec.mode == "record":
+            records_dir.mkdir(exist_ok=True)
+            rundir.atomic_write_json(records_dir / "meta.json", {
+                "format": tuning.RECORD_FORMAT, "op": spec.op, "backend": spec.backend,
+                "versions": identity.versions()})
+            store = tuning.RecordStore(tuning.records_path(self.ctx.run_dir, spec.op), spec.op)
+            # A parallel sweep's merged picks are injected, and recorded as this run's own.
+            preset = tuning.load_records(Path(spec.preset_records)) if spec.preset_records else None
+            self.patch = tuning.AutotunePatch("record", store=store, records=preset, **common)
+        else:
+            source = tuning.records_path(spec.replay_from, spec.op)
+            self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
+        self.patch.install()
+        self.ctx.autotune_patch = self.patch  # FlagGems' LibTuner is hooked once its package is imported
+
+    def _progress(self):
+        def write(line: str) -> None:
+            self.ctx.say(f"  {line}")  # live, whatever pytest is capturing
+
+        return write
+
+    def _chosen(self, kernel: str, config: str) -> None:
+        self.ctx.configs[kernel] = config
+
+    def pytest_sessionfinish(self, session):
+        if self.patch is None:
+            return
+        self.patch.uninstall()
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
+                          {"observed": {"autotune": {"mode": self.patch.mode, **self.patch.counts}}})
+

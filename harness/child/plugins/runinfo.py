@@ -1,0 +1,73 @@
+"""Run info: merge what this process observed into run.json: the device, versions, compiler
+build identity at start; the timers actually used and the outcome at the end."""
+
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import platform
+import socket
+import sys
+
+import pytest
+
+from harness.core import identity, rundir
+
+
+class RunInfoPlugin:
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def _merge(self, facts: dict) -> None:
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": facts})
+
+    def pytest_configure(self, config):
+        backend = self.ctx.backend
+        device = backend.identity() if backend.identity else {}
+        self._merge({
+            "started": _dt.datetime.now().isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "device": device,
+            "versions": identity.versions(),
+            "compiler": identity.compiler_identity(),
+            "timer_policy": self.ctx.spec.timer if self.ctx.spec.timer != "auto" else backend.default_timer,
+        })
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        rows = self.ctx.rows
+        timers = collections.Counter(r["timer"] for r in rows if r.get("timer"))
+        statuses = collections.Counter(r["status"] for r in rows)
+        self.ctx.outcome = outcome(self.ctx, session, exitstatus)
+        self._merge({
+            "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+            "exit_status": int(exitstatus),
+            "timers_used": dict(timers),
+            "statuses": dict(statuses),
+            "rows": len(rows),
+            "rows_with_markers": sum(1 for r in rows if r.get("markers")),
+            "cases_planned": len(self.ctx.cases),
+            "outcome": self.ctx.outcome,
+            "running_case": self.ctx.outcome["running_case"],
+        })
+
+
+def outcome(ctx, session, exitstatus) -> dict:
+    """COMPLETE when every planned case ran (a FlagGems benchmark's cases are known only as they
+    run: there, when the session was not cut short), else INCOMPLETE and why."""
+    planned = len(ctx.cases) or None
+    done = len(ctx.rows)
+    reason = ctx.stop_reason
+    # Before INTERRUPTED: a plugin that stops the session (a poisoned capture) exits with that status too.
+    if reason is None and isinstance(session.shouldstop, str):
+        reason = f"stopped: {session.shouldstop}"
+    if reason is None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        reason = "interrupted"
+    if reason is None and exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+        reason = "internal error (traceback in run.log)"
+    if reason is None and planned is not None and done < planned:
+        reason = f"{planned - done} planned case(s) never reported"
+    complete = reason is None
+    return {"status": "COMPLETE" if complete else "INCOMPLETE", "rows_done": done, "rows_planned": planned,
+            "reason": reason, "running_case": None if complete else (ctx.case_id or None)}

@@ -1,0 +1,122 @@
+"""The pytest child: `python -m harness.child RUN_DIR`. Reads the spec from the run dir and runs
+the cases under our plugins, one job each."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.child.console import Console
+from harness.child.context import RunContext
+from harness.child.plugins import autotune, ir, results, runinfo, seeds, shapes, timing
+from harness.child.plugins import flaggems as flaggems_plugin
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.providers import flaggems, registry
+from harness.providers import shapes as shapes_mod
+
+HERE = Path(__file__).resolve().parent
+
+
+def prepare_flaggems(ctx: RunContext) -> list[str]:
+    """Environment FlagGems reads at import (vendor, LibTuner cache, FlagTune switch), its
+    package sources on sys.path, and the pytest arguments for the upstream node."""
+    options = flaggems.Options.from_json(ctx.spec.flaggems)
+    if ctx.backend.flaggems_vendor and "GEMS_VENDOR" not in os.environ:
+        os.environ["GEMS_VENDOR"] = ctx.backend.flaggems_vendor  # skips FlagGems' hang-prone CLI probe
+    url = flaggems.libtuner_db_url(options.libtuner_cache, ctx.run_dir)
+    if url is not None:
+        os.environ["FLAGGEMS_DB_URL"] = url
+    os.environ["USE_FLAGTUNE"] = options.flagtune
+    found = flaggems.package_dir(Path(options.root))
+    if found is not None:
+        sys.path.insert(0, str(found[1]))  # the benchmark belongs with its own checkout's package
+    return flaggems_plugin.child_args(options, ctx.spec.dtypes, ctx.spec.color)
+
+
+SIGNAL_REASONS = {signal.SIGINT: "interrupted (SIGINT)", signal.SIGTERM: "terminated (SIGTERM)"}
+
+
+def stop_on_signals(ctx: RunContext) -> None:
+    """SIGINT and SIGTERM end the run through pytest's interrupt path (results and outcome are
+    written, the summary says INCOMPLETE); a repeated signal does not cut that short (the parent
+    kills outright if the child takes too long)."""
+
+    def handler(signum, frame):
+        if ctx.stop_reason is None:
+            ctx.stop_reason = SIGNAL_REASONS[signum]
+            raise KeyboardInterrupt
+
+    for signum in SIGNAL_REASONS:
+        signal.signal(signum, handler)
+
+
+class DiskFullGuard:
+    """A full disk, wherever it is met (a test writing records, a hook writing results): one line
+    to the user and an immediate exit. Files written before are complete (atomic writes), and
+    anything written from here on could only fail or come out partial."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def stop_if_full(self, exc: BaseException | None) -> None:
+        full = rundir.disk_full(exc) if exc is not None else None
+        if full is not None:
+            self.console.say(f"error: {full}")
+            os._exit(rundir.EXIT_DISK_FULL)
+
+    def pytest_exception_interact(self, node, call, report):
+        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+
+    def pytest_runtest_makereport(self, item, call):
+        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+
+    def pytest_internalerror(self, excrepr, excinfo):
+        self.stop_if_full(excinfo.value)
+
+
+def main(argv: list[str]) -> int:
+    run_dir = Path(argv[0])
+    console = Console.split_stdout()
+    guard = DiskFullGuard(console)
+    try:
+        try:
+            ctx = RunContext.load(run_dir, console.say)
+        except (spec_mod.SpecError, registry.OperatorNotFound, shapes_mod.ShapeFileError) as exc:
+            console.say(f"error: {exc}")  # e.g. an operator module that broke since its record
+            return 2
+        stop_on_signals(ctx)
+        results_plugin = results.ResultsPlugin(ctx)
+        plugins = [
+            guard,
+            runinfo.RunInfoPlugin(ctx),
+            seeds.SeedsPlugin(ctx),
+            shapes.ShapesPlugin(ctx),
+            autotune.AutotunePlugin(ctx),
+            ir.IRPlugin(ctx),
+            timing.TimingPlugin(ctx),
+            results_plugin,
+        ]
+        if ctx.spec.flaggems is not None:
+            args = prepare_flaggems(ctx)
+            plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin))
+            return int(pytest.main(args, plugins=plugins))
+        args = [
+            str(HERE / "cases.py"),
+            "-c", str(HERE / "child.ini"),
+            "--rootdir", str(HERE),
+            f"--color={'yes' if ctx.spec.color else 'no'}",
+            "-q", "--tb=short", "-rfE",
+        ]
+        return int(pytest.main(args, plugins=plugins))
+    except OSError as exc:
+        guard.stop_if_full(exc)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

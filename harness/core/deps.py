@@ -1,0 +1,82 @@
+"""The light packages the harness needs, and the checkout's .nox/deps where the nox sessions put
+the ones the environment lacks.
+
+The noxfile runs `python -m harness.core.deps missing|present|compiler ...` in the session's Python (the
+environment nox runs in, which may not be nox's own) instead of inline `python -c` scripts. Nothing
+here imports torch or triton: finding them is enough, and importing torch costs seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+DEPS_DIR = Path(__file__).resolve().parents[2] / ".nox" / "deps"
+# Distribution names, as pip installs them.
+HARNESS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib", "tqdm")
+# inventory-regen is a static scan: it imports no operator, so it runs without torch and the rest.
+NEEDS = {"inventory-regen": ("pytest", "pyyaml")}
+
+
+def needed(command: str | None) -> tuple[str, ...]:
+    """The distributions `python -m harness COMMAND` needs."""
+    return NEEDS.get(command, HARNESS)
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def missing(dists) -> list[str]:
+    return [d for d in dists if not _installed(d)]
+
+
+def search_path(inherited: str | None) -> list[str]:
+    """The inherited PYTHONPATH entries, then .nox/deps when it exists and is not among them: last,
+    so it never shadows a package the environment has."""
+    entries = [p for p in (inherited or "").split(os.pathsep) if p]
+    if DEPS_DIR.is_dir() and str(DEPS_DIR) not in entries:
+        entries.append(str(DEPS_DIR))
+    return entries
+
+
+def use_deps_dir() -> None:
+    """Make this process find what a nox session installed into .nox/deps (`python -m harness`
+    started without nox)."""
+    for entry in search_path(None):
+        if entry not in sys.path:
+            sys.path.append(entry)
+
+
+def _compiler() -> str:
+    absent = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+    if absent:
+        return f"missing {' '.join(absent)} in {sys.executable}"
+    return f"ok torch {importlib.metadata.version('torch')} triton {importlib.metadata.version('triton')}"
+
+
+def main(argv: list[str]) -> int:
+    """missing COMMAND [DIST...]: what COMMAND (a harness command, or `tests`) needs plus DIST, that
+    this environment lacks; present DIST...: those it has; compiler: `ok ...` or `missing ...`."""
+    what, args = argv[0], argv[1:]
+    if what == "missing":
+        print(*missing([*needed(args[0]), *args[1:]]))
+    elif what == "present":
+        print(*[d for d in args if _installed(d)])
+    elif what == "compiler":
+        print(_compiler())
+    else:
+        print(f"error: unknown request {what!r}; expected missing, present or compiler", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""The leader of a batch op's process group: the op dies with its batch, even a batch killed by SIGKILL.
+
+`python -m harness.core.opguard BATCH_PID RUNNING_FILE -- CMD...` is what a batch starts (in a new
+session) for each op attempt. It runs CMD (`python -m harness record|replay ...`, which starts
+the pytest child in the same group) and ends with CMD's exit status, a signal included. Meanwhile
+it watches its parent pid: once the batch is gone, however it died, it terminates the whole group
+(SIGTERM, then SIGKILL after a grace), so no op of a dead batch keeps running and would overlap,
+on the same device, the batch that resumes it. Watching the parent needs nothing from the dying
+batch; PR_SET_PDEATHSIG would be Linux-only and fires when the *thread* that forked exits.
+
+While it runs it holds an exclusive flock on RUNNING_FILE, which names the group. The kernel
+drops that lock the moment this process dies, so `stop_leftover` (run by `--resume`) tells a live
+leftover from a stale file, and from a recycled pid, without comparing start times.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNNING = ".running"
+POLL_S = 0.2
+GRACE_S = 3.0  # for the op's own SIGTERM handling (it writes its outcome) once its batch is gone
+
+
+def _end_group(proc: subprocess.Popen, running: Path) -> None:
+    os.killpg(0, signal.SIGTERM)  # this process ignores it (see main)
+    try:
+        proc.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    running.unlink(missing_ok=True)
+    os.killpg(0, signal.SIGKILL)  # what is left of the group, this process included
+
+
+def main(argv: list[str]) -> int:
+    batch_pid, running, cmd = int(argv[0]), Path(argv[1]), argv[3:]
+    with open(running, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": batch_pid, "command": cmd}, f)
+        f.flush()
+        if os.getppid() != batch_pid:  # the batch died before this process got here
+            running.unlink(missing_ok=True)
+            return 1
+        # The batch stops an op with SIGTERM to the whole group: the op handles it, and this process
+        # ends when the op does. A Python handler, not SIG_IGN, which the op would inherit.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        proc = subprocess.Popen(cmd)
+        while True:
+            try:
+                code = proc.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if os.getppid() != batch_pid:
+                    _end_group(proc, running)
+        running.unlink(missing_ok=True)
+    if code < 0:  # the op died of a signal: so does this process, so the batch sees the same status
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+def stop_leftover(running: Path, grace_s: float) -> dict | None:
+    """Stop what still runs of the op group RUNNING_FILE names (an op of a dead batch), and remove
+    the file. Returns the file's facts when something was stopped, else None."""
+    try:
+        f = open(running)
+    except FileNotFoundError:
+        return None
+    with f:
+        text = f.read()
+        facts = json.loads(text) if text.strip() else None
+        stopped = None
+        if facts is None:
+            pass  # the guard died before it wrote anything, so before it started the op
+        elif not _lock_free(f):
+            # Its guard is alive: SIGTERM lets the op write its outcome; SIGCONT wakes a stopped one.
+            _signal_group(facts["pgid"], signal.SIGTERM)
+            _signal_group(facts["pgid"], signal.SIGCONT)
+            if not _wait_lock_free(f, grace_s):
+                _signal_group(facts["pgid"], signal.SIGKILL)
+                _wait_lock_free(f, grace_s)
+            _signal_group(facts["pgid"], signal.SIGKILL)  # whatever of the group outlived its leader
+            stopped = facts
+        elif not _exists(facts["pid"]) and _signal_group(facts["pgid"], 0):
+            # The guard is gone but part of its group is not: a group id is never reused while the
+            # group has members, so these are the op's. (A live process with the guard's pid is
+            # another process that got a recycled pid: left alone.)
+            _signal_group(facts["pgid"], signal.SIGKILL)
+            stopped = facts
+    running.unlink(missing_ok=True)
+    return stopped
+
+
+def _lock_free(f) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(f, fcntl.LOCK_UN)
+    return True
+
+
+def _wait_lock_free(f, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not _lock_free(f):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Whether the group had a process to signal."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

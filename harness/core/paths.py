@@ -1,0 +1,26 @@
+"""Where the checkout is, and the PYTHONPATH a harness subprocess gets (zl_bench runs from its
+checkout; it is not installed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.core import deps
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OPS_DIR = REPO_ROOT / "ops"
+SHAPES_DIR = REPO_ROOT / "shapes"
+RUNS_DIR = REPO_ROOT / "runs"
+
+
+def harness_pythonpath(inherited: str | None) -> str:
+    """PYTHONPATH for a harness subprocess: the checkout first, then whatever was inherited, then
+    the checkout's .nox/deps when present (so a `python -m harness` started without nox hands its
+    children the sessions' light packages)."""
+    return os.pathsep.join([str(REPO_ROOT), *deps.search_path(inherited)])
+
+
+def runs_root(out: Path | None) -> Path:
+    """The parent of new run dirs: --out, else runs/ in the checkout."""
+    return (out or RUNS_DIR).resolve()

@@ -1,0 +1,96 @@
+"""The run spec: everything needed to reproduce a run, resolved once by the session and written
+into run.json. The pytest child reads it back; nothing flows the other way except facts merged
+under run.json's "observed" key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from harness.core import rundir
+
+SPEC_VERSION = 1
+MODES = ("record", "replay")
+TIMERS = ("auto", "graph", "direct", "host")
+
+
+class SpecError(ValueError):
+    """A run spec (or the run dir holding it) is missing, corrupt or inconsistent."""
+
+
+@dataclasses.dataclass
+class RunSpec:
+    op: str
+    backend: str
+    mode: str
+    device: int
+    dtypes: list[str]
+    shapes_source: str
+    seed: int = 0
+    timer: str = "auto"
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    ops_paths: list[str] = dataclasses.field(default_factory=list)
+    provider: str = "builtin"
+    replay_from: str | None = None
+    # A replay's view of its source: the record's run.json `observed.outcome` as read when the
+    # replay was resolved (status COMPLETE or INCOMPLETE, rows done and planned, reason), so a
+    # replay of a record that never finished says so in its own run.json.
+    replay_source_outcome: dict | None = None
+    color: bool = False
+    ir: bool = True
+    # Parallel sweep: devices asked for, and the merged picks the measurement injects.
+    sweep_devices: int = 0
+    preset_records: str | None = None
+    # A FlagGems-style benchmark (harness.providers.flaggems.Options as a dict); None for built-in ops.
+    flaggems: dict | None = None
+    version: int = SPEC_VERSION
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict, where: str) -> RunSpec:
+        if not isinstance(data, dict):
+            raise SpecError(f"{where}: 'spec' is not an object")
+        if data.get("version") != SPEC_VERSION:
+            raise SpecError(f"{where}: spec version {data.get('version')!r}, expected {SPEC_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in data]
+        if missing:
+            raise SpecError(f"{where}: spec lacks {', '.join(missing)}")
+        spec = cls(**{k: v for k, v in data.items() if k in names})
+        if spec.mode not in MODES:
+            raise SpecError(f"{where}: mode {spec.mode!r} not one of {MODES}")
+        return spec
+
+
+def write(run_dir: Path, spec: RunSpec) -> None:
+    rundir.merge_json(run_dir / rundir.RUN_JSON, {"spec": spec.to_json()})
+
+
+def read(run_dir: Path) -> RunSpec:
+    """The spec of an existing run dir, or SpecError saying exactly what is wrong with it."""
+    return read_run(run_dir)[0]
+
+
+def read_run(run_dir: Path) -> tuple[RunSpec, dict]:
+    """(spec, observed) of an existing run dir; observed is {} when nothing was merged yet."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SpecError(f"run dir {run_dir} does not exist")
+    path = run_dir / rundir.RUN_JSON
+    if not path.is_file():
+        raise SpecError(f"{run_dir} is not a run dir: it has no {rundir.RUN_JSON}")
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path} is corrupt: {exc}") from exc
+    if not isinstance(data, dict) or "spec" not in data:
+        raise SpecError(f"{path} has no 'spec' section")
+    observed = data.get("observed", {})
+    if not isinstance(observed, dict):
+        raise SpecError(f"{path} is corrupt: 'observed' is not an object")
+    return RunSpec.from_json(data["spec"], str(path)), observed

@@ -1,0 +1,1 @@
+"""How a case is measured: timers, autotune record/replay, IR collection."""

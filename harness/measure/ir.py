@@ -1,0 +1,309 @@
+"""Explainability: the IR of the kernel variants that actually ran, per shape, named for humans.
+
+Layout written into the run dir:
+
+    ttgir/<shape>/<kernel>/<variant>.ttgir   one file per compiled variant launched for that shape
+    ttgir/index.tsv                          every compiled variant (sweep losers too), with
+                                             parameters, launches per shape and per-stage hashes
+    ttgir/naming.md                          the abbreviation legend
+
+A variant's name holds what distinguishes it inside its (shape, kernel) group: constexprs that
+vary (multi-word names abbreviated, BLOCK_SIZE_M -> BSM), then warps and stages (w4s3). Names
+that still collide are told apart by dtype, then alignment specialization, then a hash prefix.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+from harness.core import rundir
+from harness.core.errors import UsageError
+
+IR_DIR = "ttgir"
+# Stages hashed into index.tsv so that a change only in LLVM lowering or codegen is still seen.
+HASHED_STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
+INDEX_COLUMNS = ("shape", "kernel", "file", "launches", "dtype", "align", "num_warps", "num_stages",
+                 "constexprs", "hash", *(f"{s}_sha" for s in HASHED_STAGES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    kernel: str
+    hash: str
+    constexprs: tuple[tuple[str, object], ...]
+    num_warps: int
+    num_stages: int
+    dtype: str
+    align: str
+    stage_sha: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def params(self) -> dict:
+        return dict(self.constexprs)
+
+
+def abbreviate(name: str) -> str:
+    """BLOCK_SIZE_M -> BSM, blockSizeM -> BSM; single words stay whole (BLOCK, num)."""
+    words = [w for w in re.split(r"_+|(?<=[a-z0-9])(?=[A-Z])", name) if w]
+    if len(words) <= 1:
+        return name
+    return "".join(w[0].upper() for w in words)
+
+
+def abbreviations(names) -> dict[str, str]:
+    """Full name -> short name; a name whose abbreviation would clash keeps its full name."""
+    names = set(names)
+    short = {n: abbreviate(n) for n in names}
+    counts = collections.Counter(short.values())
+    return {n: s if counts[s] == 1 and (s == n or s not in names) else n for n, s in short.items()}
+
+
+def _fmt(value) -> str:
+    return str(value).replace("/", "_").replace(" ", "")
+
+
+def varying_params(variants: list[Variant]) -> list[str]:
+    """Constexprs whose value differs inside the group: the only ones a file name needs."""
+    keys = sorted({k for v in variants for k, _ in v.constexprs})
+    return [k for k in keys if len({_fmt(v.params.get(k)) for v in variants}) > 1]
+
+
+def name_variants(variants: list[Variant]) -> dict[str, str]:
+    """hash -> file stem, for the variants of one (shape, kernel) group."""
+    if not variants:
+        return {}
+    varying = varying_params(variants)
+    abbr = abbreviations(varying)
+    names = {}
+    for v in variants:
+        parts = [f"{abbr[k]}{_fmt(v.params.get(k))}" for k in varying]
+        names[v.hash] = "_".join(parts + [f"w{v.num_warps}s{v.num_stages}"])
+    for tiebreak in (lambda v: v.dtype, lambda v: v.align, lambda v: v.hash[:8]):
+        groups = collections.defaultdict(list)
+        for v in variants:
+            groups[names[v.hash]].append(v)
+        for name, members in groups.items():
+            if len(members) > 1 and len({tiebreak(m) for m in members}) > 1:
+                for m in members:
+                    names[m.hash] = f"{name}__{tiebreak(m)}"
+    return names
+
+
+def _dtype(signature: dict) -> str:
+    for ty in signature.values():
+        if isinstance(ty, str) and ty.startswith("*"):
+            return ty[1:].replace("k", "")
+    return "nodtype"
+
+
+def _align(src) -> str:
+    """Which arguments were specialized as divisible by 16 (EMdiv16 style), from the attrs."""
+    names = src.fn.arg_names
+    div16 = []
+    for path, attrs in sorted((getattr(src, "attrs", None) or {}).items()):
+        if any(a and a[0] == "tt.divisibility" and a[1] == 16 for a in attrs):
+            div16.append(names[path[0]] if path and path[0] < len(names) else str(path))
+    return ("div16-" + "-".join(abbreviate(n) for n in div16)) if div16 else "nodiv"
+
+
+def variant_of(compiled) -> Variant:
+    src = compiled.src
+    fn = src.fn
+    base = getattr(fn, "fn", fn)
+    kernel = f"{getattr(base, '__module__', '?')}.{getattr(base, '__qualname__', compiled.name)}"
+    constants = getattr(src, "constants", None) or getattr(src, "constexprs", None) or {}
+    constexprs = []
+    for path, value in sorted(constants.items(), key=lambda kv: str(kv[0])):
+        idx = path[0] if isinstance(path, tuple) else path
+        name = fn.arg_names[idx] if isinstance(idx, int) and idx < len(fn.arg_names) else str(path)
+        constexprs.append((name, value))
+    stage_sha = []
+    for stage in HASHED_STAGES:
+        text = compiled.asm.get(stage) if hasattr(compiled.asm, "get") else None
+        if isinstance(text, str):
+            stage_sha.append((stage, hashlib.sha256(text.encode()).hexdigest()[:16]))
+    meta = compiled.metadata
+    return Variant(kernel=kernel, hash=compiled.hash, constexprs=tuple(constexprs),
+                   num_warps=int(meta.num_warps), num_stages=int(meta.num_stages),
+                   dtype=_dtype(src.signature), align=_align(src), stage_sha=tuple(stage_sha))
+
+
+class IRCollector:
+    """Counts launches per (shape, compiled kernel) outside autotune sweeps and writes the IR.
+
+    `write()` is called after every case and again at exit, so a run that crashes leaves the IR
+    of every case finished before the crash.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.root = run_dir / IR_DIR
+        self.shape = "unknown"
+        self.sweeping = 0
+        self.launches: collections.Counter = collections.Counter()  # (shape, function handle)
+        self.variants: dict[str, Variant] = {}
+        self.ttgir: dict[str, str] = {}
+        self.handle_to_hash: dict[int, str] = {}
+        self.unreadable = 0  # launches whose metadata named no function: reported, not guessed
+
+    # --- hooks ---------------------------------------------------------------------------------
+    def on_launch(self, metadata) -> None:
+        if self.sweeping:
+            return
+        # Triton passes a LazyDict; its `.data` holds name/function/stream without running the
+        # kernel's own (possibly costly) launch_metadata callbacks.
+        data = getattr(metadata, "data", metadata)
+        handle = data.get("function") if isinstance(data, dict) else None
+        if handle is None:
+            self.unreadable += 1
+            return
+        self.launches[(self.shape, handle)] += 1
+
+    def scan(self) -> None:
+        """Find every compiled kernel in the process (sweep losers included)."""
+        import gc
+
+        from triton.compiler.compiler import CompiledKernel
+
+        for obj in gc.get_objects():
+            # type(), not isinstance(): some objects (torch's deprecated aliases) warn when their
+            # __class__ is read.
+            if issubclass(type(obj), CompiledKernel) and getattr(obj, "src", None) is not None:
+                if obj.hash not in self.variants:
+                    try:
+                        self.variants[obj.hash] = variant_of(obj)
+                    except (AttributeError, IndexError, TypeError):
+                        continue
+                    text = obj.asm.get("ttgir") if hasattr(obj.asm, "get") else None
+                    self.ttgir[obj.hash] = text if isinstance(text, str) else ""
+                if getattr(obj, "function", None) is not None:
+                    self.handle_to_hash[obj.function] = obj.hash
+
+    # --- output --------------------------------------------------------------------------------
+    def used(self) -> dict[tuple[str, str], dict[str, int]]:
+        """(shape, kernel) -> {variant hash: launches}."""
+        groups: dict[tuple[str, str], dict[str, int]] = collections.defaultdict(dict)
+        for (shape, handle), n in self.launches.items():
+            h = self.handle_to_hash.get(handle)
+            if h is None or h not in self.variants:
+                continue
+            v = self.variants[h]
+            groups[(shape, v.kernel)][h] = groups[(shape, v.kernel)].get(h, 0) + n
+        return groups
+
+    def write(self) -> None:
+        """Rewrite ttgir/ whole: built in a staging dir and renamed into place, so a failure (a full
+        disk) leaves the previous ttgir/ and no staging litter."""
+        self.scan()
+        staging = self.root.with_name(f".{IR_DIR}.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            self._write_into(staging)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            full = rundir.disk_full(exc, self.root)
+            if full is not None:
+                raise full from exc
+            raise
+        shutil.rmtree(self.root, ignore_errors=True)
+        staging.rename(self.root)
+
+    def _write_into(self, staging: Path) -> None:
+        groups = self.used()
+        staging.mkdir(parents=True)
+        rows, abbrs = [], {}
+        launched = set()
+        for (shape, kernel), counts in sorted(groups.items()):
+            members = [self.variants[h] for h in counts]
+            names = name_variants(members)
+            abbrs.update({k: a for k, a in abbreviations(varying_params(members)).items() if a != k})
+            kdir = staging / shape / kernel.rsplit(".", 1)[-1]
+            kdir.mkdir(parents=True, exist_ok=True)
+            for v in members:
+                (kdir / f"{names[v.hash]}.ttgir").write_text(self.ttgir.get(v.hash, ""))
+                rows.append(self._row(shape, v, f"{shape}/{kdir.name}/{names[v.hash]}.ttgir", counts[v.hash]))
+                launched.add(v.hash)
+        for h, v in sorted(self.variants.items(), key=lambda kv: (kv[1].kernel, kv[0])):
+            if h not in launched:
+                rows.append(self._row("-", v, "-", 0))
+        (staging / "index.tsv").write_text(
+            "\t".join(INDEX_COLUMNS) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+        (staging / "naming.md").write_text(_legend(abbrs))
+
+    @staticmethod
+    def _row(shape: str, v: Variant, file: str, launches: int) -> tuple:
+        sha = dict(v.stage_sha)
+        constexprs = ",".join(f"{k}={val}" for k, val in v.constexprs)
+        return (shape, v.kernel, file, launches, v.dtype, v.align, v.num_warps, v.num_stages,
+                constexprs or "-", v.hash, *(sha.get(s, "-") for s in HASHED_STAGES))
+
+
+def _legend(abbrs: dict[str, str]) -> str:
+    lines = ["# Variant file names", "",
+             "`<varying constexprs>_w<num_warps>s<num_stages>[__<dtype>][__<alignment>][__<hash>]`", "",
+             "Constexprs equal across a (shape, kernel) group are left out of the name; the suffixes",
+             "appear only when names would otherwise collide. `div16-X-Y` lists the arguments",
+             "specialized as divisible by 16; `nodiv` means none.", "", "| short | full |", "|---|---|"]
+    lines += [f"| {a} | {k} |" for k, a in sorted(abbrs.items(), key=lambda kv: kv[1])]
+    return "\n".join(lines) + "\n"
+
+
+def read_index(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / IR_DIR / "index.tsv"
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:] if line]
+
+
+IDENTITY_COLUMNS = ("shape", "kernel", "dtype", "align", "num_warps", "num_stages", "constexprs")
+
+
+def compare(run_a: Path, run_b: Path) -> list[dict]:
+    """Per launched variant: identical / changed (with the stages that differ) / only_in_a /
+    only_in_b. Variants are matched by what they are (shape, kernel, dtype, alignment, warps,
+    stages, constexprs), not by file name or cache hash: names depend on the rest of the group
+    and hashes on the compiler build, and both legitimately differ between A and B."""
+    def launched(run):
+        return {tuple(r[c] for c in IDENTITY_COLUMNS): r for r in read_index(run) if r["file"] != "-"}
+
+    a, b = launched(run_a), launched(run_b)
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        ra, rb = a.get(key), b.get(key)
+        row = {"shape": key[0], "kernel": key[1], "file_a": ra["file"] if ra else "-",
+               "file_b": rb["file"] if rb else "-", "stages": ""}
+        if ra is None or rb is None:
+            row["status"] = "only_in_b" if ra is None else "only_in_a"
+        else:
+            differ = [s for s in HASHED_STAGES if ra[f"{s}_sha"] != rb[f"{s}_sha"]]
+            row["status"] = "changed" if differ else "identical"
+            row["stages"] = ",".join(differ)
+        out.append(row)
+    return out
+
+
+def write_status(run_dir: Path, enabled: bool, reason: str) -> None:
+    rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"ir": {"collected": enabled, "reason": reason}}})
+
+
+def compare_from_args(run_a: Path, run_b: Path) -> int:
+    """`python -m harness compare-ir A B`: the comparison as a table."""
+    from tabulate import tabulate
+
+    for run in (run_a, run_b):
+        if not (run / IR_DIR / "index.tsv").is_file():
+            raise UsageError(f"{run} has no {IR_DIR}/index.tsv (IR collection was off or it is not a run dir)")
+    rows = compare(run_a, run_b)
+    print(tabulate([[r["status"], r["shape"], r["kernel"].rsplit(".", 1)[-1], r["file_a"], r["file_b"], r["stages"]]
+                    for r in rows], headers=["status", "shape", "kernel", "A", "B", "stages differing"]))
+    counts = collections.Counter(r["status"] for r in rows)
+    print("  ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if rows and counts["identical"] == len(rows):
+        print("every launched variant compiled to identical IR at every stage in A and B")
+    return 0

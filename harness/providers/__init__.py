@@ -1,0 +1,1 @@
+"""Where operators and their shapes come from: the registry, shape files, FlagGems checkouts, the inventory catalog."""

@@ -1,0 +1,188 @@
+"""FlagGems-style benchmark checkouts as an operator source, driven as they are.
+
+A checkout has `benchmark/` (a pytest package: conftest, base.Benchmark and its subclasses,
+`test_<file>.py::test_<op>`) and `src/<package>` (flag_gems, or flaggems_vllm for FlagGems-vllm).
+This module resolves what the user named into one pytest node, and holds what the parent
+records about the run (level, FlagTune switch, LibTuner cache); harness.child.plugins.flaggems does
+the work inside the child.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from harness.providers import catalog
+
+DEFAULT_REPO = "flaggems"
+# Repo names of the other operator sources (harness.providers.catalog): the built-in corpus, --ops-path.
+RESERVED_REPOS = (catalog.BUILTIN, catalog.PATH_REPO)  # not checkout names
+PACKAGES = ("flag_gems", "flaggems_vllm")
+LEVELS = ("core", "comprehensive")
+# `--shapes upstream`: the checkout's own shapes (core_shapes.yaml at the level, plus what the
+# benchmark classes add), untouched.
+UPSTREAM = "upstream"
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+class FlagGemsError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    repo: str
+    root: str  # the checkout
+    test_file: str  # relative to the checkout
+    function: str
+
+    @property
+    def op(self) -> str:
+        return self.function.removeprefix("test_")
+
+    @property
+    def node(self) -> str:
+        return f"{self.test_file}::{self.function}"
+
+
+def split_dir(item: str) -> tuple[str, str]:
+    """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
+    name, sep, path = item.partition("=")
+    return (name, path) if sep else (DEFAULT_REPO, item)
+
+
+def parse_dirs(items: list[str] | None) -> dict[str, Path]:
+    """`--flaggems-dir [NAME=]PATH` values as {name: checkout}."""
+    dirs: dict[str, Path] = {}
+    for item in items or []:
+        name, path = split_dir(item)
+        if not name.isidentifier() or not path:
+            raise FlagGemsError(f"--flaggems-dir {item}: expected [NAME=]PATH, NAME an identifier (it prefixes "
+                                "op names)")
+        if name in RESERVED_REPOS:
+            raise FlagGemsError(f"--flaggems-dir {item}: NAME '{name}' is reserved; choose another")
+        if name in dirs:
+            raise FlagGemsError(f"--flaggems-dir: NAME '{name}' given twice ({dirs[name]} and {path}); "
+                                "name each checkout with NAME=PATH")
+        root = Path(path).expanduser().resolve()
+        if not root.is_dir():
+            raise FlagGemsError(f"--flaggems-dir {item}: {root} is not a directory")
+        if not (root / "benchmark").is_dir():
+            raise FlagGemsError(f"--flaggems-dir {item}: {root} has no benchmark/ folder (not a FlagGems checkout?)")
+        dirs[name] = root
+    return dirs
+
+
+def is_target(op_arg: str) -> bool:
+    """Whether an operator argument names a FlagGems-style benchmark rather than a built-in op."""
+    repo, sep, _ = op_arg.partition(":")
+    return "::" in op_arg or (bool(sep) and repo not in RESERVED_REPOS)
+
+
+def functions_in(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+
+
+def _file_for(op_file: str) -> str:
+    """op_file as the inventory writes it: `softmax`, or `FLA/chunk` for a test_-prefixed subfolder."""
+    *folders, stem = op_file.split("/")
+    return "/".join(["benchmark", *(f"test_{f}" for f in folders), f"test_{stem}.py"])
+
+
+def _inventory_file(repo: str, op: str) -> str | None:
+    files = [e.file for e in catalog.read_csv(catalog.inventory_path(repo)) if e.op == op]
+    return files[0] if len(files) == 1 else None
+
+
+def resolve_target(op_arg: str, dirs: dict[str, Path]) -> Target:
+    """`REPO:OP[@OP_FILE]` or a pytest node `PATH/benchmark/test_x.py::test_op`, checked up front."""
+    if "::" in op_arg:
+        file_part, _, function = op_arg.partition("::")
+        path = Path(file_part).expanduser().resolve()
+        if not path.is_file():
+            raise FlagGemsError(f"pytest node {op_arg}: {path} does not exist")
+        root = next((p.parent for p in path.parents if p.name == "benchmark"), None)
+        if root is None:
+            raise FlagGemsError(f"pytest node {op_arg}: the file is not under a benchmark/ folder")
+        repo = next((name for name, d in dirs.items() if d == root), DEFAULT_REPO)
+        target = Target(repo, str(root), str(path.relative_to(root)), function)
+    else:
+        repo, _, rest = op_arg.partition(":")
+        op, _, op_file = rest.partition("@")
+        if repo not in dirs:
+            given = ", ".join(f"{n}={p}" for n, p in dirs.items()) or "none"
+            raise FlagGemsError(f"'{op_arg}': no checkout for repo '{repo}'; give --flaggems-dir {repo}=PATH "
+                                f"(given: {given})")
+        if not op:
+            raise FlagGemsError(f"'{op_arg}': no operator name after '{repo}:'")
+        root = dirs[repo]
+        # test_<op>.py first; else where the repo's inventory says the op lives (test_softmax.py
+        # holds log_softmax too).
+        candidates = [_file_for(op_file)] if op_file else [_file_for(op), _inventory_file(repo, op)]
+        rel = next((c for c in candidates if c and (root / c).is_file()), candidates[0])
+        path = root / rel
+        if not path.is_file():
+            hint = "" if op_file else f"; if the op lives in another file, give {repo}:{op}@<file> or a pytest node"
+            raise FlagGemsError(f"'{op_arg}': benchmark file {path} does not exist{hint}")
+        target = Target(repo, str(root), rel, f"test_{op}")
+    path = Path(target.root) / target.test_file
+    found = functions_in(path)
+    if target.function not in found:
+        raise FlagGemsError(f"{path} has no function {target.function} (it has: {', '.join(found) or 'none'})")
+    return target
+
+
+def package_dir(root: Path) -> tuple[str, Path] | None:
+    """(package name, the folder to put on sys.path) when the checkout carries its package sources."""
+    for name in PACKAGES:
+        if (root / "src" / name / "__init__.py").is_file():
+            return name, root / "src"
+    return None
+
+
+@dataclasses.dataclass
+class Options:
+    """What a FlagGems run is, beyond the op: recorded in the spec, identical on both A/B sides."""
+
+    repo: str
+    root: str
+    test_file: str
+    function: str
+    level: str = "core"
+    # The full shape yaml our keys come from (copied into the run dir), or None for upstream shapes.
+    shapes_file: str | None = None
+    flagtune: str = "0"
+    # private: a fresh LibTuner cache in the run dir; user: FlagGems' own persistent cache; else a URL.
+    libtuner_cache: str = "private"
+
+    @property
+    def shapes_source(self) -> str:
+        return self.shapes_file or f"{UPSTREAM} (level {self.level})"
+
+    @property
+    def target(self) -> Target:
+        return Target(self.repo, self.root, self.test_file, self.function)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Options:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+def record_args(level: str | None, flagtune: str | None, libtuner_cache: str | None) -> list[str]:
+    """The FlagGems options a batch or an A/B gives each FlagGems record (its replays keep them)."""
+    out = []
+    for flag, value in (("--level", level), ("--flagtune", flagtune), ("--libtuner-cache", libtuner_cache)):
+        if value is not None:
+            out += [flag, value]
+    return out
+
+
+def libtuner_db_url(choice: str, run_dir: Path) -> str | None:
+    """FLAGGEMS_DB_URL for the child; None keeps FlagGems' own (its ~/.flaggems cache)."""
+    if choice == "private":
+        return f"sqlite:///{run_dir / 'libtuner_cache.db'}"
+    if choice == "user":
+        return None
+    return choice if "://" in choice else f"sqlite:///{Path(choice).expanduser().resolve()}"

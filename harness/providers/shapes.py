@@ -1,0 +1,77 @@
+"""Shape files: yaml whose top-level keys are operator names or family keys.
+
+    softmax:
+      shapes: [[1024, 1024], [64, 512]]
+      dtypes: [bf16, fp16]        # optional
+
+An operator takes the entry under its own name, else the first of its family keys present
+(e.g. `blas` for mm), so one family entry serves several operators and a file that names only
+the operator still works. Every validation error names the file and the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from harness.core.rundir import atomic_write_text, read_yaml_mapping
+from ops import DTYPE_NAMES
+
+
+class ShapeFileError(ValueError):
+    pass
+
+
+def load(path: Path) -> dict:
+    return read_yaml_mapping(path, ShapeFileError, "shape file", "a mapping of op or family names")
+
+
+def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],
+            ndim: int | None = None) -> tuple[str, list[list[int]], list[str] | None]:
+    """(key used, shapes, dtypes or None) for one operator, validated."""
+    data = load(path)
+    for key in (op_name, *fallback_keys):
+        if key in data:
+            break
+    else:
+        tried = ", ".join((op_name, *fallback_keys))
+        raise ShapeFileError(f"{path}: no entry for '{op_name}' (keys tried: {tried})")
+    entry = data[key]
+    where = f"{path}: key '{key}'"
+    if isinstance(entry, list):
+        entry = {"shapes": entry}
+    if not isinstance(entry, dict) or "shapes" not in entry:
+        raise ShapeFileError(f"{where}: expected a mapping with a 'shapes' list")
+    unknown = set(entry) - {"shapes", "dtypes"}
+    if unknown:
+        raise ShapeFileError(f"{where}: unknown fields {sorted(unknown)} (allowed: shapes, dtypes)")
+    shapes = entry["shapes"]
+    if not isinstance(shapes, list) or not shapes:
+        raise ShapeFileError(f"{where}: 'shapes' must be a non-empty list")
+    out = []
+    for i, shape in enumerate(shapes):
+        if isinstance(shape, int):
+            shape = [shape]
+        if (not isinstance(shape, list) or not shape
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
+            raise ShapeFileError(f"{where}: shapes[{i}] = {shape!r} is not a list of positive ints")
+        if ndim is not None and len(shape) != ndim:
+            raise ShapeFileError(f"{where}: shapes[{i}] = {shape} has {len(shape)} dims, '{op_name}' takes {ndim}")
+        out.append(list(shape))
+    dtypes = entry.get("dtypes")
+    if dtypes is not None:
+        if not isinstance(dtypes, list) or not all(d in DTYPE_NAMES for d in dtypes):
+            raise ShapeFileError(f"{where}: dtypes {dtypes!r} must be a list drawn from {list(DTYPE_NAMES)}")
+    return key, out, dtypes
+
+
+def write_used(path: Path, op_name: str, shapes: list[list[int]], dtypes: list[str], source: str) -> None:
+    """shapes.yaml of a run dir: exactly the shapes and dtypes used, readable by `resolve`."""
+    header = f"# shapes used by this run (from {source})\n"
+    body = yaml.safe_dump({op_name: {"shapes": shapes, "dtypes": dtypes}}, default_flow_style=None, sort_keys=False)
+    atomic_write_text(Path(path), header + body)
+
+
+def label(shape) -> str:
+    return "x".join(str(d) for d in shape)

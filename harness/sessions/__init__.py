@@ -1,0 +1,1 @@
+"""The commands: resolve a run spec, run it, sweep, A/B, batch, inventory regeneration."""

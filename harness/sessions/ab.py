@@ -1,0 +1,416 @@
+"""The A/B experiment: side A records once, then both sides replay A's configs in separate
+processes, interleaved A B A B ... for N repeats, so drift and heat hit both sides alike.
+
+A side differs from the other by environment variables (a compiler switch) and/or a Python
+interpreter (a second compiler build installed side by side). Every step's output goes to
+ab.log; ab.json says what completed, so an interrupted A/B still reports what it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import backends
+from harness.core import deps, launch, paths, rundir
+from harness.core import spec as spec_mod
+from harness.core.errors import UsageError
+from harness.measure import ir
+from harness.providers import flaggems
+from harness.sessions import resolve
+from reports import ab_report, compare, table
+
+DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
+PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
+               "level", "flagtune", "libtuner_cache", "a", "b"}
+SIDE_FIELDS = {"label", "env", "python", "requirements"}
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Side:
+    name: str
+    label: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    python: str | None = None
+    requirements: list[str] = dataclasses.field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = [self.label] if self.label else []
+        parts += [f"{k}={v}" for k, v in self.env.items()]
+        if self.python:
+            parts.append(f"python={self.python}")
+        if self.requirements:
+            parts.append(f"pip: {' '.join(self.requirements)}")
+        return " ".join(parts) or "as is"
+
+
+@dataclasses.dataclass
+class Plan:
+    name: str
+    ops: list[str]
+    a: Side
+    b: Side
+    repeats: int = 3
+    shapes: str | None = None
+    dtypes: list[str] | None = None
+    backend: str | None = None
+    device: int | None = None
+    ops_paths: list[str] = dataclasses.field(default_factory=list)
+    # FlagGems checkouts ([NAME=]PATH), upstream level and FlagTune switch: A records with them and
+    # B replays A, so both sides run the same level, switch and tuning space.
+    flaggems_dirs: list[str] = dataclasses.field(default_factory=list)
+    level: str | None = None
+    flagtune: str | None = None
+    libtuner_cache: str | None = None  # each run's own private cache unless named
+
+
+def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
+    name, path = flaggems.split_dir(item)
+    return f"{name}={(plan_dir / Path(path).expanduser()).resolve()}"
+
+
+def _side(data, name: str, where: str) -> Side:
+    if data is None:
+        return Side(name, "")
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: side '{name}' must be a mapping")
+    unknown = set(data) - SIDE_FIELDS
+    if unknown:
+        raise PlanError(f"{where}: side '{name}': unknown fields {sorted(unknown)} (allowed: {sorted(SIDE_FIELDS)})")
+    requirements = data.get("requirements") or []
+    if isinstance(requirements, str):  # a requirements file, relative to the plan
+        req_file = Path(where).parent / requirements
+        if not req_file.is_file():
+            raise PlanError(f"{where}: side '{name}': requirements file {req_file} does not exist")
+        requirements = [line.split("#")[0].strip() for line in req_file.read_text().splitlines()]
+        requirements = [r for r in requirements if r]
+    if not isinstance(requirements, list) or not all(isinstance(r, str) for r in requirements):
+        raise PlanError(f"{where}: side '{name}': requirements must be a list of pip specifiers or a file name")
+    env = data.get("env") or {}
+    if not isinstance(env, dict):
+        raise PlanError(f"{where}: side '{name}': env must be a mapping of NAME: value")
+    python = data.get("python")
+    if python is not None and not Path(python).is_file():
+        raise PlanError(f"{where}: side '{name}': python {python} does not exist")
+    return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python,
+                requirements)
+
+
+def load_plan(path: Path) -> Plan:
+    path = Path(path)
+    data = rundir.read_yaml_mapping(path, PlanError, "plan")
+    unknown = set(data) - PLAN_FIELDS
+    if unknown:
+        raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(PLAN_FIELDS)})")
+    ops = data.get("ops")
+    if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
+        raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
+    repeats = data.get("repeats", 3)
+    if not isinstance(repeats, int) or repeats < 2:
+        raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
+    shapes = data.get("shapes")
+    if shapes is not None:
+        shapes = str((path.parent / shapes).resolve())
+    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, shapes=shapes,
+                dtypes=data.get("dtypes"), backend=data.get("backend"), device=data.get("device"),
+                ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
+                flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
+                level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
+                libtuner_cache=data.get("libtuner_cache"),
+                a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)))
+
+
+SIDE_ENVS = paths.REPO_ROOT / ".nox" / "ab-envs"
+_SITE_DIRS = "import json, site; print(json.dumps(site.getsitepackages() + [site.getusersitepackages()]))"
+
+
+def build_side_env(side: Side, log, root: Path = SIDE_ENVS) -> str:
+    """A virtual environment for a side's pip requirement set; returns its interpreter.
+
+    The new env sees the base environment's packages through a .pth file placed after its own
+    site-packages, so only what the requirements name (say, another triton) differs from the
+    base, and nothing is installed into the base. Envs are cached by base interpreter and
+    requirement set; a failed build leaves no env marked complete."""
+    import hashlib
+    import json
+
+    base = side.python or sys.executable
+    key = hashlib.sha256("\n".join([base, *sorted(side.requirements)]).encode()).hexdigest()[:12]
+    env_dir = root / key
+    python = env_dir / "bin" / "python"
+    if (env_dir / ".complete").is_file():
+        return str(python)
+    shutil.rmtree(env_dir, ignore_errors=True)
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    print(f"building side {side.name}'s env ({' '.join(side.requirements)}) in {env_dir} ...", flush=True)
+    subprocess.run([base, "-m", "venv", str(env_dir)], check=True, stdout=log, stderr=subprocess.STDOUT)
+    site_dirs = json.loads(subprocess.run([base, "-c", _SITE_DIRS], check=True, capture_output=True,
+                                          text=True).stdout)
+    own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    # "zz" sorts last: the base's packages, then the PYTHONPATH entries the harness runs with and
+    # .nox/deps (the sessions' light packages), come after the side's own. The side runs with only
+    # the checkout on PYTHONPATH, which would otherwise shadow what its requirements installed.
+    inherited = [p for p in deps.search_path(os.environ.get("PYTHONPATH")) if Path(p).is_dir()]
+    (Path(own_site) / "zz_zl_base_env.pth").write_text(
+        "\n".join(d for d in [*site_dirs, *inherited] if Path(d).is_dir()) + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    *side.requirements], check=True, stdout=log, stderr=subprocess.STDOUT)
+    (env_dir / ".complete").write_text("\n".join(side.requirements) + "\n")
+    return str(python)
+
+
+class Runner:
+    """Runs the steps of one A/B in subprocesses and keeps ab.json current."""
+
+    def __init__(self, plan: Plan, ab_dir: Path):
+        self.plan = plan
+        self.dir = ab_dir
+        self.log = open(ab_dir / "ab.log", "a", encoding="utf-8")
+        self.state = {"plan": dataclasses.asdict(plan), "steps": [], "complete": False}
+        self.proc: subprocess.Popen | None = None
+        # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
+        # so an interrupted A/B still reports what completed.
+        self.results: dict[str, dict[str, list[Path]]] = {}
+
+    def _save(self) -> None:
+        rundir.atomic_write_json(self.dir / "ab.json", self.state)
+
+    def step(self, side: Side, args: list[str], out: Path, what: str) -> Path | None:
+        """One harness invocation; its run dir, or None if it failed."""
+        env = dict(os.environ)
+        env.update(side.env)
+        # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
+        # build_side_env): it gets the checkout alone.
+        env["PYTHONPATH"] = (str(paths.REPO_ROOT) if side.requirements
+                             else paths.harness_pythonpath(env.get("PYTHONPATH")))
+        cmd = [side.python or sys.executable, "-m", "harness", *args, "--out", str(out), "--color", "never"]
+        self.log.write(f"\n$ {' '.join(f'{k}={v}' for k, v in side.env.items())} {' '.join(cmd)}\n")
+        self.log.flush()
+        print(f"{what} ...", end="", flush=True)
+        start = time.monotonic()
+        # Own session: a Ctrl-C is forwarded by us, so we can wait for the child's summary. SIGINT is
+        # held off until the child is known: arriving inside Popen, it would leave an orphan that
+        # interrupt() cannot see.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            # An A/B killed outright takes its running step with it (parent-death signal).
+            self.proc = subprocess.Popen(cmd, cwd=paths.REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=launch.die_with_parent())
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        code = self.proc.wait()
+        self.proc = None
+        elapsed = time.monotonic() - start
+        runs = sorted(out.glob("*/run.json"))
+        run_dir = runs[-1].parent if runs else None
+        ok = code == 0 and run_dir is not None
+        print(f" {'ok' if ok else f'FAILED (exit {code})'} ({elapsed:.0f} s)", flush=True)
+        self.state["steps"].append({"what": what, "side": side.name, "args": args, "exit": code,
+                                    "run_dir": str(run_dir) if run_dir else None, "seconds": round(elapsed, 1)})
+        self._save()
+        return run_dir if ok else None
+
+    def interrupt(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def run(self) -> dict[str, dict[str, list[Path]]]:
+        """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
+        plan = self.plan
+        for side in (plan.a, plan.b):
+            if side.requirements:
+                try:
+                    side.python = build_side_env(side, self.log)
+                except subprocess.CalledProcessError as exc:
+                    raise PlanError(f"side {side.name}: building its env failed ({exc}); "
+                                    f"see {self.dir / 'ab.log'}") from exc
+                self.log.flush()
+        common = []
+        if plan.shapes:
+            common += ["--shapes", plan.shapes]
+        if plan.dtypes:
+            common += ["--dtypes", ",".join(plan.dtypes)]
+        if plan.device is not None:
+            common += ["--device", str(plan.device)]
+        for p in plan.ops_paths:
+            common += ["--ops-path", p]
+        for d in plan.flaggems_dirs:
+            common += ["--flaggems-dir", d]
+        record_only = flaggems.record_args(plan.level, plan.flagtune, plan.libtuner_cache)
+        results = self.results
+        self._save()
+        for i, op in enumerate(plan.ops, 1):
+            tag = f"[{i}/{len(plan.ops)} {op}]"
+            runs = results.setdefault(op, {"record": [], "A": [], "B": []})
+            backend = ["--backend", plan.backend] if plan.backend else []
+            op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
+            record = self.step(plan.a, ["record", op, *backend, *common, *record_only], op_dir / "A-record",
+                               f"{tag} A records")
+            if record is None:
+                continue
+            runs["record"].append(record)
+            for r in range(1, plan.repeats + 1):
+                for side in (plan.a, plan.b):
+                    replay = self.step(side, ["replay", str(record), *common], op_dir / f"{side.name}-{r}",
+                                       f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
+                    if replay is not None:
+                        runs[side.name].append(replay)
+        self.state["complete"] = True
+        self._save()
+        return results
+
+
+def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict]:
+    """Warnings about what the A/B can and cannot conclude, and the IR comparison per op."""
+    warnings, per_op = [], {}
+    for op, runs in results.items():
+        if not runs["A"] or not runs["B"]:
+            continue
+        a, b = runs["A"][0], runs["B"][0]
+        if not (a / ir.IR_DIR / "index.tsv").is_file() or not (b / ir.IR_DIR / "index.tsv").is_file():
+            per_op[op] = "IR not collected"
+            continue
+        rows = ir.compare(a, b)
+        counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("identical", "changed", "only_in_a",
+                                                                           "only_in_b")}
+        per_op[op] = counts
+    compared = {op: c for op, c in per_op.items() if isinstance(c, dict)}
+    if compared and all(c["identical"] > 0 and c["identical"] == sum(c.values()) for c in compared.values()):
+        warnings.append("the A/B axis changed NOTHING: both sides compiled byte-identical IR at every stage for "
+                        "every launched kernel; a switch that no longer exists looks exactly like this")
+    if any(c == "IR not collected" for c in per_op.values()):
+        warnings.append("IR was not collected on some ops (see run.json observed.ir): cannot tell whether the "
+                        "axis changed the generated code there")
+    return warnings, per_op
+
+
+def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str],
+           backend_names: set[str], expected: int | None = None) -> int:
+    """Pair and compare each group (one op's A runs against its B runs), then report them all;
+    `expected` is the planned repeats per side, so a short side is flagged on every row. On a
+    backend whose timings are not performance numbers the pipeline runs all the same, but every
+    report says so at its top and calls no verdict."""
+    not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
+    note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
+    rows = [row for a_runs, b_runs in groups if a_runs or b_runs
+            for row in compare.pair(a_runs, b_runs, expected, performance=note is None)]
+    summary = compare.summarize(rows)
+    print()
+    print(ab_report.render(rows, summary, warnings, context, note=note))
+    files = ab_report.write(ab_dir, rows, summary, warnings, context, note)
+    print("report: " + ", ".join(str(f) for f in files))
+    return 0 if rows and summary.headline_rows == summary.rows else 1
+
+
+def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise UsageError(f"{flag} {item!r}: expected KEY=VAL")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+def resolve_plan(args) -> Plan:
+    try:
+        if args.plan is not None or not args.ops:
+            plan = load_plan(args.plan or DEFAULT_PLAN)
+        else:
+            plan = Plan(name="adhoc", ops=args.ops, a=Side("A", "as is"), b=Side("B", ""))
+    except PlanError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.ops:
+        plan.ops = args.ops
+    if args.repeats is not None:
+        if args.repeats < 2:
+            raise UsageError("--repeats must be >= 2: A's own spread is the noise floor")
+        plan.repeats = args.repeats
+    for side in (plan.a, plan.b):
+        key = side.name.lower()
+        side.env.update(_env_pairs(getattr(args, f"{key}_env"), f"--{key}-env"))
+        python = getattr(args, f"{key}_python")
+        if python:
+            if not Path(python).is_file():
+                raise UsageError(f"--{key}-python {python} does not exist")
+            side.python = python
+    if args.backend:
+        plan.backend = args.backend
+    if args.shapes:
+        plan.shapes = str(args.shapes.resolve())
+    if args.dtypes:
+        plan.dtypes = args.dtypes
+    if args.device is not None:
+        plan.device = args.device
+    plan.ops_paths += resolve.abs_ops_paths(args.ops_path)
+    plan.flaggems_dirs += args.flaggems_dir or []
+    plan.level = args.level or plan.level
+    plan.flagtune = args.flagtune or plan.flagtune
+    plan.libtuner_cache = args.libtuner_cache or plan.libtuner_cache
+    if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
+        print("note: sides A and B are identical: this is an A/A run (measures noise)")
+    # Unknown names, or no accelerator when none is named, fail before anything runs.
+    plan.backend = resolve.resolve_backend(plan.backend).name
+    return plan
+
+
+def run_from_args(args) -> int:
+    """`python -m harness ab ...`"""
+    if args.compare:
+        dir_a, dir_b = args.compare
+        backend_names = set()
+        for d in (dir_a, dir_b):
+            try:
+                backend_names.add(spec_mod.read(d).backend)
+            except spec_mod.SpecError as exc:
+                raise UsageError(f"--compare: {exc}") from exc
+        out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
+        warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
+        context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
+                   "note": "single runs: each run's raw samples stand in for repeats"}
+        return report(out, [([dir_a], [dir_b])], context, warnings, backend_names)
+    plan = resolve_plan(args)
+    ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
+    print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
+          f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
+    if not backends.get(plan.backend).measures_performance:
+        print(table.not_performance_note(plan.backend))
+    runner = Runner(plan, ab_dir)
+    interrupted = False
+    try:
+        results = runner.run()
+    except PlanError as exc:
+        raise UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping the running side and reporting what completed")
+        runner.interrupt()
+        results = runner.results
+    warnings, ir_per_op = validity(results)
+    if interrupted or not runner.state["complete"]:
+        done = sum(1 for s in runner.state["steps"] if s["exit"] == 0)
+        warnings.insert(0, f"INCOMPLETE: interrupted after {done} successful steps; rows below cover only those")
+    failed = [s["what"] for s in runner.state["steps"] if s["exit"] != 0]
+    if failed:
+        warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
+    context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
+               "ir": ir_per_op}
+    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, {plan.backend},
+                  plan.repeats)
+    return 130 if interrupted else code

@@ -1,0 +1,623 @@
+"""Batch screening: many operators, isolated, across devices, with timeouts, retries and resume.
+
+Each operator is one `python -m harness record|replay` subprocess in its own process group, so
+its per-op dir is exactly a single run's (replayable alone later). Operators are sharded over
+devices by a stable hash (a resumed batch lands each op on the same device) and run serially
+within a device. `ops_status.csv` is rewritten atomically after every op, and a per-op
+completion marker makes `--resume` skip ops that already PASSed or SKIPped.
+
+Each op's group is led by harness.core.opguard, which ends it when the batch dies, however it died.
+A batch holds its dir's owner lock while it runs and stores its selection and options in
+batch.json; `--resume` refuses a dir whose owner still runs, stops what a dead owner left
+running (before it uses that device), and reuses what the command line does not give again.
+
+A FlagGems operator runs as `record NAME:OP@OP_FILE --flaggems-dir NAME=PATH` (replay: the run dir
+plus `--flaggems-dir`). Its dtypes are known only once it runs, so when it rejects the requested
+ones the fallback goes straight to the rescue run without a dtype filter.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import csv
+import dataclasses
+import fcntl
+import hashlib
+import io
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import backends
+from harness.core import opguard, paths, rundir
+from harness.core.errors import UsageError
+from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, registry
+from harness.providers.catalog import Entry
+from harness.sessions import ray_executor, resolve
+
+STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
+                  "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
+DONE = ("PASS", "SKIP")
+BATCH_JSON = "batch.json"  # what makes a dir a batch dir
+OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
+DEFAULT_OP_TIMEOUT = 1800.0
+# The options (argparse names) a batch stores in batch.json: `--resume` reuses each one that its
+# command line does not give, so `--resume --batch-dir D` alone reruns the same batch.
+STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggems_dir", "level", "flagtune",
+                  "libtuner_cache", "op_timeout", "replay_root")
+MAX_RETRIES = 2
+KILL_GRACE_S = 10
+# What a record run that rejects the requested dtypes prints: ours (resolve_shapes), and FlagGems'
+# Benchmark.set_dtypes, which fails the test instead.
+DTYPE_REJECTED = ("does not take dtype", "can't be supported by this op")
+
+
+@dataclasses.dataclass
+class Options:
+    backend: str
+    devices: list[int]
+    dtypes: list[str] | None = None
+    shapes: str | None = None
+    ops_paths: list[str] = dataclasses.field(default_factory=list)
+    flaggems_dirs: dict[str, str] = dataclasses.field(default_factory=dict)  # repo -> checkout
+    flaggems_args: list[str] = dataclasses.field(default_factory=list)  # --level etc., for FlagGems records
+    op_timeout: float = DEFAULT_OP_TIMEOUT
+    replay_root: Path | None = None
+
+
+def shard(key: str, n: int) -> int:
+    """Stable across processes and Python versions (unlike hash())."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % n
+
+
+def _op_dir(batch_dir: Path, entry: Entry) -> Path:
+    return batch_dir / "ops" / entry.key.replace(":", "__", 1).replace("/", ".")
+
+
+def read_status(batch_dir: Path) -> dict[str, dict]:
+    path = batch_dir / "ops_status.csv"
+    if not path.is_file():
+        return {}
+    with open(path, newline="") as f:
+        return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
+
+
+def completed(batch_dir: Path, entry: Entry) -> str | None:
+    marker = _op_dir(batch_dir, entry) / ".complete"
+    if marker.is_file():
+        status = marker.read_text().strip()
+        return status if status in DONE else None
+    return None
+
+
+def _run_facts(run_dir: Path | None) -> dict:
+    if run_dir is None or not (run_dir / rundir.RESULTS_JSON).is_file():
+        return {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {}}
+    rows = rundir.read_json(run_dir / rundir.RESULTS_JSON)["rows"]
+    timers = sorted({r["timer"] for r in rows if r.get("timer")})
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return {"rows": len(rows), "timer": "+".join(timers),
+            "timer_fallback_rows": sum(1 for r in rows if any(m.startswith("TIMER_FALLBACK") for m in r["markers"])),
+            "replay_fallback_rows": sum(1 for r in rows
+                                        if any(m.startswith("AUTOTUNE_REPLAY_FALLBACK") for m in r["markers"])),
+            "statuses": statuses}
+
+
+class Batch:
+    def __init__(self, batch_dir: Path, opts: Options, op_dtypes: dict[str, tuple[str, ...]]):
+        self.dir = batch_dir
+        self.opts = opts
+        self.op_dtypes = op_dtypes  # entry id -> the dtypes it accepts (built-in and --ops-path ops)
+        self.status = read_status(batch_dir)
+        self.replay_sources = read_status(opts.replay_root) if opts.replay_root else {}
+        self.lock = threading.Lock()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.stopping = threading.Event()
+        self.events: queue.Queue = queue.Queue()
+
+    # --- one op ----------------------------------------------------------------------------------
+    def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
+        if self.opts.replay_root is not None:
+            earlier = self.replay_sources.get(entry.id, {})
+            if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
+                return []
+            args = ["replay", str(self.opts.replay_root / earlier["run_dir"])]
+        else:
+            if entry.repo in self.opts.flaggems_dirs:
+                args = ["record", f"{entry.repo}:{entry.op}@{entry.op_file}", *self.opts.flaggems_args]
+            else:
+                args = ["record", entry.op]
+            args += ["--backend", self.opts.backend]
+            if self.opts.shapes:
+                args += ["--shapes", self.opts.shapes]
+            if dtypes:
+                args += ["--dtypes", ",".join(dtypes)]
+        for p in self.opts.ops_paths:
+            args += ["--ops-path", p]
+        if entry.repo in self.opts.flaggems_dirs:
+            args += ["--flaggems-dir", f"{entry.repo}={self.opts.flaggems_dirs[entry.repo]}"]
+        return [sys.executable, "-m", "harness", *args, "--device", str(device), "--out", str(out), "--color", "never"]
+
+    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float, str]:
+        """(exit code or None on timeout, seconds, the last lines this attempt wrote).
+
+        The op runs under harness.core.opguard, the leader of its process group, which ends the group
+        when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
+        start = time.monotonic()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = paths.harness_pythonpath(env.get("PYTHONPATH"))
+        running = log_path.parent / opguard.RUNNING
+        with open(log_path, "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            offset = log.tell()
+            proc = subprocess.Popen([sys.executable, "-m", "harness.core.opguard", str(os.getpid()), str(running), "--",
+                                     *cmd], cwd=paths.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            with self.lock:
+                self.procs[proc.pid] = proc
+            if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
+                _kill_group(proc)
+            try:
+                code = proc.wait(timeout=self.opts.op_timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                code = None
+            finally:
+                with self.lock:
+                    self.procs.pop(proc.pid, None)
+                running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
+        with open(log_path, "rb") as log:
+            log.seek(max(offset, log.seek(0, os.SEEK_END) - 8000))
+            tail = log.read().decode(errors="replace")
+        return code, time.monotonic() - start, tail
+
+    def run_op(self, entry: Entry, device: int) -> dict:
+        op_dir = _op_dir(self.dir, entry)
+        op_dir.mkdir(parents=True, exist_ok=True)
+        (op_dir / ".complete").unlink(missing_ok=True)
+        log_path = op_dir / "batch.log"
+        notes, attempts, elapsed, codes = [], 0, 0.0, []
+        dtypes = self.opts.dtypes
+        status, code = "FAIL", None
+        while not self.stopping.is_set():
+            out = op_dir / f"attempt{attempts + 1}"
+            cmd = self._command(entry, device, dtypes, out)
+            if not cmd:
+                status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
+                break
+            attempts += 1
+            code, seconds, tail = self._attempt(cmd, log_path)
+            elapsed += seconds
+            if self.stopping.is_set():
+                status = "INTERRUPTED"
+                break
+            if code is None:
+                status = "TIMEOUT"
+                what = f"timeout after {self.opts.op_timeout:.0f} s {_killed_during(out)}"
+                notes.append(f"{what} (killed, not retried)")
+                _killed_note(out, log_path, what)
+                break
+            if code == 0:
+                status = "PASS"
+                break
+            if dtypes is not None and any(m in tail for m in DTYPE_REJECTED):
+                # Built-in ops narrow to the dtypes they take first; others go straight to the rescue.
+                accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.id, ())]
+                if accepted and accepted != dtypes:
+                    notes.append(f"dtype fallback {','.join(dtypes)} -> {','.join(accepted)}")
+                    dtypes = accepted
+                else:
+                    notes.append(f"dtype rescue: {','.join(dtypes)} rejected, ran without a dtype filter")
+                    dtypes = None
+                continue
+            codes.append(code)
+            if len(codes) >= 2 and codes[-1] == codes[-2]:
+                notes.append(f"exit {code} twice in a row: deterministic, not retried further")
+                break
+            if len(codes) > MAX_RETRIES:
+                break
+            notes.append(f"retry after exit {code}")
+        runs = sorted(op_dir.glob("attempt*/*/run.json"), key=lambda p: p.stat().st_mtime)
+        run_dir = runs[-1].parent if runs else None
+        facts = _run_facts(run_dir)
+        if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
+            status = "SKIP"
+        row = {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status,
+               "exit_code": "" if code is None else code,
+               "attempts": attempts, "elapsed_s": round(elapsed, 1), "backend": self.opts.backend,
+               "device": device, "timer": facts["timer"], "rows": facts["rows"],
+               "timer_fallback_rows": facts["timer_fallback_rows"],
+               "replay_fallback_rows": facts["replay_fallback_rows"],
+               "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes)}
+        if status in DONE:
+            (op_dir / ".complete").write_text(status + "\n")
+        self.record(entry, row)
+        return row
+
+    def record(self, entry: Entry, row: dict) -> None:
+        with self.lock:
+            self.status[entry.id] = row
+            self._write_status()
+
+    def _write_status(self) -> None:
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=STATUS_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for key in sorted(self.status):
+            w.writerow({c: self.status[key].get(c, "") for c in STATUS_COLUMNS})
+        rundir.atomic_write_text(self.dir / "ops_status.csv", out.getvalue())
+
+    # --- all ops ---------------------------------------------------------------------------------
+    def run(self, todo: list[Entry], on_done) -> None:
+        devices = self.opts.devices
+        shards: dict[int, list[Entry]] = {d: [] for d in devices}
+        for e in todo:
+            shards[devices[shard(e.id, len(devices))]].append(e)
+
+        def worker(device: int) -> None:
+            for entry in shards[device]:
+                if self.stopping.is_set():
+                    return
+                self.events.put(("done", self.run_op(entry, device)))
+
+        threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices]
+        for t in threads:
+            t.start()
+        remaining = len(todo)
+        try:
+            while remaining:
+                try:
+                    _, row = self.events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                remaining -= 1
+                on_done(row)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        finally:
+            for t in threads:
+                t.join(timeout=KILL_GRACE_S + 5)
+
+    def stop(self) -> None:
+        """Stop scheduling and kill every running op's process group."""
+        self.stopping.set()
+        with self.lock:
+            procs = list(self.procs.values())
+        for proc in procs:
+            _kill_group(proc)
+
+
+def _killed_during(attempt_dir: Path) -> str:
+    """Where a timed-out attempt was when it was killed, from its run.json: `observed.running_case`,
+    which the child sets as each case starts and clears once it finished normally (or the same in
+    the outcome it wrote as it stopped)."""
+    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
+    if not runs:
+        return "before its run dir was written (the op never started a case)"
+    observed = rundir.read_json(runs[-1]).get("observed", {})
+    case = observed.get("running_case") or (observed.get("outcome") or {}).get("running_case")
+    if case:
+        return f"during case {case}"
+    rows = _run_facts(runs[-1].parent)["rows"]
+    return f"with no case running ({rows} row{'s' * (rows != 1)} done)" if rows else "before its first case started"
+
+
+def _killed_note(attempt_dir: Path, log_path: Path, what: str) -> None:
+    """Say in the op's batch.log, and in the killed run's own run.log, why it stopped there."""
+    for log in [log_path, *sorted(attempt_dir.glob(f"*/{rundir.RUN_LOG}"))[-1:]]:
+        with open(log, "a") as f:
+            f.write(f"\nkilled by the batch's --op-timeout: {what}\n")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the op's process group, then SIGKILL whatever is left of it after a grace period."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader if children remain
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def write_summary(batch_dir: Path) -> Path:
+    """summary.csv, one row per measured case, from the per-op run dirs alone."""
+    status = read_status(batch_dir)
+    columns = ("repo", "op", "dtype", "shape", "status", "baseline_ms", "candidate_ms", "speedup", "gbps",
+               "tflops", "timer", "markers", "run_dir")
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(columns)
+    for key in sorted(status):
+        st = status[key]
+        if not st.get("run_dir"):
+            continue
+        results = batch_dir / st["run_dir"] / rundir.RESULTS_JSON
+        if not results.is_file():
+            continue
+        for r in json.loads(results.read_text())["rows"]:
+            w.writerow([st["repo"], r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
+                        r.get("baseline_ms"), r.get("candidate_ms"), r.get("speedup"), r.get("gbps"),
+                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st["run_dir"]])
+    path = batch_dir / "summary.csv"
+    rundir.atomic_write_text(path, out.getvalue())
+    return path
+
+
+def _entries(ops_paths: list[str], checkouts: dict[str, Path]) -> list[Entry]:
+    """Every inventory, plus the operators of --ops-path directories. A FlagGems repo whose
+    checkout is given is scanned afresh from it (that checkout is what will run), keeping the
+    committed inventory's `collected` values; a committed inventory that differs is reported."""
+    entries = [e for e in catalog.load() if e.repo not in checkouts]
+    for repo, root in checkouts.items():
+        path = catalog.inventory_path(repo)
+        committed = catalog.read_csv(path)
+        fresh = flaggems_scan.keep_verified(flaggems_scan.scan(root, repo), committed)
+        if catalog.to_csv(fresh) != catalog.to_csv(committed):
+            ids = {e.id for e in fresh}, {e.id for e in committed}
+            print(f"NOTE: {path.name} differs from a scan of {root} ({len(ids[0] - ids[1])} ops only in the "
+                  f"checkout, {len(ids[1] - ids[0])} only in the inventory): selecting from the checkout; refresh "
+                  f"it with nox -s inventory-regen -- --flaggems-dir {repo}={root}")
+        entries += fresh
+    for p in ops_paths:
+        if Path(p).is_dir():
+            entries += builtin_scan.scan_dir(Path(p), catalog.PATH_REPO, Path(p).parent)
+    return entries
+
+
+def require_checkouts(selected: list[Entry], checkouts: dict[str, Path]) -> None:
+    """Fail before anything runs when a selected FlagGems op has no checkout to run from."""
+    missing = collections.Counter(e.repo for e in selected if catalog.needs_checkout(e.repo)
+                                  and e.repo not in checkouts)
+    if missing:
+        raise UsageError(
+            f"the selection includes operators of FlagGems repos whose checkouts were not given: {_counted(missing)}; "
+            f"add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(missing))}, or leave them out with "
+            f"--repos {catalog.BUILTIN}")
+
+
+def _counted(repos: collections.Counter) -> str:
+    return ", ".join(f"{r} ({n} op{'s' * (n != 1)})" for r, n in sorted(repos.items()))
+
+
+def run_from_args(args) -> int:
+    """`python -m harness batch ...`"""
+    import importlib.util
+
+    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs the ray package in this environment (pip install ray)")
+    if args.summarize:
+        print(f"summary: {write_summary(args.summarize.resolve())}")
+        return 0
+    with contextlib.ExitStack() as held:
+        stored, origin = {}, ""
+        if args.resume and args.batch_dir is not None:
+            batch_dir = args.batch_dir.resolve()
+            if not (batch_dir / BATCH_JSON).is_file():
+                raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {BATCH_JSON})")
+            held.enter_context(_own(batch_dir))
+            stored = rundir.read_json(batch_dir / BATCH_JSON).get("request", {})
+            origin = _apply_stored(args, stored)
+        elif args.batch_dir is not None:
+            _check_new_batch_dir(args.batch_dir.resolve())
+        backend, devices, checkouts, ops_paths = _where(args)
+        selected, excluded, left_out = _select(args, stored.get("selection"), ops_paths, checkouts)
+        if args.resume:
+            if args.batch_dir is None:
+                raise UsageError("--resume needs --batch-dir")
+            print(origin)
+        op_dtypes = _op_dtypes(selected, ops_paths)
+        opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
+                       shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
+                       flaggems_dirs={r: str(p) for r, p in checkouts.items()},
+                       flaggems_args=flaggems.record_args(args.level, args.flagtune, args.libtuner_cache),
+                       op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
+                       replay_root=args.replay_root.resolve() if args.replay_root else None)
+        if args.resume:
+            for line in stop_leftovers(batch_dir):
+                print(line)
+        else:
+            batch_dir = _new_batch_dir(args)
+            held.enter_context(_own(batch_dir))
+        rundir.merge_json(batch_dir / BATCH_JSON, {
+            "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
+            "selected": [e.key for e in selected], "excluded": {e.key: why for e, why in excluded},
+            "left_out_repos": dict(left_out), "request": _request(args, opts, selected)})
+        runner = Batch(batch_dir, opts, op_dtypes)
+        todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
+        print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
+              f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
+        for e, why in excluded:
+            print(f"  excluded {e.key}: {why}")
+        return _run(runner, todo, selected, args)
+
+
+def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str]]:
+    """(backend, devices, FlagGems checkouts, --ops-path entries made absolute)."""
+    backend = resolve.resolve_backend(args.backend)
+    try:
+        wanted = None if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
+    except ValueError:
+        raise UsageError(f"--devices {args.devices}: expected comma-separated device indices, "
+                                 "e.g. 0,1") from None
+    try:
+        devices = backend.check_available(wanted)
+    except backends.BackendUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        checkouts = flaggems.parse_dirs(args.flaggems_dir)
+    except flaggems.FlagGemsError as exc:
+        raise UsageError(str(exc)) from exc
+    return backend, devices, checkouts, resolve.abs_ops_paths(args.ops_path)
+
+
+def _select(args, stored: list[str] | None, ops_paths: list[str],
+            checkouts: dict[str, Path]) -> tuple[list[Entry], list[tuple[Entry, str]], collections.Counter]:
+    """(selected, excluded with reasons, ops per FlagGems repo --all left out), from the command
+    line's selection, else from the one a resumed batch stored. A bare op name means one of the
+    inventories that can run here."""
+    try:
+        entries = _entries(ops_paths, checkouts)
+        runnable = {e.repo for e in entries if not catalog.needs_checkout(e.repo) or e.repo in checkouts}
+        repos, left_out = args.repos, collections.Counter()
+        if args.all and repos is None:
+            left_out = collections.Counter(e.repo for e in entries if e.repo not in runnable)
+            repos = sorted(runnable)
+        specs = list(args.ops or []) + (catalog.read_ops_file(args.ops_file) if args.ops_file else [])
+        if stored is not None and not (args.all or specs or args.repos):
+            specs = stored
+        selected, excluded = catalog.select(entries, specs, args.all, repos, catalog.load_dismissed(), runnable)
+    except (catalog.SelectionError, flaggems.FlagGemsError) as exc:
+        raise UsageError(str(exc)) from exc
+    require_checkouts(selected, checkouts)
+    if left_out:
+        # Loud, not silent: --all on a host without FlagGems checkouts screens the built-in corpus.
+        print(f"NOTE: --all leaves out the FlagGems inventories {_counted(left_out)}: their checkouts were not "
+              f"given; to include them add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
+    return selected, excluded, left_out
+
+
+def _op_dtypes(selected: list[Entry], ops_paths: list[str]) -> dict[str, tuple[str, ...]]:
+    op_dtypes = {}
+    for e in selected:
+        if catalog.needs_checkout(e.repo):
+            continue  # a FlagGems op's dtypes are known only once it runs (see DTYPE_REJECTED)
+        try:
+            op_dtypes[e.id] = registry.load(e.op, ops_paths)[0].dtypes
+        except registry.OperatorNotFound as exc:
+            raise UsageError(str(exc)) from exc
+    return op_dtypes
+
+
+# --- the batch dir -------------------------------------------------------------------------------
+def _check_new_batch_dir(batch_dir: Path) -> None:
+    """A new batch goes into a new or empty dir: never into another batch's, nor over other files."""
+    if (batch_dir / BATCH_JSON).is_file():
+        raise UsageError(f"--batch-dir {batch_dir} is an existing batch dir: to continue it add --resume; "
+                                 "for a new batch give a new or empty dir")
+    if batch_dir.exists() and not batch_dir.is_dir():
+        raise UsageError(f"--batch-dir {batch_dir} is a file, not a directory")
+    if batch_dir.is_dir() and any(batch_dir.iterdir()):
+        raise UsageError(f"--batch-dir {batch_dir} is not empty and is not a batch dir (it has no "
+                                 f"{BATCH_JSON}): give a new or empty dir")
+
+
+def _new_batch_dir(args) -> Path:
+    if args.batch_dir is None:
+        return rundir.claim_run_dir(paths.runs_root(args.out), "batch")
+    batch_dir = args.batch_dir.resolve()
+    try:
+        batch_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--batch-dir {batch_dir}: cannot create it: {exc.strerror}") from exc
+    return batch_dir
+
+
+def _own(batch_dir: Path):
+    """Hold the batch dir's owner lock for this batch's life (the open file is the context manager).
+    The kernel drops a flock when its process dies, even by SIGKILL, so a held lock means a live
+    owner whatever pid numbers got reused; a second batch in the dir is refused, naming the owner."""
+    f = open(batch_dir / OWNER_LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise UsageError(f"batch dir {batch_dir} belongs to batch pid {pid}, which is still running: wait "
+                                 f"for it, or stop it (kill {pid}) and resume then") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def stop_leftovers(batch_dir: Path) -> list[str]:
+    """Stop the ops of a dead batch that still run (their guard could not end them: stopped, or
+    killed alone), before this batch uses their devices. One line for each one stopped."""
+    lines = []
+    for running in sorted(batch_dir.glob(f"ops/*/{opguard.RUNNING}")):
+        facts = opguard.stop_leftover(running, KILL_GRACE_S)
+        if facts is not None:
+            lines.append(f"resume: stopped {running.parent.relative_to(batch_dir)}, still running from the dead "
+                         f"batch pid {facts['batch_pid']} (process group {facts['pgid']}), before reusing its device")
+    return lines
+
+
+# --- what a batch stores for its resume -----------------------------------------------------------
+def _request(args, opts: Options, selected: list[Entry]) -> dict:
+    """The options and selection this batch ran with, as `_apply_stored` reads them back."""
+    return {"backend": opts.backend, "devices": ",".join(map(str, opts.devices)), "dtypes": opts.dtypes,
+            "shapes": opts.shapes, "ops_path": opts.ops_paths or None,
+            "flaggems_dir": [f"{r}={p}" for r, p in opts.flaggems_dirs.items()] or None,
+            "level": args.level, "flagtune": args.flagtune, "libtuner_cache": args.libtuner_cache,
+            "op_timeout": opts.op_timeout, "replay_root": str(opts.replay_root) if opts.replay_root else None,
+            "selection": [e.id for e in selected]}
+
+
+def _apply_stored(args, stored: dict) -> str:
+    """Fill in each stored option the command line does not give; the line saying what came from where."""
+    from_file, from_cli = [], []
+    for name in STORED_OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        if getattr(args, name) is not None:
+            from_cli.append(flag)
+        elif stored.get(name) is not None:
+            setattr(args, name, Path(stored[name]) if name in ("shapes", "replay_root") else stored[name])
+            from_file.append(flag)
+    n = len(stored.get("selection") or [])
+    if args.all or args.ops or args.ops_file or args.repos:
+        selection = f"the selection given on the command line (not the {n} ops stored in {BATCH_JSON})"
+    else:
+        selection = f"the selection stored in {BATCH_JSON} ({n} op{'s' * (n != 1)})"
+    return (f"resume: {selection}; options from {BATCH_JSON}: {' '.join(from_file) or 'none'}; "
+            f"from the command line: {' '.join(from_cli) or 'none'}")
+
+
+# --- running -------------------------------------------------------------------------------------
+def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
+    counts = collections.Counter()
+    from tqdm import tqdm
+
+    with tqdm(total=len(todo), unit="op", dynamic_ncols=True, disable=None) as bar:
+        def on_done(row):
+            counts[row["status"]] += 1
+            bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
+            bar.update(1)
+            bar.write(f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} "
+                      f"{row['elapsed_s']} s rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+
+        try:
+            if args.executor == "ray":
+                ray_executor.run(runner, todo, on_done, args.ray_address)
+            else:
+                runner.run(todo, on_done)
+        except KeyboardInterrupt:
+            print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", runner.dir)
+            write_summary(runner.dir)
+            return 130
+    summary = write_summary(runner.dir)
+    status = read_status(runner.dir)
+    final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
+    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
+    failed = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] not in DONE)
+    if failed:
+        print("not passed: " + ", ".join(failed))
+    return 1 if failed else 0

@@ -1,0 +1,314 @@
+"""Resolve a run spec from command-line arguments, for record and replay.
+
+Everything is validated up front (backend, device, operator, shapes, dtypes, replay source):
+every bad input raises UsageError with one line saying what is wrong, before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import backends
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.core.errors import UsageError
+from harness.core.paths import SHAPES_DIR, runs_root
+from harness.measure import tuning
+from harness.providers import flaggems, registry, shapes
+
+
+def resolve_backend(name: str | None) -> backends.Backend:
+    try:
+        return backends.get(name) if name else backends.auto_detect()
+    except (backends.UnknownBackend, backends.BackendUnavailable) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def resolve_device(backend: backends.Backend, device: int | None) -> int:
+    try:
+        return backend.check_available([device] if device is not None else None)[0]
+    except backends.BackendUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def resolve_timer(backend: backends.Backend, timer: str) -> str:
+    if timer == "graph" and not backend.graph_capture:
+        raise UsageError(f"backend '{backend.name}' cannot capture graphs; use --timer direct or auto")
+    if timer in ("graph", "direct") and not backend.triton_driver:
+        raise UsageError(f"backend '{backend.name}' has no device timer; use --timer host or auto")
+    if timer == "host" and backend.triton_driver:
+        raise UsageError("--timer host is for the interpreter; on a device it measures launch overhead only")
+    return backend.default_timer if timer == "auto" else timer
+
+
+def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
+    try:
+        key, shape_list, file_dtypes = shapes.resolve(
+            shape_file, op.name, op.shape_keys, len(op.dims) if op.dims else None)
+    except shapes.ShapeFileError as exc:
+        raise UsageError(str(exc)) from exc
+    chosen = dtypes or file_dtypes or list(op.dtypes)
+    unsupported = [d for d in chosen if d not in op.dtypes]
+    if unsupported:
+        raise UsageError(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)}")
+    return key, shape_list, chosen
+
+
+def load_op(name: str, ops_paths: list[str], warnings: list[str]):
+    """The operator; a user module skipped on the way adds a line to `warnings`, printed once the
+    whole spec has resolved (a refusal stays the one line on stderr). The child loads the operator
+    again, and its own warning goes to run.log."""
+    try:
+        return registry.load(name, ops_paths, warn=warnings.append)
+    except registry.OperatorNotFound as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def abs_ops_paths(paths: list[str] | None) -> list[str]:
+    # Files and dirs are stored absolute (the child runs from the repo root); module names as is.
+    out = []
+    for p in paths or []:
+        out.append(str(Path(p).resolve()) if Path(p).exists() else p)
+    return out
+
+
+def _flaggems_shapes(shape_arg: Path | None) -> str | None:
+    """The shape yaml of a FlagGems run, or None for the checkout's own shapes."""
+    if shape_arg is None or str(shape_arg) == flaggems.UPSTREAM:
+        return None
+    try:
+        shapes.load(shape_arg)  # keys resolve in the child, against the benchmark's class chain
+    except shapes.ShapeFileError as exc:
+        raise UsageError(str(exc)) from exc
+    return str(shape_arg.resolve())
+
+
+def resolve_flaggems_record(args, backend) -> tuple[spec_mod.RunSpec, list, Path]:
+    try:
+        target = flaggems.resolve_target(args.op, flaggems.parse_dirs(args.flaggems_dir))
+    except flaggems.FlagGemsError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.sweep_devices:
+        raise UsageError("--sweep-devices needs an enumerable shape set; FlagGems benchmarks build theirs at run time")
+    options = flaggems.Options(
+        repo=target.repo, root=target.root, test_file=target.test_file, function=target.function,
+        level=args.level or "core", shapes_file=_flaggems_shapes(args.shapes),
+        flagtune=args.flagtune or os.environ.get("USE_FLAGTUNE", "0"),
+        libtuner_cache=args.libtuner_cache or "private")
+    run_spec = _record_spec(
+        args, backend, op=target.op, dtypes=args.dtypes or [],
+        shapes_source=options.shapes_source, provider=f"flaggems:{target.repo}", flaggems=dataclasses.asdict(options))
+    return run_spec, [], args.out
+
+
+def _flaggems_replay(args, source: spec_mod.RunSpec) -> flaggems.Options:
+    """The record's FlagGems options, with the checkout possibly moved (--flaggems-dir NAME=PATH).
+    Level and FlagTune switch are the record's: a side that differs is not replaying A."""
+    options = flaggems.Options.from_json(source.flaggems)
+    for flag, value, recorded in (("--level", args.level, options.level),
+                                  ("--flagtune", args.flagtune, options.flagtune),
+                                  ("USE_FLAGTUNE", os.environ.get("USE_FLAGTUNE"), options.flagtune)):
+        if value is not None and value != recorded:
+            raise UsageError(f"cannot replay {args.run_dir}: it was recorded with {flag}={recorded}, this side has "
+                             f"{value}; both sides of a comparison must match")
+    try:
+        dirs = flaggems.parse_dirs(args.flaggems_dir)
+    except flaggems.FlagGemsError as exc:
+        raise UsageError(str(exc)) from exc
+    if options.repo in dirs:
+        options.root = str(dirs[options.repo])
+    if not (Path(options.root) / options.test_file).is_file():
+        raise UsageError(f"cannot replay {args.run_dir}: {Path(options.root) / options.test_file} does not exist; "
+                         f"give --flaggems-dir {options.repo}=PATH")
+    recorded_shapes = Path(args.run_dir).resolve() / rundir.SHAPES_YAML
+    if args.shapes is None and options.shapes_file:
+        try:
+            shapes.load(recorded_shapes)  # the child reads it; a corrupt one refuses the replay here
+        except shapes.ShapeFileError as exc:
+            raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+    options.shapes_file = (_flaggems_shapes(args.shapes) if args.shapes is not None
+                           else str(recorded_shapes) if options.shapes_file else None)
+    if args.libtuner_cache:
+        options.libtuner_cache = args.libtuner_cache
+    return options
+
+
+def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
+    """A record spec: what the operator source resolved, plus where and how to measure."""
+    return spec_mod.RunSpec(
+        backend=backend.name, mode="record", timer=resolve_timer(backend, args.timer),
+        device=resolve_device(backend, args.device), seed=args.seed,
+        warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
+        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
+        color=color_enabled(args.color), ir=args.ir, **fields)
+
+
+def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    backend = resolve_backend(args.backend)
+    if flaggems.is_target(args.op):
+        return resolve_flaggems_record(args, backend)
+    ops_paths, warnings = abs_ops_paths(args.ops_path), []
+    op, provider = load_op(args.op, ops_paths, warnings)
+    shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
+    key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+    run_spec = _record_spec(args, backend, op=op.name, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+                            ops_paths=ops_paths, provider=provider, sweep_devices=args.sweep_devices)
+    warn(warnings)
+    return run_spec, shape_list, args.out
+
+
+def newest_record_run(root: Path) -> Path:
+    candidates = []
+    for run_json in root.glob(f"*/{rundir.RUN_JSON}"):
+        try:
+            if spec_mod.read(run_json.parent).mode == "record":
+                candidates.append(run_json.parent)
+        except spec_mod.SpecError:
+            continue
+    if not candidates:
+        raise UsageError(f"no record run under {root} to replay; give a run dir")
+    return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
+
+
+def _outcome(run_dir: Path, observed: dict, rows_found: int) -> dict:
+    """The record's outcome (written by harness.sessions.run or its child): as written, or, when its
+    run.json has none (the recording process itself was killed), an INCOMPLETE one saying so."""
+    outcome = observed.get("outcome")
+    if outcome is None:
+        return {"status": "INCOMPLETE", "rows_done": rows_found, "rows_planned": None, "running_case": None,
+                "reason": "outcome not recorded: the recording process was killed"}
+    if not isinstance(outcome, dict) or outcome.get("status") not in ("COMPLETE", "INCOMPLETE"):
+        raise UsageError(f"cannot replay {run_dir}: {run_dir / rundir.RUN_JSON} is corrupt: observed.outcome "
+                         f"{outcome!r:.80} is not an outcome (status COMPLETE or INCOMPLETE)")
+    return outcome
+
+
+def _describe_incomplete(outcome: dict) -> str:
+    """`13/20 rows; killed by signal 9 during case fp16-4x16`."""
+    done, planned, case = outcome.get("rows_done"), outcome.get("rows_planned"), outcome.get("running_case")
+    rows = ("rows unknown" if done is None else f"{done}/{planned} rows" if planned is not None
+            else f"{done} row{'s' if done != 1 else ''}")
+    return f"{rows}; {outcome.get('reason') or 'reason unknown'}" + (f" during case {case}" if case else "")
+
+
+def _check_records(run_dir: Path, op: str, incomplete: str | None) -> None:
+    path = tuning.records_path(run_dir, op)
+    try:
+        data = tuning.load_records(path)
+    except tuning.RecordsError as exc:
+        why = f"it is an incomplete record ({incomplete}) and " if incomplete and not path.is_file() else ""
+        raise UsageError(f"cannot replay {run_dir}: {why}{exc}") from exc
+    # Entries are read in the child, mid-run: a bad one must stop the replay here, not a case there.
+    corrupt = f"cannot replay {run_dir}: autotune records {path} are corrupt"
+    for kernel, entries in data["kernels"].items():
+        if not isinstance(entries, dict):
+            raise UsageError(f"{corrupt}: kernel {kernel} does not map keys to entries")
+        for key, entry in entries.items():
+            config = entry.get("config") if isinstance(entry, dict) else None
+            if not isinstance(config, dict) or not isinstance(config.get("kwargs"), dict):
+                raise UsageError(f"{corrupt}: kernel {kernel} key {key}: {entry!r:.80} is not an entry with a config")
+
+
+def _check_results(run_dir: Path) -> int:
+    """Rows in the record's results.json (0 when it has none: a record that died before its first
+    row); a file that does not read as results refuses the replay."""
+    path = Path(run_dir) / rundir.RESULTS_JSON
+    if not path.exists():
+        return 0
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot replay {run_dir}: {path} is corrupt: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise UsageError(f"cannot replay {run_dir}: {path} is corrupt: it holds no 'rows' list")
+    return len(data["rows"])
+
+
+def _replay_backend(args, source: spec_mod.RunSpec) -> tuple[backends.Backend, int]:
+    """The recorded backend and a device of it; configs do not carry across backends, so a host
+    without that backend's device cannot replay the record at all, and says both in one line."""
+    backend = resolve_backend(args.backend or source.backend)
+    if backend.name != source.backend:
+        raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}', "
+                         f"not '{backend.name}'; configs do not carry across backends")
+    try:
+        found = backend.enumerate_devices()
+    except backends.BackendUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+    if not found:
+        raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}' and this "
+                         f"machine has no {source.backend} device; configs do not carry across backends, so no "
+                         f"other backend (not --backend interpreter either) can replay it: replay it on a "
+                         f"{source.backend} host")
+    return backend, resolve_device(backend, args.device)
+
+
+def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    if args.run_dir is None:
+        args.run_dir = newest_record_run(runs_root(args.out))
+        print(f"replaying the newest record run: {args.run_dir}")
+    try:
+        source, observed = spec_mod.read_run(args.run_dir)
+    except spec_mod.SpecError as exc:
+        raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+    if source.mode != "record":
+        raise UsageError(f"cannot replay {args.run_dir}: it is a {source.mode} (of {source.replay_from}); "
+                         f"replay its record: nox -s replay -- {source.replay_from}")
+    outcome = _outcome(Path(args.run_dir), observed, _check_results(args.run_dir))
+    incomplete = _describe_incomplete(outcome) if outcome["status"] != "COMPLETE" else None
+    _check_records(Path(args.run_dir), source.op, incomplete)
+    backend, device = _replay_backend(args, source)
+    ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
+    common, warnings = dict(device=device, replay_source_outcome=outcome), []
+    if source.flaggems is not None:
+        options = _flaggems_replay(args, source)
+        run_spec = _replay_spec(args, source, backend, dtypes=args.dtypes or source.dtypes,
+                                shapes_source=options.shapes_source, flaggems=dataclasses.asdict(options), **common)
+        shape_list, out = [], args.out or Path(args.run_dir).resolve().parent
+    else:
+        shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
+        if args.shapes or args.dtypes:
+            # Overrides are checked against the operator itself.
+            op, provider = load_op(source.op, ops_paths, warnings)
+            key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+        else:
+            # The recorded shapes and dtypes were checked when recorded: this parent need not import
+            # the operator (and torch with it); the child loads it anyway.
+            provider = source.provider
+            try:
+                key, shape_list, dtypes = shapes.resolve(shape_file, source.op, ())
+            except shapes.ShapeFileError as exc:
+                raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+            dtypes = dtypes or source.dtypes
+        run_spec = _replay_spec(args, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+                                ops_paths=ops_paths, provider=provider, **common)
+        out = args.out or Path(args.run_dir).resolve().parent
+    if incomplete:
+        warnings.insert(0, f"{args.run_dir} is an incomplete record ({incomplete}): cases it never reached have no "
+                           "recorded config and will sweep live")
+    warn(warnings)  # last, once nothing can refuse the replay: a refusal stays the one line on stderr
+    return run_spec, shape_list, out
+
+
+def _replay_spec(args, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
+    """The record's spec (op, seed, timer, budgets...) as a replay of it, with what this run sets."""
+    return dataclasses.replace(
+        source, mode="replay", backend=backend.name, replay_from=str(Path(args.run_dir).resolve()),
+        color=color_enabled(args.color), ir=args.ir, sweep_devices=0, preset_records=None, **fields)
+
+
+def color_enabled(choice: str) -> bool:
+    if choice == "auto":
+        return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return choice == "always"
+
+
+# --- running ---------------------------------------------------------------------------------

@@ -1,0 +1,264 @@
+"""Run a resolved spec: claim the run dir, write the spec and shapes into it, run the pytest child
+on one device with a private Triton cache, and tee its output into run.log."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import backends
+from harness.core import launch, rundir
+from harness.core import spec as spec_mod
+from harness.core.paths import REPO_ROOT, harness_pythonpath, runs_root
+from harness.providers import shapes
+from harness.sessions import sweep
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# How long an interrupted child gets to write its results and outcome before it is killed.
+CHILD_GRACE_S = 30
+CRASH_TAIL_LINES = 15
+# Exit codes: 0 every row passed, 1 some row failed, 2 bad input, 3 the run stopped before its
+# last case, 75 the disk filled, 128+N a signal N stopped it.
+EXIT_INCOMPLETE = 3
+
+
+class _Tee:
+    """The terminal and run.log at once (run.log gets plain text), plus lines for run.log only.
+    A run.log that can no longer be written (a full disk) stops being written; the terminal
+    goes on, and the run says so at its end."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+        self.log = open(log_path, "a", encoding="utf-8")
+        self.lock = threading.Lock()
+        self.log_error: rundir.DiskFull | OSError | None = None
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=CRASH_TAIL_LINES)
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            self._log(text)
+
+    def log_only(self, text: str) -> None:
+        with self.lock:
+            self.log_tail.append(text)
+            self._log(text)
+
+    def _log(self, text: str) -> None:
+        if self.log is None:
+            return
+        try:
+            self.log.write(ANSI.sub("", text))
+            self.log.flush()
+        except OSError as exc:
+            self.log_error = rundir.disk_full(exc, self.log_path) or exc
+            self.close()
+
+    def close(self) -> None:
+        if self.log is not None:
+            try:
+                self.log.close()
+            except OSError:
+                pass  # its buffer could not be flushed: the error was already recorded
+            self.log = None
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGINT and SIGTERM (a terminal's Ctrl-C, a batch's timeout) reach this parent as
+    _Interrupted, so it can let the child finish writing and then write the outcome itself."""
+
+    def handler(signum, frame):
+        raise _Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _pump(stream, write) -> None:
+    for line in stream:
+        write(line)
+
+
+def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: str) -> tuple[int, str | None]:
+    """(the child's exit code, the signal that interrupted this parent or None). The child's
+    stdout carries the user's lines (terminal and run.log), its stderr pytest's own output and
+    anything else (run.log only); see harness.child.console."""
+    backend = backends.get(run_spec.backend)
+    env = backend.visibility_env(run_spec.device, os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    # A private compiler cache per run: the IR collected is exactly this run's, and nothing
+    # compiled by another compiler build is picked up from a shared cache.
+    env["TRITON_CACHE_DIR"] = cache_dir
+    env["PYTHONPATH"] = harness_pythonpath(env.get("PYTHONPATH"))
+    interrupted = None
+    with _signals_interrupt():
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(run_dir)], cwd=REPO_ROOT,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    errors="replace", bufsize=1, preexec_fn=launch.die_with_parent())
+        except _Interrupted as exc:
+            return 128 + exc.signum, exc.args[0]
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, tee.write), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, tee.log_only), daemon=True)]
+        for t in pumps:
+            t.start()
+        deadline = None
+        while True:
+            try:
+                code = proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+                break
+            except _Interrupted as exc:
+                if interrupted is None:
+                    # A terminal's Ctrl-C reached the child too; a signal sent to this process only did not.
+                    interrupted = exc.args[0]
+                    proc.send_signal(exc.signum)
+                    tee.write(f"\n{interrupted}: letting the child write its results (up to {CHILD_GRACE_S} s)\n")
+                    deadline = time.monotonic() + CHILD_GRACE_S
+            except subprocess.TimeoutExpired:
+                tee.write("the child did not stop in time: killed\n")
+                proc.kill()
+        for t in pumps:
+            t.join(timeout=5)
+    return code, interrupted
+
+
+def _rows_done(run_dir: Path) -> int:
+    try:
+        return len(rundir.read_json(run_dir / rundir.RESULTS_JSON)["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> tuple[dict, bool]:
+    """(the run's outcome, whether the child wrote it): the child's own, or, when it died without
+    writing one, the parent's account of it (what killed it, rows done of planned, the case it was
+    in), written into run.json."""
+    try:
+        observed = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {})
+    except (OSError, ValueError):
+        observed = {}
+    outcome = observed.get("outcome")
+    if outcome is not None:
+        return outcome, True
+    if code == rundir.EXIT_DISK_FULL:
+        reason = "no space left on device"
+    elif interrupted:
+        reason = f"interrupted ({interrupted})"
+    else:
+        reason = f"child {launch.describe_exit(code)}" + (" before finishing" if code >= 0 else "")
+        if code >= 0 and tee.log_tail:
+            tee.write(f"the child {launch.describe_exit(code)}; its last output (all of it in run.log):\n")
+            tee.write("".join(f"  | {line}" for line in tee.log_tail))
+    outcome = {"status": "INCOMPLETE", "rows_done": _rows_done(run_dir), "rows_planned": planned,
+               "reason": reason, "running_case": observed.get("running_case")}
+    try:
+        rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"outcome": outcome, "exit_status": code}})
+    except OSError as exc:
+        if rundir.disk_full(exc) is None:
+            raise  # a full disk is said on the terminal below; run.json keeps what it held
+    return outcome, False
+
+
+def summary_line(mode: str, outcome: dict, code: int) -> str:
+    rows = f"{outcome['rows_done']}/{outcome['rows_planned'] or '?'} rows"
+    if outcome["status"] == "COMPLETE":
+        return f"{mode} {'ok' if code == 0 else f'finished with failures (exit {code})'}: {rows}"
+    where = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
+    return f"{mode} INCOMPLETE: {rows}, {outcome['reason']}{where}"
+
+
+def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
+    """A FlagGems run's shapes.yaml: the whole shape file (its keys resolve at run time against the
+    benchmark's class chain), or a note that the checkout's own shapes were used."""
+    source = run_spec.flaggems["shapes_file"]
+    if source is None:
+        return (f"# upstream shapes: the checkout's own at level {run_spec.flaggems['level']}\n"
+                "# (the shapes measured are in results.json)\n{}\n")
+    return f"# shape file used by this run (from {source})\n" + Path(source).read_text()
+
+
+def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> int:
+    root = runs_root(out)
+    run_dir = rundir.claim_run_dir(root, run_spec.op)
+    try:
+        shape_count, planned = _write_inputs(run_dir, run_spec, shape_list)
+        tee = _Tee(run_dir / rundir.RUN_LOG)
+    except rundir.DiskFull:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured: leave no empty run dir
+        raise
+    try:
+        backend = backends.get(run_spec.backend)
+        what = f"replay of {run_spec.replay_from}" if run_spec.mode == "replay" else "record"
+        fg = run_spec.flaggems
+        target = f"{fg['repo']}:{run_spec.op} ({fg['test_file']}::{fg['function']})" if fg else run_spec.op
+        tee.write(f"zl_bench {what}: op={target} backend={run_spec.backend} device={run_spec.device} "
+                  f"dtypes={','.join(run_spec.dtypes) or 'upstream'} shapes={shape_count} timer={run_spec.timer}\n"
+                  f"run dir: {run_dir}\n")
+        if not backend.measures_performance:
+            tee.write(f"NOTE: backend '{backend.name}' exercises the pipeline only: its timings are not "
+                      "performance numbers\n")
+        if run_spec.sweep_devices:
+            try:
+                outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write)
+            except KeyboardInterrupt:  # the shards were killed; nothing was measured
+                stopped = {"status": "INCOMPLETE", "rows_done": 0, "rows_planned": planned,
+                           "reason": "interrupted (SIGINT) during the parallel sweep", "running_case": None}
+                rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"outcome": stopped}})
+                tee.write(f"\n{summary_line(run_spec.mode, stopped, 130)}; run dir: {run_dir}\n")
+                return 130
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": outcome.facts}})
+            if outcome.merged is not None:
+                run_spec.preset_records = str(outcome.merged)
+                spec_mod.write(run_dir, run_spec)
+        with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
+            code, interrupted = run_child(run_dir, run_spec, tee, cache_dir)
+        outcome, child_wrote_it = finish(run_dir, code, interrupted, planned, tee)
+        tee.write(f"\n{summary_line(run_spec.mode, outcome, code)}; run dir: {run_dir}\n")
+        if tee.log_error is not None:
+            tee.write(f"error: {tee.log_error}; run.log stops there\n")
+    finally:
+        tee.close()
+    if interrupted:
+        return 128 + getattr(signal, interrupted)
+    if child_wrote_it and outcome["status"] != "COMPLETE":
+        return EXIT_INCOMPLETE  # the child stopped early on its own (a poisoned capture, say)
+    return launch.shell_code(code)
+
+
+def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec, shape_list: list) -> tuple[str, int | None]:
+    """shapes.yaml and the spec into the new run dir; (shape count as shown, rows planned)."""
+    if run_spec.flaggems is not None:
+        shapes_text = flaggems_shapes_yaml(run_spec)
+        if run_spec.flaggems["shapes_file"]:
+            run_spec.flaggems["shapes_file"] = str(run_dir / rundir.SHAPES_YAML)
+        rundir.atomic_write_text(run_dir / rundir.SHAPES_YAML, shapes_text)
+        shape_count, planned = run_spec.shapes_source, None  # FlagGems builds its cases at run time
+    else:
+        shapes.write_used(run_dir / rundir.SHAPES_YAML, run_spec.op, shape_list, run_spec.dtypes,
+                          run_spec.shapes_source)
+        shape_count, planned = str(len(shape_list)), len(shape_list) * len(run_spec.dtypes)
+    spec_mod.write(run_dir, run_spec)
+    return shape_count, planned

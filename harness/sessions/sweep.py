@@ -1,0 +1,129 @@
+"""Parallel autotune sweep: shard the shapes round-robin over N devices, let each shard record its
+picks in its own process, merge them, and count keys whose winners conflict across shards (the
+trust figure). The measurement then runs serially on one device with the merge injected, so the
+run dir is exactly a serial record's. Whenever the merge could have holes, the sweep is refused
+with its own log line and the run sweeps serially.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+import backends
+from harness.core import launch, paths, rundir
+from harness.core import spec as spec_mod
+from harness.measure import tuning
+
+SWEEP_DIR = "sweep"
+
+
+@dataclasses.dataclass
+class Outcome:
+    merged: Path | None
+    facts: dict
+
+
+def round_robin(items: list, n: int) -> list[list]:
+    return [items[i::n] for i in range(n)]
+
+
+def merge(records: list[dict]) -> tuple[dict, int, int]:
+    """(merged records, keys, conflicts): the first shard's pick wins a conflict, deterministically."""
+    merged = {"format": tuning.RECORD_FORMAT, "op": records[0].get("op") if records else None, "kernels": {}}
+    conflicts = 0
+    for rec in records:
+        for kernel, entries in rec["kernels"].items():
+            into = merged["kernels"].setdefault(kernel, {})
+            for key, entry in entries.items():
+                if key not in into:
+                    into[key] = entry
+                elif into[key]["config"] != entry["config"]:
+                    conflicts += 1
+    keys = sum(len(e) for e in merged["kernels"].values())
+    return merged, keys, conflicts
+
+
+def refusal(run_spec: spec_mod.RunSpec, n: int, shape_count: int, devices: list[int]) -> str | None:
+    if run_spec.mode != "record":
+        return "replay already pins every config"
+    if n < 2:
+        return f"fewer than 2 devices requested ({n})"
+    if len(devices) < n:
+        return f"only {len(devices)} device(s) visible, {n} requested"
+    if shape_count < 2:
+        return f"fewer than 2 shapes ({shape_count})"
+    return None
+
+
+def sweep_devices(backend: backends.Backend, n: int) -> list[int]:
+    """The first n devices the user made visible (the interpreter's are one per CPU core)."""
+    try:
+        return backend.check_available()[:n]
+    except backends.BackendUnavailable:
+        return []
+
+
+def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log) -> Outcome:
+    backend = backends.get(run_spec.backend)
+    devices = sweep_devices(backend, n)
+    why = refusal(run_spec, n, len(shape_list), devices)
+    if why is not None:
+        log(f"parallel sweep refused: {why}; sweeping serially\n")
+        return Outcome(None, {"status": "refused", "reason": why})
+    sweep_dir = run_dir / SWEEP_DIR
+    sweep_dir.mkdir()
+    shards = round_robin(shape_list, n)
+    start = time.monotonic()
+    running = []
+    for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
+        shard_file = sweep_dir / f"shard{i}.yaml"
+        shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
+        cmd = [sys.executable, "-m", "harness", "record", run_spec.op, "--backend", run_spec.backend,
+               "--device", str(device),
+               "--shapes", str(shard_file), "--dtypes", ",".join(run_spec.dtypes),
+               "--seed", str(run_spec.seed), "--timer", run_spec.timer, "--warmup-ms", str(run_spec.warmup_ms),
+               "--rep-ms", str(run_spec.rep_ms), "--no-ir", "--color", "never", "--out", str(sweep_dir / f"shard{i}")]
+        for p in run_spec.ops_paths:
+            cmd += ["--ops-path", p]
+        out = open(sweep_dir / f"shard{i}.log", "w")
+        running.append((i, subprocess.Popen(cmd, cwd=paths.REPO_ROOT, env=dict(os.environ),
+                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=launch.die_with_parent()), out))
+    log(f"parallel sweep: {len(shape_list)} shapes over devices {devices} "
+        f"({', '.join(str(len(s)) for s in shards)} shapes each)\n")
+    try:
+        codes = {i: p.wait() for i, p, _ in running}
+    except KeyboardInterrupt:
+        for _, p, _ in running:  # Ctrl-C leaves no shard behind
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
+    finally:
+        for _, p, out in running:
+            p.wait()
+            out.close()
+    seconds = round(time.monotonic() - start, 1)
+    failed = {i: c for i, c in codes.items() if c != 0}
+    if failed:
+        why = "; ".join(f"shard {i} exited {c}, its shapes were never swept" for i, c in sorted(failed.items()))
+        log(f"parallel sweep refused: {why} (see {sweep_dir}); sweeping serially\n")
+        return Outcome(None, {"status": "refused", "reason": why, "seconds": seconds})
+    records = [tuning.load_records(tuning.records_path(next((sweep_dir / f"shard{i}").iterdir()), run_spec.op))
+               for i in range(n)]
+    merged, keys, conflicts = merge(records)
+    merged_path = sweep_dir / "merged.json"
+    rundir.atomic_write_json(merged_path, merged)
+    log(f"parallel sweep: {keys} keys merged from {n} shards in {seconds} s; "
+        f"{conflicts} key(s) with conflicting winners across shards\n")
+    return Outcome(merged_path, {"status": "parallel", "devices": devices, "shards": [len(s) for s in shards],
+                                 "keys": keys, "conflicts": conflicts, "seconds": seconds})
