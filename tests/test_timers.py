@@ -132,3 +132,79 @@ def test_a_flaggems_row_timed_on_two_calibers_is_marked_mixed():
     assert row["markers"] == ["TIMER_MIXED baseline=graph candidate=direct"]
     same = flaggems_row(["graph", "graph"])
     assert same["timer"] == "graph" and same["markers"] == []
+
+
+class FakeGenerator:
+    """A device's default generator as the capture path sees it (graph-safe state API)."""
+
+    def __init__(self):
+        self.state = "real"
+
+    def graphsafe_get_state(self):
+        return self.state
+
+    def clone_state(self):
+        return f"copy of {self.state}"
+
+    def graphsafe_set_state(self, state):
+        self.state = state
+
+
+class FakeCaptureAccel:
+    """torch.cuda as far as Timer._capture uses it; the capture fails the way `fail` says."""
+
+    def __init__(self, fail):
+        self.default_generators = [FakeGenerator()]
+        self.fail = fail
+        self.captured_against = None
+
+    def current_device(self):
+        return 0
+
+    def Stream(self):  # noqa: N802 (torch's name)
+        return None
+
+    def CUDAGraph(self):  # noqa: N802
+        return object()
+
+    def graph(self, graph, stream=None):
+        accel = self
+
+        class Capture:
+            def __enter__(self):
+                accel.captured_against = accel.default_generators[0].state
+
+            def __exit__(self, *exc):
+                if accel.fail == "at_end":
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+                return False
+
+        return Capture()
+
+
+@pytest.mark.parametrize("fail", ["in_body", "at_end", None])
+def test_capture_runs_against_a_scratch_generator_state_and_restores_the_real_one(fail):
+    t = Timer(backends.get("interpreter"), "auto", 0, 0, lambda m: None)
+    t.backend = backends.get("cuda")
+    t._accel = accel = FakeCaptureAccel(fail)
+
+    def fn():
+        if fail == "in_body":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    if fail is None:
+        t._capture(fn, 2)
+    else:
+        with pytest.raises(_CaptureFailed):
+            t._capture(fn, 2)
+    assert accel.captured_against == "copy of real"  # the real state never took part
+    assert accel.default_generators[0].state == "real"  # and is back, whatever happened
+
+
+def test_the_liveness_probe_after_a_fallback_does_not_use_the_default_generator(monkeypatch):
+    def poisoned_randn(*args, **kwargs):
+        raise RuntimeError("Offset increment outside graph capture encountered unexpectedly.")
+
+    monkeypatch.setattr(torch, "randn", poisoned_randn)
+    t = Timer(backends.get("interpreter"), "auto", 0, 0, lambda m: None)
+    t._check_alive()  # a probe through torch.randn would read a generator a capture may have left behind

@@ -8,6 +8,8 @@ marker, fatal ones re-raise, and a poisoned context stops the run.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import math
 import time
@@ -57,6 +59,28 @@ class Measurement:
 class Timed:
     measurements: dict[str, Measurement]
     timer: str
+
+
+@contextlib.contextmanager
+def scratch_rng(accel):
+    """Run a graph capture against a throwaway copy of the device's default generator state.
+
+    A capture registers the default generator's state with the graph and marks it capturing; an
+    aborted capture never unmarks it, and every later RNG call in the process (torch.randn, the
+    next case's inputs) then fails with "Offset increment outside graph capture". With a copy
+    swapped in, the real state never takes part in a capture, whatever its outcome, and is put
+    back as it was. A device module without default generators has no such state to protect."""
+    generators = getattr(accel, "default_generators", None)
+    if not generators:
+        yield
+        return
+    generator = generators[accel.current_device()]
+    real = generator.graphsafe_get_state()
+    generator.graphsafe_set_state(generator.clone_state())
+    try:
+        yield
+    finally:
+        generator.graphsafe_set_state(real)
 
 
 class CapturePoisoned(RuntimeError):
@@ -154,18 +178,12 @@ class Timer:
         return Measurement([s.elapsed_time(e) for s, e in zip(starts, ends, strict=False)], "direct")
 
     def _capture(self, fn, calls: int):
-        import torch
-
         accel = self._accel
         graph = getattr(accel, self.backend.graph_class)()
         try:
-            # A scratch RNG state: an aborted capture otherwise leaves the process-wide generator
-            # marked as capturing and every later torch.randn fails.
-            with torch.random.fork_rng(devices=[accel.current_device()],
-                                       device_type=self.backend.torch_device_type):
-                with accel.graph(graph, stream=accel.Stream()):
-                    for _ in range(calls):
-                        fn()
+            with scratch_rng(accel), accel.graph(graph, stream=accel.Stream()):
+                for _ in range(calls):
+                    fn()
         except Exception as exc:  # classified by the caller from the backend's markers
             raise _CaptureFailed("capture", exc) from exc
         return graph
@@ -223,8 +241,9 @@ class Timer:
         import torch
 
         try:
+            # Not torch.randn: the probe must not depend on the generator a capture may have touched.
             self._sync()
-            torch.randn(1, device=self.backend.torch_device())
+            torch.ones(1, device=self.backend.torch_device()).add_(1).cpu()
             self._sync()
         except Exception as exc:
             self.mark(f"CAPTURE_POISONED phase=after_fallback detail={_first_line(exc)!r}")
