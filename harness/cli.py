@@ -185,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         from harness.measure import ir
 
         return ir.compare_from_args(args.run_a, args.run_b)
-    except UsageError as exc:
+    except UsageError as exc:  # its exit code: 2, or one of its own (DtypeRejected: 4)
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except OSError as exc:
         full = rundir.disk_full(exc)
         if full is None:

@@ -180,8 +180,8 @@ def test_options_shapes_dtypes_out(harness, tmp_path):
     assert row["input_sha256"] == digest_at(7) != digest_at(0)
 
 
-def _error(proc):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def _error(proc, code=2):
+    assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr  # one clear line, no traceback
     return lines[0]
@@ -200,8 +200,9 @@ def test_gpu_backend_without_device_suggests_interpreter(harness):
 
 def test_unknown_op_and_bad_dtype(harness):
     assert "unknown operator 'nope'" in _error(harness("record", "nope", "--backend", "cpu"))
+    # Bad input with an exit code of its own (4): a batch tells it from other failures.
     assert "does not take dtype" in _error(harness("record", "scale3", "--backend", "cpu", "--ops-path",
-                                                   RESOURCES / "user_ops", "--dtypes", "bf16"))
+                                                   RESOURCES / "user_ops", "--dtypes", "bf16"), code=4)
 
 
 def test_bad_shape_file_names_file_and_key(harness, tmp_path):

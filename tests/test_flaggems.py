@@ -14,6 +14,7 @@ from conftest import REPO, load, run_dir_of, run_harness
 
 import backends
 from harness.child import runner
+from harness.core.spec import FlagGemsOptions
 from harness.providers import flaggems
 
 pytestmark = pytest.mark.e2e
@@ -89,8 +90,8 @@ def test_bad_checkouts_fail_before_anything_runs(tmp_path):
 def test_vendor_cache_and_flagtune_are_set_before_flag_gems_is_imported(tmp_path, monkeypatch):
     for key in ("GEMS_VENDOR", "FLAGGEMS_DB_URL", "USE_FLAGTUNE"):
         monkeypatch.delenv(key, raising=False)
-    options = flaggems.Options("flaggems", str(CHECKOUT), "benchmark/test_mm.py", "test_mm", flagtune="1")
-    spec = types.SimpleNamespace(flaggems=vars(options), dtypes=["bf16"], color=False)
+    options = FlagGemsOptions("flaggems", str(CHECKOUT), "benchmark/test_mm.py", "test_mm", flagtune="1")
+    spec = types.SimpleNamespace(flaggems=options, dtypes=["bf16"], color=False)
     ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), run_dir=tmp_path)
     monkeypatch.setattr("sys.path", list(__import__("sys").path))
     args = runner.prepare_flaggems(ctx)
@@ -270,3 +271,29 @@ def test_an_ab_over_a_flaggems_op_passes_its_options_to_every_side(tmp_path, sha
                for r in replays)
     report = load(next(tmp_path.glob("ab_*/report.json")))
     assert [row["shape"] for row in report["rows"]] == [["4x4,4x8"], ["16x8,8x16"]]
+
+
+# --- benchmarks that decide shapes or time outside the hooked paths ----------------------------
+def test_a_subclass_with_its_own_set_shapes_gets_its_cases_seeded_and_our_shapes(tmp_path, harness):
+    # upstream's channel_shuffle and unfold_copy: set_shapes overridden, so the base one never runs
+    run_dir, proc = record(tmp_path, "flaggems:own_shapes@own_shapes")
+    rows = rows_of(run_dir)
+    assert [(r["case"], r["status"]) for r in rows] == [("fp32-2x8,2", "SUCCESS"), ("fp32-4x16,4", "SUCCESS")]
+    assert all(r["baseline_ms"] and r["candidate_ms"] and r["input_sha256"] for r in rows)
+    replay = harness("replay", run_dir)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert [r["input_sha256"] for r in rows_of(run_dir_of(replay))] == [r["input_sha256"] for r in rows]
+    ours = tmp_path / "own.yaml"
+    ours.write_text("own_shapes:\n  shapes: [[[3, 5], 1]]\n")
+    run_dir, _ = record(tmp_path, "flaggems:own_shapes@own_shapes", "--shapes", ours)
+    assert [r["case"] for r in rows_of(run_dir)] == ["fp32-3x5,1"]
+
+
+def test_a_timing_outside_any_input_iterator_still_makes_its_row_and_says_so(tmp_path):
+    run_dir, proc = record(tmp_path, "flaggems:direct_latency@own_shapes")
+    (row,) = rows_of(run_dir)
+    assert (row["case"], row["status"], row["candidate_ms"]) == ("fp32-8x8", "SUCCESS", None)
+    assert row["baseline_ms"] > 0  # the one side it timed
+    note = ("inputs: Benchmark times inputs that did not come through its input iterator: cases are named from "
+            "the arguments timed, and zl_bench did not seed their construction")
+    assert note in proc.stdout.splitlines() and note in load(run_dir / "run.json")["observed"]["flaggems_notes"]

@@ -35,6 +35,8 @@ def test_scan_of_the_fixture_checkout():
         ("scale_nested", "special/nested", "benchmark/test_special/test_nested.py", "", "scale_nested",
          "NestedBenchmark;GenericBenchmark;Benchmark"),
         ("cholesky", "unsupported", "benchmark/test_unsupported.py", "not supported by this build", "", ""),
+        ("own_shapes", "own_shapes", "benchmark/test_own_shapes.py", "", "own_shapes", "OwnShapesBenchmark;Benchmark"),
+        ("direct_latency", "own_shapes", "benchmark/test_own_shapes.py", "", "direct_latency", "Benchmark"),
     }
 
 
@@ -140,7 +142,8 @@ def test_verify_collect_marks_what_pytest_does_not_collect(checkout_copy):
     entries = flaggems_scan.verify_collect(checkout_copy, flaggems_scan.scan(checkout_copy, "flaggems"))
     collected = {e.op: e.collected for e in entries}
     assert collected == {"avg_pool2d": "yes", "mm": "yes", "softmax": "yes", "log_softmax": "yes",
-                         "scale_nested": "yes", "cholesky": "yes", "broken": "no"}
+                         "scale_nested": "yes", "cholesky": "yes", "own_shapes": "yes", "direct_latency": "yes",
+                         "broken": "no"}
     # Without a new verification, a regeneration keeps the last one's values (new ops: blank).
     fresh = flaggems_scan.scan(checkout_copy, "flaggems") + [catalog.Entry("flaggems", "new", "new", "x")]
     kept = {e.op: e.collected for e in flaggems_scan.keep_verified(fresh, entries)}
@@ -263,7 +266,7 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in flaggems_scan.scan(CHECKOUT, "x")}
     assert "differs from a scan of" in capsys.readouterr().out
     opts = batch.Options("interpreter", [0], flaggems_dirs={"flaggems": str(CHECKOUT)},
-                         flaggems_args=["--level", "comprehensive"])
+                         level="comprehensive")
     runner = batch.Batch(tmp_path, opts, {})
     nested = next(e for e in entries if e.op == "scale_nested")
     cmd = runner._command(nested, 0, ["fp32"], tmp_path / "a1")

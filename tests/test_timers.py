@@ -5,9 +5,9 @@ import torch
 
 import backends
 from harness.child.plugins.flaggems import FlagGemsPlugin
+from harness.core.spec import FlagGemsOptions
 from harness.measure import timers
 from harness.measure.timers import Measurement, Timer, _CaptureFailed
-from harness.providers import flaggems
 
 
 def test_clamp_count():
@@ -112,12 +112,12 @@ def flaggems_row(timers_by_side):
     sides = iter(timers_by_side)
     markers = []
     ctx = types.SimpleNamespace(
-        spec=types.SimpleNamespace(flaggems=vars(flaggems.Options("flaggems", "/x", "benchmark/test_mm.py", "test_mm")),
+        spec=types.SimpleNamespace(flaggems=FlagGemsOptions("flaggems", "/x", "benchmark/test_mm.py", "test_mm"),
                                    op="flaggems:mm", seed=0),
-        markers=markers, configs={}, mark=markers.append, begin_case=lambda *a: markers.clear(),
-        measure=lambda name, fns: timers.Timed({"x": Measurement([1.0], next(sides))}, "unused"))
+        markers=markers, configs={}, mark=markers.append, begin_case=lambda *a: markers.clear())
     results = FakeResults()
-    plugin = FlagGemsPlugin(ctx, results)
+    plugin = FlagGemsPlugin(ctx, results, measure=lambda name, fns: timers.Timed({"x": Measurement([1.0], next(sides))},
+                                                                                 "unused"), autotune=None)
     bench = types.SimpleNamespace(to_bench_metrics=["latency_base", "latency"])
     plugin._begin_case(bench, torch.float32, (torch.ones(2, 3),))
     for _ in timers_by_side:

@@ -40,11 +40,6 @@ class RunContext:
     case_id: str = ""
     markers: list[str] = dataclasses.field(default_factory=list)
     configs: dict[str, str] = dataclasses.field(default_factory=dict)
-    # Told the shape label of each case as it begins (the IR collector files IR under it).
-    case_listeners: list[Callable[[str], None]] = dataclasses.field(default_factory=list)
-    # Set by the plugins that own them, for the FlagGems plugin to drive.
-    measure: Callable | None = None  # the timing plugin's (test name, {side: fn}) -> Timed
-    autotune_patch: object = None
     # Lines for the user (harness.child.console); pytest's own output goes to run.log only.
     say: Callable[..., None] = print
     # Why the run stopped early (a signal), set by the child; the outcome written at the end.
@@ -64,17 +59,16 @@ class RunContext:
         cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
         return cls(run_dir, run_spec, backend, operator, cases, say=say)
 
-    def begin_case(self, case_id: str = "", shape_label: str | None = None) -> None:
+    def begin_case(self, hook, case_id: str, shape_label: str | None = None) -> None:
+        """Per-case state reset, then every plugin told through `hook` (pytest's config.hook;
+        harness.child.hookspec.pytest_zl_case_started)."""
         self.case_id = case_id
         self.markers = []
         self.configs = {}
-        if case_id:
-            # Kept current on disk: a run killed outright (SIGKILL, a batch timeout) still says
-            # which case it was in.
-            rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
-        if shape_label is not None:
-            for listener in self.case_listeners:
-                listener(shape_label)
+        # Kept current on disk: a run killed outright (SIGKILL, a batch timeout) still says
+        # which case it was in.
+        rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
+        hook.pytest_zl_case_started(case_id=case_id, shape_label=shape_label)
 
     def mark(self, marker: str) -> None:
         """A degraded-measurement marker for the current row (printed under the row's line)."""

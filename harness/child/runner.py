@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.child import hookspec
 from harness.child.console import Console
 from harness.child.context import RunContext
 from harness.child.plugins import autotune, ir, results, runinfo, seeds, shapes, timing
@@ -25,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 def prepare_flaggems(ctx: RunContext) -> list[str]:
     """Environment FlagGems reads at import (vendor, LibTuner cache, FlagTune switch), its
     package sources on sys.path, and the pytest arguments for the upstream node."""
-    options = flaggems.Options.from_json(ctx.spec.flaggems)
+    options = ctx.spec.flaggems
     if ctx.backend.flaggems_vendor and "GEMS_VENDOR" not in os.environ:
         os.environ["GEMS_VENDOR"] = ctx.backend.flaggems_vendor  # skips FlagGems' hang-prone CLI probe
     url = flaggems.libtuner_db_url(options.libtuner_cache, ctx.run_dir)
@@ -79,6 +80,29 @@ class DiskFullGuard:
         self.stop_if_full(excinfo.value)
 
 
+class ChildHooks:
+    """Declares the child's own hooks (harness.child.hookspec) to pytest."""
+
+    @staticmethod
+    def pytest_addhooks(pluginmanager):
+        pluginmanager.add_hookspecs(hookspec)
+
+
+def build_plugins(ctx: RunContext, guard: DiskFullGuard) -> list:
+    """The child's plugins, wired here and only here: a plugin using another's service gets it as
+    an argument, and a case's start reaches every plugin through a declared hook; none reads what
+    another left on the context, so the order of this list does not matter
+    (tests/test_child_wiring.py runs it reversed)."""
+    results_plugin = results.ResultsPlugin(ctx)
+    timing_plugin = timing.TimingPlugin(ctx)
+    autotune_plugin = autotune.AutotunePlugin(ctx)
+    plugins = [ChildHooks(), guard, runinfo.RunInfoPlugin(ctx), seeds.SeedsPlugin(ctx), shapes.ShapesPlugin(ctx),
+               autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin]
+    if ctx.spec.flaggems is not None:
+        plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin, timing_plugin.measure, autotune_plugin))
+    return plugins
+
+
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     console = Console.split_stdout()
@@ -90,21 +114,9 @@ def main(argv: list[str]) -> int:
             console.say(f"error: {exc}")  # e.g. an operator module that broke since its record
             return 2
         stop_on_signals(ctx)
-        results_plugin = results.ResultsPlugin(ctx)
-        plugins = [
-            guard,
-            runinfo.RunInfoPlugin(ctx),
-            seeds.SeedsPlugin(ctx),
-            shapes.ShapesPlugin(ctx),
-            autotune.AutotunePlugin(ctx),
-            ir.IRPlugin(ctx),
-            timing.TimingPlugin(ctx),
-            results_plugin,
-        ]
+        plugins = build_plugins(ctx, guard)
         if ctx.spec.flaggems is not None:
-            args = prepare_flaggems(ctx)
-            plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin))
-            return int(pytest.main(args, plugins=plugins))
+            return int(pytest.main(prepare_flaggems(ctx), plugins=plugins))
         args = [
             str(HERE / "cases.py"),
             "-c", str(HERE / "child.ini"),

@@ -3,3 +3,12 @@
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class DtypeRejected(UsageError):
+    """An operator does not take a requested dtype. Bad input with an exit code of its own, so a
+    batch tells it from any other failure and reruns the op with the dtypes it takes."""
+
+    exit_code = 4

@@ -1,11 +1,31 @@
-"""Process facts shared by every place that starts or reaps a harness subprocess."""
+"""The one launcher of harness subprocesses (record/replay children of an A/B, a batch or a sweep,
+and the pytest child of a run): process group, environment, output, timeout, signal forwarding,
+group kill and parent death, plus the process facts every caller reports with.
+
+`start` starts a child and returns a `Child` (wait with a timeout, signal, stop its group);
+`run` starts one from the main thread and waits for it, forwarding a Ctrl-C or SIGTERM.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import os
 import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING
+
+from harness.core.paths import REPO_ROOT, harness_pythonpath
+
+if TYPE_CHECKING:
+    import backends
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+PUMP_JOIN_S = 5  # for a child's last lines once it exited (a grandchild may hold its pipe open)
 
 _PR_SET_PDEATHSIG = 1
 try:
@@ -14,7 +34,7 @@ except OSError:  # not Linux: no parent-death signal; children are reaped by the
     _LIBC = None
 
 
-def die_with_parent(signum: int = signal.SIGTERM):
+def _die_with_parent(signum: int = signal.SIGTERM):
     """A `preexec_fn`: the child gets `signum` when the thread that started it dies, even by
     SIGKILL, so no measurement outlives the run that owns its device. Call Popen from a thread
     that lives as long as the child (the main thread, or the worker that waits on it).
@@ -48,3 +68,158 @@ def describe_exit(code: int) -> str:
 def shell_code(code: int) -> int:
     """An exit code for our own exit: a child killed by signal N becomes 128+N, as a shell says."""
     return 128 - code if code < 0 else code
+
+
+@dataclasses.dataclass
+class Child:
+    """A started child. With `own_group` it leads its own process group, and signals and kills
+    reach its whole tree; without, only the child itself."""
+
+    proc: subprocess.Popen
+    own_group: bool
+    pumps: tuple[threading.Thread, ...] = ()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, signum: int) -> None:
+        """`signum` to the child (its group); a child already gone is no error."""
+        if not self.own_group:
+            self.proc.send_signal(signum)  # nothing once it was reaped: its pid may be another's
+            return
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code (-N: killed by signal N), or None when `timeout` ran out first. Once it
+        returned a code, every line the child wrote was passed on."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        for pump in self.pumps:
+            pump.join(timeout=PUMP_JOIN_S)
+        return code
+
+    def kill(self) -> None:
+        self.send(signal.SIGKILL)
+
+    def stop(self, grace_s: float, signum: int = signal.SIGTERM) -> int:
+        """`signum` (its handler can write what it has), then SIGKILL to whatever is left after
+        `grace_s`; its exit code."""
+        self.send(signum)
+        if self.wait(grace_s) is None or self.own_group:
+            self.kill()  # a group outlives its leader while members remain
+        return self.wait()
+
+
+def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[str], None] | None = None,
+          on_stderr: Callable[[str], None] | None = None, env: Mapping[str, str] | None = None,
+          visible: tuple[backends.Backend, int] | None = None, pythonpath: str | None = None,
+          own_group: bool = True, with_parent: bool = True) -> Child:
+    """Start `argv` in the checkout.
+
+    Output: `log` gets a `$ VAR=value ... command` line, then the child's stdout and stderr; else
+    `on_stdout` and `on_stderr` get its lines (text) from threads of their own; else it inherits ours.
+    Environment: ours, narrowed to one device when `visible` is (backend, device), plus `env`;
+    PYTHONPATH is `pythonpath`, by default the checkout's (harness_pythonpath).
+    `own_group`: a new session, so a terminal's Ctrl-C reaches the child only through us and a stop
+    reaches its whole tree. False keeps it in our group: a group kill from outside takes it too.
+    `with_parent`: it gets SIGTERM when the calling thread dies (_die_with_parent). Leave it off
+    where other threads run: a `preexec_fn` is unsafe then, so such a child needs its own watch
+    (harness.core.opguard)."""
+    environ = dict(os.environ)
+    if visible is not None:
+        backend, device = visible
+        environ = backend.visibility_env(device, environ)
+    environ.update(env or {})
+    environ["PYTHONPATH"] = pythonpath or harness_pythonpath(environ.get("PYTHONPATH"))
+    environ["PYTHONUNBUFFERED"] = "1"  # its lines arrive as written, in order, in a log or a pipe
+    if log is not None:
+        log.write(f"\n$ {' '.join([*(f'{k}={v}' for k, v in (env or {}).items()), *argv])}\n")
+        log.flush()
+        streams = {"stdout": log, "stderr": subprocess.STDOUT}
+    elif on_stdout is not None or on_stderr is not None:
+        streams = {"stdout": subprocess.PIPE if on_stdout else None, "stderr": subprocess.PIPE if on_stderr else None,
+                   "text": True, "errors": "replace", "bufsize": 1}
+    else:
+        streams = {}
+    held = set(FORWARDED) if with_parent else set()
+    # Held off around Popen, so that a signal cannot strike between the fork and the handle that
+    # lets the caller stop the child. Only with _die_with_parent, which clears the mask in the
+    # child: an exec keeps the mask, and a child holding SIGINT off would never see a Ctrl-C.
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=environ, start_new_session=own_group,
+                                preexec_fn=_die_with_parent() if with_parent else None, **streams)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    pumps = tuple(threading.Thread(target=_pump, args=(stream, write), daemon=True)
+                  for stream, write in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))
+                  if log is None and write is not None)
+    for pump in pumps:
+        pump.start()
+    return Child(proc, own_group, pumps)
+
+
+def _pump(stream, write: Callable[[str], None]) -> None:
+    with stream:
+        for line in stream:
+            write(line)
+
+
+class _Wake(Exception):
+    """Raised by the signal handler of `run` to end its wait for the child."""
+
+
+def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
+        on_forward: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
+        **start_kw) -> tuple[int, int | None]:
+    """`start(argv, **start_kw)` and wait for it; call from the main thread. The first signal of
+    `forward` that reaches this process goes on to the child (its group), which then has `grace_s`
+    to finish, say to write its results, before it is killed; `on_forward(signum)` and `on_kill()`
+    say so. Later signals change nothing. (its exit code, the signal forwarded or None)"""
+    got: list[int] = []
+    waiting = False
+
+    def handler(signum, frame):
+        got.append(signum)
+        if waiting and len(got) == 1:
+            raise _Wake
+
+    previous = {s: signal.signal(s, handler) for s in forward}
+    try:
+        child = start(argv, **start_kw)
+        try:
+            deadline = None
+            while True:
+                try:
+                    waiting = True
+                    if got and deadline is None:  # it came before the wait began
+                        raise _Wake
+                    code = child.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                except _Wake:
+                    waiting = False
+                    deadline = time.monotonic() + grace_s
+                    child.send(got[0])
+                    if on_forward is not None:
+                        on_forward(got[0])
+                    continue
+                waiting = False
+                if code is not None:
+                    return code, got[0] if got else None
+                if on_kill is not None:
+                    on_kill()
+                child.kill()
+                return child.wait(), got[0]
+        except BaseException:  # a signal not forwarded, say: the child does not outlive this wait
+            waiting = False
+            child.kill()
+            child.wait()
+            raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -29,6 +29,11 @@ POLL_S = 0.2
 GRACE_S = 3.0  # for the op's own SIGTERM handling (it writes its outcome) once its batch is gone
 
 
+def command(running: Path, cmd: list[str]) -> list[str]:
+    """The guard around CMD, for the batch (this process) that starts it."""
+    return [sys.executable, "-m", "harness.core.opguard", str(os.getpid()), str(running), "--", *cmd]
+
+
 def _end_group(proc: subprocess.Popen, running: Path) -> None:
     os.killpg(0, signal.SIGTERM)  # this process ignores it (see main)
     try:

@@ -18,8 +18,51 @@ class SpecError(ValueError):
     """A run spec (or the run dir holding it) is missing, corrupt or inconsistent."""
 
 
-@dataclasses.dataclass
+def _fields(cls, data, what: str, where: str) -> dict:
+    """The fields of dataclass `cls` found in `data`; SpecError when it is not an object or lacks a
+    field without a default."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: {what!r} is not an object")
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+    if missing:
+        raise SpecError(f"{where}: {what} lacks {', '.join(missing)}")
+    return {f.name: data[f.name] for f in fields if f.name in data}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagGemsOptions:
+    """What a FlagGems run is, beyond the op: recorded in the spec, identical on both A/B sides.
+    Here, not in harness.providers.flaggems (which resolves it from the command line), because the
+    spec carries it typed and this layer imports nothing above it."""
+
+    repo: str
+    root: str  # the checkout
+    test_file: str  # relative to the checkout
+    function: str
+    level: str = "core"
+    # The full shape yaml our keys come from (copied into the run dir), or None for upstream shapes.
+    shapes_file: str | None = None
+    flagtune: str = "0"
+    # private: a fresh LibTuner cache in the run dir; user: FlagGems' own persistent cache; else a URL.
+    libtuner_cache: str = "private"
+
+    @property
+    def node(self) -> str:
+        """The upstream pytest node, relative to the checkout."""
+        return f"{self.test_file}::{self.function}"
+
+    @classmethod
+    def from_json(cls, data, where: str) -> FlagGemsOptions:
+        return cls(**_fields(cls, data, "flaggems", where))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
+    """Frozen: resolved once, then only derived from (`dataclasses.replace`), so the spec the
+    session writes is the spec every later step sees."""
+
     op: str
     backend: str
     mode: str
@@ -42,8 +85,8 @@ class RunSpec:
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
     sweep_devices: int = 0
     preset_records: str | None = None
-    # A FlagGems-style benchmark (harness.providers.flaggems.Options as a dict); None for built-in ops.
-    flaggems: dict | None = None
+    # A FlagGems-style benchmark; None for built-in ops. In run.json, its fields as an object.
+    flaggems: FlagGemsOptions | None = None
     version: int = SPEC_VERSION
 
     def to_json(self) -> dict:
@@ -51,17 +94,12 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, data: dict, where: str) -> RunSpec:
-        if not isinstance(data, dict):
-            raise SpecError(f"{where}: 'spec' is not an object")
-        if data.get("version") != SPEC_VERSION:
+        if isinstance(data, dict) and data.get("version") != SPEC_VERSION:
             raise SpecError(f"{where}: spec version {data.get('version')!r}, expected {SPEC_VERSION}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                   and f.name not in data]
-        if missing:
-            raise SpecError(f"{where}: spec lacks {', '.join(missing)}")
-        spec = cls(**{k: v for k, v in data.items() if k in names})
+        fields = _fields(cls, data, "spec", where)
+        if fields.get("flaggems") is not None:
+            fields["flaggems"] = FlagGemsOptions.from_json(fields["flaggems"], where)
+        spec = cls(**fields)
         if spec.mode not in MODES:
             raise SpecError(f"{where}: mode {spec.mode!r} not one of {MODES}")
         return spec

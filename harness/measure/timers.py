@@ -9,7 +9,6 @@ marker, fatal ones re-raise, and a poisoned context stops the run.
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import math
 import time

@@ -2,9 +2,9 @@
 
 A checkout has `benchmark/` (a pytest package: conftest, base.Benchmark and its subclasses,
 `test_<file>.py::test_<op>`) and `src/<package>` (flag_gems, or flaggems_vllm for FlagGems-vllm).
-This module resolves what the user named into one pytest node, and holds what the parent
-records about the run (level, FlagTune switch, LibTuner cache); harness.child.plugins.flaggems does
-the work inside the child.
+This module resolves what the user named into one pytest node; what the parent records about the
+run (level, FlagTune switch, LibTuner cache) is the spec's typed harness.core.spec.FlagGemsOptions;
+harness.child.plugins.flaggems does the work inside the child.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
+from harness.core.spec import FlagGemsOptions
 from harness.providers import catalog
 
 DEFAULT_REPO = "flaggems"
@@ -142,41 +143,9 @@ def package_dir(root: Path) -> tuple[str, Path] | None:
     return None
 
 
-@dataclasses.dataclass
-class Options:
-    """What a FlagGems run is, beyond the op: recorded in the spec, identical on both A/B sides."""
-
-    repo: str
-    root: str
-    test_file: str
-    function: str
-    level: str = "core"
-    # The full shape yaml our keys come from (copied into the run dir), or None for upstream shapes.
-    shapes_file: str | None = None
-    flagtune: str = "0"
-    # private: a fresh LibTuner cache in the run dir; user: FlagGems' own persistent cache; else a URL.
-    libtuner_cache: str = "private"
-
-    @property
-    def shapes_source(self) -> str:
-        return self.shapes_file or f"{UPSTREAM} (level {self.level})"
-
-    @property
-    def target(self) -> Target:
-        return Target(self.repo, self.root, self.test_file, self.function)
-
-    @classmethod
-    def from_json(cls, data: dict) -> Options:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
-
-
-def record_args(level: str | None, flagtune: str | None, libtuner_cache: str | None) -> list[str]:
-    """The FlagGems options a batch or an A/B gives each FlagGems record (its replays keep them)."""
-    out = []
-    for flag, value in (("--level", level), ("--flagtune", flagtune), ("--libtuner-cache", libtuner_cache)):
-        if value is not None:
-            out += [flag, value]
-    return out
+def shapes_source(options: FlagGemsOptions) -> str:
+    """The spec's `shapes_source` of a FlagGems run: its shape file, or the checkout's own shapes."""
+    return options.shapes_file or f"{UPSTREAM} (level {options.level})"
 
 
 def libtuner_db_url(choice: str, run_dir: Path) -> str | None:

@@ -21,6 +21,7 @@ import backends
 from harness.core import deps, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.core.request import RunRequest
 from harness.measure import ir
 from harness.providers import flaggems
 from harness.sessions import resolve
@@ -30,6 +31,7 @@ DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
                "level", "flagtune", "libtuner_cache", "a", "b"}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
+STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
 
 
 class PlanError(ValueError):
@@ -72,6 +74,17 @@ class Plan:
     level: str | None = None
     flagtune: str | None = None
     libtuner_cache: str | None = None  # each run's own private cache unless named
+
+    def request(self, command: str, target: str, out: Path) -> RunRequest:
+        """One step of this plan: A's record, or a replay of it, which keeps the record's backend
+        and FlagGems options."""
+        record = command == "record"
+        return RunRequest(command, target, backend=self.backend if record else None, device=self.device,
+                          shapes=Path(self.shapes) if self.shapes else None,
+                          dtypes=tuple(self.dtypes) if self.dtypes else None, ops_paths=tuple(self.ops_paths),
+                          flaggems_dirs=tuple(self.flaggems_dirs), level=self.level if record else None,
+                          flagtune=self.flagtune if record else None,
+                          libtuner_cache=self.libtuner_cache if record else None, color="never", out=out)
 
 
 def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
@@ -170,6 +183,10 @@ def build_side_env(side: Side, log, root: Path = SIDE_ENVS) -> str:
     return str(python)
 
 
+class StepInterrupted(KeyboardInterrupt):
+    """A Ctrl-C reached the A/B during a step, and the step has stopped."""
+
+
 class Runner:
     """Runs the steps of one A/B in subprocesses and keeps ab.json current."""
 
@@ -178,7 +195,6 @@ class Runner:
         self.dir = ab_dir
         self.log = open(ab_dir / "ab.log", "a", encoding="utf-8")
         self.state = {"plan": dataclasses.asdict(plan), "steps": [], "complete": False}
-        self.proc: subprocess.Popen | None = None
         # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
         # so an interrupted A/B still reports what completed.
         self.results: dict[str, dict[str, list[Path]]] = {}
@@ -186,49 +202,30 @@ class Runner:
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
 
-    def step(self, side: Side, args: list[str], out: Path, what: str) -> Path | None:
-        """One harness invocation; its run dir, or None if it failed."""
-        env = dict(os.environ)
-        env.update(side.env)
-        # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
-        # build_side_env): it gets the checkout alone.
-        env["PYTHONPATH"] = (str(paths.REPO_ROOT) if side.requirements
-                             else paths.harness_pythonpath(env.get("PYTHONPATH")))
-        cmd = [side.python or sys.executable, "-m", "harness", *args, "--out", str(out), "--color", "never"]
-        self.log.write(f"\n$ {' '.join(f'{k}={v}' for k, v in side.env.items())} {' '.join(cmd)}\n")
-        self.log.flush()
+    def step(self, side: Side, request: RunRequest, what: str) -> Path | None:
+        """One harness invocation; its run dir, or None if it failed. A Ctrl-C goes on to the step
+        (its own session: only through us), which writes its summary; then StepInterrupted."""
         print(f"{what} ...", end="", flush=True)
         start = time.monotonic()
-        # Own session: a Ctrl-C is forwarded by us, so we can wait for the child's summary. SIGINT is
-        # held off until the child is known: arriving inside Popen, it would leave an orphan that
-        # interrupt() cannot see.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            # An A/B killed outright takes its running step with it (parent-death signal).
-            self.proc = subprocess.Popen(cmd, cwd=paths.REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=launch.die_with_parent())
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        code = self.proc.wait()
-        self.proc = None
+        code, interrupted = launch.run(
+            request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT,),
+            on_forward=lambda _: print("\ninterrupted: stopping the running side and reporting what completed",
+                                       flush=True),
+            log=self.log, env=side.env,
+            # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
+            # build_side_env): it gets the checkout alone.
+            pythonpath=str(paths.REPO_ROOT) if side.requirements else None)
+        if interrupted is not None:
+            raise StepInterrupted
         elapsed = time.monotonic() - start
-        runs = sorted(out.glob("*/run.json"))
+        runs = sorted(request.out.glob("*/run.json"))
         run_dir = runs[-1].parent if runs else None
         ok = code == 0 and run_dir is not None
         print(f" {'ok' if ok else f'FAILED (exit {code})'} ({elapsed:.0f} s)", flush=True)
-        self.state["steps"].append({"what": what, "side": side.name, "args": args, "exit": code,
+        self.state["steps"].append({"what": what, "side": side.name, "args": request.to_argv(), "exit": code,
                                     "run_dir": str(run_dir) if run_dir else None, "seconds": round(elapsed, 1)})
         self._save()
         return run_dir if ok else None
-
-    def interrupt(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
@@ -241,33 +238,19 @@ class Runner:
                     raise PlanError(f"side {side.name}: building its env failed ({exc}); "
                                     f"see {self.dir / 'ab.log'}") from exc
                 self.log.flush()
-        common = []
-        if plan.shapes:
-            common += ["--shapes", plan.shapes]
-        if plan.dtypes:
-            common += ["--dtypes", ",".join(plan.dtypes)]
-        if plan.device is not None:
-            common += ["--device", str(plan.device)]
-        for p in plan.ops_paths:
-            common += ["--ops-path", p]
-        for d in plan.flaggems_dirs:
-            common += ["--flaggems-dir", d]
-        record_only = flaggems.record_args(plan.level, plan.flagtune, plan.libtuner_cache)
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
             tag = f"[{i}/{len(plan.ops)} {op}]"
             runs = results.setdefault(op, {"record": [], "A": [], "B": []})
-            backend = ["--backend", plan.backend] if plan.backend else []
             op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
-            record = self.step(plan.a, ["record", op, *backend, *common, *record_only], op_dir / "A-record",
-                               f"{tag} A records")
+            record = self.step(plan.a, plan.request("record", op, op_dir / "A-record"), f"{tag} A records")
             if record is None:
                 continue
             runs["record"].append(record)
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
-                    replay = self.step(side, ["replay", str(record), *common], op_dir / f"{side.name}-{r}",
+                    replay = self.step(side, plan.request("replay", str(record), op_dir / f"{side.name}-{r}"),
                                        f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
                     if replay is not None:
                         runs[side.name].append(replay)
@@ -397,10 +380,10 @@ def run_from_args(args) -> int:
         results = runner.run()
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         interrupted = True
-        print("\ninterrupted: stopping the running side and reporting what completed")
-        runner.interrupt()
+        if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
+            print("\ninterrupted: reporting what completed")
         results = runner.results
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:

@@ -13,7 +13,9 @@ running (before it uses that device), and reuses what the command line does not 
 
 A FlagGems operator runs as `record NAME:OP@OP_FILE --flaggems-dir NAME=PATH` (replay: the run dir
 plus `--flaggems-dir`). Its dtypes are known only once it runs, so when it rejects the requested
-ones the fallback goes straight to the rescue run without a dtype filter.
+ones the fallback goes straight to the rescue run without a dtype filter. A rejection is a fact,
+not log text: our own is the exit code of DtypeRejected, FlagGems' is run.json's
+`observed.dtype_rejected` (see `_dtype_rejected`).
 """
 
 from __future__ import annotations
@@ -28,16 +30,14 @@ import io
 import json
 import os
 import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import backends
-from harness.core import opguard, paths, rundir
-from harness.core.errors import UsageError
+from harness.core import launch, opguard, paths, rundir
+from harness.core.errors import DtypeRejected, UsageError
+from harness.core.request import RunRequest
 from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, registry
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve
@@ -54,9 +54,6 @@ STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggem
                   "libtuner_cache", "op_timeout", "replay_root")
 MAX_RETRIES = 2
 KILL_GRACE_S = 10
-# What a record run that rejects the requested dtypes prints: ours (resolve_shapes), and FlagGems'
-# Benchmark.set_dtypes, which fails the test instead.
-DTYPE_REJECTED = ("does not take dtype", "can't be supported by this op")
 
 
 @dataclasses.dataclass
@@ -67,7 +64,10 @@ class Options:
     shapes: str | None = None
     ops_paths: list[str] = dataclasses.field(default_factory=list)
     flaggems_dirs: dict[str, str] = dataclasses.field(default_factory=dict)  # repo -> checkout
-    flaggems_args: list[str] = dataclasses.field(default_factory=list)  # --level etc., for FlagGems records
+    # Upstream level, FlagTune switch and LibTuner cache, for FlagGems records (their replays keep them).
+    level: str | None = None
+    flagtune: str | None = None
+    libtuner_cache: str | None = None
     op_timeout: float = DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
 
@@ -120,66 +120,53 @@ class Batch:
         self.status = read_status(batch_dir)
         self.replay_sources = read_status(opts.replay_root) if opts.replay_root else {}
         self.lock = threading.Lock()
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.children: dict[int, launch.Child] = {}
         self.stopping = threading.Event()
         self.events: queue.Queue = queue.Queue()
 
     # --- one op ----------------------------------------------------------------------------------
-    def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
+    def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str] | None:
+        """The op's `python -m harness record|replay` command line; None when --replay-root has no
+        PASSed run of it to replay."""
+        flaggems_dirs = ((f"{entry.repo}={self.opts.flaggems_dirs[entry.repo]}",)
+                         if entry.repo in self.opts.flaggems_dirs else ())
+        where = dict(ops_paths=self.opts.ops_paths, flaggems_dirs=flaggems_dirs, device=device, color="never", out=out)
         if self.opts.replay_root is not None:
             earlier = self.replay_sources.get(entry.id, {})
             if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
-                return []
-            args = ["replay", str(self.opts.replay_root / earlier["run_dir"])]
+                return None
+            return RunRequest("replay", str(self.opts.replay_root / earlier["run_dir"]), **where).command_line()
+        if flaggems_dirs:
+            target = f"{entry.repo}:{entry.op}@{entry.op_file}"
+            where.update(level=self.opts.level, flagtune=self.opts.flagtune, libtuner_cache=self.opts.libtuner_cache)
         else:
-            if entry.repo in self.opts.flaggems_dirs:
-                args = ["record", f"{entry.repo}:{entry.op}@{entry.op_file}", *self.opts.flaggems_args]
-            else:
-                args = ["record", entry.op]
-            args += ["--backend", self.opts.backend]
-            if self.opts.shapes:
-                args += ["--shapes", self.opts.shapes]
-            if dtypes:
-                args += ["--dtypes", ",".join(dtypes)]
-        for p in self.opts.ops_paths:
-            args += ["--ops-path", p]
-        if entry.repo in self.opts.flaggems_dirs:
-            args += ["--flaggems-dir", f"{entry.repo}={self.opts.flaggems_dirs[entry.repo]}"]
-        return [sys.executable, "-m", "harness", *args, "--device", str(device), "--out", str(out), "--color", "never"]
+            target = entry.op
+        return RunRequest("record", target, backend=self.opts.backend, dtypes=dtypes,
+                          shapes=Path(self.opts.shapes) if self.opts.shapes else None, **where).command_line()
 
-    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float, str]:
-        """(exit code or None on timeout, seconds, the last lines this attempt wrote).
+    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float]:
+        """(exit code or None on timeout, seconds).
 
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
         when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
         start = time.monotonic()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = paths.harness_pythonpath(env.get("PYTHONPATH"))
         running = log_path.parent / opguard.RUNNING
         with open(log_path, "a") as log:
-            log.write(f"\n$ {' '.join(cmd)}\n")
-            log.flush()
-            offset = log.tell()
-            proc = subprocess.Popen([sys.executable, "-m", "harness.core.opguard", str(os.getpid()), str(running), "--",
-                                     *cmd], cwd=paths.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
+            child = launch.start(opguard.command(running, cmd), log=log, with_parent=False)
             with self.lock:
-                self.procs[proc.pid] = proc
+                self.children[child.pid] = child
             if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
-                _kill_group(proc)
+                child.stop(KILL_GRACE_S)
             try:
-                code = proc.wait(timeout=self.opts.op_timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                code = None
+                code = child.wait(self.opts.op_timeout)
+                if code is None:
+                    child.stop(KILL_GRACE_S)
             finally:
                 with self.lock:
-                    self.procs.pop(proc.pid, None)
+                    self.children.pop(child.pid, None)
                 running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
-        with open(log_path, "rb") as log:
-            log.seek(max(offset, log.seek(0, os.SEEK_END) - 8000))
-            tail = log.read().decode(errors="replace")
-        return code, time.monotonic() - start, tail
+        return code, time.monotonic() - start
 
     def run_op(self, entry: Entry, device: int) -> dict:
         op_dir = _op_dir(self.dir, entry)
@@ -192,11 +179,11 @@ class Batch:
         while not self.stopping.is_set():
             out = op_dir / f"attempt{attempts + 1}"
             cmd = self._command(entry, device, dtypes, out)
-            if not cmd:
+            if cmd is None:
                 status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
                 break
             attempts += 1
-            code, seconds, tail = self._attempt(cmd, log_path)
+            code, seconds = self._attempt(cmd, log_path)
             elapsed += seconds
             if self.stopping.is_set():
                 status = "INTERRUPTED"
@@ -210,7 +197,7 @@ class Batch:
             if code == 0:
                 status = "PASS"
                 break
-            if dtypes is not None and any(m in tail for m in DTYPE_REJECTED):
+            if dtypes is not None and _dtype_rejected(code, out):
                 # Built-in ops narrow to the dtypes they take first; others go straight to the rescue.
                 accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.id, ())]
                 if accepted and accepted != dtypes:
@@ -293,9 +280,22 @@ class Batch:
         """Stop scheduling and kill every running op's process group."""
         self.stopping.set()
         with self.lock:
-            procs = list(self.procs.values())
-        for proc in procs:
-            _kill_group(proc)
+            children = list(self.children.values())
+        for child in children:
+            child.stop(KILL_GRACE_S)
+
+
+def _dtype_rejected(code: int, attempt_dir: Path) -> bool:
+    """Whether the attempt failed because the op does not take the dtypes asked for: ours is said
+    by DtypeRejected's exit code (before any run dir exists), FlagGems' own by the child in its
+    run.json (`observed.dtype_rejected`)."""
+    if code == DtypeRejected.exit_code:
+        return True
+    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
+    try:
+        return bool(runs) and rundir.read_json(runs[-1]).get("observed", {}).get("dtype_rejected") is True
+    except (OSError, ValueError):
+        return False
 
 
 def _killed_during(attempt_dir: Path) -> str:
@@ -318,23 +318,6 @@ def _killed_note(attempt_dir: Path, log_path: Path, what: str) -> None:
     for log in [log_path, *sorted(attempt_dir.glob(f"*/{rundir.RUN_LOG}"))[-1:]]:
         with open(log, "a") as f:
             f.write(f"\nkilled by the batch's --op-timeout: {what}\n")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the op's process group, then SIGKILL whatever is left of it after a grace period."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader if children remain
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def write_summary(batch_dir: Path) -> Path:
@@ -427,7 +410,7 @@ def run_from_args(args) -> int:
         opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
                        shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
                        flaggems_dirs={r: str(p) for r, p in checkouts.items()},
-                       flaggems_args=flaggems.record_args(args.level, args.flagtune, args.libtuner_cache),
+                       level=args.level, flagtune=args.flagtune, libtuner_cache=args.libtuner_cache,
                        op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
                        replay_root=args.replay_root.resolve() if args.replay_root else None)
         if args.resume:
@@ -439,7 +422,7 @@ def run_from_args(args) -> int:
         rundir.merge_json(batch_dir / BATCH_JSON, {
             "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
             "selected": [e.key for e in selected], "excluded": {e.key: why for e, why in excluded},
-            "left_out_repos": dict(left_out), "request": _request(args, opts, selected)})
+            "left_out_repos": dict(left_out), "request": _request(opts, selected)})
         runner = Batch(batch_dir, opts, op_dtypes)
         todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
@@ -498,7 +481,7 @@ def _op_dtypes(selected: list[Entry], ops_paths: list[str]) -> dict[str, tuple[s
     op_dtypes = {}
     for e in selected:
         if catalog.needs_checkout(e.repo):
-            continue  # a FlagGems op's dtypes are known only once it runs (see DTYPE_REJECTED)
+            continue  # a FlagGems op's dtypes are known only once it runs (see _dtype_rejected)
         try:
             op_dtypes[e.id] = registry.load(e.op, ops_paths)[0].dtypes
         except registry.OperatorNotFound as exc:
@@ -562,12 +545,12 @@ def stop_leftovers(batch_dir: Path) -> list[str]:
 
 
 # --- what a batch stores for its resume -----------------------------------------------------------
-def _request(args, opts: Options, selected: list[Entry]) -> dict:
+def _request(opts: Options, selected: list[Entry]) -> dict:
     """The options and selection this batch ran with, as `_apply_stored` reads them back."""
     return {"backend": opts.backend, "devices": ",".join(map(str, opts.devices)), "dtypes": opts.dtypes,
             "shapes": opts.shapes, "ops_path": opts.ops_paths or None,
             "flaggems_dir": [f"{r}={p}" for r, p in opts.flaggems_dirs.items()] or None,
-            "level": args.level, "flagtune": args.flagtune, "libtuner_cache": args.libtuner_cache,
+            "level": opts.level, "flagtune": opts.flagtune, "libtuner_cache": opts.libtuner_cache,
             "op_timeout": opts.op_timeout, "replay_root": str(opts.replay_root) if opts.replay_root else None,
             "selection": [e.id for e in selected]}
 

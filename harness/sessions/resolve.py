@@ -14,7 +14,7 @@ from pathlib import Path
 import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
-from harness.core.errors import UsageError
+from harness.core.errors import DtypeRejected, UsageError
 from harness.core.paths import SHAPES_DIR, runs_root
 from harness.measure import tuning
 from harness.providers import flaggems, registry, shapes
@@ -53,7 +53,7 @@ def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
     chosen = dtypes or file_dtypes or list(op.dtypes)
     unsupported = [d for d in chosen if d not in op.dtypes]
     if unsupported:
-        raise UsageError(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)}")
+        raise DtypeRejected(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)}")
     return key, shape_list, chosen
 
 
@@ -98,47 +98,45 @@ def resolve_flaggems_record(args, backend) -> tuple[spec_mod.RunSpec, list, Path
         raise UsageError(str(exc)) from exc
     if args.sweep_devices:
         raise UsageError("--sweep-devices needs an enumerable shape set; FlagGems benchmarks build theirs at run time")
-    options = flaggems.Options(
+    options = spec_mod.FlagGemsOptions(
         repo=target.repo, root=target.root, test_file=target.test_file, function=target.function,
         level=args.level or "core", shapes_file=_flaggems_shapes(args.shapes),
         flagtune=args.flagtune or os.environ.get("USE_FLAGTUNE", "0"),
         libtuner_cache=args.libtuner_cache or "private")
     run_spec = _record_spec(
         args, backend, op=target.op, dtypes=args.dtypes or [],
-        shapes_source=options.shapes_source, provider=f"flaggems:{target.repo}", flaggems=dataclasses.asdict(options))
+        shapes_source=flaggems.shapes_source(options), provider=f"flaggems:{target.repo}", flaggems=options)
     return run_spec, [], args.out
 
 
-def _flaggems_replay(args, source: spec_mod.RunSpec) -> flaggems.Options:
+def _flaggems_replay(args, run_dir: Path, source: spec_mod.RunSpec) -> spec_mod.FlagGemsOptions:
     """The record's FlagGems options, with the checkout possibly moved (--flaggems-dir NAME=PATH).
     Level and FlagTune switch are the record's: a side that differs is not replaying A."""
-    options = flaggems.Options.from_json(source.flaggems)
+    options = source.flaggems
     for flag, value, recorded in (("--level", args.level, options.level),
                                   ("--flagtune", args.flagtune, options.flagtune),
                                   ("USE_FLAGTUNE", os.environ.get("USE_FLAGTUNE"), options.flagtune)):
         if value is not None and value != recorded:
-            raise UsageError(f"cannot replay {args.run_dir}: it was recorded with {flag}={recorded}, this side has "
+            raise UsageError(f"cannot replay {run_dir}: it was recorded with {flag}={recorded}, this side has "
                              f"{value}; both sides of a comparison must match")
     try:
         dirs = flaggems.parse_dirs(args.flaggems_dir)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
-    if options.repo in dirs:
-        options.root = str(dirs[options.repo])
-    if not (Path(options.root) / options.test_file).is_file():
-        raise UsageError(f"cannot replay {args.run_dir}: {Path(options.root) / options.test_file} does not exist; "
+    root = str(dirs[options.repo]) if options.repo in dirs else options.root
+    if not (Path(root) / options.test_file).is_file():
+        raise UsageError(f"cannot replay {run_dir}: {Path(root) / options.test_file} does not exist; "
                          f"give --flaggems-dir {options.repo}=PATH")
-    recorded_shapes = Path(args.run_dir).resolve() / rundir.SHAPES_YAML
+    recorded_shapes = run_dir.resolve() / rundir.SHAPES_YAML
     if args.shapes is None and options.shapes_file:
         try:
             shapes.load(recorded_shapes)  # the child reads it; a corrupt one refuses the replay here
         except shapes.ShapeFileError as exc:
-            raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
-    options.shapes_file = (_flaggems_shapes(args.shapes) if args.shapes is not None
-                           else str(recorded_shapes) if options.shapes_file else None)
-    if args.libtuner_cache:
-        options.libtuner_cache = args.libtuner_cache
-    return options
+            raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
+    shapes_file = (_flaggems_shapes(args.shapes) if args.shapes is not None
+                   else str(recorded_shapes) if options.shapes_file else None)
+    return dataclasses.replace(options, root=root, shapes_file=shapes_file,
+                               libtuner_cache=args.libtuner_cache or options.libtuner_cache)
 
 
 def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
@@ -232,19 +230,19 @@ def _check_results(run_dir: Path) -> int:
     return len(data["rows"])
 
 
-def _replay_backend(args, source: spec_mod.RunSpec) -> tuple[backends.Backend, int]:
+def _replay_backend(args, run_dir: Path, source: spec_mod.RunSpec) -> tuple[backends.Backend, int]:
     """The recorded backend and a device of it; configs do not carry across backends, so a host
     without that backend's device cannot replay the record at all, and says both in one line."""
     backend = resolve_backend(args.backend or source.backend)
     if backend.name != source.backend:
-        raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}', "
+        raise UsageError(f"cannot replay {run_dir}: it was recorded on backend '{source.backend}', "
                          f"not '{backend.name}'; configs do not carry across backends")
     try:
         found = backend.enumerate_devices()
     except backends.BackendUnavailable as exc:
         raise UsageError(str(exc)) from exc
     if not found:
-        raise UsageError(f"cannot replay {args.run_dir}: it was recorded on backend '{source.backend}' and this "
+        raise UsageError(f"cannot replay {run_dir}: it was recorded on backend '{source.backend}' and this "
                          f"machine has no {source.backend} device; configs do not carry across backends, so no "
                          f"other backend (not --backend interpreter either) can replay it: replay it on a "
                          f"{source.backend} host")
@@ -252,29 +250,30 @@ def _replay_backend(args, source: spec_mod.RunSpec) -> tuple[backends.Backend, i
 
 
 def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
-    if args.run_dir is None:
-        args.run_dir = newest_record_run(runs_root(args.out))
-        print(f"replaying the newest record run: {args.run_dir}")
+    run_dir = args.run_dir
+    if run_dir is None:
+        run_dir = newest_record_run(runs_root(args.out))
+        print(f"replaying the newest record run: {run_dir}")
     try:
-        source, observed = spec_mod.read_run(args.run_dir)
+        source, observed = spec_mod.read_run(run_dir)
     except spec_mod.SpecError as exc:
-        raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+        raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
     if source.mode != "record":
-        raise UsageError(f"cannot replay {args.run_dir}: it is a {source.mode} (of {source.replay_from}); "
+        raise UsageError(f"cannot replay {run_dir}: it is a {source.mode} (of {source.replay_from}); "
                          f"replay its record: nox -s replay -- {source.replay_from}")
-    outcome = _outcome(Path(args.run_dir), observed, _check_results(args.run_dir))
+    outcome = _outcome(run_dir, observed, _check_results(run_dir))
     incomplete = _describe_incomplete(outcome) if outcome["status"] != "COMPLETE" else None
-    _check_records(Path(args.run_dir), source.op, incomplete)
-    backend, device = _replay_backend(args, source)
+    _check_records(run_dir, source.op, incomplete)
+    backend, device = _replay_backend(args, run_dir, source)
     ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
     common, warnings = dict(device=device, replay_source_outcome=outcome), []
     if source.flaggems is not None:
-        options = _flaggems_replay(args, source)
-        run_spec = _replay_spec(args, source, backend, dtypes=args.dtypes or source.dtypes,
-                                shapes_source=options.shapes_source, flaggems=dataclasses.asdict(options), **common)
-        shape_list, out = [], args.out or Path(args.run_dir).resolve().parent
+        options = _flaggems_replay(args, run_dir, source)
+        run_spec = _replay_spec(args, run_dir, source, backend, dtypes=args.dtypes or source.dtypes,
+                                shapes_source=flaggems.shapes_source(options), flaggems=options, **common)
+        shape_list, out = [], args.out or run_dir.resolve().parent
     else:
-        shape_file = (args.shapes or Path(args.run_dir) / rundir.SHAPES_YAML).resolve()
+        shape_file = (args.shapes or run_dir / rundir.SHAPES_YAML).resolve()
         if args.shapes or args.dtypes:
             # Overrides are checked against the operator itself.
             op, provider = load_op(source.op, ops_paths, warnings)
@@ -286,22 +285,22 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
             try:
                 key, shape_list, dtypes = shapes.resolve(shape_file, source.op, ())
             except shapes.ShapeFileError as exc:
-                raise UsageError(f"cannot replay {args.run_dir}: {exc}") from exc
+                raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
             dtypes = dtypes or source.dtypes
-        run_spec = _replay_spec(args, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+        run_spec = _replay_spec(args, run_dir, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
                                 ops_paths=ops_paths, provider=provider, **common)
-        out = args.out or Path(args.run_dir).resolve().parent
+        out = args.out or run_dir.resolve().parent
     if incomplete:
-        warnings.insert(0, f"{args.run_dir} is an incomplete record ({incomplete}): cases it never reached have no "
+        warnings.insert(0, f"{run_dir} is an incomplete record ({incomplete}): cases it never reached have no "
                            "recorded config and will sweep live")
     warn(warnings)  # last, once nothing can refuse the replay: a refusal stays the one line on stderr
     return run_spec, shape_list, out
 
 
-def _replay_spec(args, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
+def _replay_spec(args, run_dir: Path, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
     """The record's spec (op, seed, timer, budgets...) as a replay of it, with what this run sets."""
     return dataclasses.replace(
-        source, mode="replay", backend=backend.name, replay_from=str(Path(args.run_dir).resolve()),
+        source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
         color=color_enabled(args.color), ir=args.ir, sweep_devices=0, preset_records=None, **fields)
 
 

@@ -4,22 +4,19 @@ on one device with a private Triton cache, and tee its output into run.log."""
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
+import dataclasses
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import backends
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
-from harness.core.paths import REPO_ROOT, harness_pythonpath, runs_root
+from harness.core.paths import runs_root
 from harness.providers import shapes
 from harness.sessions import sweep
 
@@ -28,7 +25,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 CHILD_GRACE_S = 30
 CRASH_TAIL_LINES = 15
 # Exit codes: 0 every row passed, 1 some row failed, 2 bad input, 3 the run stopped before its
-# last case, 75 the disk filled, 128+N a signal N stopped it.
+# last case, 4 a requested dtype the op does not take (DtypeRejected), 75 the disk filled, 128+N a
+# signal N stopped it.
 EXIT_INCOMPLETE = 3
 
 
@@ -74,74 +72,26 @@ class _Tee:
             self.log = None
 
 
-class _Interrupted(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGINT and SIGTERM (a terminal's Ctrl-C, a batch's timeout) reach this parent as
-    _Interrupted, so it can let the child finish writing and then write the outcome itself."""
-
-    def handler(signum, frame):
-        raise _Interrupted(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-def _pump(stream, write) -> None:
-    for line in stream:
-        write(line)
-
-
 def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: str) -> tuple[int, str | None]:
     """(the child's exit code, the signal that interrupted this parent or None). The child's
     stdout carries the user's lines (terminal and run.log), its stderr pytest's own output and
-    anything else (run.log only); see harness.child.console."""
-    backend = backends.get(run_spec.backend)
-    env = backend.visibility_env(run_spec.device, os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    # A private compiler cache per run: the IR collected is exactly this run's, and nothing
-    # compiled by another compiler build is picked up from a shared cache.
-    env["TRITON_CACHE_DIR"] = cache_dir
-    env["PYTHONPATH"] = harness_pythonpath(env.get("PYTHONPATH"))
-    interrupted = None
-    with _signals_interrupt():
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(run_dir)], cwd=REPO_ROOT,
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    errors="replace", bufsize=1, preexec_fn=launch.die_with_parent())
-        except _Interrupted as exc:
-            return 128 + exc.signum, exc.args[0]
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, tee.write), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, tee.log_only), daemon=True)]
-        for t in pumps:
-            t.start()
-        deadline = None
-        while True:
-            try:
-                code = proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-                break
-            except _Interrupted as exc:
-                if interrupted is None:
-                    # A terminal's Ctrl-C reached the child too; a signal sent to this process only did not.
-                    interrupted = exc.args[0]
-                    proc.send_signal(exc.signum)
-                    tee.write(f"\n{interrupted}: letting the child write its results (up to {CHILD_GRACE_S} s)\n")
-                    deadline = time.monotonic() + CHILD_GRACE_S
-            except subprocess.TimeoutExpired:
-                tee.write("the child did not stop in time: killed\n")
-                proc.kill()
-        for t in pumps:
-            t.join(timeout=5)
-    return code, interrupted
+    anything else (run.log only); see harness.child.console. A SIGINT or SIGTERM (a terminal's
+    Ctrl-C, a batch's timeout) goes on to the child, which gets CHILD_GRACE_S to write its results
+    and outcome; this parent writes the outcome itself when the child did not."""
+
+    def forwarded(signum: int) -> None:
+        tee.write(f"\n{signal.Signals(signum).name}: letting the child write its results (up to {CHILD_GRACE_S} s)\n")
+
+    code, signum = launch.run(
+        [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_forward=forwarded,
+        on_kill=lambda: tee.write("the child did not stop in time: killed\n"),
+        on_stdout=tee.write, on_stderr=tee.log_only, visible=(backends.get(run_spec.backend), run_spec.device),
+        # A private compiler cache per run: the IR collected is exactly this run's, and nothing
+        # compiled by another compiler build is picked up from a shared cache.
+        env={"TRITON_CACHE_DIR": cache_dir},
+        # In our group: a group kill (a batch's guard) reaches the child too, not only through us.
+        own_group=False)
+    return code, None if signum is None else signal.Signals(signum).name
 
 
 def _rows_done(run_dir: Path) -> int:
@@ -192,9 +142,9 @@ def summary_line(mode: str, outcome: dict, code: int) -> str:
 def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
     """A FlagGems run's shapes.yaml: the whole shape file (its keys resolve at run time against the
     benchmark's class chain), or a note that the checkout's own shapes were used."""
-    source = run_spec.flaggems["shapes_file"]
+    source = run_spec.flaggems.shapes_file
     if source is None:
-        return (f"# upstream shapes: the checkout's own at level {run_spec.flaggems['level']}\n"
+        return (f"# upstream shapes: the checkout's own at level {run_spec.flaggems.level}\n"
                 "# (the shapes measured are in results.json)\n{}\n")
     return f"# shape file used by this run (from {source})\n" + Path(source).read_text()
 
@@ -203,7 +153,7 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
     root = runs_root(out)
     run_dir = rundir.claim_run_dir(root, run_spec.op)
     try:
-        shape_count, planned = _write_inputs(run_dir, run_spec, shape_list)
+        run_spec, shape_count, planned = _write_inputs(run_dir, run_spec, shape_list)
         tee = _Tee(run_dir / rundir.RUN_LOG)
     except rundir.DiskFull:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured: leave no empty run dir
@@ -212,7 +162,7 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
         backend = backends.get(run_spec.backend)
         what = f"replay of {run_spec.replay_from}" if run_spec.mode == "replay" else "record"
         fg = run_spec.flaggems
-        target = f"{fg['repo']}:{run_spec.op} ({fg['test_file']}::{fg['function']})" if fg else run_spec.op
+        target = f"{fg.repo}:{run_spec.op} ({fg.node})" if fg else run_spec.op
         tee.write(f"zl_bench {what}: op={target} backend={run_spec.backend} device={run_spec.device} "
                   f"dtypes={','.join(run_spec.dtypes) or 'upstream'} shapes={shape_count} timer={run_spec.timer}\n"
                   f"run dir: {run_dir}\n")
@@ -230,7 +180,7 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
                 return 130
             rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": outcome.facts}})
             if outcome.merged is not None:
-                run_spec.preset_records = str(outcome.merged)
+                run_spec = dataclasses.replace(run_spec, preset_records=str(outcome.merged))
                 spec_mod.write(run_dir, run_spec)
         with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
             rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
@@ -248,12 +198,15 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
     return launch.shell_code(code)
 
 
-def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec, shape_list: list) -> tuple[str, int | None]:
-    """shapes.yaml and the spec into the new run dir; (shape count as shown, rows planned)."""
+def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec,
+                  shape_list: list) -> tuple[spec_mod.RunSpec, str, int | None]:
+    """shapes.yaml and the spec into the new run dir; (the spec as written, shape count as shown,
+    rows planned). A FlagGems shape file is read from its copy in the run dir from then on."""
     if run_spec.flaggems is not None:
         shapes_text = flaggems_shapes_yaml(run_spec)
-        if run_spec.flaggems["shapes_file"]:
-            run_spec.flaggems["shapes_file"] = str(run_dir / rundir.SHAPES_YAML)
+        if run_spec.flaggems.shapes_file:
+            run_spec = dataclasses.replace(run_spec, flaggems=dataclasses.replace(
+                run_spec.flaggems, shapes_file=str(run_dir / rundir.SHAPES_YAML)))
         rundir.atomic_write_text(run_dir / rundir.SHAPES_YAML, shapes_text)
         shape_count, planned = run_spec.shapes_source, None  # FlagGems builds its cases at run time
     else:
@@ -261,4 +214,4 @@ def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec, shape_list: list) -
                           run_spec.shapes_source)
         shape_count, planned = str(len(shape_list)), len(shape_list) * len(run_spec.dtypes)
     spec_mod.write(run_dir, run_spec)
-    return shape_count, planned
+    return run_spec, shape_count, planned

@@ -8,18 +8,15 @@ with its own log line and the run sweeps serially.
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
 import backends
-from harness.core import launch, paths, rundir
+from harness.core import launch, rundir
 from harness.core import spec as spec_mod
+from harness.core.request import RunRequest
 from harness.measure import tuning
 
 SWEEP_DIR = "sweep"
@@ -86,31 +83,24 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
     for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
         shard_file = sweep_dir / f"shard{i}.yaml"
         shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
-        cmd = [sys.executable, "-m", "harness", "record", run_spec.op, "--backend", run_spec.backend,
-               "--device", str(device),
-               "--shapes", str(shard_file), "--dtypes", ",".join(run_spec.dtypes),
-               "--seed", str(run_spec.seed), "--timer", run_spec.timer, "--warmup-ms", str(run_spec.warmup_ms),
-               "--rep-ms", str(run_spec.rep_ms), "--no-ir", "--color", "never", "--out", str(sweep_dir / f"shard{i}")]
-        for p in run_spec.ops_paths:
-            cmd += ["--ops-path", p]
+        request = RunRequest("record", run_spec.op, backend=run_spec.backend, device=device, shapes=shard_file,
+                             dtypes=run_spec.dtypes, ops_paths=run_spec.ops_paths, seed=run_spec.seed,
+                             timer=run_spec.timer, warmup_ms=run_spec.warmup_ms, rep_ms=run_spec.rep_ms, ir=False,
+                             color="never", out=sweep_dir / f"shard{i}")
         out = open(sweep_dir / f"shard{i}.log", "w")
-        running.append((i, subprocess.Popen(cmd, cwd=paths.REPO_ROOT, env=dict(os.environ),
-                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                          preexec_fn=launch.die_with_parent()), out))
+        # Each shard leads its own group (a Ctrl-C kills it whole) and dies with this run.
+        running.append((i, launch.start(request.command_line(), log=out), out))
     log(f"parallel sweep: {len(shape_list)} shapes over devices {devices} "
         f"({', '.join(str(len(s)) for s in shards)} shapes each)\n")
     try:
-        codes = {i: p.wait() for i, p, _ in running}
+        codes = {i: child.wait() for i, child, _ in running}
     except KeyboardInterrupt:
-        for _, p, _ in running:  # Ctrl-C leaves no shard behind
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for _, child, _ in running:  # Ctrl-C leaves no shard behind
+            child.kill()
         raise
     finally:
-        for _, p, out in running:
-            p.wait()
+        for _, child, out in running:
+            child.wait()
             out.close()
     seconds = round(time.monotonic() - start, 1)
     failed = {i: c for i, c in codes.items() if c != 0}

@@ -32,7 +32,11 @@ class AutotunePlugin:
             source = tuning.records_path(spec.replay_from, spec.op)
             self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
         self.patch.install()
-        self.ctx.autotune_patch = self.patch  # FlagGems' LibTuner is hooked once its package is imported
+
+    def install_on(self, tuner_cls) -> None:
+        """Hook a library's own autotuner class too (FlagGems' LibTuner, once its package is
+        imported; the runner hands this plugin to the FlagGems plugin)."""
+        self.patch.install(tuner_cls)
 
     def _progress(self):
         def write(line: str) -> None:

@@ -23,6 +23,7 @@ import pytest
 from harness.child.plugins.results import make_row
 from harness.child.plugins.seeds import input_sha256, seed_everything
 from harness.core import rundir
+from harness.core.spec import FlagGemsOptions
 from harness.providers import flaggems, shapes
 
 SHORT_DTYPES = {v: k for k, v in flaggems.TORCH_DTYPES.items()}
@@ -56,10 +57,15 @@ def _reads_shapes(cls) -> bool:
 
 
 class FlagGemsPlugin:
-    def __init__(self, ctx, results):
+    def __init__(self, ctx, results, measure, autotune):
+        """`results`, `measure` and `autotune`: the results plugin, the timing plugin's measure and
+        the autotune plugin, handed over by the runner (harness.child.runner.build_plugins)."""
         self.ctx = ctx
         self.results = results
-        self.options = flaggems.Options.from_json(ctx.spec.flaggems)
+        self.measure = measure
+        self.autotune = autotune
+        self.hook = None  # pytest's hook relay, to announce each case (harness.child.hookspec)
+        self.options = ctx.spec.flaggems
         self.our_shapes = (shapes.load(ctx.run_dir / rundir.SHAPES_YAML) if self.options.shapes_file else None)
         self.patched = False
         self.case_counts: dict[str, int] = {}
@@ -67,6 +73,9 @@ class FlagGemsPlugin:
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
         self.notes: list[str] = []
         self.current: dict | None = None  # the case being measured: benchmark, dtype, label, id
+
+    def pytest_configure(self, config):
+        self.hook = config.hook
 
     # --- patching, once the benchmark package is imported ----------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -77,7 +86,7 @@ class FlagGemsPlugin:
                                     "benchmark.base.Benchmark; is this a FlagGems-style benchmark checkout?")
         self._patch_benchmark(base)
         facts = {"level": self.options.level, "flagtune": self.options.flagtune,
-                 "shapes": self.options.shapes_file or flaggems.UPSTREAM, "node": self.options.target.node,
+                 "shapes": self.options.shapes_file or flaggems.UPSTREAM, "node": self.options.node,
                  "checkout": self.options.root}
         for name in flaggems.PACKAGES:
             package = sys.modules.get(name)
@@ -87,7 +96,7 @@ class FlagGemsPlugin:
                          vendor=getattr(package, "vendor_name", None))
             libentry = sys.modules.get(f"{name}.utils.libentry")
             if libentry is not None and hasattr(libentry, "LibTuner"):
-                self.ctx.autotune_patch.install(libentry.LibTuner)
+                self.autotune.install_on(libentry.LibTuner)
                 cache = getattr(libentry, "libcache", None)
                 # That cache carries no compiler identity: which one a run used is part of its result.
                 facts["libtuner_cache"] = {"choice": self.options.libtuner_cache,
@@ -108,13 +117,24 @@ class FlagGemsPlugin:
         self.patched = True
         plugin = self
         bench_cls = base.Benchmark
-        original_set_shapes = bench_cls.set_shapes
+        original_run = bench_cls.run
+        original_set_dtypes = bench_cls.set_dtypes
         original_update = base.update_result
 
-        def set_shapes(bench, *args, **kwargs):
-            original_set_shapes(bench, *args, **kwargs)
-            plugin._override_shapes(bench)
-            plugin._wrap_inputs(bench)
+        def set_dtypes(bench, *args, **kwargs):
+            try:
+                return original_set_dtypes(bench, *args, **kwargs)
+            except Exception:
+                # Upstream refused the dtypes asked for (checking them is all set_dtypes does): a fact
+                # in run.json for the batch's dtype fallback, not wording to search a log for.
+                rundir.merge_json(plugin.ctx.run_dir / rundir.RUN_JSON, {"observed": {"dtype_rejected": True}})
+                raise
+
+        def run(bench, *args, **kwargs):
+            # Hooked where every benchmark starts, not in set_shapes: a subclass with its own
+            # set_shapes (upstream's channel_shuffle, unfold_copy) never calls the base one.
+            plugin._take_inputs(bench)
+            return original_run(bench, *args, **kwargs)
 
         def get_latency(bench, op, *args, **kwargs):
             return plugin._latency(bench, op, args, kwargs)
@@ -123,20 +143,23 @@ class FlagGemsPlugin:
             plugin._enrich(data)
             return original_update(op, data)
 
-        bench_cls.set_shapes = set_shapes
+        bench_cls.run = run
+        bench_cls.set_dtypes = set_dtypes
         bench_cls.get_latency = get_latency
         base.update_result = update_result
 
     # --- shapes and cases ------------------------------------------------------------------------
-    def _override_shapes(self, bench) -> None:
+    def _override_shapes(self, bench):
+        """Our shape file's entry for this benchmark into bench.shapes; returns the input iterator
+        to use instead of the benchmark's own when that one hardcodes its shapes, else None."""
         if self.our_shapes is None:
-            return
+            return None
         keys = [bench.op_name, *(cls.__name__ for cls in type(bench).__mro__)]
         key = next((k for k in keys if k in self.our_shapes), None)
         if key is None:
             self._note(f"shapes: {self.options.shapes_file} has no key for '{bench.op_name}' "
                        f"(tried {', '.join(keys)}): the checkout's own shapes are kept")
-            return
+            return None
         entry = self.our_shapes[key]
         listed = entry.get("shapes") if isinstance(entry, dict) else entry
         bench.shapes = [tuple(s) if isinstance(s, list) else (s,) for s in listed]
@@ -158,16 +181,20 @@ class FlagGemsPlugin:
                 for shape in _bench.shapes:
                     yield from _bench.input_fn(shape, dtype, _bench.device)
 
-            bench.get_input_iter = from_our_shapes
             self._note(f"shapes: {type(bench).__name__}.get_input_iter hardcodes its shapes; ours are fed "
                        "through its input_fn")
+            return from_our_shapes
+        return None
 
-    def _wrap_inputs(self, bench) -> None:
+    def _take_inputs(self, bench) -> None:
+        """Each input the benchmark's iterator yields becomes one case, seeded before it is built.
+        Our shapes go in when the iterator is first asked for, i.e. after run() set the
+        benchmark's own (through whichever set_shapes)."""
         plugin = self
-        produce = bench.get_input_iter
+        own = bench.get_input_iter
 
         def seeded(dtype):
-            inputs = produce(dtype)
+            inputs = (plugin._override_shapes(bench) or own)(dtype)
             while True:
                 seed_everything(plugin.ctx.spec.seed)  # inputs built lazily: byte-identical on both sides
                 try:
@@ -179,7 +206,18 @@ class FlagGemsPlugin:
 
         bench.get_input_iter = seeded
 
+    def _flush_pending(self) -> None:
+        """Timings of a case that ended with fewer than its metrics promised (a benchmark timing
+        one side only, outside upstream's loop) still make its row, with the sides measured."""
+        if self.pending and self.current is not None:
+            bench = self.current["bench"]
+            self._row(bench, getattr(bench, "to_bench_metrics", ("latency_base", "latency")))
+
+    def pytest_runtest_teardown(self, item):
+        self._flush_pending()
+
     def _begin_case(self, bench, dtype, item) -> None:
+        self._flush_pending()
         short = SHORT_DTYPES.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
         label = _input_label(item)
         base_id = f"{short}-{label}"
@@ -189,9 +227,21 @@ class FlagGemsPlugin:
         if self.dtype_rows and self.dtype_rows[-1]["dtype"] != short:
             self.dtype_rows = []
         self.pending = []
-        self.ctx.begin_case(case_id, label if n == 1 else f"{label}#{n}")
+        self.ctx.begin_case(self.hook, case_id, label if n == 1 else f"{label}#{n}")
         self.current = {"bench": bench, "dtype": short, "label": case_id.split("-", 1)[1], "case": case_id,
                         "input_sha256": input_sha256(item)}
+
+    def _case_from_arguments(self, bench, args, kwargs) -> None:
+        """A timing whose inputs did not come through a hooked input iterator (a benchmark that
+        overrides run(), or times outside its loop): the case is named from the arguments timed.
+        Its inputs were built by upstream, so their seeding is upstream's: said once."""
+        import torch
+
+        tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+        dtype = tensors[0].dtype if tensors else "none"
+        self._note(f"inputs: {type(bench).__name__} times inputs that did not come through its input iterator: "
+                   "cases are named from the arguments timed, and zl_bench did not seed their construction")
+        self._begin_case(bench, dtype, (*args, *kwargs.values()))
 
     def _note(self, line: str) -> None:
         if line not in self.notes:
@@ -208,7 +258,9 @@ class FlagGemsPlugin:
             dout = torch.randn_like(out)
             xs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
             fn = lambda: torch.autograd.grad((out,), xs, grad_outputs=(dout,), retain_graph=True)  # noqa: E731
-        timed = self.ctx.measure(self.ctx.spec.op, {"x": fn})
+        if self.current is None:
+            self._case_from_arguments(bench, args, kwargs)
+        timed = self.measure(self.ctx.spec.op, {"x": fn})
         measurement = timed.measurements["x"]
         self.pending.append(measurement)
         metrics = getattr(bench, "to_bench_metrics", ("latency_base", "latency"))
@@ -227,11 +279,12 @@ class FlagGemsPlugin:
             self.ctx.mark("TIMER_MIXED " + " ".join(f"{k}={m.timer}" for k, m in measured.items()))
         cur = self.current
         row = make_row(self.ctx, op=self.ctx.spec.op, dtype=cur["dtype"], shape=[cur["label"]], params={},
-                       case=cur["case"], status="SUCCESS", nodeid=self.options.target.node, measurements=measured,
+                       case=cur["case"], status="SUCCESS", nodeid=self.options.node, measurements=measured,
                        timer=timer, input_sha256=cur["input_sha256"])
         row["benchmark"] = type(cur["bench"]).__name__
         self.dtype_rows.append(row)
         self.pending = []
+        self.current = None  # a further timing of these inputs is a case of its own
         self.results.add_row(row)
 
     def _enrich(self, data) -> None:
@@ -255,9 +308,9 @@ class FlagGemsPlugin:
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems_notes": self.notes}})
 
 
-def child_args(options: flaggems.Options, dtypes: list[str], color: bool) -> list[str]:
+def child_args(options: FlagGemsOptions, dtypes: list[str], color: bool) -> list[str]:
     """pytest arguments for the upstream node: the checkout's own pytest config and options."""
-    args = [str(Path(options.root) / options.target.node), "--rootdir", options.root,
+    args = [str(Path(options.root) / options.node), "--rootdir", options.root,
             "-p", "no:cacheprovider", "--level", options.level,
             "-o", "console_output_style=classic", f"--color={'yes' if color else 'no'}",
             "-q", "--tb=short", "-rfE"]

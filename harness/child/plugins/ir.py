@@ -51,7 +51,6 @@ class IRPlugin:
             return self._off(reason)
         self._exclude_sweeps(collector)
         self.collector = collector
-        self.ctx.case_listeners.append(self._on_case)
         ir.write_status(self.ctx.run_dir, True, "launch hook + compiled-kernel scan")
         atexit.register(collector.write)  # a crash in a later case still leaves this IR
 
@@ -75,8 +74,9 @@ class IRPlugin:
 
         Autotuner._bench = bench
 
-    def _on_case(self, shape_label: str) -> None:
-        self.collector.shape = shape_label
+    def pytest_zl_case_started(self, case_id, shape_label):
+        if self.collector is not None and shape_label is not None:
+            self.collector.shape = shape_label
 
     def pytest_runtest_teardown(self, item):
         if self.collector is not None:

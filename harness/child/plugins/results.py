@@ -50,9 +50,9 @@ class ResultsPlugin:
     def pytest_runtest_setup(self, item):
         case = item.callspec.params.get("case") if hasattr(item, "callspec") else None
         if case is not None:
-            self.ctx.begin_case(case.id, shapes.label(case.shape))
+            self.ctx.begin_case(item.config.hook, case.id, shapes.label(case.shape))
         else:
-            self.ctx.begin_case(item.name)
+            self.ctx.begin_case(item.config.hook, item.name)
         self._pending = None
 
     def pytest_runtest_logreport(self, report):

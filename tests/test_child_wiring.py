@@ -1,0 +1,104 @@
+"""The child's plugins are wired in one place (harness.child.runner.build_plugins) and talk through
+declared hooks (harness.child.hookspec), so the order they are listed in cannot break a run."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, load
+
+import backends
+from harness.child import context, runner
+from harness.child.plugins import ir
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.providers import shapes
+
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
+MM_KERNEL = "flag_gems.ops.mm_kernel"
+# The child, with build_plugins' list put in another order; everything else as `python -m harness.child`.
+CHILD = """
+import sys
+from harness.child import runner
+listed = runner.build_plugins
+runner.build_plugins = lambda ctx, guard: listed(ctx, guard)[::{step}]
+sys.exit(runner.main(sys.argv[1:]))
+"""
+ORDERS = {"listed": 1, "reversed": -1}
+
+
+def ordered(plugins: list, order: str) -> list:
+    return plugins[::ORDERS[order]]
+
+
+def flaggems_run_dir(tmp_path):
+    """A FlagGems record's run dir as the session leaves it for the child: mm over two tiny shapes."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / rundir.SHAPES_YAML).write_text("BlasBenchmark:\n  shapes: [[1, 4, 8, 4], [1, 16, 16, 8]]\n")
+    options = spec_mod.FlagGemsOptions("flaggems", str(CHECKOUT), "benchmark/test_mm.py", "test_mm",
+                                       shapes_file=str(run_dir / rundir.SHAPES_YAML))
+    spec_mod.write(run_dir, spec_mod.RunSpec(
+        op="mm", backend="interpreter", mode="record", device=0, dtypes=[], shapes_source=options.shapes_file,
+        timer="host", warmup_ms=0.0, rep_ms=0.0, provider="flaggems:flaggems", flaggems=options))
+    return run_dir
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_flaggems_child_runs_whatever_the_order_of_its_plugins(tmp_path, order):
+    # The FlagGems plugin drives three others: the timer (upstream's get_latency), the autotune
+    # patch (LibTuner, hooked once flag_gems is imported) and the results; each case start
+    # reaches them all.
+    run_dir = flaggems_run_dir(tmp_path)
+    env = backends.get("interpreter").visibility_env(0, os.environ)
+    env.update(PYTHONPATH=str(REPO), TRITON_CACHE_DIR=str(tmp_path / "triton_cache"))
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(step=ORDERS[order]), str(run_dir)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = load(run_dir / rundir.RESULTS_JSON)["rows"]
+    assert [r["case"] for r in rows] == ["fp32-4x4,4x8", "fp32-16x8,8x16"]
+    assert all(r["status"] == "SUCCESS" and r["timer"] == "host" and r["candidate_ms"] > 0 for r in rows)
+    assert all(r["configs"][MM_KERNEL].startswith("BM=") for r in rows)
+    observed = load(run_dir / rundir.RUN_JSON)["observed"]
+    assert observed["flaggems"]["libtuner_hooked"] and observed["autotune"]["recorded"] == 2
+    assert observed["outcome"]["status"] == "COMPLETE" and observed["running_case"] is None
+
+
+class ShapeLog:
+    """Stands in for the IR collector (the interpreter compiles nothing, so the IR plugin switches
+    itself off): keeps every shape label it is told."""
+
+    def __init__(self):
+        self.told = []
+
+    @property
+    def shape(self):
+        return self.told[-1] if self.told else None
+
+    @shape.setter
+    def shape(self, label):
+        self.told.append(label)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_case_start_reaches_the_ir_collector_whatever_the_order(tmp_path, order):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec_mod.write(run_dir, spec_mod.RunSpec(op="softmax", backend="interpreter", mode="record", device=0,
+                                             dtypes=["fp32"], shapes_source="x"))
+    shapes.write_used(run_dir / rundir.SHAPES_YAML, "softmax", [[2, 8]], ["fp32"], "x")
+    ctx = context.RunContext.load(run_dir, say=lambda *lines: None)
+    plugins = runner.build_plugins(ctx, runner.DiskFullGuard(None))
+    (ir_plugin,) = [p for p in plugins if isinstance(p, ir.IRPlugin)]
+    ir_plugin.collector = ShapeLog()
+    # As pytest registers the plugins it is given: the declared hooks arrive through pytest_addhooks.
+    manager = pytest.PytestPluginManager()
+    manager.hook.pytest_addhooks.call_historic(kwargs={"pluginmanager": manager})
+    for plugin in ordered(plugins, order):
+        manager.register(plugin)
+    ctx.begin_case(manager.hook, "fp32-2x8", "2x8")
+    ctx.begin_case(manager.hook, "test_mm")  # a test that is not one of our cases: no shape to file IR under
+    assert ir_plugin.collector.told == ["2x8"]
+    assert load(run_dir / rundir.RUN_JSON)["observed"]["running_case"] == "test_mm"

@@ -1,0 +1,243 @@
+"""The one launcher of harness subprocesses, with real processes and real signals: environment, output,
+process groups, the group kill, parent death, and the forwarding of a Ctrl-C or SIGTERM."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+import backends
+from harness.core import launch
+from harness.core.paths import REPO_ROOT
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_a_log_gets_the_command_then_both_streams_and_the_checkout_on_pythonpath(tmp_path):
+    log_path = tmp_path / "x.log"
+    with open(log_path, "a") as log:
+        log.write("before\n")
+        child = launch.start(py("""
+            import os, sys
+            print("path", os.environ["PYTHONPATH"].split(os.pathsep)[0], "cwd", os.getcwd())
+            print("var", os.environ["ZL_X"])
+            print("on stderr", file=sys.stderr)
+            """), log=log, env={"ZL_X": "a b"})
+        assert child.wait() == 0
+    lines = log_path.read_text().splitlines()
+    assert lines[:3] == ["before", "", f"$ ZL_X=a b {sys.executable} -c "]  # the script's own lines follow
+    assert f"path {REPO_ROOT} cwd {REPO_ROOT}" in lines and "var a b" in lines and "on stderr" in lines
+
+
+def test_visible_narrows_the_child_to_its_one_device(monkeypatch):
+    backend = next(b for b in map(backends.get, backends.NAMES) if b.visibility_key)
+    others = sorted(set(backends.base.ALL_VISIBILITY_KEYS) - {backend.visibility_key})
+    monkeypatch.setenv(others[0], "0,1")
+    monkeypatch.setenv(backend.visibility_key, "0,1,2,3")
+    out = []
+    child = launch.start(py(f"""
+        import os
+        print(os.environ.get({backend.visibility_key!r}), os.environ.get({others[0]!r}))
+        """), on_stdout=out.append, visible=(backend, 3))
+    assert child.wait() == 0
+    assert out == ["3 None\n"]
+
+
+def test_pipes_keep_stdout_and_stderr_apart():
+    out, err = [], []
+    child = launch.start(py("""
+        import sys
+        for i in range(3):
+            print("out", i, flush=True)
+            print("err", i, file=sys.stderr, flush=True)
+        """), on_stdout=out.append, on_stderr=err.append)
+    assert child.wait() == 0  # every line is in once it returns
+    assert out == ["out 0\n", "out 1\n", "out 2\n"] and err == ["err 0\n", "err 1\n", "err 2\n"]
+
+
+def test_own_group_or_ours():
+    out = []
+    child = launch.start(py("import os; print(os.getpgid(0))"), on_stdout=out.append)
+    assert child.wait() == 0 and out == [f"{child.pid}\n"]
+    out.clear()
+    child = launch.start(py("import os; print(os.getpgid(0))"), on_stdout=out.append, own_group=False)
+    assert child.wait() == 0 and out == [f"{os.getpgid(0)}\n"]
+
+
+def test_stop_kills_what_is_left_of_the_group_once_its_leader_ended():
+    out = []
+    child = launch.start(py("""
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        ignores = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
+                   "time.sleep(60)")
+        grandchild = subprocess.Popen([sys.executable, "-c", ignores], stdout=subprocess.PIPE)
+        grandchild.stdout.readline()
+        print(grandchild.pid, flush=True)
+        time.sleep(60)
+        """), on_stdout=out.append)
+    assert wait_for(lambda: out, 30)
+    grandchild = int(out[0])
+    assert child.stop(grace_s=20) == 0
+    assert wait_for(lambda: not alive(grandchild), 10), "the group outlived its leader"
+
+
+def test_stop_kills_a_child_once_the_grace_ran_out():
+    out = []
+    child = launch.start(py("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(60)
+        """), on_stdout=out.append)
+    assert wait_for(lambda: out, 30)
+    start = time.monotonic()
+    assert child.stop(grace_s=1.0) == -signal.SIGKILL
+    assert time.monotonic() - start >= 1.0  # the grace was given
+
+
+def test_stop_lets_a_child_that_handles_the_signal_end_on_its_own():
+    out = []
+    child = launch.start(py("""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(5))
+        print("ready", flush=True)
+        time.sleep(60)
+        """), on_stdout=out.append)
+    assert wait_for(lambda: out, 30)
+    assert child.stop(grace_s=20) == 5
+
+
+def test_a_timed_out_wait_says_so_and_leaves_the_child_running():
+    child = launch.start(py("import time; time.sleep(60)"))
+    assert child.wait(0.2) is None and alive(child.pid)
+    child.kill()
+    assert child.wait() == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("with_parent", [True, False])
+def test_a_child_dies_with_its_parent_even_by_sigkill(with_parent):
+    parent = subprocess.Popen(py(f"""
+        import sys, time
+        from harness.core import launch
+        child = launch.start([sys.executable, "-c", "import time; time.sleep(60)"], log=open("/dev/null", "w"),
+                             with_parent={with_parent})
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert alive(child)
+    parent.kill()
+    parent.communicate()
+    try:
+        # Without it the child lives on: the promise is the launcher's, not an accident.
+        assert wait_for(lambda: not alive(child), 10 if with_parent else 2) is with_parent
+    finally:
+        if alive(child):
+            os.killpg(child, signal.SIGKILL)
+
+
+COUNTS_SIGINT = """
+    import signal, sys, time
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(1))
+    print("ready", flush=True)
+    while not got:
+        time.sleep(0.05)
+    time.sleep(3)  # a second SIGINT to the parent meanwhile must not reach us
+    print("SIGINTs:", len(got), flush=True)
+    sys.exit(7)
+    """
+
+
+def test_run_forwards_the_first_signal_and_waits_for_the_child():
+    out, forwarded = [], []
+
+    def on_stdout(line):
+        out.append(line)
+        if line == "ready\n":
+            os.kill(os.getpid(), signal.SIGINT)  # reaches this (main) thread, inside run
+
+    def on_forward(signum):
+        forwarded.append(signum)
+        # A second Ctrl-C during the grace, while run waits again.
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    previous = signal.getsignal(signal.SIGINT)
+    code, signum = launch.run(py(COUNTS_SIGINT), grace_s=30, on_forward=on_forward, on_stdout=on_stdout)
+    assert (code, signum, forwarded) == (7, signal.SIGINT, [signal.SIGINT])
+    assert out == ["ready\n", "SIGINTs: 1\n"]
+    assert signal.getsignal(signal.SIGINT) is previous  # our own handling ends with the child
+
+
+def test_run_forwards_a_signal_that_came_before_the_child_existed(monkeypatch):
+    real_start = launch.start
+
+    def start_after_a_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by run's handler: no child to forward it to yet
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "start", start_after_a_signal)
+    started = time.monotonic()
+    code, signum = launch.run(py("import time; time.sleep(60)"), grace_s=30)
+    assert (code, signum) == (-signal.SIGTERM, signal.SIGTERM)
+    assert time.monotonic() - started < 30
+
+
+def test_run_kills_a_child_that_outlives_the_grace():
+    out, killed = [], []
+
+    def on_stdout(line):
+        out.append(line)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    code, signum = launch.run(py("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(60)
+        """), grace_s=1, on_kill=lambda: killed.append(1), on_stdout=on_stdout)
+    assert (code, signum, killed) == (-signal.SIGKILL, signal.SIGTERM, [1])
+
+
+def test_run_passes_a_signal_it_does_not_forward_on_and_leaves_no_child():
+    out = []
+
+    def on_stdout(line):
+        out.append(line)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(py("""
+            import os, time
+            print(os.getpid(), flush=True)
+            time.sleep(60)
+            """), grace_s=30, forward=(signal.SIGTERM,), on_stdout=on_stdout)
+    assert not alive(int(out[0]))

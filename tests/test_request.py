@@ -1,0 +1,102 @@
+"""The run request: `to_argv` renders exactly the flags harness/cli.py parses, for every field, and
+the sessions that start record/replay children build their command lines through it."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.core.request import RECORD_ONLY, RunRequest
+from harness.providers.catalog import Entry
+from harness.sessions import ab, batch
+
+# Each request field and the argparse name it comes back as.
+DEST = {"command": "command", "target": None, "backend": "backend", "device": "device", "shapes": "shapes",
+        "dtypes": "dtypes", "ops_paths": "ops_path", "flaggems_dirs": "flaggems_dir", "level": "level",
+        "flagtune": "flagtune", "libtuner_cache": "libtuner_cache", "seed": "seed", "timer": "timer",
+        "warmup_ms": "warmup_ms", "rep_ms": "rep_ms", "sweep_devices": "sweep_devices", "ir": "ir",
+        "color": "color", "out": "out"}
+
+RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"),
+                    dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "/other"),
+                    level="comprehensive", flagtune="1", libtuner_cache="user", seed=7, timer="direct",
+                    warmup_ms=2.5, rep_ms=10.0, sweep_devices=2, ir=False, color="never", out=Path("/runs/x"))
+REPLAY = RunRequest("replay", "/runs/x/mm_1", backend="cuda", device=1, shapes=Path("/s/other.yaml"),
+                    dtypes=("fp32",), ops_paths=("/ops/a",), flaggems_dirs=("flaggems=/fg",), level="core",
+                    flagtune="0", libtuner_cache="private", ir=False, color="always", out=Path("/runs/y"))
+
+
+def parsed_value(request: RunRequest, field: str, ns):
+    """The value the parser gives for `field`, in the request's types."""
+    value = getattr(ns, DEST[field] or ("op" if request.command == "record" else "run_dir"))
+    if field == "target":
+        return str(value)
+    if field in ("dtypes", "ops_paths", "flaggems_dirs") and value is not None:
+        return tuple(value)
+    return value
+
+
+@pytest.mark.parametrize("request_", [RECORD, REPLAY], ids=["record", "replay"])
+def test_every_field_round_trips_through_the_cli_parser(request_):
+    assert set(DEST) == {f.name for f in dataclasses.fields(RunRequest)}  # a new field needs its flag here
+    ns = cli.build_parser().parse_args(request_.to_argv())
+    for field in DEST:
+        if request_.command == "replay" and field in RECORD_ONLY:
+            assert not hasattr(ns, field)  # replay has no such option, and the request renders none
+            continue
+        assert parsed_value(request_, field, ns) == getattr(request_, field), field
+
+
+@pytest.mark.parametrize("command,target", [("record", "softmax"), ("replay", "/runs/x/softmax_1")])
+def test_a_field_left_out_gives_the_childs_own_default(command, target):
+    bare = RunRequest(command, target)
+    assert bare.to_argv() == [command, target]
+    ns = cli.build_parser().parse_args(bare.to_argv())
+    default = cli.build_parser().parse_args([command, target])
+    assert vars(ns) == vars(default)
+    assert RunRequest("record", "add", ops_paths=[], flaggems_dirs=[]).to_argv() == ["record", "add"]
+
+
+def test_requests_are_frozen_and_refuse_what_the_child_would_refuse():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RECORD.device = 0
+    with pytest.raises(ValueError, match="replay takes no seed, timer"):
+        RunRequest("replay", "/r", seed=1, timer="direct")
+    with pytest.raises(ValueError, match="not one of"):
+        RunRequest("ab")
+    with pytest.raises(ValueError, match="dtypes: empty"):
+        RunRequest("record", "add", dtypes=())
+    assert RunRequest("record", "add", dtypes=["fp16"]).dtypes == ("fp16",)  # a list becomes a tuple
+
+
+def test_command_line_runs_the_harness_with_a_given_interpreter():
+    assert RECORD.command_line("/py/bin/python")[:3] == ["/py/bin/python", "-m", "harness"]
+    assert RECORD.command_line()[3:] == RECORD.to_argv()
+
+
+def test_an_ab_plan_builds_its_record_and_replays_from_one_request_type(tmp_path):
+    plan = ab.Plan("p", ["mm"], ab.Side("A", ""), ab.Side("B", ""), shapes="/s.yaml", dtypes=["fp16"],
+                   backend="interpreter", device=2, ops_paths=["/ops"], flaggems_dirs=["flaggems=/fg"],
+                   level="comprehensive", flagtune="1")
+    record = cli.build_parser().parse_args(plan.request("record", "mm", tmp_path / "r").to_argv())
+    assert (record.op, record.backend, record.device, record.dtypes, record.level, record.flagtune, record.color,
+            record.out) == ("mm", "interpreter", 2, ["fp16"], "comprehensive", "1", "never", tmp_path / "r")
+    # A replay keeps the record's backend and FlagGems options: it is not given them again.
+    replay = cli.build_parser().parse_args(plan.request("replay", "/runs/mm_1", tmp_path / "p").to_argv())
+    assert (replay.run_dir, replay.backend, replay.level, replay.flagtune) == (Path("/runs/mm_1"), None, None, None)
+    assert (replay.shapes, replay.dtypes, replay.ops_path, replay.flaggems_dir, replay.device) == (
+        Path("/s.yaml"), ["fp16"], ["/ops"], ["flaggems=/fg"], 2)
+
+
+def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
+    opts = batch.Options("interpreter", [0, 1], dtypes=["fp16"], shapes="/s.yaml", ops_paths=["/ops"],
+                         flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="0")
+    runner = batch.Batch(tmp_path, opts, {})
+    builtin = Entry(repo="builtin", op="add", op_file="", file="ops/add.py")
+    cmd = runner._command(builtin, 1, ["fp16"], tmp_path / "a1")
+    ns = cli.build_parser().parse_args(cmd[3:])
+    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.out, ns.color) == (
+        "record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"], tmp_path / "a1", "never")
+    # Only a FlagGems op gets its checkout and upstream's options.
+    assert (ns.flaggems_dir, ns.level, ns.flagtune) == (None, None, None)

@@ -1,0 +1,109 @@
+"""The run spec: frozen once resolved (every change is a new spec), its FlagGems options a typed
+value decoded once from run.json, whose JSON keeps its shape."""
+
+import dataclasses
+import json
+
+import pytest
+from conftest import REPO, load
+
+from harness import cli
+from harness.core import rundir
+from harness.core import spec as spec_mod
+from harness.sessions import resolve, run
+
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
+COMPLETE = {"status": "COMPLETE", "rows_done": 1, "rows_planned": None, "reason": None, "running_case": None}
+
+
+def flaggems_spec(**options) -> spec_mod.RunSpec:
+    fg = spec_mod.FlagGemsOptions("flaggems", str(CHECKOUT), "benchmark/test_mm.py", "test_mm", **options)
+    return spec_mod.RunSpec(op="mm", backend="interpreter", mode="record", device=0, dtypes=[],
+                            shapes_source="upstream (level core)", timer="host", provider="flaggems:flaggems",
+                            flaggems=fg)
+
+
+def test_a_resolved_spec_cannot_be_written():
+    spec = flaggems_spec()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.preset_records = "merged.json"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.flaggems.shapes_file = "shapes.yaml"
+    changed = dataclasses.replace(spec, preset_records="merged.json")
+    assert changed.preset_records == "merged.json" and spec.preset_records is None
+
+
+def test_flaggems_options_are_typed_in_memory_and_a_plain_object_in_run_json(tmp_path):
+    spec = flaggems_spec(level="comprehensive", flagtune="1")
+    spec_mod.write(tmp_path, spec)
+    stored = load(tmp_path / rundir.RUN_JSON)["spec"]
+    # The shape run.json has always had (spec version 1): the options' fields as an object.
+    assert stored["version"] == 1
+    assert stored["flaggems"] == {"repo": "flaggems", "root": str(CHECKOUT), "test_file": "benchmark/test_mm.py",
+                                  "function": "test_mm", "level": "comprehensive", "shapes_file": None,
+                                  "flagtune": "1", "libtuner_cache": "private"}
+    read = spec_mod.read(tmp_path)
+    assert isinstance(read.flaggems, spec_mod.FlagGemsOptions) and read == spec
+    assert read.flaggems.node == "benchmark/test_mm.py::test_mm"
+
+
+@pytest.mark.parametrize(("flaggems", "message"), [
+    ("mm", "'flaggems' is not an object"),
+    ({"repo": "flaggems", "test_file": "benchmark/test_mm.py", "function": "test_mm"}, "flaggems lacks root"),
+])
+def test_a_bad_flaggems_section_says_what_is_wrong_in_one_line(tmp_path, flaggems, message):
+    data = {"spec": {**flaggems_spec().to_json(), "flaggems": flaggems}}
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps(data))
+    with pytest.raises(spec_mod.SpecError) as info:
+        spec_mod.read(tmp_path)
+    assert str(info.value) == f"{tmp_path / rundir.RUN_JSON}: {message}"
+
+
+def test_the_spec_written_into_a_run_dir_is_the_spec_the_run_goes_on_with(tmp_path):
+    ours = tmp_path / "ours.yaml"
+    ours.write_text("BlasBenchmark:\n  shapes: [[1, 4, 8, 4]]\n")
+    resolved = flaggems_spec(shapes_file=str(ours))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    written, shown, planned = run._write_inputs(run_dir, resolved, [])
+    # The run reads its shapes from the copy in the run dir, and so does a replay of it.
+    assert written.flaggems.shapes_file == str(run_dir / rundir.SHAPES_YAML)
+    assert spec_mod.read(run_dir) == written and (shown, planned) == (resolved.shapes_source, None)
+    assert resolved.flaggems.shapes_file == str(ours)
+    assert "BlasBenchmark" in (run_dir / rundir.SHAPES_YAML).read_text()
+
+
+def flaggems_record(tmp_path, root: str):
+    """A finished FlagGems record's run dir, written by hand, its checkout recorded at `root`."""
+    rec = tmp_path / "runs" / "rec"
+    rec.mkdir(parents=True)
+    (rec / rundir.SHAPES_YAML).write_text("BlasBenchmark:\n  shapes: [[1, 4, 8, 4]]\n")
+    recorded = flaggems_spec(shapes_file=str(rec / rundir.SHAPES_YAML))
+    spec_mod.write(rec, dataclasses.replace(recorded, flaggems=dataclasses.replace(recorded.flaggems, root=root)))
+    rundir.merge_json(rec / rundir.RUN_JSON, {"observed": {"outcome": COMPLETE}})
+    (rec / rundir.RECORDS_DIR).mkdir()
+    rundir.atomic_write_json(rec / rundir.RECORDS_DIR / "mm.json", {"format": 1, "op": "mm", "kernels": {}})
+    rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [{"case": "fp32-4x4,4x8"}]})
+    return rec
+
+
+def test_a_flaggems_replay_is_a_new_spec_with_the_moved_checkout(tmp_path, monkeypatch):
+    monkeypatch.delenv("USE_FLAGTUNE", raising=False)  # the record's FlagTune switch, off
+    rec = flaggems_record(tmp_path, root="/moved/away/flaggems")
+    args = cli.build_parser().parse_args(["replay", str(rec), "--flaggems-dir", f"flaggems={CHECKOUT}",
+                                          "--libtuner-cache", "user"])
+    replay, _, _ = resolve.resolve_replay(args)
+    assert replay.mode == "replay" and replay.replay_from == str(rec.resolve())
+    assert replay.flaggems == dataclasses.replace(spec_mod.read(rec).flaggems, root=str(CHECKOUT.resolve()),
+                                                  shapes_file=str(rec.resolve() / rundir.SHAPES_YAML),
+                                                  libtuner_cache="user")
+    assert spec_mod.read(rec).flaggems.root == "/moved/away/flaggems"  # the record is left as it was
+
+
+def test_replaying_the_newest_record_leaves_the_parsed_arguments_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("USE_FLAGTUNE", raising=False)
+    rec = flaggems_record(tmp_path, root=str(CHECKOUT))
+    args = cli.build_parser().parse_args(["replay", "--out", str(tmp_path / "runs")])
+    replay, _, _ = resolve.resolve_replay(args)
+    assert replay.replay_from == str(rec.resolve()) and args.run_dir is None
+    assert f"replaying the newest record run: {rec}" in capsys.readouterr().out
