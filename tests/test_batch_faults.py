@@ -221,3 +221,19 @@ def test_bad_devices_are_one_line_and_create_nothing(harness_batch, tmp_path):
                                             "--batch-dir", tmp_path / "b"))
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_sigterm_stops_the_batch_like_ctrl_c_and_keeps_its_files(harness_batch, tmp_path):
+    d = tmp_path / "batch"
+    proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "hang_op", "--batch-dir", d)
+    running = d / "ops" / "path__hang_op" / opguard.RUNNING
+    deadline = time.monotonic() + 120
+    while not running.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    op_group = json.loads(running.read_text())["pgid"]
+    proc.send_signal(signal.SIGTERM)  # the batch alone, as `timeout` or a job scheduler does
+    code, out, _ = finish(proc, timeout=120)
+    assert code == 128 + signal.SIGTERM, out
+    assert f"interrupted (SIGTERM): every running op was killed; resume with --resume --batch-dir {d}" in out
+    assert (d / "summary.csv").is_file() and not group_pids(op_group)

@@ -30,6 +30,7 @@ import io
 import json
 import os
 import queue
+import signal
 import threading
 import time
 from pathlib import Path
@@ -587,15 +588,25 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
             bar.write(f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} "
                       f"{row['elapsed_s']} s rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
 
+        stopped_by = []
+
+        def terminate(signum, frame):  # a SIGTERM (a job scheduler, `timeout`) stops the batch as Ctrl-C does
+            stopped_by.append(signal.Signals(signum).name)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminate)
         try:
             if args.executor == "ray":
                 ray_executor.run(runner, todo, on_done, args.ray_address)
             else:
                 runner.run(todo, on_done)
         except KeyboardInterrupt:
-            print("\ninterrupted: every running op was killed; resume with --resume --batch-dir", runner.dir)
+            why = stopped_by[0] if stopped_by else "SIGINT"
+            print(f"\ninterrupted ({why}): every running op was killed; resume with --resume --batch-dir", runner.dir)
             write_summary(runner.dir)
-            return 130
+            return 128 + getattr(signal, why)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     summary = write_summary(runner.dir)
     status = read_status(runner.dir)
     final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)

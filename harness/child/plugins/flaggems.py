@@ -123,12 +123,14 @@ class FlagGemsPlugin:
 
         def set_dtypes(bench, *args, **kwargs):
             try:
-                return original_set_dtypes(bench, *args, **kwargs)
+                result = original_set_dtypes(bench, *args, **kwargs)
             except Exception:
                 # Upstream refused the dtypes asked for (checking them is all set_dtypes does): a fact
                 # in run.json for the batch's dtype fallback, not wording to search a log for.
                 rundir.merge_json(plugin.ctx.run_dir / rundir.RUN_JSON, {"observed": {"dtype_rejected": True}})
                 raise
+            plugin._narrow_dtypes(bench)  # before run() loops over them
+            return result
 
         def run(bench, *args, **kwargs):
             # Hooked where every benchmark starts, not in set_shapes: a subclass with its own
@@ -149,21 +151,16 @@ class FlagGemsPlugin:
         base.update_result = update_result
 
     # --- shapes and cases ------------------------------------------------------------------------
-    def _override_shapes(self, bench):
-        """Our shape file's entry for this benchmark into bench.shapes; returns the input iterator
-        to use instead of the benchmark's own when that one hardcodes its shapes, else None."""
-        if self.our_shapes is None:
-            return None
+    def _our_entry(self, bench):
+        """(keys tried, key found or None, its entry) of our shape file for this benchmark: its
+        op_name, then its class chain."""
         keys = [bench.op_name, *(cls.__name__ for cls in type(bench).__mro__)]
-        key = next((k for k in keys if k in self.our_shapes), None)
-        if key is None:
-            self._note(f"shapes: {self.options.shapes_file} has no key for '{bench.op_name}' "
-                       f"(tried {', '.join(keys)}): the checkout's own shapes are kept")
-            return None
-        entry = self.our_shapes[key]
-        listed = entry.get("shapes") if isinstance(entry, dict) else entry
-        bench.shapes = [tuple(s) if isinstance(s, list) else (s,) for s in listed]
-        self._note(f"shapes: key '{key}' of {self.options.shapes_file} ({len(bench.shapes)} shapes)")
+        key = next((k for k in keys if k in self.our_shapes), None) if self.our_shapes is not None else None
+        return keys, key, (self.our_shapes[key] if key is not None else None)
+
+    def _narrow_dtypes(self, bench) -> None:
+        """An entry's dtypes narrow the benchmark's own, unless --dtypes (passed upstream) was given."""
+        _, key, entry = self._our_entry(bench)
         wanted = entry.get("dtypes") if isinstance(entry, dict) else None
         if wanted and not self.ctx.spec.dtypes:  # --dtypes, passed upstream, wins over the file
             takes = [d for d in bench.to_bench_dtypes if SHORT_DTYPES.get(str(d).removeprefix("torch.")) in wanted]
@@ -172,6 +169,20 @@ class FlagGemsPlugin:
             else:
                 self._note(f"shapes: '{bench.op_name}' takes none of dtypes {wanted} of key '{key}': "
                            f"its own {[str(d).removeprefix('torch.') for d in bench.to_bench_dtypes]} are kept")
+
+    def _override_shapes(self, bench):
+        """Our shape file's entry for this benchmark into bench.shapes; returns the input iterator
+        to use instead of the benchmark's own when that one hardcodes its shapes, else None."""
+        if self.our_shapes is None:
+            return None
+        keys, key, entry = self._our_entry(bench)
+        if key is None:
+            self._note(f"shapes: {self.options.shapes_file} has no key for '{bench.op_name}' "
+                       f"(tried {', '.join(keys)}): the checkout's own shapes are kept")
+            return None
+        listed = entry.get("shapes") if isinstance(entry, dict) else entry
+        bench.shapes = [tuple(s) if isinstance(s, list) else (s,) for s in listed]
+        self._note(f"shapes: key '{key}' of {self.options.shapes_file} ({len(bench.shapes)} shapes)")
         if not _reads_shapes(type(bench)):
             if not callable(getattr(bench, "input_fn", None)):
                 raise RuntimeError(f"{type(bench).__name__}.get_input_iter hardcodes its shapes and the benchmark "
