@@ -237,3 +237,26 @@ def test_a_sigterm_stops_the_batch_like_ctrl_c_and_keeps_its_files(harness_batch
     assert code == 128 + signal.SIGTERM, out
     assert f"interrupted (SIGTERM): every running op was killed; resume with --resume --batch-dir {d}" in out
     assert (d / "summary.csv").is_file() and not group_pids(op_group)
+
+
+def test_requested_dtypes_narrow_to_the_ones_the_op_takes_and_retries_stop_at_two(harness_batch, tmp_path):
+    d = tmp_path / "batch"
+    code, out, err = finish(harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "fp32_op",
+                                          "varying_crash_op", "--dtypes", "fp16,fp32", "--batch-dir", d))
+    assert code == 1, out + err
+    st = statuses(d)
+    # fp32_op takes fp32 only: the batch narrows to it (not the rescue without any filter).
+    assert (st["fp32_op"]["status"], st["fp32_op"]["attempts"]) == ("PASS", "2")
+    assert st["fp32_op"]["notes"] == "dtype fallback fp16,fp32 -> fp32"
+    runs = sorted((d / "ops" / "path__fp32_op").glob("attempt2/*/run.json"))
+    assert load_json(runs[-1])["spec"]["dtypes"] == ["fp32"]
+    # A failure that changes its exit code every time is retried twice, then given up: 3 attempts
+    # after the narrowing one.
+    crash = st["varying_crash_op"]
+    assert (crash["status"], crash["attempts"]) == ("FAIL", "4")
+    assert crash["notes"] == "dtype fallback fp16,fp32 -> fp32; retry after exit 11; retry after exit 12"
+    assert crash["exit_code"] == "13"
+
+
+def load_json(path: Path):
+    return json.loads(path.read_text())

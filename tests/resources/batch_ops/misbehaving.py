@@ -47,3 +47,14 @@ hang_later_op = Operator(name="hang_later_op", candidate=_hang_in_2d_case, **COM
 flaky_op = Operator(name="flaky_op", candidate=_flaky, **COMMON)
 fp32_op = Operator(name="fp32_op", candidate=triton_add, **COMMON)
 skip_op = Operator(name="skip_op", candidate=triton_add, skip="not meaningful on this backend", **COMMON)
+
+
+def _crash_differently(x, y):
+    # Each process exits with another code (state kept by the test): never "the same code twice".
+    counter = Path(os.environ["ZL_TEST_STATE_DIR"]) / "varying_crash_runs"
+    n = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    os._exit(10 + n)
+
+
+varying_crash_op = Operator(name="varying_crash_op", candidate=_crash_differently, **COMMON)
