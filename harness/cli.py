@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default for a new batch: runs/batch_<ts>)")
     run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
                       help="replay each op from this earlier batch dir")
+    run_.add_argument("--triage", action=argparse.BooleanOptionalAction, default=None,
+                      help="rerun a FlagGems op that still fails as the bare upstream pytest node: FAIL_UPSTREAM "
+                           "when that fails too (not counted as ours), FAIL when it passes (default: on; "
+                           "--resume: the batch's)")
     run_.add_argument("--executor", choices=("local", "ray"), default="local",
                       help="local subprocesses, or Ray tasks of one device each (default: local)")
     run_.add_argument("--ray-address", metavar="ADDR", default=None,

@@ -202,7 +202,7 @@ def test_unknown_op_and_bad_dtype(harness):
     assert "unknown operator 'nope'" in _error(harness("record", "nope", "--backend", "cpu"))
     # Bad input with an exit code of its own (4): a batch tells it from other failures.
     assert "does not take dtype" in _error(harness("record", "scale3", "--backend", "cpu", "--ops-path",
-                                                   RESOURCES / "user_ops", "--dtypes", "bf16"), code=4)
+                                                   RESOURCES / "user_ops", "--dtypes", "bf16"), code=65)
 
 
 def test_bad_shape_file_names_file_and_key(harness, tmp_path):

@@ -119,8 +119,8 @@ class Child:
 def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[str], None] | None = None,
           on_stderr: Callable[[str], None] | None = None, env: Mapping[str, str] | None = None,
           visible: tuple[backends.Backend, int] | None = None, pythonpath: str | None = None,
-          own_group: bool = True, with_parent: bool = True) -> Child:
-    """Start `argv` in the checkout.
+          own_group: bool = True, with_parent: bool = True, cwd: str | os.PathLike | None = None) -> Child:
+    """Start `argv` in `cwd`, by default the checkout.
 
     Output: `log` gets a `$ VAR=value ... command` line, then the child's stdout and stderr; else
     `on_stdout` and `on_stderr` get its lines (text) from threads of their own; else it inherits ours.
@@ -153,7 +153,7 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     # child: an exec keeps the mask, and a child holding SIGINT off would never see a Ctrl-C.
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=environ, start_new_session=own_group,
+        proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=environ, start_new_session=own_group,
                                 preexec_fn=_die_with_parent() if with_parent else None, **streams)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)

@@ -16,6 +16,11 @@ plus `--flaggems-dir`). Its dtypes are known only once it runs, so when it rejec
 ones the fallback goes straight to the rescue run without a dtype filter. A rejection is a fact,
 not log text: our own is the exit code of DtypeRejected, FlagGems' is run.json's
 `observed.dtype_rejected` (see `_dtype_rejected`).
+
+Triage (on unless `--no-triage`): a FlagGems op that still fails after its retries is rerun once as
+the bare upstream pytest node, with upstream's own timing, in the op's `upstream/` dir. When that
+fails too the op is FAIL_UPSTREAM (listed, but not our failure: it leaves the exit code alone);
+when it passes the op stays FAIL, ours.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import io
 import json
 import os
 import queue
+import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,13 +53,15 @@ from harness.sessions import ray_executor, resolve
 STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
                   "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
 DONE = ("PASS", "SKIP")
+FAIL_UPSTREAM = "FAIL_UPSTREAM"  # fails as the bare upstream node too: listed, not counted as ours
+UPSTREAM_DIR = "upstream"  # under an op's dir: the triage rerun as upstream's own pytest node
 BATCH_JSON = "batch.json"  # what makes a dir a batch dir
 OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
 DEFAULT_OP_TIMEOUT = 1800.0
 # The options (argparse names) a batch stores in batch.json: `--resume` reuses each one that its
 # command line does not give, so `--resume --batch-dir D` alone reruns the same batch.
 STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggems_dir", "level", "flagtune",
-                  "libtuner_cache", "op_timeout", "replay_root")
+                  "libtuner_cache", "op_timeout", "replay_root", "triage")
 MAX_RETRIES = 2
 KILL_GRACE_S = 10
 
@@ -71,6 +80,7 @@ class Options:
     libtuner_cache: str | None = None
     op_timeout: float = DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
+    triage: bool = True  # rerun a failing FlagGems op as the bare upstream node
 
 
 def shard(key: str, n: int) -> int:
@@ -145,7 +155,7 @@ class Batch:
         return RunRequest("record", target, backend=self.opts.backend, dtypes=dtypes,
                           shapes=Path(self.opts.shapes) if self.opts.shapes else None, **where).command_line()
 
-    def _attempt(self, cmd: list[str], log_path: Path) -> tuple[int | None, float]:
+    def _attempt(self, cmd: list[str], log_path: Path, **start_kw) -> tuple[int | None, float]:
         """(exit code or None on timeout, seconds).
 
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
@@ -154,7 +164,7 @@ class Batch:
         running = log_path.parent / opguard.RUNNING
         with open(log_path, "a") as log:
             # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
-            child = launch.start(opguard.command(running, cmd), log=log, with_parent=False)
+            child = launch.start(opguard.command(running, cmd), log=log, with_parent=False, **start_kw)
             with self.lock:
                 self.children[child.pid] = child
             if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
@@ -215,6 +225,11 @@ class Batch:
             if len(codes) > MAX_RETRIES:
                 break
             notes.append(f"retry after exit {code}")
+        if status == "FAIL" and code is not None and self.opts.triage and catalog.needs_checkout(entry.repo) \
+                and entry.repo in self.opts.flaggems_dirs:
+            status, note, seconds = self._triage(entry, device, dtypes, op_dir)
+            notes.append(note)
+            elapsed += seconds
         runs = sorted(op_dir.glob("attempt*/*/run.json"), key=lambda p: p.stat().st_mtime)
         run_dir = runs[-1].parent if runs else None
         facts = _run_facts(run_dir)
@@ -231,6 +246,38 @@ class Batch:
             (op_dir / ".complete").write_text(status + "\n")
         self.record(entry, row)
         return row
+
+    def _triage(self, entry: Entry, device: int, dtypes: list[str] | None, op_dir: Path) -> tuple[str, str, float]:
+        """Rerun the failed FlagGems op as upstream's own pytest node (same checkout, level, dtypes and
+        vendor; upstream's timing), so that a failure of upstream's is told from ours.
+        (status, note, seconds)."""
+        root = Path(self.opts.flaggems_dirs[entry.repo])
+        out = op_dir / UPSTREAM_DIR
+        shutil.rmtree(out, ignore_errors=True)  # a resumed batch's earlier triage
+        out.mkdir()
+        log_path = out / "pytest.log"
+        cmd = [sys.executable, "-m", "pytest", f"{entry.file}::test_{entry.op}", "--level", self.opts.level or "core"]
+        for dtype in dtypes or ():
+            cmd += ["--dtypes", flaggems.TORCH_DTYPES[dtype]]
+        backend = backends.get(self.opts.backend)
+        env = {"GEMS_VENDOR": backend.flaggems_vendor} if backend.flaggems_vendor else {}
+        if self.opts.flagtune is not None:
+            env["USE_FLAGTUNE"] = self.opts.flagtune
+        found = flaggems.package_dir(root)
+        # The checkout's package first, as in our child; the harness after it for the op's guard only.
+        pythonpath = os.pathsep.join([*([str(found[1])] if found else []),
+                                      paths.harness_pythonpath(os.environ.get("PYTHONPATH"))])
+        code, seconds = self._attempt(cmd, log_path, cwd=root, env=env, visible=(backend, device),
+                                      pythonpath=pythonpath)
+        where = log_path.relative_to(self.dir)
+        if self.stopping.is_set():
+            return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
+        if code is None:
+            return "FAIL", (f"triage undecided: the upstream rerun timed out after {self.opts.op_timeout:.0f} s "
+                            f"(killed; {where})"), seconds
+        if code == 0:
+            return "FAIL", f"ours: upstream passes ({_pytest_line(log_path, code)}; {where})", seconds
+        return FAIL_UPSTREAM, f"upstream fails too: {_pytest_line(log_path, code)} ({where})", seconds
 
     def record(self, entry: Entry, row: dict) -> None:
         with self.lock:
@@ -297,6 +344,18 @@ def _dtype_rejected(code: int, attempt_dir: Path) -> bool:
         return bool(runs) and rundir.read_json(runs[-1]).get("observed", {}).get("dtype_rejected") is True
     except (OSError, ValueError):
         return False
+
+
+def _pytest_line(log_path: Path, code: int) -> str:
+    """What a pytest log says in one line: its first error (an `E   ` line, else a FAILED or ERROR
+    summary line) when it failed, its final summary line (`1 passed in 0.1s`) when it passed."""
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    if code != 0:
+        for prefix in ("E ", "FAILED ", "ERROR "):
+            found = next((line for line in lines if line.startswith(prefix)), None)
+            if found:
+                return found[1:].strip() if prefix == "E " else found
+    return lines[-1].strip("= ") if lines else f"pytest exited {code}"
 
 
 def _killed_during(attempt_dir: Path) -> str:
@@ -413,7 +472,8 @@ def run_from_args(args) -> int:
                        flaggems_dirs={r: str(p) for r, p in checkouts.items()},
                        level=args.level, flagtune=args.flagtune, libtuner_cache=args.libtuner_cache,
                        op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
-                       replay_root=args.replay_root.resolve() if args.replay_root else None)
+                       replay_root=args.replay_root.resolve() if args.replay_root else None,
+                       triage=args.triage is not False)
         if args.resume:
             for line in stop_leftovers(batch_dir):
                 print(line)
@@ -553,6 +613,7 @@ def _request(opts: Options, selected: list[Entry]) -> dict:
             "flaggems_dir": [f"{r}={p}" for r, p in opts.flaggems_dirs.items()] or None,
             "level": opts.level, "flagtune": opts.flagtune, "libtuner_cache": opts.libtuner_cache,
             "op_timeout": opts.op_timeout, "replay_root": str(opts.replay_root) if opts.replay_root else None,
+            "triage": None if opts.triage else False,  # on is the default: stored only when turned off
             "selection": [e.id for e in selected]}
 
 
@@ -560,7 +621,8 @@ def _apply_stored(args, stored: dict) -> str:
     """Fill in each stored option the command line does not give; the line saying what came from where."""
     from_file, from_cli = [], []
     for name in STORED_OPTIONS:
-        flag = "--" + name.replace("_", "-")
+        value = getattr(args, name) if getattr(args, name) is not None else stored.get(name)
+        flag = ("--no-" if value is False else "--") + name.replace("_", "-")  # a switch turned off: --no-triage
         if getattr(args, name) is not None:
             from_cli.append(flag)
         elif stored.get(name) is not None:
@@ -611,7 +673,12 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
     status = read_status(runner.dir)
     final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
-    failed = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] not in DONE)
+    failed = sorted(e.key for e in selected
+                    if e.id in status and status[e.id]["status"] not in (*DONE, FAIL_UPSTREAM))
+    theirs = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] == FAIL_UPSTREAM)
     if failed:
         print("not passed: " + ", ".join(failed))
+    if theirs:
+        # Listed, but not our failure: the exit code is for failures of ours.
+        print("failing upstream too (not counted as ours; see their notes): " + ", ".join(theirs))
     return 1 if failed else 0
