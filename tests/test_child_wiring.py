@@ -53,7 +53,9 @@ def test_a_flaggems_child_runs_whatever_the_order_of_its_plugins(tmp_path, order
     # reaches them all.
     run_dir = flaggems_run_dir(tmp_path)
     env = backends.get("interpreter").visibility_env(0, os.environ)
-    env.update(PYTHONPATH=str(REPO), TRITON_CACHE_DIR=str(tmp_path / "triton_cache"))
+    # The checkout first, then what this process was given (the session's .nox/deps).
+    env.update(PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+               TRITON_CACHE_DIR=str(tmp_path / "triton_cache"))
     proc = subprocess.run([sys.executable, "-c", CHILD.format(step=ORDERS[order]), str(run_dir)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,8 +1,9 @@
 """`python -m harness` without nox: it finds the light packages a session installed into the
 checkout's .nox/deps (its children too), and a package still missing is one line, not a traceback.
 
-Run in a real environment that lacks pyyaml (a venv linking every package of this one but
-PyYAML) against a copy of the checkout, whose .nox/deps the test may fill."""
+Run in a real environment that lacks pyyaml (a venv linking every package this test process sees,
+from site-packages and from the nox session's .nox/deps alike, but PyYAML) against a copy of the
+checkout, whose .nox/deps the test may fill."""
 
 import os
 import shutil
@@ -16,7 +17,9 @@ from conftest import REPO, run_dir_of
 
 pytestmark = pytest.mark.e2e
 
-BASE_SITE = Path(sysconfig.get_path("purelib"))
+# Where this process finds installed distributions: site-packages, and .nox/deps under nox.
+SITES = [Path(p) for p in dict.fromkeys([sysconfig.get_path("purelib"), *sys.path])
+         if p and Path(p).is_dir() and any(Path(p).glob("*.dist-info"))]
 YAML_ENTRIES = ("yaml", "_yaml")
 
 
@@ -31,9 +34,10 @@ def no_yaml_python(tmp_path_factory) -> Path:
     python = root / "venv" / "bin" / "python"
     own = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                               capture_output=True, text=True, check=True).stdout.strip())
-    for entry in BASE_SITE.iterdir():
-        if not _is_yaml(entry.name):
-            (own / entry.name).symlink_to(entry)
+    for site in SITES:
+        for entry in site.iterdir():
+            if not _is_yaml(entry.name) and not (own / entry.name).exists():
+                (own / entry.name).symlink_to(entry)
     return python
 
 
@@ -62,9 +66,10 @@ def test_a_missing_package_is_one_line_naming_it_and_the_fix(no_yaml_python, che
 def test_the_checkouts_nox_deps_serves_the_harness_and_its_children(no_yaml_python, checkout, tmp_path):
     deps = checkout / ".nox" / "deps"
     deps.mkdir(parents=True)
-    for entry in BASE_SITE.iterdir():
-        if _is_yaml(entry.name):
-            (deps / entry.name).symlink_to(entry)
+    for site in SITES:
+        for entry in site.iterdir():
+            if _is_yaml(entry.name) and not (deps / entry.name).exists():
+                (deps / entry.name).symlink_to(entry)
     proc = run(no_yaml_python, checkout, "record", "softmax", "--backend", "interpreter", "--out", tmp_path / "runs")
     # The child (python -m harness.child) imports yaml as well: it must get .nox/deps on its path.
     assert proc.returncode == 0, proc.stdout + proc.stderr
