@@ -110,7 +110,8 @@ def completed(batch_dir: Path, entry: Entry) -> str | None:
 
 def _run_facts(run_dir: Path | None) -> dict:
     if run_dir is None or not (run_dir / rundir.RESULTS_JSON).is_file():
-        return {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {}}
+        return {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {},
+                "skip_reason": ""}
     rows = rundir.read_json(run_dir / rundir.RESULTS_JSON)["rows"]
     timers = sorted({r["timer"] for r in rows if r.get("timer")})
     statuses: dict[str, int] = {}
@@ -120,7 +121,8 @@ def _run_facts(run_dir: Path | None) -> dict:
             "timer_fallback_rows": sum(1 for r in rows if any(m.startswith("TIMER_FALLBACK") for m in r["markers"])),
             "replay_fallback_rows": sum(1 for r in rows
                                         if any(m.startswith("AUTOTUNE_REPLAY_FALLBACK") for m in r["markers"])),
-            "statuses": statuses}
+            "statuses": statuses,
+            "skip_reason": next((r.get("error") for r in rows if r["status"] == "SKIPPED" and r.get("error")), "")}
 
 
 class Batch:
@@ -235,6 +237,7 @@ class Batch:
         facts = _run_facts(run_dir)
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
+            notes.append(f"skipped: {facts['skip_reason']}")  # upstream's reason, or the operator's
         row = {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status,
                "exit_code": "" if code is None else code,
                "attempts": attempts, "elapsed_s": round(elapsed, 1), "backend": self.opts.backend,

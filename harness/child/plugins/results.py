@@ -120,6 +120,8 @@ class ResultsPlugin:
 
     @staticmethod
     def _error(report) -> str:
+        if report.skipped and isinstance(report.longrepr, tuple):  # (file, line, "Skipped: reason")
+            return str(report.longrepr[2]).removeprefix("Skipped: ")[:2000]
         crash = getattr(report.longrepr, "reprcrash", None)
         if crash is not None:
             return crash.message[:2000]
