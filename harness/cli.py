@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
     sel.add_argument("--ops-file", type=Path, metavar="FILE", default=None, help="one selection entry per line")
     sel.add_argument("--repos", nargs="+", metavar="REPO", default=None, help="only these inventories")
+    sel.add_argument("--sample", type=int, metavar="N", default=None,
+                     help="a seeded random sample of N ops from the selection (after exclusions)")
+    sel.add_argument("--sample-seed", type=int, metavar="S", default=0,
+                     help="the sample's seed (default 0): the same seed and inventory pick the same ops")
     run_ = bat.add_argument_group("running")
     run_.add_argument("--devices", metavar="LIST", default=None,
                       help="comma-separated device indices (default: the backend's visible devices)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import random
 from pathlib import Path
 
 from harness.core.paths import OPS_DIR
@@ -167,6 +168,17 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
         else:
             selected.append(e)
     return selected, excluded
+
+
+def sample(selected: list[Entry], n: int, seed: int) -> list[Entry]:
+    """A seeded random sample of n entries, kept in inventory order (sharding and logs stay stable):
+    the same seed over the same inventory picks the same ops on any machine."""
+    if n < 1:
+        raise SelectionError(f"--sample {n}: give a positive number of operators")
+    if n >= len(selected):
+        return list(selected)
+    picked = set(random.Random(seed).sample(range(len(selected)), n))
+    return [e for i, e in enumerate(selected) if i in picked]
 
 
 def read_ops_file(path: Path) -> list[str]:

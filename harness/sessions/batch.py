@@ -531,6 +531,9 @@ def _select(args, stored: list[str] | None, ops_paths: list[str],
         if stored is not None and not (args.all or specs or args.repos):
             specs = stored
         selected, excluded = catalog.select(entries, specs, args.all, repos, catalog.load_dismissed(), runnable)
+        if args.sample is not None and specs is not stored:  # a stored selection is already the sample
+            selected = catalog.sample(selected, args.sample, args.sample_seed)
+            print(f"sample: {len(selected)} ops (seed {args.sample_seed}) from the selection")
     except (catalog.SelectionError, flaggems.FlagGemsError) as exc:
         raise UsageError(str(exc)) from exc
     require_checkouts(selected, checkouts)
