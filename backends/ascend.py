@@ -15,6 +15,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    ray_resource="NPU",
     flaggems_vendor="ascend",
     name="ascend",
     aliases=("npu", "huawei"),

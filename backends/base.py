@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
+from .monitor import Monitor
+
 # Every vendor's visibility keys. A child's environment is scrubbed of all of them before its own
 # backend's key is set: a stale HIP_VISIBLE_DEVICES under a CUDA run (or the reverse) silently
 # picks the wrong card on hosts that have both stacks installed.
@@ -63,6 +65,9 @@ class Backend:
     graph_class: str = "CUDAGraph"
     # Triton's own driver runs kernels (False for the interpreter: no compile hooks, no do_bench).
     triton_driver: bool = True
+    # Whether Triton compiles kernels here (an autotune sweep's configs are then compiled in
+    # parallel before it is timed); the interpreter compiles nothing.
+    compiles_kernels: bool = True
     # Whether this backend's timings are performance numbers at all (the interpreter's are not:
     # its runs exercise the pipeline, and reports must not present verdicts on them).
     measures_performance: bool = True
@@ -85,6 +90,19 @@ class Backend:
     virtual_devices: Callable[[], int] = lambda: 1
     # Whether the installed torch is a build for this vendor (ROCm torch also answers torch.cuda).
     torch_build: Callable[[object], bool] = lambda torch: True
+    # Ray's resource name for one of this backend's devices (GPU, NPU): a batch's Ray task asks for
+    # one and runs on the id Ray assigned it. None: no device resource (the interpreter).
+    ray_resource: str | None = None
+    # The device's last-level cache in bytes, read in the child (`--l2 cold` writes a buffer larger
+    # than it between calls); None: no cache the harness knows how to flush, and cold is refused.
+    l2_cache_bytes: Callable[[], int] | None = None
+    # The torch.profiler activity (ProfilerActivity member, also the DeviceType of its events) that
+    # records this device's kernels; None: no device profiler (no `--timer profiler`, no per-kernel
+    # attribution on rows).
+    profiler_activity: str | None = None
+    # Opens the device monitor of the child's one visible device (backends.monitor): clocks,
+    # temperature, power, throttle reasons; None where the backend has none (the interpreter).
+    monitor: Callable[[], Monitor] | None = None
 
     @property
     def default_timer(self) -> str:

@@ -1,5 +1,6 @@
 """NVIDIA CUDA."""
 
+from . import monitor_nvml
 from .base import Backend, CaptureMarkers
 
 
@@ -14,7 +15,14 @@ def identity() -> dict:
     }
 
 
+def l2_cache_bytes() -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).L2_cache_size)
+
+
 BACKEND = Backend(
+    ray_resource="GPU",
     flaggems_vendor="nvidia",
     name="cuda",
     aliases=("nvidia", "gpu"),
@@ -42,5 +50,9 @@ BACKEND = Backend(
         poisoned=("CUDA error: unknown error", "CUDA driver error: unknown error"),
     ),
     identity=identity,
+    monitor=monitor_nvml.open_monitor,
     torch_build=lambda torch: torch.version.hip is None,
+    l2_cache_bytes=l2_cache_bytes,
+    # Kineto over CUPTI: kernels, memcpy and memset activities, each with device timestamps.
+    profiler_activity="CUDA",
 )

@@ -22,6 +22,7 @@ BACKEND = Backend(
     torch_device_type="cpu",
     visibility_key=None,
     triton_driver=False,
+    compiles_kernels=False,
     measures_performance=False,
     child_env={"TRITON_INTERPRET": "1"},
     default_shapes="tiny.yaml",

@@ -16,6 +16,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    ray_resource="GPU",  # Ray detects no MUSA device: start its nodes with --num-gpus N
     flaggems_vendor="mthreads",
     name="musa",
     aliases=("mthreads", "moore"),

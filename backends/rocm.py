@@ -1,5 +1,6 @@
 """AMD ROCm (HIP). torch exposes it as the `cuda` device type."""
 
+from . import monitor_amdsmi
 from .base import Backend, CaptureMarkers
 
 
@@ -15,6 +16,7 @@ def identity() -> dict:
 
 
 BACKEND = Backend(
+    ray_resource="GPU",
     flaggems_vendor="amd",
     name="rocm",
     aliases=("amd", "hip"),
@@ -40,5 +42,10 @@ BACKEND = Backend(
         poisoned=("HIP error: unknown error",),
     ),
     identity=identity,
+    monitor=monitor_amdsmi.open_monitor,
     torch_build=lambda torch: torch.version.hip is not None,
+    # ROCm builds of torch record HIP kernels under the CUDA activity (Kineto over roctracer). No
+    # l2_cache_bytes: torch reports the L2 only, and a buffer of that size would leave MI300's
+    # Infinity Cache (hundreds of MB, not reported) warm, so cold would not be cold.
+    profiler_activity="CUDA",
 )

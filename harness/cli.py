@@ -67,6 +67,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                      help="parent of the run dir (default: runs/)")
     out.add_argument("--no-ir", dest="ir", action="store_false",
                      help="do not collect per-shape TTGIR (collected by default where the compiler allows)")
+    out.add_argument("--no-precompile", dest="precompile", action="store_false",
+                     help="compile each autotune config inside its sweep, one after another, as Triton alone "
+                          "does (default: compiled in parallel before the sweep where the backend compiles)")
+    out.add_argument("--triton-cache", metavar="DIR", type=Path, default=None,
+                     help="compile into DIR and keep it, instead of a private cache removed after the run; for "
+                          "several runs of one compiler (the A/B gives each side its own) (default: private)")
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
 
@@ -75,11 +81,45 @@ def _add_measurement(parser: argparse.ArgumentParser) -> None:
     how = parser.add_argument_group("how to measure")
     how.add_argument("--seed", metavar="N", type=int, default=0, help="seed for random/numpy/torch (default: 0)")
     how.add_argument("--timer", choices=spec_mod.TIMERS, default="auto",
-                     help="auto: graph where the backend can capture, else direct (default: auto)")
+                     help="auto: graph where the backend can capture, else direct; profiler: the device "
+                          "profiler's summed kernel time per call (default: auto)")
+    how.add_argument("--l2", choices=spec_mod.L2_MODES, default="warm",
+                     help="warm: calls reuse what the last left in the device L2; cold: flush it before every "
+                          "call (default: warm)")
     how.add_argument("--warmup-ms", metavar="MS", type=_nonneg_float, default=None,
                      help="warmup budget per measurement (default: the backend's, 25 on GPUs)")
     how.add_argument("--rep-ms", metavar="MS", type=_nonneg_float, default=None,
                      help="timing budget per measurement (default: the backend's, 100 on GPUs)")
+
+
+def _add_corpus(sel, run_) -> None:
+    """The selection and running options that batch and a corpus A/B share."""
+    sel.add_argument("--all", action="store_true", help="the whole inventory, minus skip marks and ops/dismiss.txt")
+    sel.add_argument("--ops-file", type=Path, metavar="FILE", default=None, help="one selection entry per line")
+    sel.add_argument("--repos", nargs="+", metavar="REPO", default=None, help="only these inventories")
+    sel.add_argument("--sample", type=int, metavar="N", default=None,
+                     help="a seeded random sample of N ops from the selection (after exclusions)")
+    sel.add_argument("--sample-seed", type=int, metavar="S", default=0,
+                     help="the sample's seed (default 0): the same seed and inventory pick the same ops")
+    run_.add_argument("--devices", metavar="LIST", default=None,
+                      help="comma-separated device indices (default: the backend's visible devices)")
+    run_.add_argument("--op-timeout", type=float, metavar="S", default=None,
+                      help="per-op timeout in seconds; the op's process group is killed (default: 1800; "
+                           "--resume: the batch's)")
+    run_.add_argument("--resume", action="store_true",
+                      help="rerun only ops not PASS/SKIP in --batch-dir, with the selection and options stored "
+                           "there unless given again")
+    run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None,
+                      help="the batch dir: a new or empty one (created), or with --resume the batch to resume "
+                           "(default for a new batch: runs/batch_<ts>)")
+    run_.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
+                      help="local subprocesses, Ray tasks of one device each, or Slurm array tasks of one GPU each "
+                           "through submitit (the batch dir on a shared filesystem) (default: local)")
+    run_.add_argument("--ray-address", metavar="ADDR", default=None,
+                      help="Ray cluster to join (default with --executor ray: a local Ray instance)")
+    run_.add_argument("--slurm-param", action="append", metavar="KEY=VAL", default=None,
+                      help="with --executor slurm: a Slurm job parameter for submitit (slurm_KEY), e.g. partition=gpu, "
+                           "account=x (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("plan", type=Path, nargs="?", default=None,
                     help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
     side = ab.add_argument_group("the experiment (override the plan)")
-    side.add_argument("--ops", nargs="+", metavar="OP", default=None, help="operators to compare")
+    side.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
+                      help="operators to compare (with a corpus option below: a batch selection)")
     side.add_argument("--repeats", type=int, metavar="N", default=None, help="replays per side (>= 2; default 3)")
     for s_ in ("a", "b"):
         side.add_argument(f"--{s_}-env", action="append", metavar="KEY=VAL", default=None,
@@ -110,40 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
         side.add_argument(f"--{s_}-python", metavar="PATH", default=None,
                           help=f"Python interpreter of side {s_.upper()} (a second compiler build)")
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
-                      help="compare two existing run dirs without running anything")
+                      help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
+                           "screened under A, then under B), without running anything")
+    # Any of these makes it a corpus A/B: each op's whole A/B is one batch job on one device.
+    _add_corpus(ab.add_argument_group("corpus A/B: selection"), ab.add_argument_group("corpus A/B: running"))
+    ab.set_defaults(replay_root=None, triage=False, summarize=None)
     _add_common(ab)
     bat = sub.add_parser("batch", help="screen many operators across devices, isolated, with retries and resume")
     sel = bat.add_argument_group("selection")
-    sel.add_argument("--all", action="store_true", help="the whole inventory, minus skip marks and ops/dismiss.txt")
     sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
-    sel.add_argument("--ops-file", type=Path, metavar="FILE", default=None, help="one selection entry per line")
-    sel.add_argument("--repos", nargs="+", metavar="REPO", default=None, help="only these inventories")
-    sel.add_argument("--sample", type=int, metavar="N", default=None,
-                     help="a seeded random sample of N ops from the selection (after exclusions)")
-    sel.add_argument("--sample-seed", type=int, metavar="S", default=0,
-                     help="the sample's seed (default 0): the same seed and inventory pick the same ops")
     run_ = bat.add_argument_group("running")
-    run_.add_argument("--devices", metavar="LIST", default=None,
-                      help="comma-separated device indices (default: the backend's visible devices)")
-    run_.add_argument("--op-timeout", type=float, metavar="S", default=None,
-                      help="per-op timeout in seconds; the op's process group is killed (default: 1800; "
-                           "--resume: the batch's)")
-    run_.add_argument("--resume", action="store_true",
-                      help="rerun only ops not PASS/SKIP in --batch-dir, with the selection and options stored "
-                           "there unless given again")
-    run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None,
-                      help="the batch dir: a new or empty one (created), or with --resume the batch to resume "
-                           "(default for a new batch: runs/batch_<ts>)")
+    _add_corpus(sel, run_)
     run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
                       help="replay each op from this earlier batch dir")
     run_.add_argument("--triage", action=argparse.BooleanOptionalAction, default=None,
                       help="rerun a FlagGems op that still fails as the bare upstream pytest node: FAIL_UPSTREAM "
                            "when that fails too (not counted as ours), FAIL when it passes (default: on; "
                            "--resume: the batch's)")
-    run_.add_argument("--executor", choices=("local", "ray"), default="local",
-                      help="local subprocesses, or Ray tasks of one device each (default: local)")
-    run_.add_argument("--ray-address", metavar="ADDR", default=None,
-                      help="Ray cluster to join (default with --executor ray: a local Ray instance)")
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat)
@@ -177,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
             from harness.sessions import run
 
             resolved = resolve.resolve_record(args) if args.command == "record" else resolve.resolve_replay(args)
-            return run.execute(*resolved)
+            return run.execute(*resolved, cache_dir=args.triton_cache)
         if args.command == "ab":
-            from harness.sessions import ab
+            from harness.sessions import ab, compare_batches, corpus_ab
 
-            return ab.run_from_args(args)
+            if args.compare and compare_batches.names_batches(args.compare):
+                return compare_batches.run_from_args(args)
+            return corpus_ab.run_from_args(args) if corpus_ab.wanted(args) else ab.run_from_args(args)
         if args.command == "batch":
             from harness.sessions import batch
 

@@ -1,6 +1,9 @@
 """The A/B report: a terminal table, the same as markdown, CSV and JSON files, and a PNG of
 per-row ratios with their intervals grouped by operator.
 
+A side's latency is the geometric mean of its repeats (reports.stats.center): the "A ms" and
+"B ms" columns, the B/A ratio and the verdict all come from that one statistic.
+
 `note`, where given, says the timings are not performance numbers (reports.table.not_performance_note):
 it heads every one of them, verdicts are n/a (reports.compare.pair), and the text reports show no
 ratio, interval or geomean; the CSV and JSON keep the computed values, for checking the pipeline.
@@ -17,32 +20,33 @@ from pathlib import Path
 from tabulate import tabulate
 
 from harness.core import rundir
-from reports import stats
+from reports import stats, table
 from reports.compare import PairedRow, Summary
 
 REPORT_FORMAT = 1
-HEADERS = ["op", "dtype", "shape", "A ms", "B ms", "B/A", "95% CI", "verdict", "control B/A", "flags"]
+HEADERS = ["op", "dtype", "shape", "A ms (gm)", "B ms (gm)", "B/A", "95% CI", "verdict", "control B/A", "flags"]
 
 
 def _shape(row: PairedRow) -> str:
     return "x".join(map(str, row.shape))
 
 
-def _median(values) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+def _center(values) -> float | None:
+    return stats.center(values) if values else None
+
+
+def _interval(lo: float, hi: float) -> str:
+    """' [lo, hi]', or '' where there is no finite interval (one latency on a side)."""
+    return f" [{lo:.4f}, {hi:.4f}]" if math.isfinite(lo) and math.isfinite(hi) and lo > 0 else ""
 
 
 def _cells(row: PairedRow, performance: bool) -> list:
     c = row.comparison
     control = stats.compare(row.a_control_ms, row.b_control_ms).ratio if row.a_control_ms and row.b_control_ms else None
     flags = list(row.flags) + (["config_differs"] if row.config_differs else [])
-    a, b = _median(row.a_ms), _median(row.b_ms)
+    a, b = _center(row.a_ms), _center(row.b_ms)
     ratio = f"{c.ratio:.4f}" if c else "-"
-    interval = f"[{c.lo:.4f}, {c.hi:.4f}]" if c and math.isfinite(c.hi) else "-"
+    interval = (_interval(c.lo, c.hi) if c else "").strip() or "-"
     control_cell = f"{control:.4f}" if control else "-"
     if not performance:
         ratio, interval, control_cell = (stats.NOT_APPLICABLE if c else "-",) * 3
@@ -54,11 +58,39 @@ def _gm(gm: tuple[float, float, float], performance: bool) -> str:
     ratio, lo, hi = gm
     if not math.isfinite(ratio) or not performance:
         return stats.NOT_APPLICABLE
-    interval = f" [{lo:.4f}, {hi:.4f}]" if math.isfinite(lo) else ""
-    return f"{ratio:.4f}{interval} ({stats.describe(ratio)})"
+    return f"{ratio:.4f}{_interval(lo, hi)} ({stats.describe(ratio)})"
 
 
-def headline(summary: Summary, warnings: list[str], context: dict, note: str | None = None) -> list[str]:
+def _label(row: PairedRow) -> str:
+    return f"{row.op} {row.dtype} {_shape(row)}"
+
+
+def throttled_lines(rows: list[PairedRow]) -> list[str]:
+    """The rows a thermal or power slowdown hit, with the slowdowns per side."""
+    hit = [r for r in rows if r.throttled]
+    if not hit:
+        return []
+    lines = [f"CLOCK_THROTTLED rows (a thermal or power slowdown hit their measurement; out of the headline): "
+             f"{len(hit)}"]
+    for r in hit:
+        sides = "; ".join(f"{side.upper()} {', '.join(reasons)}" for side, reasons in sorted(r.throttled.items()))
+        lines.append(f"  {_label(r)}: {sides}")
+    return lines
+
+
+def kernels_table(rows: list[PairedRow], fmt: str) -> str:
+    """Each profiled row's top kernels per side (results.json `kernels`), or '' if none was profiled."""
+    profiled = [r for r in rows if r.kernels]
+    if not profiled:
+        return ""
+    return tabulate([[r.op, r.dtype, _shape(r), table.kernels_cell(r.kernels.get("a")),
+                      table.kernels_cell(r.kernels.get("b"))] for r in profiled],
+                    headers=["op", "dtype", "shape", f"A top kernels (share, top {table.TOP_KERNELS})",
+                             "B top kernels"], tablefmt=fmt, disable_numparse=True)
+
+
+def headline(summary: Summary, warnings: list[str], context: dict, note: str | None = None,
+             rows: list[PairedRow] = ()) -> list[str]:
     lines = [note] if note else []
     lines.append(f"A/B {context.get('name', '')}: A = {context.get('a', 'A')}, B = {context.get('b', 'B')}; "
                  f"ratio = B latency / A latency (below 1: B faster)")
@@ -68,6 +100,7 @@ def headline(summary: Summary, warnings: list[str], context: dict, note: str | N
     if summary.excluded:
         excluded = ", ".join(f"{k} {v}" for k, v in sorted(summary.excluded.items()))
         lines.append(f"excluded from the headline: {excluded}")
+    lines += throttled_lines(list(rows))
     if summary.config_differs:
         lines.append(f"rows whose sides ran different autotune configs: {summary.config_differs}")
     performance = note is None
@@ -81,8 +114,10 @@ def headline(summary: Summary, warnings: list[str], context: dict, note: str | N
 
 def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict, fmt: str = "simple",
            note: str | None = None) -> str:
-    table = tabulate([_cells(r, note is None) for r in rows], headers=HEADERS, tablefmt=fmt, disable_numparse=True)
-    return "\n".join(headline(summary, warnings, context, note)) + "\n\n" + table + "\n"
+    out = tabulate([_cells(r, note is None) for r in rows], headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+    kernels = kernels_table(rows, fmt)
+    return ("\n".join(headline(summary, warnings, context, note, rows)) + "\n\n" + out + "\n"
+            + (f"\n{kernels}\n" if kernels else ""))
 
 
 def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict,
@@ -95,11 +130,11 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
         if note:
             f.write(f"# {note}\n")
         w = csv.writer(f)
-        w.writerow(["op", "dtype", "shape", "a_ms_median", "b_ms_median", "ratio", "ci_lo", "ci_hi", "verdict",
+        w.writerow(["op", "dtype", "shape", "a_ms_geomean", "b_ms_geomean", "ratio", "ci_lo", "ci_hi", "verdict",
                     "noise_floor", "n_a", "n_b", "flags", "config_differs"])
         for r in rows:
             c = r.comparison
-            w.writerow([r.op, r.dtype, _shape(r), _median(r.a_ms), _median(r.b_ms), c.ratio if c else "",
+            w.writerow([r.op, r.dtype, _shape(r), _center(r.a_ms), _center(r.b_ms), c.ratio if c else "",
                         c.lo if c else "", c.hi if c else "", c.verdict if c else "UNPAIRED",
                         c.floor if c else "", len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
     js = out_dir / "report.json"
@@ -110,19 +145,19 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
         "rows": [{"op": r.op, "dtype": r.dtype, "shape": list(r.shape), "a_ms": r.a_ms, "b_ms": r.b_ms,
                   "a_control_ms": r.a_control_ms, "b_control_ms": r.b_control_ms, "timers": sorted(r.timers),
                   "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
-                  "config_differs": r.config_differs,
+                  "config_differs": r.config_differs, "throttled": r.throttled, "kernels": r.kernels,
                   "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
     return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context, note)]
 
 
-def plot(path: Path, rows: list[PairedRow], context: dict, note: str | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def figure(rows: list[PairedRow], context: dict, note: str | None = None):
+    """The ratios plot as a matplotlib Figure (drawn with the Agg backend, no display needed)."""
+    from matplotlib.figure import Figure
 
     shown = [r for r in rows if r.comparison is not None]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(shown) + 2), 4.5))
+    # Constrained layout makes room for the rotated row labels and the title.
+    fig = Figure(figsize=(max(6.0, 0.35 * len(shown) + 2), 4.5), layout="constrained")
+    ax = fig.add_subplot()
     colors = {stats.FASTER: "tab:green", stats.SLOWER: "tab:red", stats.SAME: "tab:gray", stats.NOISY: "tab:orange",
               stats.NOT_APPLICABLE: "tab:gray"}
     for i, r in enumerate(shown):
@@ -132,15 +167,22 @@ def plot(path: Path, rows: list[PairedRow], context: dict, note: str | None = No
         ax.errorbar(i, c.ratio, yerr=[[c.ratio - lo], [hi - c.ratio]], fmt="o", capsize=3,
                     color=colors[c.verdict], markerfacecolor="none" if r.flags else colors[c.verdict])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(shown)), [f"{r.op} {r.dtype} {_shape(r)}" for r in shown], rotation=90, fontsize=7)
+    ax.set_xticks(range(len(shown)), [_label(r) for r in shown], rotation=90, fontsize=7)
     ops = [r.op for r in shown]
     for i in range(1, len(ops)):
         if ops[i] != ops[i - 1]:
             ax.axvline(i - 0.5, color="lightgray", linewidth=0.8)
     ax.set_ylabel("B / A latency (below 1: B faster)")
     title = f"A/B {context.get('name', '')}: {context.get('b', 'B')} vs {context.get('a', 'A')}"
-    ax.set_title(f"{textwrap.fill(note, 100)}\n{title}" if note else title, fontsize=8 if note else 9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fontsize = 8 if note else 9
+    # Layout engines do not wrap a title: one wider than the figure is cut at both edges. Wrap it to
+    # the figure's width (a capital is about 0.7 em wide).
+    width = int(fig.get_figwidth() * 72 / (0.7 * fontsize))
+    lines = [*(textwrap.wrap(note, width) if note else []), *textwrap.wrap(title, width)]
+    fig.suptitle("\n".join(lines), fontsize=fontsize)
+    return fig
+
+
+def plot(path: Path, rows: list[PairedRow], context: dict, note: str | None = None) -> Path:
+    figure(rows, context, note).savefig(path, dpi=120)
     return path

@@ -3,8 +3,9 @@
 Each side is a list of run dirs (its repeats). A row's latency per repeat is that run's median
 candidate latency; with a single run per side (comparing two existing run dirs), the raw samples
 of that run stand in for repeats. Rows whose timer fell back, whose replay fell back, whose
-baseline and candidate were timed by different timers (FlagGems' `mixed`), or whose sides were
-timed by different timers are kept and shown, but excluded from the headline.
+baseline and candidate were timed by different timers (FlagGems' `mixed`), whose measurement a
+thermal or power slowdown hit (CLOCK_THROTTLED), or whose sides were timed by different timers are
+kept and shown, but excluded from the headline.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from reports import stats
 TIMER_FALLBACK = "TIMER_FALLBACK"
 REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
 TIMER_MIXED = "TIMER_MIXED"
+CLOCK_THROTTLED = "CLOCK_THROTTLED"
+NO_DEVICE_WORK = "NO_DEVICE_WORK"
 
 
 @dataclasses.dataclass
@@ -35,6 +38,10 @@ class PairedRow:
     configs_a: dict
     configs_b: dict
     comparison: stats.Comparison | None = None
+    # Per side ("a", "b"): the slowdowns named by its CLOCK_THROTTLED markers, over its repeats.
+    throttled: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # Per side: the first successful run's per-kernel attribution (results.json `kernels`), if profiled.
+    kernels: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> tuple:
@@ -64,7 +71,24 @@ def _flags(rows: list[dict]) -> list[str]:
             flags.add("replay_fallback")
         if any(m.startswith(TIMER_MIXED) for m in markers):
             flags.add("timer_mixed")
+        if any(m.startswith(CLOCK_THROTTLED) for m in markers):
+            flags.add("clock_throttled")
+        # The side under test launched nothing: no compiler output to compare (the baseline's
+        # emptiness only affects the control).
+        if any(m.startswith(NO_DEVICE_WORK) and "side=baseline" not in m for m in markers):
+            flags.add("no_device_work")
     return sorted(flags)
+
+
+def _slowdowns(rows: list[dict]) -> list[str]:
+    """The reasons of a side's CLOCK_THROTTLED markers ("CLOCK_THROTTLED reasons=a,b ...")."""
+    reasons = set()
+    for r in rows:
+        for m in r.get("markers") or []:
+            if m.startswith(CLOCK_THROTTLED):
+                fields = dict(f.split("=", 1) for f in m.split()[1:] if "=" in f)
+                reasons.update(fields.get("reasons", "?").split(","))
+    return sorted(reasons)
 
 
 def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
@@ -101,7 +125,9 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             a_control_ms=_latencies(ok["a"], "baseline", single),
             b_control_ms=_latencies(ok["b"], "baseline", single),
             timers=timers, flags=flags,
-            configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {})
+            configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
+            throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
+            kernels={s: rs[0]["kernels"] for s, rs in ok.items() if rs and rs[0].get("kernels")})
         if row.a_ms and row.b_ms:
             row.comparison = stats.compare(row.a_ms, row.b_ms)
             if not performance:
@@ -122,19 +148,25 @@ class Summary:
     config_differs: int
 
 
+def aggregate(comparisons: list[stats.Comparison]) -> tuple[float, float, float]:
+    """Geometric mean of rows' B/A with a t interval over the rows; a lone row keeps its own
+    interval (over its repeats): one row has no spread across rows, yet it is not exact."""
+    if len(comparisons) == 1:
+        c = comparisons[0]
+        return c.ratio, c.lo, c.hi
+    return stats.geomean([c.ratio for c in comparisons])
+
+
 def summarize(rows: list[PairedRow]) -> Summary:
     head = [r for r in rows if r.in_headline]
     excluded = collections.Counter(f.split("(")[0] for r in rows for f in r.flags)
     no_pair = sum(1 for r in rows if r.comparison is None)
     if no_pair:
         excluded["unpaired"] = no_pair
-    per_op = {}
-    for op in dict.fromkeys(r.op for r in head):
-        per_op[op] = stats.geomean([r.comparison.ratio for r in head if r.op == op])
-    controls = [stats.compare(r.a_control_ms, r.b_control_ms).ratio for r in head
-                if r.a_control_ms and r.b_control_ms]
+    per_op = {op: aggregate([r.comparison for r in head if r.op == op]) for op in dict.fromkeys(r.op for r in head)}
+    controls = [stats.compare(r.a_control_ms, r.b_control_ms) for r in head if r.a_control_ms and r.b_control_ms]
     return Summary(
         rows=len(rows), headline_rows=len(head), excluded=dict(excluded),
         verdicts=dict(collections.Counter(r.comparison.verdict for r in head)),
-        overall=stats.geomean([r.comparison.ratio for r in head]), per_op=per_op,
-        control=stats.geomean(controls), config_differs=sum(1 for r in rows if r.config_differs))
+        overall=aggregate([r.comparison for r in head]), per_op=per_op,
+        control=aggregate(controls), config_differs=sum(1 for r in rows if r.config_differs))

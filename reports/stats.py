@@ -1,6 +1,9 @@
 """A/B statistics on latencies: ratios on the log scale, Welch intervals, verdicts.
 
-The ratio is B latency / A latency: below 1 means B is faster. Verdicts compare the ratio's 95%
+The ratio is B latency / A latency: below 1 means B is faster. Each side's latency is the
+geometric mean of its repeats (`center`), the one statistic the tables show, the ratio divides
+and the interval is built on (log scale), so a side's number, the ratio and the verdict never point
+different ways, as a median beside a geometric-mean ratio can. Verdicts compare the ratio's 95%
 interval against a noise floor taken from A's own repeats (the A/A inside every A/B):
 
     FASTER  the whole interval lies below 1 - floor
@@ -29,9 +32,14 @@ MAX_FLOOR = 0.05
 FASTER, SLOWER, SAME, NOISY, NOT_APPLICABLE = "FASTER", "SLOWER", "SAME", "NOISY", "n/a"
 
 
+def center(latencies) -> float:
+    """A side's latency: the geometric mean of its repeats (or raw samples)."""
+    return float(np.exp(np.mean(np.log(np.asarray(latencies, dtype=float)))))
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    ratio: float  # geometric mean of B / geometric mean of A
+    ratio: float  # center(B) / center(A)
     lo: float
     hi: float
     floor: float  # relative noise floor used for the verdict

@@ -1,7 +1,11 @@
 """The human results table: columns that hold one value across every row are folded into a
-legend line above the table, so the table shows only what varies."""
+legend line above the table, so the table shows only what varies. Where any row did not succeed,
+the status stays a column and an error column says why. Rows profiled per kernel (results.json
+`kernels`) get their top kernels in a second table below."""
 
 from __future__ import annotations
+
+import collections
 
 from tabulate import tabulate
 
@@ -20,10 +24,39 @@ COLUMNS = (
     ("tflops", "TFLOP/s"),
     ("timer", "timer"),
     ("markers", "markers"),
+    ("error", "error"),
 )
 FOLDABLE = ("op", "dtype", "shape", "timer", "status")
 # Derived from timings as if they were performance numbers: left out where they are not.
 PERFORMANCE_ONLY = ("speedup", "gbps", "tflops")
+ERROR_WIDTH = 60
+TOP_KERNELS = 3
+KERNEL_NAME_WIDTH = 40
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def marker_names(markers: list[str]) -> str:
+    """Markers by name, their details left to results.json: 'TIMER_FALLBACK, AUTOTUNE_REPLAY_FALLBACK x2'."""
+    counts = collections.Counter(m.split()[0].rstrip(":") for m in markers if m.strip())
+    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())
+
+
+def kernels_cell(kernels: list[dict] | None, top: int = TOP_KERNELS) -> str:
+    """The top kernels by share of the profiled time: 'softmax_kernel 91% (x2), elementwise 9%'
+    (xN: launches per call, when not 1), '+N more' for the rest."""
+    if not kernels:
+        return ""
+    parts = []
+    for k in kernels[:top]:
+        launches = k.get("launches_per_call")
+        calls = f" (x{launches:g})" if launches not in (None, 1) else ""
+        parts.append(f"{_clip(str(k['name']), KERNEL_NAME_WIDTH)} {100 * k['share']:.0f}%{calls}")
+    if len(kernels) > top:
+        parts.append(f"+{len(kernels) - top} more")
+    return ", ".join(parts)
 
 
 def not_performance_note(backend: str) -> str:
@@ -37,7 +70,9 @@ def _cell(row: dict, field: str):
     if field == "shape":
         return "x".join(str(d) for d in value) if value else ""
     if field == "markers":
-        return len(value) if value else ""
+        return marker_names(value) if value else ""
+    if field == "error":
+        return _clip(str(value).strip().splitlines()[0], ERROR_WIDTH) if value and str(value).strip() else ""
     if field == "speedup" and value is not None:
         return f"{value:.3f}x"
     if isinstance(value, float):
@@ -54,8 +89,11 @@ def render(rows: list[dict], color: bool = False, context: dict | None = None, p
     columns = [c for c in COLUMNS if any(_cell(r, c[0]) != "" for r in rows)
                and (performance or c[0] not in PERFORMANCE_ONLY)]
     legend = dict(context or {})
+    # A run with a row that did not succeed keeps its status column, even if every row shares it.
+    foldable = FOLDABLE if all(r.get("status") == "SUCCESS" for r in rows) else tuple(
+        f for f in FOLDABLE if f != "status")
     if len(rows) > 1:
-        for field in FOLDABLE:
+        for field in foldable:
             values = {str(_cell(r, field)) for r in rows}
             if len(values) == 1:
                 legend[field] = values.pop()
@@ -70,4 +108,9 @@ def render(rows: list[dict], color: bool = False, context: dict | None = None, p
     out = tabulate(table, headers=[h for _, h in columns], disable_numparse=True)
     if legend:
         out = "  ".join(f"{k}={v}" for k, v in legend.items()) + "\n" + out
+    profiled = [r for r in rows if r.get("kernels")]
+    if profiled:
+        out += "\n\n" + tabulate([[r.get("case") or _cell(r, "shape"), kernels_cell(r["kernels"])] for r in profiled],
+                                 headers=["case", f"top kernels (share of profiled time, top {TOP_KERNELS})"],
+                                 disable_numparse=True)
     return note + out

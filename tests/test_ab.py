@@ -278,6 +278,7 @@ FALLBACK_DENY = "TIMER_FALLBACK phase=deny reason=capture_denied"
 KEY_MISSING = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=key_missing"
 COMPILE_FAILED = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=compile_failed"
 MIXED = "TIMER_MIXED baseline=graph candidate=direct"
+THROTTLED = "CLOCK_THROTTLED reasons=sw_power_cap sm_clock_mhz=1980->1755"
 # shape -> (flag it must carry, A's row fields, B's row fields, repeats in which the row is absent
 # from B's run, repeats in which B's row FAILED)
 DEGRADED = {
@@ -291,6 +292,7 @@ DEGRADED = {
     15: ("timer_mismatch", {"timer": "graph"}, {"timer": "direct"}, (), ()),
     16: ("incomplete_b(0/3)", {}, {}, (0, 1, 2), ()),
     17: ("incomplete_b(2/3)", {}, {}, (), (1,)),
+    18: ("clock_throttled", {}, {"markers": [THROTTLED]}, (), ()),
 }
 
 
@@ -338,13 +340,15 @@ def test_headline_counts_clean_rows_only_with_geomeans_per_op_overall_and_contro
     assert {s: rows[(s,)]["flags"] for s in DEGRADED} == {s: [d[0]] for s, d in DEGRADED.items()}
     assert rows[(16,)]["comparison"] is None and re.search(r"add\s+fp32\s+16\s.*UNPAIRED", out)
     summary = report["summary"]
-    assert summary["rows"] == 11 and summary["headline_rows"] == 3
-    assert "rows: 3 of 11 in the headline; verdicts: FASTER 1, SAME 1, SLOWER 1" in out
+    assert summary["rows"] == 12 and summary["headline_rows"] == 3
+    assert "rows: 3 of 12 in the headline; verdicts: FASTER 1, SAME 1, SLOWER 1" in out
     assert summary["verdicts"] == {"SLOWER": 1, "FASTER": 1, "SAME": 1}
     assert summary["excluded"] == {"timer_fallback": 2, "replay_fallback": 2, "timer_mixed": 1, "timer_mismatch": 1,
-                                   "incomplete_b": 2, "unpaired": 1}
-    assert ("excluded from the headline: incomplete_b 2, replay_fallback 2, timer_fallback 2, timer_mismatch 1, "
-            "timer_mixed 1, unpaired 1") in out
+                                   "incomplete_b": 2, "unpaired": 1, "clock_throttled": 1}
+    assert ("excluded from the headline: clock_throttled 1, incomplete_b 2, replay_fallback 2, timer_fallback 2, "
+            "timer_mismatch 1, timer_mixed 1, unpaired 1") in out
+    assert ("CLOCK_THROTTLED rows (a thermal or power slowdown hit their measurement; out of the headline): 1\n"
+            "  add fp32 18: B sw_power_cap\n") in out
     # Per operator and overall: geometric mean of the rows' B/A with a 95% t interval over rows.
     assert summary["per_op"]["add"][0] == pytest.approx(math.sqrt(1.1 * 0.9))
     assert summary["per_op"]["mm"][0] == pytest.approx(1.0)
@@ -354,8 +358,80 @@ def test_headline_counts_clean_rows_only_with_geomeans_per_op_overall_and_contro
     expected = sps.t.interval(0.95, 2, loc=logs.mean(), scale=sps.sem(logs))
     assert (lo, hi) == pytest.approx(tuple(np.exp(expected)))
     assert f"overall geomean B/A: {gm:.4f} [{lo:.4f}, {hi:.4f}] (1.003x faster)" in out
-    assert "  add: 0.9950" in out and "  mm: 1.0000" in out
+    assert "  add: 0.9950" in out
+    # mm has one headline row: its line shows that row's interval, not a bare ratio.
+    mm = rows[(3,)]["comparison"]
+    assert f"  mm: 1.0000 [{mm['lo']:.4f}, {mm['hi']:.4f}] (no change)" in out
     # The torch baseline as a control, over the same rows: ~1 here, or the machine drifted.
     assert summary["control"][0] == pytest.approx(1.02)
     assert "control (torch baseline) geomean B/A: 1.0200" in out
     assert code == 1
+
+
+def _runs(root, side, rows_per_repeat):
+    paths = []
+    for i, rows in enumerate(rows_per_repeat):
+        path = root / f"{side}{i}"
+        path.mkdir(parents=True)
+        (path / "results.json").write_text(json.dumps({"format": 1, "rows": rows}))
+        paths.append(path)
+    return paths
+
+
+def test_sides_ratio_and_verdict_come_from_one_statistic(tmp_path, capsys):
+    """Repeats whose medians say B is faster (7.19 < 7.32) while their geometric means say slower:
+    the columns must show the statistic the ratio and verdict use, so all three agree."""
+    a = _runs(tmp_path, "a", [[_row("rms_norm", [4], ms, 1.0)] for ms in (7.0, 7.32, 7.9)])
+    b = _runs(tmp_path, "b", [[_row("rms_norm", [4], ms, 1.0)] for ms in (7.19, 7.19, 9.5)])
+    ab.report(tmp_path / "out", [(a, b)], {"name": "t"}, [], {"cuda"})
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("rms_norm")]
+    a_ms, b_ms, ratio = (float(x) for x in line.split()[3:6])
+    assert b_ms > a_ms and ratio > 1 and b_ms / a_ms == pytest.approx(ratio, abs=2e-4)
+    assert a_ms == pytest.approx((7.0 * 7.32 * 7.9) ** (1 / 3), abs=1e-4)
+    header = out.split("\n\n", 1)[1].splitlines()[0]
+    assert "A ms (gm)" in header and "B ms (gm)" in header
+    csv_head = (tmp_path / "out" / "report.csv").read_text().splitlines()[0]
+    assert "a_ms_geomean,b_ms_geomean" in csv_head
+
+
+def test_profiled_rows_show_each_sides_top_kernels(tmp_path, capsys):
+    ka = [{"name": "rms_kernel", "launches_per_call": 1, "time_ms": 0.01, "share": 0.97},
+          {"name": "fill", "launches_per_call": 2, "time_ms": 0.0003, "share": 0.03}]
+    kb = [{"name": "rms_kernel_v2", "launches_per_call": 1, "time_ms": 0.01, "share": 1.0}]
+    a = _runs(tmp_path, "a", [[dict(_row("rms_norm", [4], 1.0 * j, 1.0), kernels=ka), _row("add", [4], 1.0, 1.0)]
+                              for j in JITTER])
+    b = _runs(tmp_path, "b", [[dict(_row("rms_norm", [4], 1.1 * j, 1.0), kernels=kb), _row("add", [4], 1.0, 1.0)]
+                              for j in JITTER])
+    ab.report(tmp_path / "out", [(a, b)], {"name": "t"}, [], {"cuda"})
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if "rms_kernel" in ln]  # the unprofiled add row gets none
+    assert line.split()[:3] == ["rms_norm", "fp32", "4"]
+    assert "rms_kernel 97%, fill 3% (x2)" in line and "rms_kernel_v2 100%" in line
+    assert "rms_kernel_v2 100%" in (tmp_path / "out" / "report.md").read_text()
+    report = load(tmp_path / "out" / "report.json")
+    assert report["rows"][0]["kernels"] == {"a": ka, "b": kb}
+
+
+def test_the_plot_title_fits_inside_the_figure(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from reports import ab_report, compare, stats
+
+    rows = []
+    for n in (1, 4):
+        for shape in range(n):
+            r = compare.PairedRow("softmax", "bf16", (1024, shape), [1.0, 1.01], [1.1, 1.11], [], [], {"graph"}, [],
+                                  {}, {})
+            r.comparison = stats.compare(r.a_ms, r.b_ms)
+            rows.append(r)
+        context = {"name": "TRITON_DEFAULT_FP_FUSION_ON_VERSUS_OFF_WITH_A_LONG_NAME",
+                   "a": "TRITON_DEFAULT_FP_FUSION=1 (AS INSTALLED)", "b": "TRITON_DEFAULT_FP_FUSION=0 (SWITCHED OFF)"}
+        for note in (None, table.not_performance_note("interpreter")):
+            fig = ab_report.figure(rows[-n:], context, note)
+            canvas = FigureCanvasAgg(fig)
+            canvas.draw()
+            box, title = fig.bbox, fig.get_suptitle()
+            extent = fig._suptitle.get_window_extent(canvas.get_renderer())
+            assert "TRITON_DEFAULT_FP_FUSION=0 (SWITCHED OFF)" in title.replace("\n", " ")
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and extent.y1 <= box.y1, (n, note, extent, box)

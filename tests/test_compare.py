@@ -114,11 +114,19 @@ def test_fallback_markers_flag_the_row_and_failed_rows_do_not_count(tmp_path):
 
 @pytest.mark.parametrize("marker,flag", [("TIMER_FALLBACK", "timer_fallback"),
                                          ("AUTOTUNE_REPLAY_FALLBACK", "replay_fallback"),
-                                         ("TIMER_MIXED", "timer_mixed")])
+                                         ("TIMER_MIXED", "timer_mixed"),
+                                         ("CLOCK_THROTTLED", "clock_throttled"),
+                                         ("NO_DEVICE_WORK side=candidate", "no_device_work")])
 def test_each_marker_alone_gives_its_flag(tmp_path, marker, flag):
     a = runs(tmp_path, "a", [row(markers=[f"{marker}: why"])])
     b = runs(tmp_path, "b", [row(markers=["UNRELATED"])])
     assert compare.pair(a, b)[0].flags == [flag]
+
+
+def test_a_baseline_without_device_work_leaves_the_row_in_the_headline(tmp_path):
+    a = runs(tmp_path, "a", [row(markers=["NO_DEVICE_WORK side=baseline detail='x'"])])
+    b = runs(tmp_path, "b", [row()])
+    assert compare.pair(a, b)[0].in_headline
 
 
 def test_expected_repeats_flag_a_side_that_ran_fewer(tmp_path):
@@ -179,8 +187,10 @@ def test_summary_counts_headline_exclusions_verdicts_and_means(tmp_path):
     assert s.excluded == {"timer_fallback": 1, "incomplete_a": 2, "unpaired": 1}
     assert s.verdicts == {stats.SLOWER: 1, stats.FASTER: 2}
     assert s.config_differs == 1
-    ratios = {"softmax": [1.1, 0.9], "mm": [0.5]}
-    assert s.per_op == {op: pytest.approx(stats.geomean(r), nan_ok=True) for op, r in ratios.items()}
+    assert s.per_op["softmax"] == pytest.approx(stats.geomean([1.1, 0.9]))
+    # mm has one headline row: its line keeps that row's own interval.
+    mm = next(r for r in rows if r.key == ("mm", "fp16", (3,)))
+    assert s.per_op["mm"] == (mm.comparison.ratio, mm.comparison.lo, mm.comparison.hi) == pytest.approx((0.5,) * 3)
     assert list(s.per_op) == ["softmax", "mm"]
     assert s.overall == pytest.approx(stats.geomean([1.1, 0.9, 0.5]))
     # The torch baseline did not move on any headline row.
@@ -288,3 +298,36 @@ def test_geomean_of_too_few_rows():
                                          (0.99995, "no change"), (1.0002, "1.000x slower"), (0.9997, "1.000x faster")])
 def test_direction_in_words_at_the_edges(ratio, words):
     assert stats.describe(ratio) == words
+
+
+def test_clock_throttled_rows_leave_the_headline_naming_their_slowdowns_per_side(tmp_path):
+    hot = "CLOCK_THROTTLED reasons=sw_power_cap,hw_slowdown sm_clock_mhz=1980->1500"
+    a = runs(tmp_path, "a", [row(), row(shape=(8,))], [row(markers=[hot]), row(shape=(8,))])
+    b = runs(tmp_path, "b", [row(markers=["CLOCK_THROTTLED reasons=hw_thermal_slowdown sm_clock_mhz=1->2"]),
+                             row(shape=(8,))], [row(), row(shape=(8,))])
+    throttled, clean = compare.pair(a, b)
+    assert throttled.flags == ["clock_throttled"] and not throttled.in_headline
+    assert throttled.throttled == {"a": ["hw_slowdown", "sw_power_cap"], "b": ["hw_thermal_slowdown"]}
+    assert clean.throttled == {} and clean.in_headline
+    s = compare.summarize([throttled, clean])
+    assert s.headline_rows == 1 and s.excluded == {"clock_throttled": 1}
+
+
+def test_each_side_keeps_its_first_successful_runs_kernels(tmp_path):
+    ka, kb = [{"name": "k", "share": 1.0}], [{"name": "k2", "share": 0.7}, {"name": "k", "share": 0.3}]
+    a = runs(tmp_path, "a", [dict(row(status="FAILED"), kernels=[{"name": "x", "share": 1.0}])],
+             [dict(row(), kernels=ka)])
+    b = runs(tmp_path, "b", [dict(row(), kernels=kb)], [row()])
+    (paired,) = compare.pair(a, b)
+    assert paired.kernels == {"a": ka, "b": kb}
+    assert compare.pair(runs(tmp_path, "c", [row()]), runs(tmp_path, "d", [row()]))[0].kernels == {}
+
+
+def test_a_lone_row_keeps_its_own_interval_in_the_per_op_and_overall_lines(tmp_path):
+    a = runs(tmp_path, "a", [row(cand=1.0)], [row(cand=1.02)], [row(cand=0.98)])
+    b = runs(tmp_path, "b", [row(cand=1.1)], [row(cand=1.13)], [row(cand=1.08)])
+    rows = compare.pair(a, b)
+    c = rows[0].comparison
+    s = compare.summarize(rows)
+    assert c.lo < c.ratio < c.hi and math.isfinite(c.hi)
+    assert s.per_op["softmax"] == s.overall == (c.ratio, c.lo, c.hi)

@@ -303,3 +303,135 @@ def test_committed_flaggems_inventories_are_well_formed():
             # README's rule, restated here rather than calling the scanner that wrote the file.
             parts = Path(e.file).relative_to("benchmark").with_suffix("").parts
             assert "/".join(part.removeprefix("test_") for part in parts) == e.op_file
+
+
+# --- files ---------------------------------------------------------------------------------------
+def test_inventory_csv_round_trips_every_column(tmp_path):
+    entries = [catalog.Entry("fg", "mm", "mm", "benchmark/test_mm.py", "", "mm", "BlasBenchmark;Benchmark", "yes"),
+               catalog.Entry("fg", "addmm", "mm", "benchmark/test_mm.py", 'needs "tf32", sm80\r\nsee #12', "addmm",
+                             "", "no"),
+               catalog.Entry("fg", "abs", "unary", "benchmark/test_unary.py")]
+    path = catalog.inventory_path("fg", tmp_path)
+    assert path == tmp_path / "inventory_fg.csv"
+    path.write_text(catalog.to_csv(entries), newline="")
+    assert path.read_text().splitlines()[0] == ",".join(catalog.COLUMNS)
+    assert catalog.read_csv(path) == [entries[1], entries[0], entries[2]]  # by op_file, then op
+
+
+def test_inventory_csv_without_a_newer_column_reads_it_blank(tmp_path):
+    path = tmp_path / "inventory_old.csv"
+    path.write_text("repo,op,op_file,file,skip\nold,mm,mm,benchmark/test_mm.py,\n")
+    assert catalog.read_csv(path) == [catalog.Entry("old", "mm", "mm", "benchmark/test_mm.py")]
+    assert catalog.read_csv(tmp_path / "inventory_none.csv") == []
+
+
+def test_load_reads_every_inventory_and_nothing_else(tmp_path):
+    for repo, op in (("b", "mm"), ("a", "add"), ("c", "gelu")):
+        catalog.inventory_path(repo, tmp_path).write_text(catalog.to_csv([catalog.Entry(repo, op, op, f"{op}.py")]))
+    (tmp_path / "other.csv").write_text(catalog.to_csv([catalog.Entry("x", "x", "x", "x.py")]))
+    assert [e.id for e in catalog.load(tmp_path)] == ["a:add@add", "b:mm@mm", "c:gelu@gelu"]
+
+
+def test_dismiss_list(tmp_path):
+    path = tmp_path / "dismiss.txt"
+    assert catalog.load_dismissed(path) == {}
+    path.write_text("# why each op is left out\n\n"
+                    "mm  # needs tf32\n"
+                    "fg:softmax@softmax #  flaky upstream  \n")
+    assert catalog.load_dismissed(path) == {"mm": "needs tf32", "fg:softmax@softmax": "flaky upstream"}
+    path.write_text("# header\nmm  # needs tf32\n\nfg:gelu   #   \n")
+    with pytest.raises(catalog.SelectionError) as info:
+        catalog.load_dismissed(path)
+    assert str(info.value) == f"{path}:4: 'fg:gelu' has no reason (write `op  # why it is dismissed`)"
+
+
+def test_ops_file(tmp_path):
+    path = tmp_path / "ops.txt"
+    with pytest.raises(catalog.SelectionError) as info:
+        catalog.read_ops_file(path)
+    assert str(info.value) == f"--ops-file {path} does not exist"
+    path.write_text("# screening list\nsoftmax\n\n  fg:mm@mm   # the big one\n#gelu\n")
+    assert catalog.read_ops_file(path) == ["softmax", "fg:mm@mm"]
+
+
+def test_entry_keys_and_repos():
+    e = catalog.Entry("fg", "mm", "blas/mm", "benchmark/test_blas/test_mm.py")
+    assert (e.key, e.id) == ("fg:mm", "fg:mm@blas/mm")
+    assert catalog.dataclasses.replace(e, qualified=True).key == "fg:mm@blas/mm"
+    assert catalog.dataclasses.replace(e, qualified=True) == e  # `qualified` is presentation only
+    assert [catalog.needs_checkout(r) for r in (catalog.BUILTIN, catalog.PATH_REPO, "flaggems")] == [False, False, True]
+
+
+def test_builtin_scan_skips_private_modules_and_names_a_broken_file(tmp_path):
+    _write(tmp_path / "ops", {
+        "good.py": 'good = Operator(name="good", skip="slow", shape_keys=("norm", "x"))\n',
+        "_helpers.py": 'h = Operator(name="private")\n',
+        "more.py": 'm = Operator(name="more", shape_keys=["norm", "y", 3 + 1])\n',
+    })
+    entries = builtin_scan.scan_dir(tmp_path / "ops", "path")
+    assert [(e.repo, e.op, e.op_file, e.file, e.skip) for e in entries] == [
+        ("path", "good", "good", "ops/good.py", "slow"), ("path", "more", "more", "ops/more.py", "")]
+    assert builtin_scan.builtin_family_keys(tmp_path / "ops") == {"norm", "x", "y"}
+    (tmp_path / "ops" / "bad.py").write_text("def broken(:\n")
+    with pytest.raises(SyntaxError) as info:
+        builtin_scan.scan_dir(tmp_path / "ops", "path")
+    assert info.value.filename == str(tmp_path / "ops" / "bad.py")
+
+
+# --- selection -------------------------------------------------------------------------------------
+def _entries():
+    E = catalog.Entry
+    return [E("builtin", "softmax", "softmax", "ops/softmax.py"), E("builtin", "mm", "mm", "ops/mm.py"),
+            E("fg", "softmax", "softmax", "benchmark/test_softmax.py"),
+            E("fg", "helper", "a", "benchmark/test_a.py"), E("fg", "helper", "a_dup", "benchmark/test_a_dup.py"),
+            E("fg", "cholesky", "linalg", "benchmark/test_linalg.py", skip="not supported"),
+            E("fg", "lost", "lost", "benchmark/test_lost.py", collected="no"),
+            E("vllm", "moe", "moe", "benchmark/test_moe.py")]
+
+
+def keys(selected):
+    return [e.key for e in selected]
+
+
+def test_selection_errors_list_every_bad_entry_in_one_line():
+    with pytest.raises(catalog.SelectionError) as info:
+        catalog.select(_entries(), ["nope", "builtin:mm", "helper", "fg:mm"], False, None, {})
+    assert str(info.value) == ("bad operator selection: 'nope': unknown; 'helper': ambiguous "
+                               "(fg:helper@a, fg:helper@a_dup); 'fg:mm': unknown")
+    for specs in (None, []):
+        with pytest.raises(catalog.SelectionError) as info:
+            catalog.select(_entries(), specs, False, None, {})
+        assert str(info.value) == "nothing selected: give --all, --ops or --ops-file"
+
+
+def test_selection_keeps_to_the_repos_asked_for():
+    selected, _ = catalog.select(_entries(), ["softmax"], False, ["fg"], {})
+    assert keys(selected) == ["fg:softmax"]
+    selected, excluded = catalog.select(_entries(), None, True, ["builtin", "vllm"], {})
+    assert keys(selected) == ["builtin:softmax", "builtin:mm", "vllm:moe"] and excluded == []
+    with pytest.raises(catalog.SelectionError, match="'mm': unknown"):
+        catalog.select(_entries(), ["mm"], False, ["fg"], {})
+
+
+def test_selection_spec_forms():
+    selected, _ = catalog.select(_entries(), ["fg:helper@a_dup", "vllm:moe", "mm", "builtin:mm", "helper@a"],
+                                 False, None, {})
+    # One op named twice runs once; names shared within a repo carry their op_file.
+    assert keys(selected) == ["fg:helper@a_dup", "vllm:moe", "builtin:mm", "fg:helper@a"]
+    with pytest.raises(catalog.SelectionError, match=r"'fg:helper@b': unknown"):
+        catalog.select(_entries(), ["fg:helper@b"], False, None, {})
+
+
+def test_dismissals_and_marks_exclude_with_their_reason():
+    dismissed = {"fg:helper@a_dup": "one file is enough", "builtin:mm": "slow here", "moe": "needs 8 GPUs"}
+    selected, excluded = catalog.select(_entries(), None, True, None, dismissed)
+    assert keys(selected) == ["builtin:softmax", "fg:softmax", "fg:helper@a"]
+    assert [(e.key, why) for e, why in excluded] == [
+        ("builtin:mm", "dismissed: slow here"), ("fg:helper@a_dup", "dismissed: one file is enough"),
+        ("fg:cholesky", "skip mark: not supported"),
+        ("fg:lost", "pytest did not collect it (inventory-regen --verify-collect)"),
+        ("vllm:moe", "dismissed: needs 8 GPUs")]
+    # Named explicitly, a skip-marked or uncollected op runs (to see why); a dismissed one never.
+    selected, excluded = catalog.select(_entries(), ["cholesky", "lost", "moe"], False, None, dismissed)
+    assert keys(selected) == ["fg:cholesky", "fg:lost"]
+    assert [(e.key, why) for e, why in excluded] == [("vllm:moe", "dismissed: needs 8 GPUs")]

@@ -7,6 +7,7 @@ import json
 import pytest
 from conftest import REPO, load
 
+import backends
 from harness import cli
 from harness.core import rundir
 from harness.core import spec as spec_mod
@@ -107,3 +108,42 @@ def test_replaying_the_newest_record_leaves_the_parsed_arguments_alone(tmp_path,
     replay, _, _ = resolve.resolve_replay(args)
     assert replay.replay_from == str(rec.resolve()) and args.run_dir is None
     assert f"replaying the newest record run: {rec}" in capsys.readouterr().out
+
+
+def test_l2_round_trips_through_run_json_and_a_run_json_without_it_reads_as_warm(tmp_path):
+    cold = dataclasses.replace(flaggems_spec(), l2="cold", timer="profiler")
+    spec_mod.write(tmp_path, cold)
+    assert load(tmp_path / rundir.RUN_JSON)["spec"]["l2"] == "cold"
+    assert spec_mod.read(tmp_path) == cold
+    # A run dir written before --l2 existed measured on a warm L2, and its replays must too.
+    old = {k: v for k, v in flaggems_spec().to_json().items() if k != "l2"}
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps({"spec": old}))
+    assert spec_mod.read(tmp_path).l2 == "warm"
+
+
+def test_an_unknown_l2_in_run_json_says_what_is_wrong_in_one_line(tmp_path):
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps({"spec": {**flaggems_spec().to_json(), "l2": "tepid"}}))
+    with pytest.raises(spec_mod.SpecError) as info:
+        spec_mod.read(tmp_path)
+    assert str(info.value) == f"{tmp_path / rundir.RUN_JSON}: l2 'tepid' not one of ('warm', 'cold')"
+
+
+def test_a_replay_keeps_the_recorded_l2_and_timer(tmp_path, monkeypatch):
+    rec = tmp_path / "runs" / "softmax_rec"
+    rec.mkdir(parents=True)
+    (rec / rundir.SHAPES_YAML).write_text("softmax:\n  shapes: [[4, 16]]\n  dtypes: [fp32]\n")
+    recorded = spec_mod.RunSpec(op="softmax", backend="cuda", mode="record", device=0, dtypes=["fp32"],
+                                shapes_source=f"{rec / rundir.SHAPES_YAML}#softmax", timer="profiler", l2="cold")
+    spec_mod.write(rec, recorded)
+    rundir.merge_json(rec / rundir.RUN_JSON, {"observed": {"outcome": COMPLETE}})
+    (rec / rundir.RECORDS_DIR).mkdir()
+    rundir.atomic_write_json(rec / rundir.RECORDS_DIR / "softmax.json", {"format": 1, "op": "softmax", "kernels": {}})
+    rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [{"case": "fp32-4x16"}]})
+    monkeypatch.setattr(backends.Backend, "enumerate_devices", lambda self, *a, **k: [0])  # a cuda host
+    replay, _, _ = resolve.resolve_replay(cli.build_parser().parse_args(["replay", str(rec)]))
+    assert replay.mode == "replay" and (replay.timer, replay.l2) == ("profiler", "cold")
+
+
+def test_replay_takes_no_l2_of_its_own():
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["replay", "runs/x", "--l2", "warm"])

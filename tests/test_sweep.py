@@ -1,5 +1,9 @@
 """Parallel autotune sweep on the interpreter backend with two virtual devices."""
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 from conftest import REPO, load, run_dir_of
 
@@ -94,3 +98,30 @@ def test_one_shape_sweeps_serially(harness, tmp_path):
     proc = harness("record", "mm", "--backend", "interpreter", "--sweep-devices", "2", "--out", tmp_path)
     assert proc.returncode == 0
     assert "parallel sweep refused: fewer than 2 shapes (1); sweeping serially" in proc.stdout
+
+
+def test_shards_compile_into_the_runs_one_cache_and_keep_the_precompile_switch(tmp_path, monkeypatch):
+    """Every shard gets the run's Triton cache (what one shard compiled is a hit for the others and
+    for the measurement), and the run's --no-precompile."""
+    launched = []
+
+    class Shard:
+        def wait(self, timeout=None):
+            return 0
+
+    def start(argv, log=None):
+        launched.append(argv)
+        out = Path(argv[argv.index("--out") + 1]) / "softmax_x" / "autotune_records"
+        out.mkdir(parents=True)
+        (out / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
+        return Shard()
+
+    monkeypatch.setattr(sweep.launch, "start", start)
+    monkeypatch.setattr(sweep, "sweep_devices", lambda backend, n: [0, 1])
+    cache = tmp_path / "cache"
+    run_spec = dataclasses.replace(spec(), precompile=False)
+    outcome = sweep.run(run_spec, [[4, 16], [8, 16], [2, 16]], 2, tmp_path, lambda line: None, cache)
+    assert outcome.facts["status"] == "parallel" and len(launched) == 2
+    for argv in launched:
+        assert argv[argv.index("--triton-cache") + 1] == str(cache)
+        assert "--no-precompile" in argv

@@ -57,3 +57,50 @@ def test_an_interpreter_run_prints_its_timings_without_ratios(harness, tmp_path)
     assert summary[0] == table.not_performance_note("interpreter")
     header = next(line for line in summary if "baseline ms" in line)
     assert "speedup" not in header and "GB/s" not in header
+
+
+def test_markers_show_by_name_with_repeats_counted():
+    rows = [row(markers=["TIMER_FALLBACK phase=capture reason=recoverable detail='x'",
+                         "AUTOTUNE_REPLAY_FALLBACK kernel=a reason=key_missing",
+                         "AUTOTUNE_REPLAY_FALLBACK kernel=b reason=key_missing"]),
+            row(shape=[8, 16], markers=["CLOCK_THROTTLED reasons=sw_power_cap sm_clock_mhz=1980->1755"])]
+    out = table.render(rows)
+    assert "TIMER_FALLBACK, AUTOTUNE_REPLAY_FALLBACK x2" in out and "CLOCK_THROTTLED" in out
+    assert "kernel=" not in out and "reasons=" not in out  # the details stay in results.json
+
+
+@pytest.mark.parametrize("statuses", [("FAILED", "FAILED"), ("SUCCESS", "ERROR"), ("SKIPPED", "SKIPPED")])
+def test_a_run_with_rows_that_did_not_succeed_shows_status_and_error(statuses):
+    error = "AssertionError: candidate disagrees with baseline: Mismatched elements: 3 / 64 (4.7%)\nmore"
+    rows = [row(status=s, error=None if s == "SUCCESS" else error, shape=[i + 1]) for i, s in enumerate(statuses)]
+    lines = table.render(rows).splitlines()
+    header = lines[1].split()
+    assert header[0] == "status" and header[-1] == "error"
+    failed = [ln for ln in lines[3:] if ln.split()[0] != "SUCCESS"]
+    assert failed and all("AssertionError: candidate disagrees with baseline: Mismat..." in ln for ln in failed)
+    assert "more" not in "\n".join(lines)  # the first line only
+
+
+def test_a_run_whose_rows_all_succeeded_has_no_error_column():
+    lines = table.render([row(), row(shape=[8])]).splitlines()
+    assert "status=SUCCESS" in lines[0] and "error" not in lines[1] and "status" not in lines[1]
+
+
+KERNELS = [{"name": "softmax_kernel_with_a_very_long_templated_name<float, 4, 128>", "launches_per_call": 1,
+            "time_ms": 0.009, "share": 0.905},
+           {"name": "fill", "launches_per_call": 2, "time_ms": 0.0006, "share": 0.06},
+           {"name": "copy", "launches_per_call": 1, "time_ms": 0.0002, "share": 0.02},
+           {"name": "tail", "launches_per_call": 1, "time_ms": 0.0001, "share": 0.015}]
+
+
+def test_profiled_rows_list_their_top_kernels_below_the_table():
+    out = table.render([row(case="bf16-4x16", kernels=KERNELS), row(case="bf16-8x16", shape=[8, 16])])
+    below = out.split("\n\n", 1)[1].splitlines()
+    assert below[0].split()[:2] == ["case", "top"]
+    (line,) = [ln for ln in below if ln.startswith("bf16-")]  # the unprofiled row gets no line
+    assert line.startswith("bf16-4x16")
+    assert "softmax_kernel_with_a_very_long_templ... 90%, fill 6% (x2), copy 2%, +1 more" in line
+
+
+def test_no_kernels_table_without_profiled_rows():
+    assert "top kernels" not in table.render([row(), row(shape=[8])])

@@ -1,13 +1,20 @@
+import dataclasses
 import types
 
+import numpy as np
 import pytest
 import torch
+from conftest import load, run_dir_of
 
 import backends
+from harness import cli
 from harness.child.plugins.flaggems import FlagGemsPlugin
+from harness.child.plugins.timing import TimingPlugin
+from harness.core import rundir
 from harness.core.spec import FlagGemsOptions
-from harness.measure import timers
+from harness.measure import profile, timers
 from harness.measure.timers import Measurement, Timer, _CaptureFailed
+from harness.sessions import resolve
 
 
 def test_clamp_count():
@@ -36,7 +43,11 @@ class FakeGraphTimer(Timer):
         self.marks, self.mark = [], None
         self.mark = self.marks.append
         self._accel = None
+        self.l2 = "warm"
         self.error, self.alive, self.graph_calls = error, alive, 0
+
+    def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
+        return profile.per_call(events([("k", 0.001)]) * calls, calls)
 
     def _graph(self, fn):
         self.graph_calls += 1
@@ -208,3 +219,240 @@ def test_the_liveness_probe_after_a_fallback_does_not_use_the_default_generator(
     monkeypatch.setattr(torch, "randn", poisoned_randn)
     t = Timer(backends.get("interpreter"), "auto", 0, 0, lambda m: None)
     t._check_alive()  # a probe through torch.randn would read a generator a capture may have left behind
+
+
+# --- attribution, the profiler timer, the L2 flush ------------------------------------------------
+def events(*calls):
+    """Device events of consecutive calls, each call given as (name, duration_ms) pairs."""
+    out, t = [], 0.0
+    for call in calls:
+        for name, ms in call:
+            out.append(profile.KernelEvent(name, t, ms))
+            t += ms * 1e3 + 1
+    return out
+
+
+def test_attribution_per_kernel_launches_time_per_call_and_share_largest_first():
+    # A norm-like op: a reduction launched twice per call and one elementwise kernel.
+    call = [("reduce", 0.002), ("scale", 0.004), ("reduce", 0.002)]
+    kernels = profile.attribute(profile.per_call(events(call, call), 2))
+    assert kernels == [
+        {"name": "reduce", "launches_per_call": 2.0, "time_ms": pytest.approx(0.004), "share": pytest.approx(0.5)},
+        {"name": "scale", "launches_per_call": 1.0, "time_ms": pytest.approx(0.004), "share": pytest.approx(0.5)},
+    ]
+    uneven = profile.attribute(profile.per_call(events([("a", 0.001), ("b", 0.003)]), 1))
+    assert [(k["name"], k["share"]) for k in uneven] == [("b", 0.75), ("a", 0.25)]
+
+
+def test_a_profile_that_does_not_split_into_equal_calls_is_refused():
+    with pytest.raises(profile.ProfileError, match="3 device events over 2 calls"):
+        profile.per_call(events([("a", 1.0), ("b", 1.0)], [("a", 1.0)]), 2)
+
+
+def test_the_flush_is_dropped_from_the_head_of_each_call_and_checked_by_name():
+    calls = profile.per_call(events([("flush", 9.0), ("k", 1.0)], [("flush", 9.0), ("k", 2.0)]), 2)
+    assert [[e.name for e in c] for c in profile.drop_leading(calls, ("flush",))] == [["k"], ["k"]]
+    shifted = profile.per_call(events([("k", 1.0), ("flush", 9.0)], [("k", 1.0), ("flush", 9.0)]), 2)
+    with pytest.raises(profile.ProfileError, match="do not lead every call"):
+        profile.drop_leading(shifted, ("flush",))
+
+
+def test_profiler_samples_are_device_time_per_call_averaged_over_consecutive_calls():
+    calls = profile.per_call(events(*[[("k", ms), ("j", 1.0)] for ms in (1.0, 3.0, 5.0, 7.0, 100.0)]), 5)
+    # Two samples of two calls each; the fifth call fills no sample.
+    assert profile.sample_means(calls, 2) == [pytest.approx(3.0), pytest.approx(7.0)]
+
+
+def cpu_op_calls():
+    a, b = torch.ones(64, 64), torch.ones(64, 64)
+
+    def op():  # an op of two "kernels", one of them launched twice
+        torch.add(a, b)
+        torch.mul(a, b)
+        torch.mul(a, b)
+
+    return op
+
+
+def test_attribution_from_a_real_profiler_event_list():
+    # torch.profiler records CPU ops as the device profiler records kernels: same event list, same parsing.
+    calls = profile.profile_calls(cpu_op_calls(), 3, "CPU", lambda: None)
+    by_name = {k["name"]: k for k in profile.attribute(calls)}
+    assert set(by_name) == {"aten::add", "aten::mul"}
+    assert by_name["aten::add"]["launches_per_call"] == 1 and by_name["aten::mul"]["launches_per_call"] == 2
+    assert sum(k["share"] for k in by_name.values()) == pytest.approx(1.0)
+    buf = torch.empty(1 << 16)
+    flush = buf.zero_
+    names = profile.flush_signature(flush, "CPU", lambda: None)
+    assert names == ("aten::zero_",)
+    flushed = profile.profile_calls(cpu_op_calls(), 3, "CPU", lambda: None, flush, names)
+    assert [[e.name for e in c] for c in flushed] == [["aten::add", "aten::mul", "aten::mul"]] * 3
+
+
+def cpu_profiler_timer(l2="warm") -> Timer:
+    """The profiler timer on a backend whose "device" is the CPU: everything real but the estimate
+    of one call, which needs device events."""
+    backend = dataclasses.replace(backends.get("interpreter"), profiler_activity="CPU")
+    t = Timer(backend, "profiler", 0, 0, lambda m: None, l2=l2)
+    t._prepare = lambda fn: 0.01
+    return t
+
+
+def test_the_profiler_timer_times_every_side_from_the_profile_and_attributes_from_the_same_events():
+    timed = cpu_profiler_timer().measure_pair("op", {"baseline": cpu_op_calls(), "candidate": cpu_op_calls()})
+    assert timed.timer == "profiler"
+    for m in timed.measurements.values():
+        assert m.timer == "profiler" and len(m.samples_ms) == timers.PROFILER_SAMPLES_RANGE[0]
+        # Every sample is the per-call device time of whole calls: their mean is the attributed total.
+        assert np.mean(m.samples_ms) == pytest.approx(sum(k["time_ms"] for k in m.kernels))
+        assert {k["name"] for k in m.kernels} == {"aten::add", "aten::mul"}
+
+
+def test_cold_l2_profiler_timer_leaves_the_flush_out_of_the_samples():
+    t = cpu_profiler_timer("cold")
+    t._flush_buffer = torch.empty(1 << 22)  # a flush that costs far more than the op
+    cold = t.measure_pair("op", {"x": cpu_op_calls()}).measurements["x"]
+    assert {k["name"] for k in cold.kernels} == {"aten::add", "aten::mul"}
+    assert np.mean(cold.samples_ms) == pytest.approx(sum(k["time_ms"] for k in cold.kernels))
+
+
+def test_flush_subtraction_takes_the_flush_graphs_median_per_call_off_every_sample():
+    samples, flush_ms = timers.subtract_flush([10.5, 11.0, 10.8], [10.0, 9.0, 10.2])
+    assert flush_ms == 10.0 and samples == pytest.approx([0.5, 1.0, 0.8])
+
+
+class ScriptedReplays(Timer):
+    """The cold graph path with captures and replays scripted: each replay of the op graph and of
+    the flush-only graph returns the next of its times (ms for the whole replay)."""
+
+    def __init__(self, op_ms, flush_ms):
+        self.marks, self.mark = [], None
+        self.mark = self.marks.append
+        self.replays = {"op": iter(op_ms), "flush": iter(flush_ms)}
+        self.order = []
+
+    def _capture(self, fn, calls):
+        return types.SimpleNamespace(name="flush" if fn == self._flush else "op", replay=lambda: None)
+
+    def _sync(self):
+        pass
+
+    def _replay_ms(self, graph):
+        self.order.append(graph.name)
+        return next(self.replays[graph.name])
+
+
+def test_cold_graph_samples_interleave_op_and_flush_replays_and_subtract_the_flush():
+    t = ScriptedReplays(op_ms=[110, 112, 111], flush_ms=[100, 101, 99])
+    samples, flush_ms = t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
+    assert t.order == ["op", "flush", "op", "flush", "op", "flush"]
+    assert flush_ms == pytest.approx(10.0) and samples == pytest.approx([1.0, 1.2, 1.1])
+    assert t.marks == []
+
+
+def test_cold_graph_samples_within_the_flush_noise_are_marked():
+    t = ScriptedReplays(op_ms=[100, 99, 101], flush_ms=[100, 100, 100])
+    t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
+    assert len(t.marks) == 1 and t.marks[0].startswith("L2_FLUSH_DOMINATES flush_ms=10")
+
+
+def test_every_side_is_attributed_after_timing_whatever_the_timer():
+    t = FakeGraphTimer()
+    timed = t.measure_pair("softmax", FNS)
+    for m in timed.measurements.values():
+        (kernel,) = m.kernels
+        assert kernel == {"name": "k", "launches_per_call": 1.0, "time_ms": pytest.approx(0.001), "share": 1.0}
+
+
+def test_a_side_whose_profile_does_not_split_is_marked_and_carries_no_kernels():
+    t = FakeGraphTimer()
+
+    def broken(fn, calls):
+        raise profile.ProfileError("7 device events over 3 calls: the op does not launch the same kernels")
+
+    t._profile = broken
+    timed = t.measure_pair("softmax", FNS)
+    assert all(m.kernels is None for m in timed.measurements.values())
+    assert t.marks[0].startswith("KERNELS_UNATTRIBUTED side=baseline detail='7 device events")
+
+
+def test_a_side_that_launches_no_kernel_is_marked_no_device_work():
+    t = FakeGraphTimer()
+    t._profile = lambda fn, calls: [[] for _ in range(calls)]  # a view op: profiled calls, no kernels
+    timed = t.measure_pair("alias", FNS)
+    assert all(m.kernels == [] for m in timed.measurements.values())
+    assert [m.split(" detail=")[0] for m in t.marks] == ["NO_DEVICE_WORK side=baseline",
+                                                        "NO_DEVICE_WORK side=candidate"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--timer", "profiler"], "error: backend 'interpreter' has no device profiler for --timer profiler; "
+                              "use --timer auto"),
+    (["--l2", "cold"], "error: --l2 cold: backend 'interpreter' has no device cache zl_bench knows how to flush "
+                       "(cold means a flushed device L2); use --l2 warm"),
+])
+def test_profiler_timer_and_cold_l2_are_refused_in_one_line_where_the_backend_lacks_them(argv, message, capsys):
+    assert cli.main(["record", "softmax", "--backend", "interpreter", *argv]) == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
+def test_cuda_has_both_and_resolves_them():
+    cuda = backends.get("cuda")
+    assert resolve.resolve_timer(cuda, "profiler") == "profiler" and resolve.resolve_l2(cuda, "cold") == "cold"
+
+
+def timing_plugin(tmp_path, backend):
+    said = []
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=0, rep_ms=0, l2="warm"),
+                                backend=backends.get(backend), mark=lambda m: None, say=said.append,
+                                run_dir=tmp_path)
+    plugin = TimingPlugin(ctx)
+    plugin.pytest_configure(None)
+    return plugin, said
+
+
+def test_the_candidates_kernels_go_on_its_row_and_on_no_other(tmp_path):
+    plugin, said = timing_plugin(tmp_path, "cuda")
+    assert said == [] and load(tmp_path / rundir.RUN_JSON)["observed"]["kernel_attribution"]["recorded"]
+    plugin.timer = FakeGraphTimer()
+    plugin.timer._profile = lambda fn, calls: profile.per_call(events([(fn.__name__, 0.001)]) * calls, calls)
+    plugin.pytest_zl_case_started("fp16-4x16", "4x16")
+    plugin.measure("softmax", {"baseline": torch.add, "candidate": torch.mul})
+    row = {"status": "SUCCESS"}
+    plugin.pytest_zl_row_ready(row)
+    assert [k["name"] for k in row["kernels"]] == ["mul"]
+    # A row that failed after its measurement (computing its metrics, say) carries none.
+    plugin.measure("softmax", {"baseline": torch.add, "candidate": torch.mul})
+    failed = {"status": "FAILED"}
+    plugin.pytest_zl_row_ready(failed)
+    assert "kernels" not in failed
+    # A case measured but never reported leaves nothing to the next case's row.
+    plugin.measure("softmax", {"baseline": torch.add, "candidate": torch.mul})
+    plugin.pytest_zl_case_started("fp16-8x16", "8x16")
+    later = {"status": "SUCCESS"}
+    plugin.pytest_zl_row_ready(later)
+    assert "kernels" not in later
+
+
+def test_without_a_device_profiler_rows_carry_no_kernels_and_one_line_says_why(tmp_path):
+    plugin, said = timing_plugin(tmp_path, "interpreter")
+    assert said == ["per-kernel attribution not recorded: backend 'interpreter' has no device profiler; "
+                    "rows carry no 'kernels'"]
+    assert load(tmp_path / rundir.RUN_JSON)["observed"]["kernel_attribution"] == {
+        "recorded": False, "reason": "backend 'interpreter' has no device profiler"}
+    for case in ("fp32-4", "fp32-8"):
+        plugin.pytest_zl_case_started(case, case)
+        plugin.measure("softmax", {"baseline": lambda: None, "candidate": lambda: None})
+        row = {"status": "SUCCESS"}
+        plugin.pytest_zl_row_ready(row)
+        assert "kernels" not in row
+    assert len(said) == 1  # once per run, not per row
+
+
+@pytest.mark.e2e
+def test_an_interpreter_run_says_once_that_its_rows_carry_no_kernels(tmp_path, harness):
+    proc = harness("record", "softmax", "--backend", "interpreter", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("per-kernel attribution not recorded: backend 'interpreter'") == 1
+    rows = load(run_dir_of(proc) / rundir.RESULTS_JSON)["rows"]
+    assert len(rows) > 1 and all(r["status"] == "SUCCESS" and "kernels" not in r for r in rows)

@@ -13,7 +13,7 @@ import pytest
 from harness.child import hookspec
 from harness.child.console import Console
 from harness.child.context import RunContext
-from harness.child.plugins import autotune, ir, results, runinfo, seeds, shapes, timing
+from harness.child.plugins import autotune, gpu_state, ir, results, runinfo, seeds, shapes, timing
 from harness.child.plugins import flaggems as flaggems_plugin
 from harness.core import rundir
 from harness.core import spec as spec_mod
@@ -97,7 +97,7 @@ def build_plugins(ctx: RunContext, guard: DiskFullGuard) -> list:
     timing_plugin = timing.TimingPlugin(ctx)
     autotune_plugin = autotune.AutotunePlugin(ctx)
     plugins = [ChildHooks(), guard, runinfo.RunInfoPlugin(ctx), seeds.SeedsPlugin(ctx), shapes.ShapesPlugin(ctx),
-               autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin]
+               autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin, gpu_state.GpuStatePlugin(ctx)]
     if ctx.spec.flaggems is not None:
         plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin, timing_plugin.measure, autotune_plugin))
     return plugins

@@ -34,8 +34,10 @@ class RunRequest:
     rep_ms: float | None = None
     sweep_devices: int | None = None
     ir: bool = True
+    precompile: bool = True
     color: str | None = None
     out: Path | None = None
+    triton_cache: Path | None = None  # compile into this dir, kept (None: the run's private one)
 
     def __post_init__(self) -> None:
         if self.command not in COMMANDS:
@@ -74,7 +76,9 @@ class RunRequest:
                 argv += [flag, str(value)]
         if not self.ir:
             argv.append("--no-ir")
-        for flag, value in (("--color", self.color), ("--out", self.out)):
+        if not self.precompile:
+            argv.append("--no-precompile")
+        for flag, value in (("--color", self.color), ("--out", self.out), ("--triton-cache", self.triton_cache)):
             if value is not None:
                 argv += [flag, str(value)]
         return argv

@@ -11,7 +11,8 @@ from harness.core import rundir
 
 SPEC_VERSION = 1
 MODES = ("record", "replay")
-TIMERS = ("auto", "graph", "direct", "host")
+TIMERS = ("auto", "graph", "direct", "profiler", "host")
+L2_MODES = ("warm", "cold")
 
 
 class SpecError(ValueError):
@@ -71,6 +72,10 @@ class RunSpec:
     shapes_source: str
     seed: int = 0
     timer: str = "auto"
+    # warm: calls replay on the L2 the previous call left; cold: the L2 is flushed before every
+    # call (harness.measure.timers). Warm by default, which is also what a run.json written before
+    # this field existed measured.
+    l2: str = "warm"
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     ops_paths: list[str] = dataclasses.field(default_factory=list)
@@ -82,6 +87,8 @@ class RunSpec:
     replay_source_outcome: dict | None = None
     color: bool = False
     ir: bool = True
+    # Compile an autotune sweep's configs in parallel before it (harness.measure.precompile).
+    precompile: bool = True
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
     sweep_devices: int = 0
     preset_records: str | None = None
@@ -102,6 +109,8 @@ class RunSpec:
         spec = cls(**fields)
         if spec.mode not in MODES:
             raise SpecError(f"{where}: mode {spec.mode!r} not one of {MODES}")
+        if spec.l2 not in L2_MODES:
+            raise SpecError(f"{where}: l2 {spec.l2!r} not one of {L2_MODES}")
         return spec
 
 

@@ -1,9 +1,20 @@
-"""Timers: CUDA-graph replay, direct event timing, and a host clock for the interpreter.
+"""Timers: CUDA-graph replay, direct event timing, the device profiler's kernel time, and a host
+clock for the interpreter.
 
 Small kernels timed directly measure mostly Python launch overhead, so the graph timer is the
 default wherever the backend can capture. A capture failure is classified from its error text
 by the backend: recoverable failures fall back to direct timing for that measurement with a
 marker, fatal ones re-raise, and a poisoned context stops the run.
+
+The graph timer's per-call time still holds the launch gap between consecutive kernels inside the
+graph (a few hundred ns), which is most of a 1 us kernel; the profiler timer (harness.measure.profile)
+sums the kernels' own device time instead. Whatever the timer, each measured side is then profiled
+once more for its per-kernel attribution, where the backend has a profiler.
+
+L2: warm (the default) replays the same buffers, so inputs smaller than the L2 stay in it. Cold
+writes a buffer of twice the L2 before every call: the direct and profiler timers leave the write
+outside what they time; the graph timer, which can only time a whole replay, subtracts the time
+of a flush-only graph of as many calls.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 import backends
+from harness.measure import profile
 
 WARMUP_RANGE = (1, 1000)
 REPS_RANGE = (10, 1000)
@@ -28,6 +40,16 @@ HOST_REPS_RANGE = (3, 50)
 GRAPH_REPLAY_TARGET_MS = 2.0
 GRAPH_PROBE_CALLS = 10
 GRAPH_MAX_UNROLL = 2000
+# Profiler timer: each sample averages enough calls to last about PROFILER_SAMPLE_MS (see
+# profile.sample_means), within these bounds; the attribution pass profiles a few calls.
+PROFILER_SAMPLE_MS = 0.1
+PROFILER_CALLS_PER_SAMPLE = (1, 20)
+PROFILER_SAMPLES_RANGE = (10, 100)
+ATTRIBUTION_MS = 5.0
+ATTRIBUTION_CALLS = (3, 20)
+# Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
+# some of the op's lines in place.
+L2_FLUSH_FACTOR = 2
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
@@ -41,6 +63,10 @@ def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -
 class Measurement:
     samples_ms: list[float]
     timer: str
+    # Per-kernel attribution (profile.attribute), None where the backend has no profiler.
+    kernels: list[dict] | None = None
+    # Cold L2 under the graph timer: the flush's own time per call, subtracted from every sample.
+    l2_flush_ms: float | None = None
 
     @property
     def median_ms(self) -> float:
@@ -51,7 +77,8 @@ class Measurement:
         return {"n": int(a.size), "median": float(np.median(a)), "mean": float(a.mean()),
                 "std": float(a.std(ddof=1)) if a.size > 1 else 0.0, "min": float(a.min()),
                 "max": float(a.max()), "p20": float(np.percentile(a, 20)),
-                "p80": float(np.percentile(a, 80))}
+                "p80": float(np.percentile(a, 80)),
+                **({"l2_flush_ms": self.l2_flush_ms} if self.l2_flush_ms is not None else {})}
 
 
 @dataclasses.dataclass
@@ -82,6 +109,14 @@ def scratch_rng(accel):
         generator.graphsafe_set_state(real)
 
 
+def subtract_flush(samples_ms: list[float], flush_samples_ms: list[float]) -> tuple[list[float], float]:
+    """Cold L2 under the graph timer: each per-call sample of (flush + op) less the flush's own
+    per-call time, the median of the flush-only graph's samples (a median, not each paired sample:
+    one constant offset adds no noise of its own to the samples). Returns (samples, flush_ms)."""
+    flush_ms = float(np.median(flush_samples_ms))
+    return [s - flush_ms for s in samples_ms], flush_ms
+
+
 class CapturePoisoned(RuntimeError):
     """The capture attempt killed the accelerator context: nothing after it can be trusted."""
 
@@ -100,22 +135,40 @@ def _first_line(exc: BaseException) -> str:
 
 class Timer:
     def __init__(self, backend: backends.Backend, timer: str, warmup_ms: float, rep_ms: float,
-                 mark: Callable[[str], None]):
+                 mark: Callable[[str], None], l2: str = "warm"):
         self.backend = backend
         self.timer = backend.default_timer if timer == "auto" else timer
         self.warmup_ms = warmup_ms
         self.rep_ms = rep_ms
         self.mark = mark
+        self.l2 = l2
+        self._flush_buffer = None
+        self._flush_names: tuple[str, ...] | None = None
         self._accel = None
         if backend.triton_driver:
             import torch
 
             self._accel = getattr(torch, backend.torch_device_type)
+            if l2 == "cold":
+                # Allocated once, here: never inside a capture, whose memory pool would own it.
+                size = L2_FLUSH_FACTOR * backend.l2_cache_bytes()
+                self._flush_buffer = torch.empty(size, dtype=torch.int8, device=backend.torch_device())
 
     # --- public ------------------------------------------------------------------------------
     def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]]) -> Timed:
-        """Time every fn on one caliber: if any side cannot be captured, all sides are timed
-        directly, so a row never compares a graph number with a direct one."""
+        """Time every fn on one caliber, then attribute each side's device time to its kernels."""
+        timed = self._time_pair(test_name, fns)
+        if self.backend.profiler_activity:
+            for side, measurement in timed.measurements.items():
+                if measurement.kernels is None:
+                    self._attribute(side, fns[side], measurement)
+        return timed
+
+    def _time_pair(self, test_name: str, fns: dict[str, Callable[[], object]]) -> Timed:
+        """If any side cannot be captured, all sides are timed directly, so a row never compares a
+        graph number with a direct one."""
+        if self.timer == "profiler":
+            return Timed({k: self._profiled(fn) for k, fn in fns.items()}, "profiler")
         if self.timer == "host":
             return Timed({k: self._host(fn) for k, fn in fns.items()}, "host")
         if self.timer == "direct":
@@ -165,11 +218,14 @@ class Timer:
             fn()
         self._sync()
         reps = clamp_count(self.rep_ms, est, REPS_RANGE)
+        flush = self._flush if self.l2 == "cold" else None
         # Queue every call with its events and synchronize once: a sync per sample would start
         # each call on an idle device and add the host's launch latency to every sample.
         starts = [self._accel.Event(enable_timing=True) for _ in range(reps)]
         ends = [self._accel.Event(enable_timing=True) for _ in range(reps)]
         for start, end in zip(starts, ends, strict=False):
+            if flush is not None:
+                flush()  # before the start event: the write is not timed
             start.record()
             fn()
             end.record()
@@ -200,7 +256,9 @@ class Timer:
         for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
             fn()
         self._sync()
-        graph = self._capture(fn, GRAPH_PROBE_CALLS)
+        body = fn if self.l2 == "warm" else self._flushed(fn)
+        graph = self._capture(body, GRAPH_PROBE_CALLS)
+        flush_ms = None
         try:
             graph.replay()
             self._sync()
@@ -208,18 +266,87 @@ class Timer:
             unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET_MS / max(per_call, 1e-6))))
             if unroll != GRAPH_PROBE_CALLS:
                 graph = None
-                graph = self._capture(fn, unroll)
+                graph = self._capture(body, unroll)
                 graph.replay()
                 self._sync()
             reps = clamp_count(self.rep_ms, per_call * unroll, REPS_RANGE)
-            samples = [self._replay_ms(graph) / unroll for _ in range(reps)]
+            if self.l2 == "warm":
+                samples = [self._replay_ms(graph) / unroll for _ in range(reps)]
+            else:
+                samples, flush_ms = self._cold_graph_samples(graph, unroll, reps)
         except _CaptureFailed:
             raise
         except Exception as exc:
             raise _CaptureFailed("replay", exc) from exc
         finally:
             graph = None  # release the graph's memory pool before the next measurement
-        return Measurement(samples, "graph")
+        return Measurement(samples, "graph", l2_flush_ms=flush_ms)
+
+    def _cold_graph_samples(self, graph, unroll: int, reps: int) -> tuple[list[float], float]:
+        """(flush + op) replays interleaved with replays of a flush-only graph of as many calls, so
+        both see the same clocks; the flush's per-call time is subtracted (subtract_flush)."""
+        flush_graph = self._capture(self._flush, unroll)
+        try:
+            flush_graph.replay()
+            self._sync()
+            both, alone = [], []
+            for _ in range(reps):
+                both.append(self._replay_ms(graph) / unroll)
+                alone.append(self._replay_ms(flush_graph) / unroll)
+        finally:
+            flush_graph = None
+        samples, flush_ms = subtract_flush(both, alone)
+        if np.median(samples) <= 0:
+            self.mark(f"L2_FLUSH_DOMINATES flush_ms={flush_ms:.4g} detail='the op takes less than the flush's own "
+                      "variation: its cold time is not resolved by the graph timer; use --timer profiler'")
+        return samples, flush_ms
+
+    def _profiled(self, fn) -> Measurement:
+        """The summed device time of fn's kernels per call (profile.sample_means), and the
+        attribution from the same events."""
+        est = self._prepare(fn)
+        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
+            fn()
+        self._sync()
+        per_sample = clamp_count(PROFILER_SAMPLE_MS, est, PROFILER_CALLS_PER_SAMPLE)
+        reps = clamp_count(self.rep_ms, est * per_sample, PROFILER_SAMPLES_RANGE)
+        calls = self._profile(fn, reps * per_sample)
+        return Measurement(profile.sample_means(calls, per_sample), "profiler", kernels=profile.attribute(calls))
+
+    # --- attribution and the L2 flush ----------------------------------------------------------
+    def _profile(self, fn, calls: int) -> list[list[profile.KernelEvent]]:
+        """Each call's device events, the cold flush's own removed."""
+        activity = self.backend.profiler_activity
+        if self.l2 == "warm":
+            return profile.profile_calls(fn, calls, activity, self._sync)
+        if self._flush_names is None:
+            self._flush_names = profile.flush_signature(self._flush, activity, self._sync)
+        return profile.profile_calls(fn, calls, activity, self._sync, self._flush, self._flush_names)
+
+    def _attribute(self, side: str, fn, measurement: Measurement) -> None:
+        """One profiled pass of a few calls after timing: where the side's device time goes."""
+        calls = clamp_count(ATTRIBUTION_MS, measurement.median_ms, ATTRIBUTION_CALLS)
+        try:
+            measurement.kernels = profile.attribute(self._profile(fn, calls))
+        except profile.ProfileError as exc:
+            self.mark(f"KERNELS_UNATTRIBUTED side={side} detail={_first_line(exc)!r}")
+            return
+        if not measurement.kernels:
+            # A view or metadata op (FlagGems' alias, a reshape): its time is launch and replay
+            # overhead, near zero under a graph, so its ratios are noise, not compiler output.
+            self.mark(f"NO_DEVICE_WORK side={side} detail='the profiled calls launched no device kernel: "
+                      "the time measured is host or replay overhead'")
+
+    def _flush(self) -> None:
+        """Write a buffer of twice the device's L2, evicting whatever the last call left there."""
+        self._flush_buffer.zero_()
+
+    def _flushed(self, fn):
+        def body():
+            self._flush()
+            fn()
+
+        return body
 
     def _host(self, fn) -> Measurement:
         start = time.perf_counter()

@@ -211,7 +211,8 @@ class AutotunePatch:
     def __init__(self, mode: str, *, store: RecordStore | None = None, records: dict | None = None,
                  mark: Callable[[str], None], chosen: Callable[[str, str], None],
                  case: Callable[[], str], host_autotune: bool = False,
-                 progress: Callable[[str], None] = lambda line: None):
+                 progress: Callable[[str], None] = lambda line: None,
+                 precompile: Callable | None = None):
         self.mode = mode
         self.store = store
         # Replay injects; so does a record run measuring a parallel sweep's merged picks.
@@ -222,6 +223,9 @@ class AutotunePatch:
         self.case = case
         self.host_autotune = host_autotune
         self.progress = progress
+        # (tuner, args, kwargs) -> precompile.Outcome: compiles a key's configs before its sweep.
+        self.precompile = precompile
+        self._call: tuple[tuple, dict] = ((), {})  # the tuner call under way, for the precompile
         self.state: dict[tuple[str, str], str] = {}  # (kernel, key) -> injected|key_missing|compile_failed
         self.counts = {"recorded": 0, "injected": 0, "key_missing": 0, "compile_failed": 0,
                        "not_recorded_pre_hook": 0, "outside_space": 0}
@@ -236,6 +240,7 @@ class AutotunePatch:
                 # A long sweep (mm: 48 configs, minutes) must not look like a hang.
                 self.progress(f"autotune: sweeping {kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)} "
                               f"over {len(tuner.configs)} configs")
+                self._precompile(tuner, key)
             return
         kernel, k = kernel_id(tuner), key_str(key)
         state = self.state.get((kernel, k))
@@ -258,6 +263,31 @@ class AutotunePatch:
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason={state}")
             if not cache.has_own(key):
                 self.progress(f"autotune: sweeping {kernel.rsplit('.', 1)[-1]} key={k} live ({state})")
+                if len(tuner.configs) > 1:
+                    self._precompile(tuner, key)
+
+    def _precompile(self, tuner, key) -> None:
+        """Compile the key's configs in parallel before its sweep; a config that could not be
+        is compiled by the sweep, and the row says so."""
+        if self.precompile is None:
+            return
+        kernel, k = kernel_id(tuner), key_str(key)
+        args, kwargs = self._call
+        try:
+            outcome = self.precompile(tuner, args, kwargs)
+        except Exception as exc:  # the pool itself broke: every config compiles in the sweep
+            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+            self.mark(f"AUTOTUNE_PRECOMPILE_FALLBACK kernel={kernel} key={k} configs=all reason={reason!r}")
+            self.progress(f"autotune: precompile of {kernel.rsplit('.', 1)[-1]} failed ({reason}); "
+                          "the sweep compiles every config")
+            return
+        self.progress(f"autotune: precompiled {outcome.compiled}/{outcome.configs} configs of "
+                      f"{kernel.rsplit('.', 1)[-1]} key={k} over {outcome.workers} processes in {outcome.seconds} s"
+                      + (f" ({outcome.cached} already compiled)" if outcome.cached else "")
+                      + (f"; {len(outcome.failed)} left to the sweep" if outcome.failed else ""))
+        for config, reason in outcome.failed:
+            config_text = describe(config).replace(" ", ",")
+            self.mark(f"AUTOTUNE_PRECOMPILE_FALLBACK kernel={kernel} key={k} config={config_text} reason={reason!r}")
 
     def on_chosen(self, tuner, key, config, hook_reattached: bool = False) -> None:
         kernel = kernel_id(tuner)
@@ -286,6 +316,7 @@ class AutotunePatch:
             tuner.cache = (_ObservedCache(self, tuner, tuner.cache) if isinstance(tuner.cache, dict)
                            else _OverlayCache(self, tuner, tuner.cache))
         self._injected_now = None
+        self._call = (args, kwargs)
         try:
             result = original(tuner, *args, **kwargs)
         except self._compile_errors as exc:

@@ -9,16 +9,18 @@ ab.log; ab.json says what completed, so an interrupted A/B still reports what it
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import backends
-from harness.core import deps, launch, paths, rundir
+from harness.core import deps, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.request import RunRequest
@@ -183,6 +185,22 @@ def build_side_env(side: Side, log, root: Path = SIDE_ENVS) -> str:
     return str(python)
 
 
+_TRITON_DIR = ("import importlib.util; s = importlib.util.find_spec('triton'); "
+               "print(s.submodule_search_locations[0] if s else '')")
+
+
+def side_compiler_key(side: Side) -> dict:
+    """What a side's compiled kernels depend on: its interpreter, the build of the Triton that
+    interpreter imports (identity.files_digest: changes on any rebuild or reinstall), and its
+    environment (compiler switches). Found without importing Triton in the side's Python."""
+    python = side.python or sys.executable
+    found = subprocess.run([python, "-c", _TRITON_DIR], check=True, capture_output=True, text=True).stdout.strip()
+    triton = {"path": found, "files_digest": identity.files_digest(Path(found))} if found else {"path": None}
+    key = {"python": str(Path(python).resolve()), "triton": triton, "env": dict(sorted(side.env.items()))}
+    key["digest"] = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
+    return key
+
+
 class StepInterrupted(KeyboardInterrupt):
     """A Ctrl-C reached the A/B during a step, and the step has stopped."""
 
@@ -198,13 +216,37 @@ class Runner:
         # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
         # so an interrupted A/B still reports what completed.
         self.results: dict[str, dict[str, list[Path]]] = {}
+        # Side name -> its Triton cache for this A/B (see run): removed when the A/B ends.
+        self.caches: dict[str, Path] = {}
+        self._cache_root: Path | None = None
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
 
+    def _open_caches(self) -> None:
+        """One Triton cache per side, keyed by that side's compiler identity and environment: A's
+        record feeds A's replays, B's first replay B's later ones, and no kernel crosses sides.
+        Every step still runs in a fresh process and its IR is what its own compiler built: a
+        cache hit loads the kernel this same build compiled for the same source, options and
+        switches (Triton keys its cache by those too), and the IR plugin reads what was launched."""
+        self._cache_root = Path(tempfile.mkdtemp(prefix="zl_ab_triton_cache_"))
+        keys = {}
+        for side in (self.plan.a, self.plan.b):
+            key = side_compiler_key(side)
+            keys[side.name] = key
+            self.caches[side.name] = self._cache_root / f"{side.name}-{key['digest']}"
+        self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]), "removed_after": True}
+                                       for name, key in keys.items()}
+
+    def close(self) -> None:
+        if self._cache_root is not None:
+            shutil.rmtree(self._cache_root, ignore_errors=True)
+            self._cache_root = None
+
     def step(self, side: Side, request: RunRequest, what: str) -> Path | None:
         """One harness invocation; its run dir, or None if it failed. A Ctrl-C goes on to the step
         (its own session: only through us), which writes its summary; then StepInterrupted."""
+        request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
         print(f"{what} ...", end="", flush=True)
         start = time.monotonic()
         code, interrupted = launch.run(
@@ -238,6 +280,7 @@ class Runner:
                     raise PlanError(f"side {side.name}: building its env failed ({exc}); "
                                     f"see {self.dir / 'ab.log'}") from exc
                 self.log.flush()
+        self._open_caches()
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
@@ -385,6 +428,8 @@ def run_from_args(args) -> int:
         if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
             print("\ninterrupted: reporting what completed")
         results = runner.results
+    finally:
+        runner.close()
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:
         done = sum(1 for s in runner.state["steps"] if s["exit"] == 0)

@@ -33,6 +33,7 @@ import fcntl
 import hashlib
 import io
 import json
+import math
 import os
 import queue
 import shutil
@@ -48,7 +49,7 @@ from harness.core.errors import DtypeRejected, UsageError
 from harness.core.request import RunRequest
 from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, registry
 from harness.providers.catalog import Entry
-from harness.sessions import ray_executor, resolve
+from harness.sessions import ray_executor, resolve, slurm_executor
 
 STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
                   "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
@@ -126,6 +127,17 @@ def _run_facts(run_dir: Path | None) -> dict:
 
 
 class Batch:
+    """Runs the per-op job of every selected op: a `record` (or `replay`) run here. The job's hooks
+    (`_command`, `_passed`, `_rejected`, `_stopped_in`, `_result_dir`, `_facts`, `_columns`, `tally`,
+    `done_line`, `summarize`) are what harness.sessions.corpus_ab.CorpusAB overrides to run a whole
+    single-op A/B instead; selection, sharding, process groups, timeouts, retries and resume stay here."""
+
+    OPTIONS = Options
+    COLUMNS = STATUS_COLUMNS
+    STORED = STORED_OPTIONS
+    # The guard's file in an op dir while it runs; `--resume` stops what a dead batch left running by it.
+    running_name = opguard.RUNNING
+
     def __init__(self, batch_dir: Path, opts: Options, op_dtypes: dict[str, tuple[str, ...]]):
         self.dir = batch_dir
         self.opts = opts
@@ -136,6 +148,54 @@ class Batch:
         self.children: dict[int, launch.Child] = {}
         self.stopping = threading.Event()
         self.events: queue.Queue = queue.Queue()
+
+    # --- what a job and a batch are made of (overridden by a corpus A/B) -------------------------
+    @classmethod
+    def prepare(cls, args, stored: dict) -> dict:
+        """Extra fields of this job's Options, from the command line or what a resumed batch stored
+        (stored with the request, so a resume gets them back)."""
+        if "plan" in stored:
+            raise UsageError(f"--batch-dir {args.batch_dir} is a corpus A/B: resume it with nox -s ab -- --resume "
+                             "--batch-dir DIR")
+        return {}
+
+    @classmethod
+    def dir_prefix(cls, extra: dict) -> str:
+        return "batch"
+
+    def _passed(self, code: int, out: Path) -> bool:
+        return code == 0
+
+    def _rejected(self, code: int, out: Path) -> bool:
+        return _dtype_rejected(code, out)
+
+    def _stopped_in(self, out: Path) -> Path:
+        """The dir whose `*/run.json` is the run an attempt in `out` was in when it was killed."""
+        return out
+
+    def _result_dir(self, op_dir: Path) -> Path | None:
+        """The run dir the op's status row names: its last attempt's."""
+        runs = sorted(op_dir.glob("attempt*/*/run.json"), key=lambda p: p.stat().st_mtime)
+        return runs[-1].parent if runs else None
+
+    def _facts(self, run_dir: Path | None) -> dict:
+        return _run_facts(run_dir)
+
+    def _columns(self, facts: dict) -> dict:
+        """Status columns of this job beyond STATUS_COLUMNS."""
+        return {}
+
+    def tally(self, row: dict) -> collections.Counter:
+        """What the progress bar counts for a finished op."""
+        return collections.Counter([row["status"]])
+
+    def done_line(self, row: dict) -> str:
+        return (f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} {row['elapsed_s']} s "
+                f"rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+
+    def summarize(self) -> str:
+        """The files that sum the batch up, rewritten from its dir; said in the last line."""
+        return f"summary: {write_summary(self.dir)}"
 
     # --- one op ----------------------------------------------------------------------------------
     def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str] | None:
@@ -163,7 +223,7 @@ class Batch:
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
         when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
         start = time.monotonic()
-        running = log_path.parent / opguard.RUNNING
+        running = log_path.parent / self.running_name
         with open(log_path, "a") as log:
             # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
             child = launch.start(opguard.command(running, cmd), log=log, with_parent=False, **start_kw)
@@ -182,6 +242,13 @@ class Batch:
         return code, time.monotonic() - start
 
     def run_op(self, entry: Entry, device: int) -> dict:
+        row = self.measure_op(entry, device)
+        self.record(entry, row)
+        return row
+
+    def measure_op(self, entry: Entry, device: int) -> dict:
+        """Run the op's job (its attempts, retries, triage) and return its status row, not yet
+        recorded in ops_status.csv: an executor on other hosts hands rows back to the one that records."""
         op_dir = _op_dir(self.dir, entry)
         op_dir.mkdir(parents=True, exist_ok=True)
         (op_dir / ".complete").unlink(missing_ok=True)
@@ -203,14 +270,15 @@ class Batch:
                 break
             if code is None:
                 status = "TIMEOUT"
-                what = f"timeout after {self.opts.op_timeout:.0f} s {_killed_during(out)}"
+                stopped_in = self._stopped_in(out)
+                what = f"timeout after {self.opts.op_timeout:.0f} s {_killed_during(stopped_in)}"
                 notes.append(f"{what} (killed, not retried)")
-                _killed_note(out, log_path, what)
+                _killed_note(stopped_in, log_path, what)
                 break
-            if code == 0:
+            if self._passed(code, out):
                 status = "PASS"
                 break
-            if dtypes is not None and _dtype_rejected(code, out):
+            if dtypes is not None and self._rejected(code, out):
                 # Built-in ops narrow to the dtypes they take first; others go straight to the rescue.
                 accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.id, ())]
                 if accepted and accepted != dtypes:
@@ -232,9 +300,8 @@ class Batch:
             status, note, seconds = self._triage(entry, device, dtypes, op_dir)
             notes.append(note)
             elapsed += seconds
-        runs = sorted(op_dir.glob("attempt*/*/run.json"), key=lambda p: p.stat().st_mtime)
-        run_dir = runs[-1].parent if runs else None
-        facts = _run_facts(run_dir)
+        run_dir = self._result_dir(op_dir)
+        facts = self._facts(run_dir)
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
             notes.append(f"skipped: {facts['skip_reason']}")  # upstream's reason, or the operator's
@@ -244,10 +311,10 @@ class Batch:
                "device": device, "timer": facts["timer"], "rows": facts["rows"],
                "timer_fallback_rows": facts["timer_fallback_rows"],
                "replay_fallback_rows": facts["replay_fallback_rows"],
-               "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes)}
+               "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes),
+               **self._columns(facts)}
         if status in DONE:
             (op_dir / ".complete").write_text(status + "\n")
-        self.record(entry, row)
         return row
 
     def _triage(self, entry: Entry, device: int, dtypes: list[str] | None, op_dir: Path) -> tuple[str, str, float]:
@@ -289,18 +356,22 @@ class Batch:
 
     def _write_status(self) -> None:
         out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=STATUS_COLUMNS, lineterminator="\n")
+        w = csv.DictWriter(out, fieldnames=self.COLUMNS, lineterminator="\n")
         w.writeheader()
         for key in sorted(self.status):
-            w.writerow({c: self.status[key].get(c, "") for c in STATUS_COLUMNS})
+            w.writerow({c: self.status[key].get(c, "") for c in self.COLUMNS})
         rundir.atomic_write_text(self.dir / "ops_status.csv", out.getvalue())
 
     # --- all ops ---------------------------------------------------------------------------------
+    def device_of(self, entry: Entry) -> int:
+        """The op's device: a stable hash over --devices, so a resumed batch puts it on the same one."""
+        return self.opts.devices[shard(entry.id, len(self.opts.devices))]
+
     def run(self, todo: list[Entry], on_done) -> None:
         devices = self.opts.devices
         shards: dict[int, list[Entry]] = {d: [] for d in devices}
         for e in todo:
-            shards[devices[shard(e.id, len(devices))]].append(e)
+            shards[self.device_of(e)].append(e)
 
         def worker(device: int) -> None:
             for entry in shards[device]:
@@ -443,12 +514,15 @@ def _counted(repos: collections.Counter) -> str:
     return ", ".join(f"{r} ({n} op{'s' * (n != 1)})" for r, n in sorted(repos.items()))
 
 
-def run_from_args(args) -> int:
-    """`python -m harness batch ...`"""
+def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
+    """`python -m harness batch ...`; a corpus A/B (harness.sessions.corpus_ab) runs this with its own
+    runner class."""
     import importlib.util
 
-    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
-        raise UsageError("--executor ray needs the ray package in this environment (pip install ray)")
+    for executor, package in (("ray", "ray"), ("slurm", "submitit")):
+        if args.executor == executor and importlib.util.find_spec(package) is None:
+            raise UsageError(f"--executor {executor} needs the {package} package in this environment "
+                             f"(pip install {package})")
     if args.summarize:
         print(f"summary: {write_summary(args.summarize.resolve())}")
         return 0
@@ -460,9 +534,10 @@ def run_from_args(args) -> int:
                 raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {BATCH_JSON})")
             held.enter_context(_own(batch_dir))
             stored = rundir.read_json(batch_dir / BATCH_JSON).get("request", {})
-            origin = _apply_stored(args, stored)
+            origin = _apply_stored(args, stored, runner_cls.STORED)
         elif args.batch_dir is not None:
             _check_new_batch_dir(args.batch_dir.resolve())
+        extra = runner_cls.prepare(args, stored)
         backend, devices, checkouts, ops_paths = _where(args)
         selected, excluded, left_out = _select(args, stored.get("selection"), ops_paths, checkouts)
         if args.resume:
@@ -470,30 +545,42 @@ def run_from_args(args) -> int:
                 raise UsageError("--resume needs --batch-dir")
             print(origin)
         op_dtypes = _op_dtypes(selected, ops_paths)
-        opts = Options(backend=backend.name, devices=devices, dtypes=args.dtypes,
+        opts = runner_cls.OPTIONS(backend=backend.name, devices=devices, dtypes=args.dtypes,
                        shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
                        flaggems_dirs={r: str(p) for r, p in checkouts.items()},
                        level=args.level, flagtune=args.flagtune, libtuner_cache=args.libtuner_cache,
                        op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
                        replay_root=args.replay_root.resolve() if args.replay_root else None,
-                       triage=args.triage is not False)
+                       triage=args.triage is not False, **extra)
         if args.resume:
             for line in stop_leftovers(batch_dir):
                 print(line)
         else:
-            batch_dir = _new_batch_dir(args)
+            batch_dir = _new_batch_dir(args, runner_cls.dir_prefix(extra))
             held.enter_context(_own(batch_dir))
         rundir.merge_json(batch_dir / BATCH_JSON, {
             "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
             "selected": [e.key for e in selected], "excluded": {e.key: why for e, why in excluded},
-            "left_out_repos": dict(left_out), "request": _request(opts, selected)})
-        runner = Batch(batch_dir, opts, op_dtypes)
+            "left_out_repos": dict(left_out), "request": {**_request(opts, selected), **extra}})
+        runner = runner_cls(batch_dir, opts, op_dtypes)
         todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
         for e, why in excluded:
             print(f"  excluded {e.key}: {why}")
         return _run(runner, todo, selected, args)
+
+
+def _slurm_params(items: list[str] | None, op_timeout: float) -> dict:
+    """--slurm-param KEY=VAL ... as submitit's `slurm_KEY` parameters, after a task time limit that
+    fits an op's every attempt (retries, the dtype rescue, triage) at --op-timeout each."""
+    params: dict = {"timeout_min": math.ceil(op_timeout * (MAX_RETRIES + 3) / 60) + 5}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--slurm-param {item!r}: expected KEY=VAL (e.g. partition=gpu)")
+        params[f"slurm_{key}"] = value
+    return params
 
 
 def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str]]:
@@ -569,9 +656,9 @@ def _check_new_batch_dir(batch_dir: Path) -> None:
                                  f"{BATCH_JSON}): give a new or empty dir")
 
 
-def _new_batch_dir(args) -> Path:
+def _new_batch_dir(args, prefix: str = "batch") -> Path:
     if args.batch_dir is None:
-        return rundir.claim_run_dir(paths.runs_root(args.out), "batch")
+        return rundir.claim_run_dir(paths.runs_root(args.out), prefix)
     batch_dir = args.batch_dir.resolve()
     try:
         batch_dir.mkdir(parents=True, exist_ok=True)
@@ -623,10 +710,10 @@ def _request(opts: Options, selected: list[Entry]) -> dict:
             "selection": [e.id for e in selected]}
 
 
-def _apply_stored(args, stored: dict) -> str:
+def _apply_stored(args, stored: dict, names: tuple[str, ...] = STORED_OPTIONS) -> str:
     """Fill in each stored option the command line does not give; the line saying what came from where."""
     from_file, from_cli = [], []
-    for name in STORED_OPTIONS:
+    for name in names:
         value = getattr(args, name) if getattr(args, name) is not None else stored.get(name)
         flag = ("--no-" if value is False else "--") + name.replace("_", "-")  # a switch turned off: --no-triage
         if getattr(args, name) is not None:
@@ -650,11 +737,10 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
 
     with tqdm(total=len(todo), unit="op", dynamic_ncols=True, disable=None) as bar:
         def on_done(row):
-            counts[row["status"]] += 1
+            counts.update(runner.tally(row))
             bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
             bar.update(1)
-            bar.write(f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} "
-                      f"{row['elapsed_s']} s rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+            bar.write(runner.done_line(row))
 
         stopped_by = []
 
@@ -665,20 +751,23 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
         previous = signal.signal(signal.SIGTERM, terminate)
         try:
             if args.executor == "ray":
-                ray_executor.run(runner, todo, on_done, args.ray_address)
+                ray_executor.run(runner, todo, on_done, args.ray_address, runner.device_of)
+            elif args.executor == "slurm":
+                slurm_executor.run(runner, todo, on_done, _slurm_params(args.slurm_param, runner.opts.op_timeout),
+                                   runner.device_of)
             else:
                 runner.run(todo, on_done)
         except KeyboardInterrupt:
             why = stopped_by[0] if stopped_by else "SIGINT"
             print(f"\ninterrupted ({why}): every running op was killed; resume with --resume --batch-dir", runner.dir)
-            write_summary(runner.dir)
+            print(runner.summarize())
             return 128 + getattr(signal, why)
         finally:
             signal.signal(signal.SIGTERM, previous)
-    summary = write_summary(runner.dir)
+    summary = runner.summarize()
     status = read_status(runner.dir)
     final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
-    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; summary: {summary}")
+    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; {summary}")
     failed = sorted(e.key for e in selected
                     if e.id in status and status[e.id]["status"] not in (*DONE, FAIL_UPSTREAM))
     theirs = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] == FAIL_UPSTREAM)

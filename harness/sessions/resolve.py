@@ -41,7 +41,16 @@ def resolve_timer(backend: backends.Backend, timer: str) -> str:
         raise UsageError(f"backend '{backend.name}' has no device timer; use --timer host or auto")
     if timer == "host" and backend.triton_driver:
         raise UsageError("--timer host is for the interpreter; on a device it measures launch overhead only")
+    if timer == "profiler" and not backend.profiler_activity:
+        raise UsageError(f"backend '{backend.name}' has no device profiler for --timer profiler; use --timer auto")
     return backend.default_timer if timer == "auto" else timer
+
+
+def resolve_l2(backend: backends.Backend, l2: str) -> str:
+    if l2 == "cold" and backend.l2_cache_bytes is None:
+        raise UsageError(f"--l2 cold: backend '{backend.name}' has no device cache zl_bench knows how to flush "
+                         "(cold means a flushed device L2); use --l2 warm")
+    return l2
 
 
 def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
@@ -142,11 +151,11 @@ def _flaggems_replay(args, run_dir: Path, source: spec_mod.RunSpec) -> spec_mod.
 def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
     """A record spec: what the operator source resolved, plus where and how to measure."""
     return spec_mod.RunSpec(
-        backend=backend.name, mode="record", timer=resolve_timer(backend, args.timer),
+        backend=backend.name, mode="record", timer=resolve_timer(backend, args.timer), l2=resolve_l2(backend, args.l2),
         device=resolve_device(backend, args.device), seed=args.seed,
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
-        color=color_enabled(args.color), ir=args.ir, **fields)
+        color=color_enabled(args.color), ir=args.ir, precompile=args.precompile, **fields)
 
 
 def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
@@ -298,10 +307,11 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
 
 
 def _replay_spec(args, run_dir: Path, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
-    """The record's spec (op, seed, timer, budgets...) as a replay of it, with what this run sets."""
+    """The record's spec (op, seed, timer, l2, budgets...) as a replay of it, with what this run sets."""
     return dataclasses.replace(
         source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
-        color=color_enabled(args.color), ir=args.ir, sweep_devices=0, preset_records=None, **fields)
+        color=color_enabled(args.color), ir=args.ir, precompile=args.precompile, sweep_devices=0,
+        preset_records=None, **fields)
 
 
 def color_enabled(choice: str) -> bool:

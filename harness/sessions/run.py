@@ -86,9 +86,7 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
         [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_forward=forwarded,
         on_kill=lambda: tee.write("the child did not stop in time: killed\n"),
         on_stdout=tee.write, on_stderr=tee.log_only, visible=(backends.get(run_spec.backend), run_spec.device),
-        # A private compiler cache per run: the IR collected is exactly this run's, and nothing
-        # compiled by another compiler build is picked up from a shared cache.
-        env={"TRITON_CACHE_DIR": cache_dir},
+        env={"TRITON_CACHE_DIR": cache_dir},  # see execute
         # In our group: a group kill (a batch's guard) reaches the child too, not only through us.
         own_group=False)
     return code, None if signum is None else signal.Signals(signum).name
@@ -149,7 +147,19 @@ def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
     return f"# shape file used by this run (from {source})\n" + Path(source).read_text()
 
 
-def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> int:
+def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path | None = None) -> int:
+    """Run it; `cache_dir`: compile into that Triton cache and keep it (the session that gives it
+    shares it only among runs of one compiler), else into a private one removed after the run."""
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return _execute(run_spec, shape_list, out, cache_dir, f"shared: {cache_dir}")
+    # Private to this run (its parallel sweep's shards included): the IR collected is exactly
+    # this run's, and nothing compiled by another compiler build is picked up.
+    with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as private:
+        return _execute(run_spec, shape_list, out, Path(private), "private, removed after")
+
+
+def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path, cache_note: str) -> int:
     root = runs_root(out)
     run_dir = rundir.claim_run_dir(root, run_spec.op)
     try:
@@ -171,7 +181,7 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
                       "performance numbers\n")
         if run_spec.sweep_devices:
             try:
-                outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write)
+                outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write, cache_dir)
             except KeyboardInterrupt:  # the shards were killed; nothing was measured
                 stopped = {"status": "INCOMPLETE", "rows_done": 0, "rows_planned": planned,
                            "reason": "interrupted (SIGINT) during the parallel sweep", "running_case": None}
@@ -182,9 +192,8 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None) -> i
             if outcome.merged is not None:
                 run_spec = dataclasses.replace(run_spec, preset_records=str(outcome.merged))
                 spec_mod.write(run_dir, run_spec)
-        with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as cache_dir:
-            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": "private, removed after"}})
-            code, interrupted = run_child(run_dir, run_spec, tee, cache_dir)
+        rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": cache_note}})
+        code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir))
         outcome, child_wrote_it = finish(run_dir, code, interrupted, planned, tee)
         tee.write(f"\n{summary_line(run_spec.mode, outcome, code)}; run dir: {run_dir}\n")
         if tee.log_error is not None:

@@ -3,6 +3,11 @@ picks in its own process, merge them, and count keys whose winners conflict acro
 trust figure). The measurement then runs serially on one device with the merge injected, so the
 run dir is exactly a serial record's. Whenever the merge could have holes, the sweep is refused
 with its own log line and the run sweeps serially.
+
+The shards and the measurement compile into the run's one Triton cache (same compiler, same
+environment): a kernel one shard compiled (precompiled, or in its sweep) is a cache hit for the
+other shards and for the measurement, and concurrent precompiles of one kernel wait for each
+other instead of compiling it twice (harness.measure.precompile).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ def sweep_devices(backend: backends.Backend, n: int) -> list[int]:
         return []
 
 
-def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log) -> Outcome:
+def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log, cache_dir: Path) -> Outcome:
     backend = backends.get(run_spec.backend)
     devices = sweep_devices(backend, n)
     why = refusal(run_spec, n, len(shape_list), devices)
@@ -86,7 +91,8 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
         request = RunRequest("record", run_spec.op, backend=run_spec.backend, device=device, shapes=shard_file,
                              dtypes=run_spec.dtypes, ops_paths=run_spec.ops_paths, seed=run_spec.seed,
                              timer=run_spec.timer, warmup_ms=run_spec.warmup_ms, rep_ms=run_spec.rep_ms, ir=False,
-                             color="never", out=sweep_dir / f"shard{i}")
+                             precompile=run_spec.precompile,
+                             color="never", out=sweep_dir / f"shard{i}", triton_cache=cache_dir)
         out = open(sweep_dir / f"shard{i}.log", "w")
         # Each shard leads its own group (a Ctrl-C kills it whole) and dies with this run.
         running.append((i, launch.start(request.command_line(), log=out), out))

@@ -6,19 +6,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.core import identity, rundir
-from harness.measure import tuning
+from harness.measure import precompile, tuning
 
 
 class AutotunePlugin:
     def __init__(self, ctx):
         self.ctx = ctx
         self.patch: tuning.AutotunePatch | None = None
+        self.precompiler: precompile.Precompiler | None = None
+        self.off: str | None = None  # why there is no precompile
 
     def pytest_configure(self, config):
         spec = self.ctx.spec
         records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
+        if not spec.precompile:
+            self.off = "turned off (--no-precompile)"
+        elif not self.ctx.backend.compiles_kernels:
+            self.off = f"backend '{self.ctx.backend.name}' compiles no kernels"
+        else:
+            self.precompiler = precompile.Precompiler()
+        if self.off:
+            self.ctx.say(f"precompile off: {self.off}")
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
-                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress())
+                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(),
+                      precompile=self.precompiler.run if self.precompiler else None)
         if spec.mode == "record":
             records_dir.mkdir(exist_ok=True)
             rundir.atomic_write_json(records_dir / "meta.json", {
@@ -51,6 +62,12 @@ class AutotunePlugin:
         if self.patch is None:
             return
         self.patch.uninstall()
+        if self.precompiler is not None:
+            self.precompiler.close()
+            facts = {**self.precompiler.totals, "workers": self.precompiler.workers}
+        else:
+            facts = {"off": self.off}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
-                          {"observed": {"autotune": {"mode": self.patch.mode, **self.patch.counts}}})
+                          {"observed": {"autotune": {"mode": self.patch.mode, **self.patch.counts,
+                                                     "precompile": facts}}})
 

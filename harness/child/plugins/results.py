@@ -34,9 +34,11 @@ def make_row(ctx, *, op, dtype, shape, params, case, status, nodeid, measurement
 class ResultsPlugin:
     def __init__(self, ctx):
         self.ctx = ctx
+        self.hook = None  # pytest's hook relay, set at configure (harness.child.hookspec)
         self._pending: dict | None = None
 
     def pytest_configure(self, config):
+        self.hook = config.hook
         self._flush()
 
     @pytest.fixture
@@ -82,6 +84,7 @@ class ResultsPlugin:
         self.add_row(row)
 
     def add_row(self, row: dict) -> None:
+        self.hook.pytest_zl_row_ready(row=row)
         self.ctx.rows.append(row)
         self._flush()
         self._print_row(row)

@@ -1,8 +1,13 @@
-"""Timing: hands each test a `measure_pair` bound to the run's timer policy, and stops the
-session when a capture attempt poisoned the accelerator context."""
+"""Timing: hands each test a `measure_pair` bound to the run's timer policy and L2 mode, puts the
+per-kernel attribution of the side under test on its row (`row["kernels"]`), and stops the
+session when a capture attempt poisoned the accelerator context.
+
+Where the backend has no device profiler, rows carry no `kernels` and one line per run says why
+(also in run.json `observed.kernel_attribution`)."""
 
 import pytest
 
+from harness.core import rundir
 from harness.measure.timers import CapturePoisoned, Timer
 
 
@@ -11,23 +16,43 @@ class TimingPlugin:
         self.ctx = ctx
         self.timer: Timer | None = None
         self.poisoned = None
+        self.kernels: list[dict] | None = None
 
     def pytest_configure(self, config):
-        spec = self.ctx.spec
-        self.timer = Timer(self.ctx.backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark)
+        spec, backend = self.ctx.spec, self.ctx.backend
+        self.timer = Timer(backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark, l2=spec.l2)
+        if backend.profiler_activity:
+            facts = {"recorded": True, "source": f"torch.profiler ({backend.profiler_activity})"}
+        else:
+            reason = f"backend '{backend.name}' has no device profiler"
+            self.ctx.say(f"per-kernel attribution not recorded: {reason}; rows carry no 'kernels'")
+            facts = {"recorded": False, "reason": reason}
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"kernel_attribution": facts}})
 
     def measure(self, test_name, fns):
         """(test name, {side: fn}) -> Timed: the test's `measure_pair`, and what the runner hands
-        the FlagGems plugin for upstream's `get_latency`."""
+        the FlagGems plugin for upstream's `get_latency` (one side per call, the candidate last)."""
         try:
-            return self.timer.measure_pair(test_name, fns)
+            timed = self.timer.measure_pair(test_name, fns)
         except CapturePoisoned as exc:
             self.poisoned = str(exc)
             raise
+        sides = timed.measurements
+        self.kernels = (sides.get("candidate") or list(sides.values())[-1]).kernels
+        return timed
 
     @pytest.fixture
     def measure_pair(self):
         return self.measure
+
+    def pytest_zl_case_started(self, case_id, shape_label):
+        self.kernels = None
+
+    def pytest_zl_row_ready(self, row):
+        # The side under test: the candidate, or the one side a FlagGems benchmark timed.
+        if self.kernels is not None and row["status"] == "SUCCESS":
+            row["kernels"] = self.kernels
+        self.kernels = None
 
     def pytest_runtest_teardown(self, item):
         if self.poisoned is not None:

@@ -1,0 +1,205 @@
+"""Corpus A/B: the compiler A/B over many operators, spread over devices (or Ray, or Slurm).
+
+Each operator's job is today's whole single-op A/B (`python -m harness ab PLAN --ops OP --device N`:
+A records, then A and B replay A's record, interleaved, N repeats), run on ONE device into its op
+dir `ops/<repo>__<op>/attemptK/ab_<name>_<ts>/`, so both sides of an op always share a device and
+any op's A/B can be read or reported alone. Everything else is the batch's (harness.sessions.batch):
+selection, stable-hash sharding, one process group per op under its guard, --op-timeout (over the
+op's whole A/B), retries, --resume, Ctrl-C, the executors. Per op: PASS (its report was written),
+FAIL, TIMEOUT or SKIP; the verdict counts of its rows (from its report.json) feed the progress bar
+and the final line, and the corpus report (reports.corpus) is written into the batch dir at the end.
+
+The plan is resolved once, here, and stored in batch.json; each op's A/B reads it back from the
+op dir's plan.yaml, so a resume (which refuses a new plan) runs the same experiment.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+from pathlib import Path
+
+import yaml
+
+import backends
+from harness.core import rundir
+from harness.core.errors import UsageError
+from harness.providers import catalog
+from harness.sessions import ab, batch, resolve
+from reports import corpus, table
+
+PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
+# `ab` options that make it a corpus A/B (anything a batch takes beyond the single-op A/B's own).
+CORPUS_FLAGS = {"all": "--all", "ops_file": "--ops-file", "repos": "--repos", "sample": "--sample",
+                "devices": "--devices", "op_timeout": "--op-timeout", "resume": "--resume", "batch_dir": "--batch-dir",
+                "ray_address": "--ray-address", "slurm_param": "--slurm-param"}
+PLAN_FLAGS = {"plan": "PLAN", "repeats": "--repeats", "a_env": "--a-env", "b_env": "--b-env",
+              "a_python": "--a-python", "b_python": "--b-python"}
+
+
+def wanted(args) -> bool:
+    """Whether `python -m harness ab` is a corpus A/B: a batch option was given. Without one (a
+    plan, or --ops alone) it is today's A/B, in one process, op after op."""
+    if args.compare is not None:
+        return False
+    return args.executor != "local" or any(getattr(args, name) not in (None, False) for name in CORPUS_FLAGS)
+
+
+@dataclasses.dataclass
+class ABOptions(batch.Options):
+    plan: dict = dataclasses.field(default_factory=dict)  # the resolved plan, as its yaml
+
+
+def _plan_data(plan: ab.Plan) -> dict:
+    """The plan as the yaml `ab.load_plan` reads (paths already absolute); no device: each op's A/B
+    gets its own."""
+    data = dataclasses.asdict(plan)
+    for side in ("a", "b"):
+        del data[side]["name"]
+    del data["device"]
+    return data
+
+
+def _plan_of(data: dict) -> ab.Plan:
+    fields = {k: v for k, v in data.items() if k not in ("a", "b")}
+    return ab.Plan(**fields, a=ab.Side("A", **data["a"]), b=ab.Side("B", **data["b"]))
+
+
+def _ab_dir(out: Path) -> Path | None:
+    """The single-op A/B dir an attempt wrote into `out`."""
+    found = sorted(out.glob("ab_*/ab.json"))
+    return found[-1].parent if found else None
+
+
+def verdicts(ab_dir: Path | None) -> collections.Counter:
+    """Verdict per row of a single-op A/B's report.json (UNPAIRED: a row one side lacks)."""
+    report = ab_dir / "report.json" if ab_dir else None
+    if report is None or not report.is_file():
+        return collections.Counter()
+    rows = rundir.read_json(report)["rows"]
+    return collections.Counter((r["comparison"] or {}).get("verdict", "UNPAIRED") for r in rows)
+
+
+class CorpusAB(batch.Batch):
+    """A batch whose per-op job is a whole single-op A/B on one device."""
+
+    OPTIONS = ABOptions
+    COLUMNS = (*batch.STATUS_COLUMNS, "verdicts")
+    STORED = tuple(n for n in batch.STORED_OPTIONS if n not in ("replay_root", "triage"))
+
+    @classmethod
+    def prepare(cls, args, stored: dict) -> dict:
+        if args.resume and stored:
+            again = [flag for name, flag in PLAN_FLAGS.items() if getattr(args, name)]
+            if again:
+                raise UsageError(f"--resume continues the A/B stored in the batch dir, whose plan it keeps: drop "
+                                 f"{' '.join(again)}")
+            if "plan" not in stored:
+                raise UsageError(f"--resume --batch-dir {args.batch_dir}: a batch, not a corpus A/B: resume it with "
+                                 "nox -s batch -- --resume --batch-dir DIR")
+            plan = _plan_of(stored["plan"])
+        else:
+            plan = ab.resolve_plan(args)
+            # The plan says where and what; the batch machinery reads it from the options it knows.
+            args.backend, args.ops_path, args.flaggems_dir = plan.backend, plan.ops_paths, plan.flaggems_dirs
+            args.level, args.flagtune, args.libtuner_cache = plan.level, plan.flagtune, plan.libtuner_cache
+            args.dtypes, args.shapes = plan.dtypes, Path(plan.shapes) if plan.shapes else None
+            if not (args.all or args.ops or args.ops_file or args.repos):
+                args.ops = plan.ops
+        print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.repeats} repeats "
+              "interleaved; each op's whole A/B on one device")
+        if not backends.get(resolve.resolve_backend(args.backend).name).measures_performance:
+            print(table.not_performance_note(args.backend))
+        for side in (plan.a, plan.b):
+            if side.requirements:  # built once here, not by concurrent ops into the same env dir
+                ab.build_side_env(side, sys.stdout)
+        return {"plan": _plan_data(plan)}
+
+    @classmethod
+    def dir_prefix(cls, extra: dict) -> str:
+        return f"ab-corpus_{extra['plan']['name']}"
+
+    def _command(self, entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
+        plan_file = out.parent / PLAN_FILE
+        rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
+        target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
+        argv = [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--device", str(device),
+                "--color", "never", "--out", str(out)]
+        return argv + (["--dtypes", ",".join(dtypes)] if dtypes else [])
+
+    def _passed(self, code: int, out: Path) -> bool:
+        """Its report was written, over rows to compare (or over an op that skipped every case)."""
+        ab_dir = _ab_dir(out)
+        if ab_dir is None or not (ab_dir / "report.json").is_file():
+            return False
+        if not rundir.read_json(ab_dir / "ab.json").get("complete"):
+            return False
+        return bool(verdicts(ab_dir)) or set(self._facts(ab_dir)["statuses"]) == {"SKIPPED"}
+
+    def _rejected(self, code: int, out: Path) -> bool:
+        """A's record rejected the dtypes: the A/B's first step says so as a record run would."""
+        ab_dir = _ab_dir(out)
+        steps = rundir.read_json(ab_dir / "ab.json")["steps"] if ab_dir else []
+        record = next((s for s in steps if s["args"][0] == "record"), None)
+        return record is not None and record["exit"] != 0 and batch._dtype_rejected(
+            record["exit"], Path(record["args"][record["args"].index("--out") + 1]))
+
+    def _stopped_in(self, out: Path) -> Path:
+        """The step that was running: the newest step dir of the A/B."""
+        steps = [p for p in out.glob("ab_*/*/*") if p.is_dir()]
+        return max(steps, key=lambda p: p.stat().st_mtime) if steps else out
+
+    def _result_dir(self, op_dir: Path) -> Path | None:
+        found = sorted(op_dir.glob("attempt*/ab_*/ab.json"), key=lambda p: p.stat().st_mtime)
+        return found[-1].parent if found else None
+
+    def _facts(self, run_dir: Path | None) -> dict:
+        """The report's rows, flags and timers, with A's record's case statuses (SKIP)."""
+        records = sorted(run_dir.glob("*/A-record/*/run.json")) if run_dir else []
+        facts = batch._run_facts(records[-1].parent if records else None)
+        report = run_dir / "report.json" if run_dir else None
+        if report is None or not report.is_file():
+            return {**facts, "rows": 0, "verdicts": collections.Counter()}
+        rows = rundir.read_json(report)["rows"]
+        flagged = collections.Counter(f for r in rows for f in r["flags"])
+        return {**facts, "rows": len(rows), "timer": "+".join(sorted({t for r in rows for t in r["timers"]})),
+                "timer_fallback_rows": flagged["timer_fallback"], "replay_fallback_rows": flagged["replay_fallback"],
+                "verdicts": verdicts(run_dir)}
+
+    def _columns(self, facts: dict) -> dict:
+        return {"verdicts": _said(facts["verdicts"])}
+
+    def tally(self, row: dict) -> collections.Counter:
+        return super().tally(row) + verdicts(self.dir / row["run_dir"] if row["run_dir"] else None)
+
+    def done_line(self, row: dict) -> str:
+        said = f" [{row['verdicts']}]" if row.get("verdicts") else ""
+        return (f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} {row['elapsed_s']} s "
+                f"rows={row['rows']}{said}{'  ' + row['notes'] if row['notes'] else ''}")
+
+    def summarize(self) -> str:
+        """The corpus report over every op with an A/B dir (an op that failed is listed in it with
+        its reason), and the verdict counts of the ops that passed."""
+        status = batch.read_status(self.dir)
+        rows = [r for r in status.values() if r.get("run_dir") and r["status"] != "SKIP"]
+        names = collections.Counter(f"{r['repo']}:{r['op']}" for r in status.values())
+        items = sorted((f"{r['repo']}:{r['op']}" + (f"@{r['op_file']}" if names[f"{r['repo']}:{r['op']}"] > 1 else ""),
+                        self.dir / r["run_dir"]) for r in rows)
+        plan = _plan_of(self.opts.plan)
+        context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
+                   "backend": self.opts.backend, "batch_dir": str(self.dir),
+                   "op_status": {f"{r['repo']}:{r['op']}@{r['op_file']}": r["status"] for r in status.values()}}
+        files = corpus.write(self.dir, corpus.from_ab_dirs(items, context))
+        total = sum((verdicts(self.dir / r["run_dir"]) for r in rows if r["status"] == "PASS"),
+                    collections.Counter())
+        return f"verdicts: {_said(total) or 'none'}; report: {', '.join(map(str, files))}"
+
+
+def _said(counts: collections.Counter) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def run_from_args(args) -> int:
+    """`python -m harness ab` with batch options: the corpus A/B."""
+    return batch.run_from_args(args, CorpusAB)

@@ -1,0 +1,49 @@
+"""A/B kernel reuse: one Triton cache per side, keyed by that side's compiler identity and
+environment, given to every step of that side (A's record and replays, B's replays) and to no
+step of the other side; removed when the A/B ends."""
+
+from pathlib import Path
+
+from harness.sessions import ab
+
+
+def argv_cache(argv):
+    return argv[argv.index("--triton-cache") + 1] if "--triton-cache" in argv else None
+
+
+def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tmp_path, monkeypatch):
+    steps = []
+
+    def run(argv, **kwargs):
+        out = Path(argv[argv.index("--out") + 1])
+        (out / "x").mkdir(parents=True)
+        (out / "x" / "run.json").write_text("{}")
+        steps.append((kwargs.get("env") or {}, argv))
+        return 0, None
+
+    monkeypatch.setattr(ab.launch, "run", run)
+    plan = ab.Plan(name="t", ops=["softmax"], a=ab.Side("A", "a"), b=ab.Side("B", "b", env={"SWITCH": "1"}),
+                   repeats=2, backend="interpreter")
+    runner = ab.Runner(plan, tmp_path)
+    runner.run()
+    by_side = {}
+    for env, argv in steps:
+        by_side.setdefault("B" if env.get("SWITCH") else "A", set()).add(argv_cache(argv))
+    assert len(steps) == 5  # A records, then A B A B
+    (cache_a,), (cache_b,) = by_side["A"], by_side["B"]
+    assert cache_a != cache_b and None not in (cache_a, cache_b)
+    keys = runner.state["triton_caches"]
+    assert Path(cache_a).name == f"A-{keys['A']['digest']}" and Path(cache_b).name == f"B-{keys['B']['digest']}"
+    assert keys["A"]["triton"]["files_digest"] and keys["B"]["env"] == {"SWITCH": "1"}
+    root = Path(cache_a).parent
+    runner.close()
+    runner.log.close()
+    assert not root.exists()
+
+
+def test_the_cache_key_follows_the_compiler_build_and_the_switches(monkeypatch):
+    plain = ab.side_compiler_key(ab.Side("A", ""))
+    assert plain == ab.side_compiler_key(ab.Side("B", "other label"))
+    assert plain["digest"] != ab.side_compiler_key(ab.Side("A", "", env={"TRITON_X": "1"}))["digest"]
+    monkeypatch.setattr(ab.identity, "files_digest", lambda root: "rebuilt")
+    assert plain["digest"] != ab.side_compiler_key(ab.Side("A", ""))["digest"]

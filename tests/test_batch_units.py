@@ -1,0 +1,1081 @@
+"""Batch decisions, fast: no operator runs. The process boundary (launch.start, the op's guarded
+`python -m harness record|replay` or upstream's pytest node) is a fake that writes what a child
+would have written (run.json, results.json, log lines) and exits with a scripted code, after a
+scripted time on a fake clock. Everything above it is the real batch code on hand-written dirs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from harness import cli
+from harness.core import launch, opguard, paths, rundir
+from harness.core.errors import DtypeRejected, UsageError
+from harness.providers import catalog, flaggems_scan
+from harness.providers.catalog import Entry
+from harness.sessions import batch, ray_executor
+
+OPS = REPO / "tests" / "resources" / "batch_ops"
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
+ADD = Entry("builtin", "add", "add", "ops/add.py")
+MM = Entry("builtin", "mm", "mm", "ops/mm.py")
+FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
+
+
+# --- the fake process boundary ---------------------------------------------------------------------
+class Clock:
+    """batch's `time`: monotonic() moves only when a fake child takes its time."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class Step:
+    """What one started child does: the run dir it writes under --out (rows/observed; None: no run
+    dir), its log text, its exit code (None: still running when the timeout ran out), its time."""
+
+    code: int | None = 0
+    rows: list[dict] | None = None
+    observed: dict | None = None
+    log: str = ""
+    seconds: float = 1.0
+    run_name: str = "run"
+    during: object = None  # called while it "runs" (the batch waits on it)
+
+
+def row(status="PASS", timer="direct", markers=(), **kw) -> dict:
+    return {"op": "add", "dtype": "fp32", "shape": [8], "status": status, "timer": timer, "markers": list(markers),
+            **kw}
+
+
+def write_run(out: Path, rows: list[dict] | None, observed: dict | None = None, name: str = "run") -> Path:
+    run = out / name
+    run.mkdir(parents=True, exist_ok=True)
+    (run / rundir.RUN_JSON).write_text(json.dumps({"observed": observed or {}}))
+    if rows is not None:
+        (run / rundir.RESULTS_JSON).write_text(json.dumps({"rows": rows}))
+    (run / rundir.RUN_LOG).write_text("run log\n")
+    return run
+
+
+class FakeChild:
+    def __init__(self, launcher, step: Step, pid: int):
+        self.launcher, self.step, self.pid = launcher, step, pid
+        self.stops: list[float] = []
+
+    def wait(self, timeout=None):
+        self.launcher.waits.append((self.pid, timeout, set(self.launcher.runner_children())))
+        self.launcher.clock.now += self.step.seconds
+        if self.step.during is not None:
+            self.step.during()
+        return self.step.code
+
+    def stop(self, grace_s, signum=signal.SIGTERM):
+        self.stops.append(grace_s)
+        return -signum
+
+
+class Launcher:
+    """launch.start for batch: steps per target (the op's `record` target, the replayed run dir or
+    the upstream pytest node); the last step of a target repeats."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.plan: dict[str, list[Step]] = {}
+        self.calls: list[dict] = []
+        self.children: list[FakeChild] = []
+        self.waits: list[tuple] = []
+        self.runner = None
+
+    def runner_children(self):
+        return self.runner.children if self.runner is not None else {}
+
+    def __call__(self, argv, *, log=None, **kw):
+        guard = opguard.command(Path(argv[4]), argv[6:])
+        assert argv == guard, argv  # every op attempt runs under its guard
+        cmd = argv[6:]
+        target = cmd[4] if cmd[2] == "harness" else cmd[3]
+        steps = self.plan.get(target) or [Step(rows=[row()])]
+        step = steps.pop(0) if len(steps) > 1 else steps[0]
+        Path(argv[4]).write_text("{}")  # the guard's .running, which the batch removes after
+        out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
+        if out is not None and (step.rows is not None or step.observed is not None):
+            write_run(out, step.rows, step.observed, step.run_name)
+        log.write(step.log)
+        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, **kw})
+        child = FakeChild(self, step, 4000 + len(self.children))
+        self.children.append(child)
+        return child
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(batch, "time", c)
+    return c
+
+
+@pytest.fixture
+def launcher(monkeypatch, clock):
+    fake = Launcher(clock)
+    monkeypatch.setattr(launch, "start", fake)
+    return fake
+
+
+def runner_for(tmp_path, launcher=None, op_dtypes=None, **opts) -> batch.Batch:
+    opts.setdefault("op_timeout", 20.0)
+    opts.setdefault("backend", "interpreter")
+    opts.setdefault("devices", [0])
+    r = batch.Batch(tmp_path, batch.Options(**opts), op_dtypes or {})
+    if launcher is not None:
+        launcher.runner = r
+    return r
+
+
+def status_rows(batch_dir: Path) -> list[dict]:
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --- pure helpers ------------------------------------------------------------------------------------
+def test_shard_is_the_documented_stable_hash_and_spreads():
+    # The definition, not hash(): a resumed batch (another process) puts each op on the same device.
+    keys = [f"builtin:op{i}@op{i}" for i in range(64)]
+    for n in (1, 3, 4, 7):
+        assert [batch.shard(k, n) for k in keys] == [
+            int.from_bytes(bytes.fromhex(hashlib.sha256(k.encode()).hexdigest()[:8]), "big") % n for k in keys]
+    assert set(batch.shard(k, 4) for k in keys) == {0, 1, 2, 3}
+
+
+def test_op_dir_names_only_the_repo_separator_and_slashes():
+    nested = Entry("flaggems", "scale", "special/nested:x", "f.py", qualified=True)
+    assert batch._op_dir(Path("/b"), nested) == Path("/b/ops/flaggems__scale@special.nested:x")
+    assert batch._op_dir(Path("/b"), ADD) == Path("/b/ops/builtin__add")
+
+
+def test_completed_counts_only_a_pass_or_skip_marker(tmp_path):
+    d = batch._op_dir(tmp_path, ADD)
+    assert batch.completed(tmp_path, ADD) is None  # no op dir
+    d.mkdir(parents=True)
+    assert batch.completed(tmp_path, ADD) is None  # no marker
+    for text, expected in (("PASS\n", "PASS"), (" SKIP \n", "SKIP"), ("FAIL\n", None), ("TIMEOUT", None),
+                           ("pass", None)):
+        (d / ".complete").write_text(text)
+        assert batch.completed(tmp_path, ADD) == expected, text
+    (d / ".complete").unlink()
+    (d / ".complete").mkdir()  # not a file
+    assert batch.completed(tmp_path, ADD) is None
+
+
+def test_read_status_keys_rows_by_id(tmp_path):
+    assert batch.read_status(tmp_path) == {}
+    (tmp_path / "ops_status.csv").write_text("op,repo,op_file,status\nadd,builtin,add,PASS\nmm,builtin,,FAIL\n")
+    got = batch.read_status(tmp_path)
+    assert list(got) == ["builtin:add@add", "builtin:mm@"]
+    assert got["builtin:mm@"]["status"] == "FAIL" and got["builtin:add@add"]["op"] == "add"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "ops_status.csv").write_text("op,repo,status\nadd,builtin,PASS\n")  # before op_file
+    assert list(batch.read_status(tmp_path / "old")) == ["builtin:add@"]
+
+
+def test_run_facts_counts_rows_timers_fallbacks_and_the_skip_reason(tmp_path):
+    empty = {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {},
+             "skip_reason": ""}
+    assert batch._run_facts(None) == empty
+    assert batch._run_facts(tmp_path) == empty  # no results.json
+    run = write_run(tmp_path, [
+        row(timer="graph", markers=["TIMER_FALLBACK: graph capture failed", "X"]),
+        row(timer="direct", markers=["AUTOTUNE_REPLAY_FALLBACK x", "TIMER_FALLBACK y"]),
+        row(status="SKIPPED", timer=None, markers=[], error=""),
+        row(status="SKIPPED", timer="", markers=["NOT_TIMER_FALLBACK"], error="no fp16 here"),
+        row(status="SKIPPED", error="second reason"),
+        row(status="FAIL", markers=["xAUTOTUNE_REPLAY_FALLBACK"])])
+    assert batch._run_facts(run) == {"rows": 6, "timer": "direct+graph", "timer_fallback_rows": 2,
+                                     "replay_fallback_rows": 1,
+                                     "statuses": {"PASS": 2, "SKIPPED": 3, "FAIL": 1}, "skip_reason": "no fp16 here"}
+    run = write_run(tmp_path, [row(status="SKIPPED"), {**row(), "timer": None}], name="r2")
+    assert batch._run_facts(run)["skip_reason"] == "" and batch._run_facts(run)["timer"] == "direct"
+
+
+def test_dtype_rejected_reads_our_exit_code_or_the_childs_run_json(tmp_path):
+    assert DtypeRejected.exit_code == 65
+    assert batch._dtype_rejected(65, tmp_path / "missing") is True
+    assert batch._dtype_rejected(1, tmp_path) is False  # no run dir
+    write_run(tmp_path, [], {"dtype_rejected": False}, name="a_run")
+    assert batch._dtype_rejected(1, tmp_path) is False
+    write_run(tmp_path, [], {"dtype_rejected": True}, name="b_run")  # the last run decides
+    assert batch._dtype_rejected(1, tmp_path) is True
+    write_run(tmp_path, [], {"dtype_rejected": "yes"}, name="c_run")  # `is True`, not truthy
+    assert batch._dtype_rejected(1, tmp_path) is False
+    write_run(tmp_path, [], {}, name="d_run")
+    assert batch._dtype_rejected(3, tmp_path) is False
+    (tmp_path / "e_run").mkdir()
+    (tmp_path / "e_run" / rundir.RUN_JSON).write_text("{half")  # a child killed while writing it
+    assert batch._dtype_rejected(1, tmp_path) is False
+
+
+def test_pytest_line_is_the_first_error_or_the_final_summary(tmp_path):
+    log = tmp_path / "pytest.log"
+    log.write_text("collected 1 item\n\nFAILED a.py::t - boom\nE   RuntimeError: first\nE   second\n"
+                   "ERROR b.py\n==== 1 failed in 0.1s ====\n")
+    assert batch._pytest_line(log, 1) == "RuntimeError: first"  # an E line before FAILED/ERROR ones
+    log.write_text("x\nERROR b.py - collection\nFAILED a.py::t - boom\n= 1 failed =\n")
+    assert batch._pytest_line(log, 1) == "FAILED a.py::t - boom"
+    log.write_text("x\n  ERROR b.py - collection  \n= 1 error =\n")
+    assert batch._pytest_line(log, 2) == "ERROR b.py - collection"
+    log.write_text("E   not an error of a pass\n===== 1 passed in 0.12s =====\n\n")
+    assert batch._pytest_line(log, 0) == "1 passed in 0.12s"
+    log.write_text("Error: no E-line prefix\n== 1 failed ==\n")
+    assert batch._pytest_line(log, 1) == "1 failed"
+    log.write_text("\n  \n")
+    assert batch._pytest_line(log, 4) == "pytest exited 4"
+    log.write_bytes(b"E   bad byte \xff\n")
+    assert batch._pytest_line(log, 1) == "bad byte \ufffd"
+
+
+def test_killed_during_names_the_case_or_says_why_none(tmp_path):
+    assert batch._killed_during(tmp_path) == "before its run dir was written (the op never started a case)"
+    write_run(tmp_path, [], {"running_case": "fp32 [8]"}, name="a")
+    write_run(tmp_path, [], {"outcome": {"running_case": "fp16 [2, 700]"}}, name="b")
+    assert batch._killed_during(tmp_path) == "during case fp16 [2, 700]"  # the last run dir
+    write_run(tmp_path, [row(), row()], {"outcome": {"running_case": None}}, name="c")
+    assert batch._killed_during(tmp_path) == "with no case running (2 rows done)"
+    write_run(tmp_path, [row()], {"running_case": "", "outcome": None}, name="d")
+    assert batch._killed_during(tmp_path) == "with no case running (1 row done)"
+    write_run(tmp_path, [], {}, name="e")
+    assert batch._killed_during(tmp_path) == "before its first case started"
+    write_run(tmp_path, None, {}, name="f")
+    assert batch._killed_during(tmp_path) == "before its first case started"
+
+
+def test_killed_note_goes_to_the_batch_log_and_the_last_run_log(tmp_path):
+    log = tmp_path / "batch.log"
+    log.write_text("before\n")
+    first, last = write_run(tmp_path / "a1", [], name="r1"), write_run(tmp_path / "a1", [], name="r2")
+    batch._killed_note(tmp_path / "a1", log, "timeout after 5 s during case x")
+    note = "\nkilled by the batch's --op-timeout: timeout after 5 s during case x\n"
+    assert log.read_text() == "before\n" + note
+    assert (last / rundir.RUN_LOG).read_text() == "run log\n" + note
+    assert (first / rundir.RUN_LOG).read_text() == "run log\n"
+
+
+def test_write_status_is_every_row_sorted_in_the_columns(tmp_path):
+    r = runner_for(tmp_path)
+    r.record(MM, {"op": "mm", "repo": "builtin", "op_file": "mm", "status": "FAIL", "notes": "a, b; c",
+                  "extra": "dropped"})
+    r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS"})
+    text = (tmp_path / "ops_status.csv").read_text()
+    lines = text.split("\n")
+    assert lines[0] == ",".join(batch.STATUS_COLUMNS)
+    assert lines[1].startswith("add,builtin,add,PASS,") and lines[2].startswith("mm,builtin,mm,FAIL,")
+    assert lines[2].endswith(',"a, b; c"') and lines[3] == "" and len(lines) == 4 and "\r" not in text
+    r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "TIMEOUT"})  # replaces the row
+    assert [(x["op"], x["status"]) for x in status_rows(tmp_path)] == [("add", "TIMEOUT"), ("mm", "FAIL")]
+    # A resumed batch starts from the rows its dir holds.
+    again = runner_for(tmp_path)
+    again.record(Entry("path", "z", "z", "z.py"), {"op": "z", "repo": "path", "op_file": "z", "status": "SKIP"})
+    assert [x["op"] for x in status_rows(tmp_path)] == ["add", "mm", "z"]
+    assert list(tmp_path.iterdir()) == [tmp_path / "ops_status.csv"]  # written atomically: no temp file left
+
+
+def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsys):
+    (tmp_path / "ops" / "b" / "run").mkdir(parents=True)
+    (tmp_path / "ops" / "b" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"rows": [
+        {"op": "mm", "dtype": "fp16", "shape": [2, 3, 4], "status": "PASS", "baseline_ms": 1.5,
+         "candidate_ms": 1.0, "speedup": 1.5, "gbps": 10.0, "tflops": 0.5, "timer": "graph",
+         "markers": ["TIMER_FALLBACK a", "B"]},
+        {"op": "mm", "dtype": "fp32", "shape": None, "status": "SKIPPED"}]}))
+    (tmp_path / "ops" / "a" / "run").mkdir(parents=True)
+    (tmp_path / "ops" / "a" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"rows": [
+        {"op": "add", "dtype": "fp32", "shape": [8], "status": "FAIL", "markers": []}]}))
+    with open(tmp_path / "ops_status.csv", "w") as f:
+        f.write("op,repo,op_file,status,run_dir\n")
+        f.write("mm,zz,mm,PASS,ops/b/run\n")
+        f.write("add,aa,add,FAIL,ops/a/run\n")
+        f.write("gone,aa,gone,FAIL,ops/gone/run\n")  # its run dir holds no results
+        f.write("none,aa,none,FAIL,\n")  # never got a run dir
+    path = batch.write_summary(tmp_path)
+    assert path == tmp_path / "summary.csv"
+    assert path.read_text() == (
+        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n"
+        "aa,add,fp32,8,FAIL,,,,,,,,ops/a/run\n"
+        "zz,mm,fp16,2x3x4,PASS,1.5,1.0,1.5,10.0,0.5,graph,TIMER_FALLBACK a | B,ops/b/run\n"
+        "zz,mm,fp32,,SKIPPED,,,,,,,,ops/b/run\n")
+    (tmp_path / "ops_status.csv").unlink()
+    assert batch.write_summary(tmp_path).read_text() == (
+        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n")
+
+
+# --- one attempt -------------------------------------------------------------------------------------
+def test_attempt_runs_under_the_guard_and_forgets_the_child_after(tmp_path, launcher, clock):
+    r = runner_for(tmp_path, launcher, op_timeout=7.5)
+    op_dir = tmp_path / "ops" / "x"
+    op_dir.mkdir(parents=True)
+    (op_dir / "batch.log").write_text("earlier\n")
+    launcher.plan["t"] = [Step(code=3, seconds=2.5, log="child says\n")]
+    code, seconds = r._attempt(["python", "-m", "harness", "record", "t"], op_dir / "batch.log", cwd="/c")
+    assert (code, seconds) == (3, 2.5)
+    call = launcher.calls[0]
+    assert call["cmd"] == ["python", "-m", "harness", "record", "t"] and call["cwd"] == "/c"
+    assert call["with_parent"] is False and call["log"] == str(op_dir / "batch.log") and call["mode"] == "a"
+    assert (op_dir / "batch.log").read_text() == "earlier\nchild says\n"
+    pid, timeout, running_then = launcher.waits[0]
+    assert timeout == 7.5 and running_then == {pid}  # stop() could reach it while it ran
+    assert r.children == {} and not (op_dir / opguard.RUNNING).exists()
+    assert launcher.children[0].stops == []
+
+
+def test_attempt_stops_a_timed_out_child_and_one_started_during_a_stop(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    (tmp_path / "o").mkdir()
+    launcher.plan["t"] = [Step(code=None, seconds=20.0)]
+    assert r._attempt(["p", "-m", "harness", "record", "t"], tmp_path / "o" / "l.log") == (None, 20.0)
+    assert launcher.children[0].stops == [batch.KILL_GRACE_S]
+    assert not (tmp_path / "o" / opguard.RUNNING).exists()
+    r.stopping.set()
+    launcher.plan["t"] = [Step(code=-15)]
+    assert r._attempt(["p", "-m", "harness", "record", "t"], tmp_path / "o" / "l.log")[0] == -15
+    assert launcher.children[1].stops == [batch.KILL_GRACE_S]
+
+
+def test_stop_kills_every_running_child_and_stops_scheduling(tmp_path):
+    r = runner_for(tmp_path)
+    children = [FakeChild(None, Step(), 1), FakeChild(None, Step(), 2)]
+    r.children = {c.pid: c for c in children}
+    r.stop()
+    assert r.stopping.is_set() and [c.stops for c in children] == [[batch.KILL_GRACE_S]] * 2
+
+
+# --- one op: status, retries, dtypes, notes -----------------------------------------------------------
+def test_a_pass_is_done_with_its_run_facts(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, devices=[0, 3])
+    launcher.plan["add"] = [Step(code=0, seconds=2.24, rows=[
+        row(timer="graph", markers=["TIMER_FALLBACK x"]), row(markers=["AUTOTUNE_REPLAY_FALLBACK y"])])]
+    op_dir = batch._op_dir(tmp_path, ADD)
+    got = r.run_op(ADD, 3)
+    assert got == {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS", "exit_code": 0, "attempts": 1,
+                   "elapsed_s": 2.2, "backend": "interpreter", "device": 3, "timer": "direct+graph", "rows": 2,
+                   "timer_fallback_rows": 1, "replay_fallback_rows": 1, "run_dir": "ops/builtin__add/attempt1/run",
+                   "notes": ""}
+    assert (op_dir / ".complete").read_text() == "PASS\n"
+    assert batch.completed(tmp_path, ADD) == "PASS"
+    assert status_rows(tmp_path)[0]["status"] == "PASS" and r.status[ADD.id] is got
+    cmd = launcher.calls[0]["cmd"]
+    assert cmd[3:5] == ["record", "add"] and cmd[cmd.index("--device") + 1] == "3"
+    assert cmd[cmd.index("--out") + 1] == str(op_dir / "attempt1") and launcher.calls[0]["log"] == str(
+        op_dir / "batch.log")
+
+
+def test_a_pass_whose_every_case_skipped_is_a_skip_with_the_reason(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="needs a GPU"), row(status="SKIPPED")])]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["notes"]) == ("SKIP", "skipped: needs a GPU")
+    assert batch.completed(tmp_path, ADD) == "SKIP"
+    launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="x"), row()])]  # one case ran
+    assert r.run_op(ADD, 0)["status"] == "PASS"
+    launcher.plan["add"] = [Step(rows=[])]  # nothing to run is no skip
+    assert r.run_op(ADD, 0)["status"] == "PASS"
+    launcher.plan["add"] = [Step(code=1, rows=[row(status="SKIPPED", error="x")])]
+    assert r.run_op(ADD, 0)["status"] == "FAIL"  # a failure is never a skip
+
+
+def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, launcher, clock):
+    r = runner_for(tmp_path, launcher)
+    op_dir = batch._op_dir(tmp_path, ADD)
+    op_dir.mkdir(parents=True)
+    (op_dir / ".complete").write_text("PASS\n")  # an earlier batch's: this run decides again
+    launcher.plan["add"] = [Step(code=3, seconds=1.0, rows=[row()], run_name="r1"),
+                            Step(code=3, seconds=2.0, rows=[row(), row()], run_name="r2")]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("FAIL", 3, 2, 3.0)
+    assert got["notes"] == "retry after exit 3; exit 3 twice in a row: deterministic, not retried further"
+    assert not (op_dir / ".complete").exists() and batch.completed(tmp_path, ADD) is None
+    assert [c["cmd"][c["cmd"].index("--out") + 1] for c in launcher.calls] == [
+        str(op_dir / "attempt1"), str(op_dir / "attempt2")]
+    os.utime(op_dir / "attempt1" / "r1" / rundir.RUN_JSON, (2e9, 2e9))  # the newest run.json is the op's run
+    os.utime(op_dir / "attempt2" / "r2" / rundir.RUN_JSON, (1e9, 1e9))
+    launcher.plan["add"] = [Step(code=3, rows=None), Step(code=3, rows=None)]
+    got = r.run_op(ADD, 0)
+    assert got["run_dir"] == "ops/builtin__add/attempt1/r1" and got["rows"] == 1
+
+
+def test_changing_exits_retry_until_the_cap(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(code=11), Step(code=12), Step(code=13), Step(code=14), Step(code=0)]
+    got = r.run_op(ADD, 0)
+    assert batch.MAX_RETRIES == 2
+    assert (got["status"], got["exit_code"], got["attempts"]) == ("FAIL", 13, 3)
+    assert got["notes"] == "retry after exit 11; retry after exit 12"
+    assert (got["run_dir"], got["rows"], got["timer"]) == ("", 0, "")  # no attempt wrote a run dir
+
+
+def test_a_flaky_op_passes_on_its_retry(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(code=1, seconds=1.0), Step(code=-9, seconds=1.0), Step(code=0, rows=[row()])]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("PASS", 0, 3, 3.0)
+    assert got["notes"] == "retry after exit 1; retry after exit -9"
+    assert got["run_dir"] == "ops/builtin__add/attempt3/run"
+
+
+def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, op_timeout=20.4)
+    launcher.plan["add"] = [Step(code=None, seconds=20.4, rows=[row()], observed={"running_case": "fp32 [2, 700]"})]
+    got = r.run_op(ADD, 0)
+    what = "timeout after 20 s during case fp32 [2, 700]"
+    assert (got["status"], got["exit_code"], got["attempts"]) == ("TIMEOUT", "", 1)
+    assert got["notes"] == f"{what} (killed, not retried)"
+    assert launcher.children[0].stops == [batch.KILL_GRACE_S] and launcher.waits[0][1] == 20.4
+    op_dir = batch._op_dir(tmp_path, ADD)
+    note = f"\nkilled by the batch's --op-timeout: {what}\n"
+    assert (op_dir / "batch.log").read_text().endswith(note)
+    assert (op_dir / "attempt1" / "run" / rundir.RUN_LOG).read_text().endswith(note)
+    assert not (op_dir / ".complete").exists()
+    launcher.plan["add"] = [Step(code=2), Step(code=None)]  # a timeout after a failure
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"], got["exit_code"]) == ("TIMEOUT", 2, "")
+    assert got["notes"] == ("retry after exit 2; timeout after 20 s before its run dir was written (the op never "
+                            "started a case) (killed, not retried)")
+
+
+def test_requested_dtypes_narrow_to_the_ones_a_builtin_op_takes(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, dtypes=["fp16", "bf16", "fp32"], op_dtypes={ADD.id: ("fp32", "bf16")})
+    launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"]) == ("PASS", 2)
+    assert got["notes"] == "dtype fallback fp16,bf16,fp32 -> bf16,fp32"  # in the order asked for
+    dtypes = [c["cmd"][c["cmd"].index("--dtypes") + 1] for c in launcher.calls]
+    assert dtypes == ["fp16,bf16,fp32", "bf16,fp32"]
+
+
+def test_a_rejection_with_nothing_to_narrow_to_runs_without_a_dtype_filter(tmp_path, launcher):
+    # Nothing accepted; all accepted already (the op claims them but rejects); a FlagGems op (no
+    # known dtypes): each goes straight to the rescue.
+    for op_dtypes in ({ADD.id: ("fp32",)}, {ADD.id: ("fp16", "fp32")}, {}):
+        launcher.calls.clear()
+        r = runner_for(tmp_path, launcher, dtypes=["fp16"], op_dtypes=op_dtypes)
+        if op_dtypes.get(ADD.id) == ("fp16", "fp32"):
+            launcher.plan["add"] = [Step(code=1, observed={"dtype_rejected": True}), Step(code=0, rows=[row()])]
+        else:
+            launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
+        got = r.run_op(ADD, 0)
+        assert (got["status"], got["attempts"]) == ("PASS", 2), op_dtypes
+        assert got["notes"] == "dtype rescue: fp16 rejected, ran without a dtype filter"
+        assert "--dtypes" in launcher.calls[0]["cmd"] and "--dtypes" not in launcher.calls[1]["cmd"]
+
+
+def test_narrowing_then_a_rescue_then_failures(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, dtypes=["fp16", "fp32"], op_dtypes={ADD.id: ("fp32",)})
+    launcher.plan["add"] = [Step(code=65), Step(code=65), Step(code=65)]
+    got = r.run_op(ADD, 0)
+    # Without a dtype filter a 65 is an ordinary failure: retried, then deterministic.
+    assert (got["status"], got["attempts"], got["exit_code"]) == ("FAIL", 4, 65)
+    assert got["notes"] == ("dtype fallback fp16,fp32 -> fp32; dtype rescue: fp32 rejected, ran without a dtype "
+                            "filter; retry after exit 65; exit 65 twice in a row: deterministic, not retried further")
+
+
+def test_a_replay_without_an_earlier_pass_fails_without_running(tmp_path, launcher):
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "ops_status.csv").write_text(
+        "op,repo,op_file,status,run_dir\nadd,builtin,add,PASS,ops/builtin__add/attempt2/run\n"
+        "mm,builtin,mm,FAIL,ops/builtin__mm/attempt1/run\nrms_norm,builtin,rms_norm,PASS,\n")
+    d = tmp_path / "b"
+    d.mkdir()
+    r = runner_for(d, launcher, replay_root=earlier)
+    for e in (MM, Entry("builtin", "rms_norm", "rms_norm", "x"), Entry("builtin", "softmax", "softmax", "x")):
+        got = r.run_op(e, 0)
+        assert (got["status"], got["attempts"], got["exit_code"]) == ("FAIL", 0, ""), e
+        assert got["notes"] == f"no PASSed run of this op to replay in {earlier}"
+    assert launcher.calls == []
+    got = r.run_op(ADD, 0)
+    assert got["status"] == "PASS" and launcher.calls[0]["cmd"][3:5] == [
+        "replay", str(earlier / "ops/builtin__add/attempt2/run")]
+
+
+def test_a_stop_during_an_attempt_interrupts_the_op(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(code=-15, rows=[row()], during=r.stop)]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"], got["exit_code"]) == ("INTERRUPTED", 1, -15)
+    assert launcher.children[0].stops == [batch.KILL_GRACE_S]  # stop() reached the running child
+    assert batch.completed(tmp_path, ADD) is None
+    launcher.calls.clear()
+    got = r.run_op(MM, 0)  # stopped before it started
+    assert (got["status"], got["attempts"], launcher.calls) == ("FAIL", 0, [])
+
+
+# --- triage ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def fg_runner(tmp_path, launcher):
+    return runner_for(tmp_path, launcher, backend="cuda", dtypes=["fp16", "bf16"], level="comprehensive",
+                      flagtune="1", flaggems_dirs={"flaggems": str(CHECKOUT)})
+
+
+def test_triage_reruns_a_failing_flaggems_op_as_the_upstream_node(tmp_path, launcher, fg_runner, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/inherited")
+    node = "benchmark/test_triage.py::test_broken_upstream"
+    upstream = tmp_path / "ops" / "flaggems__broken_upstream" / "upstream"
+    upstream.mkdir(parents=True)
+    (upstream / "stale").write_text("a resumed batch's earlier triage")
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1, seconds=1.0)]
+    launcher.plan[node] = [Step(code=1, seconds=4.0, log="collected 1\nE   RuntimeError: broken upstream\n")]
+    got = fg_runner.run_op(FG, 2)
+    where = "ops/flaggems__broken_upstream/upstream/pytest.log"
+    assert (got["status"], got["attempts"], got["exit_code"], got["elapsed_s"]) == (batch.FAIL_UPSTREAM, 2, 1, 6.0)
+    assert got["notes"] == ("retry after exit 1; exit 1 twice in a row: deterministic, not retried further; "
+                            f"upstream fails too: RuntimeError: broken upstream ({where})")
+    call = launcher.calls[-1]
+    assert call["cmd"] == [sys.executable, "-m", "pytest", node, "--level", "comprehensive",
+                           "--dtypes", "float16", "--dtypes", "bfloat16"]
+    assert call["cwd"] == CHECKOUT and call["log"] == str(upstream / "pytest.log")
+    assert call["env"] == {"GEMS_VENDOR": "nvidia", "USE_FLAGTUNE": "1"}
+    assert call["visible"][0].name == "cuda" and call["visible"][1] == 2
+    assert call["pythonpath"] == os.pathsep.join([str(CHECKOUT / "src"), paths.harness_pythonpath("/inherited")])
+    assert sorted(p.name for p in upstream.iterdir()) == ["pytest.log"]
+    assert batch.completed(tmp_path, FG) is None
+
+
+def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launcher, clock):
+    r = runner_for(tmp_path, launcher, flaggems_dirs={"flaggems": str(CHECKOUT)}, op_timeout=30.0)
+    node = "benchmark/test_triage.py::test_broken_upstream"
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=2)]
+    launcher.plan[node] = [Step(code=0, log="x\n==== 1 passed in 0.5s ====\n")]
+    got = r.run_op(FG, 0)
+    where = "ops/flaggems__broken_upstream/upstream/pytest.log"
+    assert (got["status"], got["notes"].rsplit("; ", 2)[-2:]) == ("FAIL", [
+        "ours: upstream passes (1 passed in 0.5s", f"{where})"])
+    call = launcher.calls[-1]
+    # No level, dtypes, vendor or FlagTune asked for: upstream's defaults; the checkout's src first.
+    assert call["cmd"][3:] == [node, "--level", "core"] and call["env"] == {}
+    assert call["pythonpath"].split(os.pathsep)[0] == str(CHECKOUT / "src")
+    launcher.plan[node] = [Step(code=None, seconds=30.0)]
+    got = r.run_op(FG, 0)
+    assert got["status"] == "FAIL" and got["notes"].endswith(
+        f"; triage undecided: the upstream rerun timed out after 30 s (killed; {where})")
+    assert launcher.children[-1].stops == [batch.KILL_GRACE_S]
+    launcher.plan[node] = [Step(code=-15, during=r.stop)]
+    got = r.run_op(FG, 0)
+    assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
+
+
+def test_triage_runs_only_for_a_failed_flaggems_op_with_its_checkout(tmp_path, launcher, monkeypatch):
+    node = "benchmark/test_triage.py::test_broken_upstream"
+    checkout = {"flaggems": str(CHECKOUT)}
+    cases = [  # (runner options, entry, record steps): none of these triage
+        (dict(flaggems_dirs=checkout, triage=False), FG, [Step(code=1)]),
+        (dict(flaggems_dirs=checkout), FG, [Step(code=None)]),  # a timeout: no exit to triage
+        (dict(flaggems_dirs=checkout), FG, [Step(code=0, rows=[row()])]),
+        (dict(flaggems_dirs={"other": str(CHECKOUT)}), Entry("builtin", "broken_upstream", "triage",
+                                                             "benchmark/test_triage.py"), [Step(code=1)]),
+    ]
+    for opts, entry, steps in cases:
+        launcher.calls.clear()
+        launcher.plan[entry.op if entry.repo == "builtin" else "flaggems:broken_upstream@triage"] = steps
+        launcher.plan[node] = [Step(code=1)]
+        runner_for(tmp_path, launcher, **opts).run_op(entry, 0)
+        assert all(c["cmd"][2] == "harness" for c in launcher.calls), opts
+    # A path op (no checkout needed) is never triaged, even with a checkout named like its repo.
+    monkeypatch.setattr(catalog, "needs_checkout", lambda repo: False)
+    launcher.calls.clear()
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
+    runner_for(tmp_path, launcher, flaggems_dirs=checkout).run_op(FG, 0)
+    assert all(c["cmd"][2] == "harness" for c in launcher.calls)
+
+
+# --- all ops ------------------------------------------------------------------------------------------
+def test_run_shards_ops_over_devices_serially_within_each(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, devices=[5, 7, 9])
+    todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(12)]
+    done = []
+    r.run(todo, done.append)
+    assert sorted(x["op"] for x in done) == sorted(e.op for e in todo)
+    for e in todo:
+        assert r.status[e.id]["device"] == [5, 7, 9][batch.shard(e.id, 3)]
+    for device in (5, 7, 9):  # in todo's order on each device
+        mine = [c["target"] for c in launcher.calls if c["cmd"][c["cmd"].index("--device") + 1] == str(device)]
+        assert mine == [e.op for e in todo if [5, 7, 9][batch.shard(e.id, 3)] == device]
+    assert len({c["target"] for c in launcher.calls}) == 12
+
+
+def test_run_stops_scheduling_once_stopped_and_kills_on_ctrl_c(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, devices=[0])
+    todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(4)]
+    launcher.plan["op0"] = [Step(code=0, rows=[row()], during=r.stopping.set)]
+    seen = []
+
+    def on_done(got):
+        seen.append(got["op"])
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        r.run(todo, on_done)
+    assert seen == ["op0"] and [c["target"] for c in launcher.calls] == ["op0"] and r.stopping.is_set()
+    r = runner_for(tmp_path, launcher, devices=[0])
+    r.children = {1: FakeChild(None, Step(), 1)}
+    r.run([], seen.append)  # nothing to do returns at once
+    with pytest.raises(KeyboardInterrupt):
+        r.run([todo[1]], on_done)
+    assert r.stopping.is_set() and r.children[1].stops == [batch.KILL_GRACE_S]
+
+
+# --- the batch dir ---------------------------------------------------------------------------------------
+def test_a_new_batch_needs_a_new_or_empty_dir(tmp_path):
+    batch._check_new_batch_dir(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    batch._check_new_batch_dir(tmp_path / "empty")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / batch.BATCH_JSON).write_text("{}")
+    with pytest.raises(UsageError) as info:
+        batch._check_new_batch_dir(tmp_path / "old")
+    assert str(info.value) == (f"--batch-dir {tmp_path / 'old'} is an existing batch dir: to continue it add "
+                               "--resume; for a new batch give a new or empty dir")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError) as info:
+        batch._check_new_batch_dir(tmp_path / "file")
+    assert str(info.value) == f"--batch-dir {tmp_path / 'file'} is a file, not a directory"
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("x")
+    with pytest.raises(UsageError) as info:
+        batch._check_new_batch_dir(tmp_path / "full")
+    assert str(info.value) == (f"--batch-dir {tmp_path / 'full'} is not empty and is not a batch dir (it has no "
+                               "batch.json): give a new or empty dir")
+
+
+def test_new_batch_dir_is_claimed_or_created(tmp_path):
+    args = argparse.Namespace(batch_dir=None, out=tmp_path / "runs")
+    claimed = batch._new_batch_dir(args)
+    assert claimed.parent == tmp_path / "runs" and claimed.name.startswith("batch_") and claimed.is_dir()
+    args.batch_dir = tmp_path / "a" / "b"
+    assert batch._new_batch_dir(args) == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    assert batch._new_batch_dir(args) == tmp_path / "a" / "b"  # an empty one is fine
+    (tmp_path / "f").write_text("x")
+    args.batch_dir = tmp_path / "f" / "sub"
+    with pytest.raises(UsageError) as info:
+        batch._new_batch_dir(args)
+    assert str(info.value) == f"--batch-dir {tmp_path / 'f' / 'sub'}: cannot create it: Not a directory"
+
+
+def test_own_holds_the_lock_and_names_the_live_owner(tmp_path):
+    (tmp_path / batch.OWNER_LOCK).write_text("stale 123\n")
+    with batch._own(tmp_path):
+        assert (tmp_path / batch.OWNER_LOCK).read_text() == f"{os.getpid()}\n"
+        with pytest.raises(UsageError) as info:
+            batch._own(tmp_path)
+        assert str(info.value) == (f"batch dir {tmp_path} belongs to batch pid {os.getpid()}, which is still "
+                                   f"running: wait for it, or stop it (kill {os.getpid()}) and resume then")
+    with batch._own(tmp_path):  # released with its file
+        pass
+    with open(tmp_path / batch.OWNER_LOCK, "w") as f:  # locked before any pid was written
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(UsageError, match="belongs to batch pid unknown, which is still running"):
+            batch._own(tmp_path)
+
+
+def test_stop_leftovers_stops_each_running_op_and_says_so(tmp_path, monkeypatch):
+    for name in ("b", "a", "c"):
+        (tmp_path / "ops" / name).mkdir(parents=True)
+        (tmp_path / "ops" / name / opguard.RUNNING).write_text("{}")
+    (tmp_path / "ops" / "d").mkdir()
+    (tmp_path / "ops" / "d" / "other").write_text("{}")
+    seen = []
+
+    def stop_leftover(running, grace_s):
+        seen.append((running.parent.name, grace_s))
+        return None if running.parent.name == "c" else {"batch_pid": 11, "pgid": ord(running.parent.name)}
+
+    monkeypatch.setattr(opguard, "stop_leftover", stop_leftover)
+    assert batch.stop_leftovers(tmp_path) == [
+        "resume: stopped ops/a, still running from the dead batch pid 11 (process group 97), before reusing its device",
+        "resume: stopped ops/b, still running from the dead batch pid 11 (process group 98), before reusing its device"]
+    assert seen == [("a", batch.KILL_GRACE_S), ("b", batch.KILL_GRACE_S), ("c", batch.KILL_GRACE_S)]
+
+
+# --- the job's hooks -----------------------------------------------------------------------------------
+def test_batch_hooks_of_a_record_job(tmp_path):
+    r = runner_for(tmp_path, devices=[4, 6])
+    assert batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"backend": "x"}) == {}
+    with pytest.raises(UsageError) as info:
+        batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"plan": {}})
+    assert str(info.value) == (f"--batch-dir {tmp_path} is a corpus A/B: resume it with nox -s ab -- --resume "
+                               "--batch-dir DIR")
+    assert batch.Batch.dir_prefix({}) == "batch"
+    assert r.tally({"status": "SKIP"}) == {"SKIP": 1}
+    line = {"status": "FAIL", "repo": "builtin", "op": "add", "device": 6, "elapsed_s": 1.5, "rows": 2, "notes": ""}
+    assert r.done_line(line) == "FAIL     builtin:add device=6 1.5 s rows=2"
+    assert r.done_line({**line, "notes": "retry after exit 3"}) == (
+        "FAIL     builtin:add device=6 1.5 s rows=2  retry after exit 3")
+    assert r.summarize() == f"summary: {tmp_path / 'summary.csv'}" and (tmp_path / "summary.csv").is_file()
+    e = Entry("path", "op1", "op1", "x.py")
+    assert r.device_of(e) == [4, 6][batch.shard(e.id, 2)]
+
+
+def test_slurm_params_fit_every_attempt_and_take_key_values():
+    assert batch._slurm_params(None, 60.0) == {"timeout_min": 10}  # 5 attempts of a minute, plus 5
+    assert batch._slurm_params(["partition=gpu", "qos=a=b"], 61.0) == {
+        "timeout_min": 11, "slurm_partition": "gpu", "slurm_qos": "a=b"}
+    for bad in ("partition", "=gpu"):
+        with pytest.raises(UsageError) as info:
+            batch._slurm_params([bad], 60.0)
+        assert str(info.value) == f"--slurm-param {bad!r}: expected KEY=VAL (e.g. partition=gpu)"
+
+
+# --- what a batch stores for its resume ---------------------------------------------------------------------
+def parse(*argv):
+    return cli.build_parser().parse_args(["batch", *map(str, argv)])
+
+
+FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes="/s.yaml", ops_paths=["/ops"],
+            flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="1", libtuner_cache="user", op_timeout=5.0,
+            replay_root=Path("/earlier"), triage=False)
+
+
+def test_request_stores_options_as_the_command_line_gives_them():
+    assert batch._request(batch.Options(**FULL), [ADD, MM]) == {
+        "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_path": ["/ops"],
+        "flaggems_dir": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
+        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "selection": [ADD.id, MM.id]}
+    assert batch._request(batch.Options("interpreter", [1]), []) == {
+        "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_path": None,
+        "flaggems_dir": None, "level": None, "flagtune": None, "libtuner_cache": None,
+        "op_timeout": batch.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "selection": []}
+
+
+def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
+    stored = json.loads(json.dumps(batch._request(batch.Options(**FULL), [ADD, MM])))
+    args = parse("--resume", "--batch-dir", tmp_path)
+    line = batch._apply_stored(args, stored)
+    assert line == ("resume: the selection stored in batch.json (2 ops); options from batch.json: --backend "
+                    "--devices --dtypes --shapes --ops-path --flaggems-dir --level --flagtune --libtuner-cache "
+                    "--op-timeout --replay-root --no-triage; from the command line: none")
+    assert (args.backend, args.devices, args.dtypes, args.shapes, args.ops_path, args.flaggems_dir) == (
+        "interpreter", "0,2", ["fp16"], Path("/s.yaml"), ["/ops"], ["flaggems=/fg"])
+    assert (args.level, args.flagtune, args.libtuner_cache, args.op_timeout, args.replay_root, args.triage) == (
+        "core", "1", "user", 5.0, Path("/earlier"), False)
+    args = parse("--resume", "--batch-dir", tmp_path, "--backend", "cpu", "--op-timeout", "9", "--triage",
+                 "--ops", "add")
+    line = batch._apply_stored(args, stored)
+    assert line == ("resume: the selection given on the command line (not the 2 ops stored in batch.json); options "
+                    "from batch.json: --devices --dtypes --shapes --ops-path --flaggems-dir --level --flagtune "
+                    "--libtuner-cache --replay-root; from the command line: --backend --op-timeout --triage")
+    assert (args.backend, args.op_timeout, args.triage) == ("cpu", 9.0, True)
+
+
+def test_apply_stored_names_the_selection_and_only_the_options_asked_for(tmp_path):
+    args = parse("--resume", "--batch-dir", tmp_path, "--no-triage")
+    assert batch._apply_stored(args, {"selection": [ADD.id], "backend": "interpreter", "devices": None}) == (
+        "resume: the selection stored in batch.json (1 op); options from batch.json: --backend; from the "
+        "command line: --no-triage")
+    assert args.devices is None
+    args = parse("--resume", "--batch-dir", tmp_path)
+    assert batch._apply_stored(args, {}, ("backend",)) == (
+        "resume: the selection stored in batch.json (0 ops); options from batch.json: none; from the command "
+        "line: none")
+    args = parse("--resume", "--batch-dir", tmp_path)
+    assert batch._apply_stored(args, {"backend": "cpu", "level": "core"}, ("level",)).endswith(
+        "options from batch.json: --level; from the command line: none")
+    assert (args.backend, args.level) == (None, "core")
+    for given in (["--all"], ["--ops-file", "f"], ["--repos", "builtin"]):
+        line = batch._apply_stored(parse("--resume", *given), {"selection": [ADD.id, MM.id, ADD.id]})
+        assert line.startswith("resume: the selection given on the command line (not the 3 ops stored in "), given
+
+
+# --- selection ------------------------------------------------------------------------------------------------
+def test_where_resolves_backend_devices_checkouts_and_ops_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    backend, devices, checkouts, ops_paths = batch._where(parse(
+        "--backend", "cpu", "--devices", " 0, 0,", "--flaggems-dir", f"fg={CHECKOUT}", "--ops-path", "mine",
+        "--ops-path", "some.module"))
+    assert (backend.name, devices, checkouts) == ("interpreter", [0, 0], {"fg": CHECKOUT})
+    assert ops_paths == [str(tmp_path / "mine"), "some.module"]
+    backend, devices, checkouts, ops_paths = batch._where(parse("--backend", "interpreter"))
+    assert devices == backend.check_available(None) and (checkouts, ops_paths) == ({}, [])
+    with pytest.raises(UsageError) as info:
+        batch._where(parse("--backend", "interpreter", "--devices", "0,x"))
+    assert str(info.value) == "--devices 0,x: expected comma-separated device indices, e.g. 0,1"
+    with pytest.raises(UsageError, match=r"device\(s\) \[100000\] do not exist here"):
+        batch._where(parse("--backend", "interpreter", "--devices", "100000"))
+    with pytest.raises(UsageError, match="--flaggems-dir 1x=/p: expected"):
+        batch._where(parse("--backend", "interpreter", "--flaggems-dir", "1x=/p"))
+    with pytest.raises(UsageError, match="unknown backend 'nope'"):
+        batch._where(parse("--backend", "nope"))
+
+
+def test_entries_scan_a_given_checkout_and_ops_path_dirs(tmp_path, monkeypatch, capsys):
+    committed = [e for e in catalog.load()]
+    assert {e.repo for e in batch._entries([], {})} == {e.repo for e in committed}
+    assert capsys.readouterr().out == ""
+    fresh = flaggems_scan.scan(CHECKOUT, "fg")
+    inventory = tmp_path / "inventory_fg.csv"
+    kept = [dataclasses.replace(e, collected="yes") for e in fresh[1:]]
+    inventory.write_text(catalog.to_csv([*kept, Entry("fg", "gone", "gone", "benchmark/test_gone.py")]))
+    monkeypatch.setattr(catalog, "inventory_path", lambda repo: tmp_path / f"inventory_{repo}.csv")
+    entries = batch._entries([str(OPS), str(OPS / "misbehaving.py"), "a.module"], {"fg": CHECKOUT})
+    assert capsys.readouterr().out == (
+        f"NOTE: inventory_fg.csv differs from a scan of {CHECKOUT} (1 ops only in the checkout, 1 only in the "
+        f"inventory): selecting from the checkout; refresh it with nox -s inventory-regen -- --flaggems-dir "
+        f"fg={CHECKOUT}\n")
+    fg = [e for e in entries if e.repo == "fg"]
+    assert [e.id for e in fg] == [e.id for e in fresh]
+    assert [e.collected for e in fg] == [""] + ["yes"] * len(kept)  # the inventory's verdicts are kept
+    path_ops = [e for e in entries if e.repo == catalog.PATH_REPO]
+    assert {e.op for e in path_ops} >= {"crash_op", "fp32_op", "skip_op"} and len(path_ops) == len(
+        {e.id for e in path_ops})  # the dir once; the file and the module name are not scanned
+    assert path_ops[0].file == "batch_ops/misbehaving.py"
+    assert [e for e in entries if e.repo not in ("fg", catalog.PATH_REPO)] == committed
+    inventory.write_text(catalog.to_csv(fresh))
+    batch._entries([], {"fg": CHECKOUT})
+    assert capsys.readouterr().out == ""
+
+
+def test_select_all_leaves_out_flaggems_repos_loudly(capsys):
+    fg_ops = sum(1 for e in catalog.load() if e.repo == "flaggems")
+    selected, excluded, left_out = batch._select(parse("--all"), None, [str(OPS)], {})
+    assert {e.repo for e in selected} == {"builtin", "path"} and "skip_op" not in {e.op for e in selected}
+    assert [(e.op, why) for e, why in excluded] == [("skip_op", "skip mark: not meaningful on this backend")]
+    assert left_out == {"flaggems": fg_ops}
+    assert capsys.readouterr().out == (
+        f"NOTE: --all leaves out the FlagGems inventories flaggems ({fg_ops} ops): their checkouts were not given; "
+        "to include them add --flaggems-dir flaggems=PATH\n")
+    selected, _, left_out = batch._select(parse("--all", "--repos", "builtin"), None, [], {})
+    assert {e.repo for e in selected} == {"builtin"} and left_out == {} and capsys.readouterr().out == ""
+
+
+def test_select_uses_the_stored_selection_only_when_none_is_given(tmp_path, capsys):
+    stored = [MM.id, ADD.id]
+    assert [e.op for e in batch._select(parse(), stored, [], {})[0]] == ["mm", "add"]
+    assert [e.op for e in batch._select(parse("--ops", "softmax"), stored, [], {})[0]] == ["softmax"]
+    (tmp_path / "ops.txt").write_text("gelu  # a comment\n\n")
+    assert [e.op for e in batch._select(parse("--ops", "softmax", "--ops-file", tmp_path / "ops.txt"), stored, [],
+                                        {})[0]] == ["softmax", "gelu"]
+    assert {e.op for e in batch._select(parse("--repos", "builtin", "--all"), stored, [], {})[0]} > {"add", "mm"}
+    assert capsys.readouterr().out == ""
+    with pytest.raises(UsageError, match=r"bad operator selection: 'nope': unknown"):
+        batch._select(parse("--ops", "nope"), None, [], {})
+    with pytest.raises(UsageError, match="--ops-file .* does not exist"):
+        batch._select(parse("--ops-file", tmp_path / "missing"), None, [], {})
+
+
+def test_select_samples_a_fresh_selection_not_a_stored_one(capsys):
+    five = ["add", "gelu", "mm", "rms_norm", "softmax"]
+    full = batch._select(parse("--ops", *five), None, [], {})[0]
+    picked = batch._select(parse("--ops", *five, "--sample", "2", "--sample-seed", "3"), None, [], {})[0]
+    assert picked == catalog.sample(full, 2, 3) and len(picked) == 2
+    assert capsys.readouterr().out == "sample: 2 ops (seed 3) from the selection\n"
+    stored = [e.id for e in full]
+    assert batch._select(parse("--sample", "2"), stored, [], {})[0] == full  # a resume keeps its sample
+    assert capsys.readouterr().out == ""
+    with pytest.raises(UsageError, match="--sample 0: give a positive number"):
+        batch._select(parse("--ops", "add", "--sample", "0"), None, [], {})
+
+
+def test_a_flaggems_op_needs_its_checkout():
+    with pytest.raises(UsageError) as info:
+        batch._select(parse("--ops", "flaggems:Concat@Concat"), None, [], {})
+    assert str(info.value) == (
+        "the selection includes operators of FlagGems repos whose checkouts were not given: flaggems (1 op); add "
+        "--flaggems-dir flaggems=PATH, or leave them out with --repos builtin")
+    two = [Entry("vllm", "a", "a", "x"), Entry("flaggems", "b", "b", "x"), Entry("vllm", "c", "c", "x"), ADD]
+    with pytest.raises(UsageError, match=r"repos whose checkouts were not given: flaggems \(1 op\), vllm \(2 ops\); "
+                                         r"add --flaggems-dir flaggems=PATH --flaggems-dir vllm=PATH, or"):
+        batch.require_checkouts(two, {"other": CHECKOUT})
+    batch.require_checkouts(two, {"vllm": CHECKOUT, "flaggems": CHECKOUT})
+
+
+def test_op_dtypes_are_known_for_builtin_and_path_ops_only():
+    fp32_op = Entry("path", "fp32_op", "misbehaving", "batch_ops/misbehaving.py")
+    got = batch._op_dtypes([ADD, fp32_op, FG], [str(OPS)])
+    from harness.providers import registry
+    assert got == {ADD.id: registry.load("add")[0].dtypes, fp32_op.id: ("fp32",)}
+    with pytest.raises(UsageError, match="no_such_op"):
+        batch._op_dtypes([Entry("builtin", "no_such_op", "x", "x")], [])
+
+
+# --- a whole batch, in process ---------------------------------------------------------------------------------
+def lines(capsys) -> list[str]:
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatch):
+    d = tmp_path / "b"
+    launcher.plan["crash_op"] = [Step(code=3)]
+    code = batch.run_from_args(parse("--backend", "interpreter", "--ops-path", OPS, "--ops", "fp32_op", "crash_op",
+                                     "builtin:add", "--devices", "0", "--batch-dir", d, "--dtypes", "fp32"))
+    out = lines(capsys)
+    assert code == 1
+    assert out[:2] == [f"batch dir: {d}", "3 selected, 0 already done, 0 excluded; devices [0]; backend interpreter"]
+    assert "FAIL     path:crash_op device=0 2.0 s rows=0  retry after exit 3; exit 3 twice in a row: deterministic, " \
+           "not retried further" in out
+    assert out[-2:] == [f"done: FAIL 1, PASS 2; summary: {d / 'summary.csv'}", "not passed: path:crash_op"]
+    stored = rundir.read_json(d / batch.BATCH_JSON)
+    ids = ["path:fp32_op@misbehaving", "path:crash_op@misbehaving", "builtin:add@add"]  # as given
+    assert {k: v for k, v in stored.items() if k != "request"} == {
+        "backend": "interpreter", "devices": [0], "flaggems_dirs": {}, "excluded": {}, "left_out_repos": {},
+        "selected": ["path:fp32_op", "path:crash_op", "builtin:add"]}
+    assert stored["request"] == {**batch._request(batch.Options("interpreter", [0], dtypes=["fp32"],
+                                                                ops_paths=[str(OPS)]), []), "selection": ids}
+    assert [(x["op"], x["status"]) for x in status_rows(d)] == [("add", "PASS"), ("crash_op", "FAIL"),
+                                                                ("fp32_op", "PASS")]
+    assert (d / "summary.csv").read_text().count("\n") == 3  # header, add's row, fp32_op's row
+    assert (d / batch.OWNER_LOCK).read_text() == f"{os.getpid()}\n"
+
+    # The resume: stored options and selection, done ops skipped, leftovers of the dead batch stopped first.
+    (d / "ops" / "path__crash_op" / opguard.RUNNING).write_text("{}")
+    monkeypatch.setattr(opguard, "stop_leftover", lambda running, grace: {"batch_pid": 5, "pgid": 6})
+    launcher.calls.clear()
+    launcher.plan["crash_op"] = [Step(code=0, rows=[row()])]
+    assert batch.run_from_args(parse("--resume", "--batch-dir", d)) == 0
+    out = lines(capsys)
+    assert out[:4] == [
+        "resume: the selection stored in batch.json (3 ops); options from batch.json: --backend --devices --dtypes "
+        "--ops-path --op-timeout; from the command line: none",
+        "resume: stopped ops/path__crash_op, still running from the dead batch pid 5 (process group 6), before "
+        "reusing its device",
+        f"batch dir: {d}", "3 selected, 2 already done, 0 excluded; devices [0]; backend interpreter"]
+    assert out[-1] == f"done: PASS 3; summary: {d / 'summary.csv'}"
+    assert [c["target"] for c in launcher.calls] == ["crash_op"]
+    assert launcher.calls[0]["cmd"][launcher.calls[0]["cmd"].index("--dtypes") + 1] == "fp32"
+    assert rundir.read_json(d / batch.BATCH_JSON)["request"]["selection"] == ids
+    # Without --resume the same dir is refused; a fresh dir under --out is claimed when none is given.
+    with pytest.raises(UsageError, match="is an existing batch dir"):
+        batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--batch-dir", d))
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--out", tmp_path / "runs")) == 0
+    new = Path(lines(capsys)[0].removeprefix("batch dir: "))
+    assert new.parent == tmp_path / "runs" and new.name.startswith("batch_") and (new / "ops_status.csv").is_file()
+
+
+def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_path, launcher, capsys):
+    d = tmp_path / "b"
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--devices", "0",
+                                     "--batch-dir", d)) == 0
+    capsys.readouterr()
+    launcher.calls.clear()
+    launcher.waits.clear()
+    launcher.plan["hang_op"] = [Step(code=None)]
+    assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--ops-path", OPS, "--all", "--repos", "path",
+                                     "--op-timeout", "3")) == 1
+    out = lines(capsys)
+    assert out[0] == ("resume: the selection given on the command line (not the 1 ops stored in batch.json); "
+                      "options from batch.json: --backend --devices; from the command line: --ops-path --op-timeout")
+    n = len([e for e in batch._entries([str(OPS)], {}) if e.repo == "path"])
+    assert out[2] == f"{n - 1} selected, 0 already done, 1 excluded; devices [0]; backend interpreter"
+    assert out[3] == "  excluded path:skip_op: skip mark: not meaningful on this backend"
+    assert "not passed: path:hang_op" in out[-1] and "path:fp32_op" not in out[-1]
+    assert {x["op"]: x["status"] for x in status_rows(d)}["hang_op"] == "TIMEOUT"
+    assert {w[1] for w in launcher.waits} == {3.0}  # the --op-timeout given again
+    assert rundir.read_json(d / batch.BATCH_JSON)["excluded"] == {"path:skip_op": "skip mark: not meaningful on "
+                                                                                 "this backend"}
+
+
+def test_failing_upstream_too_is_listed_but_not_counted(tmp_path, launcher, capsys):
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
+    launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=1, log="E   boom\n")]
+    code = batch.run_from_args(parse("--backend", "interpreter", "--flaggems-dir", f"flaggems={CHECKOUT}", "--ops",
+                                     "flaggems:broken_upstream", "--devices", "0", "--batch-dir", tmp_path / "b"))
+    out = lines(capsys)
+    assert code == 0
+    assert out[-2:] == [f"done: FAIL_UPSTREAM 1; summary: {tmp_path / 'b' / 'summary.csv'}",
+                        "failing upstream too (not counted as ours; see their notes): flaggems:broken_upstream"]
+    launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=0)]
+    code = batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b"))
+    assert code == 1 and lines(capsys)[-1] == "not passed: flaggems:broken_upstream"
+
+
+def test_a_skip_is_done_and_counts_as_passed(tmp_path, launcher, capsys):
+    launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="x")])]
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "mm", "--devices", "0",
+                                     "--batch-dir", tmp_path / "b")) == 0
+    assert lines(capsys)[-1] == f"done: PASS 1, SKIP 1; summary: {tmp_path / 'b' / 'summary.csv'}"
+
+
+def test_usage_errors_before_anything_runs(tmp_path, launcher, monkeypatch, capsys):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(UsageError) as info:
+        batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "plain"))
+    assert str(info.value) == f"--resume --batch-dir {tmp_path / 'plain'}: not a batch dir (it has no batch.json)"
+    with pytest.raises(UsageError) as info:
+        batch.run_from_args(parse("--resume", "--backend", "interpreter", "--ops", "add"))
+    assert str(info.value) == "--resume needs --batch-dir"
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / batch.BATCH_JSON).write_text(json.dumps({"request": {"plan": {}}}))
+    with pytest.raises(UsageError, match="is a corpus A/B"):
+        batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "ab"))
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("ray", "submitit")
+                        else real(name, *a))
+    for executor, package in (("ray", "ray"), ("slurm", "submitit")):
+        with pytest.raises(UsageError) as info:
+            batch.run_from_args(parse("--executor", executor, "--summarize", tmp_path))
+        assert str(info.value) == (f"--executor {executor} needs the {package} package in this environment "
+                                   f"(pip install {package})")
+    assert launcher.calls == [] and sorted(p.name for p in (tmp_path / "ab").iterdir()) == [".owner", "batch.json"]
+    assert batch.run_from_args(parse("--summarize", tmp_path / "ab")) == 0
+    assert lines(capsys) == [f"summary: {tmp_path / 'ab' / 'summary.csv'}"]
+
+
+def test_the_executor_option_picks_who_runs_the_ops(tmp_path, launcher, monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in ("ray", "submitit")
+                        else real(name, *a))
+    seen = []
+
+    def ray_run(runner, todo, on_done, address, shard):
+        seen.append(("ray", address, shard(ADD)))
+        runner.run(todo, on_done)
+
+    def slurm_run(runner, todo, on_done, params, shard):
+        seen.append(("slurm", params, shard(ADD)))
+        runner.run(todo, on_done)
+
+    monkeypatch.setattr(ray_executor, "run", ray_run)
+    from harness.sessions import slurm_executor
+    monkeypatch.setattr(slurm_executor, "run", slurm_run)
+    common = ("--backend", "interpreter", "--ops", "add", "--devices", "0")
+    assert batch.run_from_args(parse(*common, "--executor", "ray", "--ray-address", "h:1",
+                                     "--batch-dir", tmp_path / "r")) == 0
+    assert batch.run_from_args(parse(*common, "--executor", "slurm", "--slurm-param", "partition=p",
+                                     "--op-timeout", "60", "--batch-dir", tmp_path / "s")) == 0
+    assert seen == [("ray", "h:1", 0), ("slurm", {"timeout_min": 10, "slurm_partition": "p"}, 0)]
+    assert [c["target"] for c in launcher.calls] == ["add", "add"]
+
+
+def test_an_interrupted_batch_exits_with_its_signal_and_keeps_a_summary(tmp_path, launcher, monkeypatch, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+
+    def interrupted(self, todo, on_done):
+        on_done(self.run_op(todo[0], 0))
+        raise KeyboardInterrupt
+
+    def terminated(self, todo, on_done):
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+
+    monkeypatch.setattr(batch.Batch, "run", interrupted)
+    common = ("--backend", "interpreter", "--ops", "add", "mm", "--devices", "0")
+    assert batch.run_from_args(parse(*common, "--batch-dir", tmp_path / "a")) == 128 + signal.SIGINT
+    out = lines(capsys)
+    assert out[-3:] == ["", f"interrupted (SIGINT): every running op was killed; resume with --resume --batch-dir "
+                            f"{tmp_path / 'a'}", f"summary: {tmp_path / 'a' / 'summary.csv'}"]
+    assert (tmp_path / "a" / "summary.csv").read_text().count("\n") == 2 and signal.getsignal(signal.SIGTERM) == before
+    monkeypatch.setattr(batch.Batch, "run", terminated)
+    assert batch.run_from_args(parse(*common, "--batch-dir", tmp_path / "t")) == 128 + signal.SIGTERM
+    assert "interrupted (SIGTERM): every running op was killed" in lines(capsys)[-2]
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -1,0 +1,278 @@
+"""Corpus A/B (`python -m harness ab` with batch options): each op's whole single-op A/B as one batch
+job on one device, on the interpreter with 2 virtual devices and tiny shapes; the Ray executor's
+device choice (a fake runtime context) and the Slurm executor (submitit's local executor)."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import submitit  # noqa: F401  (the tests session installs it: missing, the Slurm test fails, never skips)
+from conftest import REPO, load
+
+import backends
+from harness import cli
+from harness.providers import catalog
+from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
+
+OPS = REPO / "tests" / "resources" / "batch_ops"
+STEPS = ("A-record", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in the order it runs them
+
+
+def statuses(batch_dir: Path) -> dict[str, dict]:
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        return {r["op"]: r for r in csv.DictReader(f)}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """`python -m harness ab ARGS` (a corpus A/B) in its own session; killed at teardown if a failed
+    test left it running."""
+    started = []
+
+    def start(*args) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env["ZL_TEST_STATE_DIR"] = str(tmp_path)
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "harness", "ab", "--backend", "interpreter", "--repeats", "2",
+             "--b-env", "ZL_SIDE=b", "--ops-path", str(OPS), "--dtypes", "fp32", "--out", str(tmp_path / "out"),
+             *map(str, args)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def _batch_dir(out_dir: Path, timeout: float = 120) -> Path:
+    assert _wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), timeout)
+    return next(out_dir.iterdir())
+
+
+def _wait_for(predicate, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _pids_running(batch_dir: Path) -> list[int]:
+    """Processes whose command line names this batch dir (an op's A/B or one of its steps)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(batch_dir) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _step_devices(ab_dir: Path) -> dict[str, int]:
+    """The device each step of a single-op A/B ran on, from its run.json."""
+    return {step.name: load(next(step.glob("*/run.json")))["spec"]["device"] for step in ab_dir.glob("*/*")
+            if step.is_dir() and any(step.glob("*/run.json"))}
+
+
+@pytest.mark.e2e
+def test_each_op_runs_its_whole_ab_on_its_own_device(corpus, tmp_path):
+    # add shards to device 0 and softmax to device 1 (stable hash over 2 devices): two A/Bs side by side.
+    assert [batch.shard(k, 2) for k in ("builtin:add@add", "builtin:softmax@softmax")] == [0, 1]
+    proc = corpus("--ops", "builtin:add", "softmax", "--devices", "0,1")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    d = next((tmp_path / "out").iterdir())
+    st = statuses(d)
+    for op, device in (("add", 0), ("softmax", 1)):
+        assert st[op]["status"] == "PASS" and st[op]["device"] == str(device) and st[op]["verdicts"] == "n/a 2"
+        ab_dir = d / st[op]["run_dir"]
+        assert ab_dir.parent.name == "attempt1" and ab_dir.parent.parent == d / "ops" / f"builtin__{op}"
+        # Today's single-op A/B dir, every step on the op's device.
+        assert (ab_dir / "report.json").is_file() and load(ab_dir / "ab.json")["complete"]
+        assert _step_devices(ab_dir) == dict.fromkeys(STEPS, device)
+        assert f"PASS     builtin:{op} device={device}" in out
+    assert "[n/a 2]" in out and "done: PASS 2; verdicts: n/a 4; report: " in out
+    report = load(d / "report.json")  # the corpus report, over both ops' A/B dirs
+    assert report["summary"]["ops_compared"] == 2
+    assert load(d / "batch.json")["request"]["plan"]["b"]["env"] == {"ZL_SIDE": "b"}
+
+
+@pytest.mark.e2e
+def test_an_op_past_its_timeout_is_killed_with_its_steps(corpus, tmp_path):
+    proc = corpus("--ops", "hang_op", "--devices", "1", "--op-timeout", "25")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out
+    d = next((tmp_path / "out").iterdir())
+    st = statuses(d)["hang_op"]
+    assert st["status"] == "TIMEOUT" and st["device"] == "1" and st["attempts"] == "1"
+    assert st["notes"].startswith("timeout after 25 s during case fp32-")
+    assert st["notes"].endswith("(killed, not retried)")
+    hang_ab = next((d / "ops" / "path__hang_op" / "attempt1").glob("ab_*"))
+    assert _step_devices(hang_ab) == {"A-record": 1}
+    assert "TIMEOUT  path:hang_op device=1" in out
+    assert [u["op"] for u in load(d / "report.json")["unpaired_ops"]] == ["path:hang_op"]
+    assert _wait_for(lambda: not _pids_running(d), 10), _pids_running(d)
+
+
+@pytest.mark.e2e
+def test_kill_9_then_resume_continues_where_it_stopped(corpus, tmp_path):
+    proc = corpus("--ops", "builtin:add", "fp32_op", "--devices", "0")
+    d = _batch_dir(tmp_path / "out")
+    assert _wait_for(lambda: (d / "ops_status.csv").is_file() and "PASS" in (d / "ops_status.csv").read_text(), 400)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    # The op that was running dies with its corpus A/B (its guard saw the driver go), steps included.
+    assert _wait_for(lambda: not _pids_running(d), 15), _pids_running(d)
+    done = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
+    assert len(done) == 1
+    (op, row), = done.items()
+    marker = d / "ops" / f"{row['repo']}__{op}" / ".complete"
+    mtime = marker.stat().st_mtime
+
+    resumed = corpus("--resume", "--batch-dir", d)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 2 and "--resume continues the A/B stored in the batch dir" in out, out
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    resumed = subprocess.run([sys.executable, "-m", "harness", "ab", "--resume", "--batch-dir", str(d)], cwd=REPO,
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "2 selected, 1 already done" in resumed.stdout
+    st = statuses(d)
+    assert {r["status"] for r in st.values()} == {"PASS"} and marker.stat().st_mtime == mtime  # not rerun
+    assert load(d / "report.json")["summary"]["ops_compared"] == 2
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_every_step_and_reports_what_completed(corpus, tmp_path):
+    proc = corpus("--ops", "hang_op", "--devices", "1", "--op-timeout", "300")
+    d = _batch_dir(tmp_path / "out")
+    # Inside the A record's case: its pytest child runs.
+    assert _wait_for(lambda: any(d.glob("ops/*/attempt1/ab_*/*/A-record/*/run.json")), 120)
+    time.sleep(3)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert f"interrupted (SIGINT): every running op was killed; resume with --resume --batch-dir {d}" in out
+    assert (d / "report.json").is_file()
+    assert _wait_for(lambda: not _pids_running(d), 30), _pids_running(d)
+
+
+def _args(*argv):
+    return cli.build_parser().parse_args(["ab", *argv])
+
+
+def test_a_single_op_without_corpus_options_is_todays_ab():
+    assert not corpus_ab.wanted(_args("--ops", "softmax"))
+    assert not corpus_ab.wanted(_args("ops/ab_f32_ieee.yaml", "--device", "1", "--repeats", "5"))
+    assert not corpus_ab.wanted(_args("--compare", "a", "b"))
+    for extra in (["--all"], ["--devices", "0,1"], ["--executor", "ray"], ["--resume"], ["--op-timeout", "5"],
+                  ["--ops-file", "f"], ["--repos", "builtin"], ["--batch-dir", "d"], ["--sample", "3"]):
+        assert corpus_ab.wanted(_args("--ops", "softmax", *extra)), extra
+
+
+def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
+    plan = corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))
+    opts = corpus_ab.ABOptions(backend="interpreter", devices=[0, 1], plan=plan)
+    runner = corpus_ab.CorpusAB(tmp_path, opts, {})
+    out = tmp_path / "ops" / "flaggems__mm" / "attempt1"
+    out.parent.mkdir(parents=True)
+    cmd = runner._command(catalog.Entry("flaggems", "mm", "blas", "benchmark/test_blas.py"), 1, ["fp32"], out)
+    assert cmd[1:] == ["-m", "harness", "ab", str(out.parent / "plan.yaml"), "--ops", "flaggems:mm@blas",
+                       "--device", "1", "--color", "never", "--out", str(out), "--dtypes", "fp32"]
+    again = corpus_ab.ab.load_plan(out.parent / "plan.yaml")  # the plan each op's A/B reads back
+    assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.device is None
+    assert again.shapes == str(REPO / "shapes" / "default.yaml")
+
+
+# --- Ray: the device a task runs on ----------------------------------------------------------------
+class FakeContext:
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get_accelerator_ids(self):
+        return self.ids
+
+
+@pytest.mark.parametrize("name, resource", [("cuda", "GPU"), ("rocm", "GPU"), ("musa", "GPU"), ("ascend", "NPU")])
+def test_a_ray_task_runs_on_the_accelerator_id_ray_gave_it(name, resource, monkeypatch):
+    assert backends.get(name).ray_resource == resource
+    # Ray set no CUDA_VISIBLE_DEVICES for this vendor (or a stale one): the id is what counts.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    ctx = FakeContext({resource: ["3"], "neuron_cores": []})
+    assert ray_executor.task_device(resource, 0, ctx) == 3
+    with pytest.raises(ray_executor.NoAcceleratorId, match=f"no {resource} id"):
+        ray_executor.task_device(resource, 0, FakeContext({}))
+
+
+def test_a_ray_task_of_the_interpreter_runs_on_its_shard():
+    assert backends.get("interpreter").ray_resource is None
+    assert ray_executor.task_device(None, 1, FakeContext({"GPU": ["3"]})) == 1
+
+
+def test_the_remote_op_gets_its_device_from_the_runtime_context(monkeypatch, tmp_path):
+    seen = {}
+
+    class FakeRay:
+        @staticmethod
+        def get_runtime_context():
+            return FakeContext({"NPU": ["5"]})
+
+    class Runner:
+        def __init__(self, scratch, opts, op_dtypes):
+            self.scratch = scratch
+
+        def measure_op(self, entry, device):
+            seen["device"] = device
+            (self.scratch / "ops" / "x").mkdir(parents=True)
+            return {"op": entry.op}
+
+    monkeypatch.setitem(sys.modules, "ray", FakeRay)
+    entry = {"repo": "builtin", "op": "add", "op_file": "add", "file": "ops/add.py"}
+    opts = {"backend": "ascend", "devices": [0], "replay_root": None}
+    row, payload, scratch = ray_executor._run_remote(Runner, batch.Options, entry, opts, {}, "NPU", 0, False)
+    assert seen["device"] == 5 and row == {"op": "add"} and payload
+    ray_executor._run_remote(Runner, batch.Options, entry, opts, {}, "NPU", 0, True)  # a local instance
+    assert seen["device"] == 0  # its own shard: --devices is the local instance's resources
+    assert ray_executor._resources("NPU", 2, local=False) == {"resources": {"NPU": 1}}
+    assert ray_executor._resources("GPU", 2, local=True) == {"num_cpus": 1, "resources": {"zl_device_2": 1}}
+
+
+# --- Slurm ---------------------------------------------------------------------------------------
+def test_a_slurm_task_runs_on_the_one_device_its_allocation_shows():
+    cuda = backends.get("cuda")
+    assert slurm_executor.task_device(cuda, 0, {"CUDA_VISIBLE_DEVICES": "3"}) == 3
+    with pytest.raises(slurm_executor.TaskDeviceError, match="sees 2 cuda devices"):
+        slurm_executor.task_device(cuda, 0, {"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert slurm_executor.task_device(backends.get("interpreter"), 1, {}) == 1
+
+
+@pytest.mark.e2e
+def test_slurm_executor_runs_one_task_per_op_into_the_shared_batch_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZL_TEST_STATE_DIR", str(tmp_path))
+    entries = {e.op: e for e in batch._entries([str(OPS)], {})
+               if e.op in ("add", "crash_op") and not catalog.needs_checkout(e.repo)}
+    opts = batch.Options(backend="interpreter", devices=[0, 1], ops_paths=[str(OPS)], op_timeout=120)
+    runner = batch.Batch(tmp_path, opts, {e.id: ("fp32",) for e in entries.values()})
+    done = []
+    slurm_executor.run(runner, list(entries.values()), done.append, batch._slurm_params(None, 120),
+                       runner.device_of, cluster="local")
+    st = statuses(tmp_path)
+    assert st["add"]["status"] == "PASS" and st["add"]["device"] == str(runner.device_of(entries["add"]))
+    assert st["crash_op"]["status"] == "FAIL" and "exit 3 twice in a row" in st["crash_op"]["notes"]
+    assert sorted(r["op"] for r in done) == ["add", "crash_op"]
+    assert (tmp_path / st["add"]["run_dir"] / "results.json").is_file()
+    # Each op ran in a task process of its own (submitit's logs), not in this one.
+    assert len(list((tmp_path / slurm_executor.FOLDER).glob("*/*_log.out"))) == 2
+    assert not list(tmp_path.glob(f"ops/*/{slurm_executor.RUNNING}"))

@@ -1,0 +1,363 @@
+"""The corpus A/B report (reports.corpus): two batch dirs or per-op A/B dirs written by hand as the
+harness writes them, paired into report.json (checked against its committed schema), CSV, markdown
+and a self-contained HTML page, which a real headless browser opens where one is installed."""
+
+import hashlib
+import html.parser
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from conftest import REPO, load
+
+from harness import cli
+from harness.measure import ir
+from reports import corpus, stats
+
+SCHEMA = json.loads((REPO / "reports" / "schema" / "corpus_report.schema.json").read_text())
+JITTER = np.linspace(-0.002, 0.002, 41)  # one process's sample spread: 0.2%, far below any floor here
+
+TTGIR_A = "#blocked = #ttg.blocked<{sizePerThread = [4]}>\nmodule {\n  %0 = tt.load %ptr : tensor<1024xf16>\n  " \
+          "%1 = arith.mulf %0, %0 : tensor<1024xf16>\n  tt.return\n}\n"
+TTGIR_B = TTGIR_A.replace("sizePerThread = [4]", "sizePerThread = [8]").replace("arith.mulf", "math.fma")
+
+
+def _row(op, dtype, shape, cand, base=1.0, markers=(), timer="graph", configs=None, status="SUCCESS"):
+    """A results.json row as the harness writes it (harness.child.plugins.results.make_row)."""
+    return {"op": op, "dtype": dtype, "shape": list(shape), "params": {}, "case": f"{dtype}-x", "status": status,
+            "baseline_ms": base, "candidate_ms": cand, "speedup": base / cand, "timer": timer,
+            "input_sha256": "0" * 64, "markers": list(markers), "configs": configs or {"k": "BLOCK=64"},
+            "samples": {"candidate": {"median_ms": cand, "raw": list(cand * (1 + JITTER))},
+                        "baseline": {"median_ms": base, "raw": list(base * (1 + JITTER))}}}
+
+
+def _ir(run_dir, variants):
+    """ttgir/ as harness.measure.ir writes it: variants = [(shape, dtype, stem, ttgir text, llir sha)]."""
+    lines = ["\t".join(ir.INDEX_COLUMNS)]
+    (run_dir / "ttgir").mkdir()
+    for shape, dtype, stem, text, llir in variants:
+        path = run_dir / "ttgir" / shape / "scale_kernel" / f"{stem}.ttgir"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        sha = {"ttir": "t" * 16, "ttgir": hashlib.sha256(text.encode()).hexdigest()[:16], "llir": llir, "ptx": "p" * 16,
+               "amdgcn": "-"}
+        lines.append("\t".join([shape, "ops.k.scale_kernel", f"{shape}/scale_kernel/{stem}.ttgir", "3", dtype,
+                                "div16-XP", "4", "3", "BLOCK=64", f"h{stem}{dtype}",
+                                *(sha[s] for s in ir.HASHED_STAGES)]))
+    (run_dir / "ttgir" / "index.tsv").write_text("\n".join(lines) + "\n")
+
+
+def _run(root, rows, variants=None):
+    root.mkdir(parents=True)
+    (root / "results.json").write_text(json.dumps({"format": 1, "rows": rows}))
+    (root / "run.json").write_text(json.dumps({"spec": {}, "observed": {}}))
+    if variants is not None:
+        _ir(root, variants)
+    return root
+
+
+# The corpus under A and B: op -> (A rows, B rows, A IR, B IR); B's status per op, where it failed.
+def _corpus():
+    return {
+        "softmax": ([_row("softmax", "fp16", (64, 1024), 2.0), _row("softmax", "bf16", (64, 1024), 2.0)],
+                    [_row("softmax", "fp16", (64, 1024), 2.2), _row("softmax", "bf16", (64, 1024), 2.0)],
+                    [("64x1024", "fp16", "w4s3__fp16", TTGIR_A, "l" * 16),
+                     ("64x1024", "bf16", "w4s3__bf16", TTGIR_A, "l" * 16)],
+                    [("64x1024", "fp16", "w4s3__fp16", TTGIR_B, "m" * 16),
+                     ("64x1024", "bf16", "w4s3__bf16", TTGIR_A, "l" * 16)]),
+        # 2% faster: within the single-run floor; 1.5x slower but timed after a fallback.
+        "mm": ([_row("mm", "fp16", (256, 256), 1.0), _row("mm", "bf16", (256, 256), 1.0)],
+               [_row("mm", "fp16", (256, 256), 0.98),
+                _row("mm", "bf16", (256, 256), 1.5, timer="direct",
+                     markers=["TIMER_FALLBACK phase=capture reason=recoverable detail='host sync'"])], [], []),
+        "gelu": ([_row("gelu", "fp32", (4096,), 1.0)], [_row("gelu", "fp32", (4096,), 0.8)], None, None),
+        "add": ([_row("add", "fp32", (4096,), 1.0)], None, None, None),
+    }
+
+
+STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
+                  "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
+
+
+def _batch(root, side, backend="cuda"):
+    """A batch dir as harness.sessions.batch writes it, side 0 (A) or 1 (B) of _corpus()."""
+    root.mkdir(parents=True)
+    (root / "batch.json").write_text(json.dumps({"backend": backend, "devices": [0], "selected": []}))
+    lines = [",".join(STATUS_COLUMNS)]
+    for op, data in _corpus().items():
+        rows, variants = data[side], data[2 + side]
+        run = f"ops/builtin__{op}/attempt1/{op}_20250101-000000"
+        status = "PASS" if rows is not None else "FAIL"
+        if rows is not None:
+            _run(root / run, rows, variants)
+        notes = "" if rows is not None else "exit 1 twice in a row: deterministic, not retried further"
+        lines.append(",".join([op, "builtin", f"ops/{op}.py", status, "0", "1", "1.0", backend, "0", "graph",
+                               str(len(rows or [])), "0", "0", run if rows is not None else "", notes]))
+    (root / "ops_status.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture
+def batches(tmp_path):
+    return _batch(tmp_path / "batch_a", 0), _batch(tmp_path / "batch_b", 1)
+
+
+def _rows(data):
+    return {(r["op"], r["dtype"]): r for r in data["rows"]}
+
+
+def test_batch_pair_report_validates_against_the_schema_and_lists_every_op(batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {"name": "t"})
+    files = corpus.write(tmp_path / "out", data)
+    assert [f.name for f in files] == ["report.json", "report.csv", "report.md", "report.html"]
+    report = load(files[0])
+    jsonschema.validate(report, SCHEMA)
+    assert report["kind"] == "batch_pair" and report["basis"] == corpus.SINGLE_RUN
+    assert len(report["rows"]) == 5 and report["summary"]["headline_rows"] == 4
+    (unpaired,) = report["unpaired_ops"]
+    assert unpaired["op"] == "builtin:add" and "status A PASS, B FAIL" in unpaired["reason"]
+    assert "deterministic" in unpaired["reason"]
+    csv_lines = files[1].read_text().splitlines()
+    assert csv_lines[0].startswith("op_key,op,dtype") and len(csv_lines) == 6
+    assert "builtin:add" in files[2].read_text()  # the markdown lists the op it could not compare
+
+
+def test_schema_rejects_a_report_that_drifts(batches):
+    data = json.loads(json.dumps(corpus.from_batch_pair(*batches, {})))
+    data["rows"][0]["verdict"] = "BETTER"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, SCHEMA)
+
+
+def test_one_run_per_side_needs_a_change_beyond_the_single_run_floor(batches):
+    rows = _rows(corpus.from_batch_pair(*batches, {}))
+    mm = rows[("mm", "fp16")]
+    # One process's samples alone call a 2% change FASTER; with one run per side it is within the floor.
+    raw_a, raw_b = list(1.0 * (1 + JITTER)), list(0.98 * (1 + JITTER))
+    assert stats.compare(raw_a, raw_b).verdict == stats.FASTER
+    assert mm["basis"] == corpus.SINGLE_RUN and mm["floor"] == corpus.SINGLE_RUN_FLOOR
+    assert mm["verdict"] == stats.SAME and mm["ratio"] == pytest.approx(0.98)
+    assert rows[("softmax", "fp16")]["verdict"] == stats.SLOWER  # 10%: beyond it
+    assert rows[("gelu", "fp32")]["verdict"] == stats.FASTER
+
+
+def test_single_run_headline_interval_is_over_operators(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    overall = data["summary"]["overall"]
+    per_op = {"softmax": (1.1 * 1.0) ** 0.5, "mm": 0.98, "gelu": 0.8}
+    assert overall["over"] == "3 ops"
+    assert overall["ratio"] == pytest.approx(np.exp(np.mean(np.log(list(per_op.values())))))
+    gm, lo, hi = stats.geomean(list(per_op.values()))
+    assert (overall["lo"], overall["hi"]) == (pytest.approx(lo), pytest.approx(hi))
+    assert all(o["geomean"]["lo"] is None for o in data["ops"])  # no interval over one process pair's rows
+
+
+def test_worst_regressions_come_first(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    assert [o["op"] for o in data["ops"]] == ["builtin:softmax", "builtin:mm", "builtin:gelu"]
+    # Rows: the headline's by B/A, then those left out of it (a degraded 1.5x is no regression to lead with).
+    assert [(r["op"], r["dtype"]) for r in data["rows"]] == [
+        ("softmax", "fp16"), ("softmax", "bf16"), ("mm", "fp16"), ("gelu", "fp32"), ("mm", "bf16")]
+
+
+def test_flagged_rows_are_shown_and_kept_out_of_the_headline(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    flagged = _rows(data)[("mm", "bf16")]
+    assert flagged["flags"] == ["timer_fallback", "timer_mismatch"] and not flagged["in_headline"]
+    assert data["summary"]["excluded"] == {"timer_fallback": 1, "timer_mismatch": 1}
+    assert data["summary"]["verdicts"] == {"SLOWER": 1, "SAME": 2, "FASTER": 1}
+
+
+def test_a_row_whose_ir_changed_carries_a_ttgir_diff_per_variant(batches):
+    rows = _rows(corpus.from_batch_pair(*batches, {}))
+    changed, same = rows[("softmax", "fp16")]["ir"], rows[("softmax", "bf16")]["ir"]
+    assert changed["status"] == "changed" and changed["identical"] == 0
+    (variant,) = changed["variants"]
+    assert variant["stages"] == ["llir", "ttgir"] and variant["variant"] == "w4s3__fp16"
+    assert "-#blocked = #ttg.blocked<{sizePerThread = [4]}>" in variant["diff"]
+    assert "+  %1 = math.fma %0, %0 : tensor<1024xf16>" in variant["diff"]
+    # The bf16 kernels of the same shape dir are this row's, identical; the fp16 change is not theirs.
+    assert same == {"status": "identical", "identical": 1, "variants": []}
+    assert rows[("mm", "fp16")]["ir"]["status"] == "none_launched"
+    assert rows[("gelu", "fp32")]["ir"]["status"] == "not_collected"
+
+
+def test_a_long_diff_is_cut_loudly(tmp_path):
+    a = _run(tmp_path / "a", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "x\n" * 1000, "l")])
+    b = _run(tmp_path / "b", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "y\n" * 1000, "l")])
+    (variant,) = corpus._row_ir((corpus._ir_index(a), corpus._ir_index(b)), a, b, "fp16", (8,))["variants"]
+    assert variant["diff_truncated"] and len(variant["diff"].splitlines()) == corpus.MAX_DIFF_LINES
+
+
+class _Page(html.parser.HTMLParser):
+    """What the report page holds: row tbodies, diff blocks, and every URL it references."""
+
+    def __init__(self):
+        super().__init__()
+        self.row_ids, self.urls, self.diffs, self._in_diff = [], [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tbody" and attrs.get("id", "").startswith("row-"):
+            self.row_ids.append(attrs["id"][4:])
+        self.urls += [v for k, v in attrs.items() if k in ("src", "href", "action", "data") and v]
+        if tag == "pre" and attrs.get("class") == "diff":
+            self._in_diff = True
+            self.diffs.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "pre":
+            self._in_diff = False
+
+    def handle_data(self, data):
+        if self._in_diff:
+            self.diffs[-1] += data
+
+
+def test_html_has_every_row_the_diffs_and_no_external_url(batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {})
+    page = (corpus.write(tmp_path, data))[3].read_text()
+    parsed = _Page()
+    parsed.feed(page)
+    assert parsed.row_ids == [r["id"] for r in data["rows"]]
+    (diff,) = parsed.diffs
+    assert "+  %1 = math.fma %0, %0 : tensor<1024xf16>" in diff and "-  %1 = arith.mulf" in diff
+    assert parsed.urls and all(u.startswith(("#", "data:image/png;base64,")) for u in parsed.urls)
+    assert not re.search(r"https?://|//cdn|<link", page)
+    assert "<script>" in page and "<style>" in page  # inline
+
+
+def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
+    data = corpus.from_batch_pair(_batch(tmp_path / "a", 0, "interpreter"), _batch(tmp_path / "b", 1, "interpreter"),
+                                  {})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    assert data["note"].startswith("NOTE: backend 'interpreter'") and not data["measures_performance"]
+    assert {r["verdict"] for r in data["rows"]} == {stats.NOT_APPLICABLE}
+    files = corpus.write(tmp_path / "out", data)
+    text = files[2].read_text() + files[3].read_text()
+    assert data["note"] in files[2].read_text() and not re.search(r"x (slower|faster)|1\.1000", text)
+    assert files[1].read_text().startswith("# NOTE")
+
+
+# --- per-op A/B dirs (harness.sessions.ab) ----------------------------------------------------------
+def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=()):
+    """A single-op ab dir: ab.json's steps as ab.Runner writes them, naming each step's run dir (a
+    failed step's too: its rows FAILED); `failed_b`: the repeats (from 1) whose B replay failed."""
+    steps = [{"what": f"[1/1 {op}] A records", "side": "A", "args": ["record", op], "exit": 0,
+              "run_dir": str(_run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), a_ms[0])]))}]
+    for i, (a, b) in enumerate(zip(a_ms, b_ms, strict=True), 1):
+        for side, ms in (("A", a), ("B", b)):
+            failed = side == "B" and i in failed_b
+            run = _run(root / op / f"{side}-{i}" / "r", [_row(op, "fp16", (64,), ms, base=1.0 + i / 1000,
+                                                              status="FAILED" if failed else "SUCCESS")])
+            steps.append({"what": f"[1/1 {op}] repeat {i}/{len(a_ms)}: {side} replays A", "side": side,
+                          "args": ["replay", "x"], "exit": 1 if failed else 0, "run_dir": str(run)})
+    (root / "ab.json").write_text(json.dumps({"plan": {"repeats": len(a_ms), "backend": backend},
+                                              "steps": steps, "complete": True}))
+    return root
+
+
+def test_ab_dirs_pair_independent_repeats(tmp_path):
+    items = [("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.98, 0.982, 0.978])),
+             ("builtin:softmax", _ab_dir(tmp_path / "sm", "softmax", [1.0] * 3, [1.0] * 3, failed_b=(2,))),
+             ("builtin:add", _ab_dir(tmp_path / "add", "add", [1.0] * 3, [1.0] * 3, failed_b=(1, 2, 3))),
+             ("builtin:gelu", tmp_path / "never_ran")]
+    data = corpus.from_ab_dirs(items, {"a": "fp fusion on", "b": "fp fusion off"})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    rows = {r["op_key"]: r for r in data["rows"]}
+    assert set(rows) == {"builtin:mm", "builtin:softmax"}
+    # Repeats are independent processes: a steady 2% change is called, with the Welch interval.
+    mm = rows["builtin:mm"]
+    assert mm["basis"] == corpus.REPEATS and mm["verdict"] == stats.FASTER
+    assert mm["a_repeats_ms"] == [1.0, 1.002, 0.998] and mm["floor"] < corpus.SINGLE_RUN_FLOOR
+    # The plan's repeats are expected on each side: a failed replay leaves the row short.
+    assert rows["builtin:softmax"]["flags"] == ["incomplete_b(2/3)"] and not rows["builtin:softmax"]["in_headline"]
+    assert data["summary"]["overall"]["over"] == "1 rows" and data["context"]["b"] == "fp fusion off"
+    reasons = {u["op"]: u["reason"] for u in data["unpaired_ops"]}
+    assert reasons["builtin:add"].startswith("no completed replay of side B; step failed (exit 1)")
+    assert "no readable ab.json" in reasons["builtin:gelu"]
+
+
+def test_an_op_that_moved_device_between_the_batches_is_named(batches):
+    status = batches[1] / "ops_status.csv"
+    status.write_text(status.read_text().replace("gelu,builtin,ops/gelu.py,PASS,0,1,1.0,cuda,0,",
+                                                 "gelu,builtin,ops/gelu.py,PASS,0,1,1.0,cuda,1,"))
+    data = corpus.from_batch_pair(*batches, {})
+    assert "1 op(s) ran on another device in B than in A: builtin:gelu" in data["warnings"]
+
+
+# --- the command line --------------------------------------------------------------------------------
+def test_compare_of_two_batch_dirs_writes_the_corpus_report(batches, tmp_path, capsys):
+    code = cli.main(["ab", "--compare", str(batches[0]), str(batches[1]), "--out", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert code == 1  # not every row made the headline, and one op was not compared
+    assert "ops: 3 of 4 compared; rows: 4 of 5 in the headline; verdicts: FASTER 1, SAME 2, SLOWER 1" in out
+    assert "overall geomean B/A: " in out and "over 3 ops" in out and "ops not compared: builtin:add" in out
+    (report_dir,) = (tmp_path / "runs").iterdir()
+    assert report_dir.name.startswith("corpus_") and f"report: {report_dir / 'report.json'}" in out
+    jsonschema.validate(load(report_dir / "report.json"), SCHEMA)
+
+
+def test_compare_of_a_batch_dir_with_a_run_dir_is_one_line_of_error(batches, tmp_path, capsys):
+    run = _run(tmp_path / "run", [_row("mm", "fp16", (8,), 1.0)])
+    assert cli.main(["ab", "--compare", str(batches[0]), str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --compare: {batches[0]} is a batch dir and {run} is not: give two batch dirs (a corpus " \
+                  "report) or two run dirs\n"
+
+
+# --- a real browser ---------------------------------------------------------------------------------
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def _dom(page: Path, fragment: str = "") -> str:
+    proc = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
+                           "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _visible_rows(dom: str) -> list[str]:
+    return [m.group(2) for m in re.finditer(r'<tbody id="row-([^"]+)" data-op="([^"]+)"(?![^>]*hidden)[^>]*>', dom)]
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed (apt-get install chromium)")
+def test_the_page_runs_sorts_and_filters_in_a_real_browser(batches, tmp_path):
+    page = corpus.write(tmp_path, corpus.from_batch_pair(*batches, {}))[3]
+    dom = _dom(page)
+    assert 'data-ready="1"' in dom  # the script ran to its end without an error
+    assert "5 of 5 rows shown" in dom
+    assert _visible_rows(dom)[:1] == ["builtin:softmax"]  # worst first
+    slower = _dom(page, "#verdict=SLOWER")
+    # softmax's 10%, and mm's flagged 1.5x (SLOWER too, but out of the headline)
+    assert _visible_rows(slower) == ["builtin:softmax", "builtin:mm"] and "2 of 5 rows shown" in slower
+    ascending = _visible_rows(_dom(page, "#sort=ratio&desc=0"))
+    assert ascending == ["builtin:gelu", "builtin:mm", "builtin:softmax", "builtin:softmax", "builtin:mm"]
+    opened = _dom(page, "#open=" + "builtin%3Asoftmax%7Cfp16%7C64x1024")
+    assert re.search(r'<tr class="detail">.*?math\.fma', opened, re.S)  # the row's drill-down shows its diff
+    shot = tmp_path / "shot.png"
+    subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1400,1800", page.as_uri()], capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.e2e
+def test_two_real_batches_compare_into_a_corpus_report(harness, tmp_path):
+    for side in ("a", "b"):
+        proc = harness("batch", "--ops", "add", "--backend", "interpreter", "--dtypes", "fp32",
+                       "--batch-dir", tmp_path / side)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = harness("ab", "--compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "runs")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (report_dir,) = (tmp_path / "runs").iterdir()
+    report = load(report_dir / "report.json")
+    jsonschema.validate(report, SCHEMA)
+    assert report["kind"] == "batch_pair" and report["note"].startswith("NOTE: backend 'interpreter'")
+    assert report["rows"] and all(r["basis"] == corpus.SINGLE_RUN and r["in_headline"] for r in report["rows"])
+    assert all(r["ir"]["status"] == "not_collected" for r in report["rows"])  # the interpreter compiles nothing
+    assert proc.stdout.splitlines()[2] == report["note"] and "overall geomean B/A: n/a" in proc.stdout

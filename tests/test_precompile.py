@@ -1,0 +1,271 @@
+"""Parallel precompile of autotune configs (harness.measure.precompile): pool sizing, the configs a
+sweep will benchmark, that every config of a key reaches the compile step before the sweep, and
+that a config that could not be precompiled falls back to the sweep loudly. Triton's interpreter
+compiles nothing, so the boundary to the compiler (capture and compile) is faked; the autotuner,
+its cache lookups and its sweep are Triton's own."""
+
+import concurrent.futures
+import types
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import backends
+from harness.child.plugins import autotune
+from harness.measure import precompile, tuning
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+
+
+def make_kernel(configs=CONFIGS, prune=None):
+    @triton.autotune(configs=configs, key=["n"], prune_configs_by={"early_config_prune": prune} if prune else None)
+    @triton.jit
+    def double(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+    vars(double)["do_bench"] = tuning.host_bench
+    return double
+
+
+def call(kernel, n):
+    x = torch.arange(n, dtype=torch.float32)
+    out = torch.empty_like(x)
+    kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, out, n)
+    assert torch.equal(out, x * 2)
+
+
+class Inline(concurrent.futures.Executor):
+    """Runs each compile at submit: the fake compile function need not be picklable."""
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def submit(self, fn, *args):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+class Boundary:
+    """The fake compiler boundary: capture turns each config into a request naming it; compile
+    records what it was asked and fails for the configs in `fail`."""
+
+    def __init__(self, fail=(), not_captured=()):
+        self.compiled: list[tuple] = []
+        self.fail = set(fail)
+        self.not_captured = set(not_captured)
+
+    def capture(self, tuner, args, kwargs, configs):
+        out = []
+        for c in configs:
+            ident = (c.kwargs["BLOCK"], c.num_warps)
+            out.append(RuntimeError("no hook here") if ident in self.not_captured else ident)
+        return out
+
+    def compile(self, request):
+        self.compiled.append(request)
+        if request in self.fail:
+            raise RuntimeError(f"PTXASError: ptxas died for {request}\nsecond line")
+        return f"hash{request}"
+
+
+@pytest.fixture
+def patched(tmp_path):
+    made = []
+
+    def make(boundary, mode="record", records=None, cpus=4):
+        marks, lines = [], []
+        pre = precompile.Precompiler(cpus=cpus, capture_fn=boundary.capture, compile_fn=boundary.compile,
+                                     executor_factory=Inline)
+        store = tuning.RecordStore(tmp_path / "rec.json", "op") if mode == "record" else None
+        patch = tuning.AutotunePatch(mode, store=store, records=records, mark=marks.append,
+                                     chosen=lambda k, c: None, case=lambda: "case", host_autotune=True,
+                                     progress=lines.append, precompile=pre.run)
+        patch.install()
+        made.append(patch)
+        return types.SimpleNamespace(patch=patch, marks=marks, lines=lines, pre=pre)
+
+    yield make
+    for p in made:
+        p.uninstall()
+
+
+@pytest.mark.parametrize("requests,cpus,cap,expected", [
+    (48, 16, 32, 16),  # CPUs bound it
+    (3, 16, 32, 3),  # no idle workers for a small space
+    (200, 64, 32, 32),  # the cap bounds a large host
+    (0, 16, 32, 1),  # at least one
+    (5, 1, 32, 1),
+])
+def test_pool_size(requests, cpus, cap, expected):
+    assert precompile.pool_size(requests, cpus, cap) == expected
+
+
+def test_usable_cpus_follows_the_affinity_mask(monkeypatch):
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: {2, 5, 7})
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 64)
+    assert precompile.usable_cpus() == 3
+
+
+def test_sweep_configs_are_the_tuners_pruned_space():
+    kernel = make_kernel(prune=lambda configs, nargs, **kw: [c for c in configs if c.kwargs["BLOCK"] != 32])
+    kernel.nargs = {"n": 8}
+    assert precompile.sweep_configs(kernel, {}) == [c for c in CONFIGS if c.kwargs["BLOCK"] != 32]
+    assert precompile.sweep_configs(types.SimpleNamespace(configs=CONFIGS[:2]), {}) == CONFIGS[:2]
+
+
+def test_every_config_of_a_key_is_precompiled_before_its_sweep_once(patched):
+    boundary = Boundary()
+    p = patched(boundary)
+    kernel = make_kernel()
+    call(kernel, 100)
+    assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)
+    call(kernel, 100)  # the key is cached: no sweep, nothing to precompile
+    assert len(boundary.compiled) == len(CONFIGS)
+    call(kernel, 1000)  # a new key sweeps again
+    assert len(boundary.compiled) == 2 * len(CONFIGS)
+    assert p.pre.totals["keys"] == 2 and p.pre.workers == 4
+    assert any(f"precompiled {len(CONFIGS)}/{len(CONFIGS)} configs of double" in line for line in p.lines)
+    assert not p.marks
+
+
+def test_only_the_pruned_configs_are_precompiled(patched):
+    boundary = Boundary()
+    patched(boundary)
+    call(make_kernel(prune=lambda configs, nargs, **kw: configs[:2]), 100)
+    assert boundary.compiled == [(16, 1), (16, 2)]
+
+
+def test_a_replay_that_injects_precompiles_nothing_but_a_missing_key_sweeps_precompiled(patched):
+    kernel = make_kernel()
+    recorder = patched(Boundary())
+    call(kernel, 100)
+    recorder.patch.uninstall()
+    records = recorder.patch.store.data
+    boundary = Boundary()
+    patched(boundary, mode="replay", records=records)
+    fresh = make_kernel()
+    call(fresh, 100)
+    assert boundary.compiled == []
+    call(fresh, 1000)  # not recorded: sweeps live, precompiled first
+    assert len(boundary.compiled) == len(CONFIGS)
+
+
+def test_a_config_that_fails_to_precompile_is_marked_and_still_swept(patched):
+    boundary = Boundary(fail={(32, 2)}, not_captured={(64, 1)})
+    p = patched(boundary)
+    benched = []
+    kernel = make_kernel()
+    original = kernel._bench
+
+    def bench(*args, config, **kwargs):
+        benched.append((config.kwargs["BLOCK"], config.num_warps))
+        return original(*args, config=config, **kwargs)
+
+    kernel._bench = bench
+    call(kernel, 100)
+    assert sorted(benched) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)  # the sweep is whole
+    assert (64, 1) not in boundary.compiled
+    failed = sorted(m for m in p.marks if m.startswith("AUTOTUNE_PRECOMPILE_FALLBACK"))
+    assert len(failed) == 2
+    assert "config=BLOCK=32,num_warps=2" in failed[0] and "ptxas died" in failed[0]
+    assert "second line" not in failed[0]
+    assert "config=BLOCK=64,num_warps=1" in failed[1] and "not captured" in failed[1]
+    assert any("4/6 configs" in line and "2 left to the sweep" in line for line in p.lines)
+
+
+def test_a_broken_precompile_step_leaves_every_config_to_the_sweep_loudly(patched):
+    class Broken(Boundary):
+        def capture(self, *args):
+            raise OSError("no workers")
+
+    p = patched(Broken())
+    call(make_kernel(), 100)
+    (mark,) = p.marks
+    assert mark.startswith("AUTOTUNE_PRECOMPILE_FALLBACK kernel=") and "configs=all" in mark
+    assert "OSError: no workers" in mark
+    assert any("the sweep compiles every config" in line for line in p.lines)
+
+
+def test_the_interpreter_compiles_nothing_so_its_run_says_precompile_is_off(tmp_path):
+    assert backends.get("cuda").compiles_kernels and not backends.get("interpreter").compiles_kernels
+    said = []
+    spec = types.SimpleNamespace(mode="replay", precompile=True, replay_from=str(tmp_path), op="op",
+                                 preset_records=None)
+    records = tmp_path / "autotune_records"
+    records.mkdir()
+    (records / "op.json").write_text('{"format": 1, "op": "op", "kernels": {}}')
+    ctx = types.SimpleNamespace(spec=spec, run_dir=tmp_path, backend=backends.get("interpreter"), say=said.append,
+                                mark=lambda m: None, case_id="", configs={})
+    plugin = autotune.AutotunePlugin(ctx)
+    plugin.pytest_configure(None)
+    try:
+        assert plugin.precompiler is None and plugin.patch.precompile is None
+        assert said == ["precompile off: backend 'interpreter' compiles no kernels"]
+    finally:
+        plugin.patch.uninstall()
+
+
+def test_a_kernel_defined_in_a_function_is_not_shipped_to_a_worker():
+    kernel = make_kernel()
+    seen = [{"fn": types.SimpleNamespace(jit_function=kernel.fn), "compile": {}}]
+    with pytest.raises(precompile.NotPrecompilable, match="defined inside a function"):
+        precompile._request(seen, target=None)
+
+
+def test_a_worker_finds_a_kernel_of_a_module_loaded_from_its_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a worker runs where kernels compile
+    source = tmp_path / "zl_loaded_by_path.py"
+    source.write_text("import triton\nimport triton.language as tl\n\n\n"
+                      "@triton.autotune(configs=[triton.Config({'B': 1})], key=['n'])\n@triton.jit\n"
+                      "def kern(x, n, B: tl.constexpr):\n    pass\n")
+    request = precompile.Request("zl_loaded_by_path", "kern", str(source), {}, {}, {}, {}, None)
+    fn = precompile._jit_function(request)
+    assert isinstance(fn, triton.runtime.jit.JITFunction) and fn.fn.__name__ == "kern"
+
+
+def test_request_digest_tells_compiles_apart():
+    base = precompile.Request("m", "k", None, {"x": "*fp32"}, {(1,): 16}, {}, {"num_warps": 4}, ("cuda", 90))
+    assert base.digest() == precompile.Request(**vars(base)).digest()
+    other = precompile.Request(**{**vars(base), "options": {"num_warps": 8}})
+    assert base.digest() != other.digest()
+
+
+def test_a_libtuner_style_tuner_is_precompiled_too(patched):
+    """FlagGems' LibTuner: an Autotuner subclass with its own run and a persistent (non-dict)
+    config cache; the patch is installed on that class once its package is imported."""
+
+    class Persistent:  # a sqlite-backed store, as far as the tuner can tell
+        def __init__(self):
+            self.rows = {}
+
+        def __contains__(self, key):
+            return key in self.rows
+
+        def __getitem__(self, key):
+            return self.rows[key]
+
+        def __setitem__(self, key, value):
+            self.rows[key] = value
+
+    boundary = Boundary()
+    p = patched(boundary)
+    own_run = p.patch._originals[triton.runtime.Autotuner]  # its own sweep: not through the patched base
+
+    class LibTuner(triton.runtime.Autotuner):
+        def run(self, *args, **kwargs):
+            return own_run(self, *args, **kwargs)
+
+    p.patch.install(LibTuner)
+    kernel = make_kernel()
+    kernel.__class__ = LibTuner
+    kernel.cache = Persistent()
+    call(kernel, 100)
+    assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)
