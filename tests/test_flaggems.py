@@ -14,6 +14,7 @@ from conftest import REPO, load, run_dir_of, run_harness
 
 import backends
 from harness.child import runner
+from harness.child.plugins import flaggems as flaggems_plugin
 from harness.core.spec import FlagGemsOptions
 from harness.providers import flaggems
 
@@ -297,3 +298,15 @@ def test_a_timing_outside_any_input_iterator_still_makes_its_row_and_says_so(tmp
     note = ("inputs: Benchmark times inputs that did not come through its input iterator: cases are named from "
             "the arguments timed, and zl_bench did not seed their construction")
     assert note in proc.stdout.splitlines() and note in load(run_dir / "run.json")["observed"]["flaggems_notes"]
+
+
+@pytest.mark.parametrize(("metrics", "roles"), [
+    (["latency_base", "latency", "speedup"], ["baseline", "candidate"]),
+    (["latency", "tflops"], ["candidate"]),
+    (["latency_base"], ["baseline"]),
+    (["tflops"], ["baseline"]),
+])
+def test_each_timing_is_named_by_the_side_upstream_times_in_that_order(metrics, roles):
+    # The measured side's name is what its markers say (NO_DEVICE_WORK side=candidate leaves the
+    # A/B headline, side=baseline does not).
+    assert flaggems_plugin._roles(metrics) == roles

@@ -56,6 +56,13 @@ def _reads_shapes(cls) -> bool:
     return True
 
 
+
+def _roles(metrics) -> list[str]:
+    """The sides upstream times for one case, in its order: the torch baseline (latency_base),
+    then the FlagGems candidate (latency); a benchmark that names neither is read as one baseline."""
+    roles = [role for metric, role in (("latency_base", "baseline"), ("latency", "candidate")) if metric in metrics]
+    return roles or ["baseline"]
+
 class FlagGemsPlugin:
     def __init__(self, ctx, results, measure, autotune):
         """`results`, `measure` and `autotune`: the results plugin, the timing plugin's measure and
@@ -222,7 +229,7 @@ class FlagGemsPlugin:
         one side only, outside upstream's loop) still make its row, with the sides measured."""
         if self.pending and self.current is not None:
             bench = self.current["bench"]
-            self._row(bench, getattr(bench, "to_bench_metrics", ("latency_base", "latency")))
+            self._row(bench, _roles(getattr(bench, "to_bench_metrics", ("latency_base", "latency"))))
 
     def pytest_runtest_teardown(self, item):
         self._flush_pending()
@@ -271,18 +278,18 @@ class FlagGemsPlugin:
             fn = lambda: torch.autograd.grad((out,), xs, grad_outputs=(dout,), retain_graph=True)  # noqa: E731
         if self.current is None:
             self._case_from_arguments(bench, args, kwargs)
-        timed = self.measure(self.ctx.spec.op, {"x": fn})
-        measurement = timed.measurements["x"]
-        self.pending.append(measurement)
         metrics = getattr(bench, "to_bench_metrics", ("latency_base", "latency"))
-        expected = ("latency_base" in metrics) + ("latency" in metrics)
-        if len(self.pending) == max(expected, 1):
-            self._row(bench, metrics)
+        roles = _roles(metrics)
+        # Upstream times the baseline first, then the candidate: the side is named as it is timed,
+        # so its markers (NO_DEVICE_WORK side=...) say which one.
+        side = roles[min(len(self.pending), len(roles) - 1)]
+        measurement = self.measure(self.ctx.spec.op, {side: fn}).measurements[side]
+        self.pending.append(measurement)
+        if len(self.pending) == len(roles):
+            self._row(bench, roles)
         return measurement.median_ms
 
-    def _row(self, bench, metrics) -> None:
-        roles = ["baseline", "candidate"] if "latency_base" in metrics and "latency" in metrics else (
-            ["baseline"] if "latency" not in metrics else ["candidate"])
+    def _row(self, bench, roles) -> None:
         measured = dict(zip(roles, self.pending, strict=False))
         timers = {m.timer for m in measured.values()}
         timer = timers.pop() if len(timers) == 1 else "mixed"
