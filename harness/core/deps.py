@@ -1,15 +1,13 @@
 """The light packages the harness needs, and the checkout's .nox/deps where the nox sessions put
 the ones the environment lacks.
 
-The noxfile runs `python -m harness.core.deps missing|present|compiler ...` in the session's Python (the
-environment nox runs in, which may not be nox's own) instead of inline `python -c` scripts. Nothing
-here imports torch or triton: finding them is enough, and importing torch costs seconds.
+The noxfile runs `python -m harness.core.deps missing|present ...` in the session's Python instead of
+inline `python -c` scripts. Nothing here imports torch or triton: importing torch costs seconds.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -55,25 +53,16 @@ def use_deps_dir() -> None:
             sys.path.append(entry)
 
 
-def _compiler() -> str:
-    absent = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
-    if absent:
-        return f"missing {' '.join(absent)} in {sys.executable}"
-    return f"ok torch {importlib.metadata.version('torch')} triton {importlib.metadata.version('triton')}"
-
-
 def main(argv: list[str]) -> int:
     """missing COMMAND [DIST...]: what COMMAND (a harness command, or `tests`) needs plus DIST, that
-    this environment lacks; present DIST...: those it has; compiler: `ok ...` or `missing ...`."""
+    this environment lacks; present DIST...: those it has."""
     what, args = argv[0], argv[1:]
     if what == "missing":
         print(*missing([*needed(args[0]), *args[1:]]))
     elif what == "present":
         print(*[d for d in args if _installed(d)])
-    elif what == "compiler":
-        print(_compiler())
     else:
-        print(f"error: unknown request {what!r}; expected missing, present or compiler", file=sys.stderr)
+        print(f"error: unknown request {what!r}; expected missing or present", file=sys.stderr)
         return 2
     return 0
 
