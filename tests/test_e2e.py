@@ -75,6 +75,8 @@ def test_replay_pins_every_recorded_config(recorded, harness):
     assert {r["case"]: r["input_sha256"] for r in load(replay_dir / "results.json")["rows"]} == recorded_inputs
     assert all(not r["markers"] for r in load(replay_dir / "results.json")["rows"])
     assert "autotune: sweeping" not in proc.stdout
+    # The header says what the replay kept from the record.
+    assert f" timer={run['spec']['timer']} l2={run['spec']['l2']}\n" in proc.stdout
 
 
 def test_edited_record_is_the_config_that_runs(recorded, harness, tmp_path):

@@ -174,7 +174,8 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cac
         fg = run_spec.flaggems
         target = f"{fg.repo}:{run_spec.op} ({fg.node})" if fg else run_spec.op
         tee.write(f"zl_bench {what}: op={target} backend={run_spec.backend} device={run_spec.device} "
-                  f"dtypes={','.join(run_spec.dtypes) or 'upstream'} shapes={shape_count} timer={run_spec.timer}\n"
+                  f"dtypes={','.join(run_spec.dtypes) or 'upstream'} shapes={shape_count} timer={run_spec.timer} "
+                  f"l2={run_spec.l2}\n"
                   f"run dir: {run_dir}\n")
         if not backend.measures_performance:
             tee.write(f"NOTE: backend '{backend.name}' exercises the pipeline only: its timings are not "
