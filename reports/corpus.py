@@ -33,7 +33,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 import backends
-from harness.core import rundir
+from harness.core import ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, stats, table
 from reports.compare import PairedRow, aggregate, pair, summarize
@@ -52,8 +52,6 @@ BASIS_NOTES = {
     REPEATS: "independent repeats per side (one process each): 95% Welch intervals over repeats",
 }
 # The IR files a run dir holds (harness.measure.ir writes them; reports reads them as files).
-IR_INDEX = Path("ttgir") / "index.tsv"
-IR_IDENTITY = ("shape", "kernel", "dtype", "align", "num_warps", "num_stages", "constexprs")
 MAX_DIFF_LINES = 400  # per variant; a longer diff is cut, and says so and where the full files are
 
 
@@ -86,25 +84,16 @@ def _performance(backend_names: set[str]) -> str | None:
 
 
 # --- IR ---------------------------------------------------------------------------------------------
-def _ir_index(run_dir: Path) -> dict[tuple, dict] | None:
-    """Launched variants by identity, or None where the run collected no IR."""
-    path = run_dir / IR_INDEX
-    if not path.is_file():
-        return None
-    rows = csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")
-    return {tuple(r[c] for c in IR_IDENTITY): r for r in rows if r["file"] != "-"}
-
-
 def _ttgir(run_dir: Path, row: dict | None) -> list[str]:
-    return (run_dir / "ttgir" / row["file"]).read_text().splitlines(keepends=True) if row else []
+    return (run_dir / ir_index.IR_DIR / row["file"]).read_text().splitlines(keepends=True) if row else []
 
 
 def _variant_diff(run_a: Path, run_b: Path, ra: dict | None, rb: dict | None) -> dict:
-    stages = sorted(c[:-4] for c in (ra or rb) if c.endswith("_sha") and ra and rb and ra[c] != rb[c])
+    stages = sorted(ir_index.differing_stages(ra, rb)) if ra and rb else []
     status = "only_in_b" if ra is None else "only_in_a" if rb is None else "changed" if stages else "identical"
     entry = {"kernel": (ra or rb)["kernel"], "variant": Path((ra or rb)["file"]).stem, "status": status,
-             "stages": stages, "file_a": str(run_a / "ttgir" / ra["file"]) if ra else None,
-             "file_b": str(run_b / "ttgir" / rb["file"]) if rb else None, "diff": "", "diff_truncated": False}
+             "stages": stages, "file_a": str(run_a / ir_index.IR_DIR / ra["file"]) if ra else None,
+             "file_b": str(run_b / ir_index.IR_DIR / rb["file"]) if rb else None, "diff": "", "diff_truncated": False}
     if status != "identical":
         lines = list(difflib.unified_diff(_ttgir(run_a, ra), _ttgir(run_b, rb), "A.ttgir", "B.ttgir"))
         entry["diff_truncated"] = len(lines) > MAX_DIFF_LINES
@@ -165,7 +154,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
     rows, per_op = [], []
     all_paired = []
     for op in ops:
-        indexes = tuple(_ir_index(d) if d else None for d in (op.run_a, op.run_b))
+        indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))
         op_rows = []
         for r in op.rows:
             basis = SINGLE_RUN if op.single else REPEATS

@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, load
 
 from harness import cli
+from harness.core import ir_index
 from harness.measure import ir
 from reports import corpus, stats
 
@@ -190,7 +191,7 @@ def test_a_row_whose_ir_changed_carries_a_ttgir_diff_per_variant(batches):
 def test_a_long_diff_is_cut_loudly(tmp_path):
     a = _run(tmp_path / "a", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "x\n" * 1000, "l")])
     b = _run(tmp_path / "b", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "y\n" * 1000, "l")])
-    (variant,) = corpus._row_ir((corpus._ir_index(a), corpus._ir_index(b)), a, b, "fp16", (8,))["variants"]
+    (variant,) = corpus._row_ir((ir_index.launched(a), ir_index.launched(b)), a, b, "fp16", (8,))["variants"]
     assert variant["diff_truncated"] and len(variant["diff"].splitlines()) == corpus.MAX_DIFF_LINES
 
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 from conftest import REPO
 
+from harness.core import ir_index
 from harness.measure import ir
 from harness.measure.ir import Variant
 
@@ -100,7 +101,7 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     files = sorted(p.name for p in kdir.iterdir())
     assert files == ["BSM128_w4s3.ttgir", "BSM64_w4s3__bf16.ttgir", "BSM64_w4s3__fp16.ttgir"]
     assert "ttg." in (kdir / "BSM128_w4s3.ttgir").read_text()
-    rows = ir.read_index(tmp_path)
+    rows = ir_index.read_index(tmp_path)
     assert len(rows) == 4
     unlaunched = [r for r in rows if r["file"] == "-"]
     assert len(unlaunched) == 1 and unlaunched[0]["launches"] == "0"
@@ -128,7 +129,7 @@ def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_p
         return tmp_path / name
 
     a = run("a", [0, 1])
-    llir = ir.read_index(a)[0]["llir_sha"]
+    llir = ir_index.read_index(a)[0]["llir_sha"]
     b = run("b", [0, 1, 2], tamper=(llir, "0" * 16))
     rows = ir.compare(a, b)
     assert sorted(r["status"] for r in rows) == ["changed", "identical", "only_in_b"]

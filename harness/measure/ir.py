@@ -23,12 +23,15 @@ from pathlib import Path
 
 from harness.core import rundir
 from harness.core.errors import UsageError
-
-IR_DIR = "ttgir"
-# Stages hashed into index.tsv so that a change only in LLVM lowering or codegen is still seen.
-HASHED_STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
-INDEX_COLUMNS = ("shape", "kernel", "file", "launches", "dtype", "align", "num_warps", "num_stages",
-                 "constexprs", "hash", *(f"{s}_sha" for s in HASHED_STAGES))
+from harness.core.ir_index import (
+    HASHED_STAGES,
+    INDEX_COLUMNS,
+    INDEX_FILE,
+    IR_DIR,
+    differing_stages,
+    index_path,
+    launched,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +233,7 @@ class IRCollector:
         for h, v in sorted(self.variants.items(), key=lambda kv: (kv[1].kernel, kv[0])):
             if h not in launched:
                 rows.append(self._row("-", v, "-", 0))
-        (staging / "index.tsv").write_text(
+        (staging / INDEX_FILE).write_text(
             "\t".join(INDEX_COLUMNS) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
         (staging / "naming.md").write_text(_legend(abbrs))
 
@@ -252,27 +255,10 @@ def _legend(abbrs: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_index(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / IR_DIR / "index.tsv"
-    if not path.is_file():
-        return []
-    lines = path.read_text().splitlines()
-    header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:] if line]
-
-
-IDENTITY_COLUMNS = ("shape", "kernel", "dtype", "align", "num_warps", "num_stages", "constexprs")
-
-
 def compare(run_a: Path, run_b: Path) -> list[dict]:
     """Per launched variant: identical / changed (with the stages that differ) / only_in_a /
-    only_in_b. Variants are matched by what they are (shape, kernel, dtype, alignment, warps,
-    stages, constexprs), not by file name or cache hash: names depend on the rest of the group
-    and hashes on the compiler build, and both legitimately differ between A and B."""
-    def launched(run):
-        return {tuple(r[c] for c in IDENTITY_COLUMNS): r for r in read_index(run) if r["file"] != "-"}
-
-    a, b = launched(run_a), launched(run_b)
+    only_in_b, variants matched by identity (ir_index.IDENTITY_COLUMNS)."""
+    a, b = launched(run_a) or {}, launched(run_b) or {}
     out = []
     for key in sorted(a.keys() | b.keys()):
         ra, rb = a.get(key), b.get(key)
@@ -281,7 +267,7 @@ def compare(run_a: Path, run_b: Path) -> list[dict]:
         if ra is None or rb is None:
             row["status"] = "only_in_b" if ra is None else "only_in_a"
         else:
-            differ = [s for s in HASHED_STAGES if ra[f"{s}_sha"] != rb[f"{s}_sha"]]
+            differ = differing_stages(ra, rb)
             row["status"] = "changed" if differ else "identical"
             row["stages"] = ",".join(differ)
         out.append(row)
@@ -297,8 +283,8 @@ def compare_from_args(run_a: Path, run_b: Path) -> int:
     from tabulate import tabulate
 
     for run in (run_a, run_b):
-        if not (run / IR_DIR / "index.tsv").is_file():
-            raise UsageError(f"{run} has no {IR_DIR}/index.tsv (IR collection was off or it is not a run dir)")
+        if not index_path(run).is_file():
+            raise UsageError(f"{run} has no {IR_DIR}/{INDEX_FILE} (IR collection was off or it is not a run dir)")
     rows = compare(run_a, run_b)
     print(tabulate([[r["status"], r["shape"], r["kernel"].rsplit(".", 1)[-1], r["file_a"], r["file_b"], r["stages"]]
                     for r in rows], headers=["status", "shape", "kernel", "A", "B", "stages differing"]))

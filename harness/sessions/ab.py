@@ -309,7 +309,7 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
         if not runs["A"] or not runs["B"]:
             continue
         a, b = runs["A"][0], runs["B"][0]
-        if not (a / ir.IR_DIR / "index.tsv").is_file() or not (b / ir.IR_DIR / "index.tsv").is_file():
+        if not ir.index_path(a).is_file() or not ir.index_path(b).is_file():
             per_op[op] = "IR not collected"
             continue
         rows = ir.compare(a, b)

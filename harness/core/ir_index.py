@@ -1,0 +1,44 @@
+"""The run dir's IR index (`ttgir/index.tsv`, written by harness.measure.ir): its columns, how it is
+read, and how two runs' launched variants are matched. One module, so the writer, the A/B IR
+comparison and the corpus report cannot drift apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+IR_DIR = "ttgir"
+INDEX_FILE = "index.tsv"
+# Stages hashed into the index so that a change only in LLVM lowering or codegen is still seen.
+HASHED_STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
+INDEX_COLUMNS = ("shape", "kernel", "file", "launches", "dtype", "align", "num_warps", "num_stages",
+                 "constexprs", "hash", *(f"{s}_sha" for s in HASHED_STAGES))
+# What a variant is, as opposed to its file name (which depends on the rest of its group) or its
+# cache hash (which depends on the compiler build): both legitimately differ between A and B.
+IDENTITY_COLUMNS = ("shape", "kernel", "dtype", "align", "num_warps", "num_stages", "constexprs")
+
+
+def index_path(run_dir: Path) -> Path:
+    return Path(run_dir) / IR_DIR / INDEX_FILE
+
+
+def read_index(run_dir: Path) -> list[dict] | None:
+    """Every compiled variant's row, or None where the run collected no IR."""
+    path = index_path(run_dir)
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:] if line]
+
+
+def launched(run_dir: Path) -> dict[tuple, dict] | None:
+    """The variants that ran (a row whose file is `-` was compiled, never launched), by identity;
+    None where the run collected no IR."""
+    rows = read_index(run_dir)
+    if rows is None:
+        return None
+    return {tuple(r[c] for c in IDENTITY_COLUMNS): r for r in rows if r["file"] != "-"}
+
+
+def differing_stages(ra: dict, rb: dict) -> list[str]:
+    return [s for s in HASHED_STAGES if ra[f"{s}_sha"] != rb[f"{s}_sha"]]
