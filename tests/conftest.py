@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,34 @@ def load(path: Path):
 @pytest.fixture
 def harness():
     return run_harness
+
+
+# --- processes (faults tests: what a kill or a stop left running) ---------------------------------
+def pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains `text` (a run or batch dir a leftover would name)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_gone(text: str, seconds: float = 20) -> list[int]:
+    """Wait until no process mentions `text`; those still there after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while pids_mentioning(text) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids_mentioning(text)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it runs nothing and holds no device)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, pids_mentioning
 
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog
@@ -75,20 +75,9 @@ def test_every_failure_path_gets_its_status_notes_and_files(tmp_path):
     assert (d / "summary.csv").read_text() == summary
     assert sum(1 for line in summary.splitlines()[1:] if line.startswith("builtin,add,")) == 2
     assert "not passed: path:crash_op, path:hang_op" in out
-    assert not any(Path(f"/proc/{p}").exists() for p in _pids_running(d))
+    assert not any(Path(f"/proc/{p}").exists() for p in pids_mentioning(str(d)))
 
 
-def _pids_running(batch_dir: Path) -> list[int]:
-    """Processes whose command line names this batch dir (an op left behind would)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(batch_dir) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _wait_for(predicate, timeout):
@@ -111,7 +100,7 @@ def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
     proc.wait()
     proc.stdout.close()
     # The op that was running dies with its batch (its guard saw the batch go), before any resume.
-    assert _wait_for(lambda: not _pids_running(d), 10), _pids_running(d)
+    assert _wait_for(lambda: not pids_mentioning(str(d)), 10), pids_mentioning(str(d))
     finished = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
     markers = {op: (d / "ops" / f"{r['repo']}__{op}" / ".complete").stat().st_mtime for op, r in finished.items()}
 
@@ -133,13 +122,13 @@ def test_ctrl_c_leaves_no_child_process(tmp_path):
     out_dir = tmp_path / "out"
     assert _wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
     d = next(out_dir.iterdir())
-    assert _wait_for(lambda: any(d.rglob("attempt1")) and len(_pids_running(d)) > 0, 120)
+    assert _wait_for(lambda: any(d.rglob("attempt1")) and len(pids_mentioning(str(d))) > 0, 120)
     time.sleep(3)  # let the op's pytest child start
     os.kill(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "interrupted" in out
-    assert _wait_for(lambda: not _pids_running(d), 30), _pids_running(d)
+    assert _wait_for(lambda: not pids_mentioning(str(d)), 30), pids_mentioning(str(d))
 
 
 @pytest.mark.e2e

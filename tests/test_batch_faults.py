@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, alive
 
 import backends
 from harness.core import opguard, rundir
@@ -58,13 +58,6 @@ def statuses(batch_dir: Path) -> dict[str, dict]:
         return {r["op"]: r for r in csv.DictReader(f)}
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for init to reap it runs nothing and holds no device)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def group_pids(pgid: int) -> list[int]:

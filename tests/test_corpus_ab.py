@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import submitit  # noqa: F401  (the tests session installs it: missing, the Slurm test fails, never skips)
-from conftest import REPO, load
+from conftest import REPO, load, pids_mentioning
 
 import backends
 from harness import cli
@@ -66,17 +66,6 @@ def _wait_for(predicate, timeout):
     return False
 
 
-def _pids_running(batch_dir: Path) -> list[int]:
-    """Processes whose command line names this batch dir (an op's A/B or one of its steps)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(batch_dir) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _step_devices(ab_dir: Path) -> dict[str, int]:
@@ -122,7 +111,7 @@ def test_an_op_past_its_timeout_is_killed_with_its_steps(corpus, tmp_path):
     assert _step_devices(hang_ab) == {"A-record": 1}
     assert "TIMEOUT  path:hang_op device=1" in out
     assert [u["op"] for u in load(d / "report.json")["unpaired_ops"]] == ["path:hang_op"]
-    assert _wait_for(lambda: not _pids_running(d), 10), _pids_running(d)
+    assert _wait_for(lambda: not pids_mentioning(str(d)), 10), pids_mentioning(str(d))
 
 
 @pytest.mark.e2e
@@ -133,7 +122,7 @@ def test_kill_9_then_resume_continues_where_it_stopped(corpus, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     # The op that was running dies with its corpus A/B (its guard saw the driver go), steps included.
-    assert _wait_for(lambda: not _pids_running(d), 15), _pids_running(d)
+    assert _wait_for(lambda: not pids_mentioning(str(d)), 15), pids_mentioning(str(d))
     done = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
     assert len(done) == 1
     (op, row), = done.items()
@@ -166,7 +155,7 @@ def test_ctrl_c_stops_every_step_and_reports_what_completed(corpus, tmp_path):
     assert proc.returncode == 130, out
     assert f"interrupted (SIGINT): every running op was killed; resume with --resume --batch-dir {d}" in out
     assert (d / "report.json").is_file()
-    assert _wait_for(lambda: not _pids_running(d), 30), _pids_running(d)
+    assert _wait_for(lambda: not pids_mentioning(str(d)), 30), pids_mentioning(str(d))
 
 
 def _args(*argv):

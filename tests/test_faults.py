@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, run_dir_of
+from conftest import REPO, load, pids_mentioning, run_dir_of, wait_gone
 
 pytestmark = pytest.mark.e2e
 FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
@@ -56,24 +56,8 @@ def wait_for_rows(tmp_path: Path, proc: subprocess.Popen, n: int) -> None:
         time.sleep(0.2)
 
 
-def pids_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
 
 
-def wait_gone(text: str, seconds: float = 20) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while pids_mentioning(text) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return pids_mentioning(text)
 
 
 def child_pid(run_dir: Path) -> int:

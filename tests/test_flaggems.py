@@ -90,7 +90,10 @@ def test_bad_checkouts_fail_before_anything_runs(tmp_path):
 
 def test_vendor_cache_and_flagtune_are_set_before_flag_gems_is_imported(tmp_path, monkeypatch):
     for key in ("GEMS_VENDOR", "FLAGGEMS_DB_URL", "USE_FLAGTUNE"):
-        monkeypatch.delenv(key, raising=False)
+        # set then deleted: monkeypatch then restores each at teardown, also when it was unset
+        # (a bare delenv of an absent key records nothing, and the keys set below would leak).
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     options = FlagGemsOptions("flaggems", str(CHECKOUT), "benchmark/test_mm.py", "test_mm", flagtune="1")
     spec = types.SimpleNamespace(flaggems=options, dtypes=["bf16"], color=False)
     ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), run_dir=tmp_path)

@@ -8,10 +8,9 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, alive
 
 import backends
 from harness.core import launch
@@ -22,13 +21,6 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie runs nothing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_for(predicate, timeout: float) -> bool:
