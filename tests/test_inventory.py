@@ -337,8 +337,8 @@ def test_dismiss_list(tmp_path):
     assert catalog.load_dismissed(path) == {}
     path.write_text("# why each op is left out\n\n"
                     "mm  # needs tf32\n"
-                    "fg:softmax@softmax #  flaky upstream  \n")
-    assert catalog.load_dismissed(path) == {"mm": "needs tf32", "fg:softmax@softmax": "flaky upstream"}
+                    "fg:softmax@softmax #  flaky upstream (#12)  \n")
+    assert catalog.load_dismissed(path) == {"mm": "needs tf32", "fg:softmax@softmax": "flaky upstream (#12)"}
     path.write_text("# header\nmm  # needs tf32\n\nfg:gelu   #   \n")
     with pytest.raises(catalog.SelectionError) as info:
         catalog.load_dismissed(path)
@@ -350,8 +350,8 @@ def test_ops_file(tmp_path):
     with pytest.raises(catalog.SelectionError) as info:
         catalog.read_ops_file(path)
     assert str(info.value) == f"--ops-file {path} does not exist"
-    path.write_text("# screening list\nsoftmax\n\n  fg:mm@mm   # the big one\n#gelu\n")
-    assert catalog.read_ops_file(path) == ["softmax", "fg:mm@mm"]
+    path.write_text("# screening list\nsoftmax\n\n  fg:mm@mm   # the big one\n#gelu\nadd# tight\n")
+    assert catalog.read_ops_file(path) == ["softmax", "fg:mm@mm", "add"]
 
 
 def test_entry_keys_and_repos():
@@ -435,3 +435,9 @@ def test_dismissals_and_marks_exclude_with_their_reason():
     selected, excluded = catalog.select(_entries(), ["cholesky", "lost", "moe"], False, None, dismissed)
     assert keys(selected) == ["fg:cholesky", "fg:lost"]
     assert [(e.key, why) for e, why in excluded] == [("vllm:moe", "dismissed: needs 8 GPUs")]
+
+
+def test_sample_of_one():
+    pool = [catalog.Entry("r", f"op{i}", f"op{i}", f"op{i}.py") for i in range(5)]
+    (one,) = catalog.sample(pool, 1, seed=3)
+    assert one in pool and catalog.sample(pool, 1, seed=3) == [one]

@@ -273,11 +273,15 @@ def test_host_bench_times_one_call_in_ms(monkeypatch):
 
 
 # --- the patch, on a stand-in autotuner ----------------------------------------------------------
-def kernel_fn():
-    """The function a stand-in tuner autotunes: its id is this module's `kernel_fn`."""
+def _define():
+    def kernel_fn():
+        """The function a stand-in tuner autotunes; nested, as kernels defined in a factory are."""
+
+    return kernel_fn
 
 
-KID = f"{__name__}.kernel_fn"
+kernel_fn = _define()
+KID = f"{__name__}._define.<locals>.kernel_fn"
 SPACE = [triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32)]
 
 
@@ -559,3 +563,13 @@ def test_single_config_kernels_record_their_pre_hook_config_only_where_it_is_rea
     Tuner(configs=HOOKED[:1]).run((1,))
     assert patch.store.data["kernels"] == {} and patch.counts == counts(not_recorded_pre_hook=1)
     assert log.marks == [f"AUTOTUNE_NOT_RECORDED kernel={KID} key=* reason=pre_hook"]
+
+
+def test_record_records_preset_picks_with_pre_hooks_the_tuner_reattaches(patch_on):
+    # A parallel sweep's merge on FlagGems: the injected config is the space's own, pre_hook and all.
+    picks = {"format": 1, "kernels": {KID: {"[1]": {"config": tuning.config_to_json(HOOKED[0], True)}}}}
+    patch, log = patch_on("record", records=picks, tuner_class=LibTuner)
+    tuner = LibTuner(configs=HOOKED, cache=PersistentCache())
+    assert tuner.run((1,)) is HOOKED[0] and tuner.swept == []
+    assert patch.counts == counts(injected=1, recorded=1) and log.marks == []
+    assert patch.store.data["kernels"][KID]["[1]"]["config"] == picks["kernels"][KID]["[1]"]["config"]
