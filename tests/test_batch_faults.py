@@ -216,6 +216,7 @@ def test_bad_devices_are_one_line_and_create_nothing(harness_batch, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.e2e
 def test_a_sigterm_stops_the_batch_like_ctrl_c_and_keeps_its_files(harness_batch, tmp_path):
     d = tmp_path / "batch"
     proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "hang_op", "--batch-dir", d)
@@ -232,6 +233,7 @@ def test_a_sigterm_stops_the_batch_like_ctrl_c_and_keeps_its_files(harness_batch
     assert (d / "summary.csv").is_file() and not group_pids(op_group)
 
 
+@pytest.mark.e2e
 def test_requested_dtypes_narrow_to_the_ones_the_op_takes_and_retries_stop_at_two(harness_batch, tmp_path):
     d = tmp_path / "batch"
     code, out, err = finish(harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "fp32_op",
