@@ -47,3 +47,24 @@ def test_the_cache_key_follows_the_compiler_build_and_the_switches(monkeypatch):
     assert plain["digest"] != ab.side_compiler_key(ab.Side("A", "", env={"TRITON_X": "1"}))["digest"]
     monkeypatch.setattr(ab.identity, "files_digest", lambda root: "rebuilt")
     assert plain["digest"] != ab.side_compiler_key(ab.Side("A", ""))["digest"]
+
+
+def test_the_key_names_the_triton_the_sides_environment_imports(tmp_path):
+    # A side whose env puts another Triton build first on the path: its key must name that build.
+    other = tmp_path / "other_build" / "triton"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    key = ab.side_compiler_key(ab.Side("B", "", env={"PYTHONPATH": str(other.parent)}))
+    assert key["triton"]["path"] == str(other)
+
+
+def test_a_side_whose_python_cannot_say_its_triton_gets_no_shared_cache_and_the_log_says_why(tmp_path):
+    plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", "a"), b=ab.Side("B", "b", python="/bin/false"),
+                   repeats=2, backend="interpreter")
+    runner = ab.Runner(plan, tmp_path)
+    runner._open_caches()
+    runner.log.close()
+    assert set(runner.caches) == {"A"} and set(runner.state["triton_caches"]) == {"A"}
+    assert "side B: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)" \
+        in (tmp_path / "ab.log").read_text()
+    runner.close()

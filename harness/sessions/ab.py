@@ -189,12 +189,24 @@ _TRITON_DIR = ("import importlib.util; s = importlib.util.find_spec('triton'); "
                "print(s.submodule_search_locations[0] if s else '')")
 
 
+class SideUnidentified(RuntimeError):
+    """The side's Python could not say which Triton it imports."""
+
+
 def side_compiler_key(side: Side) -> dict:
     """What a side's compiled kernels depend on: its interpreter, the build of the Triton that
-    interpreter imports (identity.files_digest: changes on any rebuild or reinstall), and its
-    environment (compiler switches). Found without importing Triton in the side's Python."""
+    interpreter imports under the side's environment (identity.files_digest: changes on any rebuild
+    or reinstall), and that environment (compiler switches). Found without importing Triton."""
     python = side.python or sys.executable
-    found = subprocess.run([python, "-c", _TRITON_DIR], check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        probe = subprocess.run([python, "-c", _TRITON_DIR], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, **side.env})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SideUnidentified(f"{python}: {exc}") from exc
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or [""])[-1]
+        raise SideUnidentified(f"{python} exited {probe.returncode}" + (f": {last}" if last else ""))
+    found = probe.stdout.strip()
     triton = {"path": found, "files_digest": identity.files_digest(Path(found))} if found else {"path": None}
     key = {"python": str(Path(python).resolve()), "triton": triton, "env": dict(sorted(side.env.items()))}
     key["digest"] = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
@@ -232,7 +244,13 @@ class Runner:
         self._cache_root = Path(tempfile.mkdtemp(prefix="zl_ab_triton_cache_"))
         keys = {}
         for side in (self.plan.a, self.plan.b):
-            key = side_compiler_key(side)
+            try:
+                key = side_compiler_key(side)
+            except SideUnidentified as exc:
+                # Its steps compile into their own private caches, as without reuse; likely they fail.
+                print(f"side {side.name}: no kernel reuse across its steps: its Triton could not be "
+                      f"identified ({exc})", file=self.log, flush=True)
+                continue
             keys[side.name] = key
             self.caches[side.name] = self._cache_root / f"{side.name}-{key['digest']}"
         self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]), "removed_after": True}
