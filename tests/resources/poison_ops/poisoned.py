@@ -18,8 +18,8 @@ DEAD_CONTEXT = "CUDA error: unknown error"
 
 
 class CaptureKillsContext(timers.Timer):
-    def __init__(self, backend, timer, warmup_ms, rep_ms, mark):
-        super().__init__(backend, timer, warmup_ms, rep_ms, mark)
+    def __init__(self, backend, timer, warmup_ms, rep_ms, mark, **options):
+        super().__init__(backend, timer, warmup_ms, rep_ms, mark, **options)
         self.timer = "graph"
         self.backend = backends.get("cuda")  # whose markers classify the capture error
 
