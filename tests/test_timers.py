@@ -127,13 +127,20 @@ def flaggems_row(timers_by_side):
                                    op="flaggems:mm", seed=0),
         markers=markers, configs={}, mark=markers.append, begin_case=lambda *a: markers.clear())
     results = FakeResults()
-    plugin = FlagGemsPlugin(ctx, results, measure=lambda name, fns: timers.Timed({"x": Measurement([1.0], next(sides))},
-                                                                                 "unused"), autotune=None)
+    timed_sides = []
+
+    def measure(name, fns):
+        (side,) = fns
+        timed_sides.append(side)
+        return timers.Timed({side: Measurement([1.0], next(sides))}, "unused")
+
+    plugin = FlagGemsPlugin(ctx, results, measure=measure, autotune=None)
     bench = types.SimpleNamespace(to_bench_metrics=["latency_base", "latency"])
     plugin._begin_case(bench, torch.float32, (torch.ones(2, 3),))
     for _ in timers_by_side:
         plugin._latency(bench, lambda x: x, (torch.ones(2, 3),), {})
     (row,) = results.rows
+    assert timed_sides == ["baseline", "candidate"]  # named as upstream times them: its markers say which
     return row
 
 
