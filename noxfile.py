@@ -39,6 +39,12 @@ def _check(session: nox.Session, *args: str) -> str:
     return lines[-1] if lines else ""
 
 
+# Beyond what `python -m harness` needs, the tests import: ray and submitit (the batch executor tests
+# run them locally: Ray's local mode, submitit's local executor for Slurm) and jsonschema (reports are
+# checked against their schemas).
+TEST_EXTRAS = ("ray", "submitit", "jsonschema")
+
+
 def _light_deps(session: nox.Session, command: str, *extra: str) -> None:
     """Install what `python -m harness COMMAND` (harness.core.deps.needed) and `extra` need and this
     environment lacks into .nox/deps, and put that on the session's PYTHONPATH."""
@@ -132,9 +138,7 @@ def inventory_regen(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The project's own tests (CPU only, interpreter backend)."""
     _require_compiler(session)
-    # ray and submitit: the batch executor tests run them locally (Ray's local mode, submitit's local
-    # executor for Slurm); jsonschema: reports are checked against their schemas
-    _light_deps(session, "tests", "ray", "submitit", "jsonschema")
+    _light_deps(session, "tests", *TEST_EXTRAS)
     session.run("python", "-m", "pytest", *session.posargs)
 
 
@@ -152,7 +156,7 @@ def mutants(session: nox.Session) -> None:
     # What is mutated and which tests run: [tool.mutmut] in pyproject.toml. posargs go to `mutmut
     # run` (mutant name globs such as 'harness.providers.shapes.*', --max-children N).
     _require_compiler(session)
-    _light_deps(session, "tests", "mutmut")
+    _light_deps(session, "tests", *TEST_EXTRAS, "mutmut")  # the tests import what they test
     # mutmut keeps verdicts between runs and retests a survivor only when it is named: a fresh
     # tree makes the score that of the tests as they are now.
     shutil.rmtree(MUTANTS_DIR, ignore_errors=True)
