@@ -56,6 +56,7 @@ class Step:
     seconds: float = 1.0
     run_name: str = "run"
     during: object = None  # called while it "runs" (the batch waits on it)
+    running_left: bool = True  # its guard's .running is still there when it ends
 
 
 def row(status="PASS", timer="direct", markers=(), **kw) -> dict:
@@ -112,12 +113,13 @@ class Launcher:
         target = cmd[4] if cmd[2] == "harness" else cmd[3]
         steps = self.plan.get(target) or [Step(rows=[row()])]
         step = steps.pop(0) if len(steps) > 1 else steps[0]
-        Path(argv[4]).write_text("{}")  # the guard's .running, which the batch removes after
+        if step.running_left:
+            Path(argv[4]).write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
         out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
         if out is not None and (step.rows is not None or step.observed is not None):
             write_run(out, step.rows, step.observed, step.run_name)
         log.write(step.log)
-        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, **kw})
+        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": argv[4], **kw})
         child = FakeChild(self, step, 4000 + len(self.children))
         self.children.append(child)
         return child
@@ -227,6 +229,9 @@ def test_dtype_rejected_reads_our_exit_code_or_the_childs_run_json(tmp_path):
     (tmp_path / "e_run").mkdir()
     (tmp_path / "e_run" / rundir.RUN_JSON).write_text("{half")  # a child killed while writing it
     assert batch._dtype_rejected(1, tmp_path) is False
+    (tmp_path / "f_run").mkdir()
+    (tmp_path / "f_run" / rundir.RUN_JSON).write_text("{}")  # nothing observed yet
+    assert batch._dtype_rejected(1, tmp_path) is False
 
 
 def test_pytest_line_is_the_first_error_or_the_final_summary(tmp_path):
@@ -238,7 +243,7 @@ def test_pytest_line_is_the_first_error_or_the_final_summary(tmp_path):
     assert batch._pytest_line(log, 1) == "FAILED a.py::t - boom"
     log.write_text("x\n  ERROR b.py - collection  \n= 1 error =\n")
     assert batch._pytest_line(log, 2) == "ERROR b.py - collection"
-    log.write_text("E   not an error of a pass\n===== 1 passed in 0.12s =====\n\n")
+    log.write_text("E   not an error of a pass\nt.py .\n===== 1 passed in 0.12s =====\n\n")
     assert batch._pytest_line(log, 0) == "1 passed in 0.12s"
     log.write_text("Error: no E-line prefix\n== 1 failed ==\n")
     assert batch._pytest_line(log, 1) == "1 failed"
@@ -261,6 +266,9 @@ def test_killed_during_names_the_case_or_says_why_none(tmp_path):
     assert batch._killed_during(tmp_path) == "before its first case started"
     write_run(tmp_path, None, {}, name="f")
     assert batch._killed_during(tmp_path) == "before its first case started"
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / rundir.RUN_JSON).write_text("{}")  # killed before it wrote anything observed
+    assert batch._killed_during(tmp_path) == "before its first case started"
 
 
 def test_killed_note_goes_to_the_batch_log_and_the_last_run_log(tmp_path):
@@ -279,10 +287,10 @@ def test_write_status_is_every_row_sorted_in_the_columns(tmp_path):
     r.record(MM, {"op": "mm", "repo": "builtin", "op_file": "mm", "status": "FAIL", "notes": "a, b; c",
                   "extra": "dropped"})
     r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS"})
-    text = (tmp_path / "ops_status.csv").read_text()
+    text = (tmp_path / "ops_status.csv").read_bytes().decode()  # as written: no newline translation
     lines = text.split("\n")
     assert lines[0] == ",".join(batch.STATUS_COLUMNS)
-    assert lines[1].startswith("add,builtin,add,PASS,") and lines[2].startswith("mm,builtin,mm,FAIL,")
+    assert lines[1] == "add,builtin,add,PASS,,,,,,,,,,," and lines[2].startswith("mm,builtin,mm,FAIL,")
     assert lines[2].endswith(',"a, b; c"') and lines[3] == "" and len(lines) == 4 and "\r" not in text
     r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "TIMEOUT"})  # replaces the row
     assert [(x["op"], x["status"]) for x in status_rows(tmp_path)] == [("add", "TIMEOUT"), ("mm", "FAIL")]
@@ -311,7 +319,7 @@ def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsy
         f.write("none,aa,none,FAIL,\n")  # never got a run dir
     path = batch.write_summary(tmp_path)
     assert path == tmp_path / "summary.csv"
-    assert path.read_text() == (
+    assert path.read_bytes().decode() == (
         "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n"
         "aa,add,fp32,8,FAIL,,,,,,,,ops/a/run\n"
         "zz,mm,fp16,2x3x4,PASS,1.5,1.0,1.5,10.0,0.5,graph,TIMER_FALLBACK a | B,ops/b/run\n"
@@ -331,6 +339,7 @@ def test_attempt_runs_under_the_guard_and_forgets_the_child_after(tmp_path, laun
     code, seconds = r._attempt(["python", "-m", "harness", "record", "t"], op_dir / "batch.log", cwd="/c")
     assert (code, seconds) == (3, 2.5)
     call = launcher.calls[0]
+    assert call["running"] == str(op_dir / opguard.RUNNING)  # what --resume looks for
     assert call["cmd"] == ["python", "-m", "harness", "record", "t"] and call["cwd"] == "/c"
     assert call["with_parent"] is False and call["log"] == str(op_dir / "batch.log") and call["mode"] == "a"
     assert (op_dir / "batch.log").read_text() == "earlier\nchild says\n"
@@ -338,6 +347,8 @@ def test_attempt_runs_under_the_guard_and_forgets_the_child_after(tmp_path, laun
     assert timeout == 7.5 and running_then == {pid}  # stop() could reach it while it ran
     assert r.children == {} and not (op_dir / opguard.RUNNING).exists()
     assert launcher.children[0].stops == []
+    launcher.plan["t"] = [Step(code=0, running_left=False)]  # its guard removed .running itself
+    assert r._attempt(["python", "-m", "harness", "record", "t"], op_dir / "batch.log")[0] == 0
 
 
 def test_attempt_stops_a_timed_out_child_and_one_started_during_a_stop(tmp_path, launcher):
@@ -467,16 +478,16 @@ def test_requested_dtypes_narrow_to_the_ones_a_builtin_op_takes(tmp_path, launch
 def test_a_rejection_with_nothing_to_narrow_to_runs_without_a_dtype_filter(tmp_path, launcher):
     # Nothing accepted; all accepted already (the op claims them but rejects); a FlagGems op (no
     # known dtypes): each goes straight to the rescue.
-    for op_dtypes in ({ADD.id: ("fp32",)}, {ADD.id: ("fp16", "fp32")}, {}):
+    for op_dtypes in ({ADD.id: ("fp32",)}, {ADD.id: ("fp16", "bf16", "fp32")}, {}):
         launcher.calls.clear()
-        r = runner_for(tmp_path, launcher, dtypes=["fp16"], op_dtypes=op_dtypes)
-        if op_dtypes.get(ADD.id) == ("fp16", "fp32"):
+        r = runner_for(tmp_path, launcher, dtypes=["fp16", "bf16"], op_dtypes=op_dtypes)
+        if op_dtypes.get(ADD.id) == ("fp16", "bf16", "fp32"):
             launcher.plan["add"] = [Step(code=1, observed={"dtype_rejected": True}), Step(code=0, rows=[row()])]
         else:
             launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
         got = r.run_op(ADD, 0)
         assert (got["status"], got["attempts"]) == ("PASS", 2), op_dtypes
-        assert got["notes"] == "dtype rescue: fp16 rejected, ran without a dtype filter"
+        assert got["notes"] == "dtype rescue: fp16,bf16 rejected, ran without a dtype filter"
         assert "--dtypes" in launcher.calls[0]["cmd"] and "--dtypes" not in launcher.calls[1]["cmd"]
 
 
@@ -556,7 +567,7 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     r = runner_for(tmp_path, launcher, flaggems_dirs={"flaggems": str(CHECKOUT)}, op_timeout=30.0)
     node = "benchmark/test_triage.py::test_broken_upstream"
     launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=2)]
-    launcher.plan[node] = [Step(code=0, log="x\n==== 1 passed in 0.5s ====\n")]
+    launcher.plan[node] = [Step(code=0, log="E   a passing test's own output\n==== 1 passed in 0.5s ====\n")]
     got = r.run_op(FG, 0)
     where = "ops/flaggems__broken_upstream/upstream/pytest.log"
     assert (got["status"], got["notes"].rsplit("; ", 2)[-2:]) == ("FAIL", [
@@ -575,6 +586,20 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
 
 
+def test_triage_of_a_checkout_without_its_package_and_a_silent_upstream_failure(tmp_path, launcher, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/inherited")
+    bare = tmp_path / "bare_checkout"  # benchmark/ only: FlagGems comes from the environment
+    bare.mkdir()
+    r = runner_for(tmp_path, launcher, flaggems_dirs={"flaggems": str(bare)})
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
+    launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=5, log="")]
+    got = r.run_op(FG, 0)
+    assert got["status"] == batch.FAIL_UPSTREAM and got["notes"].endswith(
+        "; upstream fails too: pytest exited 5 (ops/flaggems__broken_upstream/upstream/pytest.log)")
+    assert launcher.calls[-1]["pythonpath"] == paths.harness_pythonpath("/inherited")
+    assert launcher.calls[-1]["cwd"] == bare
+
+
 def test_triage_runs_only_for_a_failed_flaggems_op_with_its_checkout(tmp_path, launcher, monkeypatch):
     node = "benchmark/test_triage.py::test_broken_upstream"
     checkout = {"flaggems": str(CHECKOUT)}
@@ -582,12 +607,12 @@ def test_triage_runs_only_for_a_failed_flaggems_op_with_its_checkout(tmp_path, l
         (dict(flaggems_dirs=checkout, triage=False), FG, [Step(code=1)]),
         (dict(flaggems_dirs=checkout), FG, [Step(code=None)]),  # a timeout: no exit to triage
         (dict(flaggems_dirs=checkout), FG, [Step(code=0, rows=[row()])]),
-        (dict(flaggems_dirs={"other": str(CHECKOUT)}), Entry("builtin", "broken_upstream", "triage",
+        (dict(flaggems_dirs={"builtin": str(CHECKOUT)}), Entry("builtin", "broken_upstream", "triage",
                                                              "benchmark/test_triage.py"), [Step(code=1)]),
     ]
     for opts, entry, steps in cases:
         launcher.calls.clear()
-        launcher.plan[entry.op if entry.repo == "builtin" else "flaggems:broken_upstream@triage"] = steps
+        launcher.plan[entry.op] = launcher.plan[f"{entry.repo}:{entry.op}@{entry.op_file}"] = steps
         launcher.plan[node] = [Step(code=1)]
         runner_for(tmp_path, launcher, **opts).run_op(entry, 0)
         assert all(c["cmd"][2] == "harness" for c in launcher.calls), opts
@@ -612,6 +637,50 @@ def test_run_shards_ops_over_devices_serially_within_each(tmp_path, launcher):
         mine = [c["target"] for c in launcher.calls if c["cmd"][c["cmd"].index("--device") + 1] == str(device)]
         assert mine == [e.op for e in todo if [5, 7, 9][batch.shard(e.id, 3)] == device]
     assert len({c["target"] for c in launcher.calls}) == 12
+
+
+def test_run_waits_for_an_op_slower_than_its_poll(tmp_path, launcher):
+    import time
+    r = runner_for(tmp_path, launcher, devices=[0])
+    launcher.plan["slow"] = [Step(rows=[row()], during=lambda: time.sleep(0.8))]  # longer than a queue poll
+    done = []
+    r.run([Entry("path", "slow", "slow", "x.py")], done.append)
+    assert [x["op"] for x in done] == ["slow"]
+
+
+def test_progress_counts_each_finished_op(tmp_path, launcher, monkeypatch, capsys):
+    import tqdm
+    bars = []
+
+    class Bar:
+        def __init__(self, **kw):
+            self.kw, self.postfix, self.updates = kw, [], []
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def set_postfix(self, counts, refresh=True):
+            self.postfix.append((dict(counts), refresh))
+
+        def update(self, n):
+            self.updates.append(n)
+
+        def write(self, text):
+            print(text)
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    launcher.plan["crash_op"] = [Step(code=3)]
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops-path", OPS, "--ops", "builtin:add", "crash_op",
+                                     "fp32_op", "--devices", "0", "--batch-dir", tmp_path / "b")) == 1
+    (bar,) = bars
+    assert bar.kw == {"total": 3, "unit": "op", "dynamic_ncols": True, "disable": None}  # off when not a tty
+    assert bar.updates == [1, 1, 1] and [refresh for _, refresh in bar.postfix] == [False] * 3
+    assert bar.postfix[-1][0] == {"FAIL": 1, "PASS": 2} and list(bar.postfix[-1][0]) == ["FAIL", "PASS"]
+    assert sum(line.startswith(("PASS     ", "FAIL     ")) for line in lines(capsys)) == 3
 
 
 def test_run_stops_scheduling_once_stopped_and_kills_on_ctrl_c(tmp_path, launcher):
@@ -845,7 +914,7 @@ def test_entries_scan_a_given_checkout_and_ops_path_dirs(tmp_path, monkeypatch, 
     assert capsys.readouterr().out == ""
 
 
-def test_select_all_leaves_out_flaggems_repos_loudly(capsys):
+def test_select_all_leaves_out_flaggems_repos_loudly(capsys, monkeypatch):
     fg_ops = sum(1 for e in catalog.load() if e.repo == "flaggems")
     selected, excluded, left_out = batch._select(parse("--all"), None, [str(OPS)], {})
     assert {e.repo for e in selected} == {"builtin", "path"} and "skip_op" not in {e.op for e in selected}
@@ -856,6 +925,12 @@ def test_select_all_leaves_out_flaggems_repos_loudly(capsys):
         "to include them add --flaggems-dir flaggems=PATH\n")
     selected, _, left_out = batch._select(parse("--all", "--repos", "builtin"), None, [], {})
     assert {e.repo for e in selected} == {"builtin"} and left_out == {} and capsys.readouterr().out == ""
+    committed = catalog.load()
+    monkeypatch.setattr(catalog, "load", lambda: [*committed, Entry("vllm", "moe", "moe", "benchmark/test_moe.py")])
+    assert batch._select(parse("--all"), None, [], {})[2] == {"flaggems": fg_ops, "vllm": 1}
+    assert capsys.readouterr().out == (
+        f"NOTE: --all leaves out the FlagGems inventories flaggems ({fg_ops} ops), vllm (1 op): their checkouts were "
+        "not given; to include them add --flaggems-dir flaggems=PATH --flaggems-dir vllm=PATH\n")
 
 
 def test_select_uses_the_stored_selection_only_when_none_is_given(tmp_path, capsys):
@@ -901,7 +976,7 @@ def test_a_flaggems_op_needs_its_checkout():
 
 def test_op_dtypes_are_known_for_builtin_and_path_ops_only():
     fp32_op = Entry("path", "fp32_op", "misbehaving", "batch_ops/misbehaving.py")
-    got = batch._op_dtypes([ADD, fp32_op, FG], [str(OPS)])
+    got = batch._op_dtypes([FG, ADD, fp32_op], [str(OPS)])
     from harness.providers import registry
     assert got == {ADD.id: registry.load("add")[0].dtypes, fp32_op.id: ("fp32",)}
     with pytest.raises(UsageError, match="no_such_op"):
@@ -985,17 +1060,21 @@ def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_p
 
 
 def test_failing_upstream_too_is_listed_but_not_counted(tmp_path, launcher, capsys):
-    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
-    launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=1, log="E   boom\n")]
+    for op in ("broken_upstream", "ours_only"):
+        launcher.plan[f"flaggems:{op}@triage"] = [Step(code=1)]
+        launcher.plan[f"benchmark/test_triage.py::test_{op}"] = [Step(code=1, log="E   boom\n")]
     code = batch.run_from_args(parse("--backend", "interpreter", "--flaggems-dir", f"flaggems={CHECKOUT}", "--ops",
-                                     "flaggems:broken_upstream", "--devices", "0", "--batch-dir", tmp_path / "b"))
+                                     "flaggems:ours_only", "flaggems:broken_upstream", "--devices", "0",
+                                     "--batch-dir", tmp_path / "b"))
     out = lines(capsys)
     assert code == 0
-    assert out[-2:] == [f"done: FAIL_UPSTREAM 1; summary: {tmp_path / 'b' / 'summary.csv'}",
-                        "failing upstream too (not counted as ours; see their notes): flaggems:broken_upstream"]
-    launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=0)]
+    assert out[-2:] == [f"done: FAIL_UPSTREAM 2; summary: {tmp_path / 'b' / 'summary.csv'}",
+                        "failing upstream too (not counted as ours; see their notes): flaggems:broken_upstream, "
+                        "flaggems:ours_only"]
+    for op in ("broken_upstream", "ours_only"):
+        launcher.plan[f"benchmark/test_triage.py::test_{op}"] = [Step(code=0)]
     code = batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b"))
-    assert code == 1 and lines(capsys)[-1] == "not passed: flaggems:broken_upstream"
+    assert code == 1 and lines(capsys)[-1] == "not passed: flaggems:broken_upstream, flaggems:ours_only"
 
 
 def test_a_skip_is_done_and_counts_as_passed(tmp_path, launcher, capsys):
@@ -1079,3 +1158,158 @@ def test_an_interrupted_batch_exits_with_its_signal_and_keeps_a_summary(tmp_path
     assert batch.run_from_args(parse(*common, "--batch-dir", tmp_path / "t")) == 128 + signal.SIGTERM
     assert "interrupted (SIGTERM): every running op was killed" in lines(capsys)[-2]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_command_lines_options_reach_the_ops_and_batch_json(tmp_path, launcher, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("{}\n")
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
+    code = batch.run_from_args(parse(
+        "--backend", "interpreter", "--flaggems-dir", f"flaggems={CHECKOUT}", "--ops", "flaggems:broken_upstream",
+        "--devices", "0", "--batch-dir", "b", "--shapes", "s.yaml", "--level", "comprehensive", "--flagtune", "1",
+        "--libtuner-cache", "user", "--no-triage", "--dtypes", "fp16"))
+    assert code == 1  # FAIL, ours: --no-triage
+    assert all(c["cmd"][2] == "harness" for c in launcher.calls)
+    cmd = launcher.calls[0]["cmd"]
+    assert [cmd[cmd.index(flag) + 1] for flag in ("--shapes", "--level", "--flagtune", "--libtuner-cache")] == [
+        str(tmp_path / "s.yaml"), "comprehensive", "1", "user"]
+    request = rundir.read_json(tmp_path / "b" / batch.BATCH_JSON)["request"]
+    assert {k: request[k] for k in ("shapes", "level", "flagtune", "libtuner_cache", "triage", "replay_root")} == {
+        "shapes": str(tmp_path / "s.yaml"), "level": "comprehensive", "flagtune": "1", "libtuner_cache": "user",
+        "triage": False, "replay_root": None}
+    # A replay batch: each op from the earlier batch's PASSed run dir (a relative --replay-root resolved).
+    capsys.readouterr()
+    launcher.calls.clear()
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--devices", "0",
+                                     "--batch-dir", "first")) == 0
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--devices", "0",
+                                     "--batch-dir", "again", "--replay-root", "first")) == 0
+    assert launcher.calls[-1]["cmd"][3:5] == ["replay", str(tmp_path / "first/ops/builtin__add/attempt1/run")]
+    assert rundir.read_json(tmp_path / "again" / batch.BATCH_JSON)["request"]["replay_root"] == str(
+        tmp_path / "first")
+
+
+def test_a_batch_narrows_dtypes_to_what_its_ops_take(tmp_path, launcher, capsys):
+    launcher.plan["fp32_op"] = [Step(code=65), Step(code=0, rows=[row()])]
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops-path", OPS, "--ops", "fp32_op", "--devices",
+                                     "0", "--dtypes", "fp16,fp32", "--batch-dir", tmp_path / "b")) == 0
+    assert status_rows(tmp_path / "b")[0]["notes"] == "dtype fallback fp16,fp32 -> fp32"
+
+
+def test_a_resume_of_a_batch_json_without_a_request_takes_the_command_line(tmp_path, launcher, capsys):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / batch.BATCH_JSON).write_text("{}")  # written by a batch that died right after starting
+    assert batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b", "--backend", "interpreter",
+                                     "--ops", "add", "--devices", "0")) == 0
+    assert lines(capsys)[0] == ("resume: the selection given on the command line (not the 0 ops stored in "
+                                "batch.json); options from batch.json: none; from the command line: --backend "
+                                "--devices")
+
+
+@dataclasses.dataclass
+class FlavourOptions(batch.Options):
+    flavour: str = ""
+
+
+class FlavourBatch(batch.Batch):
+    """Another job on the batch machinery, as harness.sessions.corpus_ab's: its own options, stored
+    options, dir prefix and request fields."""
+
+    OPTIONS = FlavourOptions
+    STORED = ("backend", "devices")
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        type(self).last = self
+
+    @classmethod
+    def prepare(cls, args, stored):
+        return {"flavour": stored.get("flavour", "plain") + "!"}
+
+    @classmethod
+    def dir_prefix(cls, extra):
+        return "flavour_" + extra["flavour"].rstrip("!")
+
+
+def test_a_runner_class_brings_its_options_dir_prefix_and_stored_fields(tmp_path, launcher, capsys):
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--devices", "0", "--out", tmp_path),
+                               FlavourBatch) == 0
+    d = Path(lines(capsys)[0].removeprefix("batch dir: "))
+    assert d.parent == tmp_path and d.name.startswith("flavour_plain_")
+    assert rundir.read_json(d / batch.BATCH_JSON)["request"]["flavour"] == "plain!"
+    assert FlavourBatch.last.opts.flavour == "plain!"
+    assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--op-timeout", "9", "--ops", "mm"),
+                               FlavourBatch) == 0
+    assert lines(capsys)[0].endswith("options from batch.json: --backend --devices; from the command line: none")
+    assert rundir.read_json(d / batch.BATCH_JSON)["request"]["flavour"] == "plain!!"
+
+
+def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
+    opts = dict(backend="interpreter", devices=[0, 1], shapes="/s.yaml", ops_paths=["/ops"], level="comprehensive",
+                flagtune="1", libtuner_cache="user", flaggems_dirs={"flaggems": "/fg"})
+    r = runner_for(tmp_path, **opts)
+    ns = cli.build_parser().parse_args(r._command(ADD, 1, ["fp16"], tmp_path / "a1")[3:])
+    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.out, ns.color) == (
+        "record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"], tmp_path / "a1", "never")
+    assert (ns.flaggems_dir, ns.level, ns.flagtune, ns.libtuner_cache) == (None, None, None, None)
+    ns = cli.build_parser().parse_args(r._command(FG, 0, None, tmp_path / "a2")[3:])
+    assert (ns.op, ns.flaggems_dir, ns.level, ns.flagtune, ns.libtuner_cache, ns.dtypes, ns.shapes) == (
+        "flaggems:broken_upstream@triage", ["flaggems=/fg"], "comprehensive", "1", "user", None, Path("/s.yaml"))
+    r = runner_for(tmp_path, **{**opts, "shapes": None})
+    assert cli.build_parser().parse_args(r._command(ADD, 1, None, tmp_path / "a1")[3:]).shapes is None
+    earlier = tmp_path / "earlier"
+    r = runner_for(tmp_path, **opts, replay_root=earlier)
+    r.replay_sources = {FG.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
+    ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3")[3:])
+    assert (ns.command, ns.run_dir, ns.device, ns.out, ns.color, ns.ops_path, ns.flaggems_dir) == (
+        "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3", "never", ["/ops"], ["flaggems=/fg"])
+    assert (ns.backend, ns.dtypes, ns.level) == (None, None, None)  # a replay keeps the recorded ones
+
+
+class HookBatch(batch.Batch):
+    """A job whose attempts decide by their own files (as a corpus A/B's do): the hooks get the dirs."""
+
+    COLUMNS = (*batch.STATUS_COLUMNS, "verdict")
+
+    def _passed(self, code, out):
+        return (out / "ok").is_file()
+
+    def _rejected(self, code, out):
+        return (out / "rejected").is_file()
+
+    def _stopped_in(self, out):
+        return out / "inner"
+
+    def _result_dir(self, op_dir):
+        return op_dir / "attempt1" / "inner" / "run"
+
+    def _facts(self, run_dir):
+        return {**batch._run_facts(run_dir), "verdict": run_dir.name}
+
+    def _columns(self, facts):
+        return {"verdict": facts["verdict"]}
+
+
+def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher, monkeypatch):
+    r = HookBatch(tmp_path, batch.Options("interpreter", [0], dtypes=["fp16"], op_timeout=20.0), {})
+    launcher.runner = r
+    op_dir = batch._op_dir(tmp_path, ADD)
+
+    def mark(name):  # the running attempt leaves file `name` in its dir
+        def leave():
+            attempt = op_dir / f"attempt{len(launcher.calls)}"
+            attempt.mkdir(parents=True, exist_ok=True)
+            (attempt / name).write_text("")
+        return leave
+
+    launcher.plan["add"] = [Step(code=7, during=mark("rejected")), Step(code=7, during=mark("ok"))]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"], got["verdict"]) == ("PASS", 2, "run")
+    assert got["notes"] == "dtype rescue: fp16 rejected, ran without a dtype filter"
+    assert status_rows(tmp_path)[0]["verdict"] == "run"
+    write_run(op_dir / "attempt1" / "inner", [row()], {"running_case": "fp16 [4]"})
+    launcher.plan["add"] = [Step(code=None)]
+    got = r.run_op(ADD, 0)
+    assert got["notes"] == "timeout after 20 s during case fp16 [4] (killed, not retried)"
+    assert (op_dir / "attempt1" / "inner" / "run" / rundir.RUN_LOG).read_text().endswith(
+        "killed by the batch's --op-timeout: timeout after 20 s during case fp16 [4]\n")
