@@ -78,3 +78,13 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    """Poll `predicate` every 0.5 s until it holds (True) or `timeout` seconds pass (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, pids_mentioning
+from conftest import REPO, pids_mentioning, wait_for
 
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog
@@ -78,29 +78,18 @@ def test_every_failure_path_gets_its_status_notes_and_files(tmp_path):
     assert not any(Path(f"/proc/{p}").exists() for p in pids_mentioning(str(d)))
 
 
-
-
-def _wait_for(predicate, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 @pytest.mark.e2e
 def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
     proc = start_batch(tmp_path, "--ops", "builtin:add", "builtin:gelu", "fp32_op", "hang_op", "--op-timeout", "120")
     out_dir = tmp_path / "out"
-    assert _wait_for(lambda: any(p.name == "ops_status.csv" for p in out_dir.rglob("ops_status.csv")), 300)
+    assert wait_for(lambda: any(p.name == "ops_status.csv" for p in out_dir.rglob("ops_status.csv")), 300)
     d = next(out_dir.iterdir())
-    assert _wait_for(lambda: any(r["status"] == "PASS" for r in statuses(d).values()), 300)
+    assert wait_for(lambda: any(r["status"] == "PASS" for r in statuses(d).values()), 300)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
     # The op that was running dies with its batch (its guard saw the batch go), before any resume.
-    assert _wait_for(lambda: not pids_mentioning(str(d)), 10), pids_mentioning(str(d))
+    assert wait_for(lambda: not pids_mentioning(str(d)), 10), pids_mentioning(str(d))
     finished = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
     markers = {op: (d / "ops" / f"{r['repo']}__{op}" / ".complete").stat().st_mtime for op, r in finished.items()}
 
@@ -120,15 +109,15 @@ def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
 def test_ctrl_c_leaves_no_child_process(tmp_path):
     proc = start_batch(tmp_path, "--ops", "hang_op", "--op-timeout", "300")
     out_dir = tmp_path / "out"
-    assert _wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
+    assert wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
     d = next(out_dir.iterdir())
-    assert _wait_for(lambda: any(d.rglob("attempt1")) and len(pids_mentioning(str(d))) > 0, 120)
+    assert wait_for(lambda: any(d.rglob("attempt1")) and len(pids_mentioning(str(d))) > 0, 120)
     time.sleep(3)  # let the op's pytest child start
     os.kill(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "interrupted" in out
-    assert _wait_for(lambda: not pids_mentioning(str(d)), 30), pids_mentioning(str(d))
+    assert wait_for(lambda: not pids_mentioning(str(d)), 30), pids_mentioning(str(d))
 
 
 @pytest.mark.e2e
