@@ -313,3 +313,16 @@ def test_each_timing_is_named_by_the_side_upstream_times_in_that_order(metrics, 
     # The measured side's name is what its markers say (NO_DEVICE_WORK side=candidate leaves the
     # A/B headline, side=baseline does not).
     assert flaggems_plugin._roles(metrics) == roles
+
+
+def test_sparse_inputs_are_digested_not_failed_and_replay_matches(tmp_path, harness):
+    # upstream's sparse_sampled_addmm: its CSR inputs have no strides; digesting them failed every case
+    ours = tmp_path / "sparse.yaml"
+    ours.write_text("sparse_input:\n  shapes: [[8, 16], [16, 32]]\n")
+    run_dir, _ = record(tmp_path, "flaggems:sparse_input@input_kinds", "--shapes", ours)
+    rows = rows_of(run_dir)
+    assert [(r["status"], r["markers"]) for r in rows] == [("SUCCESS", [])] * 2
+    assert len({r["input_sha256"] for r in rows}) == 2 and all(rows[0]["input_sha256"])
+    replay = harness("replay", run_dir)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert [r["input_sha256"] for r in rows_of(run_dir_of(replay))] == [r["input_sha256"] for r in rows]

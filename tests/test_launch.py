@@ -226,10 +226,15 @@ def test_run_passes_a_signal_it_does_not_forward_on_and_leaves_no_child():
         out.append(line)
         os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(KeyboardInterrupt):
-        launch.run(py("""
-            import os, time
-            print(os.getpid(), flush=True)
-            time.sleep(60)
-            """), grace_s=30, forward=(signal.SIGTERM,), on_stdout=on_stdout)
+    # Python's own Ctrl-C handler, whatever the test runner installed (mutmut's workers ignore SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch.run(py("""
+                import os, time
+                print(os.getpid(), flush=True)
+                time.sleep(60)
+                """), grace_s=30, forward=(signal.SIGTERM,), on_stdout=on_stdout)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not alive(int(out[0]))

@@ -1,6 +1,9 @@
 """The input digest: byte-exact where cheap, a device-side fingerprint for large device tensors.
 The fingerprint runs on CPU tensors here: its arithmetic is the same on every device."""
 
+import types
+
+import pytest
 import torch
 
 from harness.child.plugins import seeds
@@ -39,8 +42,8 @@ def test_host_tensors_are_hashed_byte_for_byte_and_large_device_ones_fingerprint
     assert seeds.input_sha256(x) == exact  # on the host, the size does not matter
     fingerprinted = []
     monkeypatch.setattr(seeds, "_fingerprint", lambda flat: fingerprinted.append(flat.numel()) or b"fp")
-    meta = torch.empty(300, 5, device="meta")  # a tensor not on the host, large for EXACT_BYTES=16
-    seeds.input_sha256([meta])
+    monkeypatch.setattr(seeds, "_on_host", lambda t: False)  # as if on a device, large for EXACT_BYTES=16
+    seeds.input_sha256([x])
     assert fingerprinted == [300 * 5 * 4]
 
 
@@ -53,3 +56,67 @@ def test_digest_covers_dtype_shape_layout_and_containers():
     assert digest(x) != digest(x.double())
     assert digest([x, 1]) != digest([x, 2]) != digest((x, 2))
     assert digest({"a": x, "b": 1.0}) == digest({"b": 1.0, "a": x})
+
+
+def _kinds(x: torch.Tensor) -> dict:
+    """The same 4x4 content as every kind of tensor the digest reads."""
+    return {
+        "strided": x, "coo": x.to_sparse(), "csr": x.to_sparse_csr(), "csc": x.to_sparse_csc(),
+        "bsr": x.to_sparse_bsr((2, 2)), "bsc": x.to_sparse_bsc((2, 2)),
+        "nested": torch.nested.nested_tensor([x[0], x[3, :3]]),
+        "jagged": torch.nested.nested_tensor([x[0], x[3, :3]], layout=torch.jagged),
+        "quantized": torch.quantize_per_tensor(x, 0.5, 0, torch.qint8),
+        "conj": torch.complex(x, x).conj(), "neg": torch._neg_view(x),  # lazy views, contiguous
+        "mkldnn": x.to_mkldnn(),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse CSR, nested and quantized are beta
+def test_every_kind_of_tensor_is_read_by_content_and_kind():
+    x = torch.tensor([[0.0, 1.0, 0.0, 2.0], [3.0, 0.0, 0.0, 4.0], [0.0, 0.0, 5.0, 0.0], [6.0, 0.0, 7.0, 8.0]])
+    changed = x.clone()
+    changed[3, 2] = 9.0  # a non-zero changed: in every kind's values or components
+    moved = x.clone()
+    moved[3, 1], moved[3, 2] = 7.0, 0.0  # the same values elsewhere: only a sparse kind's indices differ
+    digest = seeds.input_sha256
+    a = _kinds(x)
+    for other in (changed, moved):
+        b = _kinds(other)
+        for kind in a:
+            assert digest(a[kind]) == digest(_kinds(x.clone())[kind]), kind
+            assert digest(a[kind]) != digest(b[kind]), kind
+    assert len({digest(t) for t in a.values()}) == len(a)  # the kind counts, not only the numbers
+    # a lazy conjugate or negative view reads as its resolved content
+    assert digest(a["conj"]) == digest(a["conj"].resolve_conj())
+    assert digest(a["neg"]) == digest(-x)
+
+
+def test_a_meta_tensor_counts_by_dtype_and_shape():
+    digest = seeds.input_sha256
+    assert digest(torch.empty(3, 4, device="meta")) == digest(torch.empty(3, 4, device="meta"))
+    assert digest(torch.empty(3, 4, device="meta")) != digest(torch.empty(4, 3, device="meta"))
+
+
+class _Unreadable:
+    """Stands for a tensor of a layout the digest does not know and that has no dense form."""
+    is_nested = False
+    layout = "some_future_layout"
+
+    def to_dense(self):
+        raise RuntimeError("no dense form")
+
+
+def test_an_unreadable_tensor_raises_and_marks_the_case_instead_of_failing_it(monkeypatch):
+    with pytest.raises(seeds.UndigestableInput, match="some_future_layout tensor: no dense form"):
+        seeds._dense_parts(_Unreadable())
+
+    def unreadable(inputs):
+        raise seeds.UndigestableInput("some_future_layout tensor: no dense form")
+
+    marks = []
+    ctx = types.SimpleNamespace(mark=marks.append)
+    assert seeds.case_digest(ctx, [torch.ones(2)]) == seeds.input_sha256([torch.ones(2)])
+    assert marks == []
+    monkeypatch.setattr(seeds, "input_sha256", unreadable)
+    assert seeds.case_digest(ctx, [torch.ones(2)]) is None
+    assert marks == ["INPUT_DIGEST_UNAVAILABLE reason='some_future_layout tensor: no dense form'"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.child.plugins.results import make_row
-from harness.child.plugins.seeds import input_sha256, seed_everything
+from harness.child.plugins.seeds import case_digest, seed_everything
 from harness.core import rundir
 from harness.core.spec import FlagGemsOptions
 from harness.providers import flaggems, shapes
@@ -247,7 +247,7 @@ class FlagGemsPlugin:
         self.pending = []
         self.ctx.begin_case(self.hook, case_id, label if n == 1 else f"{label}#{n}")
         self.current = {"bench": bench, "dtype": short, "label": case_id.split("-", 1)[1], "case": case_id,
-                        "input_sha256": input_sha256(item)}
+                        "input_sha256": case_digest(self.ctx, item)}
 
     def _case_from_arguments(self, bench, args, kwargs) -> None:
         """A timing whose inputs did not come through a hooked input iterator (a benchmark that

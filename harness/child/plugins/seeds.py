@@ -44,21 +44,69 @@ def _fingerprint(flat_bytes: torch.Tensor) -> bytes:
     return f"{int(plain)} {int(weighted)} ".encode() + tail
 
 
+class UndigestableInput(Exception):
+    """A tensor whose content the digest cannot reach (a kind of tensor it does not know)."""
+
+
+# A sparse tensor is its index and value tensors, by layout; reading them does not densify it.
+_SPARSE_PARTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def _dense_parts(value: torch.Tensor) -> list[torch.Tensor]:
+    """The strided tensors that hold a tensor's content: itself, a sparse tensor's indices and
+    values, a nested tensor's components, a quantized tensor's integers, another layout's dense
+    form."""
+    if value.is_nested:
+        return [part for component in value.unbind() for part in _dense_parts(component)]
+    if value.layout in _SPARSE_PARTS:
+        return [getattr(value, name)() for name in _SPARSE_PARTS[value.layout]]
+    if value.layout != torch.strided:
+        try:  # another layout (mkldnn): its dense form, if it has one
+            return _dense_parts(value.to_dense())
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            raise UndigestableInput(f"{value.layout} tensor: {exc}") from exc
+    if value.is_quantized:
+        return [value.int_repr()]
+    # Conjugate and negative views are lazy flags: their bytes are those of the tensor they view.
+    return [value.resolve_conj().resolve_neg()]
+
+
+def _on_host(value: torch.Tensor) -> bool:
+    return value.device.type == "cpu"
+
+
 def input_sha256(inputs) -> str:
-    """sha256 over a case's inputs: each tensor's dtype, shape and content (its bytes on the host
-    or up to EXACT_BYTES, else a device-side fingerprint of them); scalars and strings by value; containers
-    in order. Other objects count by type only (their repr may hold an address, which differs
-    between runs)."""
+    """sha256 over a case's inputs: each tensor's dtype, shape, layout and content (its bytes on the
+    host or up to EXACT_BYTES, else a device-side fingerprint of them; a meta tensor has none);
+    scalars and strings by value; containers in order. Other objects count by type only (their repr
+    may hold an address, which differs between runs). Raises UndigestableInput for a tensor whose
+    content it cannot reach."""
     digest = hashlib.sha256()
 
-    def feed(value):
-        if isinstance(value, torch.Tensor):
-            flat = value.detach().contiguous().reshape(-1).view(torch.uint8)
-            digest.update(f"tensor {value.dtype} {tuple(value.shape)}\n".encode())
-            if flat.numel() <= EXACT_BYTES or flat.device.type == "cpu":
+    def feed_content(value: torch.Tensor):
+        if value.is_meta:
+            return
+        for part in _dense_parts(value.detach()):
+            flat = part.contiguous().reshape(-1).view(torch.uint8)
+            digest.update(f"{tuple(part.shape)}\n".encode())
+            if flat.numel() <= EXACT_BYTES or _on_host(flat):
                 digest.update(flat.cpu().numpy().tobytes())
             else:
                 digest.update(b"fingerprint " + _fingerprint(flat))
+
+    def feed(value):
+        if isinstance(value, torch.Tensor):
+            layout = str(value.layout).removeprefix("torch.")
+            # a nested tensor has no single shape: its components' shapes are fed with them
+            header = f"nested {layout}" if value.is_nested else f"{tuple(value.shape)} {layout}"
+            digest.update(f"tensor {value.dtype} {header}\n".encode())
+            feed_content(value)
         elif value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype)):
             digest.update(f"{type(value).__name__} {value!r}\n".encode())
         elif isinstance(value, (list, tuple)):
@@ -75,6 +123,16 @@ def input_sha256(inputs) -> str:
 
     feed(inputs)
     return digest.hexdigest()
+
+
+def case_digest(ctx, inputs) -> str | None:
+    """A case's input digest; where some input cannot be read, None and an INPUT_DIGEST_UNAVAILABLE
+    marker on the row: the bookkeeping never fails the user's case."""
+    try:
+        return input_sha256(inputs)
+    except UndigestableInput as exc:
+        ctx.mark(f"INPUT_DIGEST_UNAVAILABLE reason={str(exc).splitlines()[0]!r}")
+        return None
 
 
 class SeedsPlugin:
