@@ -586,6 +586,31 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
 
 
+def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_finishes(tmp_path, launcher, clock):
+    r = runner_for(tmp_path, launcher, flaggems_dirs={"flaggems": str(CHECKOUT)}, op_timeout=30.0)
+    node = "benchmark/test_triage.py::test_broken_upstream"
+    where = "ops/flaggems__broken_upstream/upstream/pytest.log"
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=None, seconds=30.0)]
+    launcher.plan[node] = [Step(code=None, seconds=30.0)]
+    got = r.run_op(FG, 0)
+    assert (got["status"], got["attempts"], got["elapsed_s"]) == ("TIMEOUT", 1, 60.0)
+    assert got["notes"].endswith(
+        f"(killed, not retried); upstream too: the bare node did not finish in 30 s either (killed; {where})")
+    assert launcher.calls[-1]["cmd"][3:] == [node, "--level", "core"]
+    assert batch.completed(tmp_path, FG) is None  # a resume tries it again
+    launcher.plan[node] = [Step(code=0, seconds=12.4, log="==== 1 passed in 12.1s ====\n")]
+    got = r.run_op(FG, 0)
+    assert got["status"] == "TIMEOUT" and got["notes"].endswith(
+        f"; ours: upstream passes in 12 s (1 passed in 12.1s; {where})")
+    launcher.plan[node] = [Step(code=1, seconds=3.0, log="E   RuntimeError: broken upstream\n")]
+    got = r.run_op(FG, 0)
+    assert got["status"] == "TIMEOUT" and got["notes"].endswith(
+        f"; upstream fails in 3 s (RuntimeError: broken upstream; {where})")
+    launcher.plan[node] = [Step(code=-15, during=r.stop)]
+    got = r.run_op(FG, 0)
+    assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
+
+
 def test_triage_of_a_checkout_without_its_package_and_a_silent_upstream_failure(tmp_path, launcher, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/inherited")
     bare = tmp_path / "bare_checkout"  # benchmark/ only: FlagGems comes from the environment
@@ -605,7 +630,7 @@ def test_triage_runs_only_for_a_failed_flaggems_op_with_its_checkout(tmp_path, l
     checkout = {"flaggems": str(CHECKOUT)}
     cases = [  # (runner options, entry, record steps): none of these triage
         (dict(flaggems_dirs=checkout, triage=False), FG, [Step(code=1)]),
-        (dict(flaggems_dirs=checkout), FG, [Step(code=None)]),  # a timeout: no exit to triage
+        (dict(flaggems_dirs=checkout, triage=False), FG, [Step(code=None)]),  # a timeout, triage off
         (dict(flaggems_dirs=checkout), FG, [Step(code=0, rows=[row()])]),
         (dict(flaggems_dirs={"builtin": str(CHECKOUT)}), Entry("builtin", "broken_upstream", "triage",
                                                              "benchmark/test_triage.py"), [Step(code=1)]),

@@ -20,7 +20,8 @@ not log text: our own is the exit code of DtypeRejected, FlagGems' is run.json's
 Triage (on unless `--no-triage`): a FlagGems op that still fails after its retries is rerun once as
 the bare upstream pytest node, with upstream's own timing, in the op's `upstream/` dir. When that
 fails too the op is FAIL_UPSTREAM (listed, but not our failure: it leaves the exit code alone);
-when it passes the op stays FAIL, ours.
+when it passes the op stays FAIL, ours. A timed-out one is rerun the same way under the same
+timeout: it stays TIMEOUT, its notes saying whether upstream alone finishes.
 """
 
 from __future__ import annotations
@@ -295,9 +296,10 @@ class Batch:
             if len(codes) > MAX_RETRIES:
                 break
             notes.append(f"retry after exit {code}")
-        if status == "FAIL" and code is not None and self.opts.triage and catalog.needs_checkout(entry.repo) \
-                and entry.repo in self.opts.flaggems_dirs:
-            status, note, seconds = self._triage(entry, device, dtypes, op_dir)
+        ran = (status == "FAIL" and code is not None) or status == "TIMEOUT"
+        if ran and self.opts.triage and catalog.needs_checkout(entry.repo) and entry.repo in self.opts.flaggems_dirs:
+            triage = self._triage if status == "FAIL" else self._triage_timeout
+            status, note, seconds = triage(entry, device, dtypes, op_dir)
             notes.append(note)
             elapsed += seconds
         run_dir = self._result_dir(op_dir)
@@ -318,9 +320,38 @@ class Batch:
         return row
 
     def _triage(self, entry: Entry, device: int, dtypes: list[str] | None, op_dir: Path) -> tuple[str, str, float]:
-        """Rerun the failed FlagGems op as upstream's own pytest node (same checkout, level, dtypes and
-        vendor; upstream's timing), so that a failure of upstream's is told from ours.
-        (status, note, seconds)."""
+        """Rerun the failed FlagGems op as upstream's own pytest node, so that a failure of upstream's
+        is told from ours. (status, note, seconds)."""
+        code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
+        if self.stopping.is_set():
+            return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
+        if code is None:
+            return "FAIL", (f"triage undecided: the upstream rerun timed out after {self.opts.op_timeout:.0f} s "
+                            f"(killed; {where})"), seconds
+        if code == 0:
+            return "FAIL", f"ours: upstream passes ({_pytest_line(self.dir / where, code)}; {where})", seconds
+        return FAIL_UPSTREAM, f"upstream fails too: {_pytest_line(self.dir / where, code)} ({where})", seconds
+
+    def _triage_timeout(self, entry: Entry, device: int, dtypes: list[str] | None,
+                        op_dir: Path) -> tuple[str, str, float]:
+        """Rerun a timed-out FlagGems op as upstream's own node under the same --op-timeout: whether
+        upstream alone is as slow (an op too long for the budget) or finishes (the time is ours).
+        The op stays TIMEOUT either way; the note says which. (status, note, seconds)."""
+        code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
+        if self.stopping.is_set():
+            return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
+        if code is None:
+            return "TIMEOUT", (f"upstream too: the bare node did not finish in {self.opts.op_timeout:.0f} s "
+                               f"either (killed; {where})"), seconds
+        # Upstream finishing in the budget makes the time ours; its failing fast says no more than that.
+        outcome = "ours: upstream passes" if code == 0 else "upstream fails"
+        return "TIMEOUT", (f"{outcome} in {seconds:.0f} s ({_pytest_line(self.dir / where, code)}; {where})"), seconds
+
+    def _upstream_rerun(self, entry: Entry, device: int, dtypes: list[str] | None,
+                        op_dir: Path) -> tuple[int | None, float, Path]:
+        """The op as upstream's own pytest node (same checkout, level, dtypes and vendor; upstream's
+        timing; the same --op-timeout) in the op's upstream/ dir: (exit code or None on a timeout,
+        seconds, its log relative to the batch dir)."""
         root = Path(self.opts.flaggems_dirs[entry.repo])
         out = op_dir / UPSTREAM_DIR
         shutil.rmtree(out, ignore_errors=True)  # a resumed batch's earlier triage
@@ -339,15 +370,7 @@ class Batch:
                                       paths.harness_pythonpath(os.environ.get("PYTHONPATH"))])
         code, seconds = self._attempt(cmd, log_path, cwd=root, env=env, visible=(backend, device),
                                       pythonpath=pythonpath)
-        where = log_path.relative_to(self.dir)
-        if self.stopping.is_set():
-            return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
-        if code is None:
-            return "FAIL", (f"triage undecided: the upstream rerun timed out after {self.opts.op_timeout:.0f} s "
-                            f"(killed; {where})"), seconds
-        if code == 0:
-            return "FAIL", f"ours: upstream passes ({_pytest_line(log_path, code)}; {where})", seconds
-        return FAIL_UPSTREAM, f"upstream fails too: {_pytest_line(log_path, code)} ({where})", seconds
+        return code, seconds, log_path.relative_to(self.dir)
 
     def record(self, entry: Entry, row: dict) -> None:
         with self.lock:
