@@ -37,6 +37,8 @@ def test_scan_of_the_fixture_checkout():
         ("cholesky", "unsupported", "benchmark/test_unsupported.py", "not supported by this build", "", ""),
         ("own_shapes", "own_shapes", "benchmark/test_own_shapes.py", "", "own_shapes", "OwnShapesBenchmark;Benchmark"),
         ("direct_latency", "own_shapes", "benchmark/test_own_shapes.py", "", "direct_latency", "Benchmark"),
+        ("sparse_input", "input_kinds", "benchmark/test_input_kinds.py", "", "sparse_input",
+         "SparseInputBenchmark;Benchmark"),
         # Batch triage's fixtures (tests/test_triage.py): they construct no Benchmark.
         ("broken_upstream", "triage", "benchmark/test_triage.py", "", "", ""),
         ("ours_only", "triage", "benchmark/test_triage.py", "", "", ""),
@@ -146,7 +148,7 @@ def test_verify_collect_marks_what_pytest_does_not_collect(checkout_copy):
     collected = {e.op: e.collected for e in entries}
     assert collected == {"avg_pool2d": "yes", "mm": "yes", "softmax": "yes", "log_softmax": "yes",
                          "scale_nested": "yes", "cholesky": "yes", "own_shapes": "yes", "direct_latency": "yes",
-                         "broken_upstream": "yes", "ours_only": "yes", "broken": "no"}
+                         "sparse_input": "yes", "broken_upstream": "yes", "ours_only": "yes", "broken": "no"}
     # Without a new verification, a regeneration keeps the last one's values (new ops: blank).
     fresh = flaggems_scan.scan(checkout_copy, "flaggems") + [catalog.Entry("flaggems", "new", "new", "x")]
     kept = {e.op: e.collected for e in flaggems_scan.keep_verified(fresh, entries)}
