@@ -77,13 +77,17 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                      help="terminal colour (run.log is always plain) (default: auto)")
 
 
-def _add_measurement(parser: argparse.ArgumentParser) -> None:
-    how = parser.add_argument_group("how to measure")
-    how.add_argument("--seed", metavar="N", type=int, default=0, help="seed for random/numpy/torch (default: 0)")
-    how.add_argument("--timer", choices=spec_mod.TIMERS, default="auto",
+def _add_measurement(parser: argparse.ArgumentParser, records: str = "") -> None:
+    """`records`: for a session that starts records (batch, ab), which ones these options reach; its
+    defaults are None, so that only what is given is passed on (and a resume keeps what was stored)."""
+    how = parser.add_argument_group("how to measure" + (f" ({records})" if records else ""))
+    default = (lambda value: None) if records else (lambda value: value)
+    how.add_argument("--seed", metavar="N", type=int, default=default(0),
+                     help="seed for random/numpy/torch (default: 0)")
+    how.add_argument("--timer", choices=spec_mod.TIMERS, default=default("auto"),
                      help="auto: graph where the backend can capture, else direct; profiler: the device "
                           "profiler's summed kernel time per call (default: auto)")
-    how.add_argument("--l2", choices=spec_mod.L2_MODES, default="warm",
+    how.add_argument("--l2", choices=spec_mod.L2_MODES, default=default("warm"),
                      help="warm: calls reuse what the last left in the device L2; cold: flush it before every "
                           "call (default: warm)")
     how.add_argument("--warmup-ms", metavar="MS", type=_nonneg_float, default=None,
@@ -157,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_corpus(ab.add_argument_group("corpus A/B: selection"), ab.add_argument_group("corpus A/B: running"))
     ab.set_defaults(replay_root=None, triage=False, summarize=None)
     _add_common(ab)
+    _add_measurement(ab, "A's record of each op; the replays of both sides keep them; over the plan's")
     bat = sub.add_parser("batch", help="screen many operators across devices, isolated, with retries and resume")
     sel = bat.add_argument_group("selection")
     sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
@@ -171,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat)
+    _add_measurement(bat, "each op's record; --resume: the batch's unless given; not with --replay-root")
     inv = sub.add_parser("inventory-regen", help="rebuild ops/inventory_<repo>.csv by a static scan of the built-in "
                                                  "operators or of FlagGems checkouts")
     inv.add_argument("--check", action="store_true", help="fail if the committed inventory is out of date")

@@ -871,6 +871,23 @@ def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
     assert (args.backend, args.op_timeout, args.triage) == ("cpu", 9.0, True)
 
 
+def test_how_records_measure_is_passed_on_stored_and_kept_by_a_resume(tmp_path):
+    args = parse("--ops", "add", "--timer", "profiler", "--l2", "cold", "--seed", "0", "--warmup-ms", "2")
+    measurement = batch._measurement(args)
+    assert measurement == {"seed": 0, "timer": "profiler", "l2": "cold", "warmup_ms": 2.0}  # seed 0 was given
+    assert batch._measurement(parse("--ops", "add")) == {}  # nothing given: each record's own defaults
+    stored = batch._request(batch.Options("interpreter", [0], measurement=measurement), [ADD])
+    assert {k: stored[k] for k in measurement} == measurement
+    args = parse("--resume", "--batch-dir", tmp_path, "--l2", "warm")
+    assert batch._apply_stored(args, stored).endswith(
+        "options from batch.json: --backend --devices --op-timeout --seed --timer --warmup-ms; "
+        "from the command line: --l2")
+    assert batch._measurement(args) == {"seed": 0, "timer": "profiler", "l2": "warm", "warmup_ms": 2.0}
+    with pytest.raises(UsageError, match=r"--replay-root replays each op as it was recorded, measured the same way: "
+                                         r"drop --timer --rep-ms$"):
+        batch._measurement(parse("--replay-root", tmp_path, "--timer", "direct", "--rep-ms", "3"))
+
+
 def test_apply_stored_names_the_selection_and_only_the_options_asked_for(tmp_path):
     args = parse("--resume", "--batch-dir", tmp_path, "--no-triage")
     assert batch._apply_stored(args, {"selection": [ADD.id], "backend": "interpreter", "devices": None}) == (

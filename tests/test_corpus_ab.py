@@ -161,8 +161,9 @@ def test_a_single_op_without_corpus_options_is_todays_ab():
 
 
 def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
-    plan = corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))
-    opts = corpus_ab.ABOptions(backend="interpreter", devices=[0, 1], plan=plan)
+    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    plan.timer, plan.l2 = "profiler", "cold"
+    opts = corpus_ab.ABOptions(backend="interpreter", devices=[0, 1], plan=corpus_ab._plan_data(plan))
     runner = corpus_ab.CorpusAB(tmp_path, opts, {})
     out = tmp_path / "ops" / "flaggems__mm" / "attempt1"
     out.parent.mkdir(parents=True)
@@ -172,6 +173,17 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     again = corpus_ab.ab.load_plan(out.parent / "plan.yaml")  # the plan each op's A/B reads back
     assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.device is None
     assert again.shapes == str(REPO / "shapes" / "default.yaml")
+    assert (again.timer, again.l2, again.seed) == ("profiler", "cold", None)  # how A records, with the plan
+
+
+def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
+    stored = {"plan": corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))}
+    for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"]):
+        args = _args("--resume", "--batch-dir", str(tmp_path), *flags)
+        dropped = " ".join(f for f in flags if f.startswith("--"))
+        with pytest.raises(batch.UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "
+                                                   f"it keeps: drop {dropped}"):
+            corpus_ab.CorpusAB.prepare(args, stored)
 
 
 # --- Ray: the device a task runs on ----------------------------------------------------------------

@@ -14,13 +14,13 @@ from harness.sessions import ab, batch
 # Each request field and the argparse name it comes back as.
 DEST = {"command": "command", "target": None, "backend": "backend", "device": "device", "shapes": "shapes",
         "dtypes": "dtypes", "ops_paths": "ops_path", "flaggems_dirs": "flaggems_dir", "level": "level",
-        "flagtune": "flagtune", "libtuner_cache": "libtuner_cache", "seed": "seed", "timer": "timer",
+        "flagtune": "flagtune", "libtuner_cache": "libtuner_cache", "seed": "seed", "timer": "timer", "l2": "l2",
         "warmup_ms": "warmup_ms", "rep_ms": "rep_ms", "sweep_devices": "sweep_devices", "ir": "ir",
         "color": "color", "out": "out", "precompile": "precompile", "triton_cache": "triton_cache"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"),
                     dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "/other"),
-                    level="comprehensive", flagtune="1", libtuner_cache="user", seed=7, timer="direct",
+                    level="comprehensive", flagtune="1", libtuner_cache="user", seed=7, timer="direct", l2="cold",
                     warmup_ms=2.5, rep_ms=10.0, sweep_devices=2, ir=False, color="never", out=Path("/runs/x"),
                     precompile=False, triton_cache=Path("/cache/a"))
 REPLAY = RunRequest("replay", "/runs/x/mm_1", backend="cuda", device=1, shapes=Path("/s/other.yaml"),
@@ -80,10 +80,12 @@ def test_command_line_runs_the_harness_with_a_given_interpreter():
 def test_an_ab_plan_builds_its_record_and_replays_from_one_request_type(tmp_path):
     plan = ab.Plan("p", ["mm"], ab.Side("A", ""), ab.Side("B", ""), shapes="/s.yaml", dtypes=["fp16"],
                    backend="interpreter", device=2, ops_paths=["/ops"], flaggems_dirs=["flaggems=/fg"],
-                   level="comprehensive", flagtune="1")
+                   level="comprehensive", flagtune="1", seed=5, timer="profiler", l2="cold", warmup_ms=1.5,
+                   rep_ms=20.0)
     record = cli.build_parser().parse_args(plan.request("record", "mm", tmp_path / "r").to_argv())
     assert (record.op, record.backend, record.device, record.dtypes, record.level, record.flagtune, record.color,
             record.out) == ("mm", "interpreter", 2, ["fp16"], "comprehensive", "1", "never", tmp_path / "r")
+    assert (record.seed, record.timer, record.l2, record.warmup_ms, record.rep_ms) == (5, "profiler", "cold", 1.5, 20.0)
     # A replay keeps the record's backend and FlagGems options: it is not given them again.
     replay = cli.build_parser().parse_args(plan.request("replay", "/runs/mm_1", tmp_path / "p").to_argv())
     assert (replay.run_dir, replay.backend, replay.level, replay.flagtune) == (Path("/runs/mm_1"), None, None, None)
@@ -102,3 +104,27 @@ def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
         "record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"], tmp_path / "a1", "never")
     # Only a FlagGems op gets its checkout and upstream's options.
     assert (ns.flaggems_dir, ns.level, ns.flagtune) == (None, None, None)
+    assert (ns.seed, ns.timer, ns.l2) == (0, "auto", "warm")  # the record's own defaults
+    measured = batch.Batch(tmp_path, dataclasses.replace(opts, measurement={"timer": "profiler", "l2": "cold",
+                                                                            "seed": 4, "rep_ms": 5.0}), {})
+    ns = cli.build_parser().parse_args(measured._command(builtin, 1, None, tmp_path / "a1")[3:])
+    assert (ns.seed, ns.timer, ns.l2, ns.warmup_ms, ns.rep_ms) == (4, "profiler", "cold", None, 5.0)
+
+
+def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("ops: [add]\ntimer: profiler\nl2: cold\nseed: 3\nwarmup_ms: 5\n")
+    plan = ab.load_plan(plan_file)
+    assert (plan.timer, plan.l2, plan.seed, plan.warmup_ms, plan.rep_ms) == ("profiler", "cold", 3, 5, None)
+    args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "interpreter", "--l2", "warm",
+                                          "--rep-ms", "7"])
+    resolved = ab.resolve_plan(args)  # the command line over the plan, the rest kept
+    assert (resolved.timer, resolved.l2, resolved.seed, resolved.warmup_ms, resolved.rep_ms) == (
+        "profiler", "warm", 3, 5, 7.0)
+    for bad, message in (("timer: fast", "'timer' must be one of"), ("l2: lukewarm", "'l2' must be one of"),
+                         ("seed: -1", "'seed' must be a non-negative number"),
+                         ("rep_ms: many", "'rep_ms' must be a non-negative number"),
+                         ("seed: true", "'seed' must be a non-negative number")):
+        plan_file.write_text(f"ops: [add]\n{bad}\n")
+        with pytest.raises(ab.PlanError, match=message):
+            ab.load_plan(plan_file)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 COMMANDS = ("record", "replay")
 # Options only `record` takes (a replay keeps the recorded ones).
-RECORD_ONLY = ("seed", "timer", "warmup_ms", "rep_ms", "sweep_devices")
+RECORD_ONLY = ("seed", "timer", "l2", "warmup_ms", "rep_ms", "sweep_devices")
+# How a record measures: batch and A/B pass these to the records they start.
+MEASUREMENT = ("seed", "timer", "l2", "warmup_ms", "rep_ms")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,7 @@ class RunRequest:
     libtuner_cache: str | None = None
     seed: int | None = None
     timer: str | None = None
+    l2: str | None = None
     warmup_ms: float | None = None
     rep_ms: float | None = None
     sweep_devices: int | None = None
@@ -69,7 +72,8 @@ class RunRequest:
             argv += ["--ops-path", path]
         for checkout in self.flaggems_dirs:
             argv += ["--flaggems-dir", checkout]
-        for flag, value in (("--seed", self.seed), ("--timer", self.timer), ("--warmup-ms", self.warmup_ms),
+        for flag, value in (("--seed", self.seed), ("--timer", self.timer), ("--l2", self.l2),
+                            ("--warmup-ms", self.warmup_ms),
                             ("--rep-ms", self.rep_ms), ("--sweep-devices", self.sweep_devices),
                             ("--device", self.device)):
             if value is not None:

@@ -23,7 +23,7 @@ import backends
 from harness.core import deps, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
-from harness.core.request import RunRequest
+from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
 from harness.providers import flaggems
 from harness.sessions import resolve
@@ -31,7 +31,7 @@ from reports import ab_report, compare, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
-               "level", "flagtune", "libtuner_cache", "a", "b"}
+               "level", "flagtune", "libtuner_cache", "a", "b", *MEASUREMENT}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
 
@@ -76,6 +76,12 @@ class Plan:
     level: str | None = None
     flagtune: str | None = None
     libtuner_cache: str | None = None  # each run's own private cache unless named
+    # How A's record measures (None: the record's default); every replay, of either side, keeps it.
+    seed: int | None = None
+    timer: str | None = None
+    l2: str | None = None
+    warmup_ms: float | None = None
+    rep_ms: float | None = None
 
     def request(self, command: str, target: str, out: Path) -> RunRequest:
         """One step of this plan: A's record, or a replay of it, which keeps the record's backend
@@ -86,7 +92,8 @@ class Plan:
                           dtypes=tuple(self.dtypes) if self.dtypes else None, ops_paths=tuple(self.ops_paths),
                           flaggems_dirs=tuple(self.flaggems_dirs), level=self.level if record else None,
                           flagtune=self.flagtune if record else None,
-                          libtuner_cache=self.libtuner_cache if record else None, color="never", out=out)
+                          libtuner_cache=self.libtuner_cache if record else None, color="never", out=out,
+                          **({name: getattr(self, name) for name in MEASUREMENT} if record else {}))
 
 
 def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
@@ -136,13 +143,21 @@ def load_plan(path: Path) -> Plan:
     shapes = data.get("shapes")
     if shapes is not None:
         shapes = str((path.parent / shapes).resolve())
+    measurement = {name: data[name] for name in MEASUREMENT if data.get(name) is not None}
+    for name, choices in (("timer", spec_mod.TIMERS), ("l2", spec_mod.L2_MODES)):
+        if name in measurement and measurement[name] not in choices:
+            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {measurement[name]!r}")
+    for name, kind in (("seed", int), ("warmup_ms", (int, float)), ("rep_ms", (int, float))):
+        if name in measurement and (not isinstance(measurement[name], kind) or isinstance(measurement[name], bool)
+                                    or measurement[name] < 0):
+            raise PlanError(f"plan {path}: '{name}' must be a non-negative number, not {measurement[name]!r}")
     return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, shapes=shapes,
                 dtypes=data.get("dtypes"), backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
                 flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
                 level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
                 libtuner_cache=data.get("libtuner_cache"),
-                a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)))
+                a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)), **measurement)
 
 
 SIDE_ENVS = paths.REPO_ROOT / ".nox" / "ab-envs"
@@ -407,6 +422,9 @@ def resolve_plan(args) -> Plan:
     plan.level = args.level or plan.level
     plan.flagtune = args.flagtune or plan.flagtune
     plan.libtuner_cache = args.libtuner_cache or plan.libtuner_cache
+    for name in MEASUREMENT:
+        if getattr(args, name, None) is not None:
+            setattr(plan, name, getattr(args, name))
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.

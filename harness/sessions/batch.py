@@ -47,7 +47,7 @@ from pathlib import Path
 import backends
 from harness.core import launch, opguard, paths, rundir
 from harness.core.errors import DtypeRejected, UsageError
-from harness.core.request import RunRequest
+from harness.core.request import MEASUREMENT, RunRequest
 from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, registry
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve, slurm_executor
@@ -63,7 +63,7 @@ DEFAULT_OP_TIMEOUT = 1800.0
 # The options (argparse names) a batch stores in batch.json: `--resume` reuses each one that its
 # command line does not give, so `--resume --batch-dir D` alone reruns the same batch.
 STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggems_dir", "level", "flagtune",
-                  "libtuner_cache", "op_timeout", "replay_root", "triage")
+                  "libtuner_cache", "op_timeout", "replay_root", "triage", *MEASUREMENT)
 MAX_RETRIES = 2
 KILL_GRACE_S = 10
 
@@ -83,6 +83,8 @@ class Options:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
     triage: bool = True  # rerun a failing FlagGems op as the bare upstream node
+    # How each record measures (None: the record's default); a replay keeps its record's.
+    measurement: dict = dataclasses.field(default_factory=dict)
 
 
 def shard(key: str, n: int) -> int:
@@ -216,7 +218,8 @@ class Batch:
         else:
             target = entry.op
         return RunRequest("record", target, backend=self.opts.backend, dtypes=dtypes,
-                          shapes=Path(self.opts.shapes) if self.opts.shapes else None, **where).command_line()
+                          shapes=Path(self.opts.shapes) if self.opts.shapes else None, **self.opts.measurement,
+                          **where).command_line()
 
     def _attempt(self, cmd: list[str], log_path: Path, **start_kw) -> tuple[int | None, float]:
         """(exit code or None on timeout, seconds).
@@ -574,7 +577,7 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
                        level=args.level, flagtune=args.flagtune, libtuner_cache=args.libtuner_cache,
                        op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
                        replay_root=args.replay_root.resolve() if args.replay_root else None,
-                       triage=args.triage is not False, **extra)
+                       triage=args.triage is not False, measurement=_measurement(args), **extra)
         if args.resume:
             for line in stop_leftovers(batch_dir):
                 print(line)
@@ -592,6 +595,15 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         for e, why in excluded:
             print(f"  excluded {e.key}: {why}")
         return _run(runner, todo, selected, args)
+
+
+def _measurement(args) -> dict:
+    """The measurement options given (or stored), for each op's record; a replay keeps its record's."""
+    given = {name: getattr(args, name) for name in MEASUREMENT if getattr(args, name, None) is not None}
+    if given and getattr(args, "replay_root", None) is not None:
+        flags = " ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"--replay-root replays each op as it was recorded, measured the same way: drop {flags}")
+    return given
 
 
 def _slurm_params(items: list[str] | None, op_timeout: float) -> dict:
@@ -730,6 +742,7 @@ def _request(opts: Options, selected: list[Entry]) -> dict:
             "level": opts.level, "flagtune": opts.flagtune, "libtuner_cache": opts.libtuner_cache,
             "op_timeout": opts.op_timeout, "replay_root": str(opts.replay_root) if opts.replay_root else None,
             "triage": None if opts.triage else False,  # on is the default: stored only when turned off
+            **opts.measurement,
             "selection": [e.id for e in selected]}
 
 

@@ -25,6 +25,7 @@ import yaml
 import backends
 from harness.core import rundir
 from harness.core.errors import UsageError
+from harness.core.request import MEASUREMENT
 from harness.providers import catalog
 from harness.sessions import ab, batch, resolve
 from reports import corpus, table
@@ -35,7 +36,8 @@ CORPUS_FLAGS = {"all": "--all", "ops_file": "--ops-file", "repos": "--repos", "s
                 "devices": "--devices", "op_timeout": "--op-timeout", "resume": "--resume", "batch_dir": "--batch-dir",
                 "ray_address": "--ray-address", "slurm_param": "--slurm-param"}
 PLAN_FLAGS = {"plan": "PLAN", "repeats": "--repeats", "a_env": "--a-env", "b_env": "--b-env",
-              "a_python": "--a-python", "b_python": "--b-python"}
+              "a_python": "--a-python", "b_python": "--b-python",
+              **{name: "--" + name.replace("_", "-") for name in MEASUREMENT}}
 
 
 def wanted(args) -> bool:
@@ -86,12 +88,13 @@ class CorpusAB(batch.Batch):
 
     OPTIONS = ABOptions
     COLUMNS = (*batch.STATUS_COLUMNS, "verdicts")
-    STORED = tuple(n for n in batch.STORED_OPTIONS if n not in ("replay_root", "triage"))
+    # How A records is the plan's (stored with it), not the batch's.
+    STORED = tuple(n for n in batch.STORED_OPTIONS if n not in ("replay_root", "triage", *MEASUREMENT))
 
     @classmethod
     def prepare(cls, args, stored: dict) -> dict:
         if args.resume and stored:
-            again = [flag for name, flag in PLAN_FLAGS.items() if getattr(args, name)]
+            again = [flag for name, flag in PLAN_FLAGS.items() if getattr(args, name) is not None]
             if again:
                 raise UsageError(f"--resume continues the A/B stored in the batch dir, whose plan it keeps: drop "
                                  f"{' '.join(again)}")
