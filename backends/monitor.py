@@ -36,6 +36,15 @@ class Monitor(Protocol):
     def sample(self) -> dict: ...
 
 
+def sample(*, sm_clock_mhz, mem_clock_mhz, temperature_c, power_w, power_cap_w, throttle_reasons,
+           slowdown_counters) -> dict:
+    """One sample in the contract's vocabulary (above): every monitor builds its samples here, so
+    none can leave out or misname a key."""
+    return {"sm_clock_mhz": sm_clock_mhz, "mem_clock_mhz": mem_clock_mhz, "temperature_c": temperature_c,
+            "power_w": power_w, "power_cap_w": power_cap_w, "throttle_reasons": throttle_reasons,
+            "slowdown_counters": slowdown_counters}
+
+
 def decode_bits(mask: int, names: dict[int, str]) -> list[str]:
     """Names of the set bits of `mask`, in bit order; an unknown bit keeps its hex value."""
     known = [name for bit, name in sorted(names.items()) if mask & bit]

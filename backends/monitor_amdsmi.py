@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import monitor
 from .monitor import MonitorError, MonitorUnavailable
 
 # amdsmi_get_violation_status: `active_<key>` says the slowdown is on now, `acc_<key>` counts it.
@@ -41,17 +42,17 @@ class AmdSmiMonitor:
         violations = self._call(a.amdsmi_get_violation_status, h) or {}
         active = [name for key, name in VIOLATIONS.items() if _value(violations.get(f"active_{key}"))]
         counters = {name: _value(violations.get(f"acc_{key}")) for key, name in VIOLATIONS.items()}
-        return {
-            "sm_clock_mhz": _value(gfx.get("clk")),
-            "mem_clock_mhz": _value(mem.get("clk")),
-            "temperature_c": _value(self._call(a.amdsmi_get_temp_metric, h, a.AmdSmiTemperatureType.HOTSPOT,
-                                               a.AmdSmiTemperatureMetric.CURRENT)),
+        return monitor.sample(
+            sm_clock_mhz=_value(gfx.get("clk")),
+            mem_clock_mhz=_value(mem.get("clk")),
+            temperature_c=_value(self._call(a.amdsmi_get_temp_metric, h, a.AmdSmiTemperatureType.HOTSPOT,
+                                            a.AmdSmiTemperatureMetric.CURRENT)),
             # MI300 and later report the current socket power, earlier cards an average.
-            "power_w": _value(power.get("current_socket_power")) or _value(power.get("average_socket_power")),
-            "power_cap_w": None if cap_uw is None else cap_uw / 1e6,
-            "throttle_reasons": active if violations else None,
-            "slowdown_counters": {k: v for k, v in counters.items() if v is not None} if violations else None,
-        }
+            power_w=_value(power.get("current_socket_power")) or _value(power.get("average_socket_power")),
+            power_cap_w=None if cap_uw is None else cap_uw / 1e6,
+            throttle_reasons=active if violations else None,
+            slowdown_counters={k: v for k, v in counters.items() if v is not None} if violations else None,
+        )
 
 
 def open_monitor() -> AmdSmiMonitor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import monitor
 from .monitor import MonitorError, MonitorUnavailable, decode_bits
 
 # nvmlClocksEventReason* bits (nvml.h).
@@ -50,15 +51,15 @@ class NvmlMonitor:
         power_mw = self._call(n.nvmlDeviceGetPowerUsage, h)
         cap_mw = self._call(n.nvmlDeviceGetEnforcedPowerLimit, h)
         reasons = self._call(n.nvmlDeviceGetCurrentClocksEventReasons, h)
-        return {
-            "sm_clock_mhz": self._call(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
-            "mem_clock_mhz": self._call(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM),
-            "temperature_c": self._call(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
-            "power_w": None if power_mw is None else power_mw / 1000,
-            "power_cap_w": None if cap_mw is None else cap_mw / 1000,
-            "throttle_reasons": None if reasons is None else decode_bits(reasons, REASONS),
-            "slowdown_counters": self._counters(),
-        }
+        return monitor.sample(
+            sm_clock_mhz=self._call(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
+            mem_clock_mhz=self._call(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM),
+            temperature_c=self._call(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
+            power_w=None if power_mw is None else power_mw / 1000,
+            power_cap_w=None if cap_mw is None else cap_mw / 1000,
+            throttle_reasons=None if reasons is None else decode_bits(reasons, REASONS),
+            slowdown_counters=self._counters(),
+        )
 
     def _counters(self) -> dict | None:
         values = self._call(self.nvml.nvmlDeviceGetFieldValues, self.handle, list(COUNTER_FIELDS))
