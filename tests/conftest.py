@@ -88,3 +88,20 @@ def wait_for(predicate, timeout: float) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+# --- autotuning ---------------------------------------------------------------------------------
+class PersistentCache:
+    """FlagGems' sqlite config cache in miniature: a mapping that is not a dict."""
+
+    def __init__(self, rows=None):
+        self.rows = dict(rows or {})
+
+    def __contains__(self, key):
+        return key in self.rows
+
+    def __getitem__(self, key):
+        return self.rows[key]
+
+    def __setitem__(self, key, config):
+        self.rows[key] = config

@@ -11,6 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import PersistentCache
 
 import backends
 from harness.child.plugins import autotune
@@ -242,19 +243,6 @@ def test_a_libtuner_style_tuner_is_precompiled_too(patched):
     """FlagGems' LibTuner: an Autotuner subclass with its own run and a persistent (non-dict)
     config cache; the patch is installed on that class once its package is imported."""
 
-    class Persistent:  # a sqlite-backed store, as far as the tuner can tell
-        def __init__(self):
-            self.rows = {}
-
-        def __contains__(self, key):
-            return key in self.rows
-
-        def __getitem__(self, key):
-            return self.rows[key]
-
-        def __setitem__(self, key, value):
-            self.rows[key] = value
-
     boundary = Boundary()
     p = patched(boundary)
     own_run = p.patch._originals[triton.runtime.Autotuner]  # its own sweep: not through the patched base
@@ -266,6 +254,6 @@ def test_a_libtuner_style_tuner_is_precompiled_too(patched):
     p.patch.install(LibTuner)
     kernel = make_kernel()
     kernel.__class__ = LibTuner
-    kernel.cache = Persistent()
+    kernel.cache = PersistentCache()  # a sqlite-backed store, as far as the tuner can tell
     call(kernel, 100)
     assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)

@@ -7,6 +7,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import PersistentCache
 
 from harness.measure import tuning
 
@@ -308,22 +309,6 @@ class Tuner:
         if config.kwargs["BLOCK"] in self.fails:
             raise self.fails[config.kwargs["BLOCK"]]
         return config
-
-
-class PersistentCache:
-    """FlagGems' sqlite config cache in miniature: a mapping that is not a dict."""
-
-    def __init__(self, rows=None):
-        self.rows = dict(rows or {})
-
-    def __contains__(self, key):
-        return key in self.rows
-
-    def __getitem__(self, key):
-        return self.rows[key]
-
-    def __setitem__(self, key, config):
-        self.rows[key] = config
 
 
 class LibTuner(Tuner):
