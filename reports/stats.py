@@ -75,8 +75,7 @@ def compare(a, b, floor: float | None = None) -> Comparison:
     va = float(la.var(ddof=1)) / la.size if la.size > 1 else 0.0
     vb = float(lb.var(ddof=1)) / lb.size if lb.size > 1 else 0.0
     se = math.sqrt(va + vb)
-    if la.size < 2 or lb.size < 2:
-        dof = math.inf  # no spread to estimate: the interval collapses and the verdict is NOISY
+    if la.size < 2 or lb.size < 2:  # no spread to estimate: an unbounded interval, the verdict NOISY
         lo, hi = -math.inf, math.inf
     else:
         # Welch-Satterthwaite degrees of freedom.

@@ -308,6 +308,10 @@ def test_clock_throttled_rows_leave_the_headline_naming_their_slowdowns_per_side
     throttled, clean = compare.pair(a, b)
     assert throttled.flags == ["clock_throttled"] and not throttled.in_headline
     assert throttled.throttled == {"a": ["hw_slowdown", "sw_power_cap"], "b": ["hw_thermal_slowdown"]}
+    # Fields are split at their first "=" only (a value may hold one); a marker without reasons says "?".
+    odd = [{"markers": ["CLOCK_THROTTLED detail=clocks=low reasons=hw_slowdown"]},
+           {"markers": ["CLOCK_THROTTLED sm_clock_mhz=1980->1500"]}]
+    assert compare._slowdowns(odd) == ["?", "hw_slowdown"]
     assert clean.throttled == {} and clean.in_headline
     s = compare.summarize([throttled, clean])
     assert s.headline_rows == 1 and s.excluded == {"clock_throttled": 1}

@@ -115,3 +115,10 @@ def test_geomean_with_interval():
 @pytest.mark.parametrize("ratio,words", [(1.05, "1.050x slower"), (0.8, "1.250x faster"), (1.0, "no change")])
 def test_direction_in_words(ratio, words):
     assert stats.describe(ratio) == words
+
+
+def test_a_sides_latency_is_the_geometric_mean_and_the_ratio_divides_the_two():
+    assert stats.center([2.0, 8.0]) == pytest.approx(4.0)
+    assert stats.center([3]) == pytest.approx(3.0)
+    a, b = [7.0, 7.5, 7.4], [7.2, 7.1, 7.3]  # medians and means could point other ways than the ratio
+    assert stats.compare(a, b).ratio == pytest.approx(stats.center(b) / stats.center(a))
