@@ -1,14 +1,19 @@
-"""GPU check (run on a host with 2 GPUs, not collected by pytest): the built-in corpus A/B under
-ops/ab_f32_ieee.yaml (tf32 vs IEEE fp32), once on 1 device and once on 2, with a small shape file.
+"""GPU check (run on a host with 2 GPUs, not collected by pytest): a corpus A/B under a plan
+(default ops/ab_f32_ieee.yaml, tf32 vs IEEE fp32; ops/ab_default.yaml is the FP-fusion switch) over the
+built-in corpus and, with --flaggems-dir, 10 FlagGems pointwise and reduction ops, once on 1 device and
+once on 2, with a small shape file.
 
-    python tests/gpu/bench_corpus_ab.py [--devices 0,1] [--repeats 3] [--out DIR]
+    python tests/gpu/bench_corpus_ab.py [--plan P] [--flaggems-dir D] [--devices 0,1] [--repeats 3]
+                                        [--only 1|2] [--out DIR]
 
-Prints the wall time of each run (1 device vs 2), each run's per-op statuses and verdict counts,
-and every row whose verdict is FASTER in one run and SLOWER in the other. Success: both runs exit 0
-(every op PASS), the 2-device run's wall time is clearly below the 1-device one's (about half: the
-ops are spread by a stable hash, so not exactly), and no row flips between FASTER and SLOWER
-(mm's fp32 rows should be SLOWER under IEEE in both runs). Exit 0 then, 1 otherwise. Takes about
-6 minutes on two H200s; `--repeats 2` makes it shorter.
+Prints the wall time of each run (1 device vs 2), each run's verdict counts, and every row whose
+verdict is FASTER in one run and SLOWER in the other. Success: both runs exit 0 (every op PASS), the
+2-device run's wall time is clearly below the 1-device one's (about half: the ops are spread by a
+stable hash, so not exactly), and no row flips between FASTER and SLOWER (mm's fp32 rows should be
+SLOWER under IEEE in both runs). Exit 0 then, 1 otherwise. The built-in corpus alone takes about 6
+minutes on two H200s. With FlagGems ops a run can outlast one device-tool call: `--only 1 --out DIR`
+in one call, `--only 2 --out DIR` in the next (DIR kept or carried between them), and the report
+once both are there. Each run's wall and exit code are kept in DIR/<run>.json.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,18 +34,43 @@ softmax: {shapes: [[1024, 1024], [4096, 4096]], dtypes: [fp32]}
 norm: {shapes: [[1024, 4096]], dtypes: [fp32]}
 pointwise: {shapes: [[4096, 4096]], dtypes: [fp32]}
 blas: {shapes: [[1024, 1024, 1024], [4096, 4096, 4096]], dtypes: [fp32]}
+# FlagGems' Benchmark classes take shapes by class name: small ones keep each op's A/B short.
+UnaryPointwiseBenchmark: {shapes: [[1024, 1024], [4096, 4096]]}
+BinaryPointwiseBenchmark: {shapes: [[1024, 1024], [4096, 4096]]}
+UnaryReductionBenchmark: {shapes: [[1024, 1024], [4096, 4096]]}
 """
+BUILTIN_OPS = ["softmax", "rms_norm", "add", "gelu", "mm"]
+# Polynomial and transcendental pointwise ops (FP fusion changes their code), plain ones, a reduction.
+FLAGGEMS_OPS = ["flaggems:i0", "flaggems:special_i0e", "flaggems:exp", "flaggems:sigmoid", "flaggems:tanh",
+                "flaggems:rsqrt", "flaggems:abs", "flaggems:greater_equal_", "flaggems:multiply_", "flaggems:sum_dim"]
+RUNS = {"1": "1_device", "2": "2_devices"}
 
 
-def run(devices: str, repeats: int, shapes: Path, out: Path) -> tuple[float, int, Path]:
-    """One corpus A/B; (wall seconds, exit code, its batch dir)."""
+def run(plan: str, ops: list[str], devices: str, repeats: int, shapes: Path, out: Path,
+        flaggems_dir: Path | None) -> tuple[float, int, Path]:
+    """One corpus A/B; (wall seconds, exit code, its batch dir), also kept in `out`.json. A run an
+    earlier call left unfinished is started again from scratch: its wall would not be one run's."""
+    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "harness", "ab", "ops/ab_f32_ieee.yaml", "--all", "--repos", "builtin",
-           "--shapes", str(shapes), "--devices", devices, "--repeats", str(repeats), "--out", str(out)]
+    cmd = [sys.executable, "-m", "harness", "ab", plan, "--ops", *ops, "--shapes", str(shapes), "--dtypes", "fp32",
+           "--devices", devices, "--repeats", str(repeats), "--out", str(out)]
+    if flaggems_dir is not None:
+        cmd += ["--flaggems-dir", str(flaggems_dir)]
     print("$ " + " ".join(cmd), flush=True)
     start = time.monotonic()
     code = subprocess.run(cmd, cwd=REPO).returncode
-    return time.monotonic() - start, code, next(out.iterdir())
+    wall = time.monotonic() - start
+    out.with_suffix(".json").write_text(json.dumps({"wall_s": wall, "exit": code, "devices": devices, "ops": ops}))
+    return wall, code, next((p for p in out.iterdir() if p.is_dir()), out)  # none: it failed before starting
+
+
+def done(out: Path) -> tuple[float, int, Path] | None:
+    """A run an earlier call finished: (wall, exit code, batch dir), or None."""
+    facts = out.with_suffix(".json")
+    if not facts.is_file():
+        return None
+    data = json.loads(facts.read_text())
+    return data["wall_s"], data["exit"], next((p for p in out.iterdir() if p.is_dir()), out)
 
 
 def verdicts(batch_dir: Path) -> dict[tuple, str]:
@@ -55,15 +86,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="0,1", help="the two devices (default 0,1); the 1-device run: the first")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plan", default="ops/ab_f32_ieee.yaml", help="the A/B plan (default ops/ab_f32_ieee.yaml)")
+    parser.add_argument("--flaggems-dir", type=Path, default=None, help="a FlagGems checkout: add its 10 ops")
+    parser.add_argument("--only", choices=sorted(RUNS), default=None,
+                        help="run only the 1- or the 2-device A/B now (needs --out; the report once both are done)")
     parser.add_argument("--out", type=Path, default=None, help="where the two batch dirs go (default: a temp dir)")
     args = parser.parse_args()
+    if args.only and args.out is None:
+        parser.error("--only needs --out, where the other run is or will be")
     root = args.out or Path(tempfile.mkdtemp(prefix="zl_bench_corpus_ab_"))
     shapes = root / "shapes.yaml"
     root.mkdir(parents=True, exist_ok=True)
     shapes.write_text(SHAPES)
+    ops = BUILTIN_OPS + (FLAGGEMS_OPS if args.flaggems_dir else [])
     runs = {}
-    for label, devices in (("1 device", args.devices.split(",")[0]), ("2 devices", args.devices)):
-        runs[label] = run(devices, args.repeats, shapes, root / label.replace(" ", "_"))
+    for key, devices in (("1", args.devices.split(",")[0]), ("2", args.devices)):
+        out = root / RUNS[key]
+        earlier = done(out)
+        if earlier is None and args.only in (None, key):
+            earlier = run(args.plan, ops, devices, args.repeats, shapes, out, args.flaggems_dir)
+        if earlier is None:
+            print(f"{RUNS[key]}: not run yet (--only {key} --out {root})")
+            return 1
+        runs[RUNS[key].replace("_", " ")] = earlier
     ok = True
     print()
     for label, (wall, code, batch_dir) in runs.items():
