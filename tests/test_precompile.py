@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 from conftest import PersistentCache
+from triton.compiler.errors import CompileTimeAssertionFailure
 
 import backends
 from harness.child.plugins import autotune
@@ -58,9 +59,10 @@ class Boundary:
     """The fake compiler boundary: capture turns each config into a request naming it; compile
     records what it was asked and fails for the configs in `fail`."""
 
-    def __init__(self, fail=(), not_captured=()):
+    def __init__(self, fail=(), not_captured=(), invalid=()):
         self.compiled: list[tuple] = []
         self.fail = set(fail)
+        self.invalid = set(invalid)
         self.not_captured = set(not_captured)
 
     def capture(self, tuner, args, kwargs, configs):
@@ -74,6 +76,8 @@ class Boundary:
         self.compiled.append(request)
         if request in self.fail:
             raise RuntimeError(f"PTXASError: ptxas died for {request}\nsecond line")
+        if request in self.invalid:  # a config the kernel's static_assert refuses for this key
+            raise CompileTimeAssertionFailure(None, None, f"BLOCK too large for {request}")
         return f"hash{request}"
 
 
@@ -180,6 +184,16 @@ def test_a_config_that_fails_to_precompile_is_marked_and_still_swept(patched):
     assert "second line" not in failed[0]
     assert "config=BLOCK=64,num_warps=1" in failed[1] and "not captured" in failed[1]
     assert any("4/6 configs" in line and "2 left to the sweep" in line for line in p.lines)
+
+
+def test_a_config_that_does_not_compile_for_the_key_is_counted_not_marked(patched):
+    # Triton's autotuner drops such a config in the sweep too (its compile raises again): no fallback.
+    p = patched(Boundary(invalid={(32, 2), (64, 1)}))
+    call(make_kernel(), 100)
+    assert p.marks == []
+    assert any("4/6 configs" in line and "2 do not compile for this key (its sweep drops them too)" in line
+               and "left to the sweep" not in line for line in p.lines), p.lines
+    assert (p.pre.totals["compiled"], p.pre.totals["rejected"], p.pre.totals["failed"]) == (4, 2, 0)
 
 
 def test_a_broken_precompile_step_leaves_every_config_to_the_sweep_loudly(patched):

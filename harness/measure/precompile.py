@@ -8,8 +8,10 @@ pool into the run's own Triton cache, and let the sweep run as before: its compi
 cache hits of what this same compiler, in this same environment, produced moments earlier. The
 sweep still loads every kernel it benchmarks, so the IR collected is unchanged.
 
-A config that cannot be precompiled (a kernel not importable in a worker, a compile error) is
-compiled by the sweep as it always was, and the row says so (AUTOTUNE_PRECOMPILE_FALLBACK).
+A config that cannot be precompiled (a kernel not importable in a worker, a worker's failure) is
+compiled by the sweep as it always was, and the row says so (AUTOTUNE_PRECOMPILE_FALLBACK). One that
+does not compile at all for the key (a compile error as Triton's autotuner classes them: a static
+assert, too many resources) is only counted: its sweep drops it just the same.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from harness.measure.tuning import compile_error_types
 
 # No more workers than this, whatever the host: each imports torch (hundreds of MB).
 MAX_WORKERS = 32
@@ -190,6 +194,9 @@ class Outcome:
     failed: list[tuple[object, str]]
     workers: int
     seconds: float
+    # Configs that do not compile for this key (a compile error, as Triton's autotuner classes them):
+    # its sweep rejects them too, so they are no fallback.
+    rejected: int = 0
 
 
 class Precompiler:
@@ -204,13 +211,14 @@ class Precompiler:
         self.executor_factory = executor_factory or _spawn_pool
         self.executor = None
         self.workers = 0
-        self.totals = {"keys": 0, "configs": 0, "compiled": 0, "cached": 0, "failed": 0, "seconds": 0.0}
+        self.totals = {"keys": 0, "configs": 0, "compiled": 0, "cached": 0, "failed": 0, "rejected": 0,
+                       "seconds": 0.0}
 
     def run(self, tuner, args: tuple, kwargs: dict) -> Outcome:
         start = time.monotonic()
         configs = sweep_configs(tuner, kwargs)
         captured = self.capture_fn(tuner, args, kwargs, configs)
-        failed, todo, cached, compile_failed = [], [], 0, 0
+        failed, todo, cached, compile_failed, rejected = [], [], 0, 0, 0
         for config, item in zip(configs, captured, strict=True):
             if item is None:
                 cached += 1
@@ -224,14 +232,17 @@ class Precompiler:
             for config, future in futures:
                 try:
                     future.result()
+                except compile_error_types():  # the sweep cannot compile it either, and drops it
+                    rejected += 1
+                    compile_failed += 1
                 except Exception as exc:  # the sweep compiles it again, and the row says why
                     failed.append((config, _first_line(exc)))
                     compile_failed += 1
         outcome = Outcome(len(configs), len(todo) - compile_failed, cached, failed, self.workers,
-                          round(time.monotonic() - start, 2))
+                          round(time.monotonic() - start, 2), rejected)
         for name, value in (("keys", 1), ("configs", outcome.configs), ("compiled", outcome.compiled),
                             ("cached", outcome.cached), ("failed", len(outcome.failed)),
-                            ("seconds", outcome.seconds)):
+                            ("rejected", outcome.rejected), ("seconds", outcome.seconds)):
             self.totals[name] = round(self.totals[name] + value, 2)
         return outcome
 

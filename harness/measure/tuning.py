@@ -284,6 +284,8 @@ class AutotunePatch:
         self.progress(f"autotune: precompiled {outcome.compiled}/{outcome.configs} configs of "
                       f"{kernel.rsplit('.', 1)[-1]} key={k} over {outcome.workers} processes in {outcome.seconds} s"
                       + (f" ({outcome.cached} already compiled)" if outcome.cached else "")
+                      + (f"; {outcome.rejected} do not compile for this key (its sweep drops them too)"
+                         if outcome.rejected else "")
                       + (f"; {len(outcome.failed)} left to the sweep" if outcome.failed else ""))
         for config, reason in outcome.failed:
             config_text = describe(config).replace(" ", ",")
