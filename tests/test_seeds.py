@@ -1,6 +1,7 @@
 """The input digest: byte-exact where cheap, a device-side fingerprint for large device tensors.
 The fingerprint runs on CPU tensors here: its arithmetic is the same on every device."""
 
+import hashlib
 import types
 
 import pytest
@@ -120,3 +121,9 @@ def test_an_unreadable_tensor_raises_and_marks_the_case_instead_of_failing_it(mo
     monkeypatch.setattr(seeds, "input_sha256", unreadable)
     assert seeds.case_digest(ctx, [torch.ones(2)]) is None
     assert marks == ["INPUT_DIGEST_UNAVAILABLE reason='some_future_layout tensor: no dense form'"]
+
+
+def test_a_plain_tensors_digest_is_its_dtype_shape_and_bytes_as_records_have_it():
+    # The format records already carry: other kinds of tensor must not change it.
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    assert seeds.input_sha256(x) == hashlib.sha256(b"tensor torch.float32 (2, 3)\n" + x.numpy().tobytes()).hexdigest()

@@ -92,9 +92,11 @@ def input_sha256(inputs) -> str:
     def feed_content(value: torch.Tensor):
         if value.is_meta:
             return
-        for part in _dense_parts(value.detach()):
+        parts = _dense_parts(value.detach())
+        for part in parts:
             flat = part.contiguous().reshape(-1).view(torch.uint8)
-            digest.update(f"{tuple(part.shape)}\n".encode())
+            if len(parts) > 1 or value.is_nested:  # where one part ends and the next begins
+                digest.update(f"{tuple(part.shape)}\n".encode())
             if flat.numel() <= EXACT_BYTES or _on_host(flat):
                 digest.update(flat.cpu().numpy().tobytes())
             else:
@@ -102,9 +104,15 @@ def input_sha256(inputs) -> str:
 
     def feed(value):
         if isinstance(value, torch.Tensor):
+            # A plain tensor's header is dtype and shape, as digests have always been; other kinds
+            # add their layout. A nested tensor has no single shape: its components' shapes follow.
             layout = str(value.layout).removeprefix("torch.")
-            # a nested tensor has no single shape: its components' shapes are fed with them
-            header = f"nested {layout}" if value.is_nested else f"{tuple(value.shape)} {layout}"
+            if value.is_nested:
+                header = f"nested {layout}"
+            elif value.layout == torch.strided:  # a quantized one too: its dtype tells it apart
+                header = f"{tuple(value.shape)}"
+            else:
+                header = f"{tuple(value.shape)} {layout}"
             digest.update(f"tensor {value.dtype} {header}\n".encode())
             feed_content(value)
         elif value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype)):
