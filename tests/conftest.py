@@ -80,14 +80,15 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_for(predicate, timeout: float) -> bool:
-    """Poll `predicate` every 0.5 s until it holds (True) or `timeout` seconds pass (False)."""
+def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
+    """Poll `predicate` every `interval` s until it holds (True) or `timeout` seconds pass (then a
+    last look decides)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
             return True
-        time.sleep(0.5)
-    return False
+        time.sleep(interval)
+    return bool(predicate())
 
 
 # --- autotuning ---------------------------------------------------------------------------------

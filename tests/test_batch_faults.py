@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive
+from conftest import REPO, alive, wait_for
 
 import backends
 from harness.core import opguard, rundir
@@ -72,14 +72,6 @@ def group_pids(pgid: int) -> list[int]:
                 found.append(int(entry.name))
     return found
 
-
-def wait_for(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def start_hanging_batch(harness_batch, tmp_path) -> tuple[subprocess.Popen, Path, dict]:

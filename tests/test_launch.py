@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, alive
+from conftest import REPO, alive, wait_for
 
 import backends
 from harness.core import launch
@@ -20,16 +20,6 @@ from harness.core.paths import REPO_ROOT
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
-
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def test_a_log_gets_the_command_then_both_streams_and_the_checkout_on_pythonpath(tmp_path):

@@ -301,8 +301,7 @@ class Batch:
             notes.append(f"retry after exit {code}")
         ran = (status == "FAIL" and code is not None) or status == "TIMEOUT"
         if ran and self.opts.triage and catalog.needs_checkout(entry.repo) and entry.repo in self.opts.flaggems_dirs:
-            triage = self._triage if status == "FAIL" else self._triage_timeout
-            status, note, seconds = triage(entry, device, dtypes, op_dir)
+            status, note, seconds = self._triage(status, entry, device, dtypes, op_dir)
             notes.append(note)
             elapsed += seconds
         run_dir = self._result_dir(op_dir)
@@ -322,33 +321,28 @@ class Batch:
             (op_dir / ".complete").write_text(status + "\n")
         return row
 
-    def _triage(self, entry: Entry, device: int, dtypes: list[str] | None, op_dir: Path) -> tuple[str, str, float]:
-        """Rerun the failed FlagGems op as upstream's own pytest node, so that a failure of upstream's
-        is told from ours. (status, note, seconds)."""
+    def _triage(self, status: str, entry: Entry, device: int, dtypes: list[str] | None,
+                op_dir: Path) -> tuple[str, str, float]:
+        """Rerun the FAILed or TIMEOUT FlagGems op as upstream's own pytest node. A failure: whether
+        upstream fails too (FAIL_UPSTREAM) or not (ours). A timeout stays TIMEOUT; the note says
+        whether upstream alone is as slow (an op too long for the budget) or finishes (the time is
+        ours). (status, note, seconds)."""
         code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
         if self.stopping.is_set():
             return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
+        budget = f"{self.opts.op_timeout:.0f} s"
         if code is None:
-            return "FAIL", (f"triage undecided: the upstream rerun timed out after {self.opts.op_timeout:.0f} s "
-                            f"(killed; {where})"), seconds
+            note = (f"upstream too: the bare node did not finish in {budget} either" if status == "TIMEOUT"
+                    else f"triage undecided: the upstream rerun timed out after {budget}")
+            return status, f"{note} (killed; {where})", seconds
+        line = _pytest_line(self.dir / where, code)
+        if status == "TIMEOUT":
+            # Upstream finishing in the budget makes the time ours; its failing fast says no more than that.
+            outcome = "ours: upstream passes" if code == 0 else "upstream fails"
+            return status, f"{outcome} in {seconds:.0f} s ({line}; {where})", seconds
         if code == 0:
-            return "FAIL", f"ours: upstream passes ({_pytest_line(self.dir / where, code)}; {where})", seconds
-        return FAIL_UPSTREAM, f"upstream fails too: {_pytest_line(self.dir / where, code)} ({where})", seconds
-
-    def _triage_timeout(self, entry: Entry, device: int, dtypes: list[str] | None,
-                        op_dir: Path) -> tuple[str, str, float]:
-        """Rerun a timed-out FlagGems op as upstream's own node under the same --op-timeout: whether
-        upstream alone is as slow (an op too long for the budget) or finishes (the time is ours).
-        The op stays TIMEOUT either way; the note says which. (status, note, seconds)."""
-        code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
-        if self.stopping.is_set():
-            return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
-        if code is None:
-            return "TIMEOUT", (f"upstream too: the bare node did not finish in {self.opts.op_timeout:.0f} s "
-                               f"either (killed; {where})"), seconds
-        # Upstream finishing in the budget makes the time ours; its failing fast says no more than that.
-        outcome = "ours: upstream passes" if code == 0 else "upstream fails"
-        return "TIMEOUT", (f"{outcome} in {seconds:.0f} s ({_pytest_line(self.dir / where, code)}; {where})"), seconds
+            return status, f"ours: upstream passes ({line}; {where})", seconds
+        return FAIL_UPSTREAM, f"upstream fails too: {line} ({where})", seconds
 
     def _upstream_rerun(self, entry: Entry, device: int, dtypes: list[str] | None,
                         op_dir: Path) -> tuple[int | None, float, Path]:
