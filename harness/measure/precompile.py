@@ -229,10 +229,11 @@ class Precompiler:
         if todo:
             executor = self._executor(len(todo))
             futures = [(config, executor.submit(self.compile_fn, request)) for config, request in todo]
+            does_not_compile = compile_error_types()
             for config, future in futures:
                 try:
                     future.result()
-                except compile_error_types():  # the sweep cannot compile it either, and drops it
+                except does_not_compile:  # the sweep cannot compile it either, and drops it
                     rejected += 1
                     compile_failed += 1
                 except Exception as exc:  # the sweep compiles it again, and the row says why
