@@ -170,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
                       help="replay each op from this earlier batch dir")
     run_.add_argument("--triage", action=argparse.BooleanOptionalAction, default=None,
-                      help="rerun a FlagGems op that still fails as the bare upstream pytest node: FAIL_UPSTREAM "
-                           "when that fails too (not counted as ours), FAIL when it passes (default: on; "
-                           "--resume: the batch's)")
+                      help="rerun a FlagGems op that still fails or times out as the bare upstream pytest node: "
+                           "FAIL_UPSTREAM or TIMEOUT_UPSTREAM when that fails or times out too (not counted as "
+                           "ours), FAIL or TIMEOUT otherwise (default: on; --resume: the batch's)")
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat)

@@ -170,15 +170,21 @@ def test_op_dir_names_only_the_repo_separator_and_slashes():
     assert batch._op_dir(Path("/b"), ADD) == Path("/b/ops/builtin__add")
 
 
-def test_completed_counts_only_a_pass_or_skip_marker(tmp_path):
+def test_completed_counts_only_a_settled_marker(tmp_path):
     d = batch._op_dir(tmp_path, ADD)
     assert batch.completed(tmp_path, ADD) is None  # no op dir
     d.mkdir(parents=True)
     assert batch.completed(tmp_path, ADD) is None  # no marker
     for text, expected in (("PASS\n", "PASS"), (" SKIP \n", "SKIP"), ("FAIL\n", None), ("TIMEOUT", None),
-                           ("pass", None)):
+                           ("pass", None), ("FAIL_UPSTREAM\n", "FAIL_UPSTREAM"), ("FAIL_UPSTREAM 240\n", None),
+                           ("TIMEOUT_UPSTREAM 240\n", "TIMEOUT_UPSTREAM"), ("TIMEOUT_UPSTREAM\n", None),
+                           ("TIMEOUT_UPSTREAM x\n", None)):
         (d / ".complete").write_text(text)
-        assert batch.completed(tmp_path, ADD) == expected, text
+        assert batch.completed(tmp_path, ADD, 240.0) == expected, text
+    # Upstream's timeout is settled for the budget it ran under, and for shorter ones; a longer one reruns it.
+    (d / ".complete").write_text("TIMEOUT_UPSTREAM 240\n")
+    assert batch.completed(tmp_path, ADD, 239.0) == "TIMEOUT_UPSTREAM"
+    assert batch.completed(tmp_path, ADD, 241.0) is None
     (d / ".complete").unlink()
     (d / ".complete").mkdir()  # not a file
     assert batch.completed(tmp_path, ADD) is None
@@ -560,7 +566,7 @@ def test_triage_reruns_a_failing_flaggems_op_as_the_upstream_node(tmp_path, laun
     assert call["visible"][0].name == "cuda" and call["visible"][1] == 2
     assert call["pythonpath"] == os.pathsep.join([str(CHECKOUT / "src"), paths.harness_pythonpath("/inherited")])
     assert sorted(p.name for p in upstream.iterdir()) == ["pytest.log"]
-    assert batch.completed(tmp_path, FG) is None
+    assert batch.completed(tmp_path, FG) == batch.FAIL_UPSTREAM  # settled: a resume keeps it
 
 
 def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launcher, clock):
@@ -593,15 +599,18 @@ def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_f
     launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=None, seconds=30.0)]
     launcher.plan[node] = [Step(code=None, seconds=30.0)]
     got = r.run_op(FG, 0)
-    assert (got["status"], got["attempts"], got["elapsed_s"]) == ("TIMEOUT", 1, 60.0)
+    assert (got["status"], got["attempts"], got["elapsed_s"]) == (batch.TIMEOUT_UPSTREAM, 1, 60.0)
     assert got["notes"].endswith(
         f"(killed, not retried); upstream too: the bare node did not finish in 30 s either (killed; {where})")
     assert launcher.calls[-1]["cmd"][3:] == [node, "--level", "core"]
-    assert batch.completed(tmp_path, FG) is None  # a resume tries it again
+    # Settled for this budget: a resume under it skips the op, one with a longer budget reruns it.
+    assert batch.completed(tmp_path, FG, 30.0) == batch.TIMEOUT_UPSTREAM
+    assert batch.completed(tmp_path, FG, 60.0) is None
     launcher.plan[node] = [Step(code=0, seconds=12.4, log="==== 1 passed in 12.1s ====\n")]
     got = r.run_op(FG, 0)
     assert got["status"] == "TIMEOUT" and got["notes"].endswith(
         f"; ours: upstream passes in 12 s (1 passed in 12.1s; {where})")
+    assert batch.completed(tmp_path, FG, 30.0) is None  # ours: a resume tries it again
     launcher.plan[node] = [Step(code=1, seconds=3.0, log="E   RuntimeError: broken upstream\n")]
     got = r.run_op(FG, 0)
     assert got["status"] == "TIMEOUT" and got["notes"].endswith(
@@ -1101,22 +1110,31 @@ def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_p
                                                                                  "this backend"}
 
 
-def test_failing_upstream_too_is_listed_but_not_counted(tmp_path, launcher, capsys):
-    for op in ("broken_upstream", "ours_only"):
-        launcher.plan[f"flaggems:{op}@triage"] = [Step(code=1)]
-        launcher.plan[f"benchmark/test_triage.py::test_{op}"] = [Step(code=1, log="E   boom\n")]
+def test_failing_or_timing_out_upstream_too_is_listed_not_counted_and_kept_by_a_resume(tmp_path, launcher, capsys):
+    launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
+    launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=1, log="E   boom\n")]
+    launcher.plan["flaggems:ours_only@triage"] = [Step(code=None)]
+    launcher.plan["benchmark/test_triage.py::test_ours_only"] = [Step(code=None)]
+    d = tmp_path / "b"
     code = batch.run_from_args(parse("--backend", "interpreter", "--flaggems-dir", f"flaggems={CHECKOUT}", "--ops",
                                      "flaggems:ours_only", "flaggems:broken_upstream", "--devices", "0",
-                                     "--batch-dir", tmp_path / "b"))
+                                     "--op-timeout", "30", "--batch-dir", d))
     out = lines(capsys)
     assert code == 0
-    assert out[-2:] == [f"done: FAIL_UPSTREAM 2; summary: {tmp_path / 'b' / 'summary.csv'}",
-                        "failing upstream too (not counted as ours; see their notes): flaggems:broken_upstream, "
-                        "flaggems:ours_only"]
+    assert out[-2:] == [f"done: FAIL_UPSTREAM 1, TIMEOUT_UPSTREAM 1; summary: {d / 'summary.csv'}",
+                        "failing or timing out upstream too (not counted as ours; see their notes): "
+                        "flaggems:broken_upstream, flaggems:ours_only"]
+    # Both verdicts settled: a resume reruns neither, though upstream would pass now.
     for op in ("broken_upstream", "ours_only"):
+        launcher.plan[f"flaggems:{op}@triage"] = [Step(code=1)]
         launcher.plan[f"benchmark/test_triage.py::test_{op}"] = [Step(code=0)]
-    code = batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b"))
-    assert code == 1 and lines(capsys)[-1] == "not passed: flaggems:broken_upstream, flaggems:ours_only"
+    launcher.calls.clear()
+    assert batch.run_from_args(parse("--resume", "--batch-dir", d)) == 0
+    assert "2 selected, 2 already done" in lines(capsys)[3] and launcher.calls == []
+    # A longer budget than the one upstream timed out under reopens the timeout, and only it.
+    code = batch.run_from_args(parse("--resume", "--batch-dir", d, "--op-timeout", "60"))
+    assert code == 1 and lines(capsys)[-2] == "not passed: flaggems:ours_only"
+    assert {x["op"]: x["status"] for x in status_rows(d)} == {"broken_upstream": "FAIL_UPSTREAM", "ours_only": "FAIL"}
 
 
 def test_a_skip_is_done_and_counts_as_passed(tmp_path, launcher, capsys):

@@ -47,9 +47,13 @@ def test_triage_tells_upstream_failures_from_ours(tmp_path, checkout):
     assert "harness record" not in log
     assert "done: FAIL 1, FAIL_UPSTREAM 1" in proc.stdout
     assert "not passed: flaggems:ours_only\n" in proc.stdout
-    assert "failing upstream too (not counted as ours; see their notes): flaggems:broken_upstream" in proc.stdout
-    # Only PASS/SKIP are done: a resume reruns FAIL_UPSTREAM ops like FAIL ones.
-    assert not (d / "ops" / "flaggems__broken_upstream" / ".complete").exists()
+    assert ("failing or timing out upstream too (not counted as ours; see their notes): flaggems:broken_upstream"
+            in proc.stdout)
+    # Upstream's failure is settled: a resume reruns only ours.
+    proc = batch("--resume", "--batch-dir", d)
+    assert "2 selected, 1 already done" in proc.stdout, proc.stdout
+    assert "FAIL     flaggems:ours_only" in proc.stdout and "flaggems:broken_upstream device" not in proc.stdout
+    assert statuses(d)["broken_upstream"]["status"] == "FAIL_UPSTREAM"
 
 
 @pytest.mark.e2e

@@ -4,7 +4,8 @@ Each operator is one `python -m harness record|replay` subprocess in its own pro
 its per-op dir is exactly a single run's (replayable alone later). Operators are sharded over
 devices by a stable hash (a resumed batch lands each op on the same device) and run serially
 within a device. `ops_status.csv` is rewritten atomically after every op, and a per-op
-completion marker makes `--resume` skip ops that already PASSed or SKIPped.
+completion marker makes `--resume` skip ops that already PASSed or SKIPped, or that triage found
+failing or timing out upstream too.
 
 Each op's group is led by harness.core.opguard, which ends it when the batch dies, however it died.
 A batch holds its dir's owner lock while it runs and stores its selection and options in
@@ -21,7 +22,8 @@ Triage (on unless `--no-triage`): a FlagGems op that still fails after its retri
 the bare upstream pytest node, with upstream's own timing, in the op's `upstream/` dir. When that
 fails too the op is FAIL_UPSTREAM (listed, but not our failure: it leaves the exit code alone);
 when it passes the op stays FAIL, ours. A timed-out one is rerun the same way under the same
-timeout: it stays TIMEOUT, its notes saying whether upstream alone finishes.
+timeout: TIMEOUT_UPSTREAM when upstream does not finish either (likewise not ours), else TIMEOUT,
+its notes saying whether upstream finishes. A resume keeps both upstream verdicts.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "e
                   "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
 DONE = ("PASS", "SKIP")
 FAIL_UPSTREAM = "FAIL_UPSTREAM"  # fails as the bare upstream node too: listed, not counted as ours
+TIMEOUT_UPSTREAM = "TIMEOUT_UPSTREAM"  # the bare upstream node outlasts --op-timeout too: likewise
+# Verdicts triage put on upstream: a resume keeps them (rerunning cannot change them), except a
+# TIMEOUT_UPSTREAM when the resume gives a longer --op-timeout than the one it timed out under.
+UPSTREAM_VERDICTS = (FAIL_UPSTREAM, TIMEOUT_UPSTREAM)
 UPSTREAM_DIR = "upstream"  # under an op's dir: the triage rerun as upstream's own pytest node
 BATCH_JSON = "batch.json"  # what makes a dir a batch dir
 OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
@@ -104,11 +110,17 @@ def read_status(batch_dir: Path) -> dict[str, dict]:
         return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
 
 
-def completed(batch_dir: Path, entry: Entry) -> str | None:
+def completed(batch_dir: Path, entry: Entry, op_timeout: float = DEFAULT_OP_TIMEOUT) -> str | None:
+    """The op's settled status, which a resume does not rerun; None when it must run (again)."""
     marker = _op_dir(batch_dir, entry) / ".complete"
-    if marker.is_file():
-        status = marker.read_text().strip()
-        return status if status in DONE else None
+    if not marker.is_file():
+        return None
+    status, _, timed_out_under = marker.read_text().strip().partition(" ")
+    if status in (*DONE, FAIL_UPSTREAM) and not timed_out_under:
+        return status
+    if status == TIMEOUT_UPSTREAM:
+        with contextlib.suppress(ValueError):
+            return status if op_timeout <= float(timed_out_under) else None
     return None
 
 
@@ -317,24 +329,27 @@ class Batch:
                "replay_fallback_rows": facts["replay_fallback_rows"],
                "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes),
                **self._columns(facts)}
-        if status in DONE:
+        if status in (*DONE, FAIL_UPSTREAM):
             (op_dir / ".complete").write_text(status + "\n")
+        elif status == TIMEOUT_UPSTREAM:
+            (op_dir / ".complete").write_text(f"{status} {self.opts.op_timeout:g}\n")
         return row
 
     def _triage(self, status: str, entry: Entry, device: int, dtypes: list[str] | None,
                 op_dir: Path) -> tuple[str, str, float]:
         """Rerun the FAILed or TIMEOUT FlagGems op as upstream's own pytest node. A failure: whether
-        upstream fails too (FAIL_UPSTREAM) or not (ours). A timeout stays TIMEOUT; the note says
-        whether upstream alone is as slow (an op too long for the budget) or finishes (the time is
-        ours). (status, note, seconds)."""
+        upstream fails too (FAIL_UPSTREAM) or not (ours). A timeout: whether upstream alone is as
+        slow (TIMEOUT_UPSTREAM, an op too long for the budget) or not (TIMEOUT, the note saying
+        whether upstream finishes). (status, note, seconds)."""
         code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
         if self.stopping.is_set():
             return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
         budget = f"{self.opts.op_timeout:.0f} s"
+        if code is None and status == "TIMEOUT":
+            return (TIMEOUT_UPSTREAM, f"upstream too: the bare node did not finish in {budget} either "
+                    f"(killed; {where})", seconds)
         if code is None:
-            note = (f"upstream too: the bare node did not finish in {budget} either" if status == "TIMEOUT"
-                    else f"triage undecided: the upstream rerun timed out after {budget}")
-            return status, f"{note} (killed; {where})", seconds
+            return status, f"triage undecided: the upstream rerun timed out after {budget} (killed; {where})", seconds
         line = _pytest_line(self.dir / where, code)
         if status == "TIMEOUT":
             # Upstream finishing in the budget makes the time ours; its failing fast says no more than that.
@@ -583,7 +598,7 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             "selected": [e.key for e in selected], "excluded": {e.key: why for e, why in excluded},
             "left_out_repos": dict(left_out), "request": {**_request(opts, selected), **extra}})
         runner = runner_cls(batch_dir, opts, op_dtypes)
-        todo = [e for e in selected if not (args.resume and completed(batch_dir, e))]
+        todo = [e for e in selected if not (args.resume and completed(batch_dir, e, opts.op_timeout))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
         for e, why in excluded:
@@ -799,11 +814,11 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
     final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; {summary}")
     failed = sorted(e.key for e in selected
-                    if e.id in status and status[e.id]["status"] not in (*DONE, FAIL_UPSTREAM))
-    theirs = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] == FAIL_UPSTREAM)
+                    if e.id in status and status[e.id]["status"] not in (*DONE, *UPSTREAM_VERDICTS))
+    theirs = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] in UPSTREAM_VERDICTS)
     if failed:
         print("not passed: " + ", ".join(failed))
     if theirs:
         # Listed, but not our failure: the exit code is for failures of ours.
-        print("failing upstream too (not counted as ours; see their notes): " + ", ".join(theirs))
+        print("failing or timing out upstream too (not counted as ours; see their notes): " + ", ".join(theirs))
     return 1 if failed else 0
