@@ -13,7 +13,10 @@ A monitor's `sample()` returns a dict with these keys (None where the device doe
                                   even if neither sample caught it in the act
 
 `slowdowns` names the throttle reasons that are thermal or power slowdowns (as opposed to an idle
-GPU or clocks set by the user), which is what makes a measurement untrustworthy.
+GPU or clocks set by the user), which is what makes a measurement untrustworthy. `power_caps` names
+those among them that mean the board held its clocks at its power limit: a power-hungry kernel's
+steady state (on an H200 every 4096^3 bf16 GEMM repeat runs capped, SM clock ~1400 of 1980 MHz),
+which hits every run of it alike, unlike heat or a hardware brake.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class MonitorError(RuntimeError):
 class Monitor(Protocol):
     source: str  # the library and its version, for run.json
     slowdowns: frozenset[str]
+    power_caps: frozenset[str]  # a subset of slowdowns
 
     def sample(self) -> dict: ...
 

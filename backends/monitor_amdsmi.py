@@ -18,6 +18,7 @@ def _value(v):
 
 class AmdSmiMonitor:
     slowdowns = frozenset(VIOLATIONS.values())
+    power_caps = frozenset({"ppt_power"})
 
     def __init__(self, amdsmi, handle):
         self.amdsmi = amdsmi

@@ -31,6 +31,7 @@ NOT_REPORTED = (3, 13)  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUN
 
 class NvmlMonitor:
     slowdowns = SLOWDOWNS
+    power_caps = frozenset({"sw_power_cap"})
 
     def __init__(self, nvml, handle):
         """`nvml`: the pynvml module (a fake in tests), `handle`: the device's NVML handle."""

@@ -5,7 +5,9 @@ candidate latency; with a single run per side (comparing two existing run dirs),
 of that run stand in for repeats. Rows whose timer fell back, whose replay fell back, whose
 baseline and candidate were timed by different timers (FlagGems' `mixed`), whose measurement a
 thermal or power slowdown hit (CLOCK_THROTTLED), or whose sides were timed by different timers are
-kept and shown, but excluded from the headline.
+kept and shown, but excluded from the headline. One slowdown is compared like for like instead: the
+board's power cap on every repeat of both sides (CLOCK_THROTTLED kind=power_cap), which is how a
+power-hungry kernel runs on that board, whichever compiler built it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ TIMER_FALLBACK = "TIMER_FALLBACK"
 REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
 TIMER_MIXED = "TIMER_MIXED"
 CLOCK_THROTTLED = "CLOCK_THROTTLED"
+POWER_CAP = "power_cap"  # the CLOCK_THROTTLED kind of a power cap alone
 NO_DEVICE_WORK = "NO_DEVICE_WORK"
 
 
@@ -71,8 +74,6 @@ def _flags(rows: list[dict]) -> list[str]:
             flags.add("replay_fallback")
         if any(m.startswith(TIMER_MIXED) for m in markers):
             flags.add("timer_mixed")
-        if any(m.startswith(CLOCK_THROTTLED) for m in markers):
-            flags.add("clock_throttled")
         # The side under test launched nothing: no compiler output to compare (the baseline's
         # emptiness only affects the control).
         if any(m.startswith(NO_DEVICE_WORK) and "side=baseline" not in m for m in markers):
@@ -80,15 +81,24 @@ def _flags(rows: list[dict]) -> list[str]:
     return sorted(flags)
 
 
+def _throttles(row: dict) -> list[dict]:
+    """The fields of a row's CLOCK_THROTTLED markers ("CLOCK_THROTTLED reasons=a,b kind=k ...")."""
+    return [dict(f.split("=", 1) for f in m.split()[1:] if "=" in f)
+            for m in row.get("markers") or [] if m.startswith(CLOCK_THROTTLED)]
+
+
 def _slowdowns(rows: list[dict]) -> list[str]:
-    """The reasons of a side's CLOCK_THROTTLED markers ("CLOCK_THROTTLED reasons=a,b ...")."""
-    reasons = set()
-    for r in rows:
-        for m in r.get("markers") or []:
-            if m.startswith(CLOCK_THROTTLED):
-                fields = dict(f.split("=", 1) for f in m.split()[1:] if "=" in f)
-                reasons.update(fields.get("reasons", "?").split(","))
-    return sorted(reasons)
+    """The reasons of a side's CLOCK_THROTTLED markers."""
+    return sorted({reason for r in rows for fields in _throttles(r) for reason in fields.get("reasons", "?").split(",")})
+
+
+def _throttled_unlike(rows: list[dict]) -> bool:
+    """Whether slowdowns make the row's sides unlike: any slowdown but the power cap (or a marker
+    without a kind), or a power cap that hit some repeats and spared others."""
+    hits = [_throttles(r) for r in rows]
+    if not any(hits):
+        return False
+    return not all(hits) or any(fields.get("kind") != POWER_CAP for hit in hits for fields in hit)
 
 
 def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
@@ -112,6 +122,8 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
         ok = {s: [r for r in rs if r["status"] == "SUCCESS"] for s, rs in got.items()}
 
         flags = _flags(ok["a"] + ok["b"])
+        if _throttled_unlike(ok["a"] + ok["b"]):
+            flags.append("clock_throttled")
         want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
         for side in ("a", "b"):
             if len(ok[side]) < want[side]:

@@ -278,7 +278,7 @@ FALLBACK_DENY = "TIMER_FALLBACK phase=deny reason=capture_denied"
 KEY_MISSING = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=key_missing"
 COMPILE_FAILED = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=compile_failed"
 MIXED = "TIMER_MIXED baseline=graph candidate=direct"
-THROTTLED = "CLOCK_THROTTLED reasons=sw_power_cap sm_clock_mhz=1980->1755"
+THROTTLED = "CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap sm_clock_mhz=1980->1755"
 # shape -> (flag it must carry, A's row fields, B's row fields, repeats in which the row is absent
 # from B's run, repeats in which B's row FAILED)
 DEGRADED = {

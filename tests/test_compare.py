@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from reports import compare, stats
+from reports import ab_report, compare, stats
 
 
 def row(op="softmax", dtype="fp16", shape=(4, 16), status="SUCCESS", cand=1.0, base=2.0, timer="graph",
@@ -301,7 +301,7 @@ def test_direction_in_words_at_the_edges(ratio, words):
 
 
 def test_clock_throttled_rows_leave_the_headline_naming_their_slowdowns_per_side(tmp_path):
-    hot = "CLOCK_THROTTLED reasons=sw_power_cap,hw_slowdown sm_clock_mhz=1980->1500"
+    hot = "CLOCK_THROTTLED reasons=sw_power_cap,hw_slowdown kind=slowdown sm_clock_mhz=1980->1500"
     a = runs(tmp_path, "a", [row(), row(shape=(8,))], [row(markers=[hot]), row(shape=(8,))])
     b = runs(tmp_path, "b", [row(markers=["CLOCK_THROTTLED reasons=hw_thermal_slowdown sm_clock_mhz=1->2"]),
                              row(shape=(8,))], [row(), row(shape=(8,))])
@@ -315,6 +315,32 @@ def test_clock_throttled_rows_leave_the_headline_naming_their_slowdowns_per_side
     assert clean.throttled == {} and clean.in_headline
     s = compare.summarize([throttled, clean])
     assert s.headline_rows == 1 and s.excluded == {"clock_throttled": 1}
+
+
+def test_a_power_cap_on_every_repeat_of_both_sides_stays_in_the_headline_else_it_leaves(tmp_path):
+    cap = "CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap sm_clock_mhz=1980->1410"
+    hot = "CLOCK_THROTTLED reasons=hw_thermal_slowdown kind=slowdown sm_clock_mhz=1980->1500"
+    legacy = "CLOCK_THROTTLED reasons=sw_power_cap sm_clock_mhz=1980->1410"  # no kind: not known to be a cap
+    shapes = {"steady": (1,), "spared": (2,), "hot": (3,), "legacy": (4,)}
+    a = runs(tmp_path, "a", *[[row(shape=(1,), markers=[cap]), row(shape=(2,), markers=[cap]),
+                               row(shape=(3,), markers=[cap]), row(shape=(4,), markers=[cap])]] * 3)
+    b = runs(tmp_path, "b", [row(shape=(1,), markers=[cap]), row(shape=(2,), markers=[cap]),
+                             row(shape=(3,), markers=[cap, hot]), row(shape=(4,), markers=[legacy])],
+             [row(shape=(1,), markers=[cap]), row(shape=(2,)),  # one B repeat ran uncapped
+              row(shape=(3,), markers=[cap]), row(shape=(4,), markers=[cap])],
+             [row(shape=(1,), markers=[cap]), row(shape=(2,), markers=[cap]),
+              row(shape=(3,), markers=[cap]), row(shape=(4,), markers=[cap])])
+    got = {r.shape: r for r in compare.pair(a, b)}
+    assert got[shapes["steady"]].flags == [] and got[shapes["steady"]].in_headline
+    assert got[shapes["steady"]].throttled == {"a": ["sw_power_cap"], "b": ["sw_power_cap"]}
+    for name in ("spared", "hot", "legacy"):
+        assert got[shapes[name]].flags == ["clock_throttled"] and not got[shapes[name]].in_headline, name
+    lines = ab_report.throttled_lines(list(got.values()))
+    assert lines[0].startswith("CLOCK_THROTTLED rows (a thermal or power slowdown hit their measurement; "
+                               "out of the headline): 3")
+    assert lines[4].startswith("CLOCK_THROTTLED rows kept in the headline (the board's power cap on every "
+                               "repeat of both sides") and lines[4].endswith(": 1")
+    assert lines[5] == "  softmax fp16 1: A sw_power_cap; B sw_power_cap"
 
 
 def test_each_side_keeps_its_first_successful_runs_kernels(tmp_path):

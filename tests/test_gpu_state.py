@@ -160,6 +160,7 @@ class FakeMonitor:
     exception among them."""
     source = "fake"
     slowdowns = monitor_nvml.SLOWDOWNS
+    power_caps = monitor_nvml.NvmlMonitor.power_caps
 
     def __init__(self, samples):
         self.samples = list(samples)
@@ -188,12 +189,16 @@ def case(plugin, status="SUCCESS"):
 
 
 def test_each_row_gets_its_state_before_and_after_and_a_throttled_one_its_marker(tmp_path):
-    quiet, hot = state(["gpu_idle"]), state(["sw_power_cap"], clock=1755)
-    plugin, said = plugin_with(tmp_path, FakeMonitor([quiet, quiet, quiet, hot, quiet, hot]))
-    clean, throttled, failed = case(plugin), case(plugin), case(plugin, status="FAILED")
+    quiet, capped = state(["gpu_idle"]), state(["sw_power_cap"], clock=1755)
+    hot = state(["sw_power_cap", "hw_thermal_slowdown"], clock=1500)
+    plugin, said = plugin_with(tmp_path, FakeMonitor([quiet, quiet, quiet, capped, quiet, hot, quiet, hot]))
+    clean, throttled, heated, failed = case(plugin), case(plugin), case(plugin), case(plugin, status="FAILED")
     assert clean == {"status": "SUCCESS", "markers": [], "gpu_state": {"before": quiet, "after": quiet}}
-    assert throttled["gpu_state"] == {"before": quiet, "after": hot}
-    assert throttled["markers"] == ["CLOCK_THROTTLED reasons=sw_power_cap sm_clock_mhz=1980->1755"]
+    assert throttled["gpu_state"] == {"before": quiet, "after": capped}
+    # The power cap alone is its own kind: an A/B compares it like for like when it hits every repeat.
+    assert throttled["markers"] == ["CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap sm_clock_mhz=1980->1755"]
+    assert heated["markers"] == [
+        "CLOCK_THROTTLED reasons=hw_thermal_slowdown,sw_power_cap kind=slowdown sm_clock_mhz=1980->1500"]
     assert failed["markers"] == [] and failed["gpu_state"]["after"] == hot  # no measurement to distrust
     assert said == []
     assert load(tmp_path / rundir.RUN_JSON)["observed"]["gpu_state"] == {"recorded": True, "source": "fake"}
@@ -236,6 +241,7 @@ from harness.child import runner
 class Hot:
     source = "fake"
     slowdowns = frozenset({"hw_thermal_slowdown"})
+    power_caps = frozenset()
     n = 0
     def sample(self):
         Hot.n += 1
@@ -263,7 +269,7 @@ def test_a_child_records_gpu_state_on_every_row_and_marks_the_throttled_one(tmp_
     rows = load(run_dir / rundir.RESULTS_JSON)["rows"]
     assert [(r["gpu_state"]["before"]["sm_clock_mhz"], r["gpu_state"]["after"]["sm_clock_mhz"]) for r in rows] == [
         (1001, 1002), (1003, 1004)]
-    marker = "CLOCK_THROTTLED reasons=hw_thermal_slowdown sm_clock_mhz=1003->1004"
+    marker = "CLOCK_THROTTLED reasons=hw_thermal_slowdown kind=slowdown sm_clock_mhz=1003->1004"
     assert [r["markers"] for r in rows] == [[], [marker]]
     assert f"    {marker}" in proc.stdout  # under the row's own line
     assert "GPU state not recorded" not in proc.stdout

@@ -63,7 +63,7 @@ def test_markers_show_by_name_with_repeats_counted():
     rows = [row(markers=["TIMER_FALLBACK phase=capture reason=recoverable detail='x'",
                          "AUTOTUNE_REPLAY_FALLBACK kernel=a reason=key_missing",
                          "AUTOTUNE_REPLAY_FALLBACK kernel=b reason=key_missing"]),
-            row(shape=[8, 16], markers=["CLOCK_THROTTLED reasons=sw_power_cap sm_clock_mhz=1980->1755"])]
+            row(shape=[8, 16], markers=["CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap sm_clock_mhz=1980->1755"])]
     out = table.render(rows)
     assert "TIMER_FALLBACK, AUTOTUNE_REPLAY_FALLBACK x2" in out and "CLOCK_THROTTLED" in out
     assert "kernel=" not in out and "reasons=" not in out  # the details stay in results.json

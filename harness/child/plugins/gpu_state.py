@@ -1,7 +1,10 @@
 """GPU state: the device's clocks, temperature, power, power cap and throttle reasons as each case
 starts and as its row is written (right after its measurement), through the backend's monitor
 (backends.monitor), into `row["gpu_state"] = {"before": ..., "after": ...}`. A row whose span a
-thermal or power slowdown hit carries CLOCK_THROTTLED: its numbers are the throttled GPU's.
+thermal or power slowdown hit carries CLOCK_THROTTLED: its numbers are the throttled GPU's. The
+marker's `kind` is `power_cap` when the only slowdowns were the board's power cap (a kernel's own
+steady state, which an A/B compares like for like when it hit every repeat of both sides), else
+`slowdown`.
 
 Where the backend has no monitor, or its library is missing, rows carry no `gpu_state` and one
 line per run says why (also in run.json `observed.gpu_state`)."""
@@ -12,6 +15,7 @@ from backends.monitor import MonitorError, MonitorUnavailable
 from harness.core import rundir
 
 MARKER = "CLOCK_THROTTLED"
+POWER_CAP, SLOWDOWN = "power_cap", "slowdown"  # the marker's kinds
 
 
 def slowdowns_hit(slowdowns: frozenset[str], before: dict, after: dict) -> list[str]:
@@ -25,8 +29,10 @@ def slowdowns_hit(slowdowns: frozenset[str], before: dict, after: dict) -> list[
     return sorted(caught | grew)
 
 
-def marker(hit: list[str], before: dict, after: dict) -> str:
-    return f"{MARKER} reasons={','.join(hit)} sm_clock_mhz={before.get('sm_clock_mhz')}->{after.get('sm_clock_mhz')}"
+def marker(hit: list[str], power_caps: frozenset[str], before: dict, after: dict) -> str:
+    kind = POWER_CAP if set(hit) <= power_caps else SLOWDOWN
+    return (f"{MARKER} reasons={','.join(hit)} kind={kind} "
+            f"sm_clock_mhz={before.get('sm_clock_mhz')}->{after.get('sm_clock_mhz')}")
 
 
 class GpuStatePlugin:
@@ -74,4 +80,4 @@ class GpuStatePlugin:
         row["gpu_state"] = {"before": before, "after": after}
         hit = slowdowns_hit(self.monitor.slowdowns, before, after)
         if hit and row["status"] == "SUCCESS":  # a row without a measurement has nothing to distrust
-            row["markers"].append(marker(hit, before, after))
+            row["markers"].append(marker(hit, self.monitor.power_caps, before, after))
