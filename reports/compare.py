@@ -89,7 +89,8 @@ def _throttles(row: dict) -> list[dict]:
 
 def _slowdowns(rows: list[dict]) -> list[str]:
     """The reasons of a side's CLOCK_THROTTLED markers."""
-    return sorted({reason for r in rows for fields in _throttles(r) for reason in fields.get("reasons", "?").split(",")})
+    return sorted({reason for r in rows for fields in _throttles(r)
+                   for reason in fields.get("reasons", "?").split(",")})
 
 
 def _throttled_unlike(rows: list[dict]) -> bool:
