@@ -14,14 +14,22 @@ SLOWER under IEEE in both runs). Exit 0 then, 1 otherwise. The built-in corpus a
 minutes on two H200s. With FlagGems ops a run can outlast one device-tool call: `--only 1 --out DIR`
 in one call, `--only 2 --out DIR` in the next (DIR kept or carried between them), and the report
 once both are there. Each run's wall and exit code are kept in DIR/<run>.json.
+
+A run longer than one call: `--budget S` stops it after S seconds (SIGTERM, which the corpus A/B
+takes as Ctrl-C) and the next call with the same --only and --out resumes it (`ab --resume`). Its
+wall is then the sum of its calls' walls, which also counts the ops the stops cut off and redone;
+the report prints beside it the sum of the ops' own elapsed times (their final runs only), so the
+1- vs 2-device ratio can be read both ways.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import csv
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,22 +54,44 @@ FLAGGEMS_OPS = ["flaggems:i0", "flaggems:special_i0e", "flaggems:exp", "flaggems
 RUNS = {"1": "1_device", "2": "2_devices"}
 
 
+STOPPED = (130, 143)  # the corpus A/B's exit codes after Ctrl-C or SIGTERM: resumable
+
+
 def run(plan: str, ops: list[str], devices: str, repeats: int, shapes: Path, out: Path,
-        flaggems_dir: Path | None) -> tuple[float, int, Path]:
-    """One corpus A/B; (wall seconds, exit code, its batch dir), also kept in `out`.json. A run an
-    earlier call left unfinished is started again from scratch: its wall would not be one run's."""
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "harness", "ab", plan, "--ops", *ops, "--shapes", str(shapes), "--dtypes", "fp32",
-           "--devices", devices, "--repeats", str(repeats), "--out", str(out)]
-    if flaggems_dir is not None:
-        cmd += ["--flaggems-dir", str(flaggems_dir)]
+        flaggems_dir: Path | None, budget: float | None) -> tuple[float, int, Path] | None:
+    """One corpus A/B, or the next part of one an earlier call stopped at its --budget: (wall
+    seconds over all its calls, exit code, its batch dir), also kept in `out`.json; None when this
+    call's budget ran out first (the part's wall is kept in `out`.calls.json)."""
+    calls_file = out.with_suffix(".calls.json")
+    calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
+    batch_dir = next((p for p in out.iterdir() if (p / "batch.json").is_file()), None) if out.is_dir() else None
+    if batch_dir is None or not calls:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        calls = []
+        cmd = [sys.executable, "-m", "harness", "ab", plan, "--ops", *ops, "--shapes", str(shapes), "--dtypes", "fp32",
+               "--devices", devices, "--repeats", str(repeats), "--out", str(out)]
+        if flaggems_dir is not None:
+            cmd += ["--flaggems-dir", str(flaggems_dir)]
+    else:
+        cmd = [sys.executable, "-m", "harness", "ab", "--resume", "--batch-dir", str(batch_dir)]
     print("$ " + " ".join(cmd), flush=True)
     start = time.monotonic()
-    code = subprocess.run(cmd, cwd=REPO).returncode
-    wall = time.monotonic() - start
-    out.with_suffix(".json").write_text(json.dumps({"wall_s": wall, "exit": code, "devices": devices, "ops": ops}))
-    return wall, code, next((p for p in out.iterdir() if p.is_dir()), out)  # none: it failed before starting
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    try:
+        code = proc.wait(budget)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the A/B kills its running ops and keeps what finished
+        code = proc.wait()
+    calls.append(time.monotonic() - start)
+    calls_file.write_text(json.dumps(calls))
+    batch_dir = next((p for p in out.iterdir() if (p / "batch.json").is_file()), out)
+    if code in STOPPED:
+        print(f"{out.name}: stopped after {calls[-1]:.0f} s (call {len(calls)}); run again to resume it")
+        return None
+    out.with_suffix(".json").write_text(json.dumps({"wall_s": sum(calls), "calls_s": calls, "exit": code,
+                                                    "devices": devices, "ops": ops}))
+    return sum(calls), code, batch_dir
 
 
 def done(out: Path) -> tuple[float, int, Path] | None:
@@ -70,7 +100,16 @@ def done(out: Path) -> tuple[float, int, Path] | None:
     if not facts.is_file():
         return None
     data = json.loads(facts.read_text())
-    return data["wall_s"], data["exit"], next((p for p in out.iterdir() if p.is_dir()), out)
+    return data["wall_s"], data["exit"], next((p for p in out.iterdir() if (p / "batch.json").is_file()), out)
+
+
+def op_seconds(batch_dir: Path) -> float:
+    """The sum of the ops' own elapsed times (ops_status.csv: each op's final run)."""
+    path = batch_dir / "ops_status.csv"
+    if not path.is_file():
+        return float("nan")
+    with open(path, newline="") as f:
+        return sum(float(r["elapsed_s"] or 0) for r in csv.DictReader(f))
 
 
 def verdicts(batch_dir: Path) -> dict[tuple, str]:
@@ -91,6 +130,8 @@ def main() -> int:
     parser.add_argument("--only", choices=sorted(RUNS), default=None,
                         help="run only the 1- or the 2-device A/B now (needs --out; the report once both are done)")
     parser.add_argument("--out", type=Path, default=None, help="where the two batch dirs go (default: a temp dir)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="stop a run after this many seconds; the next call with the same --out resumes it")
     args = parser.parse_args()
     if args.only and args.out is None:
         parser.error("--only needs --out, where the other run is or will be")
@@ -104,7 +145,7 @@ def main() -> int:
         out = root / RUNS[key]
         earlier = done(out)
         if earlier is None and args.only in (None, key):
-            earlier = run(args.plan, ops, devices, args.repeats, shapes, out, args.flaggems_dir)
+            earlier = run(args.plan, ops, devices, args.repeats, shapes, out, args.flaggems_dir, args.budget)
         if earlier is None:
             print(f"{RUNS[key]}: not run yet (--only {key} --out {root})")
             return 1
@@ -113,7 +154,8 @@ def main() -> int:
     print()
     for label, (wall, code, batch_dir) in runs.items():
         counts = collections.Counter(verdicts(batch_dir).values())
-        print(f"{label}: wall {wall:.0f} s, exit {code}, verdicts {dict(sorted(counts.items()))}, dir {batch_dir}")
+        print(f"{label}: wall {wall:.0f} s (ops' own {op_seconds(batch_dir):.0f} s), exit {code}, "
+              f"verdicts {dict(sorted(counts.items()))}, dir {batch_dir}")
         ok &= code == 0
     (w1, _, d1), (w2, _, d2) = runs["1 device"], runs["2 devices"]
     print(f"wall 1 device / 2 devices: {w1:.0f} s / {w2:.0f} s = {w1 / w2:.2f}x")
