@@ -60,8 +60,17 @@ def _num(x) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
+def _bounds(lo: float | None, hi: float | None) -> tuple[float | None, float | None]:
+    """A ratio's interval, or (None, None) when it has no finite positive bounds (a side with a
+    single latency gives lo 0 and hi infinity): never one bound without the other."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi) and lo > 0):
+        return None, None
+    return float(lo), float(hi)
+
+
 def _gm(gm: tuple[float, float, float], over: str) -> dict:
-    return {"ratio": _num(gm[0]), "lo": _num(gm[1]), "hi": _num(gm[2]), "over": over}
+    lo, hi = _bounds(gm[1], gm[2])
+    return {"ratio": _num(gm[0]), "lo": lo, "hi": hi, "over": over}
 
 
 def _side_summary(values: list[float]) -> dict:
@@ -137,11 +146,12 @@ class _OpResult:
 def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dict:
     c = r.comparison
     control = stats.compare(r.a_control_ms, r.b_control_ms).ratio if r.a_control_ms and r.b_control_ms else None
+    lo, hi = _bounds(c.lo, c.hi) if c else (None, None)
     return {
         "id": f"{op.key}|{r.dtype}|{'x'.join(map(str, r.shape))}", "op_key": op.key, "op": r.op, "dtype": r.dtype,
         "shape": list(r.shape), "basis": basis, "a": _side_summary(r.a_ms), "b": _side_summary(r.b_ms),
         "a_repeats_ms": r.a_ms if basis == REPEATS else None, "b_repeats_ms": r.b_ms if basis == REPEATS else None,
-        "ratio": _num(c.ratio) if c else None, "lo": _num(c.lo) if c else None, "hi": _num(c.hi) if c else None,
+        "ratio": _num(c.ratio) if c else None, "lo": lo, "hi": hi,
         "floor": c.floor if c else None, "verdict": c.verdict if c else "UNPAIRED", "control_ratio": _num(control),
         "flags": list(r.flags), "in_headline": r.in_headline, "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),

@@ -284,6 +284,19 @@ def test_ab_dirs_pair_independent_repeats(tmp_path):
     assert "no readable ab.json" in reasons["builtin:gelu"]
 
 
+def test_a_side_left_with_one_repeat_has_no_interval_and_every_report_is_written(tmp_path):
+    # An op a stop cut short: B's second replay failed, so B has a single latency and the ratio's
+    # interval is unbounded (0, inf). Neither bound is kept alone, and the pages still render.
+    items = [("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002], [0.98, 0.982], failed_b=(2,)))]
+    data = corpus.from_ab_dirs(items, {"a": "A", "b": "B"})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    (row,) = data["rows"]
+    assert (row["lo"], row["hi"]) == (None, None) and row["ratio"] == pytest.approx(0.98 / 1.001, rel=1e-3)
+    files = corpus.write(tmp_path / "out", data)
+    page = next(f for f in files if f.suffix == ".html").read_text()
+    assert "builtin:mm" in page
+
+
 def test_an_op_that_moved_device_between_the_batches_is_named(batches):
     status = batches[1] / "ops_status.csv"
     status.write_text(status.read_text().replace("gelu,builtin,ops/gelu.py,PASS,0,1,1.0,cuda,0,",

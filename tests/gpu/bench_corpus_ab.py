@@ -47,7 +47,8 @@ UnaryPointwiseBenchmark: {shapes: [[1024, 1024], [4096, 4096]]}
 BinaryPointwiseBenchmark: {shapes: [[1024, 1024], [4096, 4096]]}
 UnaryReductionBenchmark: {shapes: [[1024, 1024], [4096, 4096]]}
 """
-BUILTIN_OPS = ["builtin:softmax", "builtin:rms_norm", "builtin:add", "builtin:gelu", "builtin:mm"]  # FlagGems has these names too
+# Qualified: FlagGems has ops of these names too.
+BUILTIN_OPS = ["builtin:softmax", "builtin:rms_norm", "builtin:add", "builtin:gelu", "builtin:mm"]
 # Polynomial and transcendental pointwise ops (FP fusion changes their code), plain ones, a reduction.
 FLAGGEMS_OPS = ["flaggems:i0", "flaggems:special_i0e", "flaggems:exp", "flaggems:sigmoid", "flaggems:tanh",
                 "flaggems:rsqrt", "flaggems:abs", "flaggems:greater_equal_", "flaggems:multiply_", "flaggems:sum_dim"]
