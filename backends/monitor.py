@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+# The kinds of a CLOCK_THROTTLED marker: the power cap alone, or any other slowdown. The child's
+# gpu_state plugin writes them and reports.compare reads them.
+POWER_CAP, SLOWDOWN = "power_cap", "slowdown"
+
 
 class MonitorUnavailable(RuntimeError):
     """No monitor for this device here (library missing, driver refuses): the one-line reason."""

@@ -17,13 +17,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+from backends.monitor import POWER_CAP
 from reports import stats
 
 TIMER_FALLBACK = "TIMER_FALLBACK"
 REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
 TIMER_MIXED = "TIMER_MIXED"
 CLOCK_THROTTLED = "CLOCK_THROTTLED"
-POWER_CAP = "power_cap"  # the CLOCK_THROTTLED kind of a power cap alone
 NO_DEVICE_WORK = "NO_DEVICE_WORK"
 
 

@@ -62,6 +62,7 @@ TIMEOUT_UPSTREAM = "TIMEOUT_UPSTREAM"  # the bare upstream node outlasts --op-ti
 # Verdicts triage put on upstream: a resume keeps them (rerunning cannot change them), except a
 # TIMEOUT_UPSTREAM when the resume gives a longer --op-timeout than the one it timed out under.
 UPSTREAM_VERDICTS = (FAIL_UPSTREAM, TIMEOUT_UPSTREAM)
+SETTLED = (*DONE, FAIL_UPSTREAM)  # kept by any resume; TIMEOUT_UPSTREAM by one under no longer a budget
 UPSTREAM_DIR = "upstream"  # under an op's dir: the triage rerun as upstream's own pytest node
 BATCH_JSON = "batch.json"  # what makes a dir a batch dir
 OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
@@ -116,7 +117,7 @@ def completed(batch_dir: Path, entry: Entry, op_timeout: float = DEFAULT_OP_TIME
     if not marker.is_file():
         return None
     status, _, timed_out_under = marker.read_text().strip().partition(" ")
-    if status in (*DONE, FAIL_UPSTREAM) and not timed_out_under:
+    if status in SETTLED and not timed_out_under:
         return status
     if status == TIMEOUT_UPSTREAM:
         with contextlib.suppress(ValueError):
@@ -329,7 +330,7 @@ class Batch:
                "replay_fallback_rows": facts["replay_fallback_rows"],
                "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes),
                **self._columns(facts)}
-        if status in (*DONE, FAIL_UPSTREAM):
+        if status in SETTLED:
             (op_dir / ".complete").write_text(status + "\n")
         elif status == TIMEOUT_UPSTREAM:
             (op_dir / ".complete").write_text(f"{status} {self.opts.op_timeout:g}\n")

@@ -11,11 +11,10 @@ line per run says why (also in run.json `observed.gpu_state`)."""
 
 from __future__ import annotations
 
-from backends.monitor import MonitorError, MonitorUnavailable
+from backends.monitor import POWER_CAP, SLOWDOWN, MonitorError, MonitorUnavailable
 from harness.core import rundir
 
 MARKER = "CLOCK_THROTTLED"
-POWER_CAP, SLOWDOWN = "power_cap", "slowdown"  # the marker's kinds
 
 
 def slowdowns_hit(slowdowns: frozenset[str], before: dict, after: dict) -> list[str]:
