@@ -55,6 +55,11 @@ FLAGGEMS_OPS = ["flaggems:i0", "flaggems:special_i0e", "flaggems:exp", "flaggems
 RUNS = {"1": "1_device", "2": "2_devices"}
 
 
+def _batch_dir(out: Path) -> Path | None:
+    """The corpus A/B's batch dir under `out`, once it has started one."""
+    return next((p for p in out.iterdir() if (p / "batch.json").is_file()), None) if out.is_dir() else None
+
+
 STOPPED = (130, 143)  # the corpus A/B's exit codes after Ctrl-C or SIGTERM: resumable
 
 
@@ -65,7 +70,7 @@ def run(plan: str, ops: list[str], devices: str, repeats: int, shapes: Path, out
     call's budget ran out first (the part's wall is kept in `out`.calls.json)."""
     calls_file = out.with_suffix(".calls.json")
     calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
-    batch_dir = next((p for p in out.iterdir() if (p / "batch.json").is_file()), None) if out.is_dir() else None
+    batch_dir = _batch_dir(out)
     if batch_dir is None or not calls:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
@@ -86,7 +91,7 @@ def run(plan: str, ops: list[str], devices: str, repeats: int, shapes: Path, out
         code = proc.wait()
     calls.append(time.monotonic() - start)
     calls_file.write_text(json.dumps(calls))
-    batch_dir = next((p for p in out.iterdir() if (p / "batch.json").is_file()), out)
+    batch_dir = _batch_dir(out) or out
     if code in STOPPED:
         print(f"{out.name}: stopped after {calls[-1]:.0f} s (call {len(calls)}); run again to resume it")
         return None
@@ -101,7 +106,7 @@ def done(out: Path) -> tuple[float, int, Path] | None:
     if not facts.is_file():
         return None
     data = json.loads(facts.read_text())
-    return data["wall_s"], data["exit"], next((p for p in out.iterdir() if (p / "batch.json").is_file()), out)
+    return data["wall_s"], data["exit"], _batch_dir(out) or out
 
 
 def op_seconds(batch_dir: Path) -> float:
