@@ -256,7 +256,8 @@ class Precompiler:
 
     def close(self) -> None:
         if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            # Waited for: the child ends without the interpreter's teardown, which would join them.
+            self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor = None
 
 

@@ -1,4 +1,4 @@
-"""Device kernel time from the accelerator's profiler (torch.profiler: Kineto over CUPTI on CUDA).
+"""Device kernel time from the accelerator's profiler (torch's autograd profiler: Kineto over CUPTI on CUDA).
 
 Two uses: `--timer profiler`, whose samples are the summed device time of an op's kernels per
 call (no launch gaps, no host time), and the per-kernel attribution every row carries whatever its
@@ -28,7 +28,7 @@ class KernelEvent:
 
 
 def device_events(events, device_type: str) -> list[KernelEvent]:
-    """The device activities of a profiler's event list (`torch.profiler.profile().events()`), in
+    """The device activities of a profiler's event list (a profile's `function_events`), in
     start order: events of `device_type` (a DeviceType name: CUDA) not nested in another event.
     Kernels, copies and memsets never nest; on the CPU, where the tests run it, these are the
     top-level ops."""
@@ -86,16 +86,22 @@ def attribute(calls: list[list[KernelEvent]]) -> list[dict]:
 def record(fn: Callable[[], object], calls: int, activity: str, sync: Callable[[], None],
            flush: Callable[[], object] | None = None) -> list[KernelEvent]:
     """Profile `calls` direct calls of `fn` (each after `flush`, when given) on the device
-    activity `activity` (a torch.profiler ProfilerActivity name); the device events, in order."""
-    from torch.profiler import ProfilerActivity, profile
+    activity `activity` (a torch.profiler ProfilerActivity name: CPU, or the device type's name in
+    capitals); the device events, in order.
 
-    with profile(activities=[getattr(ProfilerActivity, activity)]) as prof:
+    Through the autograd profiler that torch.profiler.profile wraps, not the wrapper: the wrapper's
+    start probes `torch._inductor`, and that probe imports Inductor, Dynamo and sympy, about 4.7 s
+    of every process's first profile on an H200 host (a replay step's largest fixed cost)."""
+    from torch.autograd import profiler
+
+    device = None if activity == "CPU" else activity.lower()
+    with profiler.profile(use_cpu=device is None, use_device=device, use_kineto=True) as prof:
         for _ in range(calls):
             if flush is not None:
                 flush()
             fn()
         sync()
-    return device_events(prof.events(), activity)
+    return device_events(prof.function_events, activity)
 
 
 def profile_calls(fn: Callable[[], object], calls: int, activity: str, sync: Callable[[], None],
