@@ -104,3 +104,28 @@ def test_a_case_start_reaches_the_ir_collector_whatever_the_order(tmp_path, orde
     ctx.begin_case(manager.hook, "test_mm")  # a test that is not one of our cases: no shape to file IR under
     assert ir_plugin.collector.told == ["2x8"]
     assert load(run_dir / rundir.RUN_JSON)["observed"]["running_case"] == "test_mm"
+
+
+@pytest.mark.e2e
+def test_a_plugin_the_users_env_autoloads_stays_out_of_the_child(harness, tmp_path, monkeypatch):
+    # An installed pytest11 plugin (pytest-randomly reorders and reseeds; hypothesis imports itself
+    # into every step) is loaded by every pytest that autoloads; ours must not.
+    site = tmp_path / "site"
+    dist = site / "zl_fake_plugin-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: zl-fake-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nzl_fake = zl_fake_plugin\n")
+    loaded = tmp_path / "loaded"
+    (site / "zl_fake_plugin.py").write_text(f"open({str(loaded)!r}, 'w').close()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    probe = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_nothing.py")],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert probe.returncode == 0 and loaded.exists(), f"the fake plugin is not where pytest looks: {probe.stdout}"
+    loaded.unlink()
+    shapes_file = tmp_path / "shapes.yaml"
+    shapes_file.write_text("softmax:\n  shapes: [[4, 32]]\n  dtypes: [fp32]\n")
+    proc = harness("record", "softmax", "--backend", "interpreter", "--shapes", shapes_file, "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not loaded.exists()
