@@ -120,8 +120,8 @@ def test_a_plugin_the_users_env_autoloads_stays_out_of_the_child(harness, tmp_pa
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
-    probe = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_nothing.py")],
-                           capture_output=True, text=True, cwd=tmp_path)
+    probe = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            str(tmp_path / "test_nothing.py")], capture_output=True, text=True, cwd=tmp_path)
     assert probe.returncode == 0 and loaded.exists(), f"the fake plugin is not where pytest looks: {probe.stdout}"
     loaded.unlink()
     shapes_file = tmp_path / "shapes.yaml"
