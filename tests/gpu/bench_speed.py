@@ -11,6 +11,8 @@ Prints, then a table against the targets:
   mm replay  of the record, cold (its own private cache, as a lone replay) and warm (the record's
              cache, as the A/B's side cache gives it), against the record's wall;
   A/B step   fixed cost: a tiny softmax replay's wall minus the time pytest measured in its child;
+             then that replay's child rerun with each phase timestamped (imports, configure,
+             cases, teardown), where a step's time goes;
   nox        `nox -s replay` minus `python -m harness replay` (skipped, saying so, without nox).
 Exit 0 always once everything ran: the table says which target each figure meets.
 """
@@ -83,6 +85,40 @@ def startup() -> None:
           + ", ".join(f"{name} {us / 1000:.0f}" for us, name in sorted(rows, reverse=True)[:10]))
 
 
+# The child of a finished run dir, rerun with each phase's time since its exec printed to stderr.
+PHASES = r"""
+import sys, time
+T0 = float(sys.argv[2])
+def say(what): print(f"phase {what} {time.time() - T0:.2f}", file=sys.stderr, flush=True)
+say("interpreter up")
+import pytest
+from harness.child import runner
+say("imports done (torch, pytest, plugins)")
+class Phases:
+    def pytest_configure(self, config): say("configured (device, versions, compiler identity)")
+    def pytest_collection_finish(self, session): say("collected")
+    def pytest_sessionfinish(self, session): say("cases done")
+main = pytest.main
+runner.pytest.main = lambda args, plugins: main(args, plugins=[Phases(), *plugins])
+code = runner.main([sys.argv[1]])
+say("results and IR written")
+sys.exit(code)
+"""
+
+
+def step_timeline(run_dir: Path) -> None:
+    copy = Path(tempfile.mkdtemp(prefix="zl_step_")) / "run"
+    shutil.copytree(run_dir, copy)
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", PHASES, str(copy), str(start)], cwd=REPO, capture_output=True,
+                          text=True)
+    wall = time.time() - start
+    phases = re.findall(r"^phase (.+) ([0-9.]+)$", proc.stderr, flags=re.MULTILINE)
+    print("  step timeline (s since exec): " + "; ".join(f"{name} {t}" for name, t in phases)
+          + f"; process gone {wall:.2f} (exit {proc.returncode}, without the child's own fast exit)")
+    shutil.rmtree(copy.parent, ignore_errors=True)
+
+
 def gpu_count() -> int:
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
     return len(re.findall(r"^GPU \d+:", out, flags=re.MULTILINE))
@@ -139,6 +175,8 @@ def main() -> int:
         in_pytest = pytest_seconds(step_dir)
         fixed = step_wall - (in_pytest or 0.0)
         print(f"A/B step: tiny replay {step_wall:.1f} s, pytest measured {in_pytest} s: fixed cost {fixed:.1f} s")
+        if step_dir is not None:
+            step_timeline(step_dir)
         results["ab_fixed"] = f"{fixed:.1f} s (target <= {TARGETS['ab_fixed']} s)"
         results["ab_fixed_ok"] = fixed <= TARGETS["ab_fixed"]
 
