@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-# The kinds of a CLOCK_THROTTLED marker: the power cap alone, or any other slowdown. The child's
-# gpu_state plugin writes them and reports.compare reads them.
+# The marker a row gets when a slowdown hit its measurement, and its kinds: the power cap alone,
+# or any other slowdown. The child's gpu_state plugin writes it and reports.compare reads it.
+THROTTLE_MARKER = "CLOCK_THROTTLED"
 POWER_CAP, SLOWDOWN = "power_cap", "slowdown"
 
 

@@ -17,13 +17,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-from backends.monitor import POWER_CAP
+from backends.monitor import POWER_CAP, THROTTLE_MARKER
 from reports import stats
 
 TIMER_FALLBACK = "TIMER_FALLBACK"
 REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
 TIMER_MIXED = "TIMER_MIXED"
-CLOCK_THROTTLED = "CLOCK_THROTTLED"
 NO_DEVICE_WORK = "NO_DEVICE_WORK"
 
 
@@ -84,7 +83,7 @@ def _flags(rows: list[dict]) -> list[str]:
 def _throttles(row: dict) -> list[dict]:
     """The fields of a row's CLOCK_THROTTLED markers ("CLOCK_THROTTLED reasons=a,b kind=k ...")."""
     return [dict(f.split("=", 1) for f in m.split()[1:] if "=" in f)
-            for m in row.get("markers") or [] if m.startswith(CLOCK_THROTTLED)]
+            for m in row.get("markers") or [] if m.startswith(THROTTLE_MARKER)]
 
 
 def _slowdowns(rows: list[dict]) -> list[str]:

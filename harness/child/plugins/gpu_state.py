@@ -11,10 +11,8 @@ line per run says why (also in run.json `observed.gpu_state`)."""
 
 from __future__ import annotations
 
-from backends.monitor import POWER_CAP, SLOWDOWN, MonitorError, MonitorUnavailable
+from backends.monitor import POWER_CAP, SLOWDOWN, THROTTLE_MARKER, MonitorError, MonitorUnavailable
 from harness.core import rundir
-
-MARKER = "CLOCK_THROTTLED"
 
 
 def slowdowns_hit(slowdowns: frozenset[str], before: dict, after: dict) -> list[str]:
@@ -30,7 +28,7 @@ def slowdowns_hit(slowdowns: frozenset[str], before: dict, after: dict) -> list[
 
 def marker(hit: list[str], power_caps: frozenset[str], before: dict, after: dict) -> str:
     kind = POWER_CAP if set(hit) <= power_caps else SLOWDOWN
-    return (f"{MARKER} reasons={','.join(hit)} kind={kind} "
+    return (f"{THROTTLE_MARKER} reasons={','.join(hit)} kind={kind} "
             f"sm_clock_mhz={before.get('sm_clock_mhz')}->{after.get('sm_clock_mhz')}")
 
 
