@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -1373,3 +1374,22 @@ def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher
     assert got["notes"] == "timeout after 20 s during case fp16 [4] (killed, not retried)"
     assert (op_dir / "attempt1" / "inner" / "run" / rundir.RUN_LOG).read_text().endswith(
         "killed by the batch's --op-timeout: timeout after 20 s during case fp16 [4]\n")
+
+
+class StoppedRunner:
+    """A batch runner whose run is stopped at once and whose summary is broken."""
+
+    dir = Path("/nonexistent/batch")
+
+    def run(self, todo, on_done):
+        raise KeyboardInterrupt
+
+    def summarize(self):
+        raise TypeError("interval [0.0, inf]")
+
+
+def test_a_broken_summary_does_not_hide_the_exit_code_of_a_stop(capsys):
+    args = types.SimpleNamespace(executor="local")
+    assert batch._run(StoppedRunner(), [], [], args) == 128 + signal.SIGINT
+    out = capsys.readouterr().out
+    assert "interrupted (SIGINT)" in out and "summary failed: TypeError: interval [0.0, inf]" in out

@@ -806,7 +806,10 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
         except KeyboardInterrupt:
             why = stopped_by[0] if stopped_by else "SIGINT"
             print(f"\ninterrupted ({why}): every running op was killed; resume with --resume --batch-dir", runner.dir)
-            print(runner.summarize())
+            try:
+                print(runner.summarize())
+            except Exception as exc:  # said, and the stop's exit code kept: a caller resumes on it
+                print(f"summary failed: {type(exc).__name__}: {exc}")
             return 128 + getattr(signal, why)
         finally:
             signal.signal(signal.SIGTERM, previous)
