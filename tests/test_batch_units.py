@@ -1393,3 +1393,43 @@ def test_a_broken_summary_does_not_hide_the_exit_code_of_a_stop(capsys):
     assert batch._run(StoppedRunner(), [], [], args) == 128 + signal.SIGINT
     out = capsys.readouterr().out
     assert "interrupted (SIGINT)" in out and "summary failed: TypeError: interval [0.0, inf]" in out
+
+
+class FinishedRunner:
+    """A batch runner with nothing left to run; its statuses are in `dir`'s ops_status.csv."""
+
+    def __init__(self, batch_dir: Path):
+        self.dir = batch_dir
+
+    def run(self, todo, on_done):
+        pass
+
+    def summarize(self):
+        return "summary: summary.csv"
+
+
+def test_the_exit_code_counts_our_failures_and_lists_upstreams_apart(tmp_path, capsys):
+    def status_row(entry, status):
+        return {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status}
+
+    def write_statuses(*rows):
+        with open(tmp_path / "ops_status.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    args = types.SimpleNamespace(executor="local")
+    slow = Entry("flaggems", "slow_upstream", "triage", "benchmark/test_triage.py")
+    write_statuses(status_row(ADD, "FAIL"), status_row(MM, "FAIL"), status_row(FG, "FAIL_UPSTREAM"),
+                   status_row(slow, "TIMEOUT_UPSTREAM"))
+    assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG, slow], args) == 1
+    out = capsys.readouterr().out
+    assert "done: FAIL 2, FAIL_UPSTREAM 1, TIMEOUT_UPSTREAM 1; summary: summary.csv" in out
+    assert "not passed: builtin:add, builtin:mm\n" in out
+    assert "(not counted as ours; see their notes): flaggems:broken_upstream, flaggems:slow_upstream\n" in out
+    write_statuses(status_row(ADD, "PASS"), status_row(MM, "TIMEOUT"), status_row(FG, "TIMEOUT_UPSTREAM"))
+    assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 1
+    assert "not passed: builtin:mm\n" in capsys.readouterr().out
+    write_statuses(status_row(ADD, "PASS"), status_row(MM, "SKIP"), status_row(FG, "TIMEOUT_UPSTREAM"))
+    assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 0
+    assert "not passed" not in capsys.readouterr().out
