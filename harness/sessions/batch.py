@@ -609,8 +609,8 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
 
 def _measurement(args) -> dict:
     """The measurement options given (or stored), for each op's record; a replay keeps its record's."""
-    given = {name: getattr(args, name) for name in MEASUREMENT if getattr(args, name, None) is not None}
-    if given and getattr(args, "replay_root", None) is not None:
+    given = {name: getattr(args, name) for name in MEASUREMENT if getattr(args, name) is not None}
+    if given and args.replay_root is not None:
         flags = " ".join("--" + name.replace("_", "-") for name in given)
         raise UsageError(f"--replay-root replays each op as it was recorded, measured the same way: drop {flags}")
     return given
