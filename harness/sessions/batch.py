@@ -111,9 +111,20 @@ def read_status(batch_dir: Path) -> dict[str, dict]:
         return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
 
 
+COMPLETE = ".complete"  # in an op's dir: its settled status, and for a timeout the budget it ran under
+
+
+def mark_complete(op_dir: Path, status: str, op_timeout: float) -> None:
+    """Record a status a resume keeps (read back by `completed`); any other status records nothing."""
+    if status in SETTLED:
+        (op_dir / COMPLETE).write_text(status + "\n")
+    elif status == TIMEOUT_UPSTREAM:
+        (op_dir / COMPLETE).write_text(f"{status} {op_timeout:g}\n")
+
+
 def completed(batch_dir: Path, entry: Entry, op_timeout: float = DEFAULT_OP_TIMEOUT) -> str | None:
     """The op's settled status, which a resume does not rerun; None when it must run (again)."""
-    marker = _op_dir(batch_dir, entry) / ".complete"
+    marker = _op_dir(batch_dir, entry) / COMPLETE
     if not marker.is_file():
         return None
     status, _, timed_out_under = marker.read_text().strip().partition(" ")
@@ -268,7 +279,7 @@ class Batch:
         recorded in ops_status.csv: an executor on other hosts hands rows back to the one that records."""
         op_dir = _op_dir(self.dir, entry)
         op_dir.mkdir(parents=True, exist_ok=True)
-        (op_dir / ".complete").unlink(missing_ok=True)
+        (op_dir / COMPLETE).unlink(missing_ok=True)
         log_path = op_dir / "batch.log"
         notes, attempts, elapsed, codes = [], 0, 0.0, []
         dtypes = self.opts.dtypes
@@ -330,10 +341,7 @@ class Batch:
                "replay_fallback_rows": facts["replay_fallback_rows"],
                "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes),
                **self._columns(facts)}
-        if status in SETTLED:
-            (op_dir / ".complete").write_text(status + "\n")
-        elif status == TIMEOUT_UPSTREAM:
-            (op_dir / ".complete").write_text(f"{status} {self.opts.op_timeout:g}\n")
+        mark_complete(op_dir, status, self.opts.op_timeout)
         return row
 
     def _triage(self, status: str, entry: Entry, device: int, dtypes: list[str] | None,
