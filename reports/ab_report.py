@@ -51,7 +51,8 @@ def _cells(row: PairedRow, performance: bool) -> list:
     if not performance:
         ratio, interval, control_cell = (stats.NOT_APPLICABLE if c else "-",) * 3
     return [row.op, row.dtype, _shape(row), f"{a:.4f}" if a else "-", f"{b:.4f}" if b else "-",
-            ratio, interval, c.verdict if c else "UNPAIRED", control_cell, ",".join(flags)]
+            ratio, interval, c.verdict if c else "FAILED" if row.errors else "UNPAIRED", control_cell,
+            ",".join(flags)]
 
 
 def _gm(gm: tuple[float, float, float], performance: bool) -> str:
@@ -83,6 +84,16 @@ def throttled_lines(rows: list[PairedRow]) -> list[str]:
     return lines
 
 
+def failed_lines(rows: list[PairedRow]) -> list[str]:
+    """The rows that failed on a side (a wrong result, a crash), each with that side's error: what
+    an A/B most needs to say when compiler B breaks an operator."""
+    hit = [r for r in rows if r.errors]
+    lines = [f"rows that FAILED on a side (out of the headline): {len(hit)}"] if hit else []
+    for r in hit:
+        lines += [f"  {_label(r)}: {side.upper()} {error}" for side, error in sorted(r.errors.items())]
+    return lines
+
+
 def kernels_table(rows: list[PairedRow], fmt: str) -> str:
     """Each profiled row's top kernels per side (results.json `kernels`), or '' if none was profiled."""
     profiled = [r for r in rows if r.kernels]
@@ -105,6 +116,7 @@ def headline(summary: Summary, warnings: list[str], context: dict, note: str | N
     if summary.excluded:
         excluded = ", ".join(f"{k} {v}" for k, v in sorted(summary.excluded.items()))
         lines.append(f"excluded from the headline: {excluded}")
+    lines += failed_lines(list(rows))
     lines += throttled_lines(list(rows))
     if summary.config_differs:
         lines.append(f"rows whose sides ran different autotune configs: {summary.config_differs}")
@@ -151,6 +163,7 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                   "a_control_ms": r.a_control_ms, "b_control_ms": r.b_control_ms, "timers": sorted(r.timers),
                   "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
                   "config_differs": r.config_differs, "throttled": r.throttled, "kernels": r.kernels,
+                  "errors": r.errors,
                   "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
     return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context, note)]
 

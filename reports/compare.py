@@ -5,7 +5,8 @@ candidate latency; with a single run per side (comparing two existing run dirs),
 of that run stand in for repeats. Rows whose timer fell back, whose replay fell back, whose
 baseline and candidate were timed by different timers (FlagGems' `mixed`), whose measurement a
 thermal or power slowdown hit (CLOCK_THROTTLED), or whose sides were timed by different timers are
-kept and shown, but excluded from the headline. One slowdown is compared like for like instead: the
+kept and shown, but excluded from the headline. A row that failed on a side (a wrong result, a
+crash) is kept too, flagged `failed_<side>` with its error. One slowdown is compared like for like instead: the
 board's power cap on every repeat of both sides (CLOCK_THROTTLED kind=power_cap), which is how a
 power-hungry kernel runs on that board, whichever compiler built it.
 """
@@ -24,6 +25,8 @@ TIMER_FALLBACK = "TIMER_FALLBACK"
 REPLAY_FALLBACK = "AUTOTUNE_REPLAY_FALLBACK"
 TIMER_MIXED = "TIMER_MIXED"
 NO_DEVICE_WORK = "NO_DEVICE_WORK"
+# A row's statuses that mean the operator broke on that side (SKIPPED is the op declining a case).
+FAILED_STATUSES = ("FAILED", "ERROR")
 
 
 @dataclasses.dataclass
@@ -44,6 +47,8 @@ class PairedRow:
     throttled: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     # Per side: the first successful run's per-kernel attribution (results.json `kernels`), if profiled.
     kernels: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
+    # Per side whose row failed in some run (FAILED or ERROR): the first line of its first error.
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> tuple:
@@ -101,6 +106,11 @@ def _throttled_unlike(rows: list[dict]) -> bool:
     return not all(hits) or any(fields.get("kind") != POWER_CAP for hit in hits for fields in hit)
 
 
+def _first_line(error: str | None) -> str:
+    lines = (error or "").strip().splitlines()
+    return lines[0][:200] if lines else "no error text recorded"
+
+
 def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
     """Per-repeat medians; a single run's raw samples when there is only one run per side."""
     if single and rows and rows[0].get("samples"):
@@ -120,12 +130,15 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
     for key in keys:
         got = {s: [rows[key] for rows in runs if key in rows] for s, runs in side_rows.items()}
         ok = {s: [r for r in rs if r["status"] == "SUCCESS"] for s, rs in got.items()}
+        failed = {s: [r for r in rs if r["status"] in FAILED_STATUSES] for s, rs in got.items()}
 
         flags = _flags(ok["a"] + ok["b"])
         if _throttled_unlike(ok["a"] + ok["b"]):
             flags.append("clock_throttled")
         want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
         for side in ("a", "b"):
+            if failed[side]:
+                flags.append(f"failed_{side}({len(failed[side])}/{want[side]})")
             if len(ok[side]) < want[side]:
                 flags.append(f"incomplete_{side}({len(ok[side])}/{want[side]})")
         timers = {r["timer"] for r in ok["a"] + ok["b"]}
@@ -139,7 +152,8 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             timers=timers, flags=flags,
             configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
             throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
-            kernels={s: rs[0]["kernels"] for s, rs in ok.items() if rs and rs[0].get("kernels")})
+            kernels={s: rs[0]["kernels"] for s, rs in ok.items() if rs and rs[0].get("kernels")},
+            errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs})
         if row.a_ms and row.b_ms:
             row.comparison = stats.compare(row.a_ms, row.b_ms)
             if not performance:

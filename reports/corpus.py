@@ -247,9 +247,9 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict) -> dict:
             continue
         runs: dict[str, list[Path]] = {"record": [], "A": [], "B": []}
         for step in state.get("steps", []):
-            if step["exit"] == 0 and step.get("run_dir"):
+            if step["usable"]:
                 runs["record" if step["args"][0] == "record" else step["side"]].append(Path(step["run_dir"]))
-        notes = [f"step failed (exit {s['exit']}): {s['what']}" for s in state.get("steps", []) if s["exit"] != 0]
+        notes = [f"step failed (exit {s['exit']}): {s['what']}" for s in state.get("steps", []) if not s["usable"]]
         if not state.get("complete"):
             notes.insert(0, "INCOMPLETE: the A/B stopped before its last step")
         if not runs["A"] or not runs["B"]:

@@ -26,6 +26,45 @@ def ab_dir_of(proc):
     raise AssertionError(proc.stdout + proc.stderr)
 
 
+BREAKS = REPO / "tests" / "resources" / "user_ops" / "switch_breaks.py"
+
+
+def test_rows_b_breaks_are_reported_failed_with_its_error_and_its_other_rows_compared(harness, tmp_path):
+    # B's replays exit 1 (one row wrong) yet ran every case: their rows count, the wrong one as a
+    # failure of B named in every report, the right one paired as usual.
+    proc = harness("ab", "--ops", "switch_breaks", "--ops-path", BREAKS, "--backend", "interpreter",
+                   "--b-env", "ZL_TEST_SWITCH=1", "--repeats", "2", "--out", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    d = ab_dir_of(proc)
+    state = load(d / "ab.json")
+    assert [(s["side"], s["exit"], s["usable"]) for s in state["steps"]] == [
+        ("A", 0, True), ("A", 0, True), ("B", 1, True), ("A", 0, True), ("B", 1, True)]
+    rows = {tuple(r["shape"]): r for r in load(d / "report.json")["rows"]}
+    assert rows[(300,)]["flags"] == ["failed_b(2/2)", "incomplete_b(0/2)"]
+    assert rows[(300,)]["errors"]["b"].startswith("AssertionError: candidate disagrees with baseline")
+    assert rows[(2, 700)]["flags"] == [] and len(rows[(2, 700)]["b_ms"]) == 2
+    assert "rows that FAILED on a side (out of the headline): 1" in proc.stdout
+    assert "switch_breaks fp32 300: B AssertionError: candidate disagrees" in (d / "report.md").read_text()
+
+
+def test_an_unknown_op_in_the_plan_stops_the_ab_before_any_step(harness, tmp_path):
+    proc = harness("ab", "--ops", "add", "no_such_op", "--backend", "interpreter", "--out", tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown operator 'no_such_op'" in proc.stderr and not list(tmp_path.glob("ab_*"))
+
+
+def test_an_op_whose_record_dies_makes_the_ab_fail(harness, tmp_path):
+    # crashy resolves, but its record is killed on its second shape: that op has nothing to
+    # compare, a failure even though every row of the other op made the headline.
+    proc = harness("ab", "--ops", "add", "crashy", "--ops-path", REPO / "tests" / "resources" / "crash_ops",
+                   "--backend", "interpreter", "--repeats", "2", "--out", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = load(ab_dir_of(proc) / "report.json")
+    assert {r["op"] for r in report["rows"]} == {"add"}
+    assert report["summary"]["headline_rows"] == report["summary"]["rows"]
+    assert any(w.startswith("no rows to compare for crashy") for w in report["warnings"])
+
+
 def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
     proc = harness("ab", "--ops", "switch_probe", "--ops-path", PROBE, "--backend", "interpreter",
                    "--b-env", "ZL_TEST_SWITCH=1", "--repeats", "2", "--out", tmp_path)
@@ -187,7 +226,7 @@ def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
     while time.monotonic() < deadline:  # wait until A recorded and each side replayed once
         found = list(tmp_path.glob("ab_*/ab.json"))
         state = load(found[0]) if found else None
-        if state and len([s for s in state["steps"] if s["exit"] == 0]) >= 3:
+        if state and len([s for s in state["steps"] if s["usable"]]) >= 3:
             break
         time.sleep(0.5)
     assert state is not None

@@ -11,9 +11,11 @@ from reports import ab_report, compare, stats
 
 
 def row(op="softmax", dtype="fp16", shape=(4, 16), status="SUCCESS", cand=1.0, base=2.0, timer="graph",
-        markers=None, configs=None, raw=None):
+        markers=None, configs=None, raw=None, error=None):
     r = {"op": op, "dtype": dtype, "shape": list(shape) if shape is not None else None, "status": status,
          "candidate_ms": cand, "baseline_ms": base, "timer": timer, "markers": markers, "configs": configs or {}}
+    if error is not None:
+        r["error"] = error
     if raw is not None:
         r["samples"] = {"candidate": {"raw": raw[0]}, "baseline": {"raw": raw[1]}}
     return r
@@ -105,11 +107,27 @@ def test_repeats_ignore_raw_samples(tmp_path):
 def test_fallback_markers_flag_the_row_and_failed_rows_do_not_count(tmp_path):
     a = runs(tmp_path, "a", [row(markers=["TIMER_FALLBACK: graph capture failed", "AUTOTUNE_REPLAY_FALLBACK k"])],
              [row(markers=["TIMER_MIXED baseline=host"])])
-    b = runs(tmp_path, "b", [row(status="FAILED", markers=["OTHER"], timer="host")], [row()])
+    b = runs(tmp_path, "b", [row(status="FAILED", markers=["OTHER"], timer="host",
+                                 error="AssertionError: candidate disagrees with baseline\nMismatched elements")],
+             [row()])
     (paired,) = compare.pair(a, b)
-    assert paired.flags == ["replay_fallback", "timer_fallback", "timer_mixed", "incomplete_b(1/2)"]
+    assert paired.flags == ["replay_fallback", "timer_fallback", "timer_mixed", "failed_b(1/2)", "incomplete_b(1/2)"]
     assert paired.timers == {"graph"}  # the FAILED row's timer is not among the sides' timers
     assert paired.comparison is not None and not paired.in_headline
+    # The failure is said, with the side's first error line: B computing wrong answers is news.
+    assert paired.errors == {"b": "AssertionError: candidate disagrees with baseline"}
+
+
+def test_a_side_whose_row_errored_on_every_repeat_is_flagged_failed_with_no_comparison(tmp_path):
+    a = runs(tmp_path, "a", [row()], [row()])
+    b = runs(tmp_path, "b", [row(status="ERROR", error="")], [row(status="ERROR", error="")])
+    (paired,) = compare.pair(a, b, expected=2)
+    assert paired.flags == ["failed_b(2/2)", "incomplete_b(0/2)"] and paired.comparison is None
+    assert paired.errors == {"b": "no error text recorded"}
+    summary = compare.summarize([paired])
+    assert summary.headline_rows == 0 and summary.excluded["failed_b"] == 1
+    lines = ab_report.failed_lines([paired])
+    assert lines[0].endswith(": 1") and "B no error text recorded" in lines[1]
 
 
 @pytest.mark.parametrize("marker,flag", [("TIMER_FALLBACK", "timer_fallback"),
@@ -184,7 +202,7 @@ def test_summary_counts_headline_exclusions_verdicts_and_means(tmp_path):
     s = compare.summarize(rows)
     assert s.rows == 6 and s.headline_rows == 3
     # shape 4: timer fallback; shape 5: A failed once; shape 6: only in B (incomplete and unpaired).
-    assert s.excluded == {"timer_fallback": 1, "incomplete_a": 2, "unpaired": 1}
+    assert s.excluded == {"timer_fallback": 1, "failed_a": 1, "incomplete_a": 2, "unpaired": 1}
     assert s.verdicts == {stats.SLOWER: 1, stats.FASTER: 2}
     assert s.config_differs == 1
     assert s.per_op["softmax"] == pytest.approx(stats.geomean([1.1, 0.9]))

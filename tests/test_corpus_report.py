@@ -249,7 +249,7 @@ def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
 def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=()):
     """A single-op ab dir: ab.json's steps as ab.Runner writes them, naming each step's run dir (a
     failed step's too: its rows FAILED); `failed_b`: the repeats (from 1) whose B replay failed."""
-    steps = [{"what": f"[1/1 {op}] A records", "side": "A", "args": ["record", op], "exit": 0,
+    steps = [{"what": f"[1/1 {op}] A records", "side": "A", "args": ["record", op], "exit": 0, "usable": True,
               "run_dir": str(_run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), a_ms[0])]))}]
     for i, (a, b) in enumerate(zip(a_ms, b_ms, strict=True), 1):
         for side, ms in (("A", a), ("B", b)):
@@ -257,7 +257,8 @@ def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=()):
             run = _run(root / op / f"{side}-{i}" / "r", [_row(op, "fp16", (64,), ms, base=1.0 + i / 1000,
                                                               status="FAILED" if failed else "SUCCESS")])
             steps.append({"what": f"[1/1 {op}] repeat {i}/{len(a_ms)}: {side} replays A", "side": side,
-                          "args": ["replay", "x"], "exit": 1 if failed else 0, "run_dir": str(run)})
+                          "args": ["replay", "x"], "exit": 1 if failed else 0, "usable": not failed,
+                          "run_dir": str(run)})
     (root / "ab.json").write_text(json.dumps({"plan": {"repeats": len(a_ms), "backend": backend},
                                               "steps": steps, "complete": True}))
     return root

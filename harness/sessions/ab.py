@@ -25,7 +25,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
-from harness.providers import flaggems
+from harness.providers import flaggems, registry
 from harness.sessions import resolve
 from reports import ab_report, compare, table
 
@@ -277,7 +277,8 @@ class Runner:
             self._cache_root = None
 
     def step(self, side: Side, request: RunRequest, what: str) -> Path | None:
-        """One harness invocation; its run dir, or None if it failed. A Ctrl-C goes on to the step
+        """One harness invocation; its run dir if it went through every case (rows that failed in it
+        are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
         (its own session: only through us), which writes its summary; then StepInterrupted."""
         request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
         print(f"{what} ...", end="", flush=True)
@@ -295,12 +296,14 @@ class Runner:
         elapsed = time.monotonic() - start
         runs = sorted(request.out.glob("*/run.json"))
         run_dir = runs[-1].parent if runs else None
-        ok = code == 0 and run_dir is not None
-        print(f" {'ok' if ok else f'FAILED (exit {code})'} ({elapsed:.0f} s)", flush=True)
+        usable = run_dir is not None and (code == 0 or went_through(run_dir))
+        said = "ok" if code == 0 else f"finished with failed rows (exit {code})" if usable else f"FAILED (exit {code})"
+        print(f" {said} ({elapsed:.0f} s)", flush=True)
         self.state["steps"].append({"what": what, "side": side.name, "args": request.to_argv(), "exit": code,
-                                    "run_dir": str(run_dir) if run_dir else None, "seconds": round(elapsed, 1)})
+                                    "usable": usable, "run_dir": str(run_dir) if run_dir else None,
+                                    "seconds": round(elapsed, 1)})
         self._save()
-        return run_dir if ok else None
+        return run_dir if usable else None
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
@@ -333,6 +336,16 @@ class Runner:
         self.state["complete"] = True
         self._save()
         return results
+
+
+def went_through(run_dir: Path) -> bool:
+    """Whether a run that exited non-zero still ran every case (its outcome COMPLETE): some rows
+    failed, and those rows are results an A/B must show, e.g. B computing wrong answers."""
+    try:
+        outcome = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome") or {}
+    except (OSError, ValueError):
+        return False
+    return outcome.get("status") == "COMPLETE" and (run_dir / rundir.RESULTS_JSON).is_file()
 
 
 def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict]:
@@ -425,11 +438,27 @@ def resolve_plan(args) -> Plan:
     for name in MEASUREMENT:
         if getattr(args, name, None) is not None:
             setattr(plan, name, getattr(args, name))
+    _check_ops(plan)
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
     plan.backend = resolve.resolve_backend(plan.backend).name
     return plan
+
+
+def _check_ops(plan: Plan) -> None:
+    """Every op of the plan resolves before the first step: a typo in the last op would otherwise
+    surface only after the others' A/Bs ran. Built-in and FlagGems names resolve without importing
+    torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
+    try:
+        dirs = flaggems.parse_dirs(plan.flaggems_dirs)
+        for op in plan.ops:
+            if flaggems.is_target(op):
+                flaggems.resolve_target(op, dirs)
+            elif op not in registry.builtin_names() or plan.ops_paths:
+                resolve.load_op(op, plan.ops_paths, [])
+    except flaggems.FlagGemsError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def run_from_args(args) -> int:
@@ -468,13 +497,16 @@ def run_from_args(args) -> int:
         runner.close()
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:
-        done = sum(1 for s in runner.state["steps"] if s["exit"] == 0)
-        warnings.insert(0, f"INCOMPLETE: interrupted after {done} successful steps; rows below cover only those")
-    failed = [s["what"] for s in runner.state["steps"] if s["exit"] != 0]
+        done = sum(1 for s in runner.state["steps"] if s["usable"])
+        warnings.insert(0, f"INCOMPLETE: interrupted after {done} completed steps; rows below cover only those")
+    failed = [s["what"] for s in runner.state["steps"] if not s["usable"]]
     if failed:
         warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
+    unmeasured = [op for op, runs in results.items() if not runs["A"] or not runs["B"]]
+    if unmeasured:
+        warnings.append(f"no rows to compare for {', '.join(unmeasured)}: a side has no completed run")
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
     code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, {plan.backend},
                   plan.repeats)
-    return 130 if interrupted else code
+    return 130 if interrupted else 1 if failed or unmeasured else code
