@@ -7,10 +7,13 @@ dependency cannot break the others.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
+# An operator's name names files (its autotune records, its run dirs) and is typed on command lines.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 def numel(shape) -> int:
@@ -46,6 +49,9 @@ class Operator:
     )
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
+            raise ValueError(f"operator name {self.name!r}: use letters, digits, '_', '.' and '-', starting with a "
+                             "letter or '_' (it names files and is typed on command lines)")
         unknown = set(self.dtypes) - set(DTYPE_NAMES)
         if unknown:
             raise ValueError(f"operator {self.name}: unknown dtypes {sorted(unknown)}")

@@ -80,6 +80,33 @@ def test_duplicate_still_refused_with_a_broken_neighbour(tmp_path):
         registry.load("reg_dup", [str(d)], warn=lambda line: None)
 
 
+def test_an_operator_bound_to_two_names_or_reached_twice_is_one_operator(tmp_path):
+    d = ops_dir(tmp_path, reg_alias=GOOD.format(name="reg_alias") + "also_reg_alias = reg_alias\n")
+    for paths in ([str(d)], [str(d), str(d / "reg_alias.py")], [str(d / "reg_alias.py")] * 2):
+        op, provider = registry.load("reg_alias", paths, warn=lambda line: None)
+        assert op.name == "reg_alias" and provider == str(d / "reg_alias.py")
+
+
+def test_files_of_one_name_in_two_ops_paths_are_both_loaded(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d, name in ((first, "reg_stem_a"), (second, "reg_stem_b")):
+        d.mkdir()
+        (d / "reg_common.py").write_text(GOOD.format(name=name))
+    paths = [str(first), str(second)]
+    assert registry.load("reg_stem_b", paths, warn=lambda line: None)[1] == str(second / "reg_common.py")
+    assert registry.load("reg_stem_a", paths, warn=lambda line: None)[1] == str(first / "reg_common.py")
+    # Loaded again (a replay's child, in the same order), each file gets the module name it had.
+    again = registry._import_file(second / "reg_common.py")
+    assert again.__file__ == str(second / "reg_common.py") and again.__name__.startswith("zl_ops_path.reg_common_")
+
+
+@pytest.mark.parametrize("name", ["a/b", "../escape", "", ".hidden", "with space", "x:y"])
+def test_an_operator_name_that_cannot_name_a_file_is_refused_at_import(tmp_path, name):
+    d = ops_dir(tmp_path, reg_bad_name=GOOD.format(name="op").replace('name="op"', f"name={name!r}"))
+    with pytest.raises(registry.OperatorNotFound, match="use letters, digits"):
+        registry.load("anything", [str(d)], warn=lambda line: None)
+
+
 @pytest.mark.e2e
 def test_broken_ops_path_module_does_not_break_a_builtin_run(harness, tmp_path):
     d = ops_dir(tmp_path, broken="def f(:\n")

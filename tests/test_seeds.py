@@ -52,7 +52,10 @@ def test_digest_covers_dtype_shape_layout_and_containers():
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     digest = seeds.input_sha256
     assert digest(x) == digest(x.clone())
-    assert digest(x.t()) == digest(x.t().contiguous())  # layout does not count, content does
+    # A transposed or offset view reads the same bytes in another pattern: its strides count.
+    assert digest(x.t()) != digest(x.t().contiguous())
+    assert digest(x.t()) == digest(x.clone().t())
+    assert digest(x.reshape(-1)[4:]) != digest(x.reshape(-1)[4:].clone())
     assert digest(x) != digest(x.reshape(4, 3))
     assert digest(x) != digest(x.double())
     assert digest([x, 1]) != digest([x, 2]) != digest((x, 2))

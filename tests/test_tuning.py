@@ -1,6 +1,7 @@
 """Record/replay mechanics in-process, on kernels run by Triton's interpreter."""
 
 import json
+import math
 import types
 
 import pytest
@@ -271,6 +272,18 @@ def test_host_bench_times_one_call_in_ms(monkeypatch):
     assert tuning.host_bench(lambda: calls.append(1)) == 250.0
     assert tuning.host_bench(lambda: calls.append(1), quantiles=[0.5, 0.2, 0.8]) == [500.0, 500.0, 500.0]
     assert calls == [1, 1]
+
+
+def test_host_bench_times_a_config_the_interpreter_refuses_as_inf():
+    from triton.runtime.errors import InterpreterError
+
+    def refused():
+        raise InterpreterError("static_assert: row must fit in one block")
+
+    assert tuning.host_bench(refused) == math.inf
+    assert tuning.host_bench(refused, quantiles=[0.5, 0.2, 0.8]) == [math.inf] * 3
+    with pytest.raises(ZeroDivisionError):  # anything else is the op's own error, not the config's
+        tuning.host_bench(lambda: 1 / 0)
 
 
 # --- the patch, on a stand-in autotuner ----------------------------------------------------------

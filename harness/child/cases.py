@@ -23,7 +23,8 @@ def test_op(case, run_context, measure_pair, record_row):
     expected = op.baseline(*args)
     got = op.candidate(*args)
     atol, rtol = op.tolerance[case.dtype]
-    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, check_dtype=True,
+    # NaN where the baseline has NaN agrees (an op that propagates NaN); a NaN of its own does not.
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, check_dtype=True, equal_nan=True,
                                msg=lambda m: f"candidate disagrees with baseline: {m}")
 
     timed = measure_pair(case.op, {"baseline": lambda: op.baseline(*args),

@@ -10,6 +10,7 @@ warm cache already holds one, and reports every deviation per measurement.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -121,9 +122,14 @@ def load_records(path: Path) -> dict:
 
 
 def host_bench(kernel_call, quantiles=None, **_ignored):
-    """Autotune benchmarker for a backend without a Triton driver (the interpreter)."""
+    """Autotune benchmarker for a backend without a Triton driver (the interpreter). A config the
+    interpreter refuses (a static_assert, say) times as inf, as Triton's own benchmarking treats a
+    config that does not compile on a GPU: the sweep goes on to the others."""
     start = time.perf_counter()
-    kernel_call()
+    try:
+        kernel_call()
+    except compile_error_types():
+        return [math.inf] * 3 if quantiles else math.inf
     ms = (time.perf_counter() - start) * 1e3
     return [ms, ms, ms] if quantiles else ms
 

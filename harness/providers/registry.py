@@ -8,6 +8,7 @@ operator found nowhere names every such failure, since the broken module may be 
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -41,7 +42,8 @@ _warned: set[str] = set()
 
 
 def _operators_in(module) -> list[Operator]:
-    return [v for v in vars(module).values() if isinstance(v, Operator)]
+    # One object bound to two names (an alias) is one operator.
+    return list({id(v): v for v in vars(module).values() if isinstance(v, Operator)}.values())
 
 
 def describe_failure(exc: BaseException, roots: tuple[Path, ...]) -> str:
@@ -71,10 +73,17 @@ def _exec(name: str, where: str, roots: tuple[Path, ...], importer: Callable[[],
 
 def _import_file(path: Path):
     # Deterministic module names: autotune records key kernels by module, so the same file must
-    # get the same name in the record run and the replay run.
+    # get the same name in the record run and the replay run. A second file with the stem of one
+    # already loaded gets its path's digest appended (the same --ops-path list loads them in the
+    # same order in both runs).
+    path = path.resolve()
     name = f"zl_ops_path.{path.stem}"
-    if name in sys.modules:
-        return sys.modules[name]
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(loaded.__file__).resolve() != path:
+        name = f"{name}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+        loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
 
     def run():
         spec = importlib.util.spec_from_file_location(name, path)
@@ -151,6 +160,7 @@ def load(name: str, ops_paths: list[str] = (),
     if not found:
         known = ", ".join(builtin_names())
         raise OperatorNotFound(f"unknown operator '{name}'; built-in: {known}; add your own with --ops-path DIR")
+    found = list({id(op): (op, where) for op, where in found}.values())  # one file reached twice
     if len(found) > 1:
         places = "; ".join(where for _, where in found)
         raise OperatorNotFound(f"operator '{name}' is defined more than once: {places}")

@@ -105,12 +105,16 @@ def input_sha256(inputs) -> str:
     def feed(value):
         if isinstance(value, torch.Tensor):
             # A plain tensor's header is dtype and shape, as digests have always been; other kinds
-            # add their layout. A nested tensor has no single shape: its components' shapes follow.
+            # add their layout, and a strided one that is not plainly contiguous its strides and
+            # storage offset (a transposed input runs another memory pattern with the same bytes).
+            # A nested tensor has no single shape: its components' shapes follow.
             layout = str(value.layout).removeprefix("torch.")
             if value.is_nested:
                 header = f"nested {layout}"
             elif value.layout == torch.strided:  # a quantized one too: its dtype tells it apart
                 header = f"{tuple(value.shape)}"
+                if not value.is_contiguous() or value.storage_offset():
+                    header += f" strides {tuple(value.stride())} offset {value.storage_offset()}"
             else:
                 header = f"{tuple(value.shape)} {layout}"
             digest.update(f"tensor {value.dtype} {header}\n".encode())
