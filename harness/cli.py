@@ -225,12 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         from harness.measure import ir
 
         return ir.compare_from_args(args.run_a, args.run_b)
-    except UsageError as exc:  # its exit code: 2, or one of its own (DtypeRejected: 4)
+    except UsageError as exc:  # its exit code: 2, or one of its own (DtypeRejected: 65)
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
+        # A path that cannot be written (--out on a file or a read-only mount, a full disk) is one
+        # line; an OSError about no path is a bug, shown whole.
         full = rundir.disk_full(exc)
-        if full is None:
+        if full is None and exc.filename is None:
             raise
-        print(f"error: {full}", file=sys.stderr)
+        print(f"error: {full or f'{exc.strerror}: {exc.filename}'}", file=sys.stderr)
         return 1

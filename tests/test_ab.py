@@ -207,7 +207,9 @@ def test_ab_without_an_accelerator_fails_before_running(harness, tmp_path):
 
 
 @pytest.mark.e2e
-def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_the_running_side_and_reports_what_completed(tmp_path, signame):
+    # SIGTERM is how a corpus A/B stops each op's A/B (its timeout, its own stop): the same report.
     import os
     import signal
     import subprocess
@@ -230,10 +232,11 @@ def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
             break
         time.sleep(0.5)
     assert state is not None
-    os.kill(proc.pid, signal.SIGINT)
+    signum = getattr(signal, signame)
+    os.kill(proc.pid, signum)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out
-    assert "INCOMPLETE" in out
+    assert proc.returncode == 128 + signum, out
+    assert "INCOMPLETE" in out and f"interrupted ({signame})" in out
     d = next(tmp_path.glob("ab_*"))
     report = load(d / "report.json")
     assert report["warnings"][0].startswith("INCOMPLETE")
@@ -241,7 +244,9 @@ def test_ctrl_c_stops_the_running_side_and_reports_what_completed(tmp_path):
     assert report["rows"] and all(r["comparison"] is not None for r in report["rows"])
     assert all({f.split("(")[0] for f in r["flags"]} == {"incomplete_a", "incomplete_b"} for r in report["rows"])
     assert report["summary"]["headline_rows"] == 0
-    assert load(d / "ab.json")["complete"] is False
+    state = load(d / "ab.json")
+    assert state["complete"] is False
+    assert state["triton_caches"] and not any(Path(c["dir"]).exists() for c in state["triton_caches"].values())
     leftovers = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():

@@ -193,3 +193,14 @@ def test_a_full_disk_at_start_leaves_no_run_dir(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         next(line for line in proc.stderr.splitlines() if line.startswith("error: no space left on device writing"))]
     assert list((tmp_path / "copy" / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["--out FILE", "--out FILE/sub", "--triton-cache FILE"])
+def test_a_path_that_cannot_be_a_dir_is_one_line(tmp_path, harness, where):
+    afile = tmp_path / "afile"
+    afile.write_text("not a dir\n")
+    flag, path = where.split()
+    proc = harness("record", "softmax", "--backend", "interpreter", flag, path.replace("FILE", str(afile)))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: ") and str(afile) in line

@@ -228,8 +228,21 @@ def side_compiler_key(side: Side) -> dict:
     return key
 
 
-class StepInterrupted(KeyboardInterrupt):
-    """A Ctrl-C reached the A/B during a step, and the step has stopped."""
+class Stopped(KeyboardInterrupt):
+    """A Ctrl-C or a SIGTERM (a corpus A/B's timeout or its own stop) reached the A/B: it reports
+    what completed and exits 128 + the signal."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StepInterrupted(Stopped):
+    """The signal reached the A/B during a step, went on to the step, and the step has stopped."""
+
+
+def _stop_on(signum, frame):
+    raise Stopped(signum)
 
 
 class Runner:
@@ -284,15 +297,15 @@ class Runner:
         print(f"{what} ...", end="", flush=True)
         start = time.monotonic()
         code, interrupted = launch.run(
-            request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT,),
-            on_forward=lambda _: print("\ninterrupted: stopping the running side and reporting what completed",
-                                       flush=True),
+            request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT, signal.SIGTERM),
+            on_forward=lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side and "
+                                       "reporting what completed", flush=True),
             log=self.log, env=side.env,
             # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
             # build_side_env): it gets the checkout alone.
             pythonpath=str(paths.REPO_ROOT) if side.requirements else None)
         if interrupted is not None:
-            raise StepInterrupted
+            raise StepInterrupted(interrupted)
         elapsed = time.monotonic() - start
         runs = sorted(request.out.glob("*/run.json"))
         run_dir = runs[-1].parent if runs else None
@@ -483,17 +496,21 @@ def run_from_args(args) -> int:
     if not backends.get(plan.backend).measures_performance:
         print(table.not_performance_note(plan.backend))
     runner = Runner(plan, ab_dir)
-    interrupted = False
+    interrupted = None
+    # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
+    # step is stopped, the side caches removed and what completed reported.
+    previous = signal.signal(signal.SIGTERM, _stop_on)
     try:
         results = runner.run()
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
     except KeyboardInterrupt as exc:
-        interrupted = True
+        interrupted = getattr(exc, "signum", signal.SIGINT)
         if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
-            print("\ninterrupted: reporting what completed")
+            print(f"\ninterrupted ({signal.Signals(interrupted).name}): reporting what completed", flush=True)
         results = runner.results
     finally:
+        signal.signal(signal.SIGTERM, previous)
         runner.close()
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:
@@ -509,4 +526,4 @@ def run_from_args(args) -> int:
                "ir": ir_per_op}
     code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, {plan.backend},
                   plan.repeats)
-    return 130 if interrupted else 1 if failed or unmeasured else code
+    return 128 + interrupted if interrupted else 1 if failed or unmeasured else code
