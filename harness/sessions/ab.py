@@ -27,6 +27,7 @@ from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
 from harness.providers import flaggems, registry
 from harness.sessions import resolve
+from ops import DTYPE_NAMES
 from reports import ab_report, compare, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
@@ -121,6 +122,13 @@ def _side(data, name: str, where: str) -> Side:
     env = data.get("env") or {}
     if not isinstance(env, dict):
         raise PlanError(f"{where}: side '{name}': env must be a mapping of NAME: value")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise PlanError(f"{where}: side '{name}': env name {key!r} is not a variable name")
+        # yaml reads `true`, `null` and `on` as non-strings, whose str() is no value a switch expects.
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise PlanError(f"{where}: side '{name}': env {key}: {value!r} is not a string or a number "
+                            "(quote it: '1', 'true')")
     python = data.get("python")
     if python is not None and not Path(python).is_file():
         raise PlanError(f"{where}: side '{name}': python {python} does not exist")
@@ -141,8 +149,12 @@ def load_plan(path: Path) -> Plan:
     if not isinstance(repeats, int) or repeats < 2:
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
     shapes = data.get("shapes")
-    if shapes is not None:
+    if shapes is not None and shapes != flaggems.UPSTREAM:
         shapes = str((path.parent / shapes).resolve())
+    dtypes = data.get("dtypes")
+    if dtypes is not None and (not isinstance(dtypes, list) or not dtypes
+                               or not all(d in DTYPE_NAMES for d in dtypes)):
+        raise PlanError(f"plan {path}: 'dtypes' must be a non-empty list of {', '.join(DTYPE_NAMES)}, not {dtypes!r}")
     measurement = {name: data[name] for name in MEASUREMENT if data.get(name) is not None}
     for name, choices in (("timer", spec_mod.TIMERS), ("l2", spec_mod.L2_MODES)):
         if name in measurement and measurement[name] not in choices:
@@ -152,7 +164,7 @@ def load_plan(path: Path) -> Plan:
                                     or measurement[name] < 0):
             raise PlanError(f"plan {path}: '{name}' must be a non-negative number, not {measurement[name]!r}")
     return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, shapes=shapes,
-                dtypes=data.get("dtypes"), backend=data.get("backend"), device=data.get("device"),
+                dtypes=dtypes, backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
                 flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
                 level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
@@ -438,7 +450,7 @@ def resolve_plan(args) -> Plan:
     if args.backend:
         plan.backend = args.backend
     if args.shapes:
-        plan.shapes = str(args.shapes.resolve())
+        plan.shapes = str(args.shapes) if str(args.shapes) == flaggems.UPSTREAM else str(args.shapes.resolve())
     if args.dtypes:
         plan.dtypes = args.dtypes
     if args.device is not None:
@@ -451,7 +463,7 @@ def resolve_plan(args) -> Plan:
     for name in MEASUREMENT:
         if getattr(args, name, None) is not None:
             setattr(plan, name, getattr(args, name))
-    _check_ops(plan)
+    _check_plan(plan)
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
@@ -459,10 +471,12 @@ def resolve_plan(args) -> Plan:
     return plan
 
 
-def _check_ops(plan: Plan) -> None:
-    """Every op of the plan resolves before the first step: a typo in the last op would otherwise
-    surface only after the others' A/Bs ran. Built-in and FlagGems names resolve without importing
+def _check_plan(plan: Plan) -> None:
+    """Every op of the plan resolves, and its shape file exists, before the first step: a typo would
+    otherwise surface only after the A/Bs before it ran. Built-in and FlagGems names resolve without importing
     torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
+    if plan.shapes not in (None, flaggems.UPSTREAM) and not Path(plan.shapes).is_file():
+        raise UsageError(f"shape file {plan.shapes} does not exist")
     try:
         dirs = flaggems.parse_dirs(plan.flaggems_dirs)
         for op in plan.ops:
