@@ -27,6 +27,13 @@ def _dtype_list(text: str) -> list[str]:
     return items
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def _nonneg_float(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -107,7 +114,7 @@ def _add_corpus(sel, run_) -> None:
                      help="the sample's seed (default 0): the same seed and inventory pick the same ops")
     run_.add_argument("--devices", metavar="LIST", default=None,
                       help="comma-separated device indices (default: the backend's visible devices)")
-    run_.add_argument("--op-timeout", type=float, metavar="S", default=None,
+    run_.add_argument("--op-timeout", type=_positive_float, metavar="S", default=None,
                       help="per-op timeout in seconds; the op's process group is killed (default: 1800; "
                            "--resume: the batch's)")
     run_.add_argument("--resume", action="store_true",

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive, wait_for
+from conftest import REPO, alive, load, wait_for
 
 import backends
 from harness.core import opguard, rundir
@@ -166,6 +166,7 @@ def test_batch_dir_is_honoured_and_resume_reuses_what_the_batch_stored(harness_b
                                           "crash_op", "--dtypes", "fp32", "--batch-dir", d))
     assert code == 1 and f"batch dir: {d}" in out.splitlines(), out + err
     assert statuses(d)["add"]["status"] == "PASS" and statuses(d)["crash_op"]["status"] == "FAIL"
+    stored_selection = load(d / "batch.json")["request"]["selection"]
 
     code, _, err = finish(harness_batch("--backend", "interpreter", "--ops", "add", "--batch-dir", d))
     assert code == 2 and err.strip().splitlines() == [
@@ -194,8 +195,12 @@ def test_batch_dir_is_honoured_and_resume_reuses_what_the_batch_stored(harness_b
 
     code, out, err = finish(harness_batch("--resume", "--batch-dir", d, "--ops", "add"))
     assert code == 0, out + err
-    assert out.splitlines()[0].startswith("resume: the selection given on the command line (not the 2 ops stored")
+    assert out.splitlines()[0].startswith("resume: the selection given on the command line (batch.json keeps its 2")
     assert "1 selected, 1 already done" in out
+    # The batch still owes crash_op: a plain resume runs it again, the narrowed resume forgot nothing.
+    assert load(d / "batch.json")["request"]["selection"] == stored_selection
+    code, out, err = finish(harness_batch("--resume", "--batch-dir", d))
+    assert "resume: the selection stored in batch.json (2 ops)" in out and "2 selected, 1 already done" in out
 
 
 def test_bad_devices_are_one_line_and_create_nothing(harness_batch, tmp_path):

@@ -875,8 +875,9 @@ def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
     args = parse("--resume", "--batch-dir", tmp_path, "--backend", "cpu", "--op-timeout", "9", "--triage",
                  "--ops", "add")
     line = batch._apply_stored(args, stored)
-    assert line == ("resume: the selection given on the command line (not the 2 ops stored in batch.json); options "
-                    "from batch.json: --devices --dtypes --shapes --ops-path --flaggems-dir --level --flagtune "
+    assert line == ("resume: the selection given on the command line (batch.json keeps its 2 ops, and adds any "
+                    "new: a plain --resume runs those not done); options from batch.json: --devices --dtypes "
+                    "--shapes --ops-path --flaggems-dir --level --flagtune "
                     "--libtuner-cache --replay-root; from the command line: --backend --op-timeout --triage")
     assert (args.backend, args.op_timeout, args.triage) == ("cpu", 9.0, True)
 
@@ -922,7 +923,7 @@ def test_apply_stored_names_the_selection_and_only_the_options_asked_for(tmp_pat
     assert (args.backend, args.level) == (None, "core")
     for given in (["--all"], ["--ops-file", "f"], ["--repos", "builtin"]):
         line = batch._apply_stored(parse("--resume", *given), {"selection": [ADD.id, MM.id, ADD.id]})
-        assert line.startswith("resume: the selection given on the command line (not the 3 ops stored in "), given
+        assert line.startswith("resume: the selection given on the command line (batch.json keeps its 3 ops"), given
 
 
 # --- selection ------------------------------------------------------------------------------------------------
@@ -1107,8 +1108,9 @@ def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_p
     assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--ops-path", OPS, "--all", "--repos", "path",
                                      "--op-timeout", "3")) == 1
     out = lines(capsys)
-    assert out[0] == ("resume: the selection given on the command line (not the 1 ops stored in batch.json); "
-                      "options from batch.json: --backend --devices; from the command line: --ops-path --op-timeout")
+    assert out[0] == ("resume: the selection given on the command line (batch.json keeps its 1 ops, and adds any "
+                      "new: a plain --resume runs those not done); options from batch.json: --backend --devices; "
+                      "from the command line: --ops-path --op-timeout")
     n = len([e for e in batch._entries([str(OPS)], {}) if e.repo == "path"])
     assert out[2] == f"{n - 1} selected, 0 already done, 1 excluded; devices [0]; backend interpreter"
     assert out[3] == "  excluded path:skip_op: skip mark: not meaningful on this backend"
@@ -1270,9 +1272,9 @@ def test_a_resume_of_a_batch_json_without_a_request_takes_the_command_line(tmp_p
     (tmp_path / "b" / batch.BATCH_JSON).write_text("{}")  # written by a batch that died right after starting
     assert batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b", "--backend", "interpreter",
                                      "--ops", "add", "--devices", "0")) == 0
-    assert lines(capsys)[0] == ("resume: the selection given on the command line (not the 0 ops stored in "
-                                "batch.json); options from batch.json: none; from the command line: --backend "
-                                "--devices")
+    assert lines(capsys)[0] == ("resume: the selection given on the command line (batch.json keeps its 0 ops, and "
+                                "adds any new: a plain --resume runs those not done); options from batch.json: none; "
+                                "from the command line: --backend --devices")
 
 
 @dataclasses.dataclass
@@ -1441,3 +1443,18 @@ def test_the_exit_code_counts_our_failures_and_lists_upstreams_apart(tmp_path, c
     write_statuses(status_row(ADD, "PASS"), status_row(MM, "SKIP"), status_row(FG, "TIMEOUT_UPSTREAM"))
     assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 0
     assert "not passed" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", ["{", "[1]", '{"request": [1]}'])
+def test_a_resume_of_a_batch_json_that_does_not_read_is_one_line(tmp_path, text):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / batch.BATCH_JSON).write_text(text)
+    with pytest.raises(UsageError, match=r"--resume: .*batch.json is corrupt"):
+        batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b"))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_an_op_timeout_that_is_not_positive_is_refused(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse("--ops", "add", "--op-timeout", value)
+    assert exc.value.code == 2 and "--op-timeout: must be > 0" in capsys.readouterr().err

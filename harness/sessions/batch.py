@@ -571,13 +571,14 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         print(f"summary: {write_summary(args.summarize.resolve())}")
         return 0
     with contextlib.ExitStack() as held:
-        stored, origin = {}, ""
+        previous, stored, origin = {}, {}, ""
         if args.resume and args.batch_dir is not None:
             batch_dir = args.batch_dir.resolve()
             if not (batch_dir / BATCH_JSON).is_file():
                 raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {BATCH_JSON})")
             held.enter_context(_own(batch_dir))
-            stored = rundir.read_json(batch_dir / BATCH_JSON).get("request", {})
+            previous = _read_batch_json(batch_dir)
+            stored = previous.get("request", {})
             origin = _apply_stored(args, stored, runner_cls.STORED)
         elif args.batch_dir is not None:
             _check_new_batch_dir(args.batch_dir.resolve())
@@ -602,10 +603,16 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         else:
             batch_dir = _new_batch_dir(args, runner_cls.dir_prefix(extra))
             held.enter_context(_own(batch_dir))
+        # A resume given its own selection runs that, and the batch keeps every op it had: a later
+        # plain --resume still owes the ones not run yet.
+        request = _request(opts, selected)
+        request["selection"] += [i for i in stored.get("selection") or [] if i not in request["selection"]]
+        keys = [e.key for e in selected]
         rundir.merge_json(batch_dir / BATCH_JSON, {
             "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
-            "selected": [e.key for e in selected], "excluded": {e.key: why for e, why in excluded},
-            "left_out_repos": dict(left_out), "request": {**_request(opts, selected), **extra}})
+            "selected": keys + [k for k in previous.get("selected") or [] if k not in keys],
+            "excluded": {e.key: why for e, why in excluded},
+            "left_out_repos": dict(left_out), "request": {**request, **extra}})
         runner = runner_cls(batch_dir, opts, op_dtypes)
         todo = [e for e in selected if not (args.resume and completed(batch_dir, e, opts.op_timeout))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
@@ -613,6 +620,18 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         for e, why in excluded:
             print(f"  excluded {e.key}: {why}")
         return _run(runner, todo, selected, args)
+
+
+def _read_batch_json(batch_dir: Path) -> dict:
+    path = batch_dir / BATCH_JSON
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume: {path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir "
+                         "with the same selection and options") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("request", {}), dict):
+        raise UsageError(f"--resume: {path} is corrupt (not a batch's record)")
+    return data
 
 
 def _measurement(args) -> dict:
@@ -777,7 +796,8 @@ def _apply_stored(args, stored: dict, names: tuple[str, ...] = STORED_OPTIONS) -
             from_file.append(flag)
     n = len(stored.get("selection") or [])
     if args.all or args.ops or args.ops_file or args.repos:
-        selection = f"the selection given on the command line (not the {n} ops stored in {BATCH_JSON})"
+        selection = (f"the selection given on the command line ({BATCH_JSON} keeps its {n} ops, and adds any new: "
+                     "a plain --resume runs those not done)")
     else:
         selection = f"the selection stored in {BATCH_JSON} ({n} op{'s' * (n != 1)})"
     return (f"resume: {selection}; options from {BATCH_JSON}: {' '.join(from_file) or 'none'}; "
