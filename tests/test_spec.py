@@ -147,3 +147,18 @@ def test_a_replay_keeps_the_recorded_l2_and_timer(tmp_path, monkeypatch):
 def test_replay_takes_no_l2_of_its_own():
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["replay", "runs/x", "--l2", "warm"])
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("timer", "nope", "timer 'nope' not one of"), ("seed", "x", "seed is 'x', not of type int"),
+    ("seed", True, "seed is True, not of type int"), ("device", 1.5, "device is 1.5, not of type int"),
+    ("dtypes", "fp16", "dtypes is 'fp16', not of type list[str]"), ("rep_ms", None, "rep_ms is None, not of type"),
+    ("replay_from", 3, "replay_from is 3, not of type str | None")])
+def test_a_hand_edited_spec_value_is_refused_naming_the_field(tmp_path, field, value, message):
+    spec = spec_mod.RunSpec(op="softmax", backend="interpreter", mode="record", device=0, dtypes=["fp32"],
+                            shapes_source="s.yaml#softmax", rep_ms=2)
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps({"spec": {**spec.to_json(), field: value}}))
+    with pytest.raises(spec_mod.SpecError, match=message.replace("|", r"\|").replace("[", r"\[")):
+        spec_mod.read(tmp_path)
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps({"spec": spec.to_json()}))
+    assert spec_mod.read(tmp_path).rep_ms == 2  # an int where a float is typed reads

@@ -5,6 +5,8 @@ under run.json's "observed" key."""
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from pathlib import Path
 
 from harness.core import rundir
@@ -32,6 +34,29 @@ def _fields(cls, data, what: str, where: str) -> dict:
     return {f.name: data[f.name] for f in fields if f.name in data}
 
 
+def _is(value, kind) -> bool:
+    if kind is type(None):
+        return value is None
+    kind = typing.get_origin(kind) or kind
+    if kind in (int, float):  # json has no int/float line for a float field; bool is no number here
+        return isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if dataclasses.is_dataclass(kind):  # a nested object: its own from_json says what is wrong
+        return True
+    return isinstance(value, kind)
+
+
+def _check_types(cls, fields: dict, where: str) -> None:
+    """SpecError naming the first field whose value is not of the field's type: a hand-edited
+    run.json is refused here, not found out by each row failing in the child."""
+    hints = typing.get_type_hints(cls)
+    for name, value in fields.items():
+        hint = hints[name]
+        kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if not any(_is(value, kind) for kind in kinds):
+            named = hint.__name__ if isinstance(hint, type) else hint
+            raise SpecError(f"{where}: {name} is {value!r:.60}, not of type {named}")
+
+
 @dataclasses.dataclass(frozen=True)
 class FlagGemsOptions:
     """What a FlagGems run is, beyond the op: recorded in the spec, identical on both A/B sides.
@@ -56,7 +81,9 @@ class FlagGemsOptions:
 
     @classmethod
     def from_json(cls, data, where: str) -> FlagGemsOptions:
-        return cls(**_fields(cls, data, "flaggems", where))
+        fields = _fields(cls, data, "flaggems", where)
+        _check_types(cls, fields, where)
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +131,7 @@ class RunSpec:
         if isinstance(data, dict) and data.get("version") != SPEC_VERSION:
             raise SpecError(f"{where}: spec version {data.get('version')!r}, expected {SPEC_VERSION}")
         fields = _fields(cls, data, "spec", where)
+        _check_types(cls, fields, where)
         if fields.get("flaggems") is not None:
             fields["flaggems"] = FlagGemsOptions.from_json(fields["flaggems"], where)
         spec = cls(**fields)
@@ -111,6 +139,8 @@ class RunSpec:
             raise SpecError(f"{where}: mode {spec.mode!r} not one of {MODES}")
         if spec.l2 not in L2_MODES:
             raise SpecError(f"{where}: l2 {spec.l2!r} not one of {L2_MODES}")
+        if spec.timer not in TIMERS:
+            raise SpecError(f"{where}: timer {spec.timer!r} not one of {TIMERS}")
         return spec
 
 
