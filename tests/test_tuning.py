@@ -571,3 +571,14 @@ def test_record_records_preset_picks_with_pre_hooks_the_tuner_reattaches(patch_o
     assert tuner.run((1,)) is HOOKED[0] and tuner.swept == []
     assert patch.counts == counts(injected=1, recorded=1) and log.marks == []
     assert patch.store.data["kernels"][KID]["[1]"]["config"] == picks["kernels"][KID]["[1]"]["config"]
+
+
+def test_a_row_names_every_config_a_kernel_ran_with_under_several_keys():
+    from harness.child.plugins import autotune
+
+    ctx = types.SimpleNamespace(configs={})
+    plugin = autotune.AutotunePlugin(ctx)
+    for kernel, config in (("m.k", "BLOCK=64 num_warps=2"), ("m.k", "BLOCK=64 num_warps=1"),
+                           ("m.k", "BLOCK=64 num_warps=2"), ("m.other", "BLOCK=8 num_warps=4")):
+        plugin._chosen(kernel, config)
+    assert ctx.configs == {"m.k": "BLOCK=64 num_warps=2 | BLOCK=64 num_warps=1", "m.other": "BLOCK=8 num_warps=4"}

@@ -8,6 +8,8 @@ from pathlib import Path
 from harness.core import identity, rundir
 from harness.measure import precompile, tuning
 
+CONFIG_SEPARATOR = " | "
+
 
 class AutotunePlugin:
     def __init__(self, ctx):
@@ -56,7 +58,13 @@ class AutotunePlugin:
         return write
 
     def _chosen(self, kernel: str, config: str) -> None:
-        self.ctx.configs[kernel] = config
+        # A kernel launched under several keys in one case (two sizes per call, say) ran with each
+        # of their configs: the row names them all, in launch order, not the last one alone.
+        seen = self.ctx.configs.get(kernel)
+        if seen is None:
+            self.ctx.configs[kernel] = config
+        elif config not in seen.split(CONFIG_SEPARATOR):
+            self.ctx.configs[kernel] = seen + CONFIG_SEPARATOR + config
 
     def pytest_sessionfinish(self, session):
         if self.patch is None:
