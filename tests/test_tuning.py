@@ -211,6 +211,17 @@ def test_config_from_json_returns_the_spaces_own_object():
     assert tuning.config_from_json(data, CONFIGS) == (CONFIGS[3], True)
 
 
+def test_a_config_whose_kwargs_json_cannot_hold_is_found_in_its_space_after_a_round_trip(tmp_path):
+    # tl dtypes as constexprs and tuples are stored as their str and lists: the replay must still
+    # find the space's own Config (with the real values), not build one from the strings.
+    space = [triton.Config({"BLOCK": 16, "ACC": acc, "DIMS": (1, 2)}, num_warps=w)
+             for acc in (tl.float32, tl.float64) for w in (1, 2)]
+    store = tuning.RecordStore(tmp_path / "op.json", "op")
+    store.add("m.k", (300,), tuning.config_to_json(space[3]), "fp32-300")
+    entry = tuning.load_records(tmp_path / "op.json")["kernels"]["m.k"][tuning.key_str((300,))]
+    assert tuning.config_from_json(entry["config"], space) == (space[3], True)
+
+
 def test_pre_hook_configs_serialise_only_where_the_tuner_reattaches_the_hook():
     hooked = triton.Config({"BLOCK": 16}, num_warps=1, pre_hook=lambda nargs: None)
     assert tuning.config_to_json(hooked) is None

@@ -49,13 +49,20 @@ def config_to_json(config, hook_reattached: bool = False) -> dict | None:
     return out
 
 
+def as_stored(data):
+    """`data` as it reads back from a records file (rundir's json writer: str() for what json lacks)."""
+    return json.loads(json.dumps(data, default=str))
+
+
 def config_from_json(data: dict, space, hook_reattached: bool = False) -> tuple[object, bool]:
     """(config, in_space): the matching Config object of the autotuner's own space when there is
     one (with its pre_hook), else a new Config built from the record."""
     import triton
 
     for config in space:
-        if config_to_json(config, hook_reattached) == data:
+        # Compared as stored: a kwarg json cannot hold as is (a tl.float32 constexpr, a tuple) was
+        # written as its str or list, and the space's own Config carries the real value.
+        if as_stored(config_to_json(config, hook_reattached)) == data:
             return config, True
     kwargs = {k: v for k, v in data.items() if k != "kwargs"}
     return triton.Config(dict(data["kwargs"]), **kwargs), False
