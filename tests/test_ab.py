@@ -134,6 +134,12 @@ def test_compare_two_records_shows_config_drift(harness, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rows whose sides ran different autotune configs: 1" in proc.stdout
     assert "config_differs" in proc.stdout
+    # A results.json that does not read is one line, before any report is written.
+    (runs[1] / "results.json").write_text('{"rows": [')
+    proc = harness("ab", "--compare", runs[0], runs[1], "--out", tmp_path / "cmp2")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: --compare: {runs[1] / 'results.json'} does not "
+                                                           "read as results"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and not (tmp_path / "cmp2").exists()
 
 
 def test_plan_errors_name_file_and_field(tmp_path):

@@ -1458,3 +1458,9 @@ def test_an_op_timeout_that_is_not_positive_is_refused(value, capsys):
     with pytest.raises(SystemExit) as exc:
         parse("--ops", "add", "--op-timeout", value)
     assert exc.value.code == 2 and "--op-timeout: must be > 0" in capsys.readouterr().err
+
+
+def test_summarize_of_a_dir_that_is_no_batch_is_refused_and_writes_nothing(tmp_path):
+    with pytest.raises(UsageError, match="not a batch dir"):
+        batch.run_from_args(parse("--summarize", tmp_path))
+    assert not list(tmp_path.iterdir())

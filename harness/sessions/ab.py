@@ -496,8 +496,12 @@ def run_from_args(args) -> int:
         for d in (dir_a, dir_b):
             try:
                 backend_names.add(spec_mod.read(d).backend)
+                compare.load_rows(d)
             except spec_mod.SpecError as exc:
                 raise UsageError(f"--compare: {exc}") from exc
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                results = d / rundir.RESULTS_JSON
+                raise UsageError(f"--compare: {results} does not read as results ({exc!r:.120})") from exc
         out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),

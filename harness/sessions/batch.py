@@ -568,6 +568,8 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             raise UsageError(f"--executor {executor} needs the {package} package in this environment "
                              f"(pip install {package})")
     if args.summarize:
+        if not (args.summarize / BATCH_JSON).is_file():
+            raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {BATCH_JSON})")
         print(f"summary: {write_summary(args.summarize.resolve())}")
         return 0
     with contextlib.ExitStack() as held:
