@@ -204,3 +204,26 @@ def test_a_path_that_cannot_be_a_dir_is_one_line(tmp_path, harness, where):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: ") and str(afile) in line
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_parallel_sweep_leaves_an_outcome_and_no_shard(tmp_path, signame):
+    cmd = [sys.executable, "-m", "harness", "record", "slow_op", "--backend", "interpreter", "--ops-path", FAULT_OPS,
+           "--shapes", shapes_file(tmp_path, "slow_op"), "--sweep-devices", "2", "--out", tmp_path / "runs"]
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=harness_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "runs").glob("*/sweep/shard1.log")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)  # the shards are sweeping
+    signum = getattr(signal, signame)
+    os.kill(proc.pid, signum)  # the parent alone, as a scheduler or `kill` does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, out + err
+    run_dir = the_run_dir(tmp_path)
+    outcome = load(run_dir / "run.json")["observed"]["outcome"]
+    assert outcome["reason"] == f"interrupted ({signame}) during the parallel sweep" and outcome["rows_done"] == 0
+    assert f"record INCOMPLETE: 0/{PLANNED} rows, interrupted ({signame}) during the parallel sweep" in out
+    assert "Traceback" not in out + err
+    assert wait_gone(str(run_dir)) == []
