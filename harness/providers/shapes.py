@@ -58,11 +58,15 @@ def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],
             raise ShapeFileError(f"{where}: shapes[{i}] = {shape!r} is not a list of positive ints")
         if ndim is not None and len(shape) != ndim:
             raise ShapeFileError(f"{where}: shapes[{i}] = {shape} has {len(shape)} dims, '{op_name}' takes {ndim}")
+        if list(shape) in out:  # rows are keyed by shape: a second one would collide with the first
+            raise ShapeFileError(f"{where}: shapes[{i}] = {shape} repeats shapes[{out.index(list(shape))}]")
         out.append(list(shape))
     dtypes = entry.get("dtypes")
     if dtypes is not None:
-        if not isinstance(dtypes, list) or not all(d in DTYPE_NAMES for d in dtypes):
-            raise ShapeFileError(f"{where}: dtypes {dtypes!r} must be a list drawn from {list(DTYPE_NAMES)}")
+        if (not isinstance(dtypes, list) or not dtypes or not all(d in DTYPE_NAMES for d in dtypes)
+                or len(set(dtypes)) != len(dtypes)):
+            raise ShapeFileError(f"{where}: dtypes {dtypes!r} must be a non-empty list of distinct names drawn from "
+                                 f"{list(DTYPE_NAMES)}")
     return key, out, dtypes
 
 
