@@ -413,6 +413,18 @@ def test_a_pass_whose_every_case_skipped_is_a_skip_with_the_reason(tmp_path, lau
     assert r.run_op(ADD, 0)["status"] == "FAIL"  # a failure is never a skip
 
 
+def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    # Each attempt's output starts at its `$ command` line, as launch.start writes it.
+    launcher.plan["add"] = [Step(code=2, rows=None, log="$ cmd\nerror: s.yaml: no entry for 'add' (keys tried: add)\n"),
+                            Step(code=0, rows=[row()])]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"]) == ("FAIL", 1)
+    assert got["notes"] == "bad input, not retried: s.yaml: no entry for 'add' (keys tried: add)"
+    launcher.plan["add"] = [Step(code=2, rows=None, log="$ cmd\nTraceback\n")]  # the earlier error is not this one
+    assert r.run_op(ADD, 0)["notes"] == "bad input, not retried: see batch.log"
+
+
 def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, launcher, clock):
     r = runner_for(tmp_path, launcher)
     op_dir = batch._op_dir(tmp_path, ADD)
@@ -465,10 +477,10 @@ def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
     assert (op_dir / "batch.log").read_text().endswith(note)
     assert (op_dir / "attempt1" / "run" / rundir.RUN_LOG).read_text().endswith(note)
     assert not (op_dir / ".complete").exists()
-    launcher.plan["add"] = [Step(code=2), Step(code=None)]  # a timeout after a failure
+    launcher.plan["add"] = [Step(code=3), Step(code=None)]  # a timeout after a failure
     got = r.run_op(ADD, 0)
     assert (got["status"], got["attempts"], got["exit_code"]) == ("TIMEOUT", 2, "")
-    assert got["notes"] == ("retry after exit 2; timeout after 20 s before its run dir was written (the op never "
+    assert got["notes"] == ("retry after exit 3; timeout after 20 s before its run dir was written (the op never "
                             "started a case) (killed, not retried)")
 
 

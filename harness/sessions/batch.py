@@ -317,6 +317,9 @@ class Batch:
                     dtypes = None
                 continue
             codes.append(code)
+            if code == UsageError.exit_code:  # refused before it ran: a retry is refused the same way
+                notes.append(f"bad input, not retried: {_error_line(log_path)}")
+                break
             if len(codes) >= 2 and codes[-1] == codes[-2]:
                 notes.append(f"exit {code} twice in a row: deterministic, not retried further")
                 break
@@ -462,6 +465,15 @@ def _dtype_rejected(code: int, attempt_dir: Path) -> bool:
         return bool(runs) and rundir.read_json(runs[-1]).get("observed", {}).get("dtype_rejected") is True
     except (OSError, ValueError):
         return False
+
+
+def _error_line(log_path: Path) -> str:
+    """The `error: ...` line the last attempt printed into the op's log (what refused it), else a
+    pointer to the log. Each attempt's output starts at its `$ command` line (launch.start)."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.startswith("$ ")), default=-1)
+    found = next((line for line in reversed(lines[last + 1:]) if line.startswith("error: ")), None)
+    return found[len("error: "):].strip()[:300] if found else f"see {log_path.name}"
 
 
 def _pytest_line(log_path: Path, code: int) -> str:
