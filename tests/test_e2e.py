@@ -130,7 +130,8 @@ def test_a_wrong_candidate_fails_its_row_with_no_time(harness, tmp_path):
     assert "[1/1] wrong_add fp32-64 FAILED AssertionError: candidate disagrees with baseline" in proc.stdout
 
 
-@pytest.mark.parametrize("op,status", [("nan_through", "SUCCESS"), ("nan_own", "FAILED"), ("static_some", "SUCCESS")])
+@pytest.mark.parametrize("op,status", [("nan_through", "SUCCESS"), ("nan_own", "FAILED"), ("static_some", "SUCCESS"),
+                                       ("bare_inputs", "FAILED")])
 def test_nan_the_baseline_has_agrees_and_configs_the_interpreter_refuses_are_swept_past(harness, tmp_path, op, status):
     # nan_through propagates its inputs' NaN as torch does; nan_own writes a NaN of its own.
     # static_some's kernel refuses its smallest block by a static_assert: the sweep goes on.
@@ -141,6 +142,8 @@ def test_nan_the_baseline_has_agrees_and_configs_the_interpreter_refuses_are_swe
     (row,) = load(run_dir_of(proc) / "results.json")["rows"]
     assert row["status"] == status, proc.stdout
     assert proc.returncode == (0 if status == "SUCCESS" else 1)
+    if op == "bare_inputs":
+        assert row["error"].startswith("TypeError: operator bare_inputs: inputs() must return a tuple of arguments")
     if op == "static_some":
         (config,) = row["configs"].values()
         assert config.split()[0] in ("BLOCK=512", "BLOCK=1024", "BLOCK=2048")  # never the refused one

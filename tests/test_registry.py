@@ -87,6 +87,13 @@ def test_an_operator_bound_to_two_names_or_reached_twice_is_one_operator(tmp_pat
         assert op.name == "reg_alias" and provider == str(d / "reg_alias.py")
 
 
+def test_an_operator_module_imports_a_helper_file_of_its_folder(tmp_path):
+    d = ops_dir(tmp_path, _reg_helpers="FROM_HELPER = 'reg_helped'\n",
+                reg_uses_helper="from _reg_helpers import FROM_HELPER\n" + GOOD.format(name="reg_helped"))
+    op, _ = registry.load("reg_helped", [str(d)], warn=lambda line: None)
+    assert op.name == "reg_helped" and sys.path[-1] == str(d)  # after everything installed
+
+
 def test_files_of_one_name_in_two_ops_paths_are_both_loaded(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     for d, name in ((first, "reg_stem_a"), (second, "reg_stem_b")):

@@ -16,6 +16,8 @@ def test_op(case, run_context, measure_pair, record_row):
         pytest.skip(op.skip)
     device = run_context.backend.torch_device()
     args = op.inputs(case.shape, TORCH_DTYPES[case.dtype], device)
+    if not isinstance(args, (tuple, list)):  # a bare tensor would be unpacked along its first dim, silently
+        raise TypeError(f"operator {op.name}: inputs() must return a tuple of arguments, not {type(args).__name__}")
     # Before anything runs on them: an operator that writes into its inputs must not change the digest.
     digest = case_digest(run_context, args)
 

@@ -86,6 +86,10 @@ def _import_file(path: Path):
         return loaded
 
     def run():
+        # Its folder's other files (helpers such as `_common.py`) import by name; appended, so
+        # they never shadow an installed module.
+        if str(path.parent) not in sys.path:
+            sys.path.append(str(path.parent))
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module

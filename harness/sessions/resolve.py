@@ -62,7 +62,8 @@ def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
     chosen = dtypes or file_dtypes or list(op.dtypes)
     unsupported = [d for d in chosen if d not in op.dtypes]
     if unsupported:
-        raise DtypeRejected(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)}")
+        raise DtypeRejected(f"operator '{op.name}' does not take dtype(s) {unsupported}; it takes {list(op.dtypes)} "
+                            f"(pick with --dtypes {','.join(d for d in op.dtypes)})")
     return key, shape_list, chosen
 
 

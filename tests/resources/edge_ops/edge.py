@@ -46,3 +46,8 @@ def _copy(x):
 static_some = Operator(name="static_some", inputs=lambda shape, dtype, device: (torch.randn(*shape, dtype=dtype,
                                                                                             device=device),),
                        baseline=torch.clone, candidate=_copy, dtypes=("fp32",), shape_keys=("pointwise",))
+
+# inputs() returning a bare tensor, not a tuple: unpacked, it would be two tensors of the shape.
+bare_inputs = Operator(name="bare_inputs", inputs=lambda shape, dtype, device: torch.randn(2, *shape, dtype=dtype,
+                                                                                           device=device),
+                       candidate=triton_add, **COMMON)
