@@ -131,10 +131,12 @@ def test_a_wrong_candidate_fails_its_row_with_no_time(harness, tmp_path):
 
 
 @pytest.mark.parametrize("op,status", [("nan_through", "SUCCESS"), ("nan_own", "FAILED"), ("static_some", "SUCCESS"),
-                                       ("bare_inputs", "FAILED")])
-def test_nan_the_baseline_has_agrees_and_configs_the_interpreter_refuses_are_swept_past(harness, tmp_path, op, status):
-    # nan_through propagates its inputs' NaN as torch does; nan_own writes a NaN of its own.
-    # static_some's kernel refuses its smallest block by a static_assert: the sweep goes on.
+                                       ("bare_inputs", "FAILED"), ("baseline_raises", "FAILED"),
+                                       ("candidate_raises", "FAILED")])
+def test_operators_at_the_edges_pass_or_fail_with_a_clear_error(harness, tmp_path, op, status):
+    # tests/resources/edge_ops: nan_through propagates its inputs' NaN as torch does, nan_own writes
+    # a NaN of its own; static_some's kernel refuses its smallest block by a static_assert, and the
+    # sweep goes on; bare_inputs returns a tensor, not a tuple; *_raises: which side raised.
     shapes = tmp_path / "one.yaml"
     shapes.write_text(f"{op}:\n  shapes: [[300]]\n")
     proc = harness("record", op, "--backend", "interpreter", "--ops-path", RESOURCES / "edge_ops", "--shapes", shapes,
@@ -142,6 +144,10 @@ def test_nan_the_baseline_has_agrees_and_configs_the_interpreter_refuses_are_swe
     (row,) = load(run_dir_of(proc) / "results.json")["rows"]
     assert row["status"] == status, proc.stdout
     assert proc.returncode == (0 if status == "SUCCESS" else 1)
+    if op.endswith("_raises"):
+        side, what = ("baseline", "torch reference") if op == "baseline_raises" else ("candidate", "kernel")
+        assert row["error"] == f"{side} raised RuntimeError: {what} not implemented"
+        assert f"FAILED {side} raised RuntimeError: {what} not implemented" in proc.stdout
     if op == "bare_inputs":
         assert row["error"].startswith("TypeError: operator bare_inputs: inputs() must return a tuple of arguments")
     if op == "static_some":

@@ -15,15 +15,20 @@ def test_op(case, run_context, measure_pair, record_row):
     if op.skip:
         pytest.skip(op.skip)
     device = run_context.backend.torch_device()
+    run_context.running = "inputs"
     args = op.inputs(case.shape, TORCH_DTYPES[case.dtype], device)
+    run_context.running = None
     if not isinstance(args, (tuple, list)):  # a bare tensor would be unpacked along its first dim, silently
         raise TypeError(f"operator {op.name}: inputs() must return a tuple of arguments, not {type(args).__name__}")
     # Before anything runs on them: an operator that writes into its inputs must not change the digest.
     digest = case_digest(run_context, args)
 
     # The first candidate call also absorbs JIT compilation and the autotune sweep (or replay).
+    run_context.running = "baseline"
     expected = op.baseline(*args)
+    run_context.running = "candidate"
     got = op.candidate(*args)
+    run_context.running = None
     atol, rtol = op.tolerance[case.dtype]
     # NaN where the baseline has NaN agrees (an op that propagates NaN); a NaN of its own does not.
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, check_dtype=True, equal_nan=True,

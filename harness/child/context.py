@@ -40,6 +40,9 @@ class RunContext:
     case_id: str = ""
     markers: list[str] = dataclasses.field(default_factory=list)
     configs: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The part of the case now running where an exception would be the operator's own ("inputs",
+    # "baseline", "candidate"): a failed row's error says which raised.
+    running: str | None = None
     # Lines for the user (harness.child.console); pytest's own output goes to run.log only.
     say: Callable[..., None] = print
     # Why the run stopped early (a signal), set by the child; the outcome written at the end.
@@ -65,6 +68,7 @@ class RunContext:
         self.case_id = case_id
         self.markers = []
         self.configs = {}
+        self.running = None
         # Kept current on disk: a run killed outright (SIGKILL, a batch timeout) still says
         # which case it was in.
         rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})

@@ -80,7 +80,8 @@ class ResultsPlugin:
                        measurements=timed.measurements if timed else None, timer=timed.timer if timed else None)
         row.update(pending["metrics"] if pending else {})
         if not report.passed:
-            row["error"] = self._error(report)
+            raised = f"{self.ctx.running} raised " if report.failed and self.ctx.running else ""
+            row["error"] = raised + self._error(report)
         self.add_row(row)
 
     def add_row(self, row: dict) -> None:

@@ -51,3 +51,16 @@ static_some = Operator(name="static_some", inputs=lambda shape, dtype, device: (
 bare_inputs = Operator(name="bare_inputs", inputs=lambda shape, dtype, device: torch.randn(2, *shape, dtype=dtype,
                                                                                            device=device),
                        candidate=triton_add, **COMMON)
+
+
+def _raises(what):
+    def side(*args):
+        raise RuntimeError(f"{what} not implemented")
+
+    return side
+
+
+# A failed row says whether the torch baseline or the Triton candidate raised.
+baseline_raises = Operator(name="baseline_raises", inputs=_with_nan, candidate=triton_add,
+                           **{**COMMON, "baseline": _raises("torch reference")})
+candidate_raises = Operator(name="candidate_raises", inputs=_with_nan, candidate=_raises("kernel"), **COMMON)
