@@ -361,7 +361,7 @@ KEY_MISSING = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) rea
 COMPILE_FAILED = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=compile_failed"
 MIXED = "TIMER_MIXED baseline=graph candidate=direct"
 THROTTLED = "CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap sm_clock_mhz=1980->1755"
-# shape -> (flag it must carry, A's row fields, B's row fields, repeats in which the row is absent
+# shape -> (flags it must carry, comma-joined, A's row fields, B's row fields, repeats in which the row is absent
 # from B's run, repeats in which B's row FAILED)
 DEGRADED = {
     10: ("timer_fallback", {"timer": "direct", "markers": [FALLBACK_CAPTURE]},
@@ -373,7 +373,7 @@ DEGRADED = {
     14: ("timer_mixed", {"timer": "mixed", "markers": [MIXED]}, {"timer": "mixed", "markers": [MIXED]}, (), ()),
     15: ("timer_mismatch", {"timer": "graph"}, {"timer": "direct"}, (), ()),
     16: ("incomplete_b(0/3)", {}, {}, (0, 1, 2), ()),
-    17: ("incomplete_b(2/3)", {}, {}, (), (1,)),
+    17: ("failed_b(1/3),incomplete_b(2/3)", {}, {}, (), (1,)),
     18: ("clock_throttled", {}, {"markers": [THROTTLED]}, (), ()),
 }
 
@@ -400,14 +400,14 @@ def test_a_degraded_row_is_shown_flagged_and_left_out_of_the_headline(tmp_path, 
     code, report = _ab(tmp_path, {shape: DEGRADED[shape]})
     out = capsys.readouterr().out
     rows = {tuple(r["shape"]): r for r in report["rows"]}
-    assert rows[(shape,)]["flags"] == [flag]
+    assert rows[(shape,)]["flags"] == flag.split(",")
     assert [rows[tuple(s)]["flags"] for _, s, _, _ in CLEAN] == [[], [], []]
     (line,) = [ln for ln in out.splitlines() if re.match(rf"add\s+fp32\s+{shape}\s", ln)]  # shown
     assert line.split()[-1] == flag
     summary = report["summary"]
     assert summary["rows"] == 4 and summary["headline_rows"] == 3
     assert "rows: 3 of 4 in the headline; verdicts: FASTER 1, SAME 1, SLOWER 1" in out
-    assert summary["excluded"][flag.split("(")[0]] == 1
+    assert all(summary["excluded"][f.split("(")[0]] == 1 for f in flag.split(","))
     assert summary["overall"][0] == pytest.approx((1.1 * 0.9 * 1.0) ** (1 / 3))
     assert summary["control"][0] == pytest.approx(1.02)
     assert code == 1  # not every row made the headline
@@ -419,16 +419,16 @@ def test_headline_counts_clean_rows_only_with_geomeans_per_op_overall_and_contro
     code, report = _ab(tmp_path, DEGRADED)
     out = capsys.readouterr().out
     rows = {tuple(r["shape"]): r for r in report["rows"]}
-    assert {s: rows[(s,)]["flags"] for s in DEGRADED} == {s: [d[0]] for s, d in DEGRADED.items()}
+    assert {s: rows[(s,)]["flags"] for s in DEGRADED} == {s: d[0].split(",") for s, d in DEGRADED.items()}
     assert rows[(16,)]["comparison"] is None and re.search(r"add\s+fp32\s+16\s.*UNPAIRED", out)
     summary = report["summary"]
     assert summary["rows"] == 12 and summary["headline_rows"] == 3
     assert "rows: 3 of 12 in the headline; verdicts: FASTER 1, SAME 1, SLOWER 1" in out
     assert summary["verdicts"] == {"SLOWER": 1, "FASTER": 1, "SAME": 1}
     assert summary["excluded"] == {"timer_fallback": 2, "replay_fallback": 2, "timer_mixed": 1, "timer_mismatch": 1,
-                                   "incomplete_b": 2, "unpaired": 1, "clock_throttled": 1}
-    assert ("excluded from the headline: clock_throttled 1, incomplete_b 2, replay_fallback 2, timer_fallback 2, "
-            "timer_mismatch 1, timer_mixed 1, unpaired 1") in out
+                                   "failed_b": 1, "incomplete_b": 2, "unpaired": 1, "clock_throttled": 1}
+    assert ("excluded from the headline: clock_throttled 1, failed_b 1, incomplete_b 2, replay_fallback 2, "
+            "timer_fallback 2, timer_mismatch 1, timer_mixed 1, unpaired 1") in out
     assert ("CLOCK_THROTTLED rows (a thermal or power slowdown hit their measurement; out of the headline): 1\n"
             "  add fp32 18: B sw_power_cap\n") in out
     # Per operator and overall: geometric mean of the rows' B/A with a 95% t interval over rows.
