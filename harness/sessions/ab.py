@@ -463,7 +463,6 @@ def resolve_plan(args) -> Plan:
     for name in MEASUREMENT:
         if getattr(args, name, None) is not None:
             setattr(plan, name, getattr(args, name))
-    _check_plan(plan)
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
@@ -508,6 +507,7 @@ def run_from_args(args) -> int:
                    "note": "single runs: each run's raw samples stand in for repeats"}
         return report(out, [([dir_a], [dir_b])], context, warnings, backend_names)
     plan = resolve_plan(args)
+    _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
           f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
