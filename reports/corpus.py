@@ -247,6 +247,9 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict) -> dict:
             continue
         runs: dict[str, list[Path]] = {"record": [], "A": [], "B": []}
         for step in state.get("steps", []):
+            # ab.json files written before steps carried `usable` (a resumed corpus A/B's older ops)
+            # counted exit 0 alone.
+            step.setdefault("usable", step["exit"] == 0 and bool(step.get("run_dir")))
             if step["usable"]:
                 runs["record" if step["args"][0] == "record" else step["side"]].append(Path(step["run_dir"]))
         notes = [f"step failed (exit {s['exit']}): {s['what']}" for s in state.get("steps", []) if not s["usable"]]

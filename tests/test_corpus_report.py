@@ -285,6 +285,16 @@ def test_ab_dirs_pair_independent_repeats(tmp_path):
     assert "no readable ab.json" in reasons["builtin:gelu"]
 
 
+def test_an_ab_json_from_before_steps_said_usable_counts_exit_0_steps(tmp_path):
+    d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 3, [1.0] * 3, failed_b=(2,))
+    state = json.loads((d / "ab.json").read_text())
+    for step in state["steps"]:
+        del step["usable"]
+    (d / "ab.json").write_text(json.dumps(state))
+    (row,) = corpus.from_ab_dirs([("builtin:softmax", d)], {"a": "A", "b": "B"})["rows"]
+    assert row["flags"] == ["incomplete_b(2/3)"]
+
+
 def test_a_side_left_with_one_repeat_has_no_interval_and_every_report_is_written(tmp_path):
     # An op a stop cut short: B's second replay failed, so B has a single latency and the ratio's
     # interval is unbounded (0, inf). Neither bound is kept alone, and the pages still render.
