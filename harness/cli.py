@@ -103,6 +103,17 @@ def _add_measurement(parser: argparse.ArgumentParser, records: str = "") -> None
                      help="timing budget per measurement (default: the backend's, 100 on GPUs)")
 
 
+class _RecordOnly(argparse.Action):
+    """A record's measurement option given to replay: refused by name, not as an unknown argument."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is record-only: a replay measures as its record did (run.json spec); "
+                     "record again to change it")
+
+
 def _add_corpus(sel, run_) -> None:
     """The selection and running options that batch and a corpus A/B share."""
     sel.add_argument("--all", action="store_true", help="the whole inventory, minus skip marks and ops/dismiss.txt")
@@ -149,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep)
+    for flag in ("--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--sweep-devices"):
+        rep.add_argument(flag, action=_RecordOnly)
     ab = sub.add_parser("ab", help="A records, A and B replay A's configs, interleaved; compare with statistics")
     ab.add_argument("plan", type=Path, nargs="?", default=None,
                     help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
