@@ -51,8 +51,7 @@ def _cells(row: PairedRow, performance: bool) -> list:
     if not performance:
         ratio, interval, control_cell = (stats.NOT_APPLICABLE if c else "-",) * 3
     return [row.op, row.dtype, _shape(row), f"{a:.4f}" if a else "-", f"{b:.4f}" if b else "-",
-            ratio, interval, c.verdict if c else "FAILED" if row.errors else "UNPAIRED", control_cell,
-            ",".join(flags)]
+            ratio, interval, row.verdict, control_cell, ",".join(flags)]
 
 
 def _gm(gm: tuple[float, float, float], performance: bool) -> str:
@@ -152,7 +151,7 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
         for r in rows:
             c = r.comparison
             w.writerow([r.op, r.dtype, _shape(r), _center(r.a_ms), _center(r.b_ms), c.ratio if c else "",
-                        c.lo if c else "", c.hi if c else "", c.verdict if c else "UNPAIRED",
+                        c.lo if c else "", c.hi if c else "", r.verdict,
                         c.floor if c else "", len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
     js = out_dir / "report.json"
     rundir.atomic_write_json(js, {

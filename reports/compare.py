@@ -27,6 +27,8 @@ TIMER_MIXED = "TIMER_MIXED"
 NO_DEVICE_WORK = "NO_DEVICE_WORK"
 # A row's statuses that mean the operator broke on that side (SKIPPED is the op declining a case).
 FAILED_STATUSES = ("FAILED", "ERROR")
+# Verdicts of a row with no comparison.
+FAILED, UNPAIRED = "FAILED", "UNPAIRED"
 
 
 @dataclasses.dataclass
@@ -53,6 +55,13 @@ class PairedRow:
     @property
     def key(self) -> tuple:
         return (self.op, self.dtype, self.shape)
+
+    @property
+    def verdict(self) -> str:
+        """The comparison's verdict; without one, FAILED where a side's row failed, else UNPAIRED."""
+        if self.comparison is not None:
+            return self.comparison.verdict
+        return FAILED if self.errors else UNPAIRED
 
     @property
     def in_headline(self) -> bool:

@@ -152,8 +152,9 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dic
         "shape": list(r.shape), "basis": basis, "a": _side_summary(r.a_ms), "b": _side_summary(r.b_ms),
         "a_repeats_ms": r.a_ms if basis == REPEATS else None, "b_repeats_ms": r.b_ms if basis == REPEATS else None,
         "ratio": _num(c.ratio) if c else None, "lo": lo, "hi": hi,
-        "floor": c.floor if c else None, "verdict": c.verdict if c else "UNPAIRED", "control_ratio": _num(control),
-        "flags": list(r.flags), "in_headline": r.in_headline, "config_differs": r.config_differs,
+        "floor": c.floor if c else None, "verdict": r.verdict, "control_ratio": _num(control),
+        "flags": list(r.flags), "errors": dict(r.errors), "in_headline": r.in_headline,
+        "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),
         "run_a": str(op.run_a) if op.run_a else None, "run_b": str(op.run_b) if op.run_b else None,
         "ir": _row_ir(ir_indexes, op.run_a, op.run_b, r.dtype, r.shape)}

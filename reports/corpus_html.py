@@ -19,7 +19,7 @@ from pathlib import Path
 from reports import stats
 
 VERDICT_COLORS = {stats.SLOWER: "#c62828", stats.FASTER: "#2e7d32", stats.SAME: "#757575", stats.NOISY: "#ef6c00",
-                  stats.NOT_APPLICABLE: "#757575", "UNPAIRED": "#6a1b9a"}
+                  stats.NOT_APPLICABLE: "#757575", "UNPAIRED": "#6a1b9a", "FAILED": "#b71c1c"}
 
 # Inlined into every page: the report opens offline and travels as one file.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -142,6 +142,7 @@ def _detail(r: dict, performance: bool, basis_note: str) -> str:
         ("control B/A", _e(_num(r["control_ratio"], performance))),
         ("timers", _e(", ".join(r["timers"]) or "-")),
         ("flags", _e(", ".join(r["flags"]) or "none")),
+        *((f"{side.upper()} failed", _e(error)) for side, error in sorted(r["errors"].items())),
         ("configs", _e("differ between A and B" if r["config_differs"] else "the same on both sides")),
         ("run dirs", _e(f"A {r['run_a']}  B {r['run_b']}")),
     ]
@@ -225,7 +226,7 @@ def render(data: dict, headline: list[str]) -> str:
                       for r in data["rows"] if r["ir"]["status"] == "changed")
     verdict_options = "".join(f'<option value="{_e(v)}">{_e(v)}</option>'
                               for v in (stats.SLOWER, stats.FASTER, stats.SAME, stats.NOISY, stats.NOT_APPLICABLE,
-                                        "UNPAIRED"))
+                                        "FAILED", "UNPAIRED"))
     body = [
         f"<h1>{_e(title)}</h1>", *head,
         "<h2>Distribution</h2>",

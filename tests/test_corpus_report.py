@@ -285,6 +285,27 @@ def test_ab_dirs_pair_independent_repeats(tmp_path):
     assert "no readable ab.json" in reasons["builtin:gelu"]
 
 
+def test_a_row_b_computed_wrong_is_failed_with_b_s_error_in_every_report(tmp_path):
+    # B's replays ran every case (usable) but one row FAILED in each: verdict FAILED, B's error kept.
+    d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 2, [1.0] * 2)
+    state = json.loads((d / "ab.json").read_text())
+    for step in state["steps"]:
+        if step["side"] == "B":
+            results = Path(step["run_dir"]) / "results.json"
+            rows = json.loads(results.read_text())
+            rows["rows"][0].update(status="FAILED", error="candidate raised ValueError: bad\nmore")
+            results.write_text(json.dumps(rows))
+            step["exit"] = 1
+    (d / "ab.json").write_text(json.dumps(state))
+    data = corpus.from_ab_dirs([("builtin:softmax", d)], {"a": "A", "b": "B"})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    (row,) = data["rows"]
+    assert (row["verdict"], row["flags"]) == ("FAILED", ["failed_b(2/2)", "incomplete_b(0/2)"])
+    assert row["errors"] == {"b": "candidate raised ValueError: bad"}
+    page = next(f for f in corpus.write(tmp_path / "out", data) if f.suffix == ".html").read_text()
+    assert "<dt>B failed</dt><dd>candidate raised ValueError: bad</dd>" in page
+
+
 def test_an_ab_json_from_before_steps_said_usable_counts_exit_0_steps(tmp_path):
     d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 3, [1.0] * 3, failed_b=(2,))
     state = json.loads((d / "ab.json").read_text())
