@@ -425,6 +425,12 @@ def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
     assert r.run_op(ADD, 0)["notes"] == "bad input, not retried: see batch.log"
 
 
+def test_the_error_line_of_a_log_with_no_command_line_and_bytes_that_are_not_utf8(tmp_path):
+    log = tmp_path / "batch.log"
+    log.write_bytes(b"error: shape file \xff.yaml does not exist\nusage: ...\n")
+    assert batch._error_line(log) == "shape file \ufffd.yaml does not exist"
+
+
 def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, launcher, clock):
     r = runner_for(tmp_path, launcher)
     op_dir = batch._op_dir(tmp_path, ADD)
@@ -1455,6 +1461,18 @@ def test_the_exit_code_counts_our_failures_and_lists_upstreams_apart(tmp_path, c
     write_statuses(status_row(ADD, "PASS"), status_row(MM, "SKIP"), status_row(FG, "TIMEOUT_UPSTREAM"))
     assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 0
     assert "not passed" not in capsys.readouterr().out
+
+
+def test_a_resume_given_its_own_selection_keeps_every_op_the_batch_had(tmp_path, launcher, capsys):
+    d = tmp_path / "b"
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "mm", "--devices", "0",
+                                     "--batch-dir", d)) == 0
+    assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--ops", "mm")) == 0
+    stored = json.loads((d / batch.BATCH_JSON).read_text())
+    assert stored["request"]["selection"] == [MM.id, ADD.id] and stored["selected"] == [MM.key, ADD.key]
+    capsys.readouterr()
+    assert batch.run_from_args(parse("--resume", "--batch-dir", d)) == 0
+    assert "2 selected, 2 already done" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text", ["{", "[1]", '{"request": [1]}'])
