@@ -8,6 +8,7 @@ group kill and parent death, plus the process facts every caller reports with.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -169,6 +170,34 @@ def _pump(stream, write: Callable[[str], None]) -> None:
     with stream:
         for line in stream:
             write(line)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop by signal, raised as Ctrl-C is: `signum` says which (SIGTERM from a job scheduler,
+    `timeout`, a batch's --op-timeout or a corpus A/B's stop)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stopped_by(exc: KeyboardInterrupt) -> int:
+    """The signal behind a KeyboardInterrupt: a Ctrl-C's SIGINT unless it is a Stopped."""
+    return getattr(exc, "signum", signal.SIGINT)
+
+
+@contextlib.contextmanager
+def sigterm_stops():
+    """Within it, a SIGTERM stops the main thread as Ctrl-C does (Stopped(SIGTERM)), so the caller's
+    KeyboardInterrupt path (kill what runs, report what completed) covers both."""
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Wake(Exception):

@@ -149,8 +149,6 @@ def load_plan(path: Path) -> Plan:
     if not isinstance(repeats, int) or repeats < 2:
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
     shapes = data.get("shapes")
-    if shapes is not None and shapes != flaggems.UPSTREAM:
-        shapes = str((path.parent / shapes).resolve())
     dtypes = data.get("dtypes")
     if dtypes is not None and (not isinstance(dtypes, list) or not dtypes
                                or not all(d in DTYPE_NAMES for d in dtypes)):
@@ -163,7 +161,8 @@ def load_plan(path: Path) -> Plan:
         if name in measurement and (not isinstance(measurement[name], kind) or isinstance(measurement[name], bool)
                                     or measurement[name] < 0):
             raise PlanError(f"plan {path}: '{name}' must be a non-negative number, not {measurement[name]!r}")
-    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, shapes=shapes,
+    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats,
+                shapes=None if shapes is None else _shape_file(shapes, path.parent),
                 dtypes=dtypes, backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
                 flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
@@ -240,21 +239,9 @@ def side_compiler_key(side: Side) -> dict:
     return key
 
 
-class Stopped(KeyboardInterrupt):
-    """A Ctrl-C or a SIGTERM (a corpus A/B's timeout or its own stop) reached the A/B: it reports
-    what completed and exits 128 + the signal."""
-
-    def __init__(self, signum: int = signal.SIGINT):
-        super().__init__(signum)
-        self.signum = signum
-
-
-class StepInterrupted(Stopped):
-    """The signal reached the A/B during a step, went on to the step, and the step has stopped."""
-
-
-def _stop_on(signum, frame):
-    raise Stopped(signum)
+class StepInterrupted(launch.Stopped):
+    """A Ctrl-C or a SIGTERM reached the A/B during a step, went on to the step, and the step has
+    stopped."""
 
 
 class Runner:
@@ -367,8 +354,8 @@ def went_through(run_dir: Path) -> bool:
     """Whether a run that exited non-zero still ran every case (its outcome COMPLETE): some rows
     failed, and those rows are results an A/B must show, e.g. B computing wrong answers."""
     try:
-        outcome = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome") or {}
-    except (OSError, ValueError):
+        outcome = spec_mod.read_run(run_dir)[1].get("outcome") or {}
+    except spec_mod.SpecError:
         return False
     return outcome.get("status") == "COMPLETE" and (run_dir / rundir.RESULTS_JSON).is_file()
 
@@ -450,7 +437,7 @@ def resolve_plan(args) -> Plan:
     if args.backend:
         plan.backend = args.backend
     if args.shapes:
-        plan.shapes = str(args.shapes) if str(args.shapes) == flaggems.UPSTREAM else str(args.shapes.resolve())
+        plan.shapes = _shape_file(args.shapes, Path.cwd())
     if args.dtypes:
         plan.dtypes = args.dtypes
     if args.device is not None:
@@ -468,6 +455,11 @@ def resolve_plan(args) -> Plan:
     # Unknown names, or no accelerator when none is named, fail before anything runs.
     plan.backend = resolve.resolve_backend(plan.backend).name
     return plan
+
+
+def _shape_file(value, base: Path) -> str:
+    """A plan's shape file as an absolute path (relative to `base`), or `upstream` as it is."""
+    return flaggems.UPSTREAM if str(value) == flaggems.UPSTREAM else str((base / value).resolve())
 
 
 def _check_plan(plan: Plan) -> None:
@@ -515,20 +507,19 @@ def run_from_args(args) -> int:
         print(table.not_performance_note(plan.backend))
     runner = Runner(plan, ab_dir)
     interrupted = None
-    # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
-    # step is stopped, the side caches removed and what completed reported.
-    previous = signal.signal(signal.SIGTERM, _stop_on)
     try:
-        results = runner.run()
+        # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
+        # step is stopped, the side caches removed and what completed reported.
+        with launch.sigterm_stops():
+            results = runner.run()
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
     except KeyboardInterrupt as exc:
-        interrupted = getattr(exc, "signum", signal.SIGINT)
+        interrupted = launch.stopped_by(exc)
         if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
             print(f"\ninterrupted ({signal.Signals(interrupted).name}): reporting what completed", flush=True)
         results = runner.results
     finally:
-        signal.signal(signal.SIGTERM, previous)
         runner.close()
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:

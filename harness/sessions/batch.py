@@ -819,6 +819,17 @@ def _apply_stored(args, stored: dict, names: tuple[str, ...] = STORED_OPTIONS) -
 
 
 # --- running -------------------------------------------------------------------------------------
+def _execute(runner: Batch, todo: list[Entry], on_done, args) -> None:
+    """Every op of `todo` through the executor asked for."""
+    if args.executor == "ray":
+        ray_executor.run(runner, todo, on_done, args.ray_address, runner.device_of)
+    elif args.executor == "slurm":
+        slurm_executor.run(runner, todo, on_done, _slurm_params(args.slurm_param, runner.opts.op_timeout),
+                           runner.device_of)
+    else:
+        runner.run(todo, on_done)
+
+
 def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
     counts = collections.Counter()
     from tqdm import tqdm
@@ -830,31 +841,18 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
             bar.update(1)
             bar.write(runner.done_line(row))
 
-        stopped_by = []
-
-        def terminate(signum, frame):  # a SIGTERM (a job scheduler, `timeout`) stops the batch as Ctrl-C does
-            stopped_by.append(signal.Signals(signum).name)
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, terminate)
         try:
-            if args.executor == "ray":
-                ray_executor.run(runner, todo, on_done, args.ray_address, runner.device_of)
-            elif args.executor == "slurm":
-                slurm_executor.run(runner, todo, on_done, _slurm_params(args.slurm_param, runner.opts.op_timeout),
-                                   runner.device_of)
-            else:
-                runner.run(todo, on_done)
-        except KeyboardInterrupt:
-            why = stopped_by[0] if stopped_by else "SIGINT"
-            print(f"\ninterrupted ({why}): every running op was killed; resume with --resume --batch-dir", runner.dir)
+            with launch.sigterm_stops():  # a SIGTERM (a job scheduler, `timeout`) stops the batch as Ctrl-C does
+                _execute(runner, todo, on_done, args)
+        except KeyboardInterrupt as exc:
+            signum = launch.stopped_by(exc)
+            print(f"\ninterrupted ({signal.Signals(signum).name}): every running op was killed; resume with "
+                  "--resume --batch-dir", runner.dir)
             try:
                 print(runner.summarize())
             except Exception as exc:  # said, and the stop's exit code kept: a caller resumes on it
                 print(f"summary failed: {type(exc).__name__}: {exc}")
-            return 128 + getattr(signal, why)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+            return 128 + signum
     summary = runner.summarize()
     status = read_status(runner.dir)
     final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)

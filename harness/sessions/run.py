@@ -181,24 +181,16 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cac
             tee.write(f"NOTE: backend '{backend.name}' exercises the pipeline only: its timings are not "
                       "performance numbers\n")
         if run_spec.sweep_devices:
-            stopped_by = []
-
-            def stop(signum, frame):  # a SIGTERM (a batch's timeout) stops the sweep as Ctrl-C does
-                stopped_by.append(signum)
-                raise KeyboardInterrupt
-
-            previous = signal.signal(signal.SIGTERM, stop)
             try:
-                outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write, cache_dir)
-            except KeyboardInterrupt:  # the shards were killed; nothing was measured
-                signum = stopped_by[0] if stopped_by else signal.SIGINT
+                with launch.sigterm_stops():  # a batch's timeout stops the sweep as Ctrl-C does
+                    outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write, cache_dir)
+            except KeyboardInterrupt as exc:  # the shards were killed; nothing was measured
+                signum = launch.stopped_by(exc)
                 stopped = {"status": "INCOMPLETE", "rows_done": 0, "rows_planned": planned, "running_case": None,
                            "reason": f"interrupted ({signal.Signals(signum).name}) during the parallel sweep"}
                 rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"outcome": stopped}})
                 tee.write(f"\n{summary_line(run_spec.mode, stopped, 128 + signum)}; run dir: {run_dir}\n")
                 return 128 + signum
-            finally:
-                signal.signal(signal.SIGTERM, previous)
             rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": outcome.facts}})
             if outcome.merged is not None:
                 run_spec = dataclasses.replace(run_spec, preset_records=str(outcome.merged))
