@@ -13,6 +13,7 @@ import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.providers import flaggems
 from harness.sessions import resolve
 from ops import DTYPE_NAMES
 
@@ -41,6 +42,15 @@ def _nonneg_float(text: str) -> float:
     return value
 
 
+def _checkout(text: str) -> str:
+    # Absolute now: the value travels into run specs and plans that processes read from other directories.
+    return flaggems.absolute_dir(text, Path.cwd())
+
+
+def _libtuner_cache(text: str) -> str:
+    return flaggems.absolute_libtuner_cache(text, Path.cwd())
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("where to run")
     where.add_argument("--backend", metavar="NAME", default=None,
@@ -55,7 +65,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--dtypes", metavar="LIST", type=_dtype_list, default=None,
                       help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)")
     fg = parser.add_argument_group("FlagGems benchmark checkouts (operators named REPO:OP[@FILE] or a pytest node)")
-    fg.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None,
+    fg.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None, type=_checkout,
                     help="a FlagGems-style checkout (benchmark/ and src/); NAME is the repo prefix of its "
                          "operators, `flaggems` when omitted (repeatable)")
     fg.add_argument("--level", choices=("core", "comprehensive"), default=None,
@@ -63,7 +73,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     fg.add_argument("--flagtune", choices=("0", "1"), default=None,
                     help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one "
                          "(default: $USE_FLAGTUNE, else 0)")
-    fg.add_argument("--libtuner-cache", metavar="private|user|URL", default=None,
+    fg.add_argument("--libtuner-cache", metavar="private|user|URL", default=None, type=_libtuner_cache,
                     help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), "
                          "FlagGems' own (user), or a sqlite path/URL; recorded in run.json")
     what.add_argument("--ops-path", metavar="PATH", action="append", default=None,

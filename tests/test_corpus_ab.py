@@ -176,6 +176,36 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     assert (again.timer, again.l2, again.seed) == ("profiler", "cold", None)  # how A records, with the plan
 
 
+def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monkeypatch):
+    """Each op's A/B reads the plan written into its own dir and runs from elsewhere: a relative
+    checkout, python or LibTuner cache on the command line is the current directory's, one in a plan
+    file is the plan's folder's."""
+    resources = REPO / "tests" / "resources"
+    monkeypatch.chdir(resources)
+    args = _args("--backend", "interpreter", "--ops", "flaggems:abs", "--devices", "0", "--flaggems-dir",
+                 "flaggems_checkout", "--a-python", os.path.relpath(sys.executable), "--libtuner-cache", "tuned.db")
+    written = tmp_path / "ops" / "flaggems__abs" / "plan.yaml"
+    written.parent.mkdir(parents=True)
+    written.write_text(corpus_ab.yaml.safe_dump(corpus_ab._plan_data(corpus_ab.ab.resolve_plan(args))))
+    monkeypatch.chdir(tmp_path)
+    again = corpus_ab.ab.load_plan(written)
+    assert again.flaggems_dirs == [f"flaggems={resources / 'flaggems_checkout'}"]
+    assert again.a.python == os.path.abspath(sys.executable)  # a venv's python stays the venv's link
+    assert again.libtuner_cache == str(resources / "tuned.db")
+
+    (tmp_path / "envs" / "b" / "bin").mkdir(parents=True)
+    (tmp_path / "envs" / "b" / "bin" / "python").touch()
+    plan = tmp_path / "plans" / "p.yaml"
+    plan.parent.mkdir()
+    plan.write_text("ops: [abs]\nflaggems_dirs: [../checkout]\nlibtuner_cache: tuned.db\n"
+                    "b: {env: {X: '1'}, python: ../envs/b/bin/python}\n")
+    monkeypatch.chdir(resources)
+    loaded = corpus_ab.ab.load_plan(plan)
+    assert loaded.flaggems_dirs == [f"flaggems={tmp_path / 'checkout'}"]
+    assert loaded.b.python == str(tmp_path / "envs" / "b" / "bin" / "python")
+    assert loaded.libtuner_cache == str(tmp_path / "plans" / "tuned.db")
+
+
 def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
     stored = {"plan": corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))}
     for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"]):

@@ -19,7 +19,7 @@ DEST = {"command": "command", "target": None, "backend": "backend", "device": "d
         "color": "color", "out": "out", "precompile": "precompile", "triton_cache": "triton_cache"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"),
-                    dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "/other"),
+                    dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "v=/other"),
                     level="comprehensive", flagtune="1", libtuner_cache="user", seed=7, timer="direct", l2="cold",
                     warmup_ms=2.5, rep_ms=10.0, sweep_devices=2, ir=False, color="never", out=Path("/runs/x"),
                     precompile=False, triton_cache=Path("/cache/a"))

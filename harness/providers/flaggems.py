@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 from pathlib import Path
 
 from harness.core.spec import FlagGemsOptions
@@ -146,6 +147,20 @@ def package_dir(root: Path) -> tuple[str, Path] | None:
 def shapes_source(options: FlagGemsOptions) -> str:
     """The spec's `shapes_source` of a FlagGems run: its shape file, or the checkout's own shapes."""
     return options.shapes_file or f"{UPSTREAM} (level {options.level})"
+
+
+def absolute_libtuner_cache(choice: str, base: Path) -> str:
+    """A `--libtuner-cache` value whose path is absolute (relative to `base`): the value travels in run
+    specs and plans that processes read from other directories."""
+    if choice in ("private", "user") or "://" in choice:
+        return choice
+    return os.path.abspath(base / Path(choice).expanduser())
+
+
+def absolute_dir(item: str, base: Path) -> str:
+    """A `[NAME=]PATH` value whose PATH is absolute (relative to `base`), for the same reason."""
+    name, path = split_dir(item)
+    return f"{name}={os.path.abspath(base / Path(path).expanduser())}" if path else item
 
 
 def libtuner_db_url(choice: str, run_dir: Path) -> str | None:

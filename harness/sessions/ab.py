@@ -97,11 +97,6 @@ class Plan:
                           **({name: getattr(self, name) for name in MEASUREMENT} if record else {}))
 
 
-def _plan_flaggems_dir(item: str, plan_dir: Path) -> str:
-    name, path = flaggems.split_dir(item)
-    return f"{name}={(plan_dir / Path(path).expanduser()).resolve()}"
-
-
 def _side(data, name: str, where: str) -> Side:
     if data is None:
         return Side(name, "")
@@ -130,8 +125,12 @@ def _side(data, name: str, where: str) -> Side:
             raise PlanError(f"{where}: side '{name}': env {key}: {value!r} is not a string or a number "
                             "(quote it: '1', 'true')")
     python = data.get("python")
-    if python is not None and not Path(python).is_file():
-        raise PlanError(f"{where}: side '{name}': python {python} does not exist")
+    if python is not None:
+        # Relative to the plan, like its other paths; absolute, since each step runs from elsewhere. Not
+        # resolved: a venv's python is a link whose target has none of the venv's packages.
+        python = os.path.abspath(Path(where).parent / python)
+        if not Path(python).is_file():
+            raise PlanError(f"{where}: side '{name}': python {python} does not exist")
     return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python,
                 requirements)
 
@@ -165,9 +164,10 @@ def load_plan(path: Path) -> Plan:
                 shapes=None if shapes is None else _shape_file(shapes, path.parent),
                 dtypes=dtypes, backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
-                flaggems_dirs=[_plan_flaggems_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
+                flaggems_dirs=[flaggems.absolute_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
                 level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
-                libtuner_cache=data.get("libtuner_cache"),
+                libtuner_cache=None if data.get("libtuner_cache") is None
+                else flaggems.absolute_libtuner_cache(str(data["libtuner_cache"]), path.parent),
                 a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)), **measurement)
 
 
@@ -433,7 +433,7 @@ def resolve_plan(args) -> Plan:
         if python:
             if not Path(python).is_file():
                 raise UsageError(f"--{key}-python {python} does not exist")
-            side.python = python
+            side.python = os.path.abspath(python)
     if args.backend:
         plan.backend = args.backend
     if args.shapes:

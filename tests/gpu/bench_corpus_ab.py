@@ -4,7 +4,7 @@ built-in corpus and, with --flaggems-dir, 10 FlagGems pointwise and reduction op
 once on 2, with a small shape file.
 
     python tests/gpu/bench_corpus_ab.py [--plan P] [--flaggems-dir D] [--devices 0,1] [--repeats 3]
-                                        [--only 1|2] [--out DIR]
+                                        [--only 1|2|again] [--out DIR]
 
 Prints the wall time of each run (1 device vs 2), each run's verdict counts, and every row whose
 verdict is FASTER in one run and SLOWER in the other. Success: both runs exit 0 (every op PASS), the
@@ -20,6 +20,10 @@ takes as Ctrl-C) and the next call with the same --only and --out resumes it (`a
 wall is then the sum of its calls' walls, which also counts the ops the stops cut off and redone;
 the report prints beside it the sum of the ops' own elapsed times (their final runs only), so the
 1- vs 2-device ratio can be read both ways.
+
+On a host with one GPU, `--only again` runs the 1-device A/B a second time into the same --out: the
+report then counts the verdicts that flip between the two 1-device runs (the wall ratio needs the
+2-device run). Any two finished runs make a report; flips are counted between every pair.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import itertools
 import json
 import shutil
 import signal
@@ -52,7 +57,7 @@ BUILTIN_OPS = ["builtin:softmax", "builtin:rms_norm", "builtin:add", "builtin:ge
 # Polynomial and transcendental pointwise ops (FP fusion changes their code), plain ones, a reduction.
 FLAGGEMS_OPS = ["flaggems:i0", "flaggems:special_i0e", "flaggems:exp", "flaggems:sigmoid", "flaggems:tanh",
                 "flaggems:rsqrt", "flaggems:abs", "flaggems:greater_equal_", "flaggems:multiply_", "flaggems:sum_dim"]
-RUNS = {"1": "1_device", "2": "2_devices"}
+RUNS = {"1": "1_device", "2": "2_devices", "again": "1_device_again"}
 
 
 def _batch_dir(out: Path) -> Path | None:
@@ -134,7 +139,9 @@ def main() -> int:
     parser.add_argument("--plan", default="ops/ab_f32_ieee.yaml", help="the A/B plan (default ops/ab_f32_ieee.yaml)")
     parser.add_argument("--flaggems-dir", type=Path, default=None, help="a FlagGems checkout: add its 10 ops")
     parser.add_argument("--only", choices=sorted(RUNS), default=None,
-                        help="run only the 1- or the 2-device A/B now (needs --out; the report once both are done)")
+                        help="run only the 1- or the 2-device A/B now, or `again`: the 1-device one a second "
+                             "time, for the flip count on a host with one GPU (needs --out; the report once two "
+                             "runs are done)")
     parser.add_argument("--out", type=Path, default=None, help="where the two batch dirs go (default: a temp dir)")
     parser.add_argument("--budget", type=float, default=None,
                         help="stop a run after this many seconds; the next call with the same --out resumes it")
@@ -147,15 +154,19 @@ def main() -> int:
     shapes.write_text(SHAPES)
     ops = BUILTIN_OPS + (FLAGGEMS_OPS if args.flaggems_dir else [])
     runs = {}
-    for key, devices in (("1", args.devices.split(",")[0]), ("2", args.devices)):
+    for key, devices in (("1", args.devices.split(",")[0]), ("2", args.devices),
+                         ("again", args.devices.split(",")[0])):
         out = root / RUNS[key]
         earlier = done(out)
-        if earlier is None and args.only in (None, key):
+        if earlier is None and args.only in (None, key) and (key != "again" or args.only == "again"):
             earlier = run(args.plan, ops, devices, args.repeats, shapes, out, args.flaggems_dir, args.budget)
-        if earlier is None:
-            print(f"{RUNS[key]}: not run yet (--only {key} --out {root})")
-            return 1
-        runs[RUNS[key].replace("_", " ")] = earlier
+        if earlier is not None:
+            runs[RUNS[key].replace("_", " ")] = earlier
+        elif args.only == key:
+            return 1  # stopped at its budget: the next call resumes it
+    if len(runs) < 2:
+        print(f"{', '.join(runs) or 'no run'} done; a report needs two runs (--only 1|2|again --out {root})")
+        return 1
     ok = True
     print()
     for label, (wall, code, batch_dir) in runs.items():
@@ -163,15 +174,20 @@ def main() -> int:
         print(f"{label}: wall {wall:.0f} s (ops' own {op_seconds(batch_dir):.0f} s), exit {code}, "
               f"verdicts {dict(sorted(counts.items()))}, dir {batch_dir}")
         ok &= code == 0
-    (w1, _, d1), (w2, _, d2) = runs["1 device"], runs["2 devices"]
-    print(f"wall 1 device / 2 devices: {w1:.0f} s / {w2:.0f} s = {w1 / w2:.2f}x")
-    v1, v2 = verdicts(d1), verdicts(d2)
-    flips = sorted(k for k in v1.keys() & v2.keys() if {v1[k], v2[k]} == {"FASTER", "SLOWER"})
-    for op, dtype, shape in flips:
-        print(f"FLIP {op} {dtype} {'x'.join(map(str, shape))}: {v1[(op, dtype, shape)]} on 1 device, "
-              f"{v2[(op, dtype, shape)]} on 2")
-    print(f"rows compared in both runs: {len(v1.keys() & v2.keys())}; FASTER/SLOWER flips: {len(flips)}")
-    ok &= not flips and w2 < w1
+    if "1 device" in runs and "2 devices" in runs:
+        (w1, _, _), (w2, _, _) = runs["1 device"], runs["2 devices"]
+        print(f"wall 1 device / 2 devices: {w1:.0f} s / {w2:.0f} s = {w1 / w2:.2f}x")
+        ok &= w2 < w1
+    for (label_a, (_, _, dir_a)), (label_b, (_, _, dir_b)) in itertools.combinations(runs.items(), 2):
+        va, vb = verdicts(dir_a), verdicts(dir_b)
+        flips = sorted(k for k in va.keys() & vb.keys() if {va[k], vb[k]} == {"FASTER", "SLOWER"})
+        for op, dtype, shape in flips:
+            print(f"FLIP {op} {dtype} {'x'.join(map(str, shape))}: {va[(op, dtype, shape)]} in {label_a}, "
+                  f"{vb[(op, dtype, shape)]} in {label_b}")
+        changed = sum(va[k] != vb[k] for k in va.keys() & vb.keys())
+        print(f"{label_a} vs {label_b}: rows in both {len(va.keys() & vb.keys())}, verdicts that differ "
+              f"{changed}, FASTER/SLOWER flips {len(flips)}")
+        ok &= not flips
     print("OK" if ok else "NOT OK")
     return 0 if ok else 1
 
