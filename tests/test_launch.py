@@ -38,6 +38,26 @@ def test_a_log_gets_the_command_then_both_streams_and_the_checkout_on_pythonpath
     assert f"path {REPO_ROOT} cwd {REPO_ROOT}" in lines and "var a b" in lines and "on stderr" in lines
 
 
+@pytest.mark.parametrize("dont_write, prefix, expect", [
+    ("1", None, "0 {cache}"),  # the env forbids bytecode beside the sources: cached apart instead
+    ("1", "/chosen", "1 /chosen"),  # the user chose where: as is
+    (None, None, "0 None"),  # bytecode beside the sources, as Python does
+])
+def test_a_child_caches_bytecode_apart_where_the_env_forbids_it_beside_the_sources(dont_write, prefix, expect,
+                                                                                  monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name, value in (("PYTHONDONTWRITEBYTECODE", dont_write), ("PYTHONPYCACHEPREFIX", prefix)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    out = []
+    child = launch.start(py("import os, sys; print(sys.flags.dont_write_bytecode, "
+                            "os.environ.get('PYTHONPYCACHEPREFIX'))"), on_stdout=out.append)
+    assert child.wait() == 0
+    assert out == [expect.format(cache=tmp_path / "zl_bench" / "pycache") + "\n"]
+
+
 def test_visible_narrows_the_child_to_its_one_device(monkeypatch):
     backend = next(b for b in map(backends.get, backends.NAMES) if b.visibility_key)
     others = sorted(set(backends.base.ALL_VISIBILITY_KEYS) - {backend.visibility_key})

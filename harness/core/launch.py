@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING
 
-from harness.core.paths import REPO_ROOT, harness_pythonpath
+from harness.core.paths import REPO_ROOT, bytecode_cache, harness_pythonpath, keeps_no_bytecode
 
 if TYPE_CHECKING:
     import backends
@@ -126,7 +126,8 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     Output: `log` gets a `$ VAR=value ... command` line, then the child's stdout and stderr; else
     `on_stdout` and `on_stderr` get its lines (text) from threads of their own; else it inherits ours.
     Environment: ours, narrowed to one device when `visible` is (backend, device), plus `env`;
-    PYTHONPATH is `pythonpath`, by default the checkout's (harness_pythonpath).
+    PYTHONPATH is `pythonpath`, by default the checkout's (harness_pythonpath). Where ours forbids
+    writing bytecode and names no PYTHONPYCACHEPREFIX, the child caches it in paths.bytecode_cache().
     `own_group`: a new session, so a terminal's Ctrl-C reaches the child only through us and a stop
     reaches its whole tree. False keeps it in our group: a group kill from outside takes it too.
     `with_parent`: it gets SIGTERM when the calling thread dies (_die_with_parent). Leave it off
@@ -139,6 +140,9 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     environ.update(env or {})
     environ["PYTHONPATH"] = pythonpath or harness_pythonpath(environ.get("PYTHONPATH"))
     environ["PYTHONUNBUFFERED"] = "1"  # its lines arrive as written, in order, in a log or a pipe
+    if keeps_no_bytecode(environ):  # bytecode cached apart from the sources, which the variable keeps clean
+        del environ["PYTHONDONTWRITEBYTECODE"]
+        environ["PYTHONPYCACHEPREFIX"] = str(bytecode_cache())
     if log is not None:
         log.write(f"\n$ {' '.join([*(f'{k}={v}' for k, v in (env or {}).items()), *argv])}\n")
         log.flush()
