@@ -43,6 +43,12 @@ REPORT_FORMAT = 1
 # build are not measured by one run's samples; run an A/A (the same compiler screened twice) to see
 # them on your machine (README, Corpus report). Below stats.MAX_FLOOR, which calls everything NOISY.
 SINGLE_RUN_FLOOR = 0.03
+# A FASTER or SLOWER row whose launched kernels have byte-identical IR on both sides at every hashed stage
+# (ir_index.HASHED_STAGES): unless the change lies below the IR (the assembler, the launch path), the
+# device ran the same code and the difference is between the sides' processes. Listed apart; the verdict
+# stands as the data gave it.
+IDENTICAL_IR_NOTE = ("FASTER/SLOWER rows whose kernels' IR is byte-identical on both sides, TTIR to PTX/AMDGCN "
+                     "(unless the change lies below the IR: a difference between processes, not in the code)")
 SINGLE_RUN, REPEATS = "single_run", "repeats"
 BASIS_NOTES = {
     SINGLE_RUN: (f"one run per side: a row's samples come from one process each, so they are not independent "
@@ -209,7 +215,10 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
                     "verdicts": summary.verdicts, "overall": overall, "control": control,
                     "config_differs": summary.config_differs, "ops": len(ops) + len(unpaired),
                     "ops_compared": len(ops), "ir_changed_rows": sum(r["ir"]["status"] == "changed" for r in rows),
-                    "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows)},
+                    "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows),
+                    "calls_on_identical_ir": [r["id"] for r in rows if r["in_headline"]
+                                              and r["ir"]["status"] == "identical"
+                                              and r["verdict"] in (stats.FASTER, stats.SLOWER)]},
         "ops": op_entries, "unpaired_ops": unpaired, "rows": rows}
 
 
@@ -348,6 +357,10 @@ def headline(data: dict) -> list[str]:
     if s["config_differs"]:
         lines.append(f"rows whose sides ran different autotune configs: {s['config_differs']}")
     lines.append(f"rows whose IR changed: {s['ir_changed_rows']}; IR not collected: {s['ir_not_collected_rows']}")
+    if s["calls_on_identical_ir"]:
+        lines.append(f"{IDENTICAL_IR_NOTE}: {len(s['calls_on_identical_ir'])} ("
+                     + ", ".join(r.replace("|", " ") for r in s["calls_on_identical_ir"][:10])
+                     + (", ..." if len(s["calls_on_identical_ir"]) > 10 else "") + ")")
     lines.append(f"overall geomean B/A: {fmt_gm(s['overall'], performance)}")
     lines.append(f"control (torch baseline) geomean B/A: {fmt_gm(s['control'], performance)} -- should be ~1: "
                  "it does not depend on the compiler under test")

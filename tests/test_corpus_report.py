@@ -246,16 +246,21 @@ def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
 
 
 # --- per-op A/B dirs (harness.sessions.ab) ----------------------------------------------------------
-def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=()):
+def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=(), ttgir=None):
     """A single-op ab dir: ab.json's steps as ab.Runner writes them, naming each step's run dir (a
-    failed step's too: its rows FAILED); `failed_b`: the repeats (from 1) whose B replay failed."""
+    failed step's too: its rows FAILED); `failed_b`: the repeats (from 1) whose B replay failed;
+    `ttgir`: (A's, B's) text of the row's one kernel, whose IR each run then collected."""
+    def variants(side):
+        return None if ttgir is None else [("64", "fp16", "w4s3__fp16", ttgir[side == "B"], "l" * 16)]
+
     steps = [{"what": f"[1/1 {op}] A records", "side": "A", "args": ["record", op], "exit": 0, "usable": True,
-              "run_dir": str(_run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), a_ms[0])]))}]
+              "run_dir": str(_run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), a_ms[0])], variants("A")))}]
     for i, (a, b) in enumerate(zip(a_ms, b_ms, strict=True), 1):
         for side, ms in (("A", a), ("B", b)):
             failed = side == "B" and i in failed_b
             run = _run(root / op / f"{side}-{i}" / "r", [_row(op, "fp16", (64,), ms, base=1.0 + i / 1000,
-                                                              status="FAILED" if failed else "SUCCESS")])
+                                                              status="FAILED" if failed else "SUCCESS")],
+                       variants(side))
             steps.append({"what": f"[1/1 {op}] repeat {i}/{len(a_ms)}: {side} replays A", "side": side,
                           "args": ["replay", "x"], "exit": 1 if failed else 0, "usable": not failed,
                           "run_dir": str(run)})
@@ -283,6 +288,28 @@ def test_ab_dirs_pair_independent_repeats(tmp_path):
     reasons = {u["op"]: u["reason"] for u in data["unpaired_ops"]}
     assert reasons["builtin:add"].startswith("no completed replay of side B; step failed (exit 1)")
     assert "no readable ab.json" in reasons["builtin:gelu"]
+
+
+def test_a_call_on_byte_identical_ir_is_listed_apart_in_every_report(tmp_path):
+    faster = ([1.0, 1.002, 0.998], [0.9, 0.902, 0.898])
+    items = [("builtin:mm", _ab_dir(tmp_path / "mm", "mm", *faster, ttgir=(TTGIR_A, TTGIR_A))),
+             ("builtin:gelu", _ab_dir(tmp_path / "gelu", "gelu", *faster, ttgir=(TTGIR_A, TTGIR_B))),
+             ("builtin:add", _ab_dir(tmp_path / "add", "add", *faster)),  # no IR collected: cannot tell
+             ("builtin:softmax", _ab_dir(tmp_path / "sm", "softmax", [1.0] * 3, [1.0] * 3, ttgir=(TTGIR_A, TTGIR_A)))]
+    data = corpus.from_ab_dirs(items, {})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    rows = {r["op_key"]: r for r in data["rows"]}
+    assert {k: (r["verdict"], r["ir"]["status"]) for k, r in rows.items()} == {
+        "builtin:mm": (stats.FASTER, "identical"), "builtin:gelu": (stats.FASTER, "changed"),
+        "builtin:add": (stats.FASTER, "not_collected"), "builtin:softmax": (stats.SAME, "identical")}
+    # The verdict stands as measured; the row is named apart.
+    assert data["summary"]["calls_on_identical_ir"] == [rows["builtin:mm"]["id"]]
+    assert data["summary"]["verdicts"] == {stats.FASTER: 3, stats.SAME: 1}
+    (tmp_path / "out").mkdir()
+    corpus.write(tmp_path / "out", data)
+    line = f"{corpus.IDENTICAL_IR_NOTE}: 1 (builtin:mm fp16 64)"
+    assert line in (tmp_path / "out" / "report.md").read_text()
+    assert html.escape(line) in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_a_row_b_computed_wrong_is_failed_with_b_s_error_in_every_report(tmp_path):
