@@ -123,13 +123,13 @@ def op_seconds(batch_dir: Path) -> float:
         return sum(float(r["elapsed_s"] or 0) for r in csv.DictReader(f))
 
 
-def verdicts(batch_dir: Path) -> dict[tuple, str]:
-    """(op, dtype, shape) -> verdict, from each op's single-op A/B report."""
-    found = {}
-    for report in batch_dir.glob("ops/*/attempt*/ab_*/report.json"):
-        for r in json.loads(report.read_text())["rows"]:
-            found[(r["op"], r["dtype"], tuple(r["shape"]))] = (r["comparison"] or {}).get("verdict", "UNPAIRED")
-    return found
+def verdicts(batch_dir: Path) -> dict[tuple, tuple[str, str]]:
+    """(op, dtype, shape) -> (verdict, IR status), from the corpus report the A/B wrote."""
+    report = batch_dir / "report.json"
+    if not report.is_file():
+        return {}
+    return {(r["op_key"], r["dtype"], tuple(r["shape"])): (r["verdict"], r["ir"]["status"])
+            for r in json.loads(report.read_text())["rows"]}
 
 
 def main() -> int:
@@ -170,7 +170,7 @@ def main() -> int:
     ok = True
     print()
     for label, (wall, code, batch_dir) in runs.items():
-        counts = collections.Counter(verdicts(batch_dir).values())
+        counts = collections.Counter(v for v, _ in verdicts(batch_dir).values())
         print(f"{label}: wall {wall:.0f} s (ops' own {op_seconds(batch_dir):.0f} s), exit {code}, "
               f"verdicts {dict(sorted(counts.items()))}, dir {batch_dir}")
         ok &= code == 0
@@ -180,13 +180,15 @@ def main() -> int:
         ok &= w2 < w1
     for (label_a, (_, _, dir_a)), (label_b, (_, _, dir_b)) in itertools.combinations(runs.items(), 2):
         va, vb = verdicts(dir_a), verdicts(dir_b)
-        flips = sorted(k for k in va.keys() & vb.keys() if {va[k], vb[k]} == {"FASTER", "SLOWER"})
+        both = va.keys() & vb.keys()
+        flips = sorted(k for k in both if {va[k][0], vb[k][0]} == {"FASTER", "SLOWER"})
         for op, dtype, shape in flips:
-            print(f"FLIP {op} {dtype} {'x'.join(map(str, shape))}: {va[(op, dtype, shape)]} in {label_a}, "
-                  f"{vb[(op, dtype, shape)]} in {label_b}")
-        changed = sum(va[k] != vb[k] for k in va.keys() & vb.keys())
-        print(f"{label_a} vs {label_b}: rows in both {len(va.keys() & vb.keys())}, verdicts that differ "
-              f"{changed}, FASTER/SLOWER flips {len(flips)}")
+            print(f"FLIP {op} {dtype} {'x'.join(map(str, shape))}: {va[(op, dtype, shape)][0]} in {label_a}, "
+                  f"{vb[(op, dtype, shape)][0]} in {label_b} (IR {va[(op, dtype, shape)][1]})")
+        changed = sum(va[k][0] != vb[k][0] for k in both)
+        on_changed_ir = sum(1 for k in flips if va[k][1] == "changed")
+        print(f"{label_a} vs {label_b}: rows in both {len(both)}, verdicts that differ {changed}, "
+              f"FASTER/SLOWER flips {len(flips)} ({on_changed_ir} on rows whose IR changed)")
         ok &= not flips
     print("OK" if ok else "NOT OK")
     return 0 if ok else 1
