@@ -15,16 +15,15 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.providers import flaggems
 from harness.sessions import resolve
-from ops import DTYPE_NAMES
+from ops import DTYPES_RULE, valid_dtype_list
 
 DEFAULT_OP = "softmax"
 
 
 def _dtype_list(text: str) -> list[str]:
     items = [d.strip() for d in text.split(",") if d.strip()]
-    bad = [d for d in items if d not in DTYPE_NAMES]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad or text!r}; known: {','.join(DTYPE_NAMES)}")
+    if not valid_dtype_list(items):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {DTYPES_RULE}, comma-separated")
     return items
 
 

@@ -12,6 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
+# What a dtype selection must be, wherever one is given (command line, shape file, A/B plan): a repeated
+# dtype would give rows that collide in every comparison.
+DTYPES_RULE = f"a non-empty list of distinct names drawn from {', '.join(DTYPE_NAMES)}"
+
+
+def valid_dtype_list(value) -> bool:
+    return (isinstance(value, list) and bool(value) and all(d in DTYPE_NAMES for d in value)
+            and len(set(value)) == len(value))
 # An operator's name names files (its autotune records, its run dirs) and is typed on command lines.
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 

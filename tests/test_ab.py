@@ -160,7 +160,8 @@ def test_plan_errors_name_file_and_field(tmp_path):
     ("b: {env: {'': '1'}}", "env name '' is not a variable name"),
     ("b: {env: {X: null}}", "env X: None is not a string or a number"),
     ("b: {env: {X: true}}", "env X: True is not a string"), ("b: {env: {X: [1]}}", "env X: \\[1\\] is not a string"),
-    ("dtypes: [fp99]", "'dtypes' must be a non-empty list"), ("dtypes: fp16", "'dtypes' must be a non-empty list")])
+    ("dtypes: [fp99]", "'dtypes' must be a non-empty list"), ("dtypes: fp16", "'dtypes' must be a non-empty list"),
+    ("dtypes: [fp16, fp16]", "'dtypes' must be a non-empty list of distinct")])
 def test_plan_values_no_process_could_take_are_refused(tmp_path, line, error):
     p = tmp_path / "plan.yaml"
     p.write_text(f"ops: [add]\n{line}\n")

@@ -16,6 +16,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.providers import shapes
 from harness.sessions import ab, resolve
+from ops import DTYPES_RULE
 
 KILLED = {"status": "INCOMPLETE", "rows_done": 13, "rows_planned": 20, "reason": "killed by signal 9",
           "running_case": "fp32-2x8"}
@@ -189,3 +190,12 @@ def test_a_record_option_given_to_replay_is_refused_by_name(flag, capsys):
         cli.build_parser().parse_args(["replay", "some_run", flag, "3"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"{flag} is record-only: a replay measures as its record did" in err
+
+
+@pytest.mark.parametrize("value", ["fp16,fp16", "fp99", ","])
+def test_a_dtype_list_on_the_command_line_follows_the_shape_files_rule(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(["record", "add", "--dtypes", value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{value!r} must be {DTYPES_RULE}, comma-separated" in err
+    assert cli.build_parser().parse_args(["record", "add", "--dtypes", "fp16, bf16"]).dtypes == ["fp16", "bf16"]

@@ -94,7 +94,7 @@ def test_the_index_of_the_bad_shape_is_named(tmp_path):
 
 @pytest.mark.parametrize("entry,match", [
     ("{shapes: [1]}", None), ("{shapes: 7}", "'shapes' must be a non-empty list"),
-    ("{shapes: [1], dtypes: bf16}", r"dtypes 'bf16' must be a non-empty list of distinct names drawn from \['"),
+    ("{shapes: [1], dtypes: bf16}", r"dtypes 'bf16' must be a non-empty list of distinct names drawn from fp16"),
     ("{shapes: [1], dtypes: []}", r"dtypes \[\] must be a non-empty list"),
     ("{shapes: [1], dtypes: [fp16, fp16]}", r"dtypes \['fp16', 'fp16'\] must be a non-empty list of distinct"),
     ("{shapes: [[4, 16], [8], [4, 16]]}", r"shapes\[2\] = \[4, 16\] repeats shapes\[0\]"),

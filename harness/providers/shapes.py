@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from harness.core.rundir import atomic_write_text, read_yaml_mapping
-from ops import DTYPE_NAMES
+from ops import DTYPES_RULE, valid_dtype_list
 
 
 class ShapeFileError(ValueError):
@@ -62,11 +62,8 @@ def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],
             raise ShapeFileError(f"{where}: shapes[{i}] = {shape} repeats shapes[{out.index(list(shape))}]")
         out.append(list(shape))
     dtypes = entry.get("dtypes")
-    if dtypes is not None:
-        if (not isinstance(dtypes, list) or not dtypes or not all(d in DTYPE_NAMES for d in dtypes)
-                or len(set(dtypes)) != len(dtypes)):
-            raise ShapeFileError(f"{where}: dtypes {dtypes!r} must be a non-empty list of distinct names drawn from "
-                                 f"{list(DTYPE_NAMES)}")
+    if dtypes is not None and not valid_dtype_list(dtypes):
+        raise ShapeFileError(f"{where}: dtypes {dtypes!r} must be {DTYPES_RULE}")
     return key, out, dtypes
 
 

@@ -27,7 +27,7 @@ from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
 from harness.providers import flaggems, registry
 from harness.sessions import resolve
-from ops import DTYPE_NAMES
+from ops import DTYPES_RULE, valid_dtype_list
 from reports import ab_report, compare, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
@@ -149,9 +149,8 @@ def load_plan(path: Path) -> Plan:
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
     shapes = data.get("shapes")
     dtypes = data.get("dtypes")
-    if dtypes is not None and (not isinstance(dtypes, list) or not dtypes
-                               or not all(d in DTYPE_NAMES for d in dtypes)):
-        raise PlanError(f"plan {path}: 'dtypes' must be a non-empty list of {', '.join(DTYPE_NAMES)}, not {dtypes!r}")
+    if dtypes is not None and not valid_dtype_list(dtypes):
+        raise PlanError(f"plan {path}: 'dtypes' must be {DTYPES_RULE}, not {dtypes!r}")
     measurement = {name: data[name] for name in MEASUREMENT if data.get(name) is not None}
     for name, choices in (("timer", spec_mod.TIMERS), ("l2", spec_mod.L2_MODES)):
         if name in measurement and measurement[name] not in choices:
