@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import types
 
 import pytest
@@ -389,13 +390,20 @@ def counts(**nonzero):
             "outside_space": 0, **nonzero}
 
 
+def said(log) -> list[str]:
+    """The progress lines, each sweep's wall time as T."""
+    return [re.sub(r" in \d+\.\d\d s$", " in T s", line) for line in log.progress]
+
+
 def test_record_says_when_it_sweeps_and_reports_each_choice(patch_on):
     patch, log = patch_on("record")
     tuner = Tuner(cache={(8,): SPACE[0]})  # key (8,) is warm
     tuner.run((40,))
     tuner.run((40,))
     tuner.run((8,))
-    assert log.progress == ["autotune: sweeping kernel_fn key=[40] over 2 configs"]
+    assert said(log) == ["autotune: sweeping kernel_fn key=[40] over 2 configs",
+                         "autotune: swept kernel_fn key=[40] in T s"]
+    assert patch.sweeps["keys"] == 1 and patch.sweeps["seconds"] >= 0
     assert log.chosen == {KID: "BLOCK=16 num_warps=1 num_stages=3"}  # the last launch's
     assert patch.counts == counts(recorded=2) and log.marks == []
     assert {k: e["config"] for k, e in patch.store.data["kernels"][KID].items()} == {
@@ -427,7 +435,9 @@ def test_replay_counts_and_marks_every_deviation_per_measurement(patch_on):
                          f"AUTOTUNE_REPLAY_FALLBACK kernel={KID} key=[5] reason=key_missing",
                          f"AUTOTUNE_REPLAY_FALLBACK kernel={KID} key=[6] reason=key_missing"]
     # Only a key that really sweeps says so; (6,) ran from the warm cache.
-    assert log.progress == ["autotune: sweeping kernel_fn key=[5] live (key_missing)"]
+    assert said(log) == ["autotune: sweeping kernel_fn key=[5] live (key_missing)",
+                         "autotune: swept kernel_fn key=[5] in T s"]
+    assert patch.sweeps["keys"] == 1
     assert log.chosen == {KID: "BLOCK=32 num_warps=1 num_stages=3"}
 
 
@@ -513,7 +523,8 @@ def test_libtuner_records_pre_hook_configs_it_reattaches(patch_on):
     tuner.run((40,))
     tuner.run((8,))
     assert tuner.launched == [HOOKED[1], HOOKED[0]]
-    assert log.progress == ["autotune: sweeping kernel_fn key=[40] over 2 configs"]
+    assert said(log) == ["autotune: sweeping kernel_fn key=[40] over 2 configs",
+                         "autotune: swept kernel_fn key=[40] in T s"]
     assert patch.counts == counts(recorded=2) and log.marks == []
     assert {k: e["config"]["kwargs"] for k, e in patch.store.data["kernels"][KID].items()} == {
         "[40]": {"BLOCK": 32}, "[8]": {"BLOCK": 16}}
@@ -537,8 +548,10 @@ def test_libtuner_replay_injects_over_its_persistent_cache_without_writing_it(pa
     assert patch.counts == counts(injected=2, compile_failed=2, key_missing=1)
     assert not any("OUTSIDE_SPACE" in m for m in log.marks)
     assert persistent.rows == {**rows, (3,): persistent.rows[(3,)]}
-    assert log.progress == [f"autotune: sweeping kernel_fn key=[{k}] live ({why})"
-                            for k, why in ((1, "compile_failed"), (2, "compile_failed"), (3, "key_missing"))]
+    assert said(log) == [line for k, why in ((1, "compile_failed"), (2, "compile_failed"), (3, "key_missing"))
+                         for line in (f"autotune: sweeping kernel_fn key=[{k}] live ({why})",
+                                      f"autotune: swept kernel_fn key=[{k}] in T s")]
+    assert patch.sweeps["keys"] == 3
 
 
 def test_libtuner_replay_keeps_injected_configs_out_of_the_persistent_cache(patch_on):

@@ -245,6 +245,10 @@ class AutotunePatch:
         self._injected_now = None
         self._originals: dict[type, Callable] = {}
         self._compile_errors = compile_error_types()
+        # Wall time of the sweeps (benchmarking every config of a key, after its precompile): where a
+        # record's time goes, beside the precompile's.
+        self.sweeps = {"keys": 0, "seconds": 0.0}
+        self._sweep: tuple[str, float] | None = None  # (kernel key label, start) of the sweep under way
 
     # --- hooks from the observed cache ---------------------------------------------------------
     def on_lookup(self, tuner, key, cache) -> None:
@@ -254,6 +258,7 @@ class AutotunePatch:
                 self.progress(f"autotune: sweeping {kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)} "
                               f"over {len(tuner.configs)} configs")
                 self._precompile(tuner, key)
+                self._sweep = (f"{kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)}", time.perf_counter())
             return
         kernel, k = kernel_id(tuner), key_str(key)
         state = self.state.get((kernel, k))
@@ -278,6 +283,7 @@ class AutotunePatch:
                 self.progress(f"autotune: sweeping {kernel.rsplit('.', 1)[-1]} key={k} live ({state})")
                 if len(tuner.configs) > 1:
                     self._precompile(tuner, key)
+                    self._sweep = (f"{kernel.rsplit('.', 1)[-1]} key={k}", time.perf_counter())
 
     def _precompile(self, tuner, key) -> None:
         """Compile the key's configs in parallel before its sweep; a config that could not be
@@ -331,6 +337,7 @@ class AutotunePatch:
             tuner.cache = (_ObservedCache(self, tuner, tuner.cache) if isinstance(tuner.cache, dict)
                            else _OverlayCache(self, tuner, tuner.cache))
         self._injected_now = None
+        self._sweep = None
         self._call = (args, kwargs)
         try:
             result = original(tuner, *args, **kwargs)
@@ -347,6 +354,13 @@ class AutotunePatch:
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason=compile_failed "
                       f"detail={first_line[:200]!r}")
             result = original(tuner, *args, **kwargs)
+        if self._sweep is not None:
+            label, start = self._sweep
+            self._sweep = None
+            seconds = time.perf_counter() - start
+            self.sweeps["keys"] += 1
+            self.sweeps["seconds"] = round(self.sweeps["seconds"] + seconds, 3)
+            self.progress(f"autotune: swept {label} in {seconds:.2f} s")
         if len(tuner.configs) == 1:
             self.on_chosen(tuner, None, tuner.configs[0], isinstance(tuner.cache, _OverlayCache))
         return result

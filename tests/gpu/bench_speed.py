@@ -140,8 +140,9 @@ def main() -> int:
             print(f"mm record without precompile: {base_wall:.1f} s")
         cache = out / "side_cache"
         rec_wall, rec_dir, rec_out = harness(*mm, "--triton-cache", cache)
-        pre = observed(rec_dir)["autotune"].get("precompile", {}) if rec_dir else {}
-        print(f"mm record with precompile: {rec_wall:.1f} s (precompile: {pre})")
+        tuned = observed(rec_dir)["autotune"] if rec_dir else {}
+        print(f"mm record with precompile: {rec_wall:.1f} s (precompile: {tuned.get('precompile')}; "
+              f"sweeps, benchmarking the configs: {tuned.get('sweeps')}; pytest: {pytest_seconds(rec_dir)} s)")
         for line in rec_out.splitlines():
             if "AUTOTUNE_PRECOMPILE_FALLBACK" in line:
                 print(f"  {line.strip()}")

@@ -77,5 +77,5 @@ class AutotunePlugin:
             facts = {"off": self.off}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
                           {"observed": {"autotune": {"mode": self.patch.mode, **self.patch.counts,
-                                                     "precompile": facts}}})
+                                                     "precompile": facts, "sweeps": self.patch.sweeps}}})
 
