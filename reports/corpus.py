@@ -216,8 +216,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
                     "config_differs": summary.config_differs, "ops": len(ops) + len(unpaired),
                     "ops_compared": len(ops), "ir_changed_rows": sum(r["ir"]["status"] == "changed" for r in rows),
                     "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows),
-                    "calls_on_identical_ir": [r["id"] for r in rows if r["in_headline"]
-                                              and r["ir"]["status"] == "identical"
+                    "calls_on_identical_ir": [r["id"] for r in rows if r["ir"]["status"] == "identical"
                                               and r["verdict"] in (stats.FASTER, stats.SLOWER)]},
         "ops": op_entries, "unpaired_ops": unpaired, "rows": rows}
 
