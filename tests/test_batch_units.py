@@ -557,6 +557,19 @@ def test_a_stop_during_an_attempt_interrupts_the_op(tmp_path, launcher):
     assert (got["status"], got["attempts"], launcher.calls) == ("FAIL", 0, [])
 
 
+def test_an_op_that_passed_just_before_a_stop_is_a_pass(tmp_path, launcher):
+    # The stop came after the op's run had ended: its result stands, and a resume skips it.
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(code=0, rows=[row()], during=r.stop)]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"], got["exit_code"]) == ("PASS", 1, 0)
+    assert batch.completed(tmp_path, ADD) == "PASS"
+    other = runner_for(tmp_path / "other", launcher)
+    launcher.plan["mm"] = [Step(code=1, rows=[row()], during=other.stop)]  # a failure is not retried after a stop
+    got = other.run_op(MM, 0)
+    assert (got["status"], got["attempts"]) == ("INTERRUPTED", 1) and batch.completed(tmp_path / "other", MM) is None
+
+
 # --- triage ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def fg_runner(tmp_path, launcher):

@@ -293,7 +293,8 @@ class Batch:
             attempts += 1
             code, seconds = self._attempt(cmd, log_path)
             elapsed += seconds
-            if self.stopping.is_set():
+            # An op that finished and passed before the stop reached it is done: a resume need not rerun it.
+            if self.stopping.is_set() and not (code is not None and self._passed(code, out)):
                 status = "INTERRUPTED"
                 break
             if code is None:
