@@ -49,6 +49,8 @@ SINGLE_RUN_FLOOR = 0.03
 # stands as the data gave it.
 IDENTICAL_IR_NOTE = ("FASTER/SLOWER rows whose kernels' IR is byte-identical on both sides, TTIR to PTX/AMDGCN "
                      "(unless the change lies below the IR: a difference between processes, not in the code)")
+# Identical-IR rows needed before their spread is shown (3 sd over fewer would say little).
+MIN_IDENTICAL_ROWS = 5
 SINGLE_RUN, REPEATS = "single_run", "repeats"
 BASIS_NOTES = {
     SINGLE_RUN: (f"one run per side: a row's samples come from one process each, so they are not independent "
@@ -217,8 +219,19 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
                     "ops_compared": len(ops), "ir_changed_rows": sum(r["ir"]["status"] == "changed" for r in rows),
                     "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows),
                     "calls_on_identical_ir": [r["id"] for r in rows if r["ir"]["status"] == "identical"
-                                              and r["verdict"] in (stats.FASTER, stats.SLOWER)]},
+                                              and r["verdict"] in (stats.FASTER, stats.SLOWER)],
+                    "identical_ir_spread": _identical_ir_spread(head)},
         "ops": op_entries, "unpaired_ops": unpaired, "rows": rows}
+
+
+def _identical_ir_spread(head: list[dict]) -> dict | None:
+    """The B/A spread (3 sd on the log scale, as stats.noise_floor) of the headline rows whose IR is
+    identical on both sides: what the same code shows between the sides' processes on this machine at
+    these repeats, an A/A inside the corpus A/B. None under MIN_IDENTICAL_ROWS such rows."""
+    ratios = [r["ratio"] for r in head if r["ir"]["status"] == "identical" and r["ratio"] is not None]
+    if len(ratios) < MIN_IDENTICAL_ROWS:
+        return None
+    return {"rows": len(ratios), "floor": round(stats.noise_floor(ratios), 4)}
 
 
 def _op_entry(op: _OpResult, rows: list[dict], single: bool) -> dict:
@@ -356,6 +369,10 @@ def headline(data: dict) -> list[str]:
     if s["config_differs"]:
         lines.append(f"rows whose sides ran different autotune configs: {s['config_differs']}")
     lines.append(f"rows whose IR changed: {s['ir_changed_rows']}; IR not collected: {s['ir_not_collected_rows']}")
+    if s["identical_ir_spread"]:
+        spread = s["identical_ir_spread"]
+        lines.append(f"rows whose IR is identical on both sides: {spread['rows']}; their B/A spread (3 sd) "
+                     f"{spread['floor']:.1%}: what the same code shows between processes here, at these repeats")
     if s["calls_on_identical_ir"]:
         lines.append(f"{IDENTICAL_IR_NOTE}: {len(s['calls_on_identical_ir'])} ("
                      + ", ".join(r.replace("|", " ") for r in s["calls_on_identical_ir"][:10])

@@ -304,12 +304,34 @@ def test_a_call_on_byte_identical_ir_is_listed_apart_in_every_report(tmp_path):
         "builtin:add": (stats.FASTER, "not_collected"), "builtin:softmax": (stats.SAME, "identical")}
     # The verdict stands as measured; the row is named apart.
     assert data["summary"]["calls_on_identical_ir"] == [rows["builtin:mm"]["id"]]
+    assert data["summary"]["identical_ir_spread"] is None  # 2 such rows say too little
     assert data["summary"]["verdicts"] == {stats.FASTER: 3, stats.SAME: 1}
     (tmp_path / "out").mkdir()
     corpus.write(tmp_path / "out", data)
     line = f"{corpus.IDENTICAL_IR_NOTE}: 1 (builtin:mm fp16 64)"
     assert line in (tmp_path / "out" / "report.md").read_text()
     assert html.escape(line) in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_spread_of_identical_ir_rows_is_the_runs_own_a_a(tmp_path):
+    # Five ops whose code the switch left alone, B a little off A each: their B/A spread is what the
+    # same code shows between processes; a changed row's ratio is not part of it.
+    shifts = [0.97, 1.0, 1.02, 0.99, 1.04]
+    items = [(f"builtin:op{i}", _ab_dir(tmp_path / f"op{i}", f"op{i}", [1.0, 1.001, 0.999],
+                                       [s, s * 1.001, s * 0.999], ttgir=(TTGIR_A, TTGIR_A)))
+             for i, s in enumerate(shifts)]
+    items.append(("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0] * 3, [3.0] * 3, ttgir=(TTGIR_A, TTGIR_B))))
+    data = corpus.from_ab_dirs(items, {})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    identical = [r["ratio"] for r in data["rows"] if r["ir"]["status"] == "identical"]
+    assert len(identical) == 5
+    floor = stats.noise_floor(identical)
+    assert 0.05 < floor < 0.2
+    assert data["summary"]["identical_ir_spread"] == {"rows": 5, "floor": round(floor, 4)}
+    (tmp_path / "out").mkdir()
+    corpus.write(tmp_path / "out", data)
+    assert (f"rows whose IR is identical on both sides: 5; their B/A spread (3 sd) {floor:.1%}"
+            in (tmp_path / "out" / "report.md").read_text())
 
 
 def test_a_row_b_computed_wrong_is_failed_with_b_s_error_in_every_report(tmp_path):
