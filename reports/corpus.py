@@ -49,6 +49,18 @@ SINGLE_RUN_FLOOR = 0.03
 # stands as the data gave it.
 IDENTICAL_IR_NOTE = ("FASTER/SLOWER rows whose kernels' IR is byte-identical on both sides, TTIR to PTX/AMDGCN "
                      "(unless the change lies below the IR: a difference between processes, not in the code)")
+
+
+def identical_ir_calls(groups: list[tuple[Path | None, Path | None, list[PairedRow]]]) -> list[str]:
+    """`op dtype shape` of each FASTER/SLOWER row whose launched kernels' IR is identical on both
+    sides; `groups`: (A's run, B's run, their paired rows) per op."""
+    named = []
+    for run_a, run_b, rows in groups:
+        indexes = tuple(ir_index.launched(d) if d else None for d in (run_a, run_b))
+        named += [f"{r.op} {r.dtype} {'x'.join(map(str, r.shape))}" for r in rows
+                  if r.verdict in (stats.FASTER, stats.SLOWER)
+                  and row_ir(indexes, run_a, run_b, r.dtype, r.shape)["status"] == "identical"]
+    return named
 # Identical-IR rows needed before their spread is shown (3 sd over fewer would say little).
 MIN_IDENTICAL_ROWS = 5
 SINGLE_RUN, REPEATS = "single_run", "repeats"
@@ -118,7 +130,7 @@ def _variant_diff(run_a: Path, run_b: Path, ra: dict | None, rb: dict | None) ->
     return entry
 
 
-def _row_ir(indexes: tuple, run_a: Path | None, run_b: Path | None, dtype: str, shape: tuple) -> dict:
+def row_ir(indexes: tuple, run_a: Path | None, run_b: Path | None, dtype: str, shape: tuple) -> dict:
     """The row's launched variants compared: status `not_collected`, `none_launched`, `identical` or
     `changed`, with an entry (and TTGIR diff) per variant that is not identical."""
     if run_a is None or run_b is None or indexes[0] is None or indexes[1] is None:
@@ -165,7 +177,7 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dic
         "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),
         "run_a": str(op.run_a) if op.run_a else None, "run_b": str(op.run_b) if op.run_b else None,
-        "ir": _row_ir(ir_indexes, op.run_a, op.run_b, r.dtype, r.shape)}
+        "ir": row_ir(ir_indexes, op.run_a, op.run_b, r.dtype, r.shape)}
 
 
 def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: dict, warnings: list[str],

@@ -18,6 +18,7 @@ from conftest import REPO, load
 from harness import cli
 from harness.core import ir_index
 from harness.measure import ir
+from harness.sessions import ab
 from reports import corpus, stats
 
 SCHEMA = json.loads((REPO / "reports" / "schema" / "corpus_report.schema.json").read_text())
@@ -191,7 +192,7 @@ def test_a_row_whose_ir_changed_carries_a_ttgir_diff_per_variant(batches):
 def test_a_long_diff_is_cut_loudly(tmp_path):
     a = _run(tmp_path / "a", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "x\n" * 1000, "l")])
     b = _run(tmp_path / "b", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "y\n" * 1000, "l")])
-    (variant,) = corpus._row_ir((ir_index.launched(a), ir_index.launched(b)), a, b, "fp16", (8,))["variants"]
+    (variant,) = corpus.row_ir((ir_index.launched(a), ir_index.launched(b)), a, b, "fp16", (8,))["variants"]
     assert variant["diff_truncated"] and len(variant["diff"].splitlines()) == corpus.MAX_DIFF_LINES
 
 
@@ -311,6 +312,19 @@ def test_a_call_on_byte_identical_ir_is_listed_apart_in_every_report(tmp_path):
     line = f"{corpus.IDENTICAL_IR_NOTE}: 1 (builtin:mm fp16 64)"
     assert line in (tmp_path / "out" / "report.md").read_text()
     assert html.escape(line) in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_a_single_op_ab_names_its_calls_on_identical_ir_too(tmp_path, capsys):
+    faster = ([1.0, 1.002, 0.998], [0.9, 0.902, 0.898])
+    groups = []
+    for op, ttgir in (("mm", (TTGIR_A, TTGIR_A)), ("gelu", (TTGIR_A, TTGIR_B))):
+        d = _ab_dir(tmp_path / op, op, *faster, ttgir=ttgir)
+        groups.append(tuple(sorted((d / op).glob(f"{side}-[0-9]*/r")) for side in "AB"))
+    out = tmp_path / "report"
+    out.mkdir()
+    ab.report(out, groups, {"name": "t"}, [], {"cuda"}, expected=3)
+    line = f"WARNING: {corpus.IDENTICAL_IR_NOTE}: 1 (mm fp16 64)"
+    assert line in capsys.readouterr().out and line in (out / "report.md").read_text()
 
 
 def test_the_spread_of_identical_ir_rows_is_the_runs_own_a_a(tmp_path):

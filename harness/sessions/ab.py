@@ -28,7 +28,7 @@ from harness.measure import ir
 from harness.providers import flaggems, registry
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
-from reports import ab_report, compare, table
+from reports import ab_report, compare, corpus, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
@@ -391,9 +391,14 @@ def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: d
     report says so at its top and calls no verdict."""
     not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
     note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
-    rows = [row for a_runs, b_runs in groups if a_runs or b_runs
-            for row in compare.pair(a_runs, b_runs, expected, performance=note is None)]
+    paired = [(a_runs, b_runs, compare.pair(a_runs, b_runs, expected, performance=note is None))
+              for a_runs, b_runs in groups if a_runs or b_runs]
+    rows = [row for *_, op_rows in paired for row in op_rows]
     summary = compare.summarize(rows)
+    # The IR is compared between each op's first run of either side, as the corpus report does.
+    calls = corpus.identical_ir_calls([(a[0], b[0], op_rows) for a, b, op_rows in paired if a and b])
+    if calls:
+        warnings = [*warnings, f"{corpus.IDENTICAL_IR_NOTE}: {len(calls)} ({', '.join(calls)})"]
     print()
     print(ab_report.render(rows, summary, warnings, context, note=note))
     files = ab_report.write(ab_dir, rows, summary, warnings, context, note)
