@@ -2,6 +2,7 @@
 process groups, the group kill, parent death, and the forwarding of a Ctrl-C or SIGTERM."""
 
 import os
+import py_compile
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from conftest import REPO, alive, wait_for
 
 import backends
-from harness.core import launch
+from harness.core import launch, paths
 from harness.core.paths import REPO_ROOT
 
 
@@ -38,14 +39,16 @@ def test_a_log_gets_the_command_then_both_streams_and_the_checkout_on_pythonpath
     assert f"path {REPO_ROOT} cwd {REPO_ROOT}" in lines and "var a b" in lines and "on stderr" in lines
 
 
-@pytest.mark.parametrize("dont_write, prefix, expect", [
-    ("1", None, "0 {cache}"),  # the env forbids bytecode beside the sources: cached apart instead
-    ("1", "/chosen", "1 /chosen"),  # the user chose where: as is
-    (None, None, "0 None"),  # bytecode beside the sources, as Python does
+@pytest.mark.parametrize("dont_write, prefix, installed_with_bytecode, expect", [
+    ("1", None, False, "0 {cache}"),  # nothing compiled and none may be written beside the sources: apart
+    ("1", None, True, "1 None"),  # the install has its bytecode: as is
+    ("1", "/chosen", False, "1 /chosen"),  # the user chose where: as is
+    (None, None, False, "0 None"),  # bytecode beside the sources, as Python does
 ])
-def test_a_child_caches_bytecode_apart_where_the_env_forbids_it_beside_the_sources(dont_write, prefix, expect,
-                                                                                  monkeypatch, tmp_path):
+def test_a_child_caches_bytecode_apart_where_the_env_forbids_it_beside_uncompiled_sources(
+        dont_write, prefix, installed_with_bytecode, expect, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(paths, "has_bytecode", lambda package: installed_with_bytecode)
     for name, value in (("PYTHONDONTWRITEBYTECODE", dont_write), ("PYTHONPYCACHEPREFIX", prefix)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
@@ -56,6 +59,16 @@ def test_a_child_caches_bytecode_apart_where_the_env_forbids_it_beside_the_sourc
                             "os.environ.get('PYTHONPYCACHEPREFIX'))"), on_stdout=out.append)
     assert child.wait() == 0
     assert out == [expect.format(cache=tmp_path / "zl_bench" / "pycache") + "\n"]
+
+
+def test_has_bytecode_looks_beside_the_source_without_importing(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("zl_plain", "zl_compiled"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    py_compile.compile(str(tmp_path / "zl_compiled" / "__init__.py"), doraise=True)
+    assert not paths.has_bytecode("zl_plain") and paths.has_bytecode("zl_compiled")
+    assert paths.has_bytecode("zl_not_installed")  # nothing there to compile
 
 
 def test_visible_narrows_the_child_to_its_one_device(monkeypatch):
@@ -148,7 +161,7 @@ def test_a_timed_out_wait_says_so_and_leaves_the_child_running():
 def test_a_child_dies_with_its_parent_even_by_sigkill(with_parent):
     parent = subprocess.Popen(py(f"""
         import sys, time
-        from harness.core import launch
+        from harness.core import launch, paths
         child = launch.start([sys.executable, "-c", "import time; time.sleep(60)"], log=open("/dev/null", "w"),
                              with_parent={with_parent})
         print(child.pid, flush=True)

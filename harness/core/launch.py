@@ -127,7 +127,8 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     `on_stdout` and `on_stderr` get its lines (text) from threads of their own; else it inherits ours.
     Environment: ours, narrowed to one device when `visible` is (backend, device), plus `env`;
     PYTHONPATH is `pythonpath`, by default the checkout's (harness_pythonpath). Where ours forbids
-    writing bytecode and names no PYTHONPYCACHEPREFIX, the child caches it in paths.bytecode_cache().
+    writing bytecode that torch's install lacks (paths.keeps_no_bytecode), the child caches it in
+    paths.bytecode_cache().
     `own_group`: a new session, so a terminal's Ctrl-C reaches the child only through us and a stop
     reaches its whole tree. False keeps it in our group: a group kill from outside takes it too.
     `with_parent`: it gets SIGTERM when the calling thread dies (_die_with_parent). Leave it off

@@ -3,6 +3,8 @@ checkout; it is not installed)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from pathlib import Path
 
@@ -21,10 +23,22 @@ def bytecode_cache() -> Path:
 
 
 def keeps_no_bytecode(environ) -> bool:
-    """PYTHONDONTWRITEBYTECODE set and no PYTHONPYCACHEPREFIX chosen: in an env installed without
-    bytecode (uv's default), every process would compile torch's sources afresh (the child's imports:
-    3.7 s instead of 1.6 s on such an H200 host)."""
-    return bool(environ.get("PYTHONDONTWRITEBYTECODE")) and not environ.get("PYTHONPYCACHEPREFIX")
+    """PYTHONDONTWRITEBYTECODE set, no PYTHONPYCACHEPREFIX chosen, and torch installed without
+    bytecode beside its sources (uv's default): every process would compile torch's sources afresh
+    (the child's imports: 3.7 s instead of 1.6 s on such an H200 host). Where the install has its
+    bytecode, a cache elsewhere would only be filled once for nothing."""
+    return (bool(environ.get("PYTHONDONTWRITEBYTECODE")) and not environ.get("PYTHONPYCACHEPREFIX")
+            and not has_bytecode("torch"))
+
+
+@functools.cache
+def has_bytecode(package: str) -> bool:
+    """Whether the installed `package` has the bytecode of its __init__ beside its source (found
+    without importing it); True where it is not installed or has no source: nothing to compile."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return True
+    return Path(importlib.util.cache_from_source(spec.origin)).is_file()
 
 
 def harness_pythonpath(inherited: str | None) -> str:
