@@ -51,12 +51,12 @@ IDENTICAL_IR_NOTE = ("FASTER/SLOWER rows whose kernels' IR is byte-identical on 
                      "(unless the change lies below the IR: a difference between processes, not in the code)")
 
 
-def identical_ir_calls(groups: list[tuple[Path | None, Path | None, list[PairedRow]]]) -> list[str]:
+def identical_ir_calls(groups: list[tuple[Path, Path, list[PairedRow]]]) -> list[str]:
     """`op dtype shape` of each FASTER/SLOWER row whose launched kernels' IR is identical on both
     sides; `groups`: (A's run, B's run, their paired rows) per op."""
     named = []
     for run_a, run_b, rows in groups:
-        indexes = tuple(ir_index.launched(d) if d else None for d in (run_a, run_b))
+        indexes = (ir_index.launched(run_a), ir_index.launched(run_b))
         named += [f"{r.op} {r.dtype} {'x'.join(map(str, r.shape))}" for r in rows
                   if r.verdict in (stats.FASTER, stats.SLOWER)
                   and row_ir(indexes, run_a, run_b, r.dtype, r.shape)["status"] == "identical"]
