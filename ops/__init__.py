@@ -16,12 +16,13 @@ DTYPE_NAMES = ("fp16", "bf16", "fp32")
 # dtype would give rows that collide in every comparison.
 DTYPES_RULE = f"a non-empty list of distinct names drawn from {', '.join(DTYPE_NAMES)}"
 
+# An operator's name names files (its autotune records, its run dirs) and is typed on command lines.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
 
 def valid_dtype_list(value) -> bool:
     return (isinstance(value, list) and bool(value) and all(d in DTYPE_NAMES for d in value)
             and len(set(value)) == len(value))
-# An operator's name names files (its autotune records, its run dirs) and is typed on command lines.
-NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 def numel(shape) -> int:

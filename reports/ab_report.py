@@ -61,7 +61,7 @@ def _gm(gm: tuple[float, float, float], performance: bool) -> str:
     return f"{ratio:.4f}{_interval(lo, hi)} ({stats.describe(ratio)})"
 
 
-def _label(row: PairedRow) -> str:
+def label(row: PairedRow) -> str:
     return f"{row.op} {row.dtype} {_shape(row)}"
 
 
@@ -79,7 +79,7 @@ def throttled_lines(rows: list[PairedRow]) -> list[str]:
             lines.append(f"{title}: {len(hit)}")
         for r in hit:
             sides = "; ".join(f"{side.upper()} {', '.join(reasons)}" for side, reasons in sorted(r.throttled.items()))
-            lines.append(f"  {_label(r)}: {sides}")
+            lines.append(f"  {label(r)}: {sides}")
     return lines
 
 
@@ -89,7 +89,7 @@ def failed_lines(rows: list[PairedRow]) -> list[str]:
     hit = [r for r in rows if r.errors]
     lines = [f"rows that FAILED on a side (out of the headline): {len(hit)}"] if hit else []
     for r in hit:
-        lines += [f"  {_label(r)}: {side.upper()} {error}" for side, error in sorted(r.errors.items())]
+        lines += [f"  {label(r)}: {side.upper()} {error}" for side, error in sorted(r.errors.items())]
     return lines
 
 
@@ -184,7 +184,7 @@ def figure(rows: list[PairedRow], context: dict, note: str | None = None):
         ax.errorbar(i, c.ratio, yerr=[[c.ratio - lo], [hi - c.ratio]], fmt="o", capsize=3,
                     color=colors[c.verdict], markerfacecolor="none" if r.flags else colors[c.verdict])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(shown)), [_label(r) for r in shown], rotation=90, fontsize=7)
+    ax.set_xticks(range(len(shown)), [label(r) for r in shown], rotation=90, fontsize=7)
     ops = [r.op for r in shown]
     for i in range(1, len(ops)):
         if ops[i] != ops[i - 1]:

@@ -50,17 +50,6 @@ SINGLE_RUN_FLOOR = 0.03
 IDENTICAL_IR_NOTE = ("FASTER/SLOWER rows whose kernels' IR is byte-identical on both sides, TTIR to PTX/AMDGCN "
                      "(unless the change lies below the IR: a difference between processes, not in the code)")
 
-
-def identical_ir_calls(groups: list[tuple[Path, Path, list[PairedRow]]]) -> list[str]:
-    """`op dtype shape` of each FASTER/SLOWER row whose launched kernels' IR is identical on both
-    sides; `groups`: (A's run, B's run, their paired rows) per op."""
-    named = []
-    for run_a, run_b, rows in groups:
-        indexes = (ir_index.launched(run_a), ir_index.launched(run_b))
-        named += [f"{r.op} {r.dtype} {'x'.join(map(str, r.shape))}" for r in rows
-                  if r.verdict in (stats.FASTER, stats.SLOWER)
-                  and row_ir(indexes, run_a, run_b, r.dtype, r.shape)["status"] == "identical"]
-    return named
 # Identical-IR rows needed before their spread is shown (3 sd over fewer would say little).
 MIN_IDENTICAL_ROWS = 5
 SINGLE_RUN, REPEATS = "single_run", "repeats"
@@ -148,6 +137,24 @@ def row_ir(indexes: tuple, run_a: Path | None, run_b: Path | None, dtype: str, s
     changed = [e for e in entries if e["status"] != "identical"]
     return {"status": "changed" if changed else "identical", "identical": len(entries) - len(changed),
             "variants": changed}
+
+
+def identical_ir_calls(groups: list[tuple[Path, Path, list[PairedRow]]]) -> list[PairedRow]:
+    """The FASTER/SLOWER rows whose launched kernels' IR is identical on both sides; `groups`: (A's
+    run, B's run, their paired rows) per op. The IR is read only for an op with such a call."""
+    found = []
+    for run_a, run_b, rows in groups:
+        calls = [r for r in rows if r.verdict in (stats.FASTER, stats.SLOWER)]
+        if calls:
+            indexes = (ir_index.launched(run_a), ir_index.launched(run_b))
+            found += [r for r in calls if row_ir(indexes, run_a, run_b, r.dtype, r.shape)["status"] == "identical"]
+    return found
+
+
+def identical_ir_line(names: list[str]) -> str:
+    """The report line naming calls on identical IR (the first 10)."""
+    return (f"{IDENTICAL_IR_NOTE}: {len(names)} ({', '.join(names[:10])}"
+            + (", ...)" if len(names) > 10 else ")"))
 
 
 # --- assembling the report ---------------------------------------------------------------------------
@@ -386,9 +393,7 @@ def headline(data: dict) -> list[str]:
         lines.append(f"rows whose IR is identical on both sides: {spread['rows']}; their B/A spread (3 sd) "
                      f"{spread['floor']:.1%}: what the same code shows between processes here, at these repeats")
     if s["calls_on_identical_ir"]:
-        lines.append(f"{IDENTICAL_IR_NOTE}: {len(s['calls_on_identical_ir'])} ("
-                     + ", ".join(r.replace("|", " ") for r in s["calls_on_identical_ir"][:10])
-                     + (", ..." if len(s["calls_on_identical_ir"]) > 10 else "") + ")")
+        lines.append(identical_ir_line([r.replace("|", " ") for r in s["calls_on_identical_ir"]]))
     lines.append(f"overall geomean B/A: {fmt_gm(s['overall'], performance)}")
     lines.append(f"control (torch baseline) geomean B/A: {fmt_gm(s['control'], performance)} -- should be ~1: "
                  "it does not depend on the compiler under test")

@@ -255,10 +255,10 @@ class AutotunePatch:
         if not self.inject:
             if not cache.has_own(key) and len(tuner.configs) > 1:
                 # A long sweep (mm: 48 configs, minutes) must not look like a hang.
-                self.progress(f"autotune: sweeping {kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)} "
-                              f"over {len(tuner.configs)} configs")
+                label = f"{kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)}"
+                self.progress(f"autotune: sweeping {label} over {len(tuner.configs)} configs")
                 self._precompile(tuner, key)
-                self._sweep = (f"{kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)}", time.perf_counter())
+                self._sweep = (label, time.perf_counter())
             return
         kernel, k = kernel_id(tuner), key_str(key)
         state = self.state.get((kernel, k))
@@ -280,10 +280,11 @@ class AutotunePatch:
         if state != "injected":
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason={state}")
             if not cache.has_own(key):
-                self.progress(f"autotune: sweeping {kernel.rsplit('.', 1)[-1]} key={k} live ({state})")
+                label = f"{kernel.rsplit('.', 1)[-1]} key={k}"
+                self.progress(f"autotune: sweeping {label} live ({state})")
                 if len(tuner.configs) > 1:
                     self._precompile(tuner, key)
-                    self._sweep = (f"{kernel.rsplit('.', 1)[-1]} key={k}", time.perf_counter())
+                    self._sweep = (label, time.perf_counter())
 
     def _precompile(self, tuner, key) -> None:
         """Compile the key's configs in parallel before its sweep; a config that could not be

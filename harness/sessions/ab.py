@@ -398,7 +398,7 @@ def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: d
     # The IR is compared between each op's first run of either side, as the corpus report does.
     calls = corpus.identical_ir_calls([(a[0], b[0], op_rows) for a, b, op_rows in paired if a and b])
     if calls:
-        warnings = [*warnings, f"{corpus.IDENTICAL_IR_NOTE}: {len(calls)} ({', '.join(calls)})"]
+        warnings = [*warnings, corpus.identical_ir_line([ab_report.label(r) for r in calls])]
     print()
     print(ab_report.render(rows, summary, warnings, context, note=note))
     files = ab_report.write(ab_dir, rows, summary, warnings, context, note)

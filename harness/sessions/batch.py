@@ -293,8 +293,9 @@ class Batch:
             attempts += 1
             code, seconds = self._attempt(cmd, log_path)
             elapsed += seconds
+            passed = code is not None and self._passed(code, out)
             # An op that finished and passed before the stop reached it is done: a resume need not rerun it.
-            if self.stopping.is_set() and not (code is not None and self._passed(code, out)):
+            if self.stopping.is_set() and not passed:
                 status = "INTERRUPTED"
                 break
             if code is None:
@@ -304,7 +305,7 @@ class Batch:
                 notes.append(f"{what} (killed, not retried)")
                 _killed_note(stopped_in, log_path, what)
                 break
-            if self._passed(code, out):
+            if passed:
                 status = "PASS"
                 break
             if dtypes is not None and self._rejected(code, out):
