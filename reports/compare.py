@@ -171,6 +171,22 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
     return paired
 
 
+def pool_floors(rows: list[PairedRow]) -> None:
+    """Raise each compared row's noise floor to A's spread pooled over the rows of similar latency
+    (stats.pooled_floors) and call its verdict again. Only unflagged rows feed the pool (a throttled
+    or incomplete row's spread is not the machine's); every compared row is judged by it. Never
+    lowers a floor. A row of one run per side pools its raw samples: the spread inside one process,
+    as its own floor is."""
+    judged = [r for r in rows if r.comparison is not None and r.comparison.verdict != stats.NOT_APPLICABLE]
+    pool = [r.a_ms for r in judged if not r.flags]
+    if not pool:
+        return
+    for r, floor in zip(judged, stats.pooled_floors([stats.center(r.a_ms) for r in judged], pool), strict=True):
+        c = r.comparison
+        if floor > c.floor:
+            r.comparison = dataclasses.replace(c, floor=floor, verdict=stats.verdict(c.lo, c.hi, floor))
+
+
 @dataclasses.dataclass
 class Summary:
     rows: int

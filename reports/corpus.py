@@ -36,7 +36,7 @@ import backends
 from harness.core import ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, stats, table
-from reports.compare import PairedRow, aggregate, pair, summarize
+from reports.compare import PairedRow, aggregate, pair, pool_floors, summarize
 
 REPORT_FORMAT = 1
 # The smallest change called from one run per side (3%): differences between processes of the same
@@ -58,7 +58,8 @@ BASIS_NOTES = {
                  f"repeats; verdicts need a change beyond a noise floor of at least {SINGLE_RUN_FLOOR:.0%} "
                  f"(the interval shown is within-process only), and the overall interval is taken over "
                  f"operators, not rows"),
-    REPEATS: "independent repeats per side (one process each): 95% Welch intervals over repeats",
+    REPEATS: ("independent repeats per side (one process each): 95% Welch intervals over repeats; a row's noise "
+              "floor is A's spread between processes, pooled over the corpus's rows within 2x of its latency"),
 }
 # The IR files a run dir holds (harness.measure.ir writes them; reports reads them as files).
 MAX_DIFF_LINES = 400  # per variant; a longer diff is cut, and says so and where the full files are
@@ -192,13 +193,15 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
     rows, per_op = [], []
     all_paired = []
     for op in ops:
-        indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))
-        op_rows = []
         for r in op.rows:
-            basis = SINGLE_RUN if op.single else REPEATS
-            if basis == SINGLE_RUN and r.comparison:
+            if op.single and r.comparison:
                 r.comparison = _single_run_verdict(r.comparison)
-            op_rows.append(_row_dict(op, r, basis, indexes))
+    # Over the whole corpus: the more rows of a latency, the better their pooled A/A spread.
+    pool_floors([r for op in ops for r in op.rows])
+    for op in ops:
+        indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))
+        basis = SINGLE_RUN if op.single else REPEATS
+        op_rows = [_row_dict(op, r, basis, indexes) for r in op.rows]
         rows += op_rows
         all_paired += op.rows
         per_op.append((op, op_rows))

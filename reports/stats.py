@@ -4,7 +4,8 @@ The ratio is B latency / A latency: below 1 means B is faster. Each side's laten
 geometric mean of its repeats (`center`), the one statistic the tables show, the ratio divides
 and the interval is built on (log scale), so a side's number, the ratio and the verdict never point
 different ways, as a median beside a geometric-mean ratio can. Verdicts compare the ratio's 95%
-interval against a noise floor taken from A's own repeats (the A/A inside every A/B):
+interval against a noise floor taken from A's own repeats (the A/A inside every A/B), pooled over
+the rows of similar latency (`pooled_floors`):
 
     FASTER  the whole interval lies below 1 - floor
     SLOWER  the whole interval lies above 1 + floor
@@ -28,6 +29,11 @@ MIN_EFFECT = 0.005
 NOISE_SIGMAS = 3.0
 # A row whose A/A floor exceeds this is too noisy to call anything, SAME included (5%).
 MAX_FLOOR = 0.05
+# Rows whose A latencies lie within this factor of each other pool their A/A spread: how much a kernel
+# varies from one process to the next depends on its size, and 2 to 5 repeats of one row alone
+# estimate it badly (with 2, A's two processes agree closely by chance often enough that a corpus
+# calls identical code FASTER or SLOWER: 2 of 25 such rows on an H200).
+POOL_BAND = 2.0
 
 FASTER, SLOWER, SAME, NOISY, NOT_APPLICABLE = "FASTER", "SLOWER", "SAME", "NOISY", "n/a"
 
@@ -57,6 +63,27 @@ def noise_floor(a: np.ndarray) -> float:
     logs = np.log(np.asarray(a, dtype=float))
     sd = float(np.std(logs, ddof=1)) if logs.size > 1 else 0.0
     return max(MIN_EFFECT, math.expm1(NOISE_SIGMAS * sd))
+
+
+def pooled_floors(latencies, pool) -> list[float]:
+    """Per latency in `latencies`, the noise floor (as `noise_floor`) of the spread of the repeats in
+    `pool` (one list of A latencies per row) pooled over the rows whose geometric mean lies within
+    POOL_BAND of it: their squared log deviations summed over their degrees of freedom summed."""
+    logs = [np.log(np.asarray(a, dtype=float)) for a in pool]
+    centers = np.array([x.mean() for x in logs])
+    order = np.argsort(centers)
+    centers = centers[order]
+    sq = np.concatenate([[0.0], np.cumsum([float(((logs[i] - logs[i].mean()) ** 2).sum()) for i in order])])
+    dof = np.concatenate([[0], np.cumsum([logs[i].size - 1 for i in order])])
+    band = math.log(POOL_BAND)
+    floors = []
+    for latency in np.log(np.asarray(latencies, dtype=float)):
+        lo = np.searchsorted(centers, latency - band, side="left")
+        hi = np.searchsorted(centers, latency + band, side="right")
+        d = dof[hi] - dof[lo]
+        sd = math.sqrt((sq[hi] - sq[lo]) / d) if d > 0 else 0.0
+        floors.append(max(MIN_EFFECT, math.expm1(NOISE_SIGMAS * sd)))
+    return floors
 
 
 def _interval(mean: float, se: float, dof: float) -> tuple[float, float]:

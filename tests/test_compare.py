@@ -379,3 +379,62 @@ def test_a_lone_row_keeps_its_own_interval_in_the_per_op_and_overall_lines(tmp_p
     s = compare.summarize(rows)
     assert c.lo < c.ratio < c.hi and math.isfinite(c.hi)
     assert s.per_op["softmax"] == s.overall == (c.ratio, c.lo, c.hi)
+
+
+# The pooled floor: A's spread over the rows of similar latency.
+
+def test_the_pooled_floor_is_the_spread_of_the_repeats_of_rows_within_2x_latency():
+    s = 0.02
+    pool = [[math.exp(-s), math.exp(s)],            # center 1: squared log deviations 2 s^2
+            [1.8 * math.exp(-2 * s), 1.8 * math.exp(2 * s)],  # center 1.8: 8 s^2
+            [10 * math.exp(-0.1), 10 * math.exp(0.1)]]  # center 10: far from both
+    floors = stats.pooled_floors([1.0, 1.5, 3.0, 10.0, 5.5, 25.0], pool)
+    near = math.expm1(3 * math.sqrt(10 * s * s / 2))  # 2 rows, 1 degree of freedom each
+    assert floors[0] == pytest.approx(near) and floors[1] == pytest.approx(near)
+    assert floors[2] == pytest.approx(math.expm1(3 * 2 * s * math.sqrt(2)))  # 1.8 alone is within 2x of 3
+    assert floors[3] == pytest.approx(math.expm1(3 * 0.1 * math.sqrt(2)))
+    assert floors[4] == pytest.approx(math.expm1(3 * 0.1 * math.sqrt(2)))   # 10 is within 2x of 5.5
+    assert floors[5] == stats.MIN_EFFECT                                   # nothing within 2x
+    # Exactly 2x either way is within.
+    wide = math.expm1(3 * math.log(2) * math.sqrt(2))  # repeats 0.5 and 2: their center is exactly 1
+    assert stats.pooled_floors([0.5, 2.0, 0.49, 2.01], [[0.5, 2.0]]) == pytest.approx([wide, wide, 0.005, 0.005])
+
+
+def test_a_row_whose_two_a_repeats_agree_by_chance_is_judged_by_its_neighbours_spread(tmp_path):
+    # Ten 2.5 us rows whose processes differ by 8% (a bimodal state, as small kernels show on an
+    # H200), one whose A repeats happened to agree and whose B repeats landed 7% lower on identical
+    # code, and a 1 ms row with a real 3x change.
+    slow, fast = 2.6, 2.4
+    a = runs(tmp_path, "a", [row(shape=(i,), cand=slow) for i in range(10)]
+             + [row(shape=(10,), cand=2.60), row(shape=(11,), cand=1000.0)],
+             [row(shape=(i,), cand=fast) for i in range(10)]
+             + [row(shape=(10,), cand=2.59), row(shape=(11,), cand=1001.0)])
+    b = runs(tmp_path, "b", [row(shape=(i,), cand=fast) for i in range(10)]
+             + [row(shape=(10,), cand=2.42), row(shape=(11,), cand=3000.0)],
+             [row(shape=(i,), cand=slow) for i in range(10)]
+             + [row(shape=(10,), cand=2.41), row(shape=(11,), cand=3003.0)])
+    rows = compare.pair(a, b)
+    lucky, big = rows[10], rows[11]
+    assert lucky.verdict == stats.FASTER and big.verdict == stats.SLOWER  # each row alone
+    own = big.comparison.floor
+    compare.pool_floors(rows)
+    assert lucky.verdict == stats.NOISY and lucky.comparison.floor > 0.08
+    # The 1 ms row's neighbours are none but itself: its floor and verdict are its own.
+    assert big.comparison.floor == own and big.verdict == stats.SLOWER
+
+
+def test_the_pool_leaves_out_flagged_rows_and_never_lowers_a_floor(tmp_path):
+    a = runs(tmp_path, "a", [row(shape=(1,), cand=1.0), row(shape=(2,), cand=1.0, markers=["TIMER_FALLBACK"]),
+                             row(shape=(3,), cand=1.0)],
+             [row(shape=(1,), cand=1.001), row(shape=(2,), cand=1.5), row(shape=(3,), cand=1.1)])
+    b = runs(tmp_path, "b", [row(shape=(1,), cand=0.9), row(shape=(2,), cand=1.0), row(shape=(3,), cand=1.0)],
+             [row(shape=(1,), cand=0.901), row(shape=(2,), cand=1.0), row(shape=(3,), cand=1.0)])
+    rows = compare.pair(a, b)
+    before = [r.comparison.floor for r in rows]
+    compare.pool_floors(rows)
+    # Shapes 1 and 3 pool (the flagged 50% spread of shape 2 does not): shape 3's own floor is the larger.
+    pooled = stats.pooled_floors([1.0], [[1.0, 1.001], [1.0, 1.1]])[0]
+    assert before[0] < pooled < before[2]
+    assert rows[0].comparison.floor == pytest.approx(pooled)
+    assert rows[2].comparison.floor == before[2]
+    assert rows[1].comparison.floor == pytest.approx(max(before[1], pooled))

@@ -2,6 +2,7 @@
 harness writes them, paired into report.json (checked against its committed schema), CSV, markdown
 and a self-contained HTML page, which a real headless browser opens where one is installed."""
 
+import csv
 import hashlib
 import html.parser
 import json
@@ -472,3 +473,66 @@ def test_two_real_batches_compare_into_a_corpus_report(harness, tmp_path):
     assert report["rows"] and all(r["basis"] == corpus.SINGLE_RUN and r["in_headline"] for r in report["rows"])
     assert all(r["ir"]["status"] == "not_collected" for r in report["rows"])  # the interpreter compiles nothing
     assert proc.stdout.splitlines()[2] == report["note"] and "overall geomean B/A: n/a" in proc.stdout
+
+
+# Small kernels on an H200 land in a fast or a slow state per process (2.4 vs 2.6 us). Eight ops with
+# 2 repeats a side show it; a ninth's two A processes happened to land alike, its B ones alike and
+# 7% lower, on the same code.
+BIMODAL_OPS = [(f"op{i}", [0.0026, 0.0024], [0.0024, 0.0026]) for i in range(8)]
+LUCKY_OP = ("lucky", [0.00260, 0.00259], [0.00242, 0.00241])
+
+
+def test_a_corpus_judges_each_row_by_the_spread_of_its_latency_neighbours(tmp_path):
+    def dirs(ops):
+        return [(f"builtin:{op}", _ab_dir(tmp_path / op, op, a, b)) for op, a, b in ops]
+
+    lucky = dirs([LUCKY_OP])
+    assert corpus.from_ab_dirs(lucky, {})["rows"][0]["verdict"] == stats.FASTER  # its own repeats agree: a call
+    data = corpus.from_ab_dirs(lucky + dirs([*BIMODAL_OPS, ("mm", [1.0, 1.001], [3.0, 3.003])]), {})
+    jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
+    rows = {r["op_key"]: r for r in data["rows"]}
+    assert rows["builtin:lucky"]["verdict"] == stats.NOISY and rows["builtin:lucky"]["floor"] > 0.08
+    # The 1 ms row has no neighbour within 2x: its floor is its own, its 3x change still called.
+    assert rows["builtin:mm"]["verdict"] == stats.SLOWER and rows["builtin:mm"]["floor"] < 0.01
+    assert stats.FASTER not in data["summary"]["verdicts"]
+
+
+def test_a_single_op_ab_judges_its_rows_by_their_neighbours_spread_too(tmp_path):
+    # One op, nine shapes of about 2.5 us: the eight bimodal ones and the lucky one, as above.
+    shapes = [*BIMODAL_OPS, LUCKY_OP]
+
+    def runs(side):
+        col = 1 if side == "A" else 2
+        return [_run(tmp_path / f"{side}{i}", [_row("add", "fp16", (n,), s[col][i]) for n, s in enumerate(shapes)])
+                for i in range(2)]
+
+    out = tmp_path / "report"
+    out.mkdir()
+    ab.report(out, [(runs("A"), runs("B"))], {"name": "t"}, [], {"cuda"}, expected=2)
+    with open(out / "report.csv", newline="") as f:
+        lucky = next(r for r in csv.DictReader(f) if r["shape"] == str(len(BIMODAL_OPS)))
+    assert lucky["verdict"] == stats.NOISY and float(lucky["noise_floor"]) > 0.08
+
+
+def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
+    # The ops' own reports judged each op's rows alone; the closing line counts the corpus report's
+    # verdicts (the floor pooled over all rows), for the ops that passed.
+    from harness.sessions import batch, corpus_ab
+
+    ops = [*BIMODAL_OPS, LUCKY_OP, ("broken", [1.0, 1.001], [0.5, 0.501])]
+    status = []
+    for op, a, b in ops:
+        run = tmp_path / "ops" / f"builtin__{op}" / "attempt1" / "ab_t"
+        _ab_dir(run, op, a, b)
+        status.append({**dict.fromkeys(batch.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op,
+                       "status": "FAIL" if op == "broken" else "PASS", "run_dir": str(run.relative_to(tmp_path))})
+    with open(tmp_path / "ops_status.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS)
+        writer.writeheader()
+        writer.writerows(status)
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan=corpus_ab._plan_data(plan))
+    line = corpus_ab.CorpusAB(tmp_path, opts, {}).summarize()
+    assert line.startswith(f"verdicts: {stats.NOISY} 9; report: ")
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert {r["op_key"]: r["verdict"] for r in data["rows"]}["builtin:broken"] == stats.FASTER  # in the report

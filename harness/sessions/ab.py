@@ -394,6 +394,7 @@ def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: d
     paired = [(a_runs, b_runs, compare.pair(a_runs, b_runs, expected, performance=note is None))
               for a_runs, b_runs in groups if a_runs or b_runs]
     rows = [row for *_, op_rows in paired for row in op_rows]
+    compare.pool_floors(rows)
     summary = compare.summarize(rows)
     # The IR is compared between each op's first run of either side, as the corpus report does.
     calls = corpus.identical_ir_calls([(a[0], b[0], op_rows) for a, b, op_rows in paired if a and b])

@@ -183,19 +183,22 @@ class CorpusAB(batch.Batch):
 
     def summarize(self) -> str:
         """The corpus report over every op with an A/B dir (an op that failed is listed in it with
-        its reason), and the verdict counts of the ops that passed."""
+        its reason), and the verdict counts it gives the rows of the ops that passed (they can
+        differ from the ops' own reports: the corpus pools the noise floor over all its rows)."""
         status = batch.read_status(self.dir)
         rows = [r for r in status.values() if r.get("run_dir") and r["status"] != "SKIP"]
         names = collections.Counter(f"{r['repo']}:{r['op']}" for r in status.values())
-        items = sorted((f"{r['repo']}:{r['op']}" + (f"@{r['op_file']}" if names[f"{r['repo']}:{r['op']}"] > 1 else ""),
-                        self.dir / r["run_dir"]) for r in rows)
+        keyed = sorted(((f"{r['repo']}:{r['op']}" + (f"@{r['op_file']}" if names[f"{r['repo']}:{r['op']}"] > 1 else ""),
+                         r) for r in rows), key=lambda kr: kr[0])
+        items = [(key, self.dir / r["run_dir"]) for key, r in keyed]
+        passed = {key for key, r in keyed if r["status"] == "PASS"}
         plan = _plan_of(self.opts.plan)
         context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                    "backend": self.opts.backend, "batch_dir": str(self.dir),
                    "op_status": {f"{r['repo']}:{r['op']}@{r['op_file']}": r["status"] for r in status.values()}}
-        files = corpus.write(self.dir, corpus.from_ab_dirs(items, context))
-        total = sum((verdicts(self.dir / r["run_dir"]) for r in rows if r["status"] == "PASS"),
-                    collections.Counter())
+        data = corpus.from_ab_dirs(items, context)
+        files = corpus.write(self.dir, data)
+        total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)
         return f"verdicts: {_said(total) or 'none'}; report: {', '.join(map(str, files))}"
 
 
