@@ -41,7 +41,7 @@ from reports.compare import PairedRow, aggregate, pair, pool_floors, summarize
 REPORT_FORMAT = 1
 # The smallest change called from one run per side (3%): differences between processes of the same
 # build are not measured by one run's samples; run an A/A (the same compiler screened twice) to see
-# them on your machine (README, Corpus report). Below stats.MAX_FLOOR, which calls everything NOISY.
+# them on your machine (README, Corpus report). Below stats.MAX_FLOOR, above which no row is SAME.
 SINGLE_RUN_FLOOR = 0.03
 # A FASTER or SLOWER row whose launched kernels have byte-identical IR on both sides at every hashed stage
 # (ir_index.HASHED_STAGES): unless the change lies below the IR (the assembler, the launch path), the

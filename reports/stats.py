@@ -9,8 +9,8 @@ the rows of similar latency (`pooled_floors`):
 
     FASTER  the whole interval lies below 1 - floor
     SLOWER  the whole interval lies above 1 + floor
-    SAME    the whole interval lies within [1 - floor, 1 + floor]
-    NOISY   anything else, or A's own repeats disagree by more than MAX_FLOOR: the data cannot tell
+    SAME    the whole interval lies within [1 - floor, 1 + floor], and the floor is at most MAX_FLOOR
+    NOISY   anything else: the data cannot tell
     n/a     the backend's timings are not performance numbers (the interpreter): nothing to call
 """
 
@@ -27,7 +27,8 @@ CONFIDENCE = 0.95
 MIN_EFFECT = 0.005
 # How many A/A standard deviations (log scale) a change must exceed.
 NOISE_SIGMAS = 3.0
-# A row whose A/A floor exceeds this is too noisy to call anything, SAME included (5%).
+# A row whose A/A floor exceeds this is never called SAME (5%): "no change within 10%" says little. A
+# change beyond even such a floor is still called (small kernels vary that much between processes).
 MAX_FLOOR = 0.05
 # Rows whose A latencies lie within this factor of each other pool their A/A spread: how much a kernel
 # varies from one process to the next depends on its size, and 2 to 5 repeats of one row alone
@@ -114,13 +115,11 @@ def compare(a, b, floor: float | None = None) -> Comparison:
 
 
 def verdict(lo: float, hi: float, floor: float) -> str:
-    if floor > MAX_FLOOR:
-        return NOISY
     if hi < 1.0 - floor:
         return FASTER
     if lo > 1.0 + floor:
         return SLOWER
-    if lo >= 1.0 - floor and hi <= 1.0 + floor:
+    if lo >= 1.0 - floor and hi <= 1.0 + floor and floor <= MAX_FLOOR:
         return SAME
     return NOISY
 
