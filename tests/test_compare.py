@@ -292,6 +292,7 @@ def test_verdict_at_the_floor_itself(lo, hi, verdict):
 
 def test_a_floor_of_exactly_5_percent_still_calls():
     assert stats.verdict(1.5, 2.0, stats.MAX_FLOOR) == stats.SLOWER
+    assert stats.verdict(0.999, 1.001, stats.MAX_FLOOR) == stats.SAME
     assert stats.MAX_FLOOR == 0.05
 
 
