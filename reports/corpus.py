@@ -59,7 +59,7 @@ BASIS_NOTES = {
                  f"(the interval shown is within-process only), and the overall interval is taken over "
                  f"operators, not rows"),
     REPEATS: ("independent repeats per side (one process each): 95% Welch intervals over repeats; a row's noise "
-              "floor is A's spread between processes, pooled over the corpus's rows within 2x of its latency"),
+              "floor is A's spread between repeats, pooled over the corpus's rows within 2x of its latency"),
 }
 # The IR files a run dir holds (harness.measure.ir writes them; reports reads them as files).
 MAX_DIFF_LINES = 400  # per variant; a longer diff is cut, and says so and where the full files are

@@ -28,11 +28,11 @@ MIN_EFFECT = 0.005
 # How many A/A standard deviations (log scale) a change must exceed.
 NOISE_SIGMAS = 3.0
 # A row whose A/A floor exceeds this is never called SAME (5%): "no change within 10%" says little. A
-# change beyond even such a floor is still called (small kernels vary that much between processes).
+# change beyond even such a floor is still called (small kernels vary that much between repeats).
 MAX_FLOOR = 0.05
 # Rows whose A latencies lie within this factor of each other pool their A/A spread: how much a kernel
-# varies from one process to the next depends on its size, and 2 to 5 repeats of one row alone
-# estimate it badly (with 2, A's two processes agree closely by chance often enough that a corpus
+# varies from one repeat to the next depends on its size, and 2 to 5 repeats of one row alone
+# estimate it badly (with 2, A's two repeats agree closely by chance often enough that a corpus
 # calls identical code FASTER or SLOWER: 2 of 25 such rows on an H200).
 POOL_BAND = 2.0
 
