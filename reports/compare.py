@@ -182,9 +182,7 @@ def pool_floors(rows: list[PairedRow]) -> None:
     if not pool:
         return
     for r, floor in zip(judged, stats.pooled_floors([stats.center(r.a_ms) for r in judged], pool), strict=True):
-        c = r.comparison
-        if floor > c.floor:
-            r.comparison = dataclasses.replace(c, floor=floor, verdict=stats.verdict(c.lo, c.hi, floor))
+        r.comparison = stats.raise_floor(r.comparison, floor)
 
 
 @dataclasses.dataclass

@@ -89,13 +89,6 @@ def _side_summary(values: list[float]) -> dict:
             "max_ms": max(values, default=None)}
 
 
-def _single_run_verdict(comparison: stats.Comparison) -> stats.Comparison:
-    floor = max(comparison.floor, SINGLE_RUN_FLOOR)
-    if comparison.verdict == stats.NOT_APPLICABLE:
-        return dataclasses.replace(comparison, floor=floor)
-    return dataclasses.replace(comparison, floor=floor, verdict=stats.verdict(comparison.lo, comparison.hi, floor))
-
-
 def _performance(backend_names: set[str]) -> str | None:
     """The note for backends whose timings are not performance numbers, or None."""
     not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
@@ -140,15 +133,23 @@ def row_ir(indexes: tuple, run_a: Path | None, run_b: Path | None, dtype: str, s
             "variants": changed}
 
 
+CALLS = (stats.FASTER, stats.SLOWER)
+
+
+def _call_on_identical_ir(verdict: str, ir_status: str) -> bool:
+    return verdict in CALLS and ir_status == "identical"
+
+
 def identical_ir_calls(groups: list[tuple[Path, Path, list[PairedRow]]]) -> list[PairedRow]:
     """The FASTER/SLOWER rows whose launched kernels' IR is identical on both sides; `groups`: (A's
     run, B's run, their paired rows) per op. The IR is read only for an op with such a call."""
     found = []
     for run_a, run_b, rows in groups:
-        calls = [r for r in rows if r.verdict in (stats.FASTER, stats.SLOWER)]
+        calls = [r for r in rows if r.verdict in CALLS]
         if calls:
             indexes = (ir_index.launched(run_a), ir_index.launched(run_b))
-            found += [r for r in calls if row_ir(indexes, run_a, run_b, r.dtype, r.shape)["status"] == "identical"]
+            found += [r for r in calls if _call_on_identical_ir(r.verdict, row_ir(indexes, run_a, run_b, r.dtype,
+                                                                                    r.shape)["status"])]
     return found
 
 
@@ -195,7 +196,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
     for op in ops:
         for r in op.rows:
             if op.single and r.comparison:
-                r.comparison = _single_run_verdict(r.comparison)
+                r.comparison = stats.raise_floor(r.comparison, SINGLE_RUN_FLOOR)
     # Over the whole corpus: the more rows of a latency, the better their pooled A/A spread.
     pool_floors([r for op in ops for r in op.rows])
     for op in ops:
@@ -240,8 +241,8 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
                     "config_differs": summary.config_differs, "ops": len(ops) + len(unpaired),
                     "ops_compared": len(ops), "ir_changed_rows": sum(r["ir"]["status"] == "changed" for r in rows),
                     "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows),
-                    "calls_on_identical_ir": [r["id"] for r in rows if r["ir"]["status"] == "identical"
-                                              and r["verdict"] in (stats.FASTER, stats.SLOWER)],
+                    "calls_on_identical_ir": [r["id"] for r in rows
+                                              if _call_on_identical_ir(r["verdict"], r["ir"]["status"])],
                     "identical_ir_spread": _identical_ir_spread(head)},
         "ops": op_entries, "unpaired_ops": unpaired, "rows": rows}
 

@@ -114,6 +114,14 @@ def compare(a, b, floor: float | None = None) -> Comparison:
     return Comparison(ratio, rlo, rhi, floor, verdict(rlo, rhi, floor), int(la.size), int(lb.size))
 
 
+def raise_floor(c: Comparison, floor: float) -> Comparison:
+    """`c` judged against a floor of at least `floor`, its verdict called again (n/a stays n/a)."""
+    if floor <= c.floor:
+        return c
+    return dataclasses.replace(c, floor=floor, verdict=c.verdict if c.verdict == NOT_APPLICABLE
+                               else verdict(c.lo, c.hi, floor))
+
+
 def verdict(lo: float, hi: float, floor: float) -> str:
     if hi < 1.0 - floor:
         return FASTER
