@@ -23,7 +23,9 @@ from harness.core import rundir
 from reports import stats, table
 from reports.compare import PairedRow, Summary
 
-REPORT_FORMAT = 1
+# 2: a row's comparison carries margin, sd, dof, p and q (format 1: a noise floor); the summary fdr
+# and resolution.
+REPORT_FORMAT = 2
 HEADERS = ["op", "dtype", "shape", "A ms (gm)", "B ms (gm)", "B/A", "95% CI", "verdict", "control B/A", "flags"]
 
 
@@ -61,10 +63,6 @@ def _gm(gm: tuple[float, float, float], performance: bool) -> str:
     return f"{ratio:.4f}{_interval(lo, hi)} ({stats.describe(ratio)})"
 
 
-def label(row: PairedRow) -> str:
-    return f"{row.op} {row.dtype} {_shape(row)}"
-
-
 def throttled_lines(rows: list[PairedRow]) -> list[str]:
     """The rows a thermal or power slowdown hit, with the slowdowns per side: those it left out of
     the headline, then those power-capped on every repeat of both sides (kept, like for like)."""
@@ -79,7 +77,7 @@ def throttled_lines(rows: list[PairedRow]) -> list[str]:
             lines.append(f"{title}: {len(hit)}")
         for r in hit:
             sides = "; ".join(f"{side.upper()} {', '.join(reasons)}" for side, reasons in sorted(r.throttled.items()))
-            lines.append(f"  {label(r)}: {sides}")
+            lines.append(f"  {r.label}: {sides}")
     return lines
 
 
@@ -89,7 +87,7 @@ def failed_lines(rows: list[PairedRow]) -> list[str]:
     hit = [r for r in rows if r.errors]
     lines = [f"rows that FAILED on a side (out of the headline): {len(hit)}"] if hit else []
     for r in hit:
-        lines += [f"  {label(r)}: {side.upper()} {error}" for side, error in sorted(r.errors.items())]
+        lines += [f"  {r.label}: {side.upper()} {error}" for side, error in sorted(r.errors.items())]
     return lines
 
 
@@ -112,6 +110,11 @@ def headline(summary: Summary, warnings: list[str], context: dict, note: str | N
     lines += [f"WARNING: {w}" for w in warnings]
     verdicts = ", ".join(f"{k} {v}" for k, v in sorted(summary.verdicts.items())) or "none"
     lines.append(f"rows: {summary.headline_rows} of {summary.rows} in the headline; verdicts: {verdicts}")
+    if note is None:
+        lines.append(summary.fdr_line())
+        lines += summary.resolution_lines()
+        if context.get("calibration"):
+            lines.append(context["calibration"])
     if summary.excluded:
         excluded = ", ".join(f"{k} {v}" for k, v in sorted(summary.excluded.items()))
         lines.append(f"excluded from the headline: {excluded}")
@@ -147,12 +150,13 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
             f.write(f"# {note}\n")
         w = csv.writer(f)
         w.writerow(["op", "dtype", "shape", "a_ms_geomean", "b_ms_geomean", "ratio", "ci_lo", "ci_hi", "verdict",
-                    "noise_floor", "n_a", "n_b", "flags", "config_differs"])
+                    "margin", "q", "n_a", "n_b", "flags", "config_differs"])
         for r in rows:
             c = r.comparison
+            q = c.q if c and c.q is not None else ""
             w.writerow([r.op, r.dtype, _shape(r), _center(r.a_ms), _center(r.b_ms), c.ratio if c else "",
-                        c.lo if c else "", c.hi if c else "", r.verdict,
-                        c.floor if c else "", len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
+                        c.lo if c else "", c.hi if c else "", r.verdict, c.margin if c else "", q,
+                        len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
     js = out_dir / "report.json"
     rundir.atomic_write_json(js, {
         "format": REPORT_FORMAT, "measures_performance": note is None, "note": note, "context": context,
@@ -184,7 +188,7 @@ def figure(rows: list[PairedRow], context: dict, note: str | None = None):
         ax.errorbar(i, c.ratio, yerr=[[c.ratio - lo], [hi - c.ratio]], fmt="o", capsize=3,
                     color=colors[c.verdict], markerfacecolor="none" if r.flags else colors[c.verdict])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(shown)), [label(r) for r in shown], rotation=90, fontsize=7)
+    ax.set_xticks(range(len(shown)), [r.label for r in shown], rotation=90, fontsize=7)
     ops = [r.op for r in shown]
     for i in range(1, len(ops)):
         if ops[i] != ops[i - 1]:

@@ -16,7 +16,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
 
 from backends.monitor import POWER_CAP, THROTTLE_MARKER
 from reports import stats
@@ -29,6 +33,10 @@ NO_DEVICE_WORK = "NO_DEVICE_WORK"
 FAILED_STATUSES = ("FAILED", "ERROR")
 # Verdicts of a row with no comparison.
 FAILED, UNPAIRED = "FAILED", "UNPAIRED"
+# The margin of a row compared from one run per side (3%): the samples of one process each measure
+# nothing of how two processes of the same build differ (clocks, placement, code layout); run an A/A
+# (the same compiler screened twice) to see that on your machine (README, Corpus report).
+SINGLE_RUN_MARGIN = 0.03
 
 
 @dataclasses.dataclass
@@ -51,6 +59,14 @@ class PairedRow:
     kernels: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
     # Per side whose row failed in some run (FAILED or ERROR): the first line of its first error.
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    # One run per side: the latencies are one process's raw samples, not repeats.
+    single: bool = False
+    # Per side: repeats left out of the comparison as outliers (stats.drop_outliers).
+    dropped: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} {self.dtype} {'x'.join(map(str, self.shape))}"
 
     @property
     def key(self) -> tuple:
@@ -162,27 +178,71 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
             throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
             kernels={s: rs[0]["kernels"] for s, rs in ok.items() if rs and rs[0].get("kernels")},
-            errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs})
+            errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs}, single=single)
         if row.a_ms and row.b_ms:
-            row.comparison = stats.compare(row.a_ms, row.b_ms)
+            row.comparison = stats.compare(row.a_ms, row.b_ms, margin=SINGLE_RUN_MARGIN if single else stats.MARGIN)
             if not performance:
                 row.comparison = dataclasses.replace(row.comparison, verdict=stats.NOT_APPLICABLE)
         paired.append(row)
     return paired
 
 
-def pool_floors(rows: list[PairedRow]) -> None:
-    """Raise each compared row's noise floor to A's spread pooled over the rows of similar latency
-    (stats.pooled_floors) and call its verdict again. Only unflagged rows feed the pool (a throttled
-    or incomplete row's spread is not the machine's); every compared row is judged by it. Never
-    lowers a floor. A row of one run per side pools its raw samples: the spread inside one process,
-    as its own floor is."""
+def judge(rows: list[PairedRow], fdr: float = stats.FDR) -> None:
+    """The report's verdicts, over all its rows at once. Rows of repeats have their variance
+    moderated by a prior learnt from the unflagged such rows (a throttled or incomplete row's spread
+    is not the machine's), and every compared row's FASTER/SLOWER call must survive
+    Benjamini-Hochberg at `fdr` over the report. A repeat far outside its row's prior is left out
+    (stats.drop_outliers) and named in `dropped`. A row of one run per side compares raw samples of
+    one process each: nothing measures the difference between processes, so its margin is
+    SINGLE_RUN_MARGIN and its variance is its own."""
     judged = [r for r in rows if r.comparison is not None and r.comparison.verdict != stats.NOT_APPLICABLE]
-    pool = [r.a_ms for r in judged if not r.flags]
-    if not pool:
-        return
-    for r, floor in zip(judged, stats.pooled_floors([stats.center(r.a_ms) for r in judged], pool), strict=True):
-        r.comparison = stats.raise_floor(r.comparison, floor)
+    repeated = [r for r in judged if not r.single]
+    pool = [r for r in repeated if not r.flags]
+    variances, dofs = zip(*[stats.residual(r.a_ms, r.b_ms) for r in pool], strict=True) if pool else ((), ())
+    model = stats.PriorModel(variances, dofs, [stats.center(r.a_ms) for r in pool])
+    for r in judged:
+        if r.single:
+            r.comparison = stats.compare(r.a_ms, r.b_ms, margin=SINGLE_RUN_MARGIN)
+            continue
+        prior = model.at(stats.center(r.a_ms))
+        (a, dropped_a), (b, dropped_b) = stats.drop_outliers(r.a_ms, prior), stats.drop_outliers(r.b_ms, prior)
+        r.dropped = {side: x for side, x in (("a", dropped_a), ("b", dropped_b)) if x}
+        r.comparison = stats.compare(a, b, prior)
+    for r, c in zip(judged, stats.adjust([r.comparison for r in judged], fdr), strict=True):
+        r.comparison = c
+
+
+# Latency bands of the power table (upper bounds in ms; the last is open).
+BANDS = ((0.005, "< 5 us"), (0.010, "5-10 us"), (0.030, "10-30 us"), (0.100, "30-100 us"), (1.0, "0.1-1 ms"),
+         (math.inf, ">= 1 ms"))
+
+
+def call_threshold(rows: list[PairedRow], fdr: float) -> float:
+    """The p-value a further row would have needed to be called under Benjamini-Hochberg: fdr
+    times (calls made + 1) over the rows judged."""
+    judged = [r.comparison for r in rows if r.comparison is not None and r.comparison.q is not None]
+    if not judged:
+        return fdr
+    calls = sum(1 for c in judged if c.verdict in (stats.FASTER, stats.SLOWER))
+    return fdr * min(calls + 1, len(judged)) / len(judged)
+
+
+def resolution(rows: list[PairedRow], fdr: float) -> list[dict]:
+    """Per latency band of the headline rows: how many, the median smallest change they could have
+    called (stats.detectable at this report's threshold), and the rows that could not have called a
+    change of SAME_MARGIN."""
+    alpha = call_threshold(rows, fdr)
+    head = [r for r in rows if r.in_headline and r.comparison.q is not None]
+    out, lower = [], 0.0
+    for upper, label in BANDS:
+        band = [r for r in head if lower <= stats.center(r.a_ms) < upper]
+        lower = upper
+        if not band:
+            continue
+        smallest = [stats.detectable(r.comparison, alpha) for r in band]
+        out.append({"band": label, "rows": len(band), "detectable": float(np.median(smallest)),
+                    "unresolved": [r.label for r, s in zip(band, smallest, strict=True) if s > stats.SAME_MARGIN]})
+    return out
 
 
 @dataclasses.dataclass
@@ -195,6 +255,31 @@ class Summary:
     per_op: dict[str, tuple[float, float, float]]
     control: tuple[float, float, float]
     config_differs: int
+    fdr: float = stats.FDR
+    # resolution(): per latency band, what the headline rows could have called.
+    resolution: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        return self.verdicts.get(stats.FASTER, 0) + self.verdicts.get(stats.SLOWER, 0)
+
+    def fdr_line(self) -> str:
+        """How many of the headline's calls may be false, as the FDR promises."""
+        return (f"FASTER/SLOWER calls: {self.calls}, at a false discovery rate of {self.fdr:g} (Benjamini-Hochberg "
+                f"over the report's rows): about {self.calls * self.fdr:.1f} of them may be false")
+
+    def resolution_lines(self) -> list[str]:
+        """The power table in words: 'the smallest change callable, per latency band'."""
+        if not self.resolution:
+            return []
+        bands = "; ".join(f"{b['detectable']:.1%} on {b['band']} rows ({b['rows']})" for b in self.resolution)
+        lines = [f"smallest change callable (median per latency band, beyond the {stats.MARGIN:.1%} margin): {bands}"]
+        unresolved = [name for b in self.resolution for name in b["unresolved"]]
+        if unresolved:
+            names = ", ".join(unresolved[:10]) + (", ..." if len(unresolved) > 10 else "")
+            lines.append(f"rows that could not have called a {stats.SAME_MARGIN:.0%} change (too noisy at these "
+                         f"repeats): {len(unresolved)} ({names})")
+        return lines
 
 
 def aggregate(comparisons: list[stats.Comparison]) -> tuple[float, float, float]:
@@ -206,7 +291,7 @@ def aggregate(comparisons: list[stats.Comparison]) -> tuple[float, float, float]
     return stats.geomean([c.ratio for c in comparisons])
 
 
-def summarize(rows: list[PairedRow]) -> Summary:
+def summarize(rows: list[PairedRow], fdr: float = stats.FDR) -> Summary:
     head = [r for r in rows if r.in_headline]
     excluded = collections.Counter(f.split("(")[0] for r in rows for f in r.flags)
     no_pair = sum(1 for r in rows if r.comparison is None)
@@ -218,4 +303,21 @@ def summarize(rows: list[PairedRow]) -> Summary:
         rows=len(rows), headline_rows=len(head), excluded=dict(excluded),
         verdicts=dict(collections.Counter(r.comparison.verdict for r in head)),
         overall=aggregate([r.comparison for r in head]), per_op=per_op,
-        control=aggregate(controls), config_differs=sum(1 for r in rows if r.config_differs))
+        control=aggregate(controls), config_differs=sum(1 for r in rows if r.config_differs), fdr=fdr,
+        resolution=resolution(rows, fdr))
+
+
+def calibration(identical: list[PairedRow], calls: int, fdr: float) -> tuple[str, bool] | None:
+    """The run's own A/A: the headline rows whose IR is byte-identical on both sides, and the calls
+    among them. (line, alarming): alarming when more of them were called than the FDR lets a report
+    of `calls` calls get wrong (the 95% point of Binomial(calls, fdr)). None without such rows."""
+    if not identical:
+        return None
+    wrong = sum(1 for r in identical if r.verdict in (stats.FASTER, stats.SLOWER))
+    allowed = int(sps.binom.ppf(0.95, calls, fdr)) if calls else 0
+    line = (f"rows whose IR is identical on both sides (the run's own A/A): {len(identical)}, called "
+            f"FASTER/SLOWER: {wrong}")
+    if wrong > allowed:
+        return (f"{line}: more than the {fdr:g} FDR allows of {calls} calls (at most {allowed}): the noise is "
+                "larger than the model says (or the change lies below the IR)"), True
+    return line, False

@@ -12,9 +12,10 @@ Rows are paired and compared by reports.compare and reports.stats. A row compare
 side (`basis` `single_run`) is labelled so, and its verdict accounts for it: its samples all come
 from one process, so their interval measures only the noise inside that process; what differs
 between two processes (clocks, memory placement, code layout) is unknown with one run. Such a
-row's verdict therefore uses a noise floor of at least SINGLE_RUN_FLOOR in place of A's within-run
-floor, and the headline interval is taken over operators (one independent process pair each), not
-over rows (rows of one operator share their processes).
+row's verdict therefore uses a margin of compare.SINGLE_RUN_MARGIN in place of stats.MARGIN, and the
+headline interval is taken over operators (one independent process pair each), not over rows (rows
+of one operator share their processes). Verdicts are judged over the whole corpus at once
+(compare.judge): the variance prior is learnt from all its rows, and the FDR holds over the report.
 
 Each row carries its IR comparison: the launched variants of its shape matched between A's and
 B's run dirs (by what they are, as `python -m harness compare-ir` does), with a unified diff of A's
@@ -36,13 +37,10 @@ import backends
 from harness.core import ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, stats, table
-from reports.compare import PairedRow, aggregate, pair, pool_floors, summarize
+from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
 
-REPORT_FORMAT = 1
-# The smallest change called from one run per side (3%): differences between processes of the same
-# build are not measured by one run's samples; run an A/A (the same compiler screened twice) to see
-# them on your machine (README, Corpus report). Below stats.MAX_FLOOR, above which no row is SAME.
-SINGLE_RUN_FLOOR = 0.03
+# 2: rows carry margin, q, sd and dof (format 1: floor); the summary fdr, resolution, calibration.
+REPORT_FORMAT = 2
 # A FASTER or SLOWER row whose launched kernels have byte-identical IR on both sides at every hashed stage
 # (ir_index.HASHED_STAGES): unless the change lies below the IR (the assembler, the launch path), the
 # device ran the same code and the difference is between the sides' processes. Listed apart; the verdict
@@ -55,11 +53,12 @@ MIN_IDENTICAL_ROWS = 5
 SINGLE_RUN, REPEATS = "single_run", "repeats"
 BASIS_NOTES = {
     SINGLE_RUN: (f"one run per side: a row's samples come from one process each, so they are not independent "
-                 f"repeats; verdicts need a change beyond a noise floor of at least {SINGLE_RUN_FLOOR:.0%} "
+                 f"repeats; verdicts need a change beyond a margin of {SINGLE_RUN_MARGIN:.0%} "
                  f"(the interval shown is within-process only), and the overall interval is taken over "
                  f"operators, not rows"),
-    REPEATS: ("independent repeats per side (one process each): 95% Welch intervals over repeats; a row's noise "
-              "floor is A's spread between repeats, pooled over the corpus's rows within 2x of its latency"),
+    REPEATS: ("independent repeats per side (one process each): 95% intervals over repeats, each row's variance "
+              "moderated by a prior learnt from the corpus's rows of similar latency; calls need the interval "
+              f"beyond a {stats.MARGIN:.1%} margin and must survive the report's FDR"),
 }
 # The IR files a run dir holds (harness.measure.ir writes them; reports reads them as files).
 MAX_DIFF_LINES = 400  # per variant; a longer diff is cut, and says so and where the full files are
@@ -140,16 +139,16 @@ def _call_on_identical_ir(verdict: str, ir_status: str) -> bool:
     return verdict in CALLS and ir_status == "identical"
 
 
-def identical_ir_calls(groups: list[tuple[Path, Path, list[PairedRow]]]) -> list[PairedRow]:
-    """The FASTER/SLOWER rows whose launched kernels' IR is identical on both sides; `groups`: (A's
-    run, B's run, their paired rows) per op. The IR is read only for an op with such a call."""
+def identical_ir_rows(groups: list[tuple[Path, Path, list[PairedRow]]]) -> list[PairedRow]:
+    """The compared rows whose launched kernels' IR is identical on both sides; `groups`: (A's run,
+    B's run, their paired rows) per op."""
     found = []
     for run_a, run_b, rows in groups:
-        calls = [r for r in rows if r.verdict in CALLS]
-        if calls:
+        compared = [r for r in rows if r.comparison is not None]
+        if compared:
             indexes = (ir_index.launched(run_a), ir_index.launched(run_b))
-            found += [r for r in calls if _call_on_identical_ir(r.verdict, row_ir(indexes, run_a, run_b, r.dtype,
-                                                                                    r.shape)["status"])]
+            found += [r for r in compared
+                      if row_ir(indexes, run_a, run_b, r.dtype, r.shape)["status"] == "identical"]
     return found
 
 
@@ -181,7 +180,8 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dic
         "shape": list(r.shape), "basis": basis, "a": _side_summary(r.a_ms), "b": _side_summary(r.b_ms),
         "a_repeats_ms": r.a_ms if basis == REPEATS else None, "b_repeats_ms": r.b_ms if basis == REPEATS else None,
         "ratio": _num(c.ratio) if c else None, "lo": lo, "hi": hi,
-        "floor": c.floor if c else None, "verdict": r.verdict, "control_ratio": _num(control),
+        "margin": c.margin if c else None, "q": _num(c.q) if c and c.q is not None else None,
+        "sd": _num(c.sd) if c else None, "verdict": r.verdict, "control_ratio": _num(control),
         "flags": list(r.flags), "errors": dict(r.errors), "in_headline": r.in_headline,
         "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),
@@ -190,15 +190,12 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dic
 
 
 def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: dict, warnings: list[str],
-              note: str | None, sources: dict) -> dict:
+              note: str | None, sources: dict, fdr: float) -> dict:
     rows, per_op = [], []
     all_paired = []
-    for op in ops:
-        for r in op.rows:
-            if op.single and r.comparison:
-                r.comparison = stats.raise_floor(r.comparison, SINGLE_RUN_FLOOR)
-    # Over the whole corpus: the more rows of a latency, the better their pooled A/A spread.
-    pool_floors([r for op in ops for r in op.rows])
+    # Over the whole corpus: the more rows of a latency, the better their prior; and the FDR holds
+    # over the report.
+    judge([r for op in ops for r in op.rows], fdr)
     for op in ops:
         indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))
         basis = SINGLE_RUN if op.single else REPEATS
@@ -206,7 +203,12 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
         rows += op_rows
         all_paired += op.rows
         per_op.append((op, op_rows))
-    summary = summarize(all_paired)
+    summary = summarize(all_paired, fdr)
+    identical = [p for p, r in zip(all_paired, [r for _, op_rows in per_op for r in op_rows], strict=True)
+                 if r["in_headline"] and r["ir"]["status"] == "identical"]
+    checked = calibration(identical, summary.calls, fdr) if note is None else None
+    if checked is not None and checked[1]:
+        warnings.append(checked[0])
     head = [r for r in rows if r["in_headline"]]
     single = any(r["basis"] == SINGLE_RUN for r in head)
     op_entries = [_op_entry(op, op_rows, single) for op, op_rows in per_op]
@@ -222,11 +224,11 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
     if single and control["ratio"] is not None:
         controls = [r["control_ratio"] for r in head if r["control_ratio"]]
         # The control's spread over rows is an A/A between the sides' processes.
-        spread = stats.noise_floor(controls) if len(controls) > 1 else 0.0
-        if spread > SINGLE_RUN_FLOOR:
+        spread = stats.spread(controls)
+        if spread > SINGLE_RUN_MARGIN:
             warnings.append(f"the control (torch baseline, which the compiler does not move) varies by "
                             f"{spread:.1%} between the two sides' processes (3 sd over rows), more than the "
-                            f"{SINGLE_RUN_FLOOR:.0%} single-run floor: verdicts may call run-to-run noise a change")
+                            f"{SINGLE_RUN_MARGIN:.0%} single-run margin: verdicts may call run-to-run noise a change")
     # Worst regressions first: the largest B/A leads; rows left out of the headline (a degraded
     # measurement's ratio is no regression) and operators with nothing to compare go last.
     op_entries.sort(key=lambda e: -(e["geomean"]["ratio"] or -math.inf))
@@ -235,7 +237,8 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
         "format": REPORT_FORMAT, "kind": kind, "context": context, "sources": sources,
         "measures_performance": note is None, "note": note,
         "basis": SINGLE_RUN if single else REPEATS, "basis_note": BASIS_NOTES[SINGLE_RUN if single else REPEATS],
-        "single_run_floor": SINGLE_RUN_FLOOR, "warnings": warnings,
+        "margin": stats.MARGIN, "same_margin": stats.SAME_MARGIN, "single_run_margin": SINGLE_RUN_MARGIN,
+        "fdr": fdr, "warnings": warnings,
         "summary": {"rows": summary.rows, "headline_rows": summary.headline_rows, "excluded": summary.excluded,
                     "verdicts": summary.verdicts, "overall": overall, "control": control,
                     "config_differs": summary.config_differs, "ops": len(ops) + len(unpaired),
@@ -243,18 +246,21 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
                     "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows),
                     "calls_on_identical_ir": [r["id"] for r in rows
                                               if _call_on_identical_ir(r["verdict"], r["ir"]["status"])],
-                    "identical_ir_spread": _identical_ir_spread(head)},
+                    "identical_ir_spread": _identical_ir_spread(head),
+                    "calls": summary.calls, "fdr_line": summary.fdr_line(),
+                    "resolution": summary.resolution, "resolution_lines": summary.resolution_lines(),
+                    "calibration": checked[0] if checked else None},
         "ops": op_entries, "unpaired_ops": unpaired, "rows": rows}
 
 
 def _identical_ir_spread(head: list[dict]) -> dict | None:
-    """The B/A spread (3 sd on the log scale, as stats.noise_floor) of the headline rows whose IR is
+    """The B/A spread (3 sd on the log scale, stats.spread) of the headline rows whose IR is
     identical on both sides: what the same code shows between the sides' processes on this machine at
     these repeats, an A/A inside the corpus A/B. None under MIN_IDENTICAL_ROWS such rows."""
     ratios = [r["ratio"] for r in head if r["ir"]["status"] == "identical" and r["ratio"] is not None]
     if len(ratios) < MIN_IDENTICAL_ROWS:
         return None
-    return {"rows": len(ratios), "floor": round(stats.noise_floor(ratios), 4)}
+    return {"rows": len(ratios), "spread": round(stats.spread(ratios), 4)}
 
 
 def _op_entry(op: _OpResult, rows: list[dict], single: bool) -> dict:
@@ -278,7 +284,7 @@ def _op_entry(op: _OpResult, rows: list[dict], single: bool) -> dict:
 
 
 # --- sources ----------------------------------------------------------------------------------------
-def from_ab_dirs(items: list[tuple[str, Path]], context: dict) -> dict:
+def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stats.FDR) -> dict:
     """One single-op A/B dir per operator (op key, ab dir), as harness.sessions.ab writes it: the
     replays its ab.json lists as completed are paired, with the plan's repeats expected per side.
     An operator whose A/B left nothing to pair is listed with the reason, never dropped."""
@@ -313,7 +319,7 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict) -> dict:
         ops.append(_OpResult(key, pair(runs["A"], runs["B"], repeats, performance=note is None), runs["A"][0],
                              runs["B"][0], notes, single))
     sources = {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}
-    return _assemble("ab_dirs", ops, unpaired, dict(context), warnings, note, sources)
+    return _assemble("ab_dirs", ops, unpaired, dict(context), warnings, note, sources, fdr)
 
 
 def _batch_status(batch_dir: Path) -> tuple[dict, dict[str, dict]]:
@@ -329,7 +335,7 @@ def _batch_status(batch_dir: Path) -> tuple[dict, dict[str, dict]]:
     return meta, status
 
 
-def from_batch_pair(batch_a: Path, batch_b: Path, context: dict) -> dict:
+def from_batch_pair(batch_a: Path, batch_b: Path, context: dict, fdr: float = stats.FDR) -> dict:
     """Two batch dirs, paired per operator (repo:op@op_file) and row. One run per side: every row is
     `single_run` (see the module's docstring). An operator without a run dir on a side is listed
     with both sides' statuses and notes."""
@@ -362,7 +368,7 @@ def from_batch_pair(batch_a: Path, batch_b: Path, context: dict) -> dict:
         warnings.append(f"{len(moved)} op(s) ran on another device in B than in A: {', '.join(moved)}")
     sources = {"a": str(batch_a), "b": str(batch_b), "ab_dirs": None}
     context = {"a": str(batch_a), "b": str(batch_b), **context}
-    return _assemble("batch_pair", ops, unpaired, context, warnings, note, sources)
+    return _assemble("batch_pair", ops, unpaired, context, warnings, note, sources, fdr)
 
 
 # --- output -----------------------------------------------------------------------------------------
@@ -385,6 +391,10 @@ def headline(data: dict) -> list[str]:
     verdicts = ", ".join(f"{k} {v}" for k, v in sorted(s["verdicts"].items())) or "none"
     lines.append(f"ops: {s['ops_compared']} of {s['ops']} compared; rows: {s['headline_rows']} of {s['rows']} in the "
                  f"headline; verdicts: {verdicts}")
+    if performance:
+        lines += [s["fdr_line"], *s["resolution_lines"]]
+        if s["calibration"] and s["calibration"] not in data["warnings"]:
+            lines.append(s["calibration"])
     if s["excluded"]:
         lines.append("excluded from the headline: " + ", ".join(f"{k} {v}" for k, v in sorted(s["excluded"].items())))
     if data["unpaired_ops"]:
@@ -395,7 +405,7 @@ def headline(data: dict) -> list[str]:
     if s["identical_ir_spread"]:
         spread = s["identical_ir_spread"]
         lines.append(f"rows whose IR is identical on both sides: {spread['rows']}; their B/A spread (3 sd) "
-                     f"{spread['floor']:.1%}: what the same code shows between processes here, at these repeats")
+                     f"{spread['spread']:.1%}: what the same code shows between processes here, at these repeats")
     if s["calls_on_identical_ir"]:
         lines.append(identical_ir_line([r.replace("|", " ") for r in s["calls_on_identical_ir"]]))
     lines.append(f"overall geomean B/A: {fmt_gm(s['overall'], performance)}")
@@ -432,7 +442,7 @@ def markdown(data: dict) -> str:
 
 
 CSV_COLUMNS = ("op_key", "op", "dtype", "shape", "basis", "a_gm_ms", "b_gm_ms", "ratio", "ci_lo", "ci_hi",
-               "noise_floor", "verdict", "n_a", "n_b", "control_ratio", "in_headline", "flags", "config_differs",
+               "margin", "q", "verdict", "n_a", "n_b", "control_ratio", "in_headline", "flags", "config_differs",
                "ir_status", "ir_changed_variants", "run_a", "run_b")
 
 
@@ -444,7 +454,7 @@ def to_csv(data: dict) -> str:
     w.writerow(CSV_COLUMNS)
     for r in data["rows"]:
         w.writerow([r["op_key"], r["op"], r["dtype"], _shape(r), r["basis"], r["a"]["gm_ms"], r["b"]["gm_ms"],
-                    r["ratio"], r["lo"], r["hi"], r["floor"], r["verdict"], r["a"]["n"], r["b"]["n"],
+                    r["ratio"], r["lo"], r["hi"], r["margin"], r["q"], r["verdict"], r["a"]["n"], r["b"]["n"],
                     r["control_ratio"], r["in_headline"], ";".join(r["flags"]), r["config_differs"],
                     r["ir"]["status"], len(r["ir"]["variants"]), r["run_a"], r["run_b"]])
     return out.getvalue()

@@ -135,7 +135,8 @@ def _detail(r: dict, performance: bool, basis_note: str) -> str:
     items = [
         ("B/A", _ratio(r["ratio"], performance, r["verdict"]) + " " + _e(words)),
         ("95% interval", _e(interval + within)),
-        ("noise floor", _e(f"{r['floor']:.2%}" if r["floor"] is not None else "-")),
+        ("margin", _e(f"{r['margin']:.2%}" if r["margin"] is not None else "-")),
+        ("q (FDR-adjusted)", _e(f"{r['q']:.3g}" if performance and r["q"] is not None else "-")),
         ("basis", _e(basis_note if r["basis"] == "single_run" else "independent repeats")),
         ("A latency", _side(r["a"], r["a_repeats_ms"], performance)),
         ("B latency", _side(r["b"], r["b_repeats_ms"], performance)),

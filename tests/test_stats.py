@@ -2,15 +2,17 @@ import math
 
 import numpy as np
 import pytest
+from scipy import special
+from scipy import stats as sps
 
 from reports import stats
 
 
 def test_identical_sides_are_same_with_ratio_one():
-    a = [1.00, 1.01, 0.99, 1.00]
+    a = [1.000, 1.001, 0.999, 1.000]
     c = stats.compare(a, list(a))
     assert c.ratio == pytest.approx(1.0)
-    assert c.lo < 1.0 < c.hi and c.verdict == stats.SAME
+    assert c.lo < 1.0 < c.hi and c.verdict == stats.SAME and c.p == pytest.approx(1.0)
 
 
 def test_clear_slowdown_is_slower():
@@ -18,92 +20,174 @@ def test_clear_slowdown_is_slower():
     b = [x * 1.10 for x in a]
     c = stats.compare(a, b)
     assert c.ratio == pytest.approx(1.10, rel=1e-9)
-    assert c.verdict == stats.SLOWER and c.lo > 1.0
+    assert c.verdict == stats.SLOWER and c.lo > 1.0 and c.p < 1e-6
 
 
 def test_clear_speedup_is_faster():
-    a = [2.0, 2.01, 1.99]
-    b = [1.0, 1.005, 0.995]
-    assert stats.compare(a, b).verdict == stats.FASTER
+    assert stats.compare([2.0, 2.01, 1.99], [1.0, 1.005, 0.995]).verdict == stats.FASTER
 
 
-def test_change_below_the_noise_floor_is_same():
-    # A's own repeats spread by ~1%: a 0.5% shift lies within the floor they set.
-    a = [1.00, 1.01, 0.99, 1.005, 0.995]
-    b = [x * 1.005 for x in a]
-    c = stats.compare(a, b)
-    assert c.floor > 0.01 and c.verdict == stats.SAME
+def test_a_precise_change_inside_the_margin_is_not_called():
+    # 0.2% slower, measured to 0.01%: beyond doubt, and below the practical margin: SAME, not SLOWER.
+    a = [1.0, 1.0001, 0.9999, 1.0, 1.0001]
+    c = stats.compare(a, [x * 1.002 for x in a])
+    assert c.lo > 1.0 and c.verdict == stats.SAME
+    assert stats.compare(a, [x * 1.005 for x in a]).verdict == stats.SLOWER
 
 
 def test_wide_interval_is_noisy():
-    a = [1.0, 1.5, 0.7]
-    b = [1.2, 0.8, 1.6]
-    assert stats.compare(a, b).verdict == stats.NOISY
+    c = stats.compare([1.0, 1.2, 0.8], [1.1, 0.9, 1.3])
+    assert c.verdict == stats.NOISY
 
 
 def test_one_value_per_side_cannot_conclude():
     c = stats.compare([1.0], [2.0])
-    assert c.verdict == stats.NOISY and c.ratio == pytest.approx(2.0)
+    assert (c.lo, c.hi) == (0.0, math.inf) and c.verdict == stats.NOISY and c.dof == 0
 
 
-def test_welch_interval_matches_scipy():
-    from scipy import stats as sps
-
-    rng = np.random.default_rng(0)
-    a = rng.lognormal(0.0, 0.02, 6)
-    b = rng.lognormal(0.05, 0.03, 5)
+def test_the_interval_is_the_pooled_t_interval_on_the_log_scale_without_a_prior():
+    a, b = [1.0, 1.02, 0.99, 1.01], [1.05, 1.06, 1.04]
+    la, lb = np.log(a), np.log(b)
+    ss = ((la - la.mean()) ** 2).sum() + ((lb - lb.mean()) ** 2).sum()
+    se = math.sqrt(ss / 5 * (1 / 4 + 1 / 3))
+    t = sps.t.ppf(0.975, 5)
     c = stats.compare(a, b)
-    res = sps.ttest_ind(np.log(b), np.log(a), equal_var=False)
-    lo, hi = res.confidence_interval(0.95)
-    assert c.lo == pytest.approx(math.exp(lo)) and c.hi == pytest.approx(math.exp(hi))
-
-
-def test_noise_floor_has_a_minimum_and_grows_with_spread():
-    assert stats.noise_floor([1.0, 1.0, 1.0]) == 0.005  # README: at least 0.5%
-    assert stats.noise_floor([1.0, 1.1, 0.9]) > 0.2
-
-
-# README's A/B rules, numbers as literals: the floor is at least 0.5%; FASTER / SLOWER when the
-# whole interval lies beyond it, SAME within it, NOISY otherwise or when A's repeats disagree by
-# more than 5%. A's repeats below agree to 0.01%, so the floor is the 0.5% minimum.
-STEADY = [1.0, 1.0001, 0.9999, 1.0, 1.0001]
-
-
-@pytest.mark.parametrize("shift,verdict", [
-    (1.0045, stats.SAME), (0.9955, stats.SAME),      # within 0.5%: would be a change under a 0.4% floor
-    (1.0055, stats.SLOWER), (0.9945, stats.FASTER),  # beyond 0.5%: would be SAME under a 0.6% floor
-])
-def test_the_noise_floor_is_half_a_percent(shift, verdict):
-    c = stats.compare(STEADY, [x * shift for x in STEADY])
-    assert c.floor == 0.005 and c.ratio == pytest.approx(shift)
-    assert c.lo > min(shift, 1.0) - 0.0005 and c.hi < max(shift, 1.0) + 0.0005  # a tight interval
-    assert c.verdict == verdict
+    diff = lb.mean() - la.mean()
+    assert (c.lo, c.hi) == pytest.approx((math.exp(diff - t * se), math.exp(diff + t * se)))
+    assert c.dof == 5 and c.sd == pytest.approx(math.sqrt(ss / 5))
 
 
 @pytest.mark.parametrize("lo,hi,verdict", [
-    (1.001, 1.004, stats.SAME), (0.996, 1.004, stats.SAME),
-    (1.006, 1.100, stats.SLOWER), (0.900, 0.994, stats.FASTER),
-    (1.003, 1.007, stats.NOISY), (0.993, 0.997, stats.NOISY),  # straddles the floor
-    (0.900, 1.100, stats.NOISY),                               # straddles the whole band
+    (1.0031, 1.02, stats.SLOWER), (1.003, 1.02, stats.NOISY),  # touching the margin is not beyond it
+    (0.98, 0.9969, stats.FASTER), (0.98, 0.997, stats.NOISY),
+    (0.99, 1.01, stats.SAME), (0.9899, 1.0, stats.NOISY), (1.0, 1.0101, stats.NOISY),
+    (1.004, 1.009, stats.SLOWER),
 ])
-def test_verdict_compares_the_whole_interval_with_the_floor(lo, hi, verdict):
-    assert stats.verdict(lo, hi, 0.005) == verdict
+def test_verdict_compares_the_interval_with_the_margins(lo, hi, verdict):
+    assert stats.verdict(lo, hi) == verdict
 
 
-@pytest.mark.parametrize("floor,far,near", [(0.049, stats.SLOWER, stats.SAME), (0.051, stats.SLOWER, stats.NOISY)])
-def test_a_floor_above_5_percent_calls_no_row_same_but_still_a_change_beyond_it(floor, far, near):
-    assert stats.verdict(1.5, 2.0, floor) == far
-    assert stats.verdict(0.999, 1.001, floor) == near
+def test_a_call_that_does_not_survive_the_fdr_is_same_where_its_interval_allows_else_noisy():
+    assert stats.verdict(1.004, 1.009, called=False) == stats.SAME
+    assert stats.verdict(1.004, 1.02, called=False) == stats.NOISY
 
 
-def test_the_floor_comes_from_a_own_repeats():
-    # A spread by several percent: B 10% slower, with a tight B, is within that floor; twice as slow is not.
-    a = [1.0, 1.06, 0.95, 1.04]
-    c = stats.compare(a, [1.1, 1.1001, 1.0999, 1.1])
-    assert 0.1 < c.floor < 0.2 and c.verdict == stats.NOISY
-    assert stats.compare(a, [2.0, 2.0001, 1.9999, 2.0]).verdict == stats.SLOWER
-    # B's own spread does not set the floor: A steady, B noisy, the floor stays at 0.5%.
-    assert stats.compare(STEADY, [1.0, 1.06, 0.95, 1.04]).floor == 0.005
+def test_the_p_value_crosses_alpha_exactly_where_the_interval_clears_the_margin():
+    a = [1.0, 1.003, 0.997, 1.001, 0.999]
+    for shift in np.linspace(1.0, 1.02, 81):
+        c = stats.compare(a, [x * shift for x in a])
+        assert (c.p < 0.05) == (c.verdict in (stats.FASTER, stats.SLOWER)), shift
+
+
+def test_bh_matches_the_step_up_rule_by_hand():
+    p = [0.01, 0.04, 0.03, 0.005, 0.5]
+    # sorted: 0.005 0.01 0.03 0.04 0.5 -> *5/k: 0.025 0.025 0.05 0.05 0.5, then running minimum from the top.
+    assert stats.bh(p) == pytest.approx([0.025, 0.05, 0.05, 0.025, 0.5])
+    assert stats.bh([]) == []
+    assert stats.bh([0.9, 0.95]) == pytest.approx([0.95, 0.95])
+
+
+def test_adjust_keeps_only_the_calls_that_survive_bh_and_leaves_n_a_alone():
+    a = [1.0, 1.001, 0.999, 1.0]
+    strong = stats.compare(a, [x * 1.05 for x in a])
+    weak = stats.compare([1.0, 1.01, 0.99, 1.0], [1.02, 1.03, 1.01, 1.02])  # p a little under 0.05
+    assert weak.verdict == stats.SLOWER and 0.01 < weak.p < 0.05
+    na = stats.Comparison(1.0, 0.9, 1.1, stats.MARGIN, stats.NOT_APPLICABLE, 3, 3)
+    alone = stats.adjust([weak])
+    assert alone[0].verdict == stats.SLOWER and alone[0].q == pytest.approx(weak.p)
+    nulls = [stats.compare(a, list(a)) for _ in range(20)]
+    out = stats.adjust([strong, weak, na, *nulls])
+    assert out[0].verdict == stats.SLOWER and out[1].verdict == stats.NOISY and out[1].q > 0.05
+    assert out[2] is na
+
+
+def _chi2_variances(rng, n, s0, d0, dof):
+    """Row variances whose true values are drawn from the prior s0^2 * d0 / chi2(d0), each
+    estimated with `dof` degrees of freedom."""
+    true = s0 ** 2 * d0 / rng.chisquare(d0, n)
+    return true * rng.chisquare(dof, n) / dof
+
+
+def test_the_prior_recovers_its_scale_and_degrees_of_freedom():
+    rng = np.random.default_rng(7)
+    s2 = _chi2_variances(rng, 4000, 0.004, 8.0, 4)
+    model = stats.PriorModel(s2, [4] * s2.size, [1.0] * s2.size)
+    prior = model.at(1.0)
+    assert prior.dof == pytest.approx(8.0, rel=0.25)
+    assert math.sqrt(prior.variance) == pytest.approx(0.004, rel=0.05)
+
+
+def test_equal_variances_give_an_infinite_prior():
+    rng = np.random.default_rng(3)
+    s2 = 0.003 ** 2 * rng.chisquare(4, 2000) / 4
+    prior = stats.PriorModel(s2, [4] * s2.size, [1.0] * s2.size).at(1.0)
+    assert prior.dof == math.inf or prior.dof > 200
+    assert math.sqrt(prior.variance) == pytest.approx(0.003, rel=0.05)
+
+
+def test_the_prior_follows_latency():
+    # Small kernels vary 4% between repeats, big ones 0.3%: each band gets its own prior location.
+    rng = np.random.default_rng(5)
+    small = 0.04 ** 2 * rng.chisquare(4, 300) / 4
+    big = 0.003 ** 2 * rng.chisquare(4, 300) / 4
+    model = stats.PriorModel(np.r_[small, big], [4] * 600, [0.002] * 300 + [0.2] * 300)
+    assert math.sqrt(model.at(0.002).variance) == pytest.approx(0.04, rel=0.1)
+    assert math.sqrt(model.at(0.2).variance) == pytest.approx(0.003, rel=0.1)
+    # Beyond every band (0.5 ms, over 2x from the nearest rows) the nearest few give it: the big rows'.
+    assert 0.0015 < math.sqrt(model.at(0.5).variance) < 0.006
+
+
+def test_too_few_rows_give_no_prior():
+    model = stats.PriorModel([1e-4, 2e-4], [2, 2], [1.0, 1.0])
+    assert model.at(1.0) == stats.NO_PRIOR
+    assert stats.PriorModel([1e-4, 2e-4, 1e-4], [2, 0, 2], [1.0, 1.0, 1.0]).at(1.0) == stats.NO_PRIOR
+
+
+def test_a_lucky_row_whose_repeats_agree_by_chance_cannot_look_quiet():
+    # Two repeats a side that happen to agree to 0.01%, a 3% shift, among rows that vary 4%.
+    a, b = [2.500, 2.5003], [2.575, 2.5752]
+    alone = stats.compare(a, b)
+    assert alone.verdict == stats.SLOWER
+    prior = stats.Prior(0.04 ** 2, 6.0)
+    judged = stats.compare(a, b, prior)
+    assert judged.verdict == stats.NOISY and judged.dof == 8.0
+    posterior = (6 * 0.04 ** 2 + 2 * stats.residual(a, b)[0]) / 8
+    assert judged.sd == pytest.approx(math.sqrt(posterior))
+
+
+def test_a_noisy_row_keeps_its_own_variance_against_a_quiet_prior():
+    # An outlier repeat is this row's evidence: its variance is not shrunk below its own.
+    a, b = [1.0, 1.07, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0005]
+    own, dof = stats.residual(a, b)
+    c = stats.compare(a, b, stats.Prior(0.001 ** 2, 50.0))
+    assert c.sd == pytest.approx(math.sqrt(own)) and c.dof == 58.0 and c.verdict == stats.NOISY
+
+
+def test_an_exact_prior_replaces_smaller_variances_and_has_infinite_dof():
+    c = stats.compare([1.0, 1.0001], [1.01, 1.0101], stats.Prior(0.002 ** 2, math.inf))
+    assert c.dof == math.inf and c.sd == pytest.approx(0.002)
+
+
+def test_a_row_of_one_repeat_a_side_takes_its_variance_from_the_prior():
+    c = stats.compare([1.0], [1.05], stats.Prior(0.001 ** 2, 20.0))
+    assert c.dof == 20.0 and c.verdict == stats.SLOWER
+    assert stats.compare([1.0], [1.05]).verdict == stats.NOISY
+
+
+def test_detectable_is_where_the_verdict_turns():
+    a = [1.0, 1.004, 0.997, 1.002, 0.999]
+    c = stats.compare(a, a)
+    d = stats.detectable(c, 0.05)
+    assert 0.004 < d < 0.02
+    # The interval's width does not depend on the shift: just above d it is called, just below not.
+    assert stats.compare(a, [x * (1 + d * 1.01) for x in a]).verdict == stats.SLOWER
+    assert stats.compare(a, [x * (1 + d * 0.99) for x in a]).verdict != stats.SLOWER
+    assert stats.detectable(stats.compare([1.0], [1.0]), 0.05) == math.inf
+
+
+def test_trigamma_inverse_inverts():
+    for y in (0.05, 0.7, 3.0, 40.0, 5000.0):
+        assert stats._trigamma_inverse(float(special.polygamma(1, y))) == pytest.approx(y, rel=1e-5)
 
 
 def test_geomean_with_interval():
@@ -111,6 +195,12 @@ def test_geomean_with_interval():
     assert gm == pytest.approx(1.1) and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
     gm, lo, hi = stats.geomean([0.5, 2.0])
     assert gm == pytest.approx(1.0) and lo < 1.0 < hi
+
+
+def test_spread_is_three_sd_of_the_logs():
+    s = 0.01
+    assert stats.spread([math.exp(-s), 1.0, math.exp(s)]) == pytest.approx(math.expm1(3 * s))
+    assert stats.spread([1.0]) == 0.0
 
 
 @pytest.mark.parametrize("ratio,words", [(1.05, "1.050x slower"), (0.8, "1.250x faster"), (1.0, "no change")])

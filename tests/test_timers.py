@@ -51,13 +51,13 @@ class FakeGraphTimer(Timer):
     def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
         return profile.per_call(events([("k", 0.001)]) * calls, calls)
 
-    def _graph(self, fn):
+    def _graph(self, fn, warmup_ms=None, rep_ms=None):
         self.graph_calls += 1
         if self.error is not None and self.graph_calls == 2:  # the candidate refuses capture
             raise _CaptureFailed("capture", RuntimeError(self.error))
         return Measurement([1.0, 1.0], "graph")
 
-    def _direct(self, fn):
+    def _direct(self, fn, warmup_ms=None, rep_ms=None):
         return Measurement([2.0, 2.0], "direct")
 
     def _check_alive(self):
@@ -101,6 +101,36 @@ def test_denied_op_is_timed_directly_up_front(monkeypatch):
     timed = t.measure_pair("unique2", FNS)
     assert timed.timer == "direct" and t.graph_calls == 0
     assert "reason=capture_denied" in t.marks[0]
+
+
+class WindowRecorder(FakeGraphTimer):
+    """Records each window's side and budgets; side k's window w reads `level[k][w]` ms."""
+
+    def __init__(self, levels):
+        super().__init__()
+        self.warmup_ms, self.rep_ms = 40.0, 100.0
+        self.levels, self.calls = levels, []
+
+    def _graph(self, fn, warmup_ms=None, rep_ms=None):
+        side = fn()
+        window = sum(1 for s, *_ in self.calls if s == side)
+        self.calls.append((side, warmup_ms, rep_ms))
+        return Measurement([self.levels[side][window]] * 3, "graph")
+
+
+def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states():
+    # Two states 8% apart, drawn per window: the row's latency is their geometric mean, not the
+    # median of the pooled samples (which would take whichever state holds more windows).
+    levels = {"baseline": [1.0, 1.0, 1.0, 1.0], "candidate": [2.0, 2.16, 2.0, 2.0]}
+    t = WindowRecorder(levels)
+    timed = t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"})
+    assert [s for s, *_ in t.calls] == ["baseline", "candidate"] * timers.TIMING_WINDOWS
+    assert [w for _, w, _ in t.calls] == [40.0, 40.0] + [40.0 / timers.TIMING_WINDOWS] * 2 * (timers.TIMING_WINDOWS - 1)
+    assert {r for *_, r in t.calls} == {100.0 / timers.TIMING_WINDOWS}
+    cand = timed.measurements["candidate"]
+    assert cand.windows_ms == [2.0, 2.16, 2.0, 2.0] and cand.median_ms == 2.0
+    assert cand.latency_ms == pytest.approx((2.0 ** 3 * 2.16) ** 0.25)
+    assert cand.summary()["latency"] == cand.latency_ms and len(cand.samples_ms) == 3 * timers.TIMING_WINDOWS
 
 
 def test_measurement_summary():

@@ -50,6 +50,13 @@ ATTRIBUTION_CALLS = (3, 20)
 # Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
 # some of the op's lines in place.
 L2_FLUSH_FACTOR = 2
+# The graph and direct timers spread each row over this many measurement windows per side, the sides
+# alternating, each window captured afresh: a kernel of a few us sits in one of two latency states
+# about 8% apart, drawn per window (an H200), so one window per process draws one state per process
+# and the row's repeats disagree by the state, not by the code. The row's latency is the geometric
+# mean of its windows' medians; the first window warms up for the whole warmup budget, the later
+# ones for a share of it, and the windows share the rep budget.
+TIMING_WINDOWS = 4
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
@@ -67,17 +74,35 @@ class Measurement:
     kernels: list[dict] | None = None
     # Cold L2 under the graph timer: the flush's own time per call, subtracted from every sample.
     l2_flush_ms: float | None = None
+    # Each measurement window's median, where the timer spread the measurement over windows.
+    windows_ms: list[float] | None = None
 
     @property
     def median_ms(self) -> float:
         return float(np.median(self.samples_ms))
+
+    @property
+    def latency_ms(self) -> float:
+        """The row's latency: the geometric mean of its windows' medians (the median of its
+        samples where it had one window)."""
+        if not self.windows_ms:
+            return self.median_ms
+        return float(np.exp(np.mean(np.log(np.maximum(self.windows_ms, 1e-12)))))
+
+    @classmethod
+    def of_windows(cls, parts: list[Measurement]) -> Measurement:
+        flush = [m.l2_flush_ms for m in parts if m.l2_flush_ms is not None]
+        return cls([s for m in parts for s in m.samples_ms], parts[0].timer,
+                   l2_flush_ms=float(np.mean(flush)) if flush else None,
+                   windows_ms=[m.median_ms for m in parts] if len(parts) > 1 else None)
 
     def summary(self) -> dict:
         a = np.asarray(self.samples_ms)
         return {"n": int(a.size), "median": float(np.median(a)), "mean": float(a.mean()),
                 "std": float(a.std(ddof=1)) if a.size > 1 else 0.0, "min": float(a.min()),
                 "max": float(a.max()), "p20": float(np.percentile(a, 20)),
-                "p80": float(np.percentile(a, 80)),
+                "p80": float(np.percentile(a, 80)), "latency": self.latency_ms,
+                **({"windows_ms": self.windows_ms} if self.windows_ms else {}),
                 **({"l2_flush_ms": self.l2_flush_ms} if self.l2_flush_ms is not None else {})}
 
 
@@ -172,13 +197,13 @@ class Timer:
         if self.timer == "host":
             return Timed({k: self._host(fn) for k, fn in fns.items()}, "host")
         if self.timer == "direct":
-            return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")
+            return Timed(self._windows(fns, self._direct), "direct")
         if test_name in self.backend.capture_deny:
             self.mark(f"TIMER_FALLBACK phase=deny reason=capture_denied "
                       f"detail='{test_name} is on the {self.backend.name} capture deny list'")
-            return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")
+            return Timed(self._windows(fns, self._direct), "direct")
         try:
-            return Timed({k: self._graph(fn) for k, fn in fns.items()}, "graph")
+            return Timed(self._windows(fns, self._graph), "graph")
         except _CaptureFailed as failed:
             verdict = self.backend.classify_capture_error(failed.error)
             detail = _first_line(failed.error)
@@ -189,7 +214,16 @@ class Timer:
                 raise failed.error from None
             self.mark(f"TIMER_FALLBACK phase={failed.phase} reason=recoverable detail={detail!r}")
             self._check_alive()
-            return Timed({k: self._direct(fn) for k, fn in fns.items()}, "direct")
+            return Timed(self._windows(fns, self._direct), "direct")
+
+    def _windows(self, fns: dict[str, Callable[[], object]], timer) -> dict[str, Measurement]:
+        """Each side timed in TIMING_WINDOWS windows, the sides alternating window by window."""
+        parts: dict[str, list[Measurement]] = {k: [] for k in fns}
+        for window in range(TIMING_WINDOWS):
+            warmup = self.warmup_ms if window == 0 else self.warmup_ms / TIMING_WINDOWS
+            for k, fn in fns.items():
+                parts[k].append(timer(fn, warmup, self.rep_ms / TIMING_WINDOWS))
+        return {k: Measurement.of_windows(ms) for k, ms in parts.items()}
 
     # --- timers ------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -212,12 +246,12 @@ class Timer:
         self._sync()
         return self._event_pair_ms(fn, calls=3)
 
-    def _direct(self, fn) -> Measurement:
+    def _direct(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None) -> Measurement:
         est = self._prepare(fn)
-        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
+        for _ in range(clamp_count(self.warmup_ms if warmup_ms is None else warmup_ms, est, WARMUP_RANGE)):
             fn()
         self._sync()
-        reps = clamp_count(self.rep_ms, est, REPS_RANGE)
+        reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, est, REPS_RANGE)
         flush = self._flush if self.l2 == "cold" else None
         # Queue every call with its events and synchronize once: a sync per sample would start
         # each call on an idle device and add the host's launch latency to every sample.
@@ -251,9 +285,9 @@ class Timer:
         end.synchronize()
         return start.elapsed_time(end)
 
-    def _graph(self, fn) -> Measurement:
+    def _graph(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None) -> Measurement:
         est = self._prepare(fn)
-        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
+        for _ in range(clamp_count(self.warmup_ms if warmup_ms is None else warmup_ms, est, WARMUP_RANGE)):
             fn()
         self._sync()
         body = fn if self.l2 == "warm" else self._flushed(fn)
@@ -269,7 +303,7 @@ class Timer:
                 graph = self._capture(body, unroll)
                 graph.replay()
                 self._sync()
-            reps = clamp_count(self.rep_ms, per_call * unroll, REPS_RANGE)
+            reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll, REPS_RANGE)
             if self.l2 == "warm":
                 samples = [self._replay_ms(graph) / unroll for _ in range(reps)]
             else:

@@ -28,7 +28,7 @@ from harness.measure import ir
 from harness.providers import flaggems, registry
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
-from reports import ab_report, compare, corpus, table
+from reports import ab_report, compare, corpus, stats, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
@@ -384,22 +384,32 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
 
 
 def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str],
-           backend_names: set[str], expected: int | None = None) -> int:
+           backend_names: set[str], expected: int | None = None, fdr: float = stats.FDR) -> int:
     """Pair and compare each group (one op's A runs against its B runs), then report them all;
-    `expected` is the planned repeats per side, so a short side is flagged on every row. On a
-    backend whose timings are not performance numbers the pipeline runs all the same, but every
-    report says so at its top and calls no verdict."""
+    `expected` is the planned repeats per side, so a short side is flagged on every row. Verdicts
+    are judged over all the groups' rows at once (compare.judge: calls at `fdr`). On a backend whose
+    timings are not performance numbers the pipeline runs all the same, but every report says so at
+    its top and calls no verdict."""
     not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
     note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
     paired = [(a_runs, b_runs, compare.pair(a_runs, b_runs, expected, performance=note is None))
               for a_runs, b_runs in groups if a_runs or b_runs]
     rows = [row for *_, op_rows in paired for row in op_rows]
-    compare.pool_floors(rows)
-    summary = compare.summarize(rows)
-    # The IR is compared between each op's first run of either side, as the corpus report does.
-    calls = corpus.identical_ir_calls([(a[0], b[0], op_rows) for a, b, op_rows in paired if a and b])
-    if calls:
-        warnings = [*warnings, corpus.identical_ir_line([ab_report.label(r) for r in calls])]
+    compare.judge(rows, fdr)
+    summary = compare.summarize(rows, fdr)
+    if note is None:
+        # The IR is compared between each op's first run of either side, as the corpus report does.
+        identical = corpus.identical_ir_rows([(a[0], b[0], op_rows) for a, b, op_rows in paired if a and b])
+        calls = [r for r in identical if r.verdict in corpus.CALLS]
+        if calls:
+            warnings = [*warnings, corpus.identical_ir_line([r.label for r in calls])]
+        checked = compare.calibration([r for r in identical if r.in_headline], summary.calls, fdr)
+        if checked is not None:
+            line, alarming = checked
+            if alarming:
+                warnings = [*warnings, line]
+            else:
+                context = {**context, "calibration": line}
     print()
     print(ab_report.render(rows, summary, warnings, context, note=note))
     files = ab_report.write(ab_dir, rows, summary, warnings, context, note)

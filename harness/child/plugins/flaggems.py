@@ -287,7 +287,7 @@ class FlagGemsPlugin:
         self.pending.append(measurement)
         if len(self.pending) == len(roles):
             self._row(bench, roles)
-        return measurement.median_ms
+        return measurement.latency_ms
 
     def _row(self, bench, roles) -> None:
         measured = dict(zip(roles, self.pending, strict=False))

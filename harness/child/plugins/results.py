@@ -21,8 +21,8 @@ def make_row(ctx, *, op, dtype, shape, params, case, status, nodeid, measurement
     measurements = measurements or {}
     base, cand = measurements.get("baseline"), measurements.get("candidate")
     row = {"op": op, "dtype": dtype, "shape": shape, "params": params, "case": case, "status": status,
-           "baseline_ms": base.median_ms if base else None, "candidate_ms": cand.median_ms if cand else None,
-           "speedup": base.median_ms / cand.median_ms if base and cand and cand.median_ms > 0 else None,
+           "baseline_ms": base.latency_ms if base else None, "candidate_ms": cand.latency_ms if cand else None,
+           "speedup": base.latency_ms / cand.latency_ms if base and cand and cand.latency_ms > 0 else None,
            "timer": timer, "input_sha256": input_sha256}
     if measurements:
         row["samples"] = {side: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]}
