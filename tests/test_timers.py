@@ -133,6 +133,15 @@ def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states
     assert cand.summary()["latency"] == cand.latency_ms and len(cand.samples_ms) == 3 * timers.TIMING_WINDOWS
 
 
+def test_each_later_window_times_relocated_inputs():
+    t = WindowRecorder({"baseline": [1.0] * 4, "candidate": [1.0] * 4})
+    t.calls, moves = [], []
+    t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"},
+                   relocate=lambda: moves.append(len(t.calls)))
+    # Before windows 2..N, each time after both sides' previous window: never between the sides.
+    assert moves == [2 * w for w in range(1, timers.TIMING_WINDOWS)]
+
+
 def test_measurement_summary():
     s = Measurement([1.0, 2.0, 3.0, 4.0], "graph").summary()
     assert s["n"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0

@@ -55,7 +55,10 @@ L2_FLUSH_FACTOR = 2
 # about 8% apart, drawn per window (an H200), so one window per process draws one state per process
 # and the row's repeats disagree by the state, not by the code. The row's latency is the geometric
 # mean of its windows' medians; the first window warms up for the whole warmup budget, the later
-# ones for a share of it, and the windows share the rep budget.
+# ones for a share of it, and the windows share the rep budget. Where the caller can, each window
+# after the first times fresh copies of the inputs (`relocate`): the state may hang on where the
+# buffers lie, which time alone does not change (an H200 A/A with windows over time alone kept the
+# 2-5 us rows' 4% spread between processes).
 TIMING_WINDOWS = 4
 
 
@@ -180,8 +183,11 @@ class Timer:
                 self._flush_buffer = torch.empty(size, dtype=torch.int8, device=backend.torch_device())
 
     # --- public ------------------------------------------------------------------------------
-    def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]]) -> Timed:
-        """Time every fn on one caliber, then attribute each side's device time to its kernels."""
+    def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]],
+                     relocate: Callable[[], None] | None = None) -> Timed:
+        """Time every fn on one caliber, then attribute each side's device time to its kernels.
+        `relocate`, where given, moves the fns' inputs to fresh buffers before each later window."""
+        self._relocate = relocate
         timed = self._time_pair(test_name, fns)
         if self.backend.profiler_activity:
             for side, measurement in timed.measurements.items():
@@ -219,7 +225,10 @@ class Timer:
     def _windows(self, fns: dict[str, Callable[[], object]], timer) -> dict[str, Measurement]:
         """Each side timed in TIMING_WINDOWS windows, the sides alternating window by window."""
         parts: dict[str, list[Measurement]] = {k: [] for k in fns}
+        relocate = getattr(self, "_relocate", None)
         for window in range(TIMING_WINDOWS):
+            if window and relocate is not None:
+                relocate()
             warmup = self.warmup_ms if window == 0 else self.warmup_ms / TIMING_WINDOWS
             for k, fn in fns.items():
                 parts[k].append(timer(fn, warmup, self.rep_ms / TIMING_WINDOWS))

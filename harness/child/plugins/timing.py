@@ -29,11 +29,11 @@ class TimingPlugin:
             facts = {"recorded": False, "reason": reason}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"kernel_attribution": facts}})
 
-    def measure(self, test_name, fns):
-        """(test name, {side: fn}) -> Timed: the test's `measure_pair`, and what the runner hands
-        the FlagGems plugin for upstream's `get_latency` (one side per call, the candidate last)."""
+    def measure(self, test_name, fns, relocate=None):
+        """(test name, {side: fn}[, relocate]) -> Timed: the test's `measure_pair`, and what the runner
+        hands the FlagGems plugin for upstream's `get_latency` (one side per call, the candidate last)."""
         try:
-            timed = self.timer.measure_pair(test_name, fns)
+            timed = self.timer.measure_pair(test_name, fns, relocate)
         except CapturePoisoned as exc:
             self.poisoned = str(exc)
             raise
