@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     side.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
                       help="operators to compare (with a corpus option below: a batch selection)")
     side.add_argument("--repeats", type=int, metavar="N", default=None, help="replays per side (>= 2; default 3)")
+    side.add_argument("--fdr", type=float, metavar="Q", default=None,
+                      help="false discovery rate of the report's FASTER/SLOWER calls (default 0.05)")
     for s_ in ("a", "b"):
         side.add_argument(f"--{s_}-env", action="append", metavar="KEY=VAL", default=None,
                           help=f"environment variable for side {s_.upper()} (repeatable)")

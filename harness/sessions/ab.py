@@ -31,7 +31,7 @@ from ops import DTYPES_RULE, valid_dtype_list
 from reports import ab_report, compare, corpus, stats, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
-PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "backend", "device", "ops_paths", "flaggems_dirs",
+PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "fdr", "backend", "device", "ops_paths", "flaggems_dirs",
                "level", "flagtune", "libtuner_cache", "a", "b", *MEASUREMENT}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
@@ -66,6 +66,8 @@ class Plan:
     a: Side
     b: Side
     repeats: int = 3
+    # The false discovery rate of the report's FASTER/SLOWER calls (reports.stats.adjust).
+    fdr: float = stats.FDR
     shapes: str | None = None
     dtypes: list[str] | None = None
     backend: str | None = None
@@ -135,6 +137,10 @@ def _side(data, name: str, where: str) -> Side:
                 requirements)
 
 
+def valid_fdr(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
+
+
 def load_plan(path: Path) -> Plan:
     path = Path(path)
     data = rundir.read_yaml_mapping(path, PlanError, "plan")
@@ -147,6 +153,9 @@ def load_plan(path: Path) -> Plan:
     repeats = data.get("repeats", 3)
     if not isinstance(repeats, int) or repeats < 2:
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
+    fdr = data.get("fdr", stats.FDR)
+    if not valid_fdr(fdr):
+        raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {fdr!r}")
     shapes = data.get("shapes")
     dtypes = data.get("dtypes")
     if dtypes is not None and not valid_dtype_list(dtypes):
@@ -159,7 +168,7 @@ def load_plan(path: Path) -> Plan:
         if name in measurement and (not isinstance(measurement[name], kind) or isinstance(measurement[name], bool)
                                     or measurement[name] < 0):
             raise PlanError(f"plan {path}: '{name}' must be a non-negative number, not {measurement[name]!r}")
-    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats,
+    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, fdr=float(fdr),
                 shapes=None if shapes is None else _shape_file(shapes, path.parent),
                 dtypes=dtypes, backend=data.get("backend"), device=data.get("device"),
                 ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
@@ -427,6 +436,12 @@ def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+def checked_fdr(value: float) -> float:
+    if not valid_fdr(value):
+        raise UsageError(f"--fdr {value}: must lie between 0 and 1 (e.g. 0.05)")
+    return value
+
+
 def resolve_plan(args) -> Plan:
     try:
         if args.plan is not None or not args.ops:
@@ -441,6 +456,8 @@ def resolve_plan(args) -> Plan:
         if args.repeats < 2:
             raise UsageError("--repeats must be >= 2: A's own spread is the noise floor")
         plan.repeats = args.repeats
+    if args.fdr is not None:
+        plan.fdr = checked_fdr(args.fdr)
     for side in (plan.a, plan.b):
         key = side.name.lower()
         side.env.update(_env_pairs(getattr(args, f"{key}_env"), f"--{key}-env"))
@@ -512,7 +529,8 @@ def run_from_args(args) -> int:
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
                    "note": "single runs: each run's raw samples stand in for repeats"}
-        return report(out, [([dir_a], [dir_b])], context, warnings, backend_names)
+        return report(out, [([dir_a], [dir_b])], context, warnings, backend_names,
+                      fdr=stats.FDR if args.fdr is None else checked_fdr(args.fdr))
     plan = resolve_plan(args)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
@@ -549,5 +567,5 @@ def run_from_args(args) -> int:
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
     code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, {plan.backend},
-                  plan.repeats)
+                  plan.repeats, plan.fdr)
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code

@@ -184,7 +184,7 @@ class CorpusAB(batch.Batch):
     def summarize(self) -> str:
         """The corpus report over every op with an A/B dir (an op that failed is listed in it with
         its reason), and the verdict counts it gives the rows of the ops that passed (they can
-        differ from the ops' own reports: the corpus pools the noise floor over all its rows)."""
+        differ from the ops' own reports: the corpus learns its prior from, and controls the FDR over, all its rows)."""
         status = batch.read_status(self.dir)
         rows = [r for r in status.values() if r.get("run_dir") and r["status"] != "SKIP"]
         names = collections.Counter(f"{r['repo']}:{r['op']}" for r in status.values())
@@ -196,7 +196,7 @@ class CorpusAB(batch.Batch):
         context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                    "backend": self.opts.backend, "batch_dir": str(self.dir),
                    "op_status": {f"{r['repo']}:{r['op']}@{r['op_file']}": r["status"] for r in status.values()}}
-        data = corpus.from_ab_dirs(items, context)
+        data = corpus.from_ab_dirs(items, context, plan.fdr)
         files = corpus.write(self.dir, data)
         total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)
         return f"verdicts: {_said(total) or 'none'}; report: {', '.join(map(str, files))}"
