@@ -1,0 +1,132 @@
+"""How a report applies the verdict rule over its rows (reports.compare.judge, summarize, calibration)
+and where its false discovery rate comes from (a plan's `fdr`, `--fdr`)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.core.errors import UsageError
+from harness.sessions import ab
+from reports import compare, stats
+
+
+def _row(i, a, b, flags=(), single=False, latency_label=None):
+    return compare.PairedRow(op="op", dtype="fp32", shape=(i,), a_ms=list(a), b_ms=list(b), a_control_ms=[],
+                             b_control_ms=[], timers={"graph"}, flags=list(flags), configs_a={}, configs_b={},
+                             comparison=stats.compare(a, b), single=single)
+
+
+def _noisy_neighbours(rng, n, latency=0.0025, sd=0.04):
+    return [_row(100 + i, latency * np.exp(rng.normal(0, sd, 3)), latency * np.exp(rng.normal(0, sd, 3)))
+            for i in range(n)]
+
+
+def test_a_lucky_row_is_called_alone_and_judged_by_its_band_in_a_report():
+    rng = np.random.default_rng(1)
+    lucky = _row(0, [0.00250, 0.0025003, 0.0025001], [0.002575, 0.0025752, 0.0025751])
+    assert lucky.verdict == stats.SLOWER
+    rows = [lucky, *_noisy_neighbours(rng, 30)]
+    compare.judge(rows)
+    assert lucky.verdict == stats.NOISY and lucky.comparison.dof > 4
+    assert lucky.comparison.q is not None
+
+
+def test_flagged_rows_are_judged_but_do_not_feed_the_prior():
+    rng = np.random.default_rng(2)
+    quiet = [_row(i, 0.1 * np.exp(rng.normal(0, 0.002, 3)), 0.1 * np.exp(rng.normal(0, 0.002, 3)))
+             for i in range(20)]
+    wild = [_row(50 + i, 0.1 * np.exp(rng.normal(0, 0.2, 3)), 0.1 * np.exp(rng.normal(0, 0.2, 3)),
+                 flags=["clock_throttled"]) for i in range(20)]
+    probe = _row(99, [0.1, 0.1001, 0.0999], [0.102, 0.1021, 0.1019])
+    compare.judge([*quiet, *wild, probe])
+    # The prior is the quiet rows' (0.2%), not the throttled ones' (20%): the 2% change is called.
+    assert probe.verdict == stats.SLOWER and probe.comparison.sd < 0.01
+    assert all(r.comparison.q is not None for r in wild)
+
+
+def test_single_run_rows_need_a_change_beyond_three_percent_and_take_no_prior():
+    rng = np.random.default_rng(3)
+    samples = list(np.exp(rng.normal(0, 0.001, 50)))
+    two = _row(0, samples, [x * 1.02 for x in samples], single=True)
+    four = _row(1, samples, [x * 1.04 for x in samples], single=True)
+    compare.judge([two, four])
+    assert two.comparison.margin == compare.SINGLE_RUN_MARGIN and two.verdict != stats.SLOWER
+    assert four.verdict == stats.SLOWER
+
+
+def test_an_outlier_repeat_is_dropped_and_named():
+    rng = np.random.default_rng(4)
+    rows = [_row(i, 0.2 * np.exp(rng.normal(0, 0.003, 5)), 0.2 * np.exp(rng.normal(0, 0.003, 5))) for i in range(40)]
+    a = list(0.2 * np.exp(rng.normal(0, 0.003, 5)))
+    b = [x * 1.02 for x in 0.2 * np.exp(rng.normal(0, 0.003, 5))]
+    b[2] *= 1.07
+    hit = _row(77, a, b)
+    compare.judge([*rows, hit])
+    assert hit.dropped == {"b": [b[2]]} and hit.comparison.n_b == 4
+    assert hit.verdict == stats.SLOWER
+    assert all(not r.dropped for r in rows)
+
+
+def test_the_report_fdr_decides_which_calls_stand():
+    # 19 null rows and one 2% change measured at a p-value near 0.01: called at fdr 0.5, not at 0.05.
+    rng = np.random.default_rng(5)
+    nulls = [_row(i, 0.1 * np.exp(rng.normal(0, 0.004, 3)), 0.1 * np.exp(rng.normal(0, 0.004, 3)))
+             for i in range(19)]
+    change = _row(50, [0.1, 0.1012, 0.0994], [0.1024, 0.1016, 0.1030])
+
+    def verdict(fdr):
+        rows = [compare.PairedRow(**{**r.__dict__}) for r in (*nulls, change)]
+        compare.judge(rows, fdr)
+        return rows[-1].verdict, compare.summarize(rows, fdr)
+
+    strict, loose = verdict(0.05), verdict(0.5)
+    assert strict[0] != stats.SLOWER and loose[0] == stats.SLOWER
+    assert loose[1].fdr == 0.5 and "false discovery rate of 0.5" in loose[1].fdr_line()
+
+
+def test_resolution_reports_each_band_and_names_the_rows_too_noisy_for_one_percent():
+    rng = np.random.default_rng(6)
+    big = [_row(i, 0.3 * np.exp(rng.normal(0, 0.002, 5)), 0.3 * np.exp(rng.normal(0, 0.002, 5))) for i in range(10)]
+    small = [_row(20 + i, 0.002 * np.exp(rng.normal(0, 0.05, 5)), 0.002 * np.exp(rng.normal(0, 0.05, 5)))
+             for i in range(10)]
+    rows = [*big, *small]
+    compare.judge(rows)
+    s = compare.summarize(rows)
+    bands = {b["band"]: b for b in s.resolution}
+    assert set(bands) == {"< 5 us", "0.1-1 ms"}
+    assert bands["0.1-1 ms"]["detectable"] < stats.SAME_MARGIN < bands["< 5 us"]["detectable"]
+    assert sorted(bands["< 5 us"]["unresolved"]) == sorted(r.label for r in small)
+    assert bands["0.1-1 ms"]["unresolved"] == []
+    lines = s.resolution_lines()
+    assert "on < 5 us rows (10)" in lines[0] and lines[1].startswith("rows that could not have called a 1% change")
+
+
+def test_calibration_warns_only_when_identical_ir_rows_got_more_calls_than_the_fdr_allows():
+    a = [1.0, 1.0001, 0.9999]
+    called = [_row(i, a, [x * 1.05 for x in a]) for i in range(3)]
+    quiet = [_row(10 + i, a, a) for i in range(20)]
+    for r in (*called, *quiet):
+        r.comparison = stats.adjust([r.comparison])[0]
+    # 40 calls at fdr 0.05: up to 4 false calls are within the promise (the 95% point of Binomial(40, 0.05)).
+    line, alarming = compare.calibration([*called, *quiet], 40, 0.05)
+    assert not alarming and line.endswith("23, called FASTER/SLOWER: 3")
+    line, alarming = compare.calibration([*called, *quiet], 5, 0.05)
+    assert alarming and "more than the 0.05 FDR allows of 5 calls (at most 1)" in line
+    assert compare.calibration([], 5, 0.05) is None
+
+
+def test_a_plans_fdr_is_read_and_checked(tmp_path):
+    plan = tmp_path / "p.yaml"
+    plan.write_text("ops: [add]\nfdr: 0.1\na: {label: A}\nb: {label: B}\n")
+    assert ab.load_plan(plan).fdr == 0.1
+    plan.write_text("ops: [add]\na: {label: A}\nb: {label: B}\n")
+    assert ab.load_plan(plan).fdr == stats.FDR
+    for bad in ("0", "1", "-0.1", "'x'", "true"):
+        plan.write_text(f"ops: [add]\nfdr: {bad}\na: {{label: A}}\nb: {{label: B}}\n")
+        with pytest.raises(ab.PlanError, match="'fdr' must be a number between 0 and 1"):
+            ab.load_plan(plan)
+    assert ab.checked_fdr(0.2) == 0.2
+    with pytest.raises(UsageError, match="--fdr 1.5"):
+        ab.checked_fdr(1.5)
+    assert math.isclose(stats.FDR, 0.05)
