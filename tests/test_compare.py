@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import special
 
 from reports import ab_report, compare, stats
 
@@ -206,9 +207,11 @@ def test_summary_counts_headline_exclusions_verdicts_and_means(tmp_path):
     assert s.verdicts == {stats.SLOWER: 1, stats.FASTER: 2}
     assert s.config_differs == 1
     assert s.per_op["softmax"] == pytest.approx(stats.geomean([1.1, 0.9]))
-    # mm has one headline row: its line keeps that row's own interval.
+    # mm has one headline row: its line keeps that row's own interval (equal repeats: a hair wide, as
+    # their variance is stats.MIN_VARIANCE).
     mm = next(r for r in rows if r.key == ("mm", "fp16", (3,)))
-    assert s.per_op["mm"] == (mm.comparison.ratio, mm.comparison.lo, mm.comparison.hi) == pytest.approx((0.5,) * 3)
+    assert s.per_op["mm"] == (mm.comparison.ratio, mm.comparison.lo, mm.comparison.hi)
+    assert s.per_op["mm"] == pytest.approx((0.5,) * 3, rel=1e-5)
     assert list(s.per_op) == ["softmax", "mm"]
     assert s.overall == pytest.approx(stats.geomean([1.1, 0.9, 0.5]))
     # The torch baseline did not move on any headline row.
@@ -228,11 +231,18 @@ def test_summary_control_leaves_out_rows_without_baseline_timings(tmp_path):
 
 # reports.stats, beyond tests/test_stats.py: the edges of each rule.
 
-def test_a_side_with_one_latency_gives_an_unbounded_interval_and_the_minimum_floor():
-    c = stats.compare([1.0], [2.0, 2.1, 1.9])
-    assert (c.lo, c.hi) == (0.0, math.inf) and c.verdict == stats.NOISY
-    assert (c.n_a, c.n_b) == (1, 3) and c.floor == stats.MIN_EFFECT
-    assert stats.compare([2.0, 2.1], [1.0]).verdict == stats.NOISY
+def test_a_side_with_one_latency_takes_the_other_sides_spread_and_one_a_side_is_unbounded():
+    # Both sides' spreads are pooled (the same code under the null): B's three repeats say how much
+    # a repeat varies, for A's one too.
+    a, b = [1.0], [2.0, 2.1, 1.9]
+    c = stats.compare(a, b)
+    own, dof = stats.residual(a, b)
+    assert (c.n_a, c.n_b) == (1, 3) and c.margin == stats.MARGIN
+    assert dof == c.dof == 2 and c.sd == pytest.approx(math.sqrt(own))
+    assert 1.0 + stats.MARGIN < c.lo < c.ratio < c.hi < math.inf and c.verdict == stats.SLOWER
+    # One latency a side and no prior: nothing says how much a repeat varies.
+    one = stats.compare([1.0], [2.0])
+    assert (one.lo, one.hi) == (0.0, math.inf) and one.verdict == stats.NOISY and one.p == 1.0
 
 
 def test_two_repeats_a_side_can_call_a_clear_change():
@@ -240,10 +250,12 @@ def test_two_repeats_a_side_can_call_a_clear_change():
     assert c.verdict == stats.SLOWER and 1.9 < c.lo < 2.0 < c.hi < 2.1
 
 
-def test_sides_without_spread_give_a_point_interval():
+def test_sides_without_spread_have_the_smallest_variance_and_a_hair_wide_interval():
+    # Repeats equal to the timer's last digit: the variance is MIN_VARIANCE, not 0 (no division by 0).
     c = stats.compare([1.0, 1.0, 1.0], [1.5, 1.5])
-    assert c.ratio == pytest.approx(1.5) and c.lo == pytest.approx(1.5) and c.hi == pytest.approx(1.5)
-    assert c.verdict == stats.SLOWER
+    assert c.sd == pytest.approx(math.sqrt(stats.MIN_VARIANCE)) and c.dof == 3
+    assert c.lo < c.ratio < c.hi and (c.lo, c.ratio, c.hi) == pytest.approx((1.5,) * 3, rel=1e-5)
+    assert c.verdict == stats.SLOWER and c.p < 1e-9
 
 
 def test_an_empty_side_is_refused():
@@ -252,29 +264,33 @@ def test_an_empty_side_is_refused():
             stats.compare(a, b)
 
 
-def test_a_given_floor_replaces_the_one_from_a():
+def test_a_given_margin_replaces_the_default_for_calls_but_not_for_same():
     a = [1.0, 1.0001, 0.9999, 1.0]
-    b = [x * 1.01 for x in a]
-    assert stats.compare(a, b).verdict == stats.SLOWER
-    c = stats.compare(a, b, floor=0.02)
-    assert c.floor == 0.02 and c.verdict == stats.SAME
+    half = [x * 1.005 for x in a]
+    assert stats.compare(a, half).verdict == stats.SLOWER  # beyond the default 0.3%
+    c = stats.compare(a, half, margin=compare.SINGLE_RUN_MARGIN)
+    assert c.margin == compare.SINGLE_RUN_MARGIN and c.verdict == stats.SAME  # within SAME_MARGIN
+    # 2%: beyond SAME's 1%, short of a 3% margin: the data cannot tell.
+    assert stats.compare(a, [x * 1.02 for x in a], margin=compare.SINGLE_RUN_MARGIN).verdict == stats.NOISY
+    assert stats.compare(a, [x * 1.04 for x in a], margin=compare.SINGLE_RUN_MARGIN).verdict == stats.SLOWER
 
 
-def test_welch_interval_with_two_repeats_a_side():
+def test_two_repeats_a_side_give_the_pooled_t_interval_and_its_two_one_sided_tests():
     from scipy import stats as sps
 
-    a, b = [1.0, 1.1], [2.0, 2.3]
+    a, b = [1.0, 1.1], [1.12, 1.3]
     c = stats.compare(a, b)
-    lo, hi = sps.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval(0.95)
+    la, lb = np.log(a), np.log(b)
+    lo, hi = sps.ttest_ind(lb, la, equal_var=True).confidence_interval(0.95)
     assert (c.lo, c.hi) == pytest.approx((math.exp(lo), math.exp(hi)))
+    # p: the more significant of "B/A above 1 + margin" and "below 1 - margin", doubled.
+    up = sps.ttest_ind(lb - math.log1p(stats.MARGIN), la, alternative="greater").pvalue
+    down = sps.ttest_ind(lb - math.log1p(-stats.MARGIN), la, alternative="less").pvalue
+    assert 0.05 < c.p < 1.0 and c.p == pytest.approx(min(1.0, 2 * min(up, down)))
 
 
-def test_the_floor_is_three_a_a_standard_deviations():
-    # log-scale values -s, 0, s: their sample standard deviation is s.
-    s = 0.01
-    assert stats.noise_floor([math.exp(-s), 1.0, math.exp(s)]) == pytest.approx(math.expm1(3 * s))
-    assert stats.noise_floor([1.0]) == stats.MIN_EFFECT
-    assert stats.noise_floor([1.0, math.exp(0.01)]) == pytest.approx(math.expm1(3 * 0.01 / math.sqrt(2)))
+def test_the_spread_of_two_ratios_uses_one_degree_of_freedom():
+    assert stats.spread([1.0, math.exp(0.01)]) == pytest.approx(math.expm1(3 * 0.01 / math.sqrt(2)))
 
 
 def test_delta_is_the_ratio_in_percent():
@@ -283,17 +299,22 @@ def test_delta_is_the_ratio_in_percent():
 
 
 @pytest.mark.parametrize("lo,hi,verdict", [
-    (0.900, 0.995, stats.NOISY), (1.005, 1.100, stats.NOISY),  # touching the floor is not beyond it
-    (0.995, 1.005, stats.SAME),                                # the floor itself is within it
+    (0.900, 0.995, stats.NOISY), (1.005, 1.100, stats.NOISY),  # touching the margin is not beyond it
+    (0.995, 1.005, stats.SAME),                                # the margin itself is within SAME
+    (0.990, 1.010, stats.SAME),                                # SAME's width is SAME_MARGIN, not the margin
 ])
-def test_verdict_at_the_floor_itself(lo, hi, verdict):
+def test_verdict_at_the_margin_itself(lo, hi, verdict):
     assert stats.verdict(lo, hi, 0.005) == verdict
 
 
-def test_a_floor_of_exactly_5_percent_still_calls():
-    assert stats.verdict(1.5, 2.0, stats.MAX_FLOOR) == stats.SLOWER
-    assert stats.verdict(0.999, 1.001, stats.MAX_FLOOR) == stats.SAME
-    assert stats.MAX_FLOOR == 0.05
+def test_a_wide_margin_still_calls_and_same_stays_within_one_percent():
+    # A single-run row's 3% margin: a change beyond it is called either way; SAME still claims no
+    # change beyond SAME_MARGIN, whatever the margin.
+    assert stats.verdict(1.5, 2.0, compare.SINGLE_RUN_MARGIN) == stats.SLOWER
+    assert stats.verdict(0.5, 0.96, compare.SINGLE_RUN_MARGIN) == stats.FASTER
+    assert stats.verdict(0.98, 1.02, compare.SINGLE_RUN_MARGIN) == stats.NOISY
+    assert stats.verdict(0.999, 1.001, compare.SINGLE_RUN_MARGIN) == stats.SAME
+    assert (stats.MARGIN, stats.SAME_MARGIN, compare.SINGLE_RUN_MARGIN) == (0.003, 0.01, 0.03)
 
 
 def test_geomean_interval_is_the_t_interval_of_the_log_ratios():
@@ -382,26 +403,25 @@ def test_a_lone_row_keeps_its_own_interval_in_the_per_op_and_overall_lines(tmp_p
     assert s.per_op["softmax"] == s.overall == (c.ratio, c.lo, c.hi)
 
 
-# The pooled floor: A's spread over the rows of similar latency.
+# compare.judge: the report's verdicts over all its rows, each row's variance moderated by a prior
+# learnt from the unflagged rows of similar latency.
 
-def test_the_pooled_floor_is_the_spread_of_the_repeats_of_rows_within_2x_latency():
-    s = 0.02
-    pool = [[math.exp(-s), math.exp(s)],            # center 1: squared log deviations 2 s^2
-            [1.8 * math.exp(-2 * s), 1.8 * math.exp(2 * s)],  # center 1.8: 8 s^2
-            [10 * math.exp(-0.1), 10 * math.exp(0.1)]]  # center 10: far from both
-    floors = stats.pooled_floors([1.0, 1.5, 3.0, 10.0, 5.5, 25.0], pool)
-    near = math.expm1(3 * math.sqrt(10 * s * s / 2))  # 2 rows, 1 degree of freedom each
-    assert floors[0] == pytest.approx(near) and floors[1] == pytest.approx(near)
-    assert floors[2] == pytest.approx(math.expm1(3 * 2 * s * math.sqrt(2)))  # 1.8 alone is within 2x of 3
-    assert floors[3] == pytest.approx(math.expm1(3 * 0.1 * math.sqrt(2)))
-    assert floors[4] == pytest.approx(math.expm1(3 * 0.1 * math.sqrt(2)))   # 10 is within 2x of 5.5
-    assert floors[5] == stats.MIN_EFFECT                                   # nothing within 2x
-    # Exactly 2x either way is within.
-    wide = math.expm1(3 * math.log(2) * math.sqrt(2))  # repeats 0.5 and 2: their center is exactly 1
-    assert stats.pooled_floors([0.5, 2.0, 0.49, 2.01], [[0.5, 2.0]]) == pytest.approx([wide, wide, 0.005, 0.005])
+def test_the_prior_is_trended_over_rows_within_2x_latency_either_way_else_the_nearest():
+    # Two bands 4x apart, equal variances within each (an exact prior, infinite dof); 4 degrees
+    # of freedom a row: E[log s^2] = log sigma^2 + digamma(2) - log(2) (Smyth 2004), undone here.
+    v, w, unbias = 1e-4, 9e-4, math.exp(math.log(2) - float(special.digamma(2)))
+    model = stats.PriorModel([v] * 3 + [w] * 3, [4] * 6, [1.0] * 3 + [4.0] * 3)
+    at = {x: model.at(x) for x in (0.4, 1.0, 1.9, 2.0, 2.1, 8.0, 9.0)}
+    assert all(p.dof == math.inf for p in at.values())
+    assert at[1.0].variance == pytest.approx(v * unbias) and at[8.0].variance == pytest.approx(w * unbias)
+    assert at[1.9].variance == pytest.approx(v * unbias) and at[2.1].variance == pytest.approx(w * unbias)
+    # Exactly 2x either way is within: both bands (their log variances averaged).
+    assert at[2.0].variance == pytest.approx(math.sqrt(v * w) * unbias)
+    # Nothing within 2x: the nearest MIN_PRIOR_ROWS rows.
+    assert at[0.4].variance == pytest.approx(v * unbias) and at[9.0].variance == pytest.approx(w * unbias)
 
 
-def test_a_row_whose_two_a_repeats_agree_by_chance_is_judged_by_its_neighbours_spread(tmp_path):
+def test_a_row_whose_two_repeats_agree_by_chance_is_noisy_when_judged_with_its_neighbours(tmp_path):
     # Ten 2.5 us rows whose processes differ by 8% (a bimodal state, as small kernels show on an
     # H200), one whose A repeats happened to agree and whose B repeats landed 7% lower on identical
     # code, and a 1 ms row with a real 3x change.
@@ -417,25 +437,76 @@ def test_a_row_whose_two_a_repeats_agree_by_chance_is_judged_by_its_neighbours_s
     rows = compare.pair(a, b)
     lucky, big = rows[10], rows[11]
     assert lucky.verdict == stats.FASTER and big.verdict == stats.SLOWER  # each row alone
-    own = big.comparison.floor
-    compare.pool_floors(rows)
-    assert lucky.verdict == stats.NOISY and lucky.comparison.floor > 0.08
-    # The 1 ms row's neighbours are none but itself: its floor and verdict are its own.
-    assert big.comparison.floor == own and big.verdict == stats.SLOWER
+    own = lucky.comparison.sd
+    compare.judge(rows)
+    # The prior raised the lucky row's variance toward its neighbours': its interval no longer clears
+    # the margin (not only its q the FDR).
+    assert lucky.verdict == stats.NOISY and lucky.comparison.sd > 5 * own
+    assert lucky.comparison.hi > 1 - stats.MARGIN
+    assert big.verdict == stats.SLOWER and big.comparison.q <= stats.FDR
+    assert all(r.comparison.q is not None for r in rows)
 
 
-def test_the_pool_leaves_out_flagged_rows_and_never_lowers_a_floor(tmp_path):
-    a = runs(tmp_path, "a", [row(shape=(1,), cand=1.0), row(shape=(2,), cand=1.0, markers=["TIMER_FALLBACK"]),
-                             row(shape=(3,), cand=1.0)],
-             [row(shape=(1,), cand=1.001), row(shape=(2,), cand=1.5), row(shape=(3,), cand=1.1)])
-    b = runs(tmp_path, "b", [row(shape=(1,), cand=0.9), row(shape=(2,), cand=1.0), row(shape=(3,), cand=1.0)],
-             [row(shape=(1,), cand=0.901), row(shape=(2,), cand=1.0), row(shape=(3,), cand=1.0)])
-    rows = compare.pair(a, b)
-    before = [r.comparison.floor for r in rows]
-    compare.pool_floors(rows)
-    # Shapes 1 and 3 pool (the flagged 50% spread of shape 2 does not): shape 3's own floor is the larger.
-    pooled = stats.pooled_floors([1.0], [[1.0, 1.001], [1.0, 1.1]])[0]
-    assert before[0] < pooled < before[2]
-    assert rows[0].comparison.floor == pytest.approx(pooled)
-    assert rows[2].comparison.floor == before[2]
-    assert rows[1].comparison.floor == pytest.approx(max(before[1], pooled))
+def _rows_of_two_kinds(tmp_path, name, flagged_spreads):
+    """Four unflagged rows near 1 ms (spreads 0.2-0.4%, 3 repeats a side) and, after them, one
+    TIMER_FALLBACK row per spread in `flagged_spreads`."""
+    spreads = [0.002, 0.003, 0.004, 0.0025, *flagged_spreads]
+    markers = [None] * 4 + [["TIMER_FALLBACK: graph capture failed"]] * len(flagged_spreads)
+
+    def side(tag, shift):
+        cases = list(enumerate(zip(spreads, markers, strict=True)))
+        return runs(tmp_path / name, tag, *[[row(shape=(i,), cand=(1.0 + 0.01 * i) * shift * (1 + k * s), markers=m)
+                                             for i, (s, m) in cases] for k in (-1, 0, 1)])
+
+    (tmp_path / name).mkdir()
+    return compare.pair(side("a", 1.0), side("b", 1.01))
+
+
+def test_flagged_rows_do_not_feed_the_prior_but_are_judged_by_it(tmp_path):
+    alone = _rows_of_two_kinds(tmp_path, "clean", [])
+    rows = _rows_of_two_kinds(tmp_path, "with_flagged", [0.03, 0.04, 0.03, 0.05])
+    own = [stats.residual(r.a_ms, r.b_ms) for r in rows]
+    compare.judge(alone)
+    compare.judge(rows)
+    assert [r.flags for r in rows] == [[]] * 4 + [["timer_fallback"]] * 4
+    # The flagged rows' 3-5% spreads (a fallback timer's, not the machine's) leave the prior as it was.
+    assert [r.comparison.sd for r in rows[:4]] == pytest.approx([r.comparison.sd for r in alone])
+    assert [r.comparison.dof for r in rows[:4]] == pytest.approx([r.comparison.dof for r in alone])
+    for r, (variance, dof) in zip(rows, own, strict=True):
+        # Every row is judged with the prior (its dof added to the row's own), none below its own spread.
+        assert r.comparison.dof > dof and r.comparison.sd >= math.sqrt(variance) * (1 - 1e-9)
+        assert r.comparison.q is not None
+    assert all(r.verdict == stats.NOISY for r in rows[4:])
+
+
+def test_single_run_rows_need_a_change_beyond_3_percent_and_take_no_prior(tmp_path):
+    jitter = np.linspace(-0.002, 0.002, 21)  # one process's samples: 0.2%
+    # name: (A ms, B ms, how many times the jitter); wild varies 6% within its one process.
+    cases = {"steady": (1.0, 0.98, 1), "big": (1.0, 0.95, 1), "wild": (1.0, 1.0, 30)}
+
+    def one_run(tag, col):
+        return runs(tmp_path, tag, [row(shape=(i,), cand=v[col], raw=(list(v[col] * (1 + v[2] * jitter)), [2.0]))
+                                    for i, v in enumerate(cases.values())])
+
+    def repeats(tag):
+        """Four rows of 3 repeats a side at the single rows' latency: a prior to learn from."""
+        return compare.pair(*(runs(tmp_path / tag, side, *[[row(shape=(9, i), cand=1.0 + d * (i + 1) * k)
+                                                            for i in range(4)] for k in (-1, 0, 1)])
+                              for side, d in (("a", 0.001), ("b", 0.002))))
+
+    (tmp_path / "mixed").mkdir(), (tmp_path / "alone").mkdir()
+    single, repeated, alone = compare.pair(one_run("sa", 0), one_run("sb", 1)), repeats("mixed"), repeats("alone")
+    compare.judge(single + repeated)
+    compare.judge(alone)
+    steady, big, wild = single
+    assert all(r.single and r.comparison.margin == compare.SINGLE_RUN_MARGIN for r in single)
+    # A steady 2% from one process each is no call (it would be at the repeats' margin); 5% is.
+    assert stats.compare(steady.a_ms, steady.b_ms).verdict == stats.FASTER
+    assert steady.verdict == stats.NOISY and big.verdict == stats.FASTER and wild.verdict == stats.NOISY
+    for r in single:  # its own samples' variance, unmoderated, and its q over the whole report
+        variance, dof = stats.residual(r.a_ms, r.b_ms)
+        assert r.comparison.dof == dof and r.comparison.sd == pytest.approx(math.sqrt(variance))
+        assert r.comparison.q is not None
+    # The wild single row's 6% did not feed the repeats' prior; the repeats were moderated by one.
+    assert [r.comparison.sd for r in repeated] == pytest.approx([r.comparison.sd for r in alone])
+    assert all(r.comparison.dof > 4 for r in repeated)

@@ -20,10 +20,10 @@ from harness import cli
 from harness.core import ir_index
 from harness.measure import ir
 from harness.sessions import ab
-from reports import corpus, stats
+from reports import compare, corpus, stats
 
 SCHEMA = json.loads((REPO / "reports" / "schema" / "corpus_report.schema.json").read_text())
-JITTER = np.linspace(-0.002, 0.002, 41)  # one process's sample spread: 0.2%, far below any floor here
+JITTER = np.linspace(-0.002, 0.002, 41)  # one process's sample spread: 0.2%, far below any margin here
 
 TTGIR_A = "#blocked = #ttg.blocked<{sizePerThread = [4]}>\nmodule {\n  %0 = tt.load %ptr : tensor<1024xf16>\n  " \
           "%1 = arith.mulf %0, %0 : tensor<1024xf16>\n  tt.return\n}\n"
@@ -73,7 +73,7 @@ def _corpus():
                      ("64x1024", "bf16", "w4s3__bf16", TTGIR_A, "l" * 16)],
                     [("64x1024", "fp16", "w4s3__fp16", TTGIR_B, "m" * 16),
                      ("64x1024", "bf16", "w4s3__bf16", TTGIR_A, "l" * 16)]),
-        # 2% faster: within the single-run floor; 1.5x slower but timed after a fallback.
+        # 2% faster: within the single-run margin; 1.5x slower but timed after a fallback.
         "mm": ([_row("mm", "fp16", (256, 256), 1.0), _row("mm", "bf16", (256, 256), 1.0)],
                [_row("mm", "fp16", (256, 256), 0.98),
                 _row("mm", "bf16", (256, 256), 1.5, timer="direct",
@@ -120,6 +120,7 @@ def test_batch_pair_report_validates_against_the_schema_and_lists_every_op(batch
     assert [f.name for f in files] == ["report.json", "report.csv", "report.md", "report.html"]
     report = load(files[0])
     jsonschema.validate(report, SCHEMA)
+    assert report["format"] == corpus.REPORT_FORMAT == 2
     assert report["kind"] == "batch_pair" and report["basis"] == corpus.SINGLE_RUN
     assert len(report["rows"]) == 5 and report["summary"]["headline_rows"] == 4
     (unpaired,) = report["unpaired_ops"]
@@ -130,23 +131,53 @@ def test_batch_pair_report_validates_against_the_schema_and_lists_every_op(batch
     assert "builtin:add" in files[2].read_text()  # the markdown lists the op it could not compare
 
 
-def test_schema_rejects_a_report_that_drifts(batches):
-    data = json.loads(json.dumps(corpus.from_batch_pair(*batches, {})))
+def _drift_verdict(data):
     data["rows"][0]["verdict"] = "BETTER"
+
+
+def _drift_to_format_1_floor(data):
+    data["rows"][0]["floor"] = data["rows"][0].pop("margin")
+
+
+def _drift_q_above_1(data):
+    data["rows"][0]["q"] = 1.5
+
+
+def _drift_no_calibration(data):
+    del data["summary"]["calibration"]
+
+
+def _drift_spread_named_floor(data):
+    data["summary"]["identical_ir_spread"] = {"rows": 5, "floor": 0.05}
+
+
+@pytest.mark.parametrize("drift", [_drift_verdict, _drift_to_format_1_floor, _drift_q_above_1, _drift_no_calibration,
+                                   _drift_spread_named_floor])
+def test_schema_rejects_a_report_that_drifts(batches, drift):
+    data = json.loads(json.dumps(corpus.from_batch_pair(*batches, {})))
+    jsonschema.validate(data, SCHEMA)
+    drift(data)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, SCHEMA)
 
 
-def test_one_run_per_side_needs_a_change_beyond_the_single_run_floor(batches):
-    rows = _rows(corpus.from_batch_pair(*batches, {}))
+def test_one_run_per_side_needs_a_change_beyond_the_single_run_margin(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    rows = _rows(data)
     mm = rows[("mm", "fp16")]
-    # One process's samples alone call a 2% change FASTER; with one run per side it is within the floor.
+    # One process's samples alone call a 2% change FASTER; with one run per side it is within the 3%
+    # margin, and beyond SAME's 1%: the data cannot tell.
     raw_a, raw_b = list(1.0 * (1 + JITTER)), list(0.98 * (1 + JITTER))
     assert stats.compare(raw_a, raw_b).verdict == stats.FASTER
-    assert mm["basis"] == corpus.SINGLE_RUN and mm["floor"] == corpus.SINGLE_RUN_FLOOR
-    assert mm["verdict"] == stats.SAME and mm["ratio"] == pytest.approx(0.98)
+    assert data["single_run_margin"] == compare.SINGLE_RUN_MARGIN and data["margin"] == stats.MARGIN
+    assert mm["basis"] == corpus.SINGLE_RUN and mm["margin"] == compare.SINGLE_RUN_MARGIN
+    assert mm["verdict"] == stats.NOISY and mm["ratio"] == pytest.approx(0.98)
+    # Its variance is its own samples' (no prior: they measure one process each).
+    assert mm["sd"] == pytest.approx(stats.compare(raw_a, raw_b).sd)
     assert rows[("softmax", "fp16")]["verdict"] == stats.SLOWER  # 10%: beyond it
+    assert rows[("softmax", "bf16")]["verdict"] == stats.SAME  # the same latency: within 1%
     assert rows[("gelu", "fp32")]["verdict"] == stats.FASTER
+    assert all(r["q"] is not None for r in rows.values())  # judged over the report
 
 
 def test_single_run_headline_interval_is_over_operators(batches):
@@ -173,7 +204,7 @@ def test_flagged_rows_are_shown_and_kept_out_of_the_headline(batches):
     flagged = _rows(data)[("mm", "bf16")]
     assert flagged["flags"] == ["timer_fallback", "timer_mismatch"] and not flagged["in_headline"]
     assert data["summary"]["excluded"] == {"timer_fallback": 1, "timer_mismatch": 1}
-    assert data["summary"]["verdicts"] == {"SLOWER": 1, "SAME": 2, "FASTER": 1}
+    assert data["summary"]["verdicts"] == {"SLOWER": 1, "SAME": 1, "NOISY": 1, "FASTER": 1}
 
 
 def test_a_row_whose_ir_changed_carries_a_ttgir_diff_per_variant(batches):
@@ -280,10 +311,11 @@ def test_ab_dirs_pair_independent_repeats(tmp_path):
     jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
     rows = {r["op_key"]: r for r in data["rows"]}
     assert set(rows) == {"builtin:mm", "builtin:softmax"}
-    # Repeats are independent processes: a steady 2% change is called, with the Welch interval.
+    # Repeats are independent processes: a steady 2% change is called, beyond the repeats' margin.
     mm = rows["builtin:mm"]
     assert mm["basis"] == corpus.REPEATS and mm["verdict"] == stats.FASTER
-    assert mm["a_repeats_ms"] == [1.0, 1.002, 0.998] and mm["floor"] < corpus.SINGLE_RUN_FLOOR
+    assert mm["a_repeats_ms"] == [1.0, 1.002, 0.998] and mm["margin"] == stats.MARGIN
+    assert mm["q"] <= data["fdr"] == stats.FDR and mm["hi"] < 1 - stats.MARGIN
     # The plan's repeats are expected on each side: a failed replay leaves the row short.
     assert rows["builtin:softmax"]["flags"] == ["incomplete_b(2/3)"] and not rows["builtin:softmax"]["in_headline"]
     assert data["summary"]["overall"]["over"] == "1 rows" and data["context"]["b"] == "fp fusion off"
@@ -308,10 +340,14 @@ def test_a_call_on_byte_identical_ir_is_listed_apart_in_every_report(tmp_path):
     assert data["summary"]["calls_on_identical_ir"] == [rows["builtin:mm"]["id"]]
     assert data["summary"]["identical_ir_spread"] is None  # 2 such rows say too little
     assert data["summary"]["verdicts"] == {stats.FASTER: 3, stats.SAME: 1}
+    # The identical-IR rows as the run's own A/A: 1 call of 2 is within what 3 calls at the FDR allow.
+    calibration = "rows whose IR is identical on both sides (the run's own A/A): 2, called FASTER/SLOWER: 1"
+    assert data["summary"]["calibration"] == calibration and not data["warnings"]
     (tmp_path / "out").mkdir()
     corpus.write(tmp_path / "out", data)
     line = f"{corpus.IDENTICAL_IR_NOTE}: 1 (builtin:mm fp16 64)"
     assert line in (tmp_path / "out" / "report.md").read_text()
+    assert calibration in (tmp_path / "out" / "report.md").read_text()
     assert html.escape(line) in (tmp_path / "out" / "report.html").read_text()
 
 
@@ -342,13 +378,20 @@ def test_the_spread_of_identical_ir_rows_is_the_runs_own_a_a(tmp_path):
     jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
     identical = [r["ratio"] for r in data["rows"] if r["ir"]["status"] == "identical"]
     assert len(identical) == 5
-    floor = stats.noise_floor(identical)
-    assert 0.05 < floor < 0.2
-    assert data["summary"]["identical_ir_spread"] == {"rows": 5, "floor": round(floor, 4)}
+    spread = stats.spread(identical)
+    assert 0.05 < spread < 0.2
+    assert data["summary"]["identical_ir_spread"] == {"rows": 5, "spread": round(spread, 4)}
+    # Their repeats are quiet, so 4 of the 5 are called: more than 5 calls at the FDR let be false. The
+    # report warns that its noise model is wrong here.
+    (warning,) = data["warnings"]
+    assert warning == data["summary"]["calibration"]
+    assert warning.startswith("rows whose IR is identical on both sides (the run's own A/A): 5, called "
+                              "FASTER/SLOWER: 4: more than the 0.05 FDR allows of 5 calls (at most 1)")
     (tmp_path / "out").mkdir()
     corpus.write(tmp_path / "out", data)
-    assert (f"rows whose IR is identical on both sides: 5; their B/A spread (3 sd) {floor:.1%}"
-            in (tmp_path / "out" / "report.md").read_text())
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert f"rows whose IR is identical on both sides: 5; their B/A spread (3 sd) {spread:.1%}" in md
+    assert md.count(warning) == 1  # said once, as a warning
 
 
 def test_a_row_b_computed_wrong_is_failed_with_b_s_error_in_every_report(tmp_path):
@@ -382,17 +425,31 @@ def test_an_ab_json_from_before_steps_said_usable_counts_exit_0_steps(tmp_path):
     assert row["flags"] == ["incomplete_b(2/3)"]
 
 
-def test_a_side_left_with_one_repeat_has_no_interval_and_every_report_is_written(tmp_path):
-    # An op a stop cut short: B's second replay failed, so B has a single latency and the ratio's
+def test_a_row_left_with_one_latency_a_side_has_no_interval_and_every_report_is_written(tmp_path):
+    # Two ops a stop cut short: B's second replay failed, so B has a single latency; mm's A has two,
+    # whose spread bounds the interval (both sides' spreads are pooled). add's second A replay
+    # computed its row wrong too: one latency a side, nothing says how much a repeat varies, the
     # interval is unbounded (0, inf). Neither bound is kept alone, and the pages still render.
-    items = [("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002], [0.98, 0.982], failed_b=(2,)))]
-    data = corpus.from_ab_dirs(items, {"a": "A", "b": "B"})
+    mm = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002], [0.98, 0.982], failed_b=(2,))
+    add = _ab_dir(tmp_path / "add", "add", [1.0, 1.002], [0.98, 0.982], failed_b=(2,))
+    state = json.loads((add / "ab.json").read_text())
+    results = Path(next(s["run_dir"] for s in state["steps"] if s["what"].endswith("repeat 2/2: A replays A"))) \
+        / "results.json"
+    failed = json.loads(results.read_text())
+    failed["rows"][0].update(status="FAILED", error="candidate disagrees with baseline")
+    results.write_text(json.dumps(failed))
+    data = corpus.from_ab_dirs([("builtin:mm", mm), ("builtin:add", add)], {"a": "A", "b": "B"})
     jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
-    (row,) = data["rows"]
-    assert (row["lo"], row["hi"]) == (None, None) and row["ratio"] == pytest.approx(0.98 / 1.001, rel=1e-3)
+    rows = {r["op_key"]: r for r in data["rows"]}
+    assert rows["builtin:mm"]["lo"] < rows["builtin:mm"]["ratio"] < rows["builtin:mm"]["hi"]
+    assert rows["builtin:mm"]["ratio"] == pytest.approx(0.98 / 1.001, rel=1e-3)
+    lone = rows["builtin:add"]
+    assert (lone["a"]["n"], lone["b"]["n"]) == (1, 1) and lone["basis"] == corpus.REPEATS
+    assert (lone["lo"], lone["hi"], lone["sd"]) == (None, None, None) and lone["verdict"] == stats.NOISY
+    assert lone["ratio"] == pytest.approx(0.98)
     files = corpus.write(tmp_path / "out", data)
     page = next(f for f in files if f.suffix == ".html").read_text()
-    assert "builtin:mm" in page
+    assert "builtin:mm" in page and "builtin:add" in page
 
 
 def test_an_op_that_moved_device_between_the_batches_is_named(batches):
@@ -408,7 +465,8 @@ def test_compare_of_two_batch_dirs_writes_the_corpus_report(batches, tmp_path, c
     code = cli.main(["ab", "--compare", str(batches[0]), str(batches[1]), "--out", str(tmp_path / "runs")])
     out = capsys.readouterr().out
     assert code == 1  # not every row made the headline, and one op was not compared
-    assert "ops: 3 of 4 compared; rows: 4 of 5 in the headline; verdicts: FASTER 1, SAME 2, SLOWER 1" in out
+    assert "ops: 3 of 4 compared; rows: 4 of 5 in the headline; verdicts: FASTER 1, NOISY 1, SAME 1, SLOWER 1" in out
+    assert "FASTER/SLOWER calls: 2, at a false discovery rate of 0.05 (Benjamini-Hochberg" in out
     assert "overall geomean B/A: " in out and "over 3 ops" in out and "ops not compared: builtin:add" in out
     (report_dir,) = (tmp_path / "runs").iterdir()
     assert report_dir.name.startswith("corpus_") and f"report: {report_dir / 'report.json'}" in out
@@ -482,41 +540,52 @@ BIMODAL_OPS = [(f"op{i}", [0.0026, 0.0024], [0.0024, 0.0026]) for i in range(8)]
 LUCKY_OP = ("lucky", [0.00260, 0.00259], [0.00242, 0.00241])
 
 
-def test_a_corpus_judges_each_row_by_the_spread_of_its_latency_neighbours(tmp_path):
+# The lucky row's own per-repeat sd (both sides pooled): about 0.3%, against its neighbours' 5.7%.
+LUCKY_SD = stats.residual(LUCKY_OP[1], LUCKY_OP[2])[0] ** 0.5
+
+
+def test_a_corpus_judges_each_row_with_the_prior_of_its_latency_neighbours(tmp_path):
     def dirs(ops):
         return [(f"builtin:{op}", _ab_dir(tmp_path / op, op, a, b)) for op, a, b in ops]
 
     lucky = dirs([LUCKY_OP])
-    assert corpus.from_ab_dirs(lucky, {})["rows"][0]["verdict"] == stats.FASTER  # its own repeats agree: a call
+    alone = corpus.from_ab_dirs(lucky, {})["rows"][0]
+    assert alone["verdict"] == stats.FASTER and alone["sd"] == pytest.approx(LUCKY_SD)  # its repeats agree: a call
     data = corpus.from_ab_dirs(lucky + dirs([*BIMODAL_OPS, ("mm", [1.0, 1.001], [3.0, 3.003])]), {})
     jsonschema.validate(json.loads(json.dumps(data)), SCHEMA)
     rows = {r["op_key"]: r for r in data["rows"]}
-    assert rows["builtin:lucky"]["verdict"] == stats.NOISY and rows["builtin:lucky"]["floor"] > 0.08
-    # The 1 ms row has no neighbour within 2x: its floor is its own, its 3x change still called.
-    assert rows["builtin:mm"]["verdict"] == stats.SLOWER and rows["builtin:mm"]["floor"] < 0.01
+    assert rows["builtin:lucky"]["verdict"] == stats.NOISY and rows["builtin:lucky"]["sd"] > 5 * LUCKY_SD
+    assert rows["builtin:mm"]["verdict"] == stats.SLOWER and rows["builtin:mm"]["q"] <= stats.FDR  # 3x: still called
     assert stats.FASTER not in data["summary"]["verdicts"]
 
 
-def test_a_single_op_ab_judges_its_rows_by_their_neighbours_spread_too(tmp_path):
+def test_a_single_op_ab_judges_its_rows_with_their_neighbours_prior_too(tmp_path):
     # One op, nine shapes of about 2.5 us: the eight bimodal ones and the lucky one, as above.
-    shapes = [*BIMODAL_OPS, LUCKY_OP]
+    def report(name, shapes):
+        def runs(side):
+            col = 1 if side == "A" else 2
+            return [_run(tmp_path / name / f"{side}{i}", [_row("add", "fp16", (n,), s[col][i])
+                                                          for n, s in enumerate(shapes)]) for i in range(2)]
 
-    def runs(side):
-        col = 1 if side == "A" else 2
-        return [_run(tmp_path / f"{side}{i}", [_row("add", "fp16", (n,), s[col][i]) for n, s in enumerate(shapes)])
-                for i in range(2)]
+        out = tmp_path / name / "report"
+        out.mkdir(parents=True)
+        ab.report(out, [(runs("A"), runs("B"))], {"name": "t"}, [], {"cuda"}, expected=2)
+        with open(out / "report.csv", newline="") as f:
+            lucky_csv = next(r for r in csv.DictReader(f) if r["shape"] == str(len(shapes) - 1))
+        lucky_json = json.loads((out / "report.json").read_text())["rows"][len(shapes) - 1]
+        assert lucky_json["shape"] == [len(shapes) - 1]
+        return lucky_csv, lucky_json["comparison"]
 
-    out = tmp_path / "report"
-    out.mkdir()
-    ab.report(out, [(runs("A"), runs("B"))], {"name": "t"}, [], {"cuda"}, expected=2)
-    with open(out / "report.csv", newline="") as f:
-        lucky = next(r for r in csv.DictReader(f) if r["shape"] == str(len(BIMODAL_OPS)))
-    assert lucky["verdict"] == stats.NOISY and float(lucky["noise_floor"]) > 0.08
+    alone_csv, alone = report("alone", [LUCKY_OP])
+    assert alone_csv["verdict"] == stats.FASTER and alone["sd"] == pytest.approx(LUCKY_SD)
+    lucky_csv, lucky = report("among", [*BIMODAL_OPS, LUCKY_OP])
+    assert lucky_csv["verdict"] == lucky["verdict"] == stats.NOISY and lucky["sd"] > 5 * LUCKY_SD
+    assert float(lucky_csv["margin"]) == stats.MARGIN and float(lucky_csv["q"]) == pytest.approx(lucky["q"])
 
 
 def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
     # The ops' own reports judged each op's rows alone; the closing line counts the corpus report's
-    # verdicts (the floor pooled over all rows), for the ops that passed.
+    # verdicts (judged over all rows), for the ops that passed.
     from harness.sessions import batch, corpus_ab
 
     ops = [*BIMODAL_OPS, LUCKY_OP, ("broken", [1.0, 1.001], [0.5, 0.501])]
