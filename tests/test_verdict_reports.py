@@ -131,3 +131,16 @@ def test_a_plans_fdr_is_read_and_checked(tmp_path):
     with pytest.raises(UsageError, match="--fdr 1.5"):
         ab.checked_fdr(1.5)
     assert math.isclose(stats.FDR, 0.05)
+
+
+def test_the_power_table_uses_the_threshold_a_further_call_would_have_needed():
+    a = [0.1, 0.1001, 0.0999, 0.1]
+    rows = [_row(i, a, [x * (1.05 if i < 2 else 1.0) for x in a]) for i in range(10)]
+    compare.judge(rows)
+    assert sum(r.verdict == stats.SLOWER for r in rows) == 2
+    # BH's next step: fdr * (calls + 1) / rows judged.
+    assert compare.call_threshold(rows, 0.05) == pytest.approx(0.05 * 3 / 10)
+    band = compare.resolution(rows, 0.05)[0]
+    smallest = [stats.detectable(r.comparison, 0.015) for r in rows]
+    assert band["detectable"] == pytest.approx(float(np.median(smallest)))
+    assert compare.call_threshold([], 0.05) == 0.05
