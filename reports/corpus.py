@@ -39,7 +39,7 @@ from harness.core.errors import UsageError
 from reports import corpus_html, stats, table
 from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
 
-# 2: rows carry margin, q, sd and dof (format 1: floor); the summary fdr, resolution, calibration.
+# 2: rows carry margin, q and sd (format 1: floor); the summary fdr, resolution, calibration.
 REPORT_FORMAT = 2
 # A FASTER or SLOWER row whose launched kernels have byte-identical IR on both sides at every hashed stage
 # (ir_index.HASHED_STAGES): unless the change lies below the IR (the assembler, the launch path), the

@@ -51,7 +51,7 @@ def _verdict(verdict: str) -> str:
 
 
 def _ratio(value, performance: bool, verdict: str = "") -> str:
-    """The ratio, coloured only where its verdict called a change (a 0.98 within the floor is no win)."""
+    """The ratio, coloured only where its verdict called a change (a 0.98 the data cannot tell from 1 is no win)."""
     if value is None or not performance:
         return _e(_num(value, performance))
     cls = {stats.SLOWER: ' class="slower"', stats.FASTER: ' class="faster"'}.get(verdict, "")

@@ -15,7 +15,7 @@ The interval is then compared with a fixed practical margin, never with a second
 
     FASTER  the 95% interval lies below 1 - MARGIN, and the call survives the report's FDR
     SLOWER  the 95% interval lies above 1 + MARGIN, and the call survives the report's FDR
-    SAME    the 95% interval lies within [1 - SAME_MARGIN, 1 + SAME_MARGIN]
+    SAME    the 95% interval lies within [1 - SAME_MARGIN, 1 + SAME_MARGIN] (or the margin, if wider)
     NOISY   anything else: the data cannot tell
     n/a     the backend's timings are not performance numbers (the interpreter): nothing to call
 
@@ -136,7 +136,9 @@ class PriorModel:
 
     def __init__(self, variances, dofs, latencies):
         s2, d, lat = (np.asarray(x, dtype=float) for x in (variances, dofs, latencies))
-        usable = d > 0
+        # Repeats equal to the timer's last digit measure no spread (the variance floor): in the fit their
+        # log variance, far below every real one, would collapse the prior's degrees of freedom.
+        usable = (d > 0) & (s2 > MIN_VARIANCE)
         self.rows, self.outliers = int(usable.sum()), 0
         if self.rows < MIN_PRIOR_ROWS:
             return
@@ -230,7 +232,10 @@ def verdict(lo: float, hi: float, margin: float = MARGIN, called: bool = True) -
         return FASTER
     if called and lo > 1.0 + margin:
         return SLOWER
-    if lo >= 1.0 - SAME_MARGIN and hi <= 1.0 + SAME_MARGIN:
+    # SAME claims no change beyond SAME_MARGIN, or beyond the margin where that is wider: a row judged
+    # with a 3% margin (one run a side) cannot tell 1% from nothing.
+    same = max(SAME_MARGIN, margin)
+    if lo >= 1.0 - same and hi <= 1.0 + same:
         return SAME
     return NOISY
 

@@ -213,3 +213,20 @@ def test_a_sides_latency_is_the_geometric_mean_and_the_ratio_divides_the_two():
     assert stats.center([3]) == pytest.approx(3.0)
     a, b = [7.0, 7.5, 7.4], [7.2, 7.1, 7.3]  # medians and means could point other ways than the ratio
     assert stats.compare(a, b).ratio == pytest.approx(stats.center(b) / stats.center(a))
+
+
+def test_rows_at_the_variance_floor_take_no_part_in_the_prior():
+    # Repeats equal to the timer's last digit: their log variance, far below every real one, must not
+    # collapse the prior (found by a review: two such rows took the prior's dof from 15 to 0.6).
+    rng = np.random.default_rng(1)
+    s2 = list(0.003 ** 2 * rng.chisquare(4, 30) / 4)
+    with_floor = stats.PriorModel([*s2, stats.MIN_VARIANCE, stats.MIN_VARIANCE], [4] * 32, [0.1] * 32).at(0.1)
+    assert with_floor == stats.PriorModel(s2, [4] * 30, [0.1] * 30).at(0.1)
+    a, b = [0.1] * 3, [0.1] * 3
+    assert stats.compare(a, b, with_floor).sd == pytest.approx(math.sqrt(with_floor.variance))
+
+
+def test_a_margin_wider_than_the_same_margin_widens_same_too():
+    assert stats.verdict(0.985, 1.015, margin=0.03) == stats.SAME
+    assert stats.verdict(0.985, 1.015) == stats.NOISY
+    assert stats.verdict(0.98, 1.031, margin=0.03) == stats.NOISY

@@ -152,7 +152,7 @@ def load_plan(path: Path) -> Plan:
         raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
     repeats = data.get("repeats", 3)
     if not isinstance(repeats, int) or repeats < 2:
-        raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (A's own spread is the noise floor)")
+        raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)")
     fdr = data.get("fdr", stats.FDR)
     if not valid_fdr(fdr):
         raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {fdr!r}")
@@ -454,7 +454,7 @@ def resolve_plan(args) -> Plan:
         plan.ops = args.ops
     if args.repeats is not None:
         if args.repeats < 2:
-            raise UsageError("--repeats must be >= 2: A's own spread is the noise floor")
+            raise UsageError("--repeats must be >= 2: a row's spread between repeats is its noise")
         plan.repeats = args.repeats
     if args.fdr is not None:
         plan.fdr = checked_fdr(args.fdr)
