@@ -9,7 +9,6 @@ field one side could not read shows that side as `not available`.
 
 from __future__ import annotations
 
-import collections
 from pathlib import Path
 
 from harness.core import ir_index
@@ -37,9 +36,17 @@ def change_text(change: dict) -> str:
     return f"{field} {value_text(field, change['a'])} -> {value_text(field, change['b'])}"
 
 
+# What a compiler engineer reads first: the matrix units and the memory path, then the resources that
+# bound occupancy; every other field follows in the record's own order.
+LEADING = ("wgmma", "mma.sync", "tcgen05.mma", "mfma", "wmma", "mma layout", "dot ops", "global load widths",
+           "global store widths", "TMA", "cp.async", "pipeline buffers", "regs", "spill bytes", "spilled regs",
+           "smem", "occupancy")
+
+
 def delta(a: dict, b: dict) -> list[dict]:
-    """The fields whose values differ between two variants' records, in A's field order."""
+    """The fields whose values differ between two variants' records, LEADING fields first."""
     fields = list(dict.fromkeys([*a, *b]))
+    fields.sort(key=lambda f: LEADING.index(f) if f in LEADING else len(LEADING))
     out = []
     for f in fields:
         va, vb = a.get(f, NOT_AVAILABLE), b.get(f, NOT_AVAILABLE)
@@ -126,25 +133,36 @@ def cell(what_changed: dict | None) -> str:
 
 # --- across a corpus -------------------------------------------------------------------------------
 def groups(rows: list[dict]) -> list[dict]:
-    """The changes shared by several FASTER/SLOWER rows: per verdict and change, the rows that have it
-    (in any of their launched variants), most rows first; only changes that 2 or more rows share."""
-    by: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    """The changes shared by several FASTER/SLOWER rows of one verdict (in any of their launched
+    variants): rows sharing the same changes form one group, listing those changes; most rows first,
+    and only groups of 2 or more rows."""
+    by_change: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r["verdict"] not in CALLS or not r.get("what_changed"):
             continue
-        texts = {change_text(c) for e in r["what_changed"]["variants"] for c in e["changes"]}
+        texts = dict.fromkeys(change_text(c) for e in r["what_changed"]["variants"] for c in e["changes"])
         for t in texts:
-            by[(r["verdict"], t)].append(r["id"])
-    shared = [{"verdict": v, "change": t, "rows": len(ids), "ids": ids} for (v, t), ids in by.items() if len(ids) > 1]
-    shared.sort(key=lambda g: (-g["rows"], g["verdict"], g["change"]))
+            by_change.setdefault((r["verdict"], t), []).append(r["id"])
+    by_rows: dict[tuple[str, tuple], list[str]] = {}
+    for (verdict, text), ids in by_change.items():
+        if len(ids) > 1:
+            by_rows.setdefault((verdict, tuple(sorted(ids))), []).append(text)
+    shared = [{"verdict": v, "changes": changes, "rows": len(ids), "ids": list(ids)}
+              for (v, ids), changes in by_rows.items()]
+    shared.sort(key=lambda g: (-g["rows"], g["verdict"], g["changes"]))
     return shared
 
 
 def group_lines(shared: list[dict]) -> list[str]:
-    """`18 SLOWER rows share: global load widths 128 bits -> 32 bits`, the first MAX_GROUPS groups."""
-    lines = [f"{g['rows']} {g['verdict']} rows share: {g['change']}" for g in shared[:MAX_GROUPS]]
+    """`18 SLOWER rows share: global load widths 128 bits -> 32 bits; ...`, the first MAX_GROUPS groups."""
+    lines = []
+    for g in shared[:MAX_GROUPS]:
+        more = len(g["changes"]) - MAX_CELL_CHANGES
+        changes = "; ".join(g["changes"][:MAX_CELL_CHANGES]) + (f"; (+{more} more)" if more > 0 else "")
+        lines.append(f"{g['rows']} {g['verdict']} rows share: {changes}")
     if len(shared) > MAX_GROUPS:
-        lines.append(f"(+{len(shared) - MAX_GROUPS} more shared changes in report.json summary.change_groups)")
+        lines.append(f"(+{len(shared) - MAX_GROUPS} more groups of shared changes: report.json "
+                     "summary.change_groups)")
     return lines
 
 

@@ -93,7 +93,8 @@ _SASS = {
     "barriers": lambda op: op.split(".")[0] in ("BAR", "SYNCS", "MEMBAR", "WARPSYNC"),
     "branches": lambda op: op.split(".")[0] in ("BRA", "BRX", "JMP", "JMX"),
     "fp32 arith": lambda op: op.split(".")[0] in ("FFMA", "FADD", "FMUL", "FMNMX", "FFMA2", "FADD2", "FMUL2"),
-    "fp16 arith": lambda op: op.split(".")[0] in ("HFMA2", "HADD2", "HMUL2", "HMNMX2"),
+    # HFMA2.MMA is ptxas's idiom for moving a constant into a register, not arithmetic.
+    "fp16 arith": lambda op: op.split(".")[0] in ("HFMA2", "HADD2", "HMUL2", "HMNMX2") and ".MMA" not in op,
 }
 _PTX = {
     "wgmma": lambda op: op.startswith("wgmma.mma_async"),
