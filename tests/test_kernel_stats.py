@@ -107,6 +107,16 @@ def test_without_the_disassemblers_counts_come_from_ptx_and_resources_say_not_av
     assert misaligned["global load widths"] == "32"
 
 
+def test_ptx_and_sass_agree_on_the_matrix_instructions(sm90, sm90_mma_v2, tools, tmp_path):
+    """Each wgmma.mma_async is one HGMMA, each mma.sync.m16n8k16 one HMMA.16816: the PTX fallback counts
+    the same matrix instructions as the disassembly."""
+    no_tools = kernel_stats.find_tools(dirs=[tmp_path], use_path=False)
+    for kernels in (sm90, sm90_mma_v2):
+        sass, ptx = stats(kernels, "dot", tools), stats(kernels, "dot", no_tools)
+        assert (ptx["wgmma"], ptx["mma.sync"]) == (sass["wgmma"], sass["mma.sync"])
+        assert ptx["global stores 128-bit"] == sass["global stores 128-bit"] > 0
+
+
 def test_the_driver_s_counts_fill_registers_and_spills_where_the_kernel_was_loaded(sm90, tmp_path):
     no_tools = kernel_stats.find_tools(dirs=[tmp_path], use_path=False)
     s = kernel_stats.extract(*sm90["dot"], no_tools, H200, loaded={"n_regs": 168, "n_spills": 3})
