@@ -135,12 +135,15 @@ def _what_changed(row: PairedRow, what_changed: dict) -> dict | None:
 def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict, fmt: str = "simple",
            note: str | None = None, what_changed: dict | None = None) -> str:
     """`what_changed`: (op, dtype, shape) -> the row's what-changed record (reports.explain), for the
-    rows that have one; with any, the table gets a `what changed` column and the shared changes follow."""
+    rows that have one; where any names a variant, the table gets a `what changed` column and the shared
+    changes follow."""
     cells = [_cells(r, note is None) for r in rows]
     headers = HEADERS
-    if what_changed:
-        cells = [c + [explain.cell(_what_changed(r, what_changed))] for c, r in zip(cells, rows, strict=True)]
-        headers = [*HEADERS, "what changed"]
+    if any(record["variants"] for record in (what_changed or {}).values()):
+        # Before the flags, which stay last.
+        cells = [c[:-1] + [explain.cell(_what_changed(r, what_changed)), c[-1]]
+                 for c, r in zip(cells, rows, strict=True)]
+        headers = [*HEADERS[:-1], "what changed", HEADERS[-1]]
     out = tabulate(cells, headers=headers, tablefmt=fmt, disable_numparse=True)
     kernels = kernels_table(rows, fmt)
     shared = explain.group_lines(explain.groups(

@@ -158,7 +158,7 @@ def test_a_single_op_ab_report_has_a_what_changed_column_and_json_field(records,
               expected=3)
     md = (out / "report.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| op"))
-    assert header.rstrip(" |").endswith("what changed")
+    assert [h.strip() for h in header.strip("| ").split("|")][-2:] == ["what changed", "flags"]
     assert f"wgmma {records['dot']['wgmma']} -> 0" in md
     row = json.loads((out / "report.json").read_text())["rows"][0]
     assert by_field(row["what_changed"]["variants"][0]["changes"])["mma.sync"] == (0, records["dot_v2"]["mma.sync"])
@@ -177,3 +177,15 @@ def test_rows_group_by_the_changes_they_share_within_a_verdict():
     assert explain.group_lines(explain.groups(rows)) == [
         "3 SLOWER rows share: global load widths 128 bits -> 32 bits", "2 SLOWER rows share: regs 10 -> 30"]
     assert explain.groups(rows[:1] + rows[3:]) == []  # nothing 2 rows of one verdict share
+
+
+def test_a_single_op_ab_without_ir_has_no_what_changed_column(tmp_path, capsys):
+    def runs(side, ms):
+        return [_run(tmp_path / f"{side}{i}", [_row("mm", "fp16", (64,), ms * (1 + i / 1000))]) for i in range(3)]
+
+    out = tmp_path / "report"
+    out.mkdir()
+    ab.report(out, [(runs("A", 1.0), runs("B", 1.9))], {"name": "t"}, [], {"cuda"}, expected=3)
+    assert "what changed" not in (out / "report.md").read_text()
+    row = json.loads((out / "report.json").read_text())["rows"][0]
+    assert row["comparison"]["verdict"] == stats.SLOWER and row["what_changed"]["text"].startswith("not available")
