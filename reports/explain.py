@@ -96,10 +96,10 @@ def variant_changes(sides: tuple[dict, dict], stats: tuple[dict | None, dict | N
     return {"variants": entries, "text": text}
 
 
-def annotate(rows: list[dict], run_a: Path | None, run_b: Path | None, indexes: tuple, every_row: bool = False) -> None:
-    """Add `what_changed` to the corpus report's rows of one operator: for its FASTER/SLOWER rows (every
-    row with `every_row`); None on the others."""
-    wanted = {id(r) for r in rows if every_row or r["verdict"] in CALLS}
+def annotate(rows: list[dict], run_a: Path | None, run_b: Path | None, indexes: tuple) -> None:
+    """Add `what_changed` to the corpus report's rows of one operator: for its FASTER/SLOWER rows; None
+    on the others (for any row, on demand: compare-ir of its two run dirs)."""
+    wanted = {id(r) for r in rows if r["verdict"] in CALLS}
     stats = tuple(ir_index.read_stats(d) if d else None for d in (run_a, run_b)) if wanted else (None, None)
     for r in rows:
         r["what_changed"] = None
@@ -111,12 +111,12 @@ def annotate(rows: list[dict], run_a: Path | None, run_b: Path | None, indexes: 
                 r["what_changed"] = variant_changes(sides, stats)
 
 
-def for_runs(run_a: Path, run_b: Path, rows, every_row: bool = False) -> dict[tuple, dict]:
-    """(op, dtype, shape) -> what-changed record, for the paired rows (reports.compare.PairedRow) of
-    one op whose sides ran in run_a and run_b (a single-op A/B): its FASTER/SLOWER rows, or every row."""
+def for_runs(run_a: Path, run_b: Path, rows) -> dict[tuple, dict]:
+    """(op, dtype, shape) -> what-changed record, for the FASTER/SLOWER ones of the paired rows
+    (reports.compare.PairedRow) of one op whose sides ran in run_a and run_b (a single-op A/B)."""
     indexes = (ir_index.launched(run_a), ir_index.launched(run_b))
     dicts = [{"verdict": r.verdict, "dtype": r.dtype, "shape": list(r.shape), "op": r.op} for r in rows]
-    annotate(dicts, run_a, run_b, indexes, every_row)
+    annotate(dicts, run_a, run_b, indexes)
     return {(d["op"], d["dtype"], tuple(d["shape"])): d["what_changed"] for d in dicts if d["what_changed"]}
 
 

@@ -119,6 +119,18 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     assert collector.unreadable == 1
 
 
+def test_statistics_that_cannot_be_read_are_said_and_the_ir_is_still_written(hopper_kernels, tmp_path):
+    collector = ir.IRCollector(tmp_path, limits={"regs_per_sm": 65536})  # a device limit missing
+    hopper_kernels[0].function = 3000
+    collector.shape = "64"
+    launch(collector, 3000)
+    collector.write()
+    [record] = ir_index.read_stats(tmp_path).values()
+    if collector.tools["cuobjdump"]:  # registers known: the occupancy bound reads every limit
+        assert record == {"stats error": "KeyError: 'threads_per_sm'"}
+    assert len(ir_index.launched(tmp_path)) == 1
+
+
 def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_path):
     def run(name, launched, tamper=None):
         collector = ir.IRCollector(tmp_path / name)

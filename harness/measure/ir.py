@@ -258,7 +258,11 @@ class IRCollector:
             meta = obj.metadata._asdict() if hasattr(obj.metadata, "_asdict") else dict(obj.metadata)
             # The driver's own counts, set once the kernel was loaded (it was: it launched).
             loaded = {k: getattr(obj, k, None) for k in ("n_regs", "n_spills")}
-            self.stats[h] = kernel_stats.extract(obj.asm, meta, self.tools, self.limits, loaded)
+            try:
+                self.stats[h] = kernel_stats.extract(obj.asm, meta, self.tools, self.limits, loaded)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError, UnicodeDecodeError) as exc:
+                # An artifact the parsers did not expect must not cost the run its IR: said in the record.
+                self.stats[h] = {"stats error": f"{type(exc).__name__}: {exc}"}
         return self.stats[h]
 
     @staticmethod
