@@ -117,6 +117,14 @@ def test_ptx_and_sass_agree_on_the_matrix_instructions(sm90, sm90_mma_v2, tools,
         assert ptx["global stores 128-bit"] == sass["global stores 128-bit"] > 0
 
 
+def test_nvdisasm_alone_gives_the_same_sass_counts_and_no_registers(sm90, tools):
+    if not tools["nvdisasm"]:
+        pytest.skip("this Triton ships no nvdisasm")
+    both, alone = stats(sm90, "dot", tools), stats(sm90, "dot", {"cuobjdump": None, "nvdisasm": tools["nvdisasm"]})
+    assert alone["instructions from"] == "sass" and alone["regs"] == NOT_AVAILABLE  # no resource usage from it
+    assert {k: alone[k] for k in kernel_stats.CLASSES} == {k: both[k] for k in kernel_stats.CLASSES}
+
+
 def test_the_driver_s_counts_fill_registers_and_spills_where_the_kernel_was_loaded(sm90, tmp_path):
     no_tools = kernel_stats.find_tools(dirs=[tmp_path], use_path=False)
     s = kernel_stats.extract(*sm90["dot"], no_tools, H200, loaded={"n_regs": 168, "n_spills": 3})
