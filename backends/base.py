@@ -103,6 +103,10 @@ class Backend:
     # Opens the device monitor of the child's one visible device (backends.monitor): clocks,
     # temperature, power, throttle reasons; None where the backend has none (the interpreter).
     monitor: Callable[[], Monitor] | None = None
+    # The device's per-SM limits that bound a kernel's occupancy (regs_per_sm, threads_per_sm,
+    # smem_per_sm), read in the child; None where the device reports none, or where the compiler
+    # states the occupancy itself (AMDGCN's `; Occupancy:`).
+    occupancy_limits: Callable[[], dict | None] | None = None
 
     @property
     def default_timer(self) -> str:

@@ -21,6 +21,17 @@ def l2_cache_bytes() -> int:
     return int(torch.cuda.get_device_properties(0).L2_cache_size)
 
 
+def occupancy_limits() -> dict | None:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    limits = {"regs_per_sm": getattr(props, "regs_per_multiprocessor", None),
+              "threads_per_sm": getattr(props, "max_threads_per_multi_processor", None),
+              "smem_per_sm": getattr(props, "shared_memory_per_multiprocessor", None)}
+    # An older torch that lacks one: no bound rather than a bound that leaves a limit out.
+    return limits if all(limits.values()) else None
+
+
 BACKEND = Backend(
     ray_resource="GPU",
     flaggems_vendor="nvidia",
@@ -53,6 +64,7 @@ BACKEND = Backend(
     monitor=monitor_nvml.open_monitor,
     torch_build=lambda torch: torch.version.hip is None,
     l2_cache_bytes=l2_cache_bytes,
+    occupancy_limits=occupancy_limits,
     # Kineto over CUPTI: kernels, memcpy and memset activities, each with device timestamps.
     profiler_activity="CUDA",
 )

@@ -254,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return inventory_regen.regen_from_args(args)
         from harness.measure import ir
+        from reports import explain
 
-        return ir.compare_from_args(args.run_a, args.run_b)
+        code = ir.compare_from_args(args.run_a, args.run_b)
+        for line in explain.compare_ir_lines(args.run_a, args.run_b):
+            print(line)
+        return code
     except UsageError as exc:  # its exit code: 2, or one of its own (DtypeRejected: 65)
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

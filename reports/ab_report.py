@@ -20,7 +20,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from harness.core import rundir
-from reports import stats, table
+from reports import explain, stats, table
 from reports.compare import PairedRow, Summary
 
 # 2: a row's comparison carries margin, sd, dof, p and q (format 1: a noise floor); the summary fdr
@@ -131,19 +131,38 @@ def headline(summary: Summary, warnings: list[str], context: dict, note: str | N
     return lines
 
 
+def _what_changed(row: PairedRow, what_changed: dict) -> dict | None:
+    return what_changed.get((row.op, row.dtype, tuple(row.shape)))
+
+
 def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict, fmt: str = "simple",
-           note: str | None = None) -> str:
-    out = tabulate([_cells(r, note is None) for r in rows], headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+           note: str | None = None, what_changed: dict | None = None) -> str:
+    """`what_changed`: (op, dtype, shape) -> the row's what-changed record (reports.explain), for the
+    rows that have one; where any names a variant, the table gets a `what changed` column and the shared
+    changes follow."""
+    cells = [_cells(r, note is None) for r in rows]
+    headers = HEADERS
+    if any(record["variants"] for record in (what_changed or {}).values()):
+        # Before the flags, which stay last.
+        cells = [c[:-1] + [explain.cell(_what_changed(r, what_changed)), c[-1]]
+                 for c, r in zip(cells, rows, strict=True)]
+        headers = [*HEADERS[:-1], "what changed", HEADERS[-1]]
+    out = tabulate(cells, headers=headers, tablefmt=fmt, disable_numparse=True)
     kernels = kernels_table(rows, fmt)
+    shared = explain.group_lines(explain.groups(
+        [{"id": r.label, "verdict": r.verdict, "what_changed": _what_changed(r, what_changed)} for r in rows]
+    )) if what_changed else []
     return ("\n".join(headline(summary, warnings, context, note, rows)) + "\n\n" + out + "\n"
-            + (f"\n{kernels}\n" if kernels else ""))
+            + (f"\n{kernels}\n" if kernels else "") + ("\n" + "\n".join(shared) + "\n" if shared else ""))
 
 
 def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list[str], context: dict,
-          note: str | None = None) -> list[Path]:
+          note: str | None = None, what_changed: dict | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    what_changed = what_changed or {}
     md = out_dir / "report.md"
-    rundir.atomic_write_text(md, "# A/B report\n\n" + render(rows, summary, warnings, context, "github", note))
+    rundir.atomic_write_text(md, "# A/B report\n\n" + render(rows, summary, warnings, context, "github", note,
+                                                               what_changed))
     csv_path = out_dir / "report.csv"
     with open(csv_path, "w", newline="") as f:
         if note:
@@ -166,7 +185,7 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                   "a_control_ms": r.a_control_ms, "b_control_ms": r.b_control_ms, "timers": sorted(r.timers),
                   "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
                   "config_differs": r.config_differs, "throttled": r.throttled, "kernels": r.kernels,
-                  "errors": r.errors,
+                  "errors": r.errors, "what_changed": _what_changed(r, what_changed),
                   "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
     return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context, note)]
 

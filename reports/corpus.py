@@ -36,7 +36,7 @@ from tabulate import tabulate
 import backends
 from harness.core import ir_index, rundir
 from harness.core.errors import UsageError
-from reports import corpus_html, stats, table
+from reports import corpus_html, explain, stats, table
 from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
 
 # 2: rows carry margin, q and sd (format 1: floor); the summary fdr, resolution, calibration.
@@ -117,12 +117,7 @@ def row_ir(indexes: tuple, run_a: Path | None, run_b: Path | None, dtype: str, s
     `changed`, with an entry (and TTGIR diff) per variant that is not identical."""
     if run_a is None or run_b is None or indexes[0] is None or indexes[1] is None:
         return {"status": "not_collected", "identical": 0, "variants": []}
-    label = "x".join(map(str, shape))
-    sides = [{k: r for k, r in index.items() if k[0] == label} for index in indexes]
-    # A shape's dir holds every dtype's kernels: keep the row's own where the signatures tell them apart.
-    own = [{k: r for k, r in side.items() if k[2] == dtype} for side in sides]
-    if any(own):
-        sides = own
+    sides = ir_index.row_variants(indexes, dtype, shape)
     keys = sorted(sides[0].keys() | sides[1].keys())
     if not keys:
         return {"status": "none_launched", "identical": 0, "variants": []}
@@ -200,6 +195,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
         indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))
         basis = SINGLE_RUN if op.single else REPEATS
         op_rows = [_row_dict(op, r, basis, indexes) for r in op.rows]
+        explain.annotate(op_rows, op.run_a, op.run_b, indexes)
         rows += op_rows
         all_paired += op.rows
         per_op.append((op, op_rows))
@@ -246,7 +242,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
                     "ir_not_collected_rows": sum(r["ir"]["status"] == "not_collected" for r in rows),
                     "calls_on_identical_ir": [r["id"] for r in rows
                                               if _call_on_identical_ir(r["verdict"], r["ir"]["status"])],
-                    "identical_ir_spread": _identical_ir_spread(head),
+                    "identical_ir_spread": _identical_ir_spread(head), "change_groups": explain.groups(rows),
                     "calls": summary.calls, "fdr_line": summary.fdr_line(),
                     "resolution": summary.resolution, "resolution_lines": summary.resolution_lines(),
                     "calibration": checked[0] if checked else None},
@@ -408,6 +404,7 @@ def headline(data: dict) -> list[str]:
                      f"{spread['spread']:.1%}: what the same code shows between processes here, at these repeats")
     if s["calls_on_identical_ir"]:
         lines.append(identical_ir_line([r.replace("|", " ") for r in s["calls_on_identical_ir"]]))
+    lines += explain.group_lines(s["change_groups"])
     lines.append(f"overall geomean B/A: {fmt_gm(s['overall'], performance)}")
     lines.append(f"control (torch baseline) geomean B/A: {fmt_gm(s['control'], performance)} -- should be ~1: "
                  "it does not depend on the compiler under test")
@@ -432,6 +429,12 @@ def markdown(data: dict) -> str:
     parts = ["# Corpus A/B report", "", *headline(data), "", "## Operators (worst B/A first)", "",
              tabulate(ops, headers=["op", "rows in headline", "geomean B/A", "verdicts", "worst B/A", "IR changed",
                                     "flagged", "control B/A"], tablefmt="github", disable_numparse=True)]
+    calls = [[r["op_key"], r["dtype"], _shape(r), r["verdict"], _cell(r["ratio"], performance),
+              explain.cell(r["what_changed"])] for r in data["rows"] if r["what_changed"]]
+    if calls:
+        parts += ["", "## FASTER and SLOWER rows: what changed in their compiled code", "",
+                  tabulate(calls, headers=["op", "dtype", "shape", "verdict", "B/A", "what changed"],
+                           tablefmt="github", disable_numparse=True)]
     if flagged:
         parts += ["", "## Flagged and excluded rows", "",
                   tabulate(flagged, headers=["op", "dtype", "shape", "verdict", "flags"], tablefmt="github")]

@@ -16,7 +16,7 @@ import math
 import urllib.parse
 from pathlib import Path
 
-from reports import stats
+from reports import explain, stats
 
 VERDICT_COLORS = {stats.SLOWER: "#c62828", stats.FASTER: "#2e7d32", stats.SAME: "#757575", stats.NOISY: "#ef6c00",
                   stats.NOT_APPLICABLE: "#757575", "UNPAIRED": "#6a1b9a", "FAILED": "#b71c1c"}
@@ -117,6 +117,20 @@ def _ir_detail(ir: dict) -> str:
     return "".join(parts)
 
 
+def _what_changed(what: dict | None) -> str:
+    """The statistics of the row's launched variants that B changed (reports.explain), one table row per
+    field: shown above the IR diff, so the named facts come before the ~100 lines they hide in."""
+    if not what:
+        return ""
+    cells = [(f"{v['kernel']} / {v['variant']}", c["field"], explain.value_text(c["field"], c["a"]),
+              explain.value_text(c["field"], c["b"])) for v in what["variants"] for c in v["changes"]]
+    if not cells:
+        return f"<p>what changed: {_e(what['text'])}</p>"
+    body = "".join(f"<tr><td>{_e(v)}</td><td>{_e(f)}</td><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for v, f, a, b in cells)
+    return ('<table class="what-changed"><thead><tr><th>variant</th><th>what changed</th><th>A</th><th>B</th></tr>'
+            f"</thead><tbody>{body}</tbody></table>")
+
+
 def _side(summary: dict, repeats, performance: bool) -> str:
     if not summary["n"]:
         return "none"
@@ -151,6 +165,7 @@ def _detail(r: dict, performance: bool, basis_note: str) -> str:
     if r["config_differs"]:
         parts.append("<pre>" + _e("A: " + json.dumps(r["configs_a"], indent=1) + "\nB: "
                                    + json.dumps(r["configs_b"], indent=1)) + "</pre>")
+    parts.append(_what_changed(r.get("what_changed")))
     parts.append(_ir_detail(r["ir"]))
     return "".join(parts)
 

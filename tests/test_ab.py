@@ -182,8 +182,10 @@ def test_a_plan_whose_shape_file_is_missing_stops_before_any_step(harness, tmp_p
 
 
 def test_repo_plans_load():
-    for plan in ("ab_default.yaml", "ab_f32_ieee.yaml"):
-        loaded = ab.load_plan(ab.paths.REPO_ROOT / "ops" / plan)
+    plans = sorted((ab.paths.REPO_ROOT / "ops").glob("ab_*.yaml"))
+    assert {"ab_default.yaml", "ab_f32_ieee.yaml", "ab_mma_v3.yaml"} <= {p.name for p in plans}
+    for plan in plans:
+        loaded = ab.load_plan(plan)
         assert loaded.ops and loaded.a.env != loaded.b.env
 
 

@@ -107,10 +107,28 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     assert len(unlaunched) == 1 and unlaunched[0]["launches"] == "0"
     assert all(r["ttgir_sha"] != "-" and r["ptx_sha"] != "-" for r in rows)
     assert "| BSM | BLOCK_SIZE_M |" in (tmp_path / "ttgir" / "naming.md").read_text()
+    # Statistics of the launched variants only (a sweep loser's would cost a disassembly each).
+    stats = ir_index.read_stats(tmp_path)
+    assert set(stats) == {r["hash"] for r in rows if r["file"] != "-"}
+    for record in stats.values():
+        assert record["warps"] == 4 and record["global load widths"] != ir_index.NOT_AVAILABLE
+        assert record["instructions from"] == ("sass" if collector.tools["cuobjdump"] else "ptx")
     assert collector.unreadable == 0
     collector.sweeping = 0
     collector.on_launch(object())  # metadata of an unknown shape is counted as unreadable, not guessed
     assert collector.unreadable == 1
+
+
+def test_statistics_that_cannot_be_read_are_said_and_the_ir_is_still_written(hopper_kernels, tmp_path):
+    collector = ir.IRCollector(tmp_path, limits={"regs_per_sm": 65536})  # a device limit missing
+    hopper_kernels[0].function = 3000
+    collector.shape = "64"
+    launch(collector, 3000)
+    collector.write()
+    [record] = ir_index.read_stats(tmp_path).values()
+    if collector.tools["cuobjdump"]:  # registers known: the occupancy bound reads every limit
+        assert record == {"stats error": "KeyError: 'threads_per_sm'"}
+    assert len(ir_index.launched(tmp_path)) == 1
 
 
 def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_path):

@@ -4,10 +4,17 @@ comparison and the corpus report cannot drift apart."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 IR_DIR = "ttgir"
 INDEX_FILE = "index.tsv"
+# Per launched variant, the statistics of its compiled code (harness.measure.kernel_stats), by cache hash.
+STATS_FILE = "stats.json"
+# A statistic no artifact of the variant answers (a tool missing, a stage the backend does not emit).
+NOT_AVAILABLE = "not available"
+# Statistics counted in bytes (shown in KB where large).
+BYTE_FIELDS = ("smem", "stack bytes", "local bytes", "spill bytes")
 # Stages hashed into the index so that a change only in LLVM lowering or codegen is still seen.
 HASHED_STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 INDEX_COLUMNS = ("shape", "kernel", "file", "launches", "dtype", "align", "num_warps", "num_stages",
@@ -42,3 +49,26 @@ def launched(run_dir: Path) -> dict[tuple, dict] | None:
 
 def differing_stages(ra: dict, rb: dict) -> list[str]:
     return [s for s in HASHED_STAGES if ra[f"{s}_sha"] != rb[f"{s}_sha"]]
+
+
+def stats_path(run_dir: Path) -> Path:
+    return Path(run_dir) / IR_DIR / STATS_FILE
+
+
+def read_stats(run_dir: Path) -> dict[str, dict] | None:
+    """Cache hash -> the launched variant's statistics (harness.measure.kernel_stats), or None where
+    the run wrote none (IR off, or a run older than the statistics)."""
+    path = stats_path(run_dir)
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())["variants"]
+
+
+def row_variants(indexes: tuple, dtype: str, shape) -> tuple[dict, dict]:
+    """A result row's launched variants on each side (`indexes`: both sides' `launched()`), by
+    identity: those of its shape, narrowed to its dtype where the signatures tell dtypes apart (a
+    shape's dir holds every dtype's kernels)."""
+    label = "x".join(map(str, shape))
+    sides = [{k: r for k, r in index.items() if k[0] == label} for index in indexes]
+    own = [{k: r for k, r in side.items() if k[2] == dtype} for side in sides]
+    return tuple(own) if any(own) else tuple(sides)

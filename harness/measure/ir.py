@@ -6,6 +6,8 @@ Layout written into the run dir:
     ttgir/index.tsv                          every compiled variant (sweep losers too), with
                                              parameters, launches per shape and per-stage hashes
     ttgir/naming.md                          the abbreviation legend
+    ttgir/stats.json                         per launched variant, statistics of its compiled code
+                                             (harness.measure.kernel_stats), by cache hash
 
 A variant's name holds what distinguishes it inside its (shape, kernel) group: constexprs that
 vary (multi-word names abbreviated, BLOCK_SIZE_M -> BSM), then warps and stages (w4s3). Names
@@ -17,8 +19,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import json
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from harness.core import rundir
@@ -28,10 +32,12 @@ from harness.core.ir_index import (
     INDEX_COLUMNS,
     INDEX_FILE,
     IR_DIR,
+    STATS_FILE,
     differing_stages,
     index_path,
     launched,
 )
+from harness.measure import kernel_stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +149,13 @@ class IRCollector:
     of every case finished before the crash.
     """
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, tools: Mapping[str, str | None] | None = None, limits: Mapping | None = None):
         self.root = run_dir / IR_DIR
+        # For the statistics of launched variants (kernel_stats.extract); computed once per variant.
+        self.tools = kernel_stats.find_tools() if tools is None else tools
+        self.limits = limits
+        self.compiled: dict[str, object] = {}
+        self.stats: dict[str, dict] = {}
         self.shape = "unknown"
         self.sweeping = 0
         self.launches: collections.Counter = collections.Counter()  # (shape, function handle)
@@ -183,6 +194,7 @@ class IRCollector:
                         continue
                     text = obj.asm.get("ttgir") if hasattr(obj.asm, "get") else None
                     self.ttgir[obj.hash] = text if isinstance(text, str) else ""
+                    self.compiled[obj.hash] = obj
                 if getattr(obj, "function", None) is not None:
                     self.handle_to_hash[obj.function] = obj.hash
 
@@ -236,6 +248,22 @@ class IRCollector:
         (staging / INDEX_FILE).write_text(
             "\t".join(INDEX_COLUMNS) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
         (staging / "naming.md").write_text(_legend(abbrs))
+        stats = {h: self._stats(h) for h in sorted(launched)}
+        (staging / STATS_FILE).write_text(json.dumps({"format": kernel_stats.FORMAT, "tools": self.tools,
+                                                      "variants": stats}, indent=1) + "\n")
+
+    def _stats(self, h: str) -> dict:
+        if h not in self.stats:
+            obj = self.compiled[h]
+            meta = obj.metadata._asdict() if hasattr(obj.metadata, "_asdict") else dict(obj.metadata)
+            # The driver's own counts, set once the kernel was loaded (it was: it launched).
+            loaded = {k: getattr(obj, k, None) for k in ("n_regs", "n_spills")}
+            try:
+                self.stats[h] = kernel_stats.extract(obj.asm, meta, self.tools, self.limits, loaded)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError, UnicodeDecodeError) as exc:
+                # An artifact the parsers did not expect must not cost the run its IR: said in the record.
+                self.stats[h] = {"stats error": f"{type(exc).__name__}: {exc}"}
+        return self.stats[h]
 
     @staticmethod
     def _row(shape: str, v: Variant, file: str, launches: int) -> tuple:

@@ -28,7 +28,7 @@ from harness.measure import ir
 from harness.providers import flaggems, registry
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
-from reports import ab_report, compare, corpus, stats, table
+from reports import ab_report, compare, corpus, explain, stats, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "fdr", "backend", "device", "ops_paths", "flaggems_dirs",
@@ -419,9 +419,12 @@ def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: d
                 warnings = [*warnings, line]
             else:
                 context = {**context, "calibration": line}
+    # What the FASTER/SLOWER rows' compiled code changed, between the same runs as the IR.
+    what_changed = {key: record for a, b, op_rows in paired if a and b
+                    for key, record in explain.for_runs(a[0], b[0], op_rows).items()}
     print()
-    print(ab_report.render(rows, summary, warnings, context, note=note))
-    files = ab_report.write(ab_dir, rows, summary, warnings, context, note)
+    print(ab_report.render(rows, summary, warnings, context, note=note, what_changed=what_changed))
+    files = ab_report.write(ab_dir, rows, summary, warnings, context, note, what_changed)
     print("report: " + ", ".join(str(f) for f in files))
     return 0 if rows and summary.headline_rows == summary.rows else 1
 

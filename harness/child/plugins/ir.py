@@ -45,7 +45,8 @@ class IRPlugin:
             return self._off("turned off (--no-ir)")
         if not self.ctx.backend.triton_driver:
             return self._off(f"backend '{self.ctx.backend.name}' compiles no kernels")
-        collector = ir.IRCollector(self.ctx.run_dir)
+        limits = self.ctx.backend.occupancy_limits() if self.ctx.backend.occupancy_limits else None
+        collector = ir.IRCollector(self.ctx.run_dir, limits=limits)
         reason = _install_launch_hook(collector.on_launch)
         if reason is not None:
             return self._off(reason)
@@ -95,4 +96,6 @@ class IRPlugin:
             self.ctx.say(f"IR: {self.collector.unreadable} launches had unreadable metadata and were not counted")
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"ir": {
             "variants_compiled": len(self.collector.variants), "files_written": files,
-            "unreadable_launches": self.collector.unreadable}}})
+            "unreadable_launches": self.collector.unreadable,
+            # What the kernel statistics could use: a field a missing tool would answer says "not available".
+            "kernel_stats": {"tools": self.collector.tools, "occupancy_limits": self.collector.limits}}}})
