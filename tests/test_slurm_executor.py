@@ -53,17 +53,37 @@ def on_slurm(test):
     return pytest.mark.cluster(pytest.mark.e2e(pytest.mark.usefixtures("slurm")(test)))
 
 
-def start(tmp_path: Path, *args, sigint_ignored: bool = False, env: dict | None = None) -> subprocess.Popen:
-    """`python -m harness batch --executor slurm ...` as its own process group, output in one pipe.
-    `sigint_ignored`: started as a shell script's `cmd &` starts it, with SIGINT ignored."""
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environ.get("PYTHONPATH")) if p)
-    environ["ZL_TEST_STATE_DIR"] = str(tmp_path)
-    environ.update(env or {})
-    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-    return subprocess.Popen([sys.executable, "-m", "harness", "batch", "--ops-path", str(OPS), "--executor", "slurm",
-                             *map(str, args)], cwd=REPO, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=ignore)
+@pytest.fixture
+def start(tmp_path):
+    """start(*args, sigint_ignored=False, env=None): `python -m harness batch --executor slurm ...` as its
+    own process group, its output in one pipe, its batch dir `batch_dir(tmp_path)`. `sigint_ignored`:
+    started as a shell script's `cmd &` starts it, with SIGINT ignored. What a failed test leaves
+    (a driver, its tasks) is killed at teardown."""
+    started = []
+
+    def run(*args, sigint_ignored: bool = False, env: dict | None = None) -> subprocess.Popen:
+        environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environ.get("PYTHONPATH")) if p)
+        environ["ZL_TEST_STATE_DIR"] = str(tmp_path)
+        environ.update(env or {})
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "harness", "batch", "--ops-path", str(OPS), "--executor", "slurm",
+             "--batch-dir", str(batch_dir(tmp_path)), *map(str, args)], cwd=REPO, env=environ,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=ignore))
+        return started[-1]
+
+    yield run
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    subprocess.run(["scancel", "-n", f"zl_{batch_dir(tmp_path).name}"], capture_output=True)
+
+
+def batch_dir(tmp_path: Path) -> Path:
+    """Named after the test (Slurm job names are the batch dir's): no two tests share a name."""
+    return tmp_path / tmp_path.name
 
 
 def queue(batch_dir: Path) -> dict[str, tuple[str, str]]:
@@ -98,10 +118,9 @@ def nothing_left(batch_dir: Path) -> None:
 
 
 @on_slurm
-def test_ops_run_as_array_tasks_under_a_time_limit_that_fits_their_timeouts(tmp_path):
-    d = tmp_path / "b"
-    proc = start(tmp_path, "--backend", "interpreter", "--ops", "hang_op", "crash_op", "--op-timeout", 25,
-                 "--batch-dir", d)
+def test_ops_run_as_array_tasks_under_a_time_limit_that_fits_their_timeouts(tmp_path, start):
+    d = batch_dir(tmp_path)
+    proc = start("--backend", "interpreter", "--ops", "hang_op", "crash_op", "--op-timeout", 25)
     seen = {}
     assert wait_for(lambda: seen.update(queue(d)) or len(seen) == 2, 120), seen
     out, _ = proc.communicate(timeout=300)
@@ -125,12 +144,12 @@ def test_ops_run_as_array_tasks_under_a_time_limit_that_fits_their_timeouts(tmp_
 
 @on_slurm
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_cancels_every_task_and_records_the_interrupted_ops_then_resume_runs_them(tmp_path, signum):
-    d = tmp_path / "b"
+def test_a_stop_cancels_every_task_and_records_the_interrupted_ops_then_resume_runs_them(tmp_path, start, signum):
+    d = batch_dir(tmp_path)
     # Two CPUs: two ops run, the third waits in the queue. Ctrl-C reaches a driver that a shell
     # started in the background, with SIGINT ignored, as a SIGINT to its group.
-    proc = start(tmp_path, "--backend", "interpreter", "--ops", "hang_op", "hang_later_op", "fp32_op",
-                 "--op-timeout", 300, "--batch-dir", d, sigint_ignored=signum == signal.SIGINT)
+    proc = start("--backend", "interpreter", "--ops", "hang_op", "hang_later_op", "fp32_op",
+                 "--op-timeout", 300, sigint_ignored=signum == signal.SIGINT)
     running = lambda: [i for i, (s, _) in queue(d).items() if s == "RUNNING"]  # noqa: E731
     started = lambda: len(list(d.glob("ops/*/attempt1/*/run.json"))) == 2  # noqa: E731
     assert wait_for(lambda: len(running()) == 2 and started(), 180), (queue(d), proc.poll())
@@ -152,7 +171,7 @@ def test_a_stop_cancels_every_task_and_records_the_interrupted_ops_then_resume_r
     nothing_left(d)
     if signum == signal.SIGTERM:
         return  # one resume after a stop is enough
-    again = start(tmp_path, "--resume", "--batch-dir", d, "--op-timeout", 20)
+    again = start("--resume", "--op-timeout", 20)
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 1, out  # the hanging ops time out this time
     st = statuses(d)
@@ -162,10 +181,9 @@ def test_a_stop_cancels_every_task_and_records_the_interrupted_ops_then_resume_r
 
 
 @on_slurm
-def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path):
-    d = tmp_path / "b"
-    proc = start(tmp_path, "--backend", "interpreter", "--ops", "fp32_op", "hang_op", "--op-timeout", 300,
-                 "--batch-dir", d)
+def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path, start):
+    d = batch_dir(tmp_path)
+    proc = start("--backend", "interpreter", "--ops", "fp32_op", "hang_op", "--op-timeout", 300)
     jobs = d / slurm_executor.FOLDER / slurm_executor.JOBS_JSON
     assert wait_for(lambda: jobs.is_file() and len(queue(d)) == 2, 120), proc.poll()
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its group, with no chance to cancel anything
@@ -173,7 +191,7 @@ def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path):
     # Its tasks go on: one finishes, the other hangs.
     fp32 = d / "ops" / "path__fp32_op" / batch.COMPLETE
     assert wait_for(fp32.is_file, 180) and len(queue(d)) == 1, queue(d)
-    again = start(tmp_path, "--resume", "--batch-dir", d, "--op-timeout", 20)
+    again = start("--resume", "--op-timeout", 20)
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 1, out
     assert "resume: cancelled Slurm task " in out and "(path:hang_op), still running from the dead batch pid " \
@@ -188,12 +206,11 @@ def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path):
 
 
 @on_slurm
-def test_a_task_that_sees_more_than_one_device_fails_loudly(tmp_path):
+def test_a_task_that_sees_more_than_one_device_fails_loudly(tmp_path, start):
     # Slurm narrows CUDA_VISIBLE_DEVICES to the GPU it gives a task, not MUSA_VISIBLE_DEVICES: the
     # task inherits the login node's two devices.
-    d = tmp_path / "b"
-    proc = start(tmp_path, "--backend", "musa", "--ops", "builtin:add", "--batch-dir", d,
-                 env={"MUSA_VISIBLE_DEVICES": "0,1"})
+    d = batch_dir(tmp_path)
+    proc = start("--backend", "musa", "--ops", "builtin:add", env={"MUSA_VISIBLE_DEVICES": "0,1"})
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out
     note = statuses(d)["add"]["notes"]
