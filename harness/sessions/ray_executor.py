@@ -13,10 +13,16 @@ Which device a task runs on:
   `zl_device_<N>` resource per device given, and each task asks for its device's, so `--devices`
   is honoured and a resumed batch puts each op on the same device;
 - a backend without devices (the interpreter) runs on its shard's virtual device, one CPU per task.
+
+A task lost with its worker or node (a node stopped, a raylet crashed) is submitted once more, to the
+nodes left, and its row says so; lost again, the op is a FAIL naming both losses. An error our own
+code raised in a task is the op's FAIL row. Neither stops the batch. Ray's own lines (its banners,
+the errors its cluster publishes) go to the batch's log, not the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import shutil
@@ -96,11 +102,12 @@ def run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None:
     batch's log (engine_log), not the terminal."""
     import ray  # noqa: F401  (first: its import sets up its logger, which the batch's log then replaces)
 
-    with engine_log.to_batch_log(runner.dir, "ray"):
-        _run(runner, todo, on_done, address, shard)
+    # The root logger too: ray.init clears Ray's own logger, whose records then reach the root.
+    with engine_log.to_batch_log(runner.dir, "ray", "") as log, engine_log.other_threads_to(log):
+        _run(runner, todo, on_done, address, shard, log)
 
 
-def _run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None:
+def _run(runner, todo: list[Entry], on_done, address: str | None, shard, log) -> None:
     import ray
 
     import backends
@@ -108,11 +115,13 @@ def _run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None
     devices = runner.opts.devices
     local = address is None
     ray_resource = backends.get(runner.opts.backend).ray_resource
-    # configure_logging=False: Ray would give its logger a terminal handler of its own.
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-             configure_logging=False,
-             **({"num_cpus": max(1, len(devices)), "resources": {DEVICE_RESOURCE.format(d): 1 for d in devices}}
-                if local else {}))
+    # Its banners: a logger of its own that init sets up on stderr (configure_logging=False keeps
+    # it from doing that for Ray's), and a handler it adds to the root logger on stderr.
+    with contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                 configure_logging=False,
+                 **({"num_cpus": max(1, len(devices)), "resources": {DEVICE_RESOURCE.format(d): 1 for d in devices}}
+                    if local else {}))
     try:
         opts = dataclasses.asdict(runner.opts)
         opts["replay_root"] = str(runner.opts.replay_root) if runner.opts.replay_root else None
