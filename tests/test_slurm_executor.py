@@ -4,6 +4,7 @@ the time limit, stops by Ctrl-C and SIGTERM, resume after a stop and after the d
 outright, a task that sees more than one device. Its bookkeeping alone (no Slurm) is tested at the end."""
 
 import csv
+import json
 import os
 import shutil
 import signal
@@ -218,6 +219,37 @@ def test_a_task_that_sees_more_than_one_device_fails_loudly(tmp_path, start):
                            "not the one it was allocated: Slurm did not narrow MUSA_VISIBLE_DEVICES"), note
     assert f"FAIL     builtin:add device=0 0 s rows=0  {note}" in out
     nothing_left(d)
+
+
+@on_slurm
+def test_a_task_cancelled_outside_the_batch_is_interrupted_and_the_batch_goes_on(tmp_path, start):
+    d = batch_dir(tmp_path)
+    proc = start("--backend", "interpreter", "--ops", "hang_op", "fp32_op", "--op-timeout", 300)
+    jobs = d / slurm_executor.FOLDER / slurm_executor.JOBS_JSON
+    hanging = d / "ops" / "path__hang_op" / "attempt1"
+    assert wait_for(lambda: jobs.is_file() and list(hanging.glob("*/run.json")), 180), proc.poll()
+    [job_id] = [j for j, e in json.loads(jobs.read_text())["jobs"].items() if e["op"] == "hang_op"]
+    subprocess.run(["scancel", job_id], check=True)  # as a person, or the cluster, would
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    st = statuses(d)
+    assert st["fp32_op"]["status"] == "PASS"
+    assert st["hang_op"]["status"] == "INTERRUPTED" and st["hang_op"]["attempts"] == "1"
+    why = "stopped by Slurm (SIGTERM: cancelled, preempted or at its time limit), not retried"
+    assert why in st["hang_op"]["notes"]
+    only_our_lines(out)
+    nothing_left(d)
+
+
+@on_slurm
+def test_tasks_sbatch_refuses_are_one_error_line(tmp_path, start):
+    proc = start("--backend", "interpreter", "--ops", "builtin:add", "--slurm-param", "partition=nope")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert out.splitlines()[-1].startswith("error: --executor slurm: sbatch refused the batch's tasks: sbatch: "
+                                           "error: invalid partition specified: nope"), out
+X
+    assert "invalid partition" in (batch_dir(tmp_path) / "batch.log").read_text()
 
 
 # --- the driver's bookkeeping, without Slurm --------------------------------------------------------

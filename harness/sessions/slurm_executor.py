@@ -26,6 +26,7 @@ group, which on another node would be other processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -226,15 +227,19 @@ def run(runner, todo: list[Entry], on_done, params: dict, shard) -> None:
     if not todo:
         return
     backend = backends.get(runner.opts.backend)
-    with engine_log.to_batch_log(runner.dir, "submitit"):
+    with engine_log.to_batch_log(runner.dir, "submitit") as log:
         executor = submitit.AutoExecutor(folder=runner.dir / FOLDER / "%j", cluster="slurm")
         # The task imports the harness from this checkout, which every node shares.
         setup = [f"export PYTHONPATH={paths.harness_pythonpath(os.environ.get('PYTHONPATH'))}"]
         executor.update_parameters(name=f"zl_{runner.dir.name}", gpus_per_node=1 if backend.visibility_key else 0,
                                    cpus_per_task=1, slurm_setup=setup, **params)
-        with executor.batch():
-            submitted = [(executor.submit(_task, type(runner), runner.opts, runner.op_dtypes, str(runner.dir), e,
-                                          shard(e)), e) for e in todo]
+        try:  # sbatch's own lines (submitit passes them on as they come) go to the batch's log
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), executor.batch():
+                submitted = [(executor.submit(_task, type(runner), runner.opts, runner.op_dtypes, str(runner.dir),
+                                              e, shard(e)), e) for e in todo]
+        except submitit.core.utils.FailedJobError as exc:  # sbatch refused them: nothing was submitted
+            said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise UsageError(f"--executor slurm: sbatch refused the batch's tasks: {said}") from None
         tasks = _Tasks(runner, {job.job_id: (_paths(runner.dir, job.job_id), e) for job, e in submitted}, shard)
         tasks.save()
         engine_log.note(runner.dir, f"submitted {', '.join(tasks.jobs)}")
