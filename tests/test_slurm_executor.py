@@ -248,7 +248,7 @@ def test_tasks_sbatch_refuses_are_one_error_line(tmp_path, start):
     assert proc.returncode == 2, out
     assert out.splitlines()[-1].startswith("error: --executor slurm: sbatch refused the batch's tasks: sbatch: "
                                            "error: invalid partition specified: nope"), out
-X
+    assert not [line for line in out.splitlines() if line.startswith("sbatch")]  # they are in the batch log
     assert "invalid partition" in (batch_dir(tmp_path) / "batch.log").read_text()
 
 
