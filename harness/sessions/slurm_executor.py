@@ -233,6 +233,7 @@ def run(runner, todo: list[Entry], on_done, params: dict, shard) -> None:
         setup = [f"export PYTHONPATH={paths.harness_pythonpath(os.environ.get('PYTHONPATH'))}"]
         executor.update_parameters(name=f"zl_{runner.dir.name}", gpus_per_node=1 if backend.visibility_key else 0,
                                    cpus_per_task=1, slurm_setup=setup, **params)
+        submitted_at = time.time()
         try:  # sbatch's own lines (submitit passes them on as they come) go to the batch's log
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), executor.batch():
                 submitted = [(executor.submit(_task, type(runner), runner.opts, runner.op_dtypes, str(runner.dir),
@@ -241,6 +242,9 @@ def run(runner, todo: list[Entry], on_done, params: dict, shard) -> None:
             said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
             raise UsageError(f"--executor slurm: sbatch refused the batch's tasks: {said}") from None
         tasks = _Tasks(runner, {job.job_id: (_paths(runner.dir, job.job_id), e) for job, e in submitted}, shard)
+        for job_paths, _ in tasks.jobs.values():  # a result of an earlier job of this id (a Slurm started afresh)
+            if job_paths.result_pickle.exists() and job_paths.result_pickle.stat().st_mtime < submitted_at:
+                job_paths.result_pickle.unlink()
         tasks.save()
         engine_log.note(runner.dir, f"submitted {', '.join(tasks.jobs)}")
         try:
