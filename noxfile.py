@@ -40,8 +40,8 @@ def _check(session: nox.Session, *args: str) -> str:
 
 
 # Beyond what `python -m harness` needs, the tests import: ray and submitit (the batch executor tests
-# run them locally: Ray's local mode, submitit's local executor for Slurm) and jsonschema (reports are
-# checked against their schemas).
+# drive a local Ray instance, a two-node Ray cluster and a single-node Slurm on this machine) and
+# jsonschema (reports are checked against their schemas).
 TEST_EXTRAS = ("ray", "submitit", "jsonschema")
 
 

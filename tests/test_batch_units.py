@@ -553,8 +553,9 @@ def test_a_stop_during_an_attempt_interrupts_the_op(tmp_path, launcher):
     assert launcher.children[0].stops == [batch.KILL_GRACE_S]  # stop() reached the running child
     assert batch.completed(tmp_path, ADD) is None
     launcher.calls.clear()
-    got = r.run_op(MM, 0)  # stopped before it started
-    assert (got["status"], got["attempts"], launcher.calls) == ("FAIL", 0, [])
+    got = r.run_op(MM, 0)  # stopped before it started (a Slurm task cancelled as it starts): not a failure
+    assert (got["status"], got["attempts"], launcher.calls) == ("INTERRUPTED", 0, [])
+    assert batch.completed(tmp_path, MM) is None
 
 
 def test_an_op_that_passed_just_before_a_stop_is_a_pass(tmp_path, launcher):

@@ -1,6 +1,6 @@
 """Corpus A/B (`python -m harness ab` with batch options): each op's whole single-op A/B as one batch
 job on one device, on the interpreter with 2 virtual devices and tiny shapes; the Ray executor's
-device choice (a fake runtime context) and the Slurm executor (submitit's local executor)."""
+device choice (a fake runtime context) and a Slurm task's (the Slurm executor on a real Slurm: test_slurm_executor)."""
 
 import csv
 import os
@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import submitit  # noqa: F401  (the tests session installs it: missing, the Slurm test fails, never skips)
 from conftest import REPO, load, pids_mentioning, wait_for
 
 import backends
@@ -276,23 +275,3 @@ def test_a_slurm_task_runs_on_the_one_device_its_allocation_shows():
     with pytest.raises(slurm_executor.TaskDeviceError, match="sees 2 cuda devices"):
         slurm_executor.task_device(cuda, 0, {"CUDA_VISIBLE_DEVICES": "2,3"})
     assert slurm_executor.task_device(backends.get("interpreter"), 1, {}) == 1
-
-
-@pytest.mark.e2e
-def test_slurm_executor_runs_one_task_per_op_into_the_shared_batch_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ZL_TEST_STATE_DIR", str(tmp_path))
-    entries = {e.op: e for e in batch._entries([str(OPS)], {})
-               if e.op in ("add", "crash_op") and not catalog.needs_checkout(e.repo)}
-    opts = batch.Options(backend="interpreter", devices=[0, 1], ops_paths=[str(OPS)], op_timeout=120)
-    runner = batch.Batch(tmp_path, opts, {e.id: ("fp32",) for e in entries.values()})
-    done = []
-    slurm_executor.run(runner, list(entries.values()), done.append, batch._slurm_params(None, 120),
-                       runner.device_of, cluster="local")
-    st = statuses(tmp_path)
-    assert st["add"]["status"] == "PASS" and st["add"]["device"] == str(runner.device_of(entries["add"]))
-    assert st["crash_op"]["status"] == "FAIL" and "exit 3 twice in a row" in st["crash_op"]["notes"]
-    assert sorted(r["op"] for r in done) == ["add", "crash_op"]
-    assert (tmp_path / st["add"]["run_dir"] / "results.json").is_file()
-    # Each op ran in a task process of its own (submitit's logs), not in this one.
-    assert len(list((tmp_path / slurm_executor.FOLDER).glob("*/*_log.out"))) == 2
-    assert not list(tmp_path.glob(f"ops/*/{slurm_executor.RUNNING}"))

@@ -192,17 +192,21 @@ def stopped_by(exc: KeyboardInterrupt) -> int:
 
 
 @contextlib.contextmanager
-def sigterm_stops():
-    """Within it, a SIGTERM stops the main thread as Ctrl-C does (Stopped(SIGTERM)), so the caller's
-    KeyboardInterrupt path (kill what runs, report what completed) covers both."""
+def stops_on_signals():
+    """Within it, a Ctrl-C raises KeyboardInterrupt and a SIGTERM Stopped(SIGTERM) in the main thread,
+    so the caller's KeyboardInterrupt path (kill what runs, report what completed) covers both. SIGINT
+    is set too because Python leaves it ignored where it started ignored: a command a shell script
+    ran in the background (`cmd &`) would not stop on a SIGINT to its group."""
     def stop(signum, frame):
         raise Stopped(signum)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, stop)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class _Wake(Exception):

@@ -546,7 +546,7 @@ def run_from_args(args) -> int:
     try:
         # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
         # step is stopped, the side caches removed and what completed reported.
-        with launch.sigterm_stops():
+        with launch.stops_on_signals():
             results = runner.run()
     except PlanError as exc:
         raise UsageError(str(exc)) from exc

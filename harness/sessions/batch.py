@@ -328,6 +328,8 @@ class Batch:
             if len(codes) > MAX_RETRIES:
                 break
             notes.append(f"retry after exit {code}")
+        if not attempts and self.stopping.is_set():
+            status = "INTERRUPTED"  # stopped before its first attempt (a Slurm task cancelled as it started)
         ran = (status == "FAIL" and code is not None) or status == "TIMEOUT"
         if ran and self.opts.triage and catalog.needs_checkout(entry.repo) and entry.repo in self.opts.flaggems_dirs:
             status, note, seconds = self._triage(status, entry, device, dtypes, op_dir)
@@ -630,6 +632,9 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             "excluded": {e.key: why for e, why in excluded},
             "left_out_repos": dict(left_out), "request": {**request, **extra}})
         runner = runner_cls(batch_dir, opts, op_dtypes)
+        if args.resume:
+            for line in slurm_executor.settle_leftovers(runner, runner.device_of):
+                print(line)
         todo = [e for e in selected if not (args.resume and completed(batch_dir, e, opts.op_timeout))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
@@ -844,7 +849,7 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
             bar.write(runner.done_line(row))
 
         try:
-            with launch.sigterm_stops():  # a SIGTERM (a job scheduler, `timeout`) stops the batch as Ctrl-C does
+            with launch.stops_on_signals():  # a SIGTERM (a job scheduler, `timeout`) stops it as Ctrl-C does
                 _execute(runner, todo, on_done, args)
         except KeyboardInterrupt as exc:
             signum = launch.stopped_by(exc)

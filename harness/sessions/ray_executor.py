@@ -13,10 +13,16 @@ Which device a task runs on:
   `zl_device_<N>` resource per device given, and each task asks for its device's, so `--devices`
   is honoured and a resumed batch puts each op on the same device;
 - a backend without devices (the interpreter) runs on its shard's virtual device, one CPU per task.
+
+A task lost with its worker or node (a node stopped, a raylet crashed) is submitted once more, to the
+nodes left, and its row says so; lost again, the op is a FAIL naming both losses. An error our own
+code raised in a task is the op's FAIL row. Neither stops the batch. Ray's own lines (its banners,
+the errors its cluster publishes) go to the batch's log, not the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import shutil
@@ -25,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from harness.providers.catalog import Entry
+from harness.sessions import engine_log
 
 DEVICE_RESOURCE = "zl_device_{}"  # a local instance's one unit per device of --devices
 
@@ -70,6 +77,9 @@ def _run_remote(batch_cls, options_cls, entry: dict, opts: dict, op_dtypes: dict
     try:
         opts_ = options_cls(**{**opts, "replay_root": Path(opts["replay_root"]) if opts["replay_root"] else None})
         row = batch_cls(scratch, opts_, op_dtypes).measure_op(entry_, device)
+        for log in (scratch / "ops").glob("*/batch.log"):
+            with open(log, "a") as f:  # which node ran it: ops spread over a cluster's nodes
+                f.write(f"\nran on Ray node {ray.get_runtime_context().get_node_id()}\n")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             tar.add(scratch / "ops", arcname="ops")
@@ -88,7 +98,16 @@ def _rebase(op_dir: Path, scratch: str, batch_dir: str) -> None:
 
 
 def run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None:
-    """`shard(entry) -> device`: the batch's stable-hash device of an op."""
+    """`shard(entry) -> device`: the batch's stable-hash device of an op. Ray's own lines go to the
+    batch's log (engine_log), not the terminal."""
+    import ray  # noqa: F401  (first: its import sets up its logger, which the batch's log then replaces)
+
+    # The root logger too: ray.init clears Ray's own logger, whose records then reach the root.
+    with engine_log.to_batch_log(runner.dir, "ray", "") as log, engine_log.other_threads_to(log):
+        _run(runner, todo, on_done, address, shard, log)
+
+
+def _run(runner, todo: list[Entry], on_done, address: str | None, shard, log) -> None:
     import ray
 
     import backends
@@ -96,28 +115,47 @@ def run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None:
     devices = runner.opts.devices
     local = address is None
     ray_resource = backends.get(runner.opts.backend).ray_resource
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-             **({"num_cpus": max(1, len(devices)), "resources": {DEVICE_RESOURCE.format(d): 1 for d in devices}}
-                if local else {}))
+    # Its banners: a logger of its own that init sets up on stderr (configure_logging=False keeps
+    # it from doing that for Ray's), and a handler it adds to the root logger on stderr.
+    with contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                 configure_logging=False,
+                 **({"num_cpus": max(1, len(devices)), "resources": {DEVICE_RESOURCE.format(d): 1 for d in devices}}
+                    if local else {}))
     try:
         opts = dataclasses.asdict(runner.opts)
         opts["replay_root"] = str(runner.opts.replay_root) if runner.opts.replay_root else None
-        pending = {}
-        for e in todo:
+
+        def submit(e: Entry):
             device = shard(e)
+            # No retry by Ray: a task lost with its worker or node is resubmitted below, once, and said so.
             remote = ray.remote(**_resources(ray_resource, device, local), max_retries=0)(_run_remote)
-            ref = remote.remote(type(runner), type(runner.opts), dataclasses.asdict(e), opts, runner.op_dtypes,
-                                ray_resource, device, local)
-            pending[ref] = e
+            return remote.remote(type(runner), type(runner.opts), dataclasses.asdict(e), opts, runner.op_dtypes,
+                                 ray_resource, device, local)
+
+        pending = {submit(e): e for e in todo}
+        lost: dict[str, str] = {}  # entry id -> why its first task was lost
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             entry = pending.pop(ready[0])
-            row, payload, scratch = ray.get(ready[0])
-            with tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz") as tar:
-                tar.extractall(runner.dir, filter="data")
-                op_dirs = {Path(*Path(m.name).parts[:2]) for m in tar.getmembers() if len(Path(m.name).parts) > 1}
-            for op_dir in op_dirs:
-                _rebase(runner.dir / op_dir, scratch, str(runner.dir))
+            try:
+                row, payload, scratch = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as exc:  # raised by our own code in the task
+                row = _failed_row(entry, shard(entry), runner.opts.backend,
+                                  f"the Ray task failed: {_first_line(exc.cause)}")
+            except ray.exceptions.RayError as exc:  # the task's worker or node died under it
+                why = f"{type(exc).__name__}: {_first_line(exc)}"
+                if entry.id not in lost:
+                    lost[entry.id] = why
+                    pending[submit(entry)] = entry
+                    continue
+                row = _failed_row(entry, shard(entry), runner.opts.backend,
+                                  f"its Ray task was lost twice ({lost.pop(entry.id)}; then {why})")
+            else:
+                _gather(runner.dir, payload, scratch)
+            if entry.id in lost:  # it came back from its second task
+                row["notes"] = "; ".join(n for n in (f"ran again after its Ray task was lost ({lost[entry.id]})",
+                                                     row["notes"]) if n)
             runner.record(entry, row)
             on_done(row)
     except KeyboardInterrupt:
@@ -126,3 +164,24 @@ def run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None:
     finally:
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _gather(batch_dir: Path, payload: bytes, scratch: str) -> None:
+    """Unpack a task's per-op dir into the batch dir, its JSON files' paths rebased onto it."""
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz") as tar:
+        tar.extractall(batch_dir, filter="data")
+        op_dirs = {Path(*Path(m.name).parts[:2]) for m in tar.getmembers() if len(Path(m.name).parts) > 1}
+    for op_dir in op_dirs:
+        _rebase(batch_dir / op_dir, scratch, str(batch_dir))
+
+
+def _first_line(exc: BaseException) -> str:
+    """What an error says first: its first line, to the end of its first sentence."""
+    line = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return line.split(". ", 1)[0]
+
+
+def _failed_row(entry: Entry, device: int, backend: str, note: str) -> dict:
+    """The status row of an op whose task handed back none."""
+    return {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": "FAIL", "exit_code": "",
+            "attempts": 0, "elapsed_s": 0, "backend": backend, "device": device, "rows": 0, "notes": note}

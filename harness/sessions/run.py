@@ -182,7 +182,7 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cac
                       "performance numbers\n")
         if run_spec.sweep_devices:
             try:
-                with launch.sigterm_stops():  # a batch's timeout stops the sweep as Ctrl-C does
+                with launch.stops_on_signals():  # a batch's timeout stops the sweep as Ctrl-C does
                     outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write, cache_dir)
             except KeyboardInterrupt as exc:  # the shards were killed; nothing was measured
                 signum = launch.stopped_by(exc)

@@ -58,3 +58,20 @@ def _crash_differently(x, y):
 
 
 varying_crash_op = Operator(name="varying_crash_op", candidate=_crash_differently, **COMMON)
+
+
+_slept = []
+
+
+def _slow(x, y):
+    # Its first call says it started (its pid, in the state dir the test gives), then takes a while:
+    # long enough for a test to stop the node it runs on.
+    if not _slept:
+        _slept.append(1)
+        Path(os.environ["ZL_TEST_STATE_DIR"], f"slow_started_{os.getpid()}").write_text("1")
+        time.sleep(float(os.environ.get("ZL_TEST_SLOW_S", "20")))
+    return triton_add(x, y)
+
+
+slow_op = Operator(name="slow_op", candidate=_slow, **COMMON)
+slower_op = Operator(name="slower_op", candidate=_slow, **COMMON)
