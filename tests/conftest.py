@@ -2,6 +2,7 @@
 before triton decorates any kernel (i.e. before any ops module is imported)."""
 
 import atexit
+import importlib
 import json
 import os
 import shutil
@@ -106,3 +107,44 @@ class PersistentCache:
 
     def __setitem__(self, key, config):
         self.rows[key] = config
+
+
+# --- kernels compiled for sm_90 on this CPU, launched through a stand-in driver ---------------------
+IR_KERNELS = REPO / "tests" / "resources" / "ir_kernels"
+
+
+def compiling_env(cache_dir: Path) -> dict:
+    """A process that compiles for sm_90: Triton out of interpreter mode, the given cache dir."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def load_through_standin(monkeypatch, cache_dir: Path, module_name: str, precompiled: bool = True):
+    """`module_name` (in resources/ir_kernels) imported afresh with Triton's JIT on, its launches going
+    to a stand-in driver (tests/standin_triton.py) and its compiles to `cache_dir`. With `precompiled`,
+    a fresh process launches it first (`launch_all`), which fills the cache, so this one only loads."""
+    import standin_triton
+
+    env = compiling_env(cache_dir)
+    if precompiled:
+        argv = [sys.executable, standin_triton.__file__, str(IR_KERNELS / f"{module_name}.py")]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            # Only a Triton build without the CUDA backend's tools (ptxas) cannot do this.
+            assert "ptxas" in proc.stderr or "FileNotFoundError" in proc.stderr, proc.stderr
+            pytest.skip(f"cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+    for key in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION"):
+        monkeypatch.setenv(key, env[key])
+    # The JIT's argument binder imports gluon, whose import asserts interpreter mode once triton.jit
+    # builds JITFunctions: imported here while the suite's interpreter mode still holds.
+    import triton.experimental.gluon  # noqa: F401
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # so triton.jit builds a JITFunction, as in the compiling process
+    driver = standin_triton.activate(monkeypatch)
+    monkeypatch.syspath_prepend(str(IR_KERNELS))
+    monkeypatch.delitem(sys.modules, module_name, raising=False)
+    module = importlib.import_module(module_name)
+    monkeypatch.delitem(sys.modules, module_name)
+    return module, driver

@@ -1,14 +1,18 @@
 """IR naming rules on synthetic variant tables, and the dump path on kernels really compiled for a
 Hopper target on the CPU (Triton compiles for an explicit GPUTarget without a GPU)."""
 
+import atexit
 import importlib
 import os
 import subprocess
 import sys
+import types
 
 import pytest
-from conftest import REPO
+from conftest import REPO, load, load_through_standin
 
+import backends
+from harness.child.plugins.ir import IRPlugin
 from harness.core import ir_index
 from harness.measure import ir
 from harness.measure.ir import Variant
@@ -138,3 +142,51 @@ def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_p
     # Matched by parameters although b renamed the file (a dtype collision appeared in b).
     pairs = {(r["file_a"], r["file_b"]) for r in rows}
     assert ("64/scale_kernel/BSM64_w4s3.ttgir", "64/scale_kernel/BSM64_w4s3__bf16.ttgir") in pairs
+
+
+# --- the live plugin: Triton's own autotuner and launch path, through a stand-in driver ---------------
+@pytest.fixture
+def live_plugin(monkeypatch, tmp_path):
+    """The IR plugin configured on cuda against the real launch hook and autotuner (both put back
+    after the test), and the tuned kernel of resources/ir_kernels/tuned.py compiled for sm_90."""
+    from triton import knobs
+    from triton.knobs import HookChain
+    from triton.runtime.autotuner import Autotuner
+
+    tuned, driver = load_through_standin(monkeypatch, tmp_path / "triton_cache", "tuned")
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
+    monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
+    said = []
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True), backend=backends.get("cuda"),
+                                run_dir=tmp_path, say=said.append)
+    plugin = IRPlugin(ctx)
+    plugin.pytest_configure(None)
+    yield plugin, tuned, driver, said
+    atexit.unregister(plugin.collector.write)
+
+
+def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(live_plugin, tmp_path):
+    plugin, tuned, driver, said = live_plugin
+    assert plugin.collector is not None and said == []
+    assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": True,
+                                                            "reason": "launch hook + compiled-kernel scan"}
+    plugin.pytest_zl_case_started("fp32-1024", "1024")
+    tuned.launch()  # the sweep launches both configs, then the winner runs once
+    chosen = driver.launches[-1]
+    assert set(driver.launches) == set(driver.loaded) and len(driver.loaded) == 2
+    assert dict(plugin.collector.launches) == {("1024", chosen): 1}
+    plugin.pytest_runtest_teardown(None)
+    tuned.launch()  # the key is tuned: no sweep, one launch
+    assert dict(plugin.collector.launches) == {("1024", chosen): 2}
+    plugin.pytest_sessionfinish(None)
+    rows = {r["launches"]: r for r in ir_index.read_index(tmp_path)}
+    (block,) = [v.params["BLOCK"] for h, v in plugin.collector.variants.items()
+                if plugin.collector.handle_to_hash[chosen] == h]
+    assert block == tuned.double_kernel.best_config.kwargs["BLOCK"]
+    assert set(rows) == {"2", "0"} and rows["0"]["file"] == "-"  # the sweep's loser: compiled, never used
+    (written,) = (tmp_path / "ttgir" / "1024" / "double_kernel").iterdir()
+    assert "ttg." in written.read_text()
+    assert load(tmp_path / "run.json")["observed"]["ir"] == {
+        "collected": True, "reason": "launch hook + compiled-kernel scan", "variants_compiled": 2,
+        "files_written": 1, "unreadable_launches": 0}
+    assert said == [f"IR: 2 variants compiled, 1 launched variant files under {tmp_path / 'ttgir'}"]

@@ -2,8 +2,13 @@
 The fingerprint runs on CPU tensors here: its arithmetic is the same on every device."""
 
 import hashlib
+import json
+import os
+import random
 import types
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +135,66 @@ def test_a_plain_tensors_digest_is_its_dtype_shape_and_bytes_as_records_have_it(
     # The format records already carry: other kinds of tensor must not change it.
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     assert seeds.input_sha256(x) == hashlib.sha256(b"tensor torch.float32 (2, 3)\n" + x.numpy().tobytes()).hexdigest()
+
+
+# --- seeding: an operator that draws from numpy, random and torch (resources/seeded_ops) ------------
+SEEDED_OPS = Path(__file__).parent / "resources" / "seeded_ops"
+# Two cases under the seeds plugin: each writes the digest of the inputs the operator drew for it.
+CASES = """
+import json, os, sys
+sys.path.insert(0, {ops!r})
+import pytest, torch
+from draws import draws
+from harness.child.plugins.seeds import input_sha256
+
+@pytest.mark.parametrize("case", ["first", "second"])
+def test_case(case):
+    with open(os.environ["ZL_DIGESTS"], "a") as out:
+        out.write(json.dumps([case, input_sha256(draws.inputs((3, 5), torch.float32, "cpu"))]) + "\\n")
+"""
+
+
+def digests_of_a_run(tmp_path, seed, name):
+    """The cases' input digests in a pytest session under SeedsPlugin alone, as the child runs it."""
+    cases = tmp_path / "test_cases.py"
+    cases.write_text(CASES.format(ops=str(SEEDED_OPS)))
+    out = tmp_path / f"{name}.jsonl"
+    os.environ["ZL_DIGESTS"] = str(out)
+    plugin = seeds.SeedsPlugin(types.SimpleNamespace(spec=types.SimpleNamespace(seed=seed)))
+    try:
+        code = pytest.main([str(cases), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)], plugins=[plugin])
+    finally:
+        del os.environ["ZL_DIGESTS"]
+    assert code == 0
+    return [tuple(json.loads(line)) for line in out.read_text().splitlines()]
+
+
+def test_every_case_draws_the_same_inputs_from_numpy_random_and_torch_under_its_seed(tmp_path):
+    # A process draws on between cases (the second case here, another op's cases in a batch): each
+    # case starts from the seed, so the second case's inputs are the first's.
+    first = digests_of_a_run(tmp_path, 0, "first")
+    assert [case for case, _ in first] == ["first", "second"] and first[0][1] == first[1][1]
+    # The generators' states are not left to chance between runs: draws elsewhere do not show.
+    np.random.standard_normal(17), random.random(), torch.randn(3)
+    assert digests_of_a_run(tmp_path, 0, "again") == first
+    assert digests_of_a_run(tmp_path, 1, "other")[0][1] != first[0][1]
+
+
+@pytest.mark.parametrize("generator", ["numpy", "random", "torch"])
+def test_each_generator_the_operator_draws_from_is_seeded(generator, monkeypatch):
+    monkeypatch.syspath_prepend(str(SEEDED_OPS))
+    import draws as module
+
+    disturb = {"numpy": lambda: np.random.seed(99), "random": lambda: random.seed(99),
+               "torch": lambda: torch.manual_seed(99)}[generator]
+
+    def drawn(before=False, after=False):
+        if before:
+            disturb()
+        seeds.seed_everything(3)
+        if after:
+            disturb()
+        return seeds.input_sha256(module.draws.inputs((4, 4), torch.float32, "cpu"))
+
+    assert drawn(before=True) == drawn()  # whatever state the generator was left in, the seed resets it
+    assert drawn(after=True) != drawn()  # and the operator does draw from it
