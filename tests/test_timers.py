@@ -349,11 +349,40 @@ def test_the_profiler_timer_times_every_side_from_the_profile_and_attributes_fro
         assert {k["name"] for k in m.kernels} == {"aten::add", "aten::mul"}
 
 
+class CountedBuffer:
+    """A flush buffer that counts its flushes."""
+
+    def __init__(self, tensor):
+        self.tensor, self.zeroed = tensor, 0
+
+    def zero_(self):
+        self.zeroed += 1
+        return self.tensor.zero_()
+
+
+def test_the_profiler_timer_sizes_its_samples_from_the_device_estimate_of_one_call(monkeypatch):
+    # The estimate from the stand-in device's events, the samples from the CPU profiler's events.
+    accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda())
+    backend = dataclasses.replace(backends.get("cuda"), profiler_activity="CPU")
+    a, b = torch.ones(8), torch.ones(8)
+
+    def op():
+        accel.launch(CALL_MS)
+        torch.add(a, b)
+
+    m = Timer(backend, "profiler", 0.0, 2.0, lambda m: None).measure_pair("op", {"x": op}).measurements["x"]
+    # 0.1 ms a sample is 13 calls of 2**-7 ms; 2 ms of such samples is 20 of them.
+    assert m.timer == "profiler" and len(m.samples_ms) == 20
+    assert [k["name"] for k in m.kernels] == ["aten::add"]
+
+
 def test_cold_l2_profiler_timer_leaves_the_flush_out_of_the_samples():
     t = cpu_profiler_timer("cold")
-    t._flush_buffer = torch.empty(1 << 22)  # a flush that costs far more than the op
+    t._flush_buffer = flush = CountedBuffer(torch.empty(1 << 22))  # a flush that costs far more than the op
     cold = t.measure_pair("op", {"x": cpu_op_calls()}).measurements["x"]
     assert {k["name"] for k in cold.kernels} == {"aten::add", "aten::mul"}
+    # Before every profiled call (10 samples of 10 calls), after the flush's own 3-call signature.
+    assert flush.zeroed >= 3 + timers.PROFILER_SAMPLES_RANGE[0] * 10
     assert np.mean(cold.samples_ms) == pytest.approx(sum(k["time_ms"] for k in cold.kernels))
 
 
@@ -394,7 +423,8 @@ def test_cold_graph_samples_interleave_op_and_flush_replays_and_subtract_the_flu
 def test_cold_graph_samples_within_the_flush_noise_are_marked():
     t = ScriptedReplays(op_ms=[100, 99, 101], flush_ms=[100, 100, 100])
     t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
-    assert len(t.marks) == 1 and t.marks[0].startswith("L2_FLUSH_DOMINATES flush_ms=10")
+    assert t.marks == ["L2_FLUSH_DOMINATES flush_ms=10 detail='the op takes less than the flush's own variation: its "
+                       "cold time is not resolved by the graph timer; use --timer profiler'"]
 
 
 def test_every_side_is_attributed_after_timing_whatever_the_timer():
@@ -422,8 +452,8 @@ def test_a_side_that_launches_no_kernel_is_marked_no_device_work():
     t._profile = lambda fn, calls: [[] for _ in range(calls)]  # a view op: profiled calls, no kernels
     timed = t.measure_pair("alias", FNS)
     assert all(m.kernels == [] for m in timed.measurements.values())
-    assert [m.split(" detail=")[0] for m in t.marks] == ["NO_DEVICE_WORK side=baseline",
-                                                        "NO_DEVICE_WORK side=candidate"]
+    detail = "detail='the profiled calls launched no device kernel: the time measured is host or replay overhead'"
+    assert t.marks == [f"NO_DEVICE_WORK side=baseline {detail}", f"NO_DEVICE_WORK side=candidate {detail}"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -620,7 +650,9 @@ def test_a_refused_capture_times_every_side_directly_on_events(monkeypatch):
 def test_the_direct_timer_warms_up_and_leaves_the_cold_flush_untimed(monkeypatch):
     t, accel, marks = standin_timer(monkeypatch, warmup_ms=1.0, rep_ms=0.25)
     t.timer, t.l2, t._flush_buffer = "direct", "cold", standin_cuda.Buffer(accel, 1.0)
-    m = t.measure_pair("op", {"x": accel.op(CALL_MS, first_call_ms=50.0)}).measurements["x"]
+    timed = t.measure_pair("op", {"x": accel.op(CALL_MS, first_call_ms=50.0)})
+    m = timed.measurements["x"]
+    assert timed.timer == "direct"
     # 0.25 ms of 2**-7 is 32 calls, each after a flush that its events leave out.
     assert m.timer == "direct" and m.samples_ms == [CALL_MS] * 32 and marks == []
     launches = [name for kind, *rest in accel.log if kind == "launch" for name in rest]
@@ -637,17 +669,18 @@ def test_the_direct_timers_calls_are_clamped(monkeypatch, rep_ms, reps):
 
 
 def test_the_host_timer_estimates_from_one_call_warms_up_and_samples_within_its_range(monkeypatch):
-    clock = [0.0]
+    clock = [1024.0]  # seconds, far from zero as perf_counter's are; steps of 2**-9 s keep the sums exact
     calls = []
+    call_ms = 2 ** -9 * 1e3
 
-    def op():  # 2 ms of host time a call
+    def op():
         calls.append(1)
-        clock[0] += 0.002
+        clock[0] += 2 ** -9
 
     monkeypatch.setattr(timers.time, "perf_counter", lambda: clock[0])
-    m = Timer(backends.get("interpreter"), "auto", 10.0, 20.0, lambda m: None)._host(op)
-    # One call estimates, 10 / 2 = 5 warm up, 20 / 2 = 10 are timed.
-    assert m.timer == "host" and m.samples_ms == [pytest.approx(2.0)] * 10 and len(calls) == 1 + 5 + 10
+    m = Timer(backends.get("interpreter"), "auto", 4 * call_ms, 8 * call_ms, lambda m: None)._host(op)
+    # One call estimates, 4 warm up, 8 are timed.
+    assert m.timer == "host" and m.samples_ms == [pytest.approx(call_ms)] * 8 and len(calls) == 1 + 4 + 8
     calls.clear()
     bare = Timer(backends.get("interpreter"), "auto", 0.0, 0.0, lambda m: None)._host(op)
     assert len(bare.samples_ms) == timers.HOST_REPS_RANGE[0] and len(calls) == 1 + timers.HOST_REPS_RANGE[0]
@@ -661,6 +694,7 @@ def test_measurement_summary_has_every_statistic():
     s = Measurement([1.0, 2.0, 3.0, 4.0, 10.0], "graph").summary()
     assert s == {"n": 5, "median": 3.0, "mean": 4.0, "std": pytest.approx(np.std([1, 2, 3, 4, 10], ddof=1)),
                  "min": 1.0, "max": 10.0, "p20": pytest.approx(1.8), "p80": pytest.approx(5.2)}
+    assert Measurement([1.0, 3.0], "graph").summary()["std"] == pytest.approx(2 ** 0.5)
     one = Measurement([2.0], "direct", l2_flush_ms=0.5)
     assert one.summary()["std"] == 0.0 and one.summary()["l2_flush_ms"] == 0.5 and one.median_ms == 2.0
 
@@ -676,7 +710,7 @@ def test_a_failed_replay_is_classified_with_its_phase(monkeypatch):
     with pytest.raises(RuntimeError, match="illegal memory access"):
         t.measure_pair("op", {"x": accel.op(CALL_MS)})
     t, accel, marks = standin_timer(monkeypatch, replay_error="CUDA error: unknown error")
-    with pytest.raises(timers.CapturePoisoned):
+    with pytest.raises(timers.CapturePoisoned, match="^CUDA error: unknown error$"):
         t.measure_pair("op", {"x": accel.op(CALL_MS)})
     assert marks == ["CAPTURE_POISONED phase=replay detail='CUDA error: unknown error'"]
 
@@ -689,3 +723,16 @@ def test_a_fallback_whose_liveness_probe_fails_is_poisoned():
     with pytest.raises(timers.CapturePoisoned, match="Torch not compiled with CUDA enabled"):
         t._check_alive()
     assert marks == ["CAPTURE_POISONED phase=after_fallback detail='Torch not compiled with CUDA enabled'"]
+
+
+def test_a_cold_timer_allocates_its_flush_buffer_once_on_the_device_at_twice_the_l2(monkeypatch):
+    standin_cuda.install(monkeypatch, standin_cuda.StandInCuda())
+    allocated = []
+    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: allocated.append((shape, kw)) or "buffer")
+    backend = dataclasses.replace(backends.get("cuda"), l2_cache_bytes=lambda: 50 << 20)
+    cold = Timer(backend, "graph", 1, 1, lambda m: None, l2="cold")
+    assert cold._flush_buffer == "buffer" and cold._accel is torch.cuda
+    assert allocated == [((timers.L2_FLUSH_FACTOR * (50 << 20),), {"dtype": torch.int8, "device": "cuda:0"})]
+    allocated.clear()
+    warm = Timer(backend, "graph", 1, 1, lambda m: None)
+    assert warm._flush_buffer is None and allocated == []
