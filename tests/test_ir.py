@@ -9,7 +9,7 @@ import sys
 import types
 
 import pytest
-from conftest import REPO, load, load_through_standin
+from conftest import REPO, load
 
 import backends
 from harness.child.plugins.ir import IRPlugin
@@ -146,14 +146,14 @@ def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_p
 
 # --- the live plugin: Triton's own autotuner and launch path, through a stand-in driver ---------------
 @pytest.fixture
-def live_plugin(monkeypatch, tmp_path):
+def live_plugin(monkeypatch, tmp_path, load_through_standin):
     """The IR plugin configured on cuda against the real launch hook and autotuner (both put back
     after the test), and the tuned kernel of resources/ir_kernels/tuned.py compiled for sm_90."""
     from triton import knobs
     from triton.knobs import HookChain
     from triton.runtime.autotuner import Autotuner
 
-    tuned, driver = load_through_standin(monkeypatch, tmp_path / "triton_cache", "tuned")
+    tuned, driver = load_through_standin(tmp_path / "triton_cache", "tuned")
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
@@ -190,3 +190,69 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
         "collected": True, "reason": "launch hook + compiled-kernel scan", "variants_compiled": 2,
         "files_written": 1, "unreadable_launches": 0}
     assert said == [f"IR: 2 variants compiled, 1 launched variant files under {tmp_path / 'ttgir'}"]
+
+
+def ir_plugin(tmp_path, ir_on=True, backend="cuda"):
+    said = []
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on), backend=backends.get(backend),
+                                run_dir=tmp_path, say=said.append)
+    return IRPlugin(ctx), said
+
+
+@pytest.mark.parametrize(("ir_on", "backend", "reason"), [
+    (False, "cuda", "turned off (--no-ir)"),
+    (True, "interpreter", "backend 'interpreter' compiles no kernels"),
+])
+def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, reason):
+    plugin, said = ir_plugin(tmp_path, ir_on, backend)
+    plugin.pytest_configure(None)
+    assert plugin.collector is None and said == [f"IR collection off: {reason}"]
+    assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": False, "reason": reason}
+    plugin.pytest_zl_case_started("fp32-8", "8")
+    plugin.pytest_runtest_teardown(None)
+    plugin.pytest_sessionfinish(None)
+    assert not (tmp_path / "ttgir").exists() and said == [f"IR collection off: {reason}"]
+
+
+def test_the_launch_hook_is_installed_on_every_triton_that_has_one(monkeypatch):
+    from harness.child.plugins.ir import _install_launch_hook
+
+    seen = []
+    runtime = types.SimpleNamespace(launch_enter_hook=None)  # a Triton before the HookChain (3.4)
+    monkeypatch.setattr("triton.knobs.runtime", runtime)
+    assert _install_launch_hook(seen.append) is None and runtime.launch_enter_hook == seen.append
+    runtime.launch_enter_hook = lambda metadata: seen.append(("earlier hook", metadata))
+    assert _install_launch_hook(seen.append) is None
+    runtime.launch_enter_hook("m")  # the hook found there still runs, first
+    assert seen == [("earlier hook", "m"), "m"]
+    monkeypatch.setattr("triton.knobs.runtime", types.SimpleNamespace())
+    assert _install_launch_hook(seen.append) == "this Triton has no knobs.runtime.launch_enter_hook"
+    import triton
+
+    monkeypatch.delattr(triton, "knobs")
+    monkeypatch.setitem(sys.modules, "triton.knobs", None)
+    assert _install_launch_hook(seen.append) == "this Triton has no triton.knobs (launch hooks arrived in Triton 3.4)"
+
+
+def test_a_plugin_whose_hook_cannot_be_installed_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr("triton.knobs.runtime", types.SimpleNamespace())
+    plugin, said = ir_plugin(tmp_path)
+    plugin.pytest_configure(None)
+    assert plugin.collector is None
+    assert said == ["IR collection off: this Triton has no knobs.runtime.launch_enter_hook"]
+
+
+def test_a_case_without_a_shape_files_no_ir_under_a_new_one(tmp_path):
+    plugin, _ = ir_plugin(tmp_path)
+    plugin.collector = ir.IRCollector(tmp_path)
+    plugin.pytest_zl_case_started("fp32-8", "8")
+    plugin.pytest_zl_case_started("test_mm", None)  # not one of our cases
+    assert plugin.collector.shape == "8"
+
+
+def test_unreadable_launches_are_counted_and_said(live_plugin, tmp_path):
+    plugin, tuned, driver, said = live_plugin
+    plugin.collector.on_launch(object())
+    plugin.pytest_sessionfinish(None)
+    assert said[-1] == "IR: 1 launches had unreadable metadata and were not counted"
+    assert load(tmp_path / "run.json")["observed"]["ir"]["unreadable_launches"] == 1
