@@ -198,3 +198,59 @@ def test_each_generator_the_operator_draws_from_is_seeded(generator, monkeypatch
 
     assert drawn(before=True) == drawn()  # whatever state the generator was left in, the seed resets it
     assert drawn(after=True) != drawn()  # and the operator does draw from it
+
+
+# --- the digest's format: records carry it, so a later version must compute the same -------------
+def sha(*chunks: bytes) -> str:
+    return hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+def test_the_fingerprint_is_two_wrapping_int64_sums_and_the_tail():
+    flat = _bytes(4099)  # 2049 words and a 4-byte tail
+    words = flat[:16392].numpy().view(np.uint64).astype(object)  # exact integers, reduced by hand below
+    plain = sum(words) % 2 ** 64
+    weighted = sum((2 * i + 1) * w for i, w in enumerate(words)) % 2 ** 64
+
+    def signed(x):
+        return x - 2 ** 64 if x >= 2 ** 63 else x
+
+    assert seeds._fingerprint(flat) == f"{signed(plain)} {signed(weighted)} ".encode() + flat[16392:].numpy().tobytes()
+
+
+def test_a_large_device_tensors_digest_is_its_header_and_fingerprint(monkeypatch):
+    monkeypatch.setattr(seeds, "_on_host", lambda t: False)  # as if on a device
+    monkeypatch.setattr(seeds, "EXACT_BYTES", 16)
+    x = torch.arange(4, dtype=torch.float32)  # 16 bytes: at the limit, still exact
+    assert seeds.input_sha256(x) == sha(b"tensor torch.float32 (4,)\n", x.numpy().tobytes())
+    y = torch.arange(5, dtype=torch.float32)
+    flat = y.view(torch.uint8)
+    assert seeds.input_sha256(y) == sha(b"tensor torch.float32 (5,)\n", b"fingerprint ", seeds._fingerprint(flat))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse CSR is beta
+def test_the_headers_of_views_sparse_and_nested_tensors_and_of_other_values():
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    t = x.t()
+    assert seeds.input_sha256(t) == sha(b"tensor torch.float32 (4, 3) strides (1, 4) offset 0\n",
+                                        t.contiguous().numpy().tobytes())
+    coo = torch.eye(2).to_sparse()
+    i, v = coo._indices(), coo._values()
+    assert seeds.input_sha256(coo) == sha(b"tensor torch.float32 (2, 2) sparse_coo\n",
+                                          b"(2, 2)\n", i.numpy().tobytes(), b"(2,)\n", v.numpy().tobytes())
+    nested = torch.nested.nested_tensor([torch.ones(2)])
+    assert seeds.input_sha256(nested) == sha(b"tensor torch.float32 nested strided\n", b"(2,)\n",
+                                             torch.ones(2).numpy().tobytes())
+    assert seeds.input_sha256([7, None, "a"]) == sha(b"list 3\n", b"int 7\n", b"NoneType None\n", b"str 'a'\n")
+    # Keys in the order of their reprs ("'b'" before "2"), whatever their types.
+    assert seeds.input_sha256({2: "c", "b": 1}) == sha(b"dict 2\n", b"str 'b'\n", b"int 1\n", b"int 2\n", b"str 'c'\n")
+    assert seeds.input_sha256(object()) == sha(b"object object\n")
+
+
+def test_dict_keys_and_values_and_other_objects_count():
+    digest = seeds.input_sha256
+    assert digest({"a": 1}) != digest({"b": 1}) and digest({"a": 1}) != digest({"a": 2})
+
+    class Other:
+        pass
+
+    assert digest(object()) == digest(object()) != digest(Other())
