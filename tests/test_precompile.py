@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import PersistentCache
+from conftest import PersistentCache, alive
 from triton.compiler.errors import CompileTimeAssertionFailure
 
 import backends
@@ -271,3 +271,30 @@ def test_a_libtuner_style_tuner_is_precompiled_too(patched):
     kernel.cache = PersistentCache()  # a sqlite-backed store, as far as the tuner can tell
     call(kernel, 100)
     assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)
+
+
+def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(load_through_standin, tmp_path):
+    # Real requests, compiled for sm_90 by the real worker pool into an empty cache; then the sweep of
+    # Triton's own autotuner, through the stand-in driver, must find every config there: same hashes,
+    # nothing compiled anew (this process could not: Triton runs interpreted here).
+    cache = tmp_path / "triton_cache"
+    tuned, _ = load_through_standin(cache, "tuned", precompiled=False)
+    tuner = tuned.double_kernel
+    args, kwargs = tuned.arguments(), {"grid": (16,)}
+    pre = precompile.Precompiler(cpus=2)
+    try:
+        outcome = pre.run(tuner, args, kwargs)
+        workers = list(pre.executor._processes)
+    finally:
+        pre.close()
+    assert workers and not any(alive(pid) for pid in workers)  # the pool leaves no process behind
+    assert (outcome.configs, outcome.compiled, outcome.cached, outcome.failed, outcome.rejected) == (2, 2, 0, [], 0)
+    precompiled = sorted(p.name for p in cache.iterdir())
+    requests = precompile.capture(tuner, args, kwargs, tuner.configs)
+    assert [r.constants for r in requests] == [{(3,): 64}, {(3,): 128}]
+    hashes = [precompile.compile_request(r) for r in requests]  # cache hits: what the workers compiled
+    tuned.launch()
+    jit_kernels = list(tuner.fn.device_caches[0][0].values())
+    assert sorted(k.hash for k in jit_kernels) == sorted(hashes) and len(set(hashes)) == 2
+    assert sorted(p.name for p in cache.iterdir()) == precompiled
+    assert precompile.capture(tuner, args, kwargs, tuner.configs) == [None, None]  # compiled here now
