@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import REPO, load, run_dir_of
+from conftest import REPO, load, run_dir_of, wait_gone
 
 from harness.child.plugins.seeds import input_sha256, seed_everything
 from harness.measure import tuning
@@ -200,6 +200,7 @@ def test_inputs_drawn_from_numpy_and_random_replay_byte_for_byte(harness, tmp_pa
                           for d in (run_dir, run_dir_of(proc)))
     assert len(set(recorded.values())) == len(recorded) == 2 and all(recorded.values())
     assert replayed == recorded
+    assert wait_gone(str(tmp_path)) == []  # neither run left a process behind
 
 
 def test_options_shapes_dtypes_out(harness, tmp_path):
