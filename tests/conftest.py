@@ -122,20 +122,35 @@ def compiling_env(cache_dir: Path) -> dict:
     return env
 
 
-def _load_through_standin(monkeypatch, cache_dir: Path, module_name: str, precompiled: bool = True):
-    """`module_name` (in resources/ir_kernels) imported afresh with Triton's JIT on, its launches going
-    to a stand-in driver (tests/standin_triton.py) and its compiles to `cache_dir`. With `precompiled`,
-    a fresh process launches it first (`launch_all`), which fills the cache, so this one only loads."""
-    import standin_triton
+# module name -> a cache dir its `launch_all()` filled, once per test session: Triton's cache is
+# content-addressed, so tests that only load from it can share it.
+_COMPILED: dict[str, Path] = {}
 
-    env = compiling_env(cache_dir)
-    if precompiled:
+
+def _compiled(module_name: str) -> Path:
+    if module_name not in _COMPILED:
+        import standin_triton
+
+        cache_dir = Path(tempfile.mkdtemp(prefix=f"zl_tests_sm90_{module_name}_"))
+        atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
         argv = [sys.executable, standin_triton.__file__, str(IR_KERNELS / f"{module_name}.py")]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        proc = subprocess.run(argv, env=compiling_env(cache_dir), capture_output=True, text=True)
         if proc.returncode != 0:
             # Only a Triton build without the CUDA backend's tools (ptxas) cannot do this.
             assert "ptxas" in proc.stderr, proc.stderr
             pytest.skip(f"cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+        _COMPILED[module_name] = cache_dir
+    return _COMPILED[module_name]
+
+
+def _load_through_standin(monkeypatch, module_name: str, cache_dir: Path | None):
+    """`module_name` (in resources/ir_kernels) imported afresh with Triton's JIT on, its launches going
+    to a stand-in driver (tests/standin_triton.py). Its compiles go to `cache_dir`, an empty one of
+    the test's; with None, to a cache a fresh process filled by launching it first (`launch_all`),
+    so this one only loads."""
+    import standin_triton
+
+    env = compiling_env(cache_dir or _compiled(module_name))
     for key in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION"):
         monkeypatch.setenv(key, env[key])
     # The JIT's argument binder imports gluon, whose import asserts interpreter mode once triton.jit
@@ -159,8 +174,8 @@ def load_through_standin(monkeypatch):
 
     loaded = []
 
-    def load(cache_dir: Path, module_name: str, precompiled: bool = True):
-        module, driver = _load_through_standin(monkeypatch, cache_dir, module_name, precompiled)
+    def load(module_name: str, cache_dir: Path | None = None):
+        module, driver = _load_through_standin(monkeypatch, module_name, cache_dir)
         loaded.append(module)
         return module, driver
 

@@ -153,16 +153,25 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin):
     from triton.knobs import HookChain
     from triton.runtime.autotuner import Autotuner
 
-    tuned, driver = load_through_standin(tmp_path / "triton_cache", "tuned")
+    tuned, driver = load_through_standin("tuned")
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
     ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True), backend=backends.get("cuda"),
                                 run_dir=tmp_path, say=said.append)
     plugin = IRPlugin(ctx)
+    exit_hooks = atexit._ncallbacks()
     plugin.pytest_configure(None)
+    assert atexit._ncallbacks() == exit_hooks + 1  # a crash in a later case still writes the IR
     yield plugin, tuned, driver, said
+    atexit.unregister(plugin.collector.write)  # where the test did not get to the session's end
+
+
+def exit_hooks_left(plugin) -> int:
+    """The exit-time writes still registered once the session finished (atexit has no lookup)."""
+    before = atexit._ncallbacks()
     atexit.unregister(plugin.collector.write)
+    return before - atexit._ncallbacks()
 
 
 def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(live_plugin, tmp_path):
@@ -190,6 +199,7 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
         "collected": True, "reason": "launch hook + compiled-kernel scan", "variants_compiled": 2,
         "files_written": 1, "unreadable_launches": 0}
     assert said == [f"IR: 2 variants compiled, 1 launched variant files under {tmp_path / 'ttgir'}"]
+    assert exit_hooks_left(plugin) == 0  # the exit-time dump is for crashes only
 
 
 def ir_plugin(tmp_path, ir_on=True, backend="cuda"):

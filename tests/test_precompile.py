@@ -278,7 +278,7 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     # Triton's own autotuner, through the stand-in driver, must find every config there: same hashes,
     # nothing compiled anew (this process could not: Triton runs interpreted here).
     cache = tmp_path / "triton_cache"
-    tuned, _ = load_through_standin(cache, "tuned", precompiled=False)
+    tuned, _ = load_through_standin("tuned", cache)
     tuner = tuned.double_kernel
     args, kwargs = tuned.arguments(), {"grid": (16,)}
     pre = precompile.Precompiler(cpus=2)
