@@ -160,10 +160,8 @@ def _load_through_standin(monkeypatch, module_name: str, cache_dir: Path | None)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # so triton.jit builds a JITFunction, as in the compiling process
     driver = standin_triton.activate(monkeypatch)
     monkeypatch.syspath_prepend(str(IR_KERNELS))
-    monkeypatch.delitem(sys.modules, module_name, raising=False)
-    module = importlib.import_module(module_name)
-    monkeypatch.delitem(sys.modules, module_name)
-    return module, driver
+    sys.modules.pop(module_name, None)
+    return importlib.import_module(module_name), driver  # left in sys.modules, as an operator's is
 
 
 @pytest.fixture
@@ -181,6 +179,7 @@ def load_through_standin(monkeypatch):
 
     yield load
     for module in loaded:
+        sys.modules.pop(module.__name__, None)
         for obj in vars(module).values():
             while obj is not None and not isinstance(obj, JITFunction):
                 obj = getattr(obj, "fn", None)
