@@ -736,3 +736,14 @@ def test_a_cold_timer_allocates_its_flush_buffer_once_on_the_device_at_twice_the
     allocated.clear()
     warm = Timer(backend, "graph", 1, 1, lambda m: None)
     assert warm._flush_buffer is None and allocated == []
+
+
+def test_an_op_on_the_deny_list_is_timed_directly_without_a_capture(monkeypatch):
+    t, accel, marks = standin_timer(monkeypatch, warmup_ms=0.0, rep_ms=0.125)
+    t.backend = dataclasses.replace(t.backend, capture_deny=frozenset({"op"}))
+    timed = t.measure_pair("op", {"a": accel.op(CALL_MS), "b": accel.op(2 * CALL_MS)})
+    assert timed.timer == "direct" and accel.steps("capture") == []
+    # 0.125 ms of 2**-7 is 16 calls; of 2**-6, 8, clamped to 10.
+    assert timed.measurements["a"].samples_ms == [CALL_MS] * 16
+    assert timed.measurements["b"].samples_ms == [2 * CALL_MS] * timers.REPS_RANGE[0]
+    assert marks == ["TIMER_FALLBACK phase=deny reason=capture_denied detail='op is on the cuda capture deny list'"]
