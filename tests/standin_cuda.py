@@ -117,8 +117,9 @@ class StandInCuda:
 
     @contextlib.contextmanager
     def graph(self, graph: Graph, pool=None, stream=None):
-        if not isinstance(stream, Stream):
-            raise RuntimeError("CUDA graphs must be captured on a non-default stream.")
+        # Without a stream torch captures on the graph's own side stream: either is a capture.
+        if not (stream is None or isinstance(stream, Stream)):
+            raise TypeError(f"stream must be a Stream, not {type(stream).__name__}")
         if self.capturing is not None:
             raise RuntimeError("a capture is already under way")
         self.log.append(("capture", graph, self.default_generators[0].state))
