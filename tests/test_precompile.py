@@ -291,7 +291,8 @@ def test_a_libtuner_style_tuner_is_precompiled_too(patched):
     assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)
 
 
-def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(load_through_standin, tmp_path):
+def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(load_through_standin, tmp_path,
+                                                                            monkeypatch):
     # Real requests, compiled for sm_90 by the real worker pool into an empty cache; then the sweep of
     # Triton's own autotuner, through the stand-in driver, must find every config there: same hashes,
     # nothing compiled anew (this process could not: Triton runs interpreted here).
@@ -314,7 +315,10 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     precompiled = sorted(p.name for p in cache.iterdir())
     from triton import knobs
 
-    hook = knobs.runtime.jit_cache_hook
+    def hook(**kwargs):  # another tool's hook, already there: it lets every compile through
+        return None
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", hook)
     unknown = triton.Config({"BLOCK": 64, "UNKNOWN": 1})
     *requests, refused = precompile.capture(tuner, args, kwargs, [*tuner.configs, unknown])
     assert knobs.runtime.jit_cache_hook is hook  # put back
@@ -330,3 +334,8 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     assert sorted(k.hash for k in jit_kernels) == sorted(hashes) and len(set(hashes)) == 2
     assert sorted(p.name for p in cache.iterdir()) == precompiled
     assert precompile.capture(tuner, args, kwargs, tuner.configs) == [None, None]  # compiled here now
+
+
+def test_a_fallbacks_reason_is_the_errors_type_and_first_line_cut():
+    assert precompile._first_line(ValueError("x" * 300 + "\nsecond")) == "ValueError: " + "x" * 200
+    assert precompile._first_line(RuntimeError("  ")) == "RuntimeError"
