@@ -333,7 +333,9 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     jit_kernels = list(tuner.fn.device_caches[0][0].values())
     assert sorted(k.hash for k in jit_kernels) == sorted(hashes) and len(set(hashes)) == 2
     assert sorted(p.name for p in cache.iterdir()) == precompiled
+    launched = len(driver.launches)
     assert precompile.capture(tuner, args, kwargs, tuner.configs) == [None, None]  # compiled here now
+    assert len(driver.launches) == launched  # and asking launched none of them
 
 
 def test_a_fallbacks_reason_is_the_errors_type_and_first_line_cut():
