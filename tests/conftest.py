@@ -2,6 +2,8 @@
 before triton decorates any kernel (i.e. before any ops module is imported)."""
 
 import atexit
+import gc
+import importlib
 import json
 import os
 import shutil
@@ -106,3 +108,82 @@ class PersistentCache:
 
     def __setitem__(self, key, config):
         self.rows[key] = config
+
+
+# --- kernels compiled for sm_90 on this CPU, launched through a stand-in driver ---------------------
+IR_KERNELS = REPO / "tests" / "resources" / "ir_kernels"
+
+
+def compiling_env(cache_dir: Path) -> dict:
+    """A process that compiles for sm_90: Triton out of interpreter mode, the given cache dir."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+# module name -> a cache dir its `launch_all()` filled, once per test session: Triton's cache is
+# content-addressed, so tests that only load from it can share it.
+_COMPILED: dict[str, Path] = {}
+
+
+def _compiled(module_name: str) -> Path:
+    if module_name not in _COMPILED:
+        import standin_triton
+
+        cache_dir = Path(tempfile.mkdtemp(prefix=f"zl_tests_sm90_{module_name}_"))
+        atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
+        argv = [sys.executable, standin_triton.__file__, str(IR_KERNELS / f"{module_name}.py")]
+        proc = subprocess.run(argv, env=compiling_env(cache_dir), capture_output=True, text=True)
+        if proc.returncode != 0:
+            # Only a Triton build without the CUDA backend's tools (ptxas) cannot do this.
+            assert "ptxas" in proc.stderr, proc.stderr
+            pytest.skip(f"cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+        _COMPILED[module_name] = cache_dir
+    return _COMPILED[module_name]
+
+
+def _load_through_standin(monkeypatch, module_name: str, cache_dir: Path | None):
+    """`module_name` (in resources/ir_kernels) imported afresh with Triton's JIT on, its launches going
+    to a stand-in driver (tests/standin_triton.py). Its compiles go to `cache_dir`, an empty one of
+    the test's; with None, to a cache a fresh process filled by launching it first (`launch_all`),
+    so this one only loads."""
+    import standin_triton
+
+    env = compiling_env(cache_dir or _compiled(module_name))
+    for key in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION"):
+        monkeypatch.setenv(key, env[key])
+    # The JIT's argument binder imports gluon, whose import asserts interpreter mode once triton.jit
+    # builds JITFunctions: imported here while the suite's interpreter mode still holds.
+    import triton.experimental.gluon  # noqa: F401
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # so triton.jit builds a JITFunction, as in the compiling process
+    driver = standin_triton.activate(monkeypatch)
+    monkeypatch.syspath_prepend(str(IR_KERNELS))
+    sys.modules.pop(module_name, None)
+    return importlib.import_module(module_name), driver  # left in sys.modules, as an operator's is
+
+
+@pytest.fixture
+def load_through_standin(monkeypatch):
+    """`_load_through_standin`, and at teardown, while the stand-in is still the active driver, the
+    loaded kernels released: a CompiledKernel unloads its module from the active driver when it goes."""
+    from triton.runtime.jit import JITFunction
+
+    loaded = []
+
+    def load(module_name: str, cache_dir: Path | None = None):
+        module, driver = _load_through_standin(monkeypatch, module_name, cache_dir)
+        loaded.append(module)
+        return module, driver
+
+    yield load
+    for module in loaded:
+        sys.modules.pop(module.__name__, None)
+        for obj in vars(module).values():
+            while obj is not None and not isinstance(obj, JITFunction):
+                obj = getattr(obj, "fn", None)
+            if obj is not None:
+                obj.device_caches.clear()
+    loaded.clear()
+    gc.collect()

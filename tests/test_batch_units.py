@@ -1508,3 +1508,56 @@ def test_summarize_of_a_dir_that_is_no_batch_is_refused_and_writes_nothing(tmp_p
     with pytest.raises(UsageError, match="not a batch dir"):
         batch.run_from_args(parse("--summarize", tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+# --- the timeout's group kill, on real processes ------------------------------------------------------
+# An op that starts a helper in its own process group (as the harness starts its pytest child), the
+# helper deaf to SIGTERM; each appends "NAME PID" to the file argv[1] names and sleeps past any timeout.
+HANGING = """
+import os, signal, subprocess, sys, time
+name, pids = sys.argv[2], sys.argv[1]
+if name == "helper":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    subprocess.Popen([sys.executable, __file__, pids, "helper"])
+with open(pids, "a") as f:
+    f.write(f"{name} {os.getpid()}\\n")
+time.sleep(600)
+"""
+
+
+def test_a_timed_out_op_is_stopped_with_every_process_of_its_group(tmp_path, monkeypatch):
+    from conftest import alive, wait_for
+
+    monkeypatch.setattr(batch, "KILL_GRACE_S", 1)
+    pids = tmp_path / "pids"
+    script = tmp_path / "op.py"
+    script.write_text(HANGING)
+    runner = runner_for(tmp_path, op_timeout=1.0)
+    log = tmp_path / "attempt" / "batch.log"
+    log.parent.mkdir()
+    started = {}
+
+    def both_started():
+        lines = pids.read_text().split("\n") if pids.exists() else []
+        started.update(line.split() for line in lines if line)
+        return {"op", "helper"} <= set(started)
+
+    start = launch.start
+
+    def started_with_its_helper(*args, **kwargs):  # the timeout counts from there, whatever the load
+        child = start(*args, **kwargs)
+        assert wait_for(both_started, 60, interval=0.1), started
+        return child
+
+    monkeypatch.setattr(launch, "start", started_with_its_helper)
+    try:
+        code, _ = runner._attempt([sys.executable, str(script), str(pids), "op"], log)
+        assert code is None  # timed out
+        group = [int(pid) for pid in started.values()]
+        assert wait_for(lambda: not any(alive(p) for p in group), 10), [p for p in group if alive(p)]
+        assert runner.children == {} and not (log.parent / opguard.RUNNING).exists()
+    finally:  # a broken stop must not leave them running after the test
+        for pid in map(int, started.values()):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

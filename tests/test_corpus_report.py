@@ -6,6 +6,7 @@ import csv
 import hashlib
 import html.parser
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -605,3 +606,49 @@ def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
     assert line.startswith(f"verdicts: {stats.NOISY} 9; report: ")
     data = json.loads((tmp_path / "report.json").read_text())
     assert {r["op_key"]: r["verdict"] for r in data["rows"]}["builtin:broken"] == stats.FASTER  # in the report
+
+
+def _control_batches(root, controls):
+    """Two batches of one row per op, the candidate unchanged, op i's baseline (the control) moved by
+    controls[i] in B."""
+    sides = []
+    for side in (0, 1):
+        batch = root / f"batch_{'ab'[side]}"
+        batch.mkdir(parents=True)
+        (batch / "batch.json").write_text(json.dumps({"backend": "cuda", "devices": [0], "selected": []}))
+        lines = [",".join(STATUS_COLUMNS)]
+        for i, control in enumerate(controls):
+            op, run = f"op{i}", f"ops/builtin__op{i}/attempt1/op{i}_20250101-000000"
+            _run(batch / run, [_row(op, "fp32", (4096,), 1.0, base=control if side else 1.0)])
+            lines.append(",".join([op, "builtin", f"ops/{op}.py", "PASS", "0", "1", "1.0", "cuda", "0", "graph", "1",
+                                   "0", "0", run, ""]))
+        (batch / "ops_status.csv").write_text("\n".join(lines) + "\n")
+        sides.append(batch)
+    return sides
+
+
+def _spread_of(controls):
+    return math.expm1(stats.NOISE_SIGMAS * float(np.std(np.log(controls), ddof=1)))
+
+
+@pytest.mark.parametrize("spread", [0.029, 0.031])
+def test_the_control_spread_warning_is_given_above_the_single_run_floor_only(tmp_path, spread):
+    # Two ops whose controls lie +-d on the log scale: 3 sd over rows is 3 * sqrt(2) * d.
+    d = math.log1p(spread) / (stats.NOISE_SIGMAS * math.sqrt(2))
+    controls = [math.exp(d), math.exp(-d)]
+    assert _spread_of(controls) == pytest.approx(spread)
+    data = corpus.from_batch_pair(*_control_batches(tmp_path, controls), {})
+    assert [r["control_ratio"] for r in data["rows"]] == pytest.approx(controls)
+    warned = [w for w in data["warnings"] if w.startswith("the control")]
+    if spread < corpus.SINGLE_RUN_FLOOR:
+        assert warned == []
+    else:
+        assert warned == [f"the control (torch baseline, which the compiler does not move) varies by {spread:.1%} "
+                          "between the two sides' processes (3 sd over rows), more than the 3% single-run floor: "
+                          "verdicts may call run-to-run noise a change"]
+
+
+def test_one_control_has_no_spread_to_warn_of(tmp_path):
+    data = corpus.from_batch_pair(*_control_batches(tmp_path, [1.5]), {})
+    assert data["rows"][0]["control_ratio"] == pytest.approx(1.5)
+    assert not [w for w in data["warnings"] if w.startswith("the control")]

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import REPO, load, run_dir_of
+from conftest import REPO, load, run_dir_of, wait_gone
 
 from harness.child.plugins.seeds import input_sha256, seed_everything
 from harness.measure import tuning
@@ -183,6 +183,24 @@ def test_user_operator_from_ops_path_records_and_replays(harness, tmp_path):
     proc = harness("replay", run_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert load(run_dir_of(proc) / "run.json")["observed"]["autotune"]["injected"] == 2
+
+
+def test_inputs_drawn_from_numpy_and_random_replay_byte_for_byte(harness, tmp_path):
+    # Each process starts numpy's and Python's generators from the OS's entropy: only the seeds make
+    # the replay's inputs the record's.
+    shapes = tmp_path / "draws.yaml"
+    shapes.write_text("draws:\n  shapes: [[3, 5], [8]]\n")
+    proc = harness("record", "draws", "--backend", "interpreter", "--ops-path", RESOURCES / "seeded_ops",
+                   "--shapes", shapes, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_of(proc)
+    proc = harness("replay", run_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recorded, replayed = ({r["case"]: r["input_sha256"] for r in load(d / "results.json")["rows"]}
+                          for d in (run_dir, run_dir_of(proc)))
+    assert len(set(recorded.values())) == len(recorded) == 2 and all(recorded.values())
+    assert replayed == recorded
+    assert wait_gone(str(tmp_path)) == []  # neither run left a process behind
 
 
 def test_options_shapes_dtypes_out(harness, tmp_path):

@@ -1,14 +1,18 @@
 """IR naming rules on synthetic variant tables, and the dump path on kernels really compiled for a
 Hopper target on the CPU (Triton compiles for an explicit GPUTarget without a GPU)."""
 
+import atexit
 import importlib
 import os
 import subprocess
 import sys
+import types
 
 import pytest
-from conftest import REPO
+from conftest import REPO, load
 
+import backends
+from harness.child.plugins.ir import IRPlugin
 from harness.core import ir_index
 from harness.measure import ir
 from harness.measure.ir import Variant
@@ -156,3 +160,127 @@ def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_p
     # Matched by parameters although b renamed the file (a dtype collision appeared in b).
     pairs = {(r["file_a"], r["file_b"]) for r in rows}
     assert ("64/scale_kernel/BSM64_w4s3.ttgir", "64/scale_kernel/BSM64_w4s3__bf16.ttgir") in pairs
+
+
+# --- the live plugin: Triton's own autotuner and launch path, through a stand-in driver ---------------
+@pytest.fixture
+def live_plugin(monkeypatch, tmp_path, load_through_standin):
+    """The IR plugin configured on cuda against the real launch hook and autotuner (both put back
+    after the test), and the tuned kernel of resources/ir_kernels/tuned.py compiled for sm_90."""
+    from triton import knobs
+    from triton.knobs import HookChain
+    from triton.runtime.autotuner import Autotuner
+
+    tuned, driver = load_through_standin("tuned")
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
+    monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
+    said = []
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True), backend=backends.get("cuda"),
+                                run_dir=tmp_path, say=said.append)
+    plugin = IRPlugin(ctx)
+    exit_hooks = atexit._ncallbacks()
+    plugin.pytest_configure(None)
+    assert atexit._ncallbacks() == exit_hooks + 1  # a crash in a later case still writes the IR
+    yield plugin, tuned, driver, said
+    atexit.unregister(plugin.collector.write)  # where the test did not get to the session's end
+
+
+def exit_hooks_left(plugin) -> int:
+    """The exit-time writes still registered once the session finished (atexit has no lookup)."""
+    before = atexit._ncallbacks()
+    atexit.unregister(plugin.collector.write)
+    return before - atexit._ncallbacks()
+
+
+def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(live_plugin, tmp_path):
+    plugin, tuned, driver, said = live_plugin
+    assert plugin.collector is not None and said == []
+    assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": True,
+                                                            "reason": "launch hook + compiled-kernel scan"}
+    plugin.pytest_zl_case_started("fp32-1024", "1024")
+    tuned.launch()  # the sweep launches both configs, then the winner runs once
+    chosen = driver.launches[-1]
+    assert set(driver.launches) == set(driver.loaded) and len(driver.loaded) == 2
+    assert dict(plugin.collector.launches) == {("1024", chosen): 1}
+    plugin.pytest_runtest_teardown(None)
+    tuned.launch()  # the key is tuned: no sweep, one launch
+    assert dict(plugin.collector.launches) == {("1024", chosen): 2}
+    plugin.pytest_sessionfinish(None)
+    rows = {r["launches"]: r for r in ir_index.read_index(tmp_path)}
+    (block,) = [v.params["BLOCK"] for h, v in plugin.collector.variants.items()
+                if plugin.collector.handle_to_hash[chosen] == h]
+    assert block == tuned.double_kernel.best_config.kwargs["BLOCK"]
+    assert set(rows) == {"2", "0"} and rows["0"]["file"] == "-"  # the sweep's loser: compiled, never used
+    (written,) = (tmp_path / "ttgir" / "1024" / "double_kernel").iterdir()
+    assert "ttg." in written.read_text()
+    assert load(tmp_path / "run.json")["observed"]["ir"] == {
+        "collected": True, "reason": "launch hook + compiled-kernel scan", "variants_compiled": 2,
+        "files_written": 1, "unreadable_launches": 0}
+    assert said == [f"IR: 2 variants compiled, 1 launched variant files under {tmp_path / 'ttgir'}"]
+    assert exit_hooks_left(plugin) == 0  # the exit-time dump is for crashes only
+
+
+def ir_plugin(tmp_path, ir_on=True, backend="cuda"):
+    said = []
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on), backend=backends.get(backend),
+                                run_dir=tmp_path, say=said.append)
+    return IRPlugin(ctx), said
+
+
+@pytest.mark.parametrize(("ir_on", "backend", "reason"), [
+    (False, "cuda", "turned off (--no-ir)"),
+    (True, "interpreter", "backend 'interpreter' compiles no kernels"),
+])
+def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, reason):
+    plugin, said = ir_plugin(tmp_path, ir_on, backend)
+    plugin.pytest_configure(None)
+    assert plugin.collector is None and said == [f"IR collection off: {reason}"]
+    assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": False, "reason": reason}
+    plugin.pytest_zl_case_started("fp32-8", "8")
+    plugin.pytest_runtest_teardown(None)
+    plugin.pytest_sessionfinish(None)
+    assert not (tmp_path / "ttgir").exists() and said == [f"IR collection off: {reason}"]
+
+
+def test_the_launch_hook_is_installed_on_every_triton_that_has_one(monkeypatch):
+    from harness.child.plugins.ir import _install_launch_hook
+
+    seen = []
+    runtime = types.SimpleNamespace(launch_enter_hook=None)  # a Triton before the HookChain (3.4)
+    monkeypatch.setattr("triton.knobs.runtime", runtime)
+    assert _install_launch_hook(seen.append) is None and runtime.launch_enter_hook == seen.append
+    runtime.launch_enter_hook = lambda metadata: seen.append(("earlier hook", metadata))
+    assert _install_launch_hook(seen.append) is None
+    runtime.launch_enter_hook("m")  # the hook found there still runs, first
+    assert seen == [("earlier hook", "m"), "m"]
+    monkeypatch.setattr("triton.knobs.runtime", types.SimpleNamespace())
+    assert _install_launch_hook(seen.append) == "this Triton has no knobs.runtime.launch_enter_hook"
+    import triton
+
+    monkeypatch.delattr(triton, "knobs")
+    monkeypatch.setitem(sys.modules, "triton.knobs", None)
+    assert _install_launch_hook(seen.append) == "this Triton has no triton.knobs (launch hooks arrived in Triton 3.4)"
+
+
+def test_a_plugin_whose_hook_cannot_be_installed_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr("triton.knobs.runtime", types.SimpleNamespace())
+    plugin, said = ir_plugin(tmp_path)
+    plugin.pytest_configure(None)
+    assert plugin.collector is None
+    assert said == ["IR collection off: this Triton has no knobs.runtime.launch_enter_hook"]
+
+
+def test_a_case_without_a_shape_files_no_ir_under_a_new_one(tmp_path):
+    plugin, _ = ir_plugin(tmp_path)
+    plugin.collector = ir.IRCollector(tmp_path)
+    plugin.pytest_zl_case_started("fp32-8", "8")
+    plugin.pytest_zl_case_started("test_mm", None)  # not one of our cases
+    assert plugin.collector.shape == "8"
+
+
+def test_unreadable_launches_are_counted_and_said(live_plugin, tmp_path):
+    plugin, tuned, driver, said = live_plugin
+    plugin.collector.on_launch(object())
+    plugin.pytest_sessionfinish(None)
+    assert said[-1] == "IR: 1 launches had unreadable metadata and were not counted"
+    assert load(tmp_path / "run.json")["observed"]["ir"]["unreadable_launches"] == 1

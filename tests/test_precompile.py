@@ -5,13 +5,14 @@ compiles nothing, so the boundary to the compiler (capture and compile) is faked
 its cache lookups and its sweep are Triton's own."""
 
 import concurrent.futures
+import signal
 import types
 
 import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import PersistentCache
+from conftest import PersistentCache, alive
 from triton.compiler.errors import CompileTimeAssertionFailure
 
 import backends
@@ -114,9 +115,26 @@ def test_pool_size(requests, cpus, cap, expected):
 
 
 def test_usable_cpus_follows_the_affinity_mask(monkeypatch):
-    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: {2, 5, 7})
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: {2, 5, 7} if pid == 0 else set())
     monkeypatch.setattr(precompile.os, "cpu_count", lambda: 64)
     assert precompile.usable_cpus() == 3
+
+    def no_affinity(pid):
+        raise OSError("not here")
+
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", no_affinity)
+    assert precompile.usable_cpus() == 64
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: None)
+    assert precompile.usable_cpus() == 1
+    monkeypatch.delattr(precompile.os, "sched_getaffinity")  # not on every platform
+    assert precompile.usable_cpus() == 1
+
+
+def test_a_worker_ignores_the_terminals_ctrl_c(monkeypatch):
+    monkeypatch.setattr(precompile.signal, "signal", lambda signum, handler: seen.append((signum, handler)))
+    seen = []
+    precompile._worker_init()
+    assert seen == [(signal.SIGINT, signal.SIG_IGN)]
 
 
 def test_sweep_configs_are_the_tuners_pruned_space():
@@ -271,3 +289,55 @@ def test_a_libtuner_style_tuner_is_precompiled_too(patched):
     kernel.cache = PersistentCache()  # a sqlite-backed store, as far as the tuner can tell
     call(kernel, 100)
     assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)
+
+
+def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(load_through_standin, tmp_path,
+                                                                            monkeypatch):
+    # Real requests, compiled for sm_90 by the real worker pool into an empty cache; then the sweep of
+    # Triton's own autotuner, through the stand-in driver, must find every config there: same hashes,
+    # nothing compiled anew (this process could not: Triton runs interpreted here).
+    cache = tmp_path / "triton_cache"
+    tuned, driver = load_through_standin("tuned", cache)
+    tuner = tuned.double_kernel
+    args, kwargs = tuned.arguments(), {"grid": (16,)}
+    pre = precompile.Precompiler(cpus=2)
+    try:
+        outcome = pre.run(tuner, args, kwargs)
+        workers = list(pre.executor._processes)
+        # Spawned, not forked from a process that holds an accelerator context; deaf to a terminal's Ctrl-C.
+        assert pre.executor._mp_context.get_start_method() == "spawn"
+        assert pre.executor._initializer is precompile._worker_init
+    finally:
+        pre.close()
+    assert pre.executor is None and pre.workers == 2
+    assert workers and not any(alive(pid) for pid in workers)  # the pool leaves no process behind
+    assert (outcome.configs, outcome.compiled, outcome.cached, outcome.failed, outcome.rejected) == (2, 2, 0, [], 0)
+    precompiled = sorted(p.name for p in cache.iterdir())
+    from triton import knobs
+
+    def hook(**kwargs):  # another tool's hook, already there: it lets every compile through
+        return None
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", hook)
+    unknown = triton.Config({"BLOCK": 64, "UNKNOWN": 1})
+    *requests, refused = precompile.capture(tuner, args, kwargs, [*tuner.configs, unknown])
+    assert knobs.runtime.jit_cache_hook is hook  # put back
+    assert isinstance(refused, KeyError) and "UNKNOWN" in str(refused)  # one config's failure, the others captured
+    assert [r.constants for r in requests] == [{(3,): 64}, {(3,): 128}]
+    assert {(r.module, r.qualname, r.path) for r in requests} == {("tuned", "double_kernel", tuned.__file__)}
+    assert all(r.attrs and r.target == driver.target for r in requests)  # the pointers' divisibility specialization
+    # Each compile took the lock of its own request, in the cache it compiled into.
+    assert sorted(p.name for p in (cache / precompile.LOCK_DIR).iterdir()) == sorted(r.digest() for r in requests)
+    hashes = [precompile.compile_request(r) for r in requests]  # cache hits: what the workers compiled
+    tuned.launch()
+    jit_kernels = list(tuner.fn.device_caches[0][0].values())
+    assert sorted(k.hash for k in jit_kernels) == sorted(hashes) and len(set(hashes)) == 2
+    assert sorted(p.name for p in cache.iterdir()) == precompiled
+    launched = len(driver.launches)
+    assert precompile.capture(tuner, args, kwargs, tuner.configs) == [None, None]  # compiled here now
+    assert len(driver.launches) == launched  # and asking launched none of them
+
+
+def test_a_fallbacks_reason_is_the_errors_type_and_first_line_cut():
+    assert precompile._first_line(ValueError("x" * 300 + "\nsecond")) == "ValueError: " + "x" * 200
+    assert precompile._first_line(RuntimeError("  ")) == "RuntimeError"

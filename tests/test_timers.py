@@ -5,6 +5,7 @@ import types
 
 import numpy as np
 import pytest
+import standin_cuda
 import torch
 from conftest import load, run_dir_of
 
@@ -387,11 +388,40 @@ def test_the_profiler_timer_times_every_side_from_the_profile_and_attributes_fro
         assert {k["name"] for k in m.kernels} == {"aten::add", "aten::mul"}
 
 
+class CountedBuffer:
+    """A flush buffer that counts its flushes."""
+
+    def __init__(self, tensor):
+        self.tensor, self.zeroed = tensor, 0
+
+    def zero_(self):
+        self.zeroed += 1
+        return self.tensor.zero_()
+
+
+def test_the_profiler_timer_sizes_its_samples_from_the_device_estimate_of_one_call(monkeypatch):
+    # The estimate from the stand-in device's events, the samples from the CPU profiler's events.
+    accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda())
+    backend = dataclasses.replace(backends.get("cuda"), profiler_activity="CPU")
+    a, b = torch.ones(8), torch.ones(8)
+
+    def op():
+        accel.launch(CALL_MS)
+        torch.add(a, b)
+
+    m = Timer(backend, "profiler", 0.0, 2.0, lambda m: None).measure_pair("op", {"x": op}).measurements["x"]
+    # 0.1 ms a sample is 13 calls of 2**-7 ms; 2 ms of such samples is 20 of them.
+    assert m.timer == "profiler" and len(m.samples_ms) == 20
+    assert [k["name"] for k in m.kernels] == ["aten::add"]
+
+
 def test_cold_l2_profiler_timer_leaves_the_flush_out_of_the_samples():
     t = cpu_profiler_timer("cold")
-    t._flush_buffer = torch.empty(1 << 22)  # a flush that costs far more than the op
+    t._flush_buffer = flush = CountedBuffer(torch.empty(1 << 22))  # a flush that costs far more than the op
     cold = t.measure_pair("op", {"x": cpu_op_calls()}).measurements["x"]
     assert {k["name"] for k in cold.kernels} == {"aten::add", "aten::mul"}
+    # Before every profiled call (10 samples of 10 calls), after the flush's own 3-call signature.
+    assert flush.zeroed >= 3 + timers.PROFILER_SAMPLES_RANGE[0] * 10
     assert np.mean(cold.samples_ms) == pytest.approx(sum(k["time_ms"] for k in cold.kernels))
 
 
@@ -432,7 +462,8 @@ def test_cold_graph_samples_interleave_op_and_flush_replays_and_subtract_the_flu
 def test_cold_graph_samples_within_the_flush_noise_are_marked():
     t = ScriptedReplays(op_ms=[100, 99, 101], flush_ms=[100, 100, 100])
     t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
-    assert len(t.marks) == 1 and t.marks[0].startswith("L2_FLUSH_DOMINATES flush_ms=10")
+    assert t.marks == ["L2_FLUSH_DOMINATES flush_ms=10 detail='the op takes less than the flush's own variation: its "
+                       "cold time is not resolved by the graph timer; use --timer profiler'"]
 
 
 def test_every_side_is_attributed_after_timing_whatever_the_timer():
@@ -460,8 +491,8 @@ def test_a_side_that_launches_no_kernel_is_marked_no_device_work():
     t._profile = lambda fn, calls: [[] for _ in range(calls)]  # a view op: profiled calls, no kernels
     timed = t.measure_pair("alias", FNS)
     assert all(m.kernels == [] for m in timed.measurements.values())
-    assert [m.split(" detail=")[0] for m in t.marks] == ["NO_DEVICE_WORK side=baseline",
-                                                        "NO_DEVICE_WORK side=candidate"]
+    detail = "detail='the profiled calls launched no device kernel: the time measured is host or replay overhead'"
+    assert t.marks == [f"NO_DEVICE_WORK side=baseline {detail}", f"NO_DEVICE_WORK side=candidate {detail}"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -535,3 +566,223 @@ def test_an_interpreter_run_says_once_that_its_rows_carry_no_kernels(tmp_path, h
     assert proc.stdout.count("per-kernel attribution not recorded: backend 'interpreter'") == 1
     rows = load(run_dir_of(proc) / rundir.RESULTS_JSON)["rows"]
     assert len(rows) > 1 and all(r["status"] == "SUCCESS" and "kernels" not in r for r in rows)
+
+
+# --- the graph and direct timers on a stand-in device (tests/standin_cuda.py) -------------------------
+# Times are powers of two, so the device clock's sums are exact.
+CALL_MS = 2 ** -7  # one call of the op, ms
+REPLAY_MS = 2 ** -6  # a graph replay's own overhead, ms
+
+
+def standin_timer(monkeypatch, warmup_ms=4.0, rep_ms=100.0, **device):
+    """The real Timer on cuda, torch.cuda replaced by the stand-in (no profiler: attribution has its
+    own tests)."""
+    accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda(replay_overhead_ms=REPLAY_MS, **device))
+    marks = []
+    backend = dataclasses.replace(backends.get("cuda"), profiler_activity=None)
+    return Timer(backend, "auto", warmup_ms, rep_ms, marks.append), accel, marks
+
+
+def graph_captures(accel):
+    return [(calls, state) for (_, _, state), (_, _, calls) in
+            zip(accel.steps("capture"), accel.steps("captured"), strict=True)]
+
+
+@pytest.mark.parametrize(("warmup_ms", "warmups"), [(4.0, 512), (0.001, timers.WARMUP_RANGE[0]),
+                                                    (100.0, timers.WARMUP_RANGE[1])])
+def test_the_graph_timer_discards_one_call_estimates_from_three_and_warms_up_before_capture(
+        monkeypatch, warmup_ms, warmups):
+    t, accel, marks = standin_timer(monkeypatch, warmup_ms=warmup_ms)
+    timed = t.measure_pair("op", {"x": accel.op(CALL_MS, first_call_ms=50.0)})
+    assert timed.timer == "graph" and marks == []
+    # The first call (its autotune sweep's 50 ms) runs alone between syncs and is not in the
+    # estimate: the warmup is the budget over one call's time (4 / 2**-7 = 512), within its range.
+    assert accel.log[:4] == [("synchronize",), ("launch", "first call"), ("launch", "kernel"), ("synchronize",)]
+    assert accel.launches_before_first_capture() == 1 + 3 + warmups
+    first_capture = accel.log.index(accel.steps("capture")[0])
+    assert accel.log[first_capture - 1] == ("synchronize",)  # the warmup has finished when capture starts
+
+
+def test_the_graph_timer_unrolls_to_the_replay_target_from_a_probe_and_divides_per_call(monkeypatch):
+    # The device's 2nd replay (the probe's first timed one) is disturbed: the probe takes the fastest of three.
+    t, accel, marks = standin_timer(monkeypatch, disturbed={1: 0.5})
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
+    (probe_calls, probe_state), (unroll, state) = graph_captures(accel)
+    assert probe_calls == timers.GRAPH_PROBE_CALLS
+    per_call = (probe_calls * CALL_MS + REPLAY_MS) / probe_calls  # the probe's replay, per call
+    # The fewest calls whose replay reaches the target: 214 calls of 0.009375 ms.
+    assert unroll * per_call >= timers.GRAPH_REPLAY_TARGET_MS > (unroll - 1) * per_call
+    assert probe_state == state == "copy of real" and accel.default_generators[0].state == "real"
+    # Each sample is one replay of the unrolled graph (its upload paid before timing), per call.
+    per_replay = unroll * CALL_MS + REPLAY_MS
+    assert m.timer == "graph" and m.samples_ms == [pytest.approx(per_replay / unroll)] * len(m.samples_ms)
+    assert len(m.samples_ms) == 50  # the 100 ms budget over the probe's 2.00625 ms per replay
+    replays = accel.steps("replay")
+    assert [n for _, _, n in replays] == [probe_calls] * 4 + [unroll] * (1 + len(m.samples_ms))
+    assert m.l2_flush_ms is None and marks == []
+
+
+@pytest.mark.parametrize(("kernel_ms", "overhead_ms", "unroll"), [
+    (4.0, REPLAY_MS, 1),  # a replay of one call already lasts past the target
+    (2 ** -20, 2 ** -14, timers.GRAPH_MAX_UNROLL),  # a tiny kernel: the unroll is capped
+    (0.0, 0.0, timers.GRAPH_MAX_UNROLL),  # a replay that reads zero divides by nothing
+])
+def test_the_unroll_is_clamped_at_both_ends(monkeypatch, kernel_ms, overhead_ms, unroll):
+    accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda(replay_overhead_ms=overhead_ms))
+    backend = dataclasses.replace(backends.get("cuda"), profiler_activity=None)
+    m = Timer(backend, "graph", 4.0, 100.0, lambda m: None).measure_pair("op", {"x": accel.op(kernel_ms)})
+    assert [calls for calls, _ in graph_captures(accel)] == [timers.GRAPH_PROBE_CALLS, unroll]
+    sample = (unroll * kernel_ms + overhead_ms) / unroll
+    assert m.measurements["x"].samples_ms == [pytest.approx(sample)] * len(m.measurements["x"].samples_ms)
+
+
+def test_a_probe_graph_of_the_right_size_is_timed_as_is(monkeypatch):
+    # 13/64 ms a call: the probe replays 10 calls in 2.046875 ms, 10 is the unroll, no second capture.
+    t, accel, _ = standin_timer(monkeypatch)
+    m = t.measure_pair("op", {"x": accel.op(13 / 64)}).measurements["x"]
+    assert graph_captures(accel) == [(timers.GRAPH_PROBE_CALLS, "copy of real")]
+    assert m.samples_ms == [pytest.approx((10 * 13 / 64 + REPLAY_MS) / 10)] * len(m.samples_ms)
+
+
+@pytest.mark.parametrize(("rep_ms", "reps"), [(0.0, timers.REPS_RANGE[0]), (1e6, timers.REPS_RANGE[1])])
+def test_the_graph_timers_replays_are_clamped(monkeypatch, rep_ms, reps):
+    t, accel, _ = standin_timer(monkeypatch, rep_ms=rep_ms)
+    assert len(t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms) == reps
+
+
+def test_cold_l2_graph_samples_are_the_op_alone_and_the_flush_is_its_own_graph(monkeypatch):
+    t, accel, marks = standin_timer(monkeypatch)
+    t.l2, t._flush_buffer = "cold", standin_cuda.Buffer(accel, 0.25)  # as __init__ allocates it on a device
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
+    (probe, _), (both, _), (flush_only, _) = graph_captures(accel)
+    # The probe and the timed graph each hold flush + op per call; the flush-only graph as many flushes.
+    assert probe == 2 * timers.GRAPH_PROBE_CALLS and both == 2 * flush_only
+    unroll = flush_only
+    assert m.samples_ms == [pytest.approx(CALL_MS)] * len(m.samples_ms)  # replay overheads cancel out
+    assert m.l2_flush_ms == pytest.approx((unroll * 0.25 + REPLAY_MS) / unroll) and marks == []
+    assert m.summary()["l2_flush_ms"] == m.l2_flush_ms
+
+
+def refusing_op(accel, ms):
+    """An op that cannot be captured (a host sync inside), as CUDA refuses it."""
+    def fn():
+        if accel.capturing is not None:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        accel.launch(ms)
+    return fn
+
+
+def test_a_refused_capture_times_every_side_directly_on_events(monkeypatch):
+    t, accel, marks = standin_timer(monkeypatch, warmup_ms=1.0, rep_ms=0.5)
+    checked = []
+    monkeypatch.setattr(t, "_check_alive", lambda: checked.append(True))
+    timed = t.measure_pair("op", {"a": accel.op(CALL_MS), "b": refusing_op(accel, 2 * CALL_MS)})
+    assert timed.timer == "direct" and checked == [True]
+    assert marks == ["TIMER_FALLBACK phase=capture reason=recoverable "
+                     "detail='CUDA error: operation not permitted when stream is capturing'"]
+    a, b = timed.measurements["a"], timed.measurements["b"]
+    # One event pair per call, read after one sync: each sample is one call; 0.5 ms of 2**-7 is 64.
+    assert a.timer == b.timer == "direct"
+    assert a.samples_ms == [CALL_MS] * 64 and b.samples_ms == [2 * CALL_MS] * 32
+
+
+def test_the_direct_timer_warms_up_and_leaves_the_cold_flush_untimed(monkeypatch):
+    t, accel, marks = standin_timer(monkeypatch, warmup_ms=1.0, rep_ms=0.25)
+    t.timer, t.l2, t._flush_buffer = "direct", "cold", standin_cuda.Buffer(accel, 1.0)
+    timed = t.measure_pair("op", {"x": accel.op(CALL_MS, first_call_ms=50.0)})
+    m = timed.measurements["x"]
+    assert timed.timer == "direct"
+    # 0.25 ms of 2**-7 is 32 calls, each after a flush that its events leave out.
+    assert m.timer == "direct" and m.samples_ms == [CALL_MS] * 32 and marks == []
+    launches = [name for kind, *rest in accel.log if kind == "launch" for name in rest]
+    # The discarded first call, the 3-call estimate and 1 / 2**-7 = 128 warmups, then flush + call.
+    assert launches == ["first call"] + ["kernel"] * (1 + 3 + 128) + ["flush", "kernel"] * 32
+    assert accel.steps("capture") == []
+
+
+@pytest.mark.parametrize(("rep_ms", "reps"), [(0.0, timers.REPS_RANGE[0]), (1e6, timers.REPS_RANGE[1])])
+def test_the_direct_timers_calls_are_clamped(monkeypatch, rep_ms, reps):
+    t, accel, _ = standin_timer(monkeypatch, warmup_ms=0.0, rep_ms=rep_ms)
+    t.timer = "direct"
+    assert len(t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms) == reps
+
+
+def test_the_host_timer_estimates_from_one_call_warms_up_and_samples_within_its_range(monkeypatch):
+    clock = [1024.0]  # seconds, far from zero as perf_counter's are; steps of 2**-9 s keep the sums exact
+    calls = []
+    call_ms = 2 ** -9 * 1e3
+
+    def op():
+        calls.append(1)
+        clock[0] += 2 ** -9
+
+    monkeypatch.setattr(timers.time, "perf_counter", lambda: clock[0])
+    m = Timer(backends.get("interpreter"), "auto", 4 * call_ms, 8 * call_ms, lambda m: None)._host(op)
+    # One call estimates, 4 warm up, 8 are timed.
+    assert m.timer == "host" and m.samples_ms == [pytest.approx(call_ms)] * 8 and len(calls) == 1 + 4 + 8
+    calls.clear()
+    bare = Timer(backends.get("interpreter"), "auto", 0.0, 0.0, lambda m: None)._host(op)
+    assert len(bare.samples_ms) == timers.HOST_REPS_RANGE[0] and len(calls) == 1 + timers.HOST_REPS_RANGE[0]
+    calls.clear()
+    long = Timer(backends.get("interpreter"), "auto", 1e6, 1e6, lambda m: None)._host(op)
+    assert len(long.samples_ms) == timers.HOST_REPS_RANGE[1]
+    assert len(calls) == 1 + timers.WARMUP_RANGE[1] + timers.HOST_REPS_RANGE[1]
+
+
+def test_measurement_summary_has_every_statistic():
+    s = Measurement([1.0, 2.0, 3.0, 4.0, 10.0], "graph").summary()
+    assert s == {"n": 5, "median": 3.0, "mean": 4.0, "std": pytest.approx(np.std([1, 2, 3, 4, 10], ddof=1)),
+                 "min": 1.0, "max": 10.0, "p20": pytest.approx(1.8), "p80": pytest.approx(5.2)}
+    assert Measurement([1.0, 3.0], "graph").summary()["std"] == pytest.approx(2 ** 0.5)
+    one = Measurement([2.0], "direct", l2_flush_ms=0.5)
+    assert one.summary()["std"] == 0.0 and one.summary()["l2_flush_ms"] == 0.5 and one.median_ms == 2.0
+
+
+def test_a_markers_detail_is_the_errors_first_line_cut_or_its_type():
+    assert timers._first_line(RuntimeError("  first\nsecond")) == "first"
+    assert timers._first_line(RuntimeError("x" * 300)) == "x" * 200
+    assert timers._first_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_failed_replay_is_classified_with_its_phase(monkeypatch):
+    t, accel, marks = standin_timer(monkeypatch, replay_error="CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        t.measure_pair("op", {"x": accel.op(CALL_MS)})
+    t, accel, marks = standin_timer(monkeypatch, replay_error="CUDA error: unknown error")
+    with pytest.raises(timers.CapturePoisoned, match="^CUDA error: unknown error$"):
+        t.measure_pair("op", {"x": accel.op(CALL_MS)})
+    assert marks == ["CAPTURE_POISONED phase=replay detail='CUDA error: unknown error'"]
+
+
+def test_a_fallback_whose_liveness_probe_fails_is_poisoned():
+    # On this CPU-only torch a tensor on cuda:0 fails as a dead context would.
+    marks = []
+    t = Timer(backends.get("interpreter"), "auto", 0, 0, marks.append)
+    t.backend = backends.get("cuda")
+    with pytest.raises(timers.CapturePoisoned, match="Torch not compiled with CUDA enabled"):
+        t._check_alive()
+    assert marks == ["CAPTURE_POISONED phase=after_fallback detail='Torch not compiled with CUDA enabled'"]
+
+
+def test_a_cold_timer_allocates_its_flush_buffer_once_on_the_device_at_twice_the_l2(monkeypatch):
+    standin_cuda.install(monkeypatch, standin_cuda.StandInCuda())
+    allocated = []
+    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: allocated.append((shape, kw)) or "buffer")
+    backend = dataclasses.replace(backends.get("cuda"), l2_cache_bytes=lambda: 50 << 20)
+    cold = Timer(backend, "graph", 1, 1, lambda m: None, l2="cold")
+    assert cold._flush_buffer == "buffer" and cold._accel is torch.cuda
+    assert allocated == [((timers.L2_FLUSH_FACTOR * (50 << 20),), {"dtype": torch.int8, "device": "cuda:0"})]
+    allocated.clear()
+    warm = Timer(backend, "graph", 1, 1, lambda m: None)
+    assert warm._flush_buffer is None and allocated == []
+
+
+def test_an_op_on_the_deny_list_is_timed_directly_without_a_capture(monkeypatch):
+    t, accel, marks = standin_timer(monkeypatch, warmup_ms=0.0, rep_ms=0.125)
+    t.backend = dataclasses.replace(t.backend, capture_deny=frozenset({"op"}))
+    timed = t.measure_pair("op", {"a": accel.op(CALL_MS), "b": accel.op(2 * CALL_MS)})
+    assert timed.timer == "direct" and accel.steps("capture") == []
+    # 0.125 ms of 2**-7 is 16 calls; of 2**-6, 8, clamped to 10.
+    assert timed.measurements["a"].samples_ms == [CALL_MS] * 16
+    assert timed.measurements["b"].samples_ms == [2 * CALL_MS] * timers.REPS_RANGE[0]
+    assert marks == ["TIMER_FALLBACK phase=deny reason=capture_denied detail='op is on the cuda capture deny list'"]

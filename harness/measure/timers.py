@@ -239,7 +239,7 @@ class Timer:
         if self._accel is not None:
             self._accel.synchronize()
 
-    def _event_pair_ms(self, fn: Callable[[], object], calls: int = 1) -> float:
+    def _event_pair_ms(self, fn: Callable[[], object], calls: int) -> float:
         start, end = self._accel.Event(enable_timing=True), self._accel.Event(enable_timing=True)
         start.record()
         for _ in range(calls):
