@@ -2,6 +2,7 @@
 that fills the disk under the run dir before a row is written."""
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -37,3 +38,30 @@ def _inputs(shape, dtype, device):
 COMMON = dict(baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
 slow_op = Operator(name="slow_op", inputs=_slow_inputs, candidate=triton_add, **COMMON)
 disk_filler_op = Operator(name="disk_filler_op", inputs=_inputs, candidate=_fill_then_add, **COMMON)
+
+
+def _stop_the_group_once_a_row_is_landing():
+    """What a batch's timeout does at the worst moment: SIGTERM to the run's group as the first
+    case's row lands, on the first write that shows it finished (results.json holding a row, or
+    run.json naming no running case after one ran), before the next case begins."""
+    from harness.core import rundir
+
+    write = rundir.atomic_write_json
+    seen = {"running": False, "sent": False}
+
+    def write_then_stop(path, data):
+        write(path, data)
+        name = Path(path).name
+        running = data.get("observed", {}).get("running_case") if name == rundir.RUN_JSON else None
+        seen["running"] = seen["running"] or running is not None
+        landed = (name == rundir.RESULTS_JSON and data.get("rows")) or (
+            name == rundir.RUN_JSON and seen["running"] and running is None)
+        if landed and not seen["sent"]:
+            seen["sent"] = True
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+
+    rundir.atomic_write_json = write_then_stop
+
+
+if os.environ.get("ZL_TEST_STOP_AFTER_ROW"):
+    _stop_the_group_once_a_row_is_landing()
