@@ -22,6 +22,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 # or, when this run was killed, by the next private dir made (paths.make_private_dir).
 os.environ["TRITON_CACHE_DIR"] = str(paths.make_private_dir("tests_triton_cache"))
 atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
+# Those of runs the tests killed outright (a batch's kill, a parent's SIGKILL), the last ones included.
+atexit.register(paths.remove_abandoned)
 REPO = Path(__file__).resolve().parent.parent
 
 # Fixtures shaped like other projects' test suites (a FlagGems checkout): run by our tests, never
@@ -125,6 +127,18 @@ def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def in_a_case(under: Path) -> bool:
+    """Whether a run somewhere under `under` is measuring a case (its child is past start-up):
+    what a test that stops a run mid-case waits for, whatever the machine's load."""
+    for run_json in under.rglob("run.json"):
+        try:
+            if json.loads(run_json.read_text()).get("observed", {}).get("running_case"):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 # --- autotuning ---------------------------------------------------------------------------------

@@ -122,11 +122,11 @@ def test_a_timed_out_op_that_was_stopped_leaves_no_cache(tmp_path):
     # A stopped op cannot handle the timeout's SIGTERM: it is killed outright, cache and all.
     d = tmp_path / "batch"
     proc = _start(tmp_path, "batch", "--backend", "interpreter", "--ops-path", BATCH_OPS, "--ops", "hang_op",
-                  "--op-timeout", "20", "--batch-dir", d)
+                  "--op-timeout", "60", "--batch-dir", d)
     def measuring() -> list[int]:
         return [p for p in pids_mentioning(str(d)) if b"harness.child" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
-    assert wait_for(lambda: measuring() or proc.poll() is not None, 120) and private_dirs(tmp_path)
+    assert wait_for(lambda: measuring() or proc.poll() is not None, 240) and private_dirs(tmp_path)
     for pid in pids_mentioning(str(d)):  # the op's record and its child, not their guard nor the batch
         if pid != proc.pid and b"opguard" not in Path(f"/proc/{pid}/cmdline").read_bytes():
             os.kill(pid, signal.SIGSTOP)

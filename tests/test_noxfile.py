@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, wait_for, wait_gone
+from conftest import REPO, in_a_case, wait_for, wait_gone
 
 NOX = [sys.executable, "-m", "nox"]
 
@@ -82,17 +82,6 @@ def slow_shapes(tmp_path):
     path = tmp_path / "shapes.yaml"
     path.write_text(f"slow_op:\n  shapes: {[[4 * (i + 1)] for i in range(8)]}\n")
     return path
-
-
-def in_a_case(runs):
-    """Whether a run under `runs` is measuring a case (its child is past start-up)."""
-    for run_json in runs.glob("**/run.json"):
-        try:
-            if json.loads(run_json.read_text()).get("observed", {}).get("running_case"):
-                return True
-        except ValueError:
-            continue
-    return False
 
 
 def op_statuses(batch_dir):
