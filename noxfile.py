@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import re
 import shutil
 import sys
@@ -95,10 +96,19 @@ def _require_compiler(session: nox.Session) -> None:
         )
 
 
+def _run_harness(session: nox.Session, command: str) -> None:
+    """`python -m harness COMMAND posargs`, which takes a Ctrl-C as it does without nox: nox does
+    not cut its stop short (its default: SIGTERM 0.3 s after the interrupt, SIGKILL 0.2 s later;
+    the harness bounds its own stop and kills what does not end in time), and the harness stops
+    when nox dies (harness.core.launch.end_with)."""
+    session.run("python", "-m", "harness", command, *session.posargs, env={"ZL_BENCH_END_WITH_PID": str(os.getpid())},
+                interrupt_timeout=None, terminate_timeout=None)
+
+
 def _harness(session: nox.Session, command: str) -> None:
     _require_compiler(session)
     _light_deps(session, command)
-    session.run("python", "-m", "harness", command, *session.posargs)
+    _run_harness(session, command)
 
 
 @nox.session
@@ -131,7 +141,7 @@ def inventory_regen(session: nox.Session) -> None:
     # A static scan imports no operator, so unlike the benchmark sessions this one runs without
     # torch or triton; --verify-collect runs pytest on the checkout, which brings its own needs.
     _light_deps(session, "inventory-regen")
-    session.run("python", "-m", "harness", "inventory-regen", *session.posargs)
+    _run_harness(session, "inventory-regen")
 
 
 @nox.session(tags=["ci"])

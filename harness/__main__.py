@@ -2,9 +2,17 @@
 packages a session installed into this checkout's .nox/deps; one it still lacks is one line, not
 an import traceback."""
 
+import os
 import sys
 
-from harness.core import deps
+from harness.core import deps, launch
+
+# The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving it.
+# Ours alone: a process we start has its own tie to us.
+_session = os.environ.pop(launch.END_WITH_ENV, None)
+if _session:
+    launch.end_with(int(_session))
+launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
 
 deps.use_deps_dir()
 _missing = deps.missing(deps.needed(sys.argv[1] if len(sys.argv) > 1 else None))

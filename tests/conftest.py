@@ -2,26 +2,32 @@
 before triton decorates any kernel (i.e. before any ops module is imported)."""
 
 import atexit
+import ctypes
 import gc
 import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from harness.core import launch, paths
+
 os.environ["TRITON_INTERPRET"] = "1"
 # The tests' own compiler cache, empty at start: a test must not pass only because the user's
-# ~/.triton/cache happens to hold a kernel, nor write into it.
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="zl_tests_triton_cache_")
+# ~/.triton/cache happens to hold a kernel, nor write into it. A private dir: removed at the end,
+# or, when this run was killed, by the next private dir made (paths.make_private_dir).
+os.environ["TRITON_CACHE_DIR"] = str(paths.make_private_dir("tests_triton_cache"))
 atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
-
+# Those of runs the tests killed outright (a batch's kill, a parent's SIGKILL), the last ones included.
+atexit.register(paths.remove_abandoned)
 REPO = Path(__file__).resolve().parent.parent
+
 # Fixtures shaped like other projects' test suites (a FlagGems checkout): run by our tests, never
 # collected as ours.
 collect_ignore = ["resources"]
@@ -49,6 +55,38 @@ def load(path: Path):
 @pytest.fixture
 def harness():
     return run_harness
+
+
+# Whatever a test's processes leave running (however detached) is reparented to this process, where
+# `leaves_no_process` finds it.
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+LEFTOVER_GRACE_S = 30  # for a process a test stopped to finish its own stop
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_process():
+    """Every test: no process it started, nor any of theirs, is left running after it (those left
+    are killed, and the test fails)."""
+    before = set(launch.children())
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := [p for p in launch.children() if p not in before and alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    named = {pid: _cmdline(pid) for pid in left}
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    assert not named, f"processes left running: {named}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 # --- processes (faults tests: what a kill or a stop left running) ---------------------------------
@@ -91,6 +129,18 @@ def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def in_a_case(under: Path) -> bool:
+    """Whether a run somewhere under `under` is measuring a case (its child is past start-up):
+    what a test that stops a run mid-case waits for, whatever the machine's load."""
+    for run_json in under.rglob("run.json"):
+        try:
+            if json.loads(run_json.read_text()).get("observed", {}).get("running_case"):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 # --- autotuning ---------------------------------------------------------------------------------

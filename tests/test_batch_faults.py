@@ -98,7 +98,7 @@ def test_a_live_batch_refuses_resume_and_its_ops_die_with_it(harness_batch, tmp_
     members = group_pids(facts["pgid"])
     os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
     proc.communicate()
-    assert wait_for(lambda: not any(alive(p) for p in members), 10), [p for p in members if alive(p)]
+    assert wait_for(lambda: not any(alive(p) for p in members), 60), [p for p in members if alive(p)]
 
 
 @pytest.mark.e2e

@@ -1,13 +1,17 @@
 """What a user sees from the nox sessions: no probe noise and no echoed helper scripts before the
 session's own command; `nox -l --json` intact (CI builds its matrix from it); the compiler check
-imports neither torch nor triton."""
+imports neither torch nor triton; an interrupt through nox (the real one) is taken as `python -m
+harness` takes it, and the harness never outlives nox."""
 
+import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 
-from conftest import REPO
+import pytest
+from conftest import REPO, in_a_case, wait_for, wait_gone
 
 NOX = [sys.executable, "-m", "nox"]
 
@@ -57,3 +61,78 @@ def test_compiler_check_names_what_is_missing():
     error, imported = _require_compiler(("torch",)).splitlines()
     assert error.startswith(f"this Python lacks torch or triton (missing torch in {sys.executable}).")
     assert "pip install torch==2.13.0 triton" in error and imported == "[]"
+
+
+# --- an interrupt through nox: taken as `python -m harness` takes it, and nothing outlives nox ---
+FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
+BATCH_OPS = REPO / "tests" / "resources" / "batch_ops"
+
+
+def start_nox(tmp_path, session, *posargs):
+    """`nox -s SESSION -- POSARGS` in a session of its own, as a terminal's foreground job is its
+    own group; private dirs go to tmp_path/tmp."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
+        "UV": "zl-no-such-uv", "TMPDIR": str(tmp_path / "tmp")}
+    return subprocess.Popen([*NOX, "-s", session, "--", *map(str, posargs)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def slow_shapes(tmp_path):
+    path = tmp_path / "shapes.yaml"
+    path.write_text(f"slow_op:\n  shapes: {[[4 * (i + 1)] for i in range(8)]}\n")
+    return path
+
+
+def op_statuses(batch_dir):
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        return {r["op"]: r["status"] for r in csv.DictReader(f)}
+
+
+def test_ctrl_c_of_a_record_through_nox_says_where_it_stopped_and_removes_its_cache(tmp_path):
+    proc = start_nox(tmp_path, "record", "slow_op", "--backend", "interpreter", "--ops-path", FAULT_OPS,
+                     "--shapes", slow_shapes(tmp_path), "--out", tmp_path / "runs", "--color", "never")
+    assert wait_for(lambda: in_a_case(tmp_path / "runs") or proc.poll() is not None, 300)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: nox and the harness alike
+    out, _ = proc.communicate(timeout=120)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert any(line.startswith("record INCOMPLETE: ") and "interrupted (SIGINT)" in line
+               and line.endswith(f"run dir: {run_dir}") for line in out.splitlines()), out
+    assert list((tmp_path / "tmp").iterdir()) == []  # the private Triton cache went with the run
+    assert wait_gone(str(tmp_path)) == []
+
+
+def test_ctrl_c_of_an_ab_through_nox_reports_what_completed(tmp_path):
+    proc = start_nox(tmp_path, "ab", "--ops", "add", "--backend", "interpreter", "--repeats", "3",
+                     "--out", tmp_path / "ab")
+
+    def replayed_once():  # A recorded, and each side replayed once
+        found = list((tmp_path / "ab").glob("ab_*/ab.json"))
+        steps = json.loads(found[0].read_text())["steps"] if found else []
+        return proc.poll() is not None or sum(s["usable"] for s in steps) >= 3
+
+    assert wait_for(replayed_once, 400)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    (ab_dir,) = (tmp_path / "ab").iterdir()
+    assert "interrupted (SIGINT)" in out and any(line.startswith("report: ") for line in out.splitlines()), out
+    assert (ab_dir / "ratios.png").is_file() and (ab_dir / "report.json").is_file()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert wait_gone(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-nox", "sigkill-to-nox"])
+def test_a_batch_through_nox_stops_when_nox_is_stopped_and_says_so(tmp_path, how):
+    d = tmp_path / "batch"
+    proc = start_nox(tmp_path, "batch", "--backend", "interpreter", "--ops-path", BATCH_OPS, "--ops", "hang_op",
+                     "--batch-dir", d)
+    assert wait_for(lambda: in_a_case(d / "ops") or proc.poll() is not None, 300)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:  # nox alone, as a scheduler or `kill` does: the harness must not run on under init
+        os.kill(proc.pid, signal.SIGTERM if how == "sigterm-to-nox" else signal.SIGKILL)
+    out, _ = proc.communicate(timeout=180)  # the harness holds nox's output open until it ends
+    signame = "SIGINT" if how == "ctrl-c" else "SIGTERM"
+    assert f"interrupted ({signame}): every running op was killed; resume with --resume --batch-dir {d}" in out, out
+    assert op_statuses(d) == {"hang_op": "INTERRUPTED"}
+    assert wait_gone(str(tmp_path)) == []

@@ -2,8 +2,15 @@ import os
 import sys
 
 from harness.child.runner import main
+from harness.core import launch
 
-code = main(sys.argv[1:])
+# What an operator starts and leaves running (a server, a `sleep`, one that called setsid) is ours to
+# end with the run, not init's to keep.
+launch.adopt_orphans()
+try:
+    code = main(sys.argv[1:])
+finally:
+    launch.end_orphans()
 # Every file the run writes is complete by now, and the parent reads only those and the exit code:
 # skip the interpreter's teardown (module, CUDA and profiler finalizers), ~0.8 s a step on an H200 host.
 sys.stdout.flush()

@@ -3,6 +3,7 @@ operator, and what happened during the test now running (markers, configs used).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,9 @@ class RunContext:
     rows: list[dict] = dataclasses.field(default_factory=list)
     # Per-case state, reset when a case begins.
     case_id: str = ""
+    # The case begun whose row has not landed yet: None between cases (the last row written is
+    # a finished case, not a running one).
+    running_case: str | None = None
     markers: list[str] = dataclasses.field(default_factory=list)
     configs: dict[str, str] = dataclasses.field(default_factory=dict)
     # The part of the case now running where an exception would be the operator's own ("inputs",
@@ -48,6 +52,9 @@ class RunContext:
     # Why the run stopped early (a signal), set by the child; the outcome written at the end.
     stop_reason: str | None = None
     outcome: dict | None = None
+    # A stop that came while a row was landing waits for the row to be whole (see stop).
+    _landing: bool = dataclasses.field(default=False, init=False, repr=False)
+    _stop_waiting: bool = dataclasses.field(default=False, init=False, repr=False)
 
     @classmethod
     def load(cls, run_dir: Path, say: Callable[..., None] = print) -> RunContext:
@@ -66,6 +73,7 @@ class RunContext:
         """Per-case state reset, then every plugin told through `hook` (pytest's config.hook;
         harness.child.hookspec.pytest_zl_case_started)."""
         self.case_id = case_id
+        self.running_case = case_id
         self.markers = []
         self.configs = {}
         self.running = None
@@ -73,6 +81,38 @@ class RunContext:
         # which case it was in.
         rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
         hook.pytest_zl_case_started(case_id=case_id, shape_label=shape_label)
+
+    def stop(self, reason: str) -> None:
+        """A stop signal: end the run through pytest's interrupt path (KeyboardInterrupt), once; a
+        repeated signal does not cut that path short. During `landing` the interrupt waits for its
+        end, so rows, the running case and results.json never disagree."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        if self._landing:
+            self._stop_waiting = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def landing(self):
+        """Where a case's row is added and the case ends, in memory and on disk: a stop signal
+        that comes within is raised once it is done."""
+        self._landing = True
+        try:
+            yield
+        finally:
+            self._landing = False
+            if self._stop_waiting:
+                self._stop_waiting = False
+                raise KeyboardInterrupt
+
+    def end_case(self) -> None:
+        """The running case's row landed: no case runs until the next begins. On disk before the
+        row itself, so that run.json never names as running a case whose row results.json holds
+        (a kill between the two writes leaves it naming none)."""
+        self.running_case = None
+        rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": None}})
 
     def mark(self, marker: str) -> None:
         """A degraded-measurement marker for the current row (printed under the row's line)."""

@@ -48,9 +48,7 @@ def stop_on_signals(ctx: RunContext) -> None:
     kills outright if the child takes too long)."""
 
     def handler(signum, frame):
-        if ctx.stop_reason is None:
-            ctx.stop_reason = SIGNAL_REASONS[signum]
-            raise KeyboardInterrupt
+        ctx.stop(SIGNAL_REASONS[signum])
 
     for signum in SIGNAL_REASONS:
         signal.signal(signum, handler)

@@ -4,6 +4,9 @@ group kill and parent death, plus the process facts every caller reports with.
 
 `start` starts a child and returns a `Child` (wait with a timeout, signal, stop its group);
 `run` starts one from the main thread and waits for it, forwarding a Ctrl-C or SIGTERM.
+A process that owns a run becomes the subreaper of its tree (adopt_orphans): whatever its children
+leave running (a grandchild, even one that left the group with setsid) is reparented to it, and
+`end_orphans` ends it. `end_with` ties this process to the one that started it (nox).
 """
 
 from __future__ import annotations
@@ -29,10 +32,87 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM)
 PUMP_JOIN_S = 5  # for a child's last lines once it exited (a grandchild may hold its pipe open)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 try:
     _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-except OSError:  # not Linux: no parent-death signal; children are reaped by their parent only
+except OSError:
     _LIBC = None
+# Children `start` started and nobody reaped yet: what `end_orphans` leaves alone.
+_STARTED: set[int] = set()
+_STARTED_LOCK = threading.Lock()
+PARENT_POLL_S = 0.5
+# Set by the noxfile to its own pid for `python -m harness` (see end_with).
+END_WITH_ENV = "ZL_BENCH_END_WITH_PID"
+
+
+def _prctl(option: int, arg: int) -> bool:
+    """Whether the kernel took it (not Linux: no prctl, False)."""
+    prctl = getattr(_LIBC, "prctl", None)
+    return prctl is not None and prctl(option, arg, 0, 0, 0) == 0
+
+
+def end_with(parent: int) -> None:
+    """SIGTERM to this process once `parent`, the process that started it, is gone, however it
+    died (a SIGTERM or SIGKILL to nox alone): this process then stops as on a Ctrl-C, writing what
+    it has, instead of running on under init. At once when `parent` is gone already."""
+    if not _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM):
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_adopting = False
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of what this process starts (Linux; elsewhere orphans go to init).
+    For the processes that own a run (`python -m harness`, the pytest child, a batch op's guard):
+    end_orphans does nothing elsewhere (a caller importing the harness keeps its own children)."""
+    global _adopting
+    _adopting = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def children() -> list[int]:
+    """This process's children (Linux: /proc)."""
+    me = os.getpid()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == me:
+                found.append(int(entry.name))
+    return found
+
+
+def end_orphans() -> int:
+    """SIGKILL and reap every child of this process that `start` did not start, or whose Child
+    was waited for: what a run's tree left behind and was reparented here (see adopt_orphans),
+    and their own children in turn, which come here as they are killed. Call it where no other
+    thread starts a process but through `start`. How many were ended."""
+    if not _adopting:
+        return 0
+    ended = 0
+    while True:
+        with _STARTED_LOCK:
+            left = [pid for pid in children() if pid not in _STARTED]
+        if not left:
+            return ended
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                continue
+            ended += 1
 
 
 def _die_with_parent(signum: int = signal.SIGTERM):
@@ -47,10 +127,8 @@ def _die_with_parent(signum: int = signal.SIGTERM):
 
     def arm() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-            if os.getppid() != parent:  # the parent died before the signal was armed
-                os.kill(os.getpid(), signum)
+        if _prctl(_PR_SET_PDEATHSIG, int(signum)) and os.getppid() != parent:  # it died before the arming
+            os.kill(os.getpid(), signum)
 
     return arm
 
@@ -101,6 +179,8 @@ class Child:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+        with _STARTED_LOCK:
+            _STARTED.discard(self.proc.pid)
         for pump in self.pumps:
             pump.join(timeout=PUMP_JOIN_S)
         return code
@@ -159,8 +239,10 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     # child: an exec keeps the mask, and a child holding SIGINT off would never see a Ctrl-C.
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=environ, start_new_session=own_group,
-                                preexec_fn=_die_with_parent() if with_parent else None, **streams)
+        with _STARTED_LOCK:  # known before end_orphans can see it
+            proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=environ, start_new_session=own_group,
+                                    preexec_fn=_die_with_parent() if with_parent else None, **streams)
+            _STARTED.add(proc.pid)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     pumps = tuple(threading.Thread(target=_pump, args=(stream, write), daemon=True)
@@ -219,7 +301,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     """`start(argv, **start_kw)` and wait for it; call from the main thread. The first signal of
     `forward` that reaches this process goes on to the child (its group), which then has `grace_s`
     to finish, say to write its results, before it is killed; `on_forward(signum)` and `on_kill()`
-    say so. Later signals change nothing. (its exit code, the signal forwarded or None)"""
+    say so. Later signals change nothing. Whatever of its tree outlives it is ended (end_orphans).
+    (its exit code, the signal forwarded or None)"""
     got: list[int] = []
     waiting = False
 
@@ -259,5 +342,6 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
             child.wait()
             raise
     finally:
+        end_orphans()
         for s, h in previous.items():
             signal.signal(s, h)

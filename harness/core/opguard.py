@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.core import launch
+
 RUNNING = ".running"
 POLL_S = 0.2
 GRACE_S = 3.0  # for the op's own SIGTERM handling (it writes its outcome) once its batch is gone
@@ -56,6 +58,7 @@ def main(argv: list[str]) -> int:
         # The batch stops an op with SIGTERM to the whole group: the op handles it, and this process
         # ends when the op does. A Python handler, not SIG_IGN, which the op would inherit.
         signal.signal(signal.SIGTERM, lambda *_: None)
+        launch.adopt_orphans()  # what the op leaves running, setsid or not, ends with it (below)
         proc = subprocess.Popen(cmd)
         while True:
             try:
@@ -64,6 +67,7 @@ def main(argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 if os.getppid() != batch_pid:
                     _end_group(proc, running)
+        launch.end_orphans()
         running.unlink(missing_ok=True)
     if code < 0:  # the op died of a signal: so does this process, so the batch sees the same status
         signal.signal(-code, signal.SIG_DFL)

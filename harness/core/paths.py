@@ -3,9 +3,13 @@ checkout; it is not installed)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from harness.core import deps
@@ -51,3 +55,49 @@ def harness_pythonpath(inherited: str | None) -> str:
 def runs_root(out: Path | None) -> Path:
     """The parent of new run dirs: --out, else runs/ in the checkout."""
     return (out or RUNS_DIR).resolve()
+
+
+# `zl_<kind>.<owner pid>.<random>` in the temp dir: a private dir that says whose it is.
+_PRIVATE = re.compile(r"^zl_[a-z_]+\.(\d+)\.")
+
+
+def make_private_dir(kind: str) -> Path:
+    """A fresh dir in the temp dir for this process alone (a Triton cache), which its owner removes
+    when done. One whose owner died first (kill -9) is removed here, by the next one made."""
+    remove_abandoned()
+    return Path(tempfile.mkdtemp(prefix=f"zl_{kind}.{os.getpid()}."))
+
+
+@contextlib.contextmanager
+def private_dir(kind: str):
+    path = make_private_dir(kind)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_abandoned() -> list[Path]:
+    """Remove the private dirs whose owner is gone; those removed."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob("zl_*.*.*"):
+        owner = _PRIVATE.match(path.name)
+        if owner and path.is_dir() and not _running(int(owner[1])):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a process killed outright, its parent yet to reap it, runs nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return True  # no /proc: alive, as far as can be told

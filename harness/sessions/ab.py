@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -276,7 +275,7 @@ class Runner:
         Every step still runs in a fresh process and its IR is what its own compiler built: a
         cache hit loads the kernel this same build compiled for the same source, options and
         switches (Triton keys its cache by those too), and the IR plugin reads what was launched."""
-        self._cache_root = Path(tempfile.mkdtemp(prefix="zl_ab_triton_cache_"))
+        self._cache_root = paths.make_private_dir("ab_triton_cache")
         keys = {}
         for side in (self.plan.a, self.plan.b):
             try:
@@ -288,7 +287,8 @@ class Runner:
                 continue
             keys[side.name] = key
             self.caches[side.name] = self._cache_root / f"{side.name}-{key['digest']}"
-        self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]), "removed_after": True}
+        self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]),
+                                              "removed": "as the A/B ends (if it died first: by the next run)"}
                                        for name, key in keys.items()}
 
     def close(self) -> None:

@@ -448,6 +448,8 @@ class Batch:
         finally:
             for t in threads:
                 t.join(timeout=KILL_GRACE_S + 5)
+            launch.end_orphans()  # what an op's guard, killed outright, left behind
+            paths.remove_abandoned()  # the private cache of an op killed outright (a stopped one, on timeout)
 
     def stop(self) -> None:
         """Stop scheduling and kill every running op's process group."""

@@ -9,14 +9,13 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 import backends
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
-from harness.core.paths import runs_root
+from harness.core.paths import private_dir, runs_root
 from harness.providers import shapes
 from harness.sessions import sweep
 
@@ -155,8 +154,9 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cach
         return _execute(run_spec, shape_list, out, cache_dir, f"shared: {cache_dir}")
     # Private to this run (its parallel sweep's shards included): the IR collected is exactly
     # this run's, and nothing compiled by another compiler build is picked up.
-    with tempfile.TemporaryDirectory(prefix="zl_triton_cache_") as private:
-        return _execute(run_spec, shape_list, out, Path(private), "private, removed after")
+    with private_dir("triton_cache") as private:
+        return _execute(run_spec, shape_list, out, private,
+                        f"private: {private}, removed as the run ends (if this process died first: by the next run)")
 
 
 def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path, cache_note: str) -> int:

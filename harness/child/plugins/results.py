@@ -85,9 +85,11 @@ class ResultsPlugin:
         self.add_row(row)
 
     def add_row(self, row: dict) -> None:
-        self.hook.pytest_zl_row_ready(row=row)
-        self.ctx.rows.append(row)
-        self._flush()
+        with self.ctx.landing():
+            self.hook.pytest_zl_row_ready(row=row)
+            self.ctx.rows.append(row)
+            self.ctx.end_case()
+            self._flush()
         self._print_row(row)
 
     def update_rows(self) -> None:

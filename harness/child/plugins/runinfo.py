@@ -70,4 +70,4 @@ def outcome(ctx, session, exitstatus) -> dict:
         reason = f"{planned - done} planned case(s) never reported"
     complete = reason is None
     return {"status": "COMPLETE" if complete else "INCOMPLETE", "rows_done": done, "rows_planned": planned,
-            "reason": reason, "running_case": None if complete else (ctx.case_id or None)}
+            "reason": reason, "running_case": None if complete else ctx.running_case}

@@ -1,7 +1,10 @@
-"""Test-only operators for fault injection: slow enough to be interrupted between rows, and one
-that fills the disk under the run dir before a row is written."""
+"""Test-only operators for fault injection: slow enough to be interrupted between rows, one that
+fills the disk under the run dir before a row is written, one that leaves a process running."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +37,44 @@ def _inputs(shape, dtype, device):
     return (torch.randn(*shape, dtype=dtype, device=device), torch.randn(*shape, dtype=dtype, device=device))
 
 
+def _add_leaving_a_process(x, y):
+    # Once per process: a process never ended (named by ZL_TEST_MARK, for the test to find), with
+    # our stdout; in a session of its own with ZL_TEST_SETSID, out of reach of a group kill.
+    if not os.environ.get("ZL_TEST_LEFT"):
+        os.environ["ZL_TEST_LEFT"] = "1"
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", os.environ["ZL_TEST_MARK"]],
+                         start_new_session=bool(os.environ.get("ZL_TEST_SETSID")))
+    return triton_add(x, y)
+
+
 COMMON = dict(baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
 slow_op = Operator(name="slow_op", inputs=_slow_inputs, candidate=triton_add, **COMMON)
+leaving_op = Operator(name="leaving_op", inputs=_inputs, candidate=_add_leaving_a_process, **COMMON)
 disk_filler_op = Operator(name="disk_filler_op", inputs=_inputs, candidate=_fill_then_add, **COMMON)
+
+
+def _stop_the_group_once_a_row_is_landing():
+    """What a batch's timeout does at the worst moment: SIGTERM to the run's group as the first
+    case's row lands, on the first write that shows it finished (results.json holding a row, or
+    run.json naming no running case after one ran), before the next case begins."""
+    from harness.core import rundir
+
+    write = rundir.atomic_write_json
+    seen = {"running": False, "sent": False}
+
+    def write_then_stop(path, data):
+        write(path, data)
+        name = Path(path).name
+        running = data.get("observed", {}).get("running_case") if name == rundir.RUN_JSON else None
+        seen["running"] = seen["running"] or running is not None
+        landed = (name == rundir.RESULTS_JSON and data.get("rows")) or (
+            name == rundir.RUN_JSON and seen["running"] and running is None)
+        if landed and not seen["sent"]:
+            seen["sent"] = True
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+
+    rundir.atomic_write_json = write_then_stop
+
+
+if os.environ.get("ZL_TEST_STOP_AFTER_ROW"):
+    _stop_the_group_once_a_row_is_landing()
