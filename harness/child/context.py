@@ -45,8 +45,10 @@ class RunContext:
     running: str | None = None
     # Lines for the user (harness.child.console); pytest's own output goes to run.log only.
     say: Callable[..., None] = print
-    # Why the run stopped early (a signal), set by the child; the outcome written at the end.
+    # Why the run stopped early (a signal) and the exit code that says so, set by the child; the
+    # outcome written at the end.
     stop_reason: str | None = None
+    stop_code: int | None = None
     outcome: dict | None = None
 
     @classmethod
