@@ -17,8 +17,15 @@ import sys
 from harness.core import launch
 from harness.providers import registry
 
-# Long enough for a module that compiles or downloads at import; a batch narrows it to its --op-timeout.
+# Long enough for a module that compiles or downloads at import; a batch narrows it to its
+# --op-timeout, but never below IMPORT_FLOOR_S: importing torch alone takes seconds on a busy host.
 IMPORT_TIMEOUT_S = 300.0
+IMPORT_FLOOR_S = 30.0
+
+
+def budget(op_timeout: float) -> float:
+    """The import budget of ops that run under `op_timeout` each."""
+    return min(IMPORT_TIMEOUT_S, max(op_timeout, IMPORT_FLOOR_S))
 
 
 @dataclasses.dataclass(frozen=True)

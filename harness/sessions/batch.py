@@ -807,7 +807,7 @@ def _op_dtypes(selected: list[Entry], ops_paths: list[str], timeout: float) -> d
     names = sorted({e.op for e in wanted})
     try:
         if ops_paths:
-            found, skipped = probe.load(names, ops_paths, min(timeout, probe.IMPORT_TIMEOUT_S))
+            found, skipped = probe.load(names, ops_paths, probe.budget(timeout))
         else:
             found, skipped = {name: _builtin(name) for name in names}, []
     except registry.OperatorNotFound as exc:
