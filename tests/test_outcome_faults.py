@@ -70,6 +70,7 @@ def test_a_child_that_exits_on_its_own_mid_run_is_incomplete_whatever_its_code(t
         f"record INCOMPLETE: 1/2 rows, child exited {child_code} unexpectedly (no outcome recorded) during case "
         f"fp32-8; run dir: {run_dir}")
     assert "no space left" not in proc.stdout + proc.stderr
+    assert not (run_dir / ".space_reserve").exists()  # held for a full disk while the child ran, then freed
 
 
 def test_a_batch_op_whose_child_exits_2_is_retried_not_taken_for_bad_input(tmp_path):

@@ -67,13 +67,14 @@ def say_stopped(console: Console, run_dir: Path, line: str, outcome: dict) -> No
         pass
 
 
-class DiskFullGuard:
-    """A full disk, wherever it is met (a test writing records, a hook writing results): one line
-    to the user, the outcome into the space the run dir kept for it (rundir.RESERVE), and an
-    immediate exit. Files written before are complete (atomic writes), and anything written from
-    here on could only fail or come out partial. A records file found corrupt only once its kernel
-    runs (autotune.RecordsCorrupt) stops the run the same way, as bad input, before its config is
-    injected into anything."""
+class StopGuard:
+    """Faults after which the run cannot go on, wherever they are met (a test writing records, a
+    hook writing results): an immediate exit with the outcome recorded. A full disk: one line to
+    the user, the outcome into the space the run dir kept for it (rundir.RESERVE). Files written
+    before are complete (atomic writes), and anything written from here on could only fail or come
+    out partial. Records found corrupt only once their kernel runs (tuning.RecordsCorrupt): bad
+    input, before the config is injected into anything. The run dir removed under the run: the
+    parent says so."""
 
     def __init__(self, console: Console, run_dir: Path):
         self.console = console
@@ -86,7 +87,7 @@ class DiskFullGuard:
                 "rows_planned": (len(ctx.cases) or None) if ctx else None, "reason": reason,
                 "running_case": (ctx.case_id or None) if ctx else None, "exit_code": code}
 
-    def stop_if_full(self, exc: BaseException | None) -> None:
+    def stop_if_fatal(self, exc: BaseException | None) -> None:
         if isinstance(_cause(exc, OSError), FileNotFoundError) and not self.run_dir.is_dir():
             # The run dir was removed under the run: nothing more can be kept, and the parent, which
             # finds it gone, says so in its last line.
@@ -104,13 +105,13 @@ class DiskFullGuard:
             os._exit(rundir.EXIT_BAD_INPUT)
 
     def pytest_exception_interact(self, node, call, report):
-        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+        self.stop_if_fatal(call.excinfo.value if call.excinfo else None)
 
     def pytest_runtest_makereport(self, item, call):
-        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+        self.stop_if_fatal(call.excinfo.value if call.excinfo else None)
 
     def pytest_internalerror(self, excrepr, excinfo):
-        self.stop_if_full(excinfo.value)
+        self.stop_if_fatal(excinfo.value)
 
 
 class ChildHooks:
@@ -121,7 +122,7 @@ class ChildHooks:
         pluginmanager.add_hookspecs(hookspec)
 
 
-def build_plugins(ctx: RunContext, guard: DiskFullGuard) -> list:
+def build_plugins(ctx: RunContext, guard: StopGuard) -> list:
     """The child's plugins, wired here and only here: a plugin using another's service gets it as
     an argument, and a case's start reaches every plugin through a declared hook; none reads what
     another left on the context, so the order of this list does not matter
@@ -151,7 +152,7 @@ def _cause(exc: BaseException | None, kind: type[BaseException]) -> BaseExceptio
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     console = Console.split_stdout()
-    guard = DiskFullGuard(console, run_dir)
+    guard = StopGuard(console, run_dir)
     try:
         try:
             ctx = RunContext.load(run_dir, console.say)
@@ -178,7 +179,7 @@ def main(argv: list[str]) -> int:
         ]
         return int(pytest.main(args, plugins=plugins))
     except OSError as exc:
-        guard.stop_if_full(exc)
+        guard.stop_if_fatal(exc)
         raise
 
 

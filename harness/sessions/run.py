@@ -214,6 +214,7 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cac
             tee.write(f"error: {tee.log_error}; run.log stops there\n")
     finally:
         tee.close()
+        rundir.release_space(run_dir)  # however the run ended (a stopped sweep, say)
     # This process was stopped: that is the account, whatever the child recorded before it stopped.
     return 128 + getattr(signal, interrupted) if interrupted else outcome["exit_code"]
 
