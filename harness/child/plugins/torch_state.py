@@ -25,28 +25,51 @@ def _backend_flag(module, name: str) -> tuple[Callable, Callable]:
     return (lambda: getattr(module, name)), (lambda value: setattr(module, name, value))
 
 
-# name -> (read, restore); each read is cheap (no device work), so checking per case costs nothing.
-SETTINGS: dict[str, tuple[Callable, Callable]] = {
-    "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
-    "default_device": (torch.get_default_device, torch.set_default_device),
-    "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
-    "anomaly_detection": (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
-    "deterministic_algorithms": (_deterministic, _set_deterministic),
-    "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-    "num_threads": (torch.get_num_threads, torch.set_num_threads),
-    "cuda.matmul.allow_tf32": _backend_flag(torch.backends.cuda.matmul, "allow_tf32"),
-    "cuda.matmul.allow_fp16_reduced_precision_reduction":
-        _backend_flag(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
-    "cuda.matmul.allow_bf16_reduced_precision_reduction":
-        _backend_flag(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
-    "cudnn.allow_tf32": _backend_flag(torch.backends.cudnn, "allow_tf32"),
-    "cudnn.benchmark": _backend_flag(torch.backends.cudnn, "benchmark"),
-    "cudnn.deterministic": _backend_flag(torch.backends.cudnn, "deterministic"),
-}
+def _settings() -> dict[str, tuple[Callable, Callable]]:
+    """name -> (read, restore); each read is cheap (no device work), so checking per case costs
+    nothing. Where torch has the fp32_precision switches, those and not the legacy TF32 flags: once
+    anything set the new ones, reading a legacy one raises."""
+    settings = {
+        "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "default_device": (torch.get_default_device, torch.set_default_device),
+        "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "anomaly_detection": (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+        "deterministic_algorithms": (_deterministic, _set_deterministic),
+        "num_threads": (torch.get_num_threads, torch.set_num_threads),
+        "cuda.matmul.allow_fp16_reduced_precision_reduction":
+            _backend_flag(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+        "cuda.matmul.allow_bf16_reduced_precision_reduction":
+            _backend_flag(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+        "cudnn.benchmark": _backend_flag(torch.backends.cudnn, "benchmark"),
+        "cudnn.deterministic": _backend_flag(torch.backends.cudnn, "deterministic"),
+    }
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        settings.update({
+            "fp32_precision": _backend_flag(torch.backends, "fp32_precision"),
+            "cuda.matmul.fp32_precision": _backend_flag(torch.backends.cuda.matmul, "fp32_precision"),
+            "cudnn.fp32_precision": _backend_flag(torch.backends.cudnn, "fp32_precision"),
+        })
+    else:
+        settings.update({
+            "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+            "cuda.matmul.allow_tf32": _backend_flag(torch.backends.cuda.matmul, "allow_tf32"),
+            "cudnn.allow_tf32": _backend_flag(torch.backends.cudnn, "allow_tf32"),
+        })
+    return settings
+
+
+SETTINGS = _settings()
+
+
+def _read(read: Callable):
+    try:
+        return read()
+    except (RuntimeError, AttributeError) as exc:  # torch refuses the reading now: that is a state too
+        return f"unreadable ({type(exc).__name__})"
 
 
 def snapshot() -> dict:
-    return {name: read() for name, (read, _) in SETTINGS.items()}
+    return {name: _read(read) for name, (read, _) in SETTINGS.items()}
 
 
 def restore(changed: dict[str, tuple[object, object]]) -> list[str]:
