@@ -3,6 +3,7 @@ packages a session installed into this checkout's .nox/deps; one it still lacks 
 an import traceback."""
 
 import os
+import signal
 import sys
 
 from harness.core import deps, launch
@@ -14,14 +15,26 @@ if _session:
     launch.end_with(int(_session))
 launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
 
-deps.use_deps_dir()
-_missing = deps.missing(deps.needed(sys.argv[1] if len(sys.argv) > 1 else None))
-if _missing:
-    names = " ".join(_missing)
-    print(f"error: python -m harness needs {names} (missing here); run any nox session once (it installs them "
-          f"into .nox/deps) or: pip install {names}", file=sys.stderr)
-    sys.exit(2)
+def _run() -> int:
 
-from harness.cli import main  # noqa: E402  (after the check: it imports those packages)
+    deps.use_deps_dir()
+    missing = deps.missing(deps.needed(sys.argv[1] if len(sys.argv) > 1 else None))
+    if missing:
+        names = " ".join(missing)
+        print(f"error: python -m harness needs {names} (missing here); run any nox session once (it installs them "
+              f"into .nox/deps) or: pip install {names}", file=sys.stderr)
+        return 2
+    from harness.cli import main  # after the check: it imports those packages
 
-sys.exit(main())
+    return main()
+
+
+try:
+    sys.exit(_run())
+except KeyboardInterrupt as exc:
+    # A Ctrl-C (or a SIGTERM raised as one: launch.Stopped) where no command handles it: while
+    # starting up, resolving what to run, importing an operator. Sessions that had started
+    # something said what they kept before this.
+    signum = getattr(exc, "signum", signal.SIGINT)
+    print(f"interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+    sys.exit(128 + signum)

@@ -35,6 +35,7 @@ FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
 
 
 # --- the fake process boundary ---------------------------------------------------------------------
+REAL_START = launch.start
 class Clock:
     """batch's `time`: monotonic() moves only when a fake child takes its time."""
 
@@ -108,6 +109,8 @@ class Launcher:
         return self.runner.children if self.runner is not None else {}
 
     def __call__(self, argv, *, log=None, **kw):
+        if argv[1:3] == ["-m", "harness.providers.probe"]:  # --ops-path modules import for real, apart
+            return REAL_START(argv, log=log, **kw)
         guard = opguard.command(Path(argv[4]), argv[6:])
         assert argv == guard, argv  # every op attempt runs under its guard
         cmd = argv[6:]
@@ -118,7 +121,10 @@ class Launcher:
             Path(argv[4]).write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
         out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
         if out is not None and (step.rows is not None or step.observed is not None):
-            write_run(out, step.rows, step.observed, step.run_name)
+            observed = step.observed or {}
+            if step.code == 0 and "outcome" not in observed:  # what a run that exits 0 records
+                observed = {**observed, "outcome": {"status": "COMPLETE", "exit_code": 0}}
+            write_run(out, step.rows, observed, step.run_name)
         log.write(step.log)
         self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": argv[4], **kw})
         child = FakeChild(self, step, 4000 + len(self.children))
@@ -457,8 +463,32 @@ def test_changing_exits_retry_until_the_cap(tmp_path, launcher):
     got = r.run_op(ADD, 0)
     assert batch.MAX_RETRIES == 2
     assert (got["status"], got["exit_code"], got["attempts"]) == ("FAIL", 13, 3)
-    assert got["notes"] == "retry after exit 11; retry after exit 12"
+    assert got["notes"] == "retry after exit 11; retry after exit 12; exit 13"
     assert (got["run_dir"], got["rows"], got["timer"]) == ("", 0, "")  # no attempt wrote a run dir
+
+
+def incomplete(reason: str, case: str = "fp32-8") -> dict:
+    return {"outcome": {"status": "INCOMPLETE", "rows_done": 1, "rows_planned": 2, "reason": reason,
+                        "running_case": case, "exit_code": 3}}
+
+
+def test_an_exit_0_is_a_pass_only_when_its_run_recorded_it_complete(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(code=0, rows=[row()], observed=incomplete("child exited 0 unexpectedly"))]
+    got = r.run_op(ADD, 0)
+    assert got["status"] == "FAIL"
+    assert got["notes"].startswith("retry after exit 0 (INCOMPLETE 1/2 rows: child exited 0 unexpectedly during case "
+                                   "fp32-8); exit 0 twice in a row the same way")
+
+
+def test_the_same_exit_code_with_another_recorded_reason_is_retried(tmp_path, launcher):
+    r = runner_for(tmp_path, launcher)
+    launcher.plan["add"] = [Step(code=3, rows=[row()], observed=incomplete("child exited 11 unexpectedly")),
+                            Step(code=3, rows=[row()], observed=incomplete("child exited 12 unexpectedly", "fp32-4")),
+                            Step(code=3, rows=[row()], observed=incomplete("child exited 12 unexpectedly", "fp32-4"))]
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["attempts"]) == ("FAIL", 3)
+    assert got["notes"].endswith("; exit 3 twice in a row the same way: deterministic, not retried further")
 
 
 def test_a_flaky_op_passes_on_its_retry(tmp_path, launcher):
@@ -1069,11 +1099,11 @@ def test_a_flaggems_op_needs_its_checkout():
 
 def test_op_dtypes_are_known_for_builtin_and_path_ops_only():
     fp32_op = Entry("path", "fp32_op", "misbehaving", "batch_ops/misbehaving.py")
-    got = batch._op_dtypes([FG, ADD, fp32_op], [str(OPS)])
+    got = batch._op_dtypes([FG, ADD, fp32_op], [str(OPS)], 120)
     from harness.providers import registry
     assert got == {ADD.id: registry.load("add")[0].dtypes, fp32_op.id: ("fp32",)}
     with pytest.raises(UsageError, match="no_such_op"):
-        batch._op_dtypes([Entry("builtin", "no_such_op", "x", "x")], [])
+        batch._op_dtypes([Entry("builtin", "no_such_op", "x", "x")], [], 120)
 
 
 # --- a whole batch, in process ---------------------------------------------------------------------------------
@@ -1137,8 +1167,9 @@ def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_p
     launcher.calls.clear()
     launcher.waits.clear()
     launcher.plan["hang_op"] = [Step(code=None)]
+    # (the real --ops-path probe imports torch within the --op-timeout: ample on a busy machine)
     assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--ops-path", OPS, "--all", "--repos", "path",
-                                     "--op-timeout", "3")) == 1
+                                     "--op-timeout", "60")) == 1
     out = lines(capsys)
     assert out[0] == ("resume: the selection given on the command line (batch.json keeps its 1 ops, and adds any "
                       "new: a plain --resume runs those not done); options from batch.json: --backend --devices; "
@@ -1148,7 +1179,7 @@ def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_p
     assert out[3] == "  excluded path:skip_op: skip mark: not meaningful on this backend"
     assert "not passed: path:hang_op" in out[-1] and "path:fp32_op" not in out[-1]
     assert {x["op"]: x["status"] for x in status_rows(d)}["hang_op"] == "TIMEOUT"
-    assert {w[1] for w in launcher.waits} == {3.0}  # the --op-timeout given again
+    assert {w[1] for w in launcher.waits} == {60.0}  # the --op-timeout given again
     assert rundir.read_json(d / batch.BATCH_JSON)["excluded"] == {"path:skip_op": "skip mark: not meaningful on "
                                                                                  "this backend"}
 

@@ -92,7 +92,7 @@ def test_a_case_start_reaches_the_ir_collector_whatever_the_order(tmp_path, orde
                                              dtypes=["fp32"], shapes_source="x"))
     shapes.write_used(run_dir / rundir.SHAPES_YAML, "softmax", [[2, 8]], ["fp32"], "x")
     ctx = context.RunContext.load(run_dir, say=lambda *lines: None)
-    plugins = runner.build_plugins(ctx, runner.DiskFullGuard(None))
+    plugins = runner.build_plugins(ctx, runner.StopGuard(None, run_dir))
     (ir_plugin,) = [p for p in plugins if isinstance(p, ir.IRPlugin)]
     ir_plugin.collector = ShapeLog()
     # As pytest registers the plugins it is given: the declared hooks arrive through pytest_addhooks.

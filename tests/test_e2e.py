@@ -170,7 +170,7 @@ def test_a_poisoned_capture_stops_the_run(harness, tmp_path):
     outcome = load(run_dir / "run.json")["observed"]["outcome"]
     reason = "stopped: capture poisoned the accelerator context: CUDA error: unknown error"
     assert outcome == {"status": "INCOMPLETE", "rows_done": 1, "rows_planned": 2, "reason": reason,
-                       "running_case": "fp32-64"}
+                       "running_case": "fp32-64", "exit_code": 3}
     assert f"record INCOMPLETE: 1/2 rows, {reason} during case fp32-64" in proc.stdout
 
 

@@ -96,7 +96,13 @@ def test_incomplete_record_that_chose_nothing_is_refused_saying_why(tmp_path):
     (rundir.SHAPES_YAML, "softmax:\n  shapes: [[2, 8]\n  dtypes: [fp32]\n", "shapes.yaml:3:3: not valid yaml: "),
     (f"{rundir.RECORDS_DIR}/softmax.json", '{"format": 1, "kern', "softmax.json are corrupt"),
     (f"{rundir.RECORDS_DIR}/softmax.json", json.dumps({"format": 1, "kernels": {KERNEL: {"[8]": {"key": [8]}}}}),
-     f"softmax.json are corrupt: kernel {KERNEL} key \\[8\\]: .* is not an entry with a config"),
+     f"softmax.json are corrupt: kernel {KERNEL} key \\[8\\]: None is not a config with kwargs"),
+    (f"{rundir.RECORDS_DIR}/softmax.json", json.dumps({"format": 1, "kernels": {KERNEL: {"[8]": {"config": {
+        "kwargs": {"BLOCK": 8}, "num_warps": "x", "num_stages": 1}}}}}),
+     f"softmax.json are corrupt: kernel {KERNEL} key \\[8\\]: num_warps='x' is not a whole number >= 1"),
+    (f"{rundir.RECORDS_DIR}/softmax.json", json.dumps({"format": 1, "kernels": {KERNEL: {"[8]": {"config": {
+        "kwargs": {"BLOCK": {"a": 1}}, "num_warps": 4, "num_stages": 1}}}}}),
+     f"softmax.json are corrupt: kernel {KERNEL} key \\[8\\]: kwarg BLOCK=.* is no constexpr value"),
     (rundir.RUN_JSON, '{"spec": {"op": "softmax"', "run.json is corrupt"),
 ])
 def test_corrupt_file_refuses_the_replay_naming_it(tmp_path, name, text, match):

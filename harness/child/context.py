@@ -49,8 +49,10 @@ class RunContext:
     running: str | None = None
     # Lines for the user (harness.child.console); pytest's own output goes to run.log only.
     say: Callable[..., None] = print
-    # Why the run stopped early (a signal), set by the child; the outcome written at the end.
+    # Why the run stopped early (a signal) and the exit code that says so, set by the child; the
+    # outcome written at the end.
     stop_reason: str | None = None
+    stop_code: int | None = None
     outcome: dict | None = None
     # A stop that came while a row was landing waits for the row to be whole (see stop).
     _landing: bool = dataclasses.field(default=False, init=False, repr=False)
@@ -82,13 +84,13 @@ class RunContext:
         rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
         hook.pytest_zl_case_started(case_id=case_id, shape_label=shape_label)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, code: int | None = None) -> None:
         """A stop signal: end the run through pytest's interrupt path (KeyboardInterrupt), once; a
         repeated signal does not cut that path short. During `landing` the interrupt waits for its
         end, so rows, the running case and results.json never disagree."""
         if self.stop_reason is not None:
             return
-        self.stop_reason = reason
+        self.stop_reason, self.stop_code = reason, code
         if self._landing:
             self._stop_waiting = True
             return

@@ -13,10 +13,11 @@ import pytest
 from harness.child import hookspec
 from harness.child.console import Console
 from harness.child.context import RunContext
-from harness.child.plugins import autotune, gpu_state, ir, results, runinfo, seeds, shapes, timing
+from harness.child.plugins import autotune, gpu_state, ir, results, runinfo, seeds, shapes, timing, torch_state
 from harness.child.plugins import flaggems as flaggems_plugin
 from harness.core import rundir
 from harness.core import spec as spec_mod
+from harness.measure import tuning
 from harness.providers import flaggems, registry
 from harness.providers import shapes as shapes_mod
 
@@ -48,34 +49,67 @@ def stop_on_signals(ctx: RunContext) -> None:
     kills outright if the child takes too long)."""
 
     def handler(signum, frame):
-        ctx.stop(SIGNAL_REASONS[signum])
+        ctx.stop(SIGNAL_REASONS[signum], 128 + signum)
 
     for signum in SIGNAL_REASONS:
         signal.signal(signum, handler)
 
 
-class DiskFullGuard:
-    """A full disk, wherever it is met (a test writing records, a hook writing results): one line
-    to the user and an immediate exit. Files written before are complete (atomic writes), and
-    anything written from here on could only fail or come out partial."""
+def say_stopped(console: Console, run_dir: Path, line: str, outcome: dict) -> None:
+    """A run stopped at once: `line` to the user, and the outcome into run.json where it can still
+    be written (a run dir deleted under the run: the line says it all)."""
+    console.say(line)
+    try:
+        rundir.record_outcome(run_dir, outcome)
+    except OSError:
+        pass
 
-    def __init__(self, console: Console):
+
+class StopGuard:
+    """Faults after which the run cannot go on, wherever they are met (a test writing records, a
+    hook writing results): an immediate exit with the outcome recorded. A full disk: one line to
+    the user, the outcome into the space the run dir kept for it (rundir.RESERVE). Files written
+    before are complete (atomic writes), and anything written from here on could only fail or come
+    out partial. Records found corrupt only once their kernel runs (tuning.RecordsCorrupt): bad
+    input, before the config is injected into anything. The run dir removed under the run: the
+    parent says so."""
+
+    def __init__(self, console: Console, run_dir: Path):
         self.console = console
+        self.run_dir = run_dir
+        self.ctx: RunContext | None = None
 
-    def stop_if_full(self, exc: BaseException | None) -> None:
+    def stopped_outcome(self, reason: str, code: int) -> dict:
+        ctx = self.ctx
+        return {"status": "INCOMPLETE", "rows_done": len(ctx.rows) if ctx else 0,
+                "rows_planned": (len(ctx.cases) or None) if ctx else None, "reason": reason,
+                "running_case": (ctx.case_id or None) if ctx else None, "exit_code": code}
+
+    def stop_if_fatal(self, exc: BaseException | None) -> None:
+        if isinstance(_cause(exc, OSError), FileNotFoundError) and not self.run_dir.is_dir():
+            # The run dir was removed under the run: nothing more can be kept, and the parent, which
+            # finds it gone, says so in its last line.
+            os._exit(rundir.EXIT_INCOMPLETE)
         full = rundir.disk_full(exc) if exc is not None else None
         if full is not None:
-            self.console.say(f"error: {full}")
+            rundir.release_space(self.run_dir)
+            say_stopped(self.console, self.run_dir, f"error: {full}",
+                        self.stopped_outcome("no space left on device", rundir.EXIT_DISK_FULL))
             os._exit(rundir.EXIT_DISK_FULL)
+        corrupt = _cause(exc, tuning.RecordsCorrupt)
+        if corrupt is not None:
+            say_stopped(self.console, self.run_dir, f"error: {corrupt}",
+                        self.stopped_outcome(f"bad input: {corrupt}", rundir.EXIT_BAD_INPUT))
+            os._exit(rundir.EXIT_BAD_INPUT)
 
     def pytest_exception_interact(self, node, call, report):
-        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+        self.stop_if_fatal(call.excinfo.value if call.excinfo else None)
 
     def pytest_runtest_makereport(self, item, call):
-        self.stop_if_full(call.excinfo.value if call.excinfo else None)
+        self.stop_if_fatal(call.excinfo.value if call.excinfo else None)
 
     def pytest_internalerror(self, excrepr, excinfo):
-        self.stop_if_full(excinfo.value)
+        self.stop_if_fatal(excinfo.value)
 
 
 class ChildHooks:
@@ -86,7 +120,7 @@ class ChildHooks:
         pluginmanager.add_hookspecs(hookspec)
 
 
-def build_plugins(ctx: RunContext, guard: DiskFullGuard) -> list:
+def build_plugins(ctx: RunContext, guard: StopGuard) -> list:
     """The child's plugins, wired here and only here: a plugin using another's service gets it as
     an argument, and a case's start reaches every plugin through a declared hook; none reads what
     another left on the context, so the order of this list does not matter
@@ -95,22 +129,37 @@ def build_plugins(ctx: RunContext, guard: DiskFullGuard) -> list:
     timing_plugin = timing.TimingPlugin(ctx)
     autotune_plugin = autotune.AutotunePlugin(ctx)
     plugins = [ChildHooks(), guard, runinfo.RunInfoPlugin(ctx), seeds.SeedsPlugin(ctx), shapes.ShapesPlugin(ctx),
-               autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin, gpu_state.GpuStatePlugin(ctx)]
+               autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin, gpu_state.GpuStatePlugin(ctx),
+               torch_state.TorchStatePlugin(ctx)]
     if ctx.spec.flaggems is not None:
         plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin, timing_plugin.measure, autotune_plugin))
     return plugins
 
 
+def _cause(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """`exc` itself or the first of its cause or context chain that is a `kind`."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     console = Console.split_stdout()
-    guard = DiskFullGuard(console)
+    guard = StopGuard(console, run_dir)
     try:
         try:
             ctx = RunContext.load(run_dir, console.say)
         except (spec_mod.SpecError, registry.OperatorNotFound, shapes_mod.ShapeFileError) as exc:
-            console.say(f"error: {exc}")  # e.g. an operator module that broke since its record
-            return 2
+            # e.g. an operator module that broke since its record
+            say_stopped(console, run_dir, f"error: {exc}",
+                        guard.stopped_outcome(f"bad input: {str(exc).splitlines()[0][:300]}", rundir.EXIT_BAD_INPUT))
+            return rundir.EXIT_BAD_INPUT
+        guard.ctx = ctx
         stop_on_signals(ctx)
         plugins = build_plugins(ctx, guard)
         if ctx.spec.flaggems is not None:
@@ -128,7 +177,7 @@ def main(argv: list[str]) -> int:
         ]
         return int(pytest.main(args, plugins=plugins))
     except OSError as exc:
-        guard.stop_if_full(exc)
+        guard.stop_if_fatal(exc)
         raise
 
 

@@ -52,8 +52,17 @@ class DiskFull(OSError):
 
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-# A child's exit code when the disk filled: nothing more can be saved, so it stops at once.
-EXIT_DISK_FULL = 75
+# A run's exit codes. The run's process exits with the one its outcome (run.json observed.outcome)
+# records, never with a child's raw exit number: a child may exit with anything (an operator's
+# os._exit(2) is no bad input of ours). 128+N: a signal N stopped it.
+EXIT_FAILED_ROWS = 1
+EXIT_BAD_INPUT = 2
+EXIT_INCOMPLETE = 3  # stopped before its last case
+EXIT_DISK_FULL = 75  # the disk filled: nothing more can be saved, so the child stops at once
+# Kept free in a run dir until its child has recorded how it ended: a child that meets a full disk
+# removes it, so its outcome still fits into run.json.
+RESERVE = ".space_reserve"
+RESERVE_BYTES = 128 * 1024
 
 
 def disk_full(exc: BaseException, path: Path | str | None = None) -> DiskFull | None:
@@ -68,6 +77,30 @@ def disk_full(exc: BaseException, path: Path | str | None = None) -> DiskFull | 
             return DiskFull(Path(exc.filename or path or "?"))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def reserve_space(run_dir: Path) -> None:
+    """Hold RESERVE_BYTES of the run dir's disk (written, not sparse) for the outcome of a run that
+    fills the disk; DiskFull when even that does not fit."""
+    path = Path(run_dir) / RESERVE
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise disk_full(exc, path) or exc from exc
+
+
+def release_space(run_dir: Path) -> None:
+    (Path(run_dir) / RESERVE).unlink(missing_ok=True)
+
+
+def record_outcome(run_dir: Path, outcome: dict, **facts) -> None:
+    """How the run ended, into run.json (`observed.outcome`, plus other `facts` of `observed`):
+    what the run's process exits with (`outcome["exit_code"]`) and says in its last line."""
+    merge_json(Path(run_dir) / RUN_JSON, {"observed": {"outcome": outcome, **facts}})
 
 
 def atomic_write_text(path: Path, text: str) -> None:

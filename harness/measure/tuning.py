@@ -116,6 +116,54 @@ class RecordsError(ValueError):
     pass
 
 
+class RecordsCorrupt(RecordsError):
+    """A recorded config that cannot be one of its kernel's: a parameter its tuning space does not
+    set (renamed since), or a value of another type than the space gives it. Bad input, found when
+    the kernel first runs (only then is its space known), before the config is injected."""
+
+
+# A config's launch options: whole numbers, of at least these values.
+LAUNCH_OPTIONS = {"num_warps": 1, "num_stages": 0, "num_ctas": 1, "maxnreg": 1}
+
+
+def config_problem(data) -> str | None:
+    """What makes a stored config unreadable as one, whatever its kernel; None when it reads."""
+    if not isinstance(data, dict) or not isinstance(data.get("kwargs"), dict):
+        return f"{data!r:.80} is not a config with kwargs"
+    if not all(isinstance(name, str) and name for name in data["kwargs"]):
+        return f"kwargs {list(data['kwargs'])!r:.80}: names must be strings"
+    for name, value in data["kwargs"].items():
+        if isinstance(value, dict):
+            return f"kwarg {name}={value!r:.60} is no constexpr value"
+    for name, value in data.items():
+        if name == "kwargs" or name == "ir_override":
+            continue
+        least = LAUNCH_OPTIONS.get(name)
+        if least is None:
+            return f"unknown field {name!r}"
+        if type(value) is not int or value < least:
+            return f"{name}={value!r:.40} is not a whole number >= {least}"
+    return None
+
+
+def space_problem(data: dict, space) -> str | None:
+    """How a stored config disagrees with its kernel's tuning space (parameters, value types);
+    None when it could be one of its configs (a value outside the space is allowed: marked)."""
+    stored = [as_stored(dict(config.kwargs)) for config in space]
+    if not stored:
+        return None
+    kwargs = data["kwargs"]
+    if all(set(kwargs) != set(c) for c in stored):
+        return (f"parameters {sorted(kwargs)} are not those its tuning space sets ({sorted(stored[0])}): "
+                "a renamed parameter?")
+    for name, value in kwargs.items():
+        types = {type(c[name]) for c in stored if name in c}
+        if type(value) not in types and not (type(value) is int and float in types):
+            return (f"{name}={value!r:.40} is a {type(value).__name__}; its tuning space gives it "
+                    f"{' or '.join(sorted(t.__name__ for t in types))}")
+    return None
+
+
 def load_records(path: Path) -> dict:
     if not path.is_file():
         raise RecordsError(f"replay source has no autotune records: {path} is missing")
@@ -222,6 +270,7 @@ class AutotunePatch:
     `chosen` the config each kernel ran with, `case` names the current row."""
 
     def __init__(self, mode: str, *, store: RecordStore | None = None, records: dict | None = None,
+                 records_source: str = "the autotune records",
                  mark: Callable[[str], None], chosen: Callable[[str, str], None],
                  case: Callable[[], str], host_autotune: bool = False,
                  progress: Callable[[str], None] = lambda line: None,
@@ -231,6 +280,7 @@ class AutotunePatch:
         # Replay injects; so does a record run measuring a parallel sweep's merged picks.
         self.inject = mode == "replay" or records is not None
         self.records = (records or {}).get("kernels", {})
+        self.records_source = records_source
         self.mark = mark
         self.chosen = chosen
         self.case = case
@@ -268,6 +318,10 @@ class AutotunePatch:
                 state = "key_missing"
                 self.counts["key_missing"] += 1
             else:
+                problem = config_problem(entry.get("config") if isinstance(entry, dict) else entry)
+                problem = problem or space_problem(entry["config"], tuner.configs)
+                if problem is not None:
+                    raise RecordsCorrupt(f"{self.records_source} are corrupt: kernel {kernel} key {k}: {problem}")
                 config, in_space = config_from_json(entry["config"], tuner.configs, cache.hook_reattached)
                 cache.inject(key, config)  # unconditionally: a warm cache must not win
                 state = "injected"

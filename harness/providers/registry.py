@@ -60,13 +60,29 @@ def describe_failure(exc: BaseException, roots: tuple[Path, ...]) -> str:
     return f"{frame.filename}:{frame.lineno}: {text}" if frame else text
 
 
+def _interrupted(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _exec(name: str, where: str, roots: tuple[Path, ...], importer: Callable[[], object]):
     if where in _failed:
         raise _failed[where]
     try:
         return importer()
-    except Exception as exc:  # whatever a user module raises at import, reported in one line
+    except KeyboardInterrupt:
+        raise  # a Ctrl-C, not the module's failure: the run stops as a Ctrl-C stops it
+    except BaseException as exc:  # whatever a user module raises at import (sys.exit too), in one line
         sys.modules.pop(name, None)  # a half-run module must not be found later as if it were whole
+        if _interrupted(exc):
+            # A Ctrl-C that struck inside a library's import, which then failed otherwise on its way
+            # out (torch: "cannot load module more than once"): the Ctrl-C is what happened.
+            raise KeyboardInterrupt from exc
         _failed[where] = ImportFailed(where, describe_failure(exc, roots))
         raise _failed[where] from exc
 
@@ -113,7 +129,7 @@ def _import_name(name: str):
     return _exec(name, name, roots, lambda: importlib.import_module(name))
 
 
-def _user_modules(ops_path: str) -> Iterator[tuple[str, Callable[[], object]]]:
+def user_modules(ops_path: str) -> Iterator[tuple[str, Callable[[], object]]]:
     """(where, importer) per module of one --ops-path entry; importing is left to the caller so
     that one module's failure does not stop the others."""
     path = Path(ops_path)
@@ -146,7 +162,7 @@ def load(name: str, ops_paths: list[str] = (),
     found: list[tuple[Operator, str]] = []
     failed: list[ImportFailed] = []
     for entry in ops_paths:
-        for where, importer in _user_modules(entry):
+        for where, importer in user_modules(entry):
             try:
                 module = importer()
             except ImportFailed as exc:

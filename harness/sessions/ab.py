@@ -24,7 +24,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
-from harness.providers import flaggems, registry
+from harness.providers import flaggems, probe, registry
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
 from reports import ab_report, compare, corpus, explain, stats, table
@@ -98,7 +98,7 @@ class Plan:
                           **({name: getattr(self, name) for name in MEASUREMENT} if record else {}))
 
 
-def _side(data, name: str, where: str) -> Side:
+def _side(data, name: str, where: str, base: Path) -> Side:
     if data is None:
         return Side(name, "")
     if not isinstance(data, dict):
@@ -108,7 +108,7 @@ def _side(data, name: str, where: str) -> Side:
         raise PlanError(f"{where}: side '{name}': unknown fields {sorted(unknown)} (allowed: {sorted(SIDE_FIELDS)})")
     requirements = data.get("requirements") or []
     if isinstance(requirements, str):  # a requirements file, relative to the plan
-        req_file = Path(where).parent / requirements
+        req_file = base / requirements
         if not req_file.is_file():
             raise PlanError(f"{where}: side '{name}': requirements file {req_file} does not exist")
         requirements = [line.split("#")[0].strip() for line in req_file.read_text().splitlines()]
@@ -125,11 +125,14 @@ def _side(data, name: str, where: str) -> Side:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise PlanError(f"{where}: side '{name}': env {key}: {value!r} is not a string or a number "
                             "(quote it: '1', 'true')")
+    for field in ("label", "python"):
+        if data.get(field) is not None and not isinstance(data[field], str):
+            raise PlanError(f"{where}: side '{name}': {field} must be a string, not {data[field]!r:.60}")
     python = data.get("python")
     if python is not None:
         # Relative to the plan, like its other paths; absolute, since each step runs from elsewhere. Not
         # resolved: a venv's python is a link whose target has none of the venv's packages.
-        python = os.path.abspath(Path(where).parent / python)
+        python = os.path.abspath(base / python)
         if not Path(python).is_file():
             raise PlanError(f"{where}: side '{name}': python {python} does not exist")
     return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python,
@@ -142,15 +145,47 @@ def valid_fdr(value) -> bool:
 
 def load_plan(path: Path) -> Plan:
     path = Path(path)
-    data = rundir.read_yaml_mapping(path, PlanError, "plan")
+    return plan_from_data(rundir.read_yaml_mapping(path, PlanError, "plan"), path)
+
+
+def _check_fields(data: dict, path) -> None:
+    """The type and range of every field that load_plan passes on as it is."""
+    def wrong(name: str, what: str) -> PlanError:
+        return PlanError(f"plan {path}: '{name}' must be {what}, not {data[name]!r:.60}")
+
+    for name in ("name", "backend", "shapes", "libtuner_cache"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise wrong(name, "a string")
+    for name in ("ops_paths", "flaggems_dirs"):
+        value = data.get(name)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise wrong(name, "a list of paths")
+    device = data.get("device")
+    if device is not None and (type(device) is not int or device < 0):
+        raise wrong("device", "a device index (an integer >= 0)")
+    if data.get("level") is not None and data["level"] not in flaggems.LEVELS:
+        raise wrong("level", f"one of {', '.join(flaggems.LEVELS)}")
+    flagtune = data.get("flagtune")
+    if flagtune is not None and (isinstance(flagtune, bool) or str(flagtune) not in ("0", "1")):
+        raise wrong("flagtune", "0 or 1")
+
+
+def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
+    """A plan from its mapping (a plan file's, or the one a corpus A/B stored in its batch.json),
+    every field checked for type and range; relative paths are relative to `base` (default: the
+    plan file's folder)."""
+    base = Path(path).parent if base is None else base
+    if not isinstance(data, dict):
+        raise PlanError(f"plan {path}: top level must be a mapping")
     unknown = set(data) - PLAN_FIELDS
     if unknown:
         raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(PLAN_FIELDS)})")
+    _check_fields(data, path)
     ops = data.get("ops")
     if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
         raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
     repeats = data.get("repeats", 3)
-    if not isinstance(repeats, int) or repeats < 2:
+    if type(repeats) is not int or repeats < 2:
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)")
     fdr = data.get("fdr", stats.FDR)
     if not valid_fdr(fdr):
@@ -167,15 +202,16 @@ def load_plan(path: Path) -> Plan:
         if name in measurement and (not isinstance(measurement[name], kind) or isinstance(measurement[name], bool)
                                     or measurement[name] < 0):
             raise PlanError(f"plan {path}: '{name}' must be a non-negative number, not {measurement[name]!r}")
-    return Plan(name=str(data.get("name") or path.stem), ops=ops, repeats=repeats, fdr=float(fdr),
-                shapes=None if shapes is None else _shape_file(shapes, path.parent),
+    return Plan(name=str(data.get("name") or Path(path).stem), ops=ops, repeats=repeats, fdr=float(fdr),
+                shapes=None if shapes is None else _shape_file(shapes, base),
                 dtypes=dtypes, backend=data.get("backend"), device=data.get("device"),
-                ops_paths=[str((path.parent / p).resolve()) for p in data.get("ops_paths") or []],
-                flaggems_dirs=[flaggems.absolute_dir(str(d), path.parent) for d in data.get("flaggems_dirs") or []],
+                ops_paths=[str((base / p).resolve()) for p in data.get("ops_paths") or []],
+                flaggems_dirs=[flaggems.absolute_dir(str(d), base) for d in data.get("flaggems_dirs") or []],
                 level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
                 libtuner_cache=None if data.get("libtuner_cache") is None
-                else flaggems.absolute_libtuner_cache(str(data["libtuner_cache"]), path.parent),
-                a=_side(data.get("a"), "A", str(path)), b=_side(data.get("b"), "B", str(path)), **measurement)
+                else flaggems.absolute_libtuner_cache(str(data["libtuner_cache"]), base),
+                a=_side(data.get("a"), "A", str(path), base), b=_side(data.get("b"), "B", str(path), base),
+                **measurement)
 
 
 SIDE_ENVS = paths.REPO_ROOT / ".nox" / "ab-envs"
@@ -508,10 +544,20 @@ def _check_plan(plan: Plan) -> None:
         for op in plan.ops:
             if flaggems.is_target(op):
                 flaggems.resolve_target(op, dirs)
-            elif op not in registry.builtin_names() or plan.ops_paths:
-                resolve.load_op(op, plan.ops_paths, [])
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
+    ours = [op for op in plan.ops if not flaggems.is_target(op)]
+    if plan.ops_paths and ours:
+        try:  # the user's modules import in a probe process, once for all the plan's ops
+            found, _ = probe.load(ours, plan.ops_paths)
+        except registry.OperatorNotFound as exc:
+            raise UsageError(str(exc)) from exc
+        failed = next((found[op] for op in ours if isinstance(found[op], registry.OperatorNotFound)), None)
+        if failed is not None:
+            raise UsageError(str(failed))
+    for op in ours:
+        if not plan.ops_paths and op not in registry.builtin_names():
+            resolve.load_op(op, [], [])  # says which operators there are
 
 
 def run_from_args(args) -> int:

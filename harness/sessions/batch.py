@@ -48,11 +48,13 @@ from pathlib import Path
 
 import backends
 from harness.core import launch, opguard, paths, rundir
+from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.request import MEASUREMENT, RunRequest
-from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, registry
+from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, probe, registry
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve, slurm_executor
+from ops import DTYPES_RULE, valid_dtype_list
 
 STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
                   "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
@@ -191,7 +193,20 @@ class Batch:
         return "batch"
 
     def _passed(self, code: int, out: Path) -> bool:
-        return code == 0
+        """Exit 0 and the outcome its run recorded COMPLETE: the status follows what the run says
+        of itself."""
+        outcome = _recorded_outcome(out)
+        return code == 0 and outcome is not None and outcome.get("status") == "COMPLETE"
+
+    def _failure(self, out: Path) -> str:
+        """How a failed attempt in `out` ended, as its run recorded it ("" when it says nothing more
+        than its exit code)."""
+        outcome = _recorded_outcome(out)
+        if not outcome or outcome.get("status") != "INCOMPLETE":
+            return ""
+        case = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
+        return (f"INCOMPLETE {outcome.get('rows_done')}/{outcome.get('rows_planned') or '?'} rows: "
+                f"{outcome.get('reason')}{case}")
 
     def _rejected(self, code: int, out: Path) -> bool:
         return _dtype_rejected(code, out)
@@ -318,16 +333,22 @@ class Batch:
                     notes.append(f"dtype rescue: {','.join(dtypes)} rejected, ran without a dtype filter")
                     dtypes = None
                 continue
-            codes.append(code)
+            # The run's own account, so a failure that ends the same way twice (not only with the
+            # same exit code: a crash's own exit number is part of its account) is deterministic.
+            failure = self._failure(out)
+            said = f"exit {code}" + (f" ({failure})" if failure else "")
+            codes.append((code, failure.split(" during case ")[0]))
             if code == UsageError.exit_code:  # refused before it ran: a retry is refused the same way
                 notes.append(f"bad input, not retried: {_error_line(log_path)}")
                 break
             if len(codes) >= 2 and codes[-1] == codes[-2]:
-                notes.append(f"exit {code} twice in a row: deterministic, not retried further")
+                notes.append(f"exit {code} twice in a row{' the same way' if failure else ''}: deterministic, "
+                             "not retried further")
                 break
             if len(codes) > MAX_RETRIES:
+                notes.append(said)
                 break
-            notes.append(f"retry after exit {code}")
+            notes.append(f"retry after {said}")
         if not attempts and self.stopping.is_set():
             status = "INTERRUPTED"  # stopped before its first attempt (a Slurm task cancelled as it started)
         ran = (status == "FAIL" and code is not None) or status == "TIMEOUT"
@@ -458,6 +479,16 @@ class Batch:
             children = list(self.children.values())
         for child in children:
             child.stop(KILL_GRACE_S)
+
+
+def _recorded_outcome(attempt_dir: Path) -> dict | None:
+    """The outcome the attempt's run recorded in its run.json, or None (no run dir, none recorded)."""
+    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
+    try:
+        outcome = rundir.read_json(runs[-1]).get("observed", {}).get("outcome") if runs else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return outcome if isinstance(outcome, dict) else None
 
 
 def _dtype_rejected(code: int, attempt_dir: Path) -> bool:
@@ -609,12 +640,13 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             if args.batch_dir is None:
                 raise UsageError("--resume needs --batch-dir")
             print(origin)
-        op_dtypes = _op_dtypes(selected, ops_paths)
+        op_timeout = DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout
+        op_dtypes = _op_dtypes(selected, ops_paths, op_timeout)
         opts = runner_cls.OPTIONS(backend=backend.name, devices=devices, dtypes=args.dtypes,
                        shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
                        flaggems_dirs={r: str(p) for r, p in checkouts.items()},
                        level=args.level, flagtune=args.flagtune, libtuner_cache=args.libtuner_cache,
-                       op_timeout=DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout,
+                       op_timeout=op_timeout,
                        replay_root=args.replay_root.resolve() if args.replay_root else None,
                        triage=args.triage is not False, measurement=_measurement(args), **extra)
         if args.resume:
@@ -654,7 +686,54 @@ def _read_batch_json(batch_dir: Path) -> dict:
                          "with the same selection and options") from exc
     if not isinstance(data, dict) or not isinstance(data.get("request", {}), dict):
         raise UsageError(f"--resume: {path} is corrupt (not a batch's record)")
+    if not (data.get("selected") is None or _is_strings(data["selected"])):
+        raise UsageError(f"--resume: {path} is corrupt: selected = {data['selected']!r:.60} is not a list of ops")
+    for name, value in data.get("request", {}).items():
+        problem = _stored_problem(name, value)
+        if problem is not None:
+            raise UsageError(f"--resume: {path} is corrupt: request.{name} = {value!r:.60} is not {problem}; the op "
+                             "dirs are intact: fix it, or start a new --batch-dir with the same selection and options")
     return data
+
+
+def _is_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _is_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# What each option a batch stores must be, read back for a resume (None is "not given" for every
+# one): the checks its command-line flag makes, since a stored value skips the parser.
+STORED_CHECKS = {
+    "backend": (lambda v: isinstance(v, str), "a backend name"),
+    "devices": (lambda v: isinstance(v, str) and all(d.strip().isdigit() for d in v.split(",")),
+                "comma-separated device indices"),
+    "dtypes": (valid_dtype_list, DTYPES_RULE),
+    "shapes": (lambda v: isinstance(v, str), "a path"),
+    "ops_path": (_is_strings, "a list of paths"),
+    "flaggems_dir": (_is_strings, "a list of [NAME=]PATH"),
+    "level": (lambda v: v in flaggems.LEVELS, f"one of {', '.join(flaggems.LEVELS)}"),
+    "flagtune": (lambda v: v in ("0", "1"), "'0' or '1'"),
+    "libtuner_cache": (lambda v: isinstance(v, str), "a cache name, path or URL"),
+    "op_timeout": (lambda v: _is_number(v) and v > 0, "a number of seconds > 0"),
+    "replay_root": (lambda v: isinstance(v, str), "a path"),
+    "triage": (lambda v: v is False, "false (on is stored as null)"),
+    "seed": (lambda v: type(v) is int, "an integer"),
+    "timer": (lambda v: v in spec_mod.TIMERS, f"one of {', '.join(spec_mod.TIMERS)}"),
+    "l2": (lambda v: v in spec_mod.L2_MODES, f"one of {', '.join(spec_mod.L2_MODES)}"),
+    "warmup_ms": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "rep_ms": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "selection": (_is_strings, "a list of [repo:]op[@op_file]"),
+}
+
+
+def _stored_problem(name: str, value) -> str | None:
+    """What a stored option should have been, when it is not that; None when it is fine. A runner
+    class's own fields (Batch.prepare: a corpus A/B's plan) are checked by the class that reads them."""
+    check, what = STORED_CHECKS.get(name, (lambda v: True, ""))
+    return None if value is None or check(value) else what
 
 
 def _measurement(args) -> dict:
@@ -726,19 +805,36 @@ def _select(args, stored: list[str] | None, ops_paths: list[str],
     return selected, excluded, left_out
 
 
-def _op_dtypes(selected: list[Entry], ops_paths: list[str]) -> dict[str, tuple[str, ...]]:
-    op_dtypes = {}
-    for e in selected:
-        if catalog.needs_checkout(e.repo):
-            continue  # a FlagGems op's dtypes are known only once it runs (see _dtype_rejected)
-        try:
-            op_dtypes[e.id] = registry.load(e.op, ops_paths)[0].dtypes
-        except registry.OperatorNotFound as exc:
-            raise UsageError(str(exc)) from exc
-    return op_dtypes
+def _op_dtypes(selected: list[Entry], ops_paths: list[str], timeout: float) -> dict[str, tuple[str, ...]]:
+    """The dtypes each built-in and --ops-path op takes. --ops-path modules are user code: they are
+    imported in one probe process within `timeout`, never in the batch's own."""
+    wanted = [e for e in selected if not catalog.needs_checkout(e.repo)]  # FlagGems': see _dtype_rejected
+    if not wanted:
+        return {}
+    names = sorted({e.op for e in wanted})
+    try:
+        if ops_paths:
+            found, skipped = probe.load(names, ops_paths, probe.budget(timeout))
+        else:
+            found, skipped = {name: _builtin(name) for name in names}, []
+    except registry.OperatorNotFound as exc:
+        raise UsageError(str(exc)) from exc
+    for line in skipped:
+        print(f"warning: {line}", file=sys.stderr)
+    for e in wanted:
+        if isinstance(found[e.op], registry.OperatorNotFound):
+            raise UsageError(str(found[e.op]))
+    return {e.id: found[e.op][0].dtypes for e in wanted}
 
 
 # --- the batch dir -------------------------------------------------------------------------------
+def _builtin(name: str):
+    try:
+        return registry.load(name, [])
+    except registry.OperatorNotFound as exc:
+        return exc
+
+
 def _check_new_batch_dir(batch_dir: Path) -> None:
     """A new batch goes into a new or empty dir: never into another batch's, nor over other files."""
     if (batch_dir / BATCH_JSON).is_file():

@@ -63,9 +63,12 @@ def _plan_data(plan: ab.Plan) -> dict:
     return data
 
 
-def _plan_of(data: dict) -> ab.Plan:
-    fields = {k: v for k, v in data.items() if k not in ("a", "b")}
-    return ab.Plan(**fields, a=ab.Side("A", **data["a"]), b=ab.Side("B", **data["b"]))
+def _plan_of(data: dict, where: str = "stored in batch.json") -> ab.Plan:
+    """The stored plan, checked as a plan file is (its paths are absolute already)."""
+    try:
+        return ab.plan_from_data(data, where, Path("/"))
+    except ab.PlanError as exc:
+        raise UsageError(f"{exc} (a corrupt batch.json: start a new --batch-dir)") from exc
 
 
 def _ab_dir(out: Path) -> Path | None:
@@ -101,7 +104,7 @@ class CorpusAB(batch.Batch):
             if "plan" not in stored:
                 raise UsageError(f"--resume --batch-dir {args.batch_dir}: a batch, not a corpus A/B: resume it with "
                                  "nox -s batch -- --resume --batch-dir DIR")
-            plan = _plan_of(stored["plan"])
+            plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batch.BATCH_JSON}")
         else:
             plan = ab.resolve_plan(args)
             # The plan says where and what; the batch machinery reads it from the options it knows.

@@ -17,7 +17,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.paths import SHAPES_DIR, runs_root
 from harness.measure import tuning
-from harness.providers import flaggems, registry, shapes
+from harness.providers import flaggems, probe, registry, shapes
 
 
 def resolve_backend(name: str | None) -> backends.Backend:
@@ -68,11 +68,18 @@ def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
 
 
 def load_op(name: str, ops_paths: list[str], warnings: list[str]):
-    """The operator; a user module skipped on the way adds a line to `warnings`, printed once the
-    whole spec has resolved (a refusal stays the one line on stderr). The child loads the operator
-    again, and its own warning goes to run.log."""
+    """(the operator or its probe.OperatorFacts, provider); a user module skipped on the way adds a
+    line to `warnings`, printed once the whole spec has resolved (a refusal stays the one line on
+    stderr). --ops-path modules are user code: they are imported in a probe process under a timeout,
+    never in this one. The child loads the operator again, and its own warning goes to run.log."""
     try:
-        return registry.load(name, ops_paths, warn=warnings.append)
+        if not ops_paths:
+            return registry.load(name, ops_paths, warn=warnings.append)
+        found, skipped = probe.load([name], ops_paths)
+        warnings += skipped
+        if isinstance(found[name], registry.OperatorNotFound):
+            raise found[name]
+        return found[name]
     except registry.OperatorNotFound as exc:
         raise UsageError(str(exc)) from exc
 
@@ -220,9 +227,9 @@ def _check_records(run_dir: Path, op: str, incomplete: str | None) -> None:
         if not isinstance(entries, dict):
             raise UsageError(f"{corrupt}: kernel {kernel} does not map keys to entries")
         for key, entry in entries.items():
-            config = entry.get("config") if isinstance(entry, dict) else None
-            if not isinstance(config, dict) or not isinstance(config.get("kwargs"), dict):
-                raise UsageError(f"{corrupt}: kernel {kernel} key {key}: {entry!r:.80} is not an entry with a config")
+            problem = tuning.config_problem(entry.get("config") if isinstance(entry, dict) else entry)
+            if problem is not None:
+                raise UsageError(f"{corrupt}: kernel {kernel} key {key}: {problem}")
 
 
 def _check_results(run_dir: Path) -> int:

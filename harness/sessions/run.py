@@ -16,6 +16,7 @@ import backends
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
 from harness.core.paths import private_dir, runs_root
+from harness.core.rundir import EXIT_INCOMPLETE
 from harness.providers import shapes
 from harness.sessions import sweep
 
@@ -23,10 +24,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How long an interrupted child gets to write its results and outcome before it is killed.
 CHILD_GRACE_S = 30
 CRASH_TAIL_LINES = 15
-# Exit codes: 0 every row passed, 1 some row failed, 2 bad input, 3 the run stopped before its
-# last case, 4 a requested dtype the op does not take (DtypeRejected), 75 the disk filled, 128+N a
-# signal N stopped it.
-EXIT_INCOMPLETE = 3
+# Exit codes (rundir's EXIT_*): 0 every row passed, 1 some row failed, 2 bad input, 3 the run
+# stopped before its last case, 65 a requested dtype the op does not take (DtypeRejected), 75 the
+# disk filled, 128+N a signal N stopped it. A run exits with the code its outcome records.
 
 
 class _Tee:
@@ -98,38 +98,47 @@ def _rows_done(run_dir: Path) -> int:
         return 0
 
 
-def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> tuple[dict, bool]:
-    """(the run's outcome, whether the child wrote it): the child's own, or, when it died without
-    writing one, the parent's account of it (what killed it, rows done of planned, the case it was
-    in), written into run.json."""
+def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> dict:
+    """The run's outcome: the child's own, or, when it ended without recording one, the parent's
+    account of it (what killed it, rows done of planned, the case it was in), written into
+    run.json. A child's raw exit number means nothing of ours (an operator may call os._exit(75)):
+    without a recorded outcome it is only a child that ended unexpectedly."""
     try:
         observed = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {})
     except (OSError, ValueError):
         observed = {}
     outcome = observed.get("outcome")
-    if outcome is not None:
-        return outcome, True
-    if code == rundir.EXIT_DISK_FULL:
-        reason = "no space left on device"
-    elif interrupted:
-        reason = f"interrupted ({interrupted})"
+    if _is_outcome(outcome):
+        return outcome
+    if interrupted:
+        reason, exit_code = f"interrupted ({interrupted})", 128 + getattr(signal, interrupted)
+    elif not run_dir.is_dir():
+        reason, exit_code = "its run dir was removed while it was going (nothing of it is kept)", EXIT_INCOMPLETE
+    elif code < 0:
+        reason, exit_code = f"child {launch.describe_exit(code)}", launch.shell_code(code)
     else:
-        reason = f"child {launch.describe_exit(code)}" + (" before finishing" if code >= 0 else "")
-        if code >= 0 and tee.log_tail:
+        reason, exit_code = f"child {launch.describe_exit(code)} unexpectedly (no outcome recorded)", EXIT_INCOMPLETE
+        if tee.log_tail:
             tee.write(f"the child {launch.describe_exit(code)}; its last output (all of it in run.log):\n")
             tee.write("".join(f"  | {line}" for line in tee.log_tail))
     outcome = {"status": "INCOMPLETE", "rows_done": _rows_done(run_dir), "rows_planned": planned,
-               "reason": reason, "running_case": observed.get("running_case")}
+               "reason": reason, "running_case": observed.get("running_case"), "exit_code": exit_code}
     try:
-        rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"outcome": outcome, "exit_status": code}})
+        rundir.record_outcome(run_dir, outcome, exit_status=code)
     except OSError as exc:
-        if rundir.disk_full(exc) is None:
-            raise  # a full disk is said on the terminal below; run.json keeps what it held
-    return outcome, False
+        if rundir.disk_full(exc) is None and not isinstance(exc, FileNotFoundError):
+            raise  # a full disk, or a run dir deleted under the run, is said on the terminal below
+    return outcome
 
 
-def summary_line(mode: str, outcome: dict, code: int) -> str:
-    rows = f"{outcome['rows_done']}/{outcome['rows_planned'] or '?'} rows"
+def _is_outcome(outcome) -> bool:
+    return (isinstance(outcome, dict) and outcome.get("status") in ("COMPLETE", "INCOMPLETE")
+            and type(outcome.get("exit_code")) is int)
+
+
+def summary_line(mode: str, outcome: dict, planned: int | None = None) -> str:
+    code = outcome["exit_code"]
+    rows = f"{outcome['rows_done']}/{outcome['rows_planned'] or planned or '?'} rows"
     if outcome["status"] == "COMPLETE":
         return f"{mode} {'ok' if code == 0 else f'finished with failures (exit {code})'}: {rows}"
     where = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
@@ -187,9 +196,10 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cac
             except KeyboardInterrupt as exc:  # the shards were killed; nothing was measured
                 signum = launch.stopped_by(exc)
                 stopped = {"status": "INCOMPLETE", "rows_done": 0, "rows_planned": planned, "running_case": None,
-                           "reason": f"interrupted ({signal.Signals(signum).name}) during the parallel sweep"}
-                rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"outcome": stopped}})
-                tee.write(f"\n{summary_line(run_spec.mode, stopped, 128 + signum)}; run dir: {run_dir}\n")
+                           "reason": f"interrupted ({signal.Signals(signum).name}) during the parallel sweep",
+                           "exit_code": 128 + signum}
+                rundir.record_outcome(run_dir, stopped)
+                tee.write(f"\n{summary_line(run_spec.mode, stopped)}; run dir: {run_dir}\n")
                 return 128 + signum
             rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": outcome.facts}})
             if outcome.merged is not None:
@@ -197,17 +207,16 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cac
                 spec_mod.write(run_dir, run_spec)
         rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": cache_note}})
         code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir))
-        outcome, child_wrote_it = finish(run_dir, code, interrupted, planned, tee)
-        tee.write(f"\n{summary_line(run_spec.mode, outcome, code)}; run dir: {run_dir}\n")
+        rundir.release_space(run_dir)  # the child is gone: room for this process's own account
+        outcome = finish(run_dir, code, interrupted, planned, tee)
+        tee.write(f"\n{summary_line(run_spec.mode, outcome, planned)}; run dir: {run_dir}\n")
         if tee.log_error is not None:
             tee.write(f"error: {tee.log_error}; run.log stops there\n")
     finally:
         tee.close()
-    if interrupted:
-        return 128 + getattr(signal, interrupted)
-    if child_wrote_it and outcome["status"] != "COMPLETE":
-        return EXIT_INCOMPLETE  # the child stopped early on its own (a poisoned capture, say)
-    return launch.shell_code(code)
+        rundir.release_space(run_dir)  # however the run ended (a stopped sweep, say)
+    # This process was stopped: that is the account, whatever the child recorded before it stopped.
+    return 128 + getattr(signal, interrupted) if interrupted else outcome["exit_code"]
 
 
 def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec,
@@ -226,4 +235,5 @@ def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec,
                           run_spec.shapes_source)
         shape_count, planned = str(len(shape_list)), len(shape_list) * len(run_spec.dtypes)
     spec_mod.write(run_dir, run_spec)
+    rundir.reserve_space(run_dir)
     return run_spec, shape_count, planned

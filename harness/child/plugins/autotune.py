@@ -40,10 +40,12 @@ class AutotunePlugin:
             store = tuning.RecordStore(tuning.records_path(self.ctx.run_dir, spec.op), spec.op)
             # A parallel sweep's merged picks are injected, and recorded as this run's own.
             preset = tuning.load_records(Path(spec.preset_records)) if spec.preset_records else None
-            self.patch = tuning.AutotunePatch("record", store=store, records=preset, **common)
+            self.patch = tuning.AutotunePatch("record", store=store, records=preset,
+                                              records_source=f"autotune records {spec.preset_records}", **common)
         else:
             source = tuning.records_path(spec.replay_from, spec.op)
-            self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source), **common)
+            self.patch = tuning.AutotunePatch("replay", records=tuning.load_records(source),
+                                              records_source=f"autotune records {source}", **common)
         self.patch.install()
 
     def install_on(self, tuner_cls) -> None:

@@ -55,10 +55,11 @@ class RunInfoPlugin:
 
 def outcome(ctx, session, exitstatus) -> dict:
     """COMPLETE when every planned case ran (a FlagGems benchmark's cases are known only as they
-    run: there, when the session was not cut short), else INCOMPLETE and why."""
+    run: there, when the session was not cut short), else INCOMPLETE and why; `exit_code` is what
+    the run exits with (rundir's EXIT_ codes): the child's account, not pytest's exit status."""
     planned = len(ctx.cases) or None
     done = len(ctx.rows)
-    reason = ctx.stop_reason
+    reason, code = ctx.stop_reason, ctx.stop_code
     # Before INTERRUPTED: a plugin that stops the session (a poisoned capture) exits with that status too.
     if reason is None and isinstance(session.shouldstop, str):
         reason = f"stopped: {session.shouldstop}"
@@ -66,8 +67,18 @@ def outcome(ctx, session, exitstatus) -> dict:
         reason = "interrupted"
     if reason is None and exitstatus == pytest.ExitCode.INTERNAL_ERROR:
         reason = "internal error (traceback in run.log)"
+    if reason is None and exitstatus == pytest.ExitCode.USAGE_ERROR:
+        reason = "pytest refused its arguments (see run.log)"
+    if reason is None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        reason = "pytest collected no test (see run.log)"
     if reason is None and planned is not None and done < planned:
         reason = f"{planned - done} planned case(s) never reported"
     complete = reason is None
+    if complete:
+        # A teardown error fails the session without a row of its own.
+        failed = exitstatus == pytest.ExitCode.TESTS_FAILED or any(r["status"] in ("FAILED", "ERROR") for r in ctx.rows)
+        code = rundir.EXIT_FAILED_ROWS if failed else 0
+    elif code is None:
+        code = rundir.EXIT_INCOMPLETE
     return {"status": "COMPLETE" if complete else "INCOMPLETE", "rows_done": done, "rows_planned": planned,
-            "reason": reason, "running_case": None if complete else ctx.running_case}
+            "reason": reason, "running_case": None if complete else ctx.running_case, "exit_code": code}

@@ -1,5 +1,6 @@
 """Test-only operators for fault injection: slow enough to be interrupted between rows, one that
-fills the disk under the run dir before a row is written, one that leaves a process running."""
+fills the disk under the run dir before a row is written, one that leaves a process running, one whose
+process exits in its second case, and one that changes torch's process-wide state in its first."""
 
 import os
 import signal
@@ -51,6 +52,29 @@ COMMON = dict(baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
 slow_op = Operator(name="slow_op", inputs=_slow_inputs, candidate=triton_add, **COMMON)
 leaving_op = Operator(name="leaving_op", inputs=_inputs, candidate=_add_leaving_a_process, **COMMON)
 disk_filler_op = Operator(name="disk_filler_op", inputs=_inputs, candidate=_fill_then_add, **COMMON)
+
+
+def _exit_in_second_case(x, y):
+    # As an extension that calls exit() would: no outcome recorded, any exit code (ZL_TEST_EXIT_CODE).
+    if x.numel() > 4:
+        os._exit(int(os.environ["ZL_TEST_EXIT_CODE"]))
+    return triton_add(x, y)
+
+
+def _default_dtype_inputs(shape, dtype, device):
+    # Drawn in torch's default dtype, then cast: a default dtype changed by an earlier case changes them.
+    return (torch.randn(*shape, device=device).to(dtype), torch.randn(*shape, device=device).to(dtype))
+
+
+def _leak_state_in_first_case(x, y):
+    if x.numel() == 4:
+        torch.set_default_dtype(torch.float64)
+        torch.use_deterministic_algorithms(True)
+    return triton_add(x, y)
+
+
+exit_op = Operator(name="exit_op", inputs=_inputs, candidate=_exit_in_second_case, **COMMON)
+leaky_op = Operator(name="leaky_op", inputs=_default_dtype_inputs, candidate=_leak_state_in_first_case, **COMMON)
 
 
 def _stop_the_group_once_a_row_is_landing():
