@@ -628,23 +628,23 @@ def _control_batches(root, controls):
 
 
 def _spread_of(controls):
-    return math.expm1(stats.NOISE_SIGMAS * float(np.std(np.log(controls), ddof=1)))
+    return math.expm1(3.0 * float(np.std(np.log(controls), ddof=1)))
 
 
 @pytest.mark.parametrize("spread", [0.029, 0.031])
 def test_the_control_spread_warning_is_given_above_the_single_run_floor_only(tmp_path, spread):
     # Two ops whose controls lie +-d on the log scale: 3 sd over rows is 3 * sqrt(2) * d.
-    d = math.log1p(spread) / (stats.NOISE_SIGMAS * math.sqrt(2))
+    d = math.log1p(spread) / (3.0 * math.sqrt(2))
     controls = [math.exp(d), math.exp(-d)]
     assert _spread_of(controls) == pytest.approx(spread)
     data = corpus.from_batch_pair(*_control_batches(tmp_path, controls), {})
     assert [r["control_ratio"] for r in data["rows"]] == pytest.approx(controls)
     warned = [w for w in data["warnings"] if w.startswith("the control")]
-    if spread < corpus.SINGLE_RUN_FLOOR:
+    if spread < compare.SINGLE_RUN_MARGIN:
         assert warned == []
     else:
         assert warned == [f"the control (torch baseline, which the compiler does not move) varies by {spread:.1%} "
-                          "between the two sides' processes (3 sd over rows), more than the 3% single-run floor: "
+                          "between the two sides' processes (3 sd over rows), more than the 3% single-run margin: "
                           "verdicts may call run-to-run noise a change"]
 
 

@@ -170,8 +170,9 @@ def test_a_poisoned_capture_stops_the_run(harness, tmp_path):
     outcome = load(run_dir / "run.json")["observed"]["outcome"]
     reason = "stopped: capture poisoned the accelerator context: CUDA error: unknown error"
     assert outcome == {"status": "INCOMPLETE", "rows_done": 1, "rows_planned": 2, "reason": reason,
-                       "running_case": "fp32-64", "exit_code": 3}
-    assert f"record INCOMPLETE: 1/2 rows, {reason} during case fp32-64" in proc.stdout
+                       "running_case": None, "exit_code": 3}
+    # The poisoned case's row is written: the stop came between cases, so no case is named as running.
+    assert f"record INCOMPLETE: 1/2 rows, {reason}; run dir" in proc.stdout
 
 
 def test_user_operator_from_ops_path_records_and_replays(harness, tmp_path):

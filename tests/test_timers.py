@@ -119,7 +119,8 @@ class WindowRecorder(FakeGraphTimer):
         return Measurement([self.levels[side][window]] * 3, "graph")
 
 
-def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states():
+def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states(monkeypatch):
+    monkeypatch.setattr(timers, "TIMING_WINDOWS", 4)
     # Two states 8% apart, drawn per window: the row's latency is their geometric mean, not the
     # median of the pooled samples (which would take whichever state holds more windows).
     levels = {"baseline": [1.0, 1.0, 1.0, 1.0], "candidate": [2.0, 2.16, 2.0, 2.0]}
@@ -134,7 +135,8 @@ def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states
     assert cand.summary()["latency"] == cand.latency_ms and len(cand.samples_ms) == 3 * timers.TIMING_WINDOWS
 
 
-def test_each_later_window_times_relocated_inputs():
+def test_each_later_window_times_relocated_inputs(monkeypatch):
+    monkeypatch.setattr(timers, "TIMING_WINDOWS", 4)
     t = WindowRecorder({"baseline": [1.0] * 4, "candidate": [1.0] * 4})
     t.calls, moves = [], []
     t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"},
@@ -732,7 +734,7 @@ def test_the_host_timer_estimates_from_one_call_warms_up_and_samples_within_its_
 def test_measurement_summary_has_every_statistic():
     s = Measurement([1.0, 2.0, 3.0, 4.0, 10.0], "graph").summary()
     assert s == {"n": 5, "median": 3.0, "mean": 4.0, "std": pytest.approx(np.std([1, 2, 3, 4, 10], ddof=1)),
-                 "min": 1.0, "max": 10.0, "p20": pytest.approx(1.8), "p80": pytest.approx(5.2)}
+                 "min": 1.0, "max": 10.0, "p20": pytest.approx(1.8), "p80": pytest.approx(5.2), "latency": 3.0}
     assert Measurement([1.0, 3.0], "graph").summary()["std"] == pytest.approx(2 ** 0.5)
     one = Measurement([2.0], "direct", l2_flush_ms=0.5)
     assert one.summary()["std"] == 0.0 and one.summary()["l2_flush_ms"] == 0.5 and one.median_ms == 2.0

@@ -50,7 +50,9 @@ ATTRIBUTION_CALLS = (3, 20)
 # Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
 # some of the op's lines in place.
 L2_FLUSH_FACTOR = 2
-# The graph and direct timers spread each row over this many measurement windows per side, the sides
+# One window per side until spreading is shown to help: on an H200 A/A, 4 windows (captured afresh,
+# over time) left the 2-5 us rows' 4.1% spread between processes as it was. With more than one, the
+# graph and direct timers spread each row over this many measurement windows per side, the sides
 # alternating, each window captured afresh: a kernel of a few us sits in one of two latency states
 # about 8% apart, drawn per window (an H200), so one window per process draws one state per process
 # and the row's repeats disagree by the state, not by the code. The row's latency is the geometric
@@ -59,7 +61,7 @@ L2_FLUSH_FACTOR = 2
 # after the first times fresh copies of the inputs (`relocate`): the state may hang on where the
 # buffers lie, which time alone does not change (an H200 A/A with windows over time alone kept the
 # 2-5 us rows' 4% spread between processes).
-TIMING_WINDOWS = 4
+TIMING_WINDOWS = 1
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
