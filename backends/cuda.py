@@ -24,6 +24,8 @@ def l2_cache_bytes() -> int:
 def occupancy_limits() -> dict | None:
     import torch
 
+    if not torch.cuda.is_available():  # compiling for CUDA without a device (a CPU host, stand-in drivers)
+        return None
     props = torch.cuda.get_device_properties(0)
     limits = {"regs_per_sm": getattr(props, "regs_per_multiprocessor", None),
               "threads_per_sm": getattr(props, "max_threads_per_multi_processor", None),

@@ -213,7 +213,9 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
     assert set(rows) == {"2", "0"} and rows["0"]["file"] == "-"  # the sweep's loser: compiled, never used
     (written,) = (tmp_path / "ttgir" / "1024" / "double_kernel").iterdir()
     assert "ttg." in written.read_text()
-    assert load(tmp_path / "run.json")["observed"]["ir"] == {
+    observed = load(tmp_path / "run.json")["observed"]["ir"]
+    assert observed.pop("kernel_stats")["occupancy_limits"] is None  # no device to read them from
+    assert observed == {
         "collected": True, "reason": "launch hook + compiled-kernel scan", "variants_compiled": 2,
         "files_written": 1, "unreadable_launches": 0}
     assert said == [f"IR: 2 variants compiled, 1 launched variant files under {tmp_path / 'ttgir'}"]
