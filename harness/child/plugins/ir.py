@@ -88,6 +88,9 @@ class IRPlugin:
             return
         self.collector.write()
         atexit.unregister(self.collector.write)  # the exit-time dump is for crashes only
+        # The kernels kept for their statistics are done with: released while their driver is still
+        # the active one (a CompiledKernel unloads its module from the active driver as it goes).
+        self.collector.compiled.clear()
         used = self.collector.used()
         files = sum(len(v) for v in used.values())
         self.ctx.say(f"IR: {len(self.collector.variants)} variants compiled, {files} launched variant files "
