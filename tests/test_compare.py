@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from scipy import special
 
 from reports import ab_report, compare, stats
 
@@ -408,18 +407,18 @@ def test_a_lone_row_keeps_its_own_interval_in_the_per_op_and_overall_lines(tmp_p
 # learnt from the unflagged rows of similar latency.
 
 def test_the_prior_is_trended_over_rows_within_2x_latency_either_way_else_the_nearest():
-    # Two bands 4x apart, equal variances within each (an exact prior, infinite dof); 4 degrees
-    # of freedom a row: E[log s^2] = log sigma^2 + digamma(2) - log(2) (Smyth 2004), undone here.
-    v, w, unbias = 1e-4, 9e-4, math.exp(math.log(2) - float(special.digamma(2)))
+    # Two bands 4x apart, equal variances within each (an exact prior, infinite dof): a row's prior
+    # variance is the mean variance of its band.
+    v, w = 1e-4, 9e-4
     model = stats.PriorModel([v] * 3 + [w] * 3, [4] * 6, [1.0] * 3 + [4.0] * 3)
     at = {x: model.at(x) for x in (0.4, 1.0, 1.9, 2.0, 2.1, 8.0, 9.0)}
     assert all(p.dof == math.inf for p in at.values())
-    assert at[1.0].variance == pytest.approx(v * unbias) and at[8.0].variance == pytest.approx(w * unbias)
-    assert at[1.9].variance == pytest.approx(v * unbias) and at[2.1].variance == pytest.approx(w * unbias)
-    # Exactly 2x either way is within: both bands (their log variances averaged).
-    assert at[2.0].variance == pytest.approx(math.sqrt(v * w) * unbias)
+    assert at[1.0].variance == pytest.approx(v) and at[8.0].variance == pytest.approx(w)
+    assert at[1.9].variance == pytest.approx(v) and at[2.1].variance == pytest.approx(w)
+    # Exactly 2x either way is within: both bands (their variances averaged).
+    assert at[2.0].variance == pytest.approx((v + w) / 2)
     # Nothing within 2x: the nearest MIN_PRIOR_ROWS rows.
-    assert at[0.4].variance == pytest.approx(v * unbias) and at[9.0].variance == pytest.approx(w * unbias)
+    assert at[0.4].variance == pytest.approx(v) and at[9.0].variance == pytest.approx(w)
 
 
 def test_a_row_whose_two_repeats_agree_by_chance_is_noisy_when_judged_with_its_neighbours(tmp_path):

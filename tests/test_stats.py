@@ -108,13 +108,30 @@ def _chi2_variances(rng, n, s0, d0, dof):
     return true * rng.chisquare(dof, n) / dof
 
 
-def test_the_prior_recovers_its_scale_and_degrees_of_freedom():
+def test_the_prior_recovers_its_degrees_of_freedom_and_the_mean_variance():
     rng = np.random.default_rng(7)
     s2 = _chi2_variances(rng, 4000, 0.004, 8.0, 4)
     model = stats.PriorModel(s2, [4] * s2.size, [1.0] * s2.size)
     prior = model.at(1.0)
     assert prior.dof == pytest.approx(8.0, rel=0.25)
-    assert math.sqrt(prior.variance) == pytest.approx(0.004, rel=0.05)
+    # The mean of the true variances, s0^2 d0 / (d0 - 2), not the scale s0^2 itself.
+    assert prior.variance == pytest.approx(0.004 ** 2 * 8.0 / 6.0, rel=0.1)
+
+
+def test_a_two_state_band_gets_its_whole_variance_as_prior():
+    # Each repeat (one process) sits in a fast or an 8% slower state, 40% slow: the per-repeat variance
+    # of the log latency is 0.4 * 0.6 * log(1.08)^2 plus the jitter, though many rows' 3+3 repeats all
+    # drew one state and show next to none of it.
+    rng = np.random.default_rng(5)
+    variances, dofs = [], []
+    for _ in range(400):
+        a, b = (np.exp(np.where(rng.random(3) < 0.4, math.log(1.08), 0.0) + rng.normal(0, 0.002, 3)) for _ in "ab")
+        v, d = stats.residual(a, b)
+        variances.append(v)
+        dofs.append(d)
+    prior = stats.PriorModel(variances, dofs, [0.004] * 400).at(0.004)
+    true = 0.4 * 0.6 * math.log(1.08) ** 2 + 0.002 ** 2
+    assert prior.variance == pytest.approx(true, rel=0.15)
 
 
 def test_equal_variances_give_an_infinite_prior():
