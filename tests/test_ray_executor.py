@@ -6,6 +6,8 @@ teardown and leaves no process."""
 import contextlib
 import csv
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, pids_mentioning, wait_for
+from conftest import REPO, alive, pids_mentioning, wait_for
 
-from harness.core import launch
+from harness.core import launch, paths
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -110,6 +112,9 @@ def cluster(tmp_path):
         c.stop()
         left = wait_for(lambda: not pids_mentioning(str(c.temp)), 30)
         assert left, f"processes of the Ray cluster left: {pids_mentioning(str(c.temp))}"
+        shutil.rmtree(c.temp, ignore_errors=True)
+        for log in c.temp.parent.glob(f"{c.temp.name}_*.log"):
+            log.unlink()
 
 
 def batch(cluster: Cluster, tmp_path: Path, *args) -> subprocess.Popen:
@@ -155,6 +160,10 @@ def test_ops_spread_over_the_nodes_and_an_op_whose_node_died_runs_again(cluster,
     assert len(again) == 1, st  # the op on the dead node, not lost: run again on the node left
     for op in st:
         assert "ran on Ray node " in (d / "ops" / f"path__{op}" / "batch.log").read_text()
+    # The killed node's task left its scratch dir: a private dir, which the next one made there removes.
+    paths.remove_abandoned()
+    scratch = [p.name for p in Path(tempfile.gettempdir()).glob("zl_ray_op*")]
+    assert all(re.match(r"zl_ray_op\.(\d+)\.", n) and alive(int(n.split(".")[1])) for n in scratch), scratch
     ours = ("batch dir: ", "2 selected, ", "PASS ", "done: ")  # Ray's own lines go to the batch's log
     assert all(line.startswith(ours) for line in out.splitlines()), out
     resumed = batch(cluster, tmp_path, "--resume")

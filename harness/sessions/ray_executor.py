@@ -27,9 +27,9 @@ import dataclasses
 import io
 import shutil
 import tarfile
-import tempfile
 from pathlib import Path
 
+from harness.core import paths
 from harness.providers.catalog import Entry
 from harness.sessions import engine_log
 
@@ -73,7 +73,8 @@ def _run_remote(batch_cls, options_cls, entry: dict, opts: dict, op_dtypes: dict
 
     entry_ = Entry(**entry)
     device = sharded if local else task_device(ray_resource, sharded, ray.get_runtime_context())
-    scratch = Path(tempfile.mkdtemp(prefix="zl_ray_op_"))
+    # A private dir (its owner named): one left by a task whose node died is removed by the next made there.
+    scratch = paths.make_private_dir("ray_op")
     try:
         opts_ = options_cls(**{**opts, "replay_root": Path(opts["replay_root"]) if opts["replay_root"] else None})
         row = batch_cls(scratch, opts_, op_dtypes).measure_op(entry_, device)
