@@ -21,8 +21,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import nox
+import nox.command
 
 nox.options.default_venv_backend = "none"
+# A bare `nox` runs the project's own checks; the benchmark sessions and mutants are asked for by name.
+nox.options.sessions = ["tests", "lint"]
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
@@ -100,9 +103,17 @@ def _run_harness(session: nox.Session, command: str) -> None:
     """`python -m harness COMMAND posargs`, which takes a Ctrl-C as it does without nox: nox does
     not cut its stop short (its default: SIGTERM 0.3 s after the interrupt, SIGKILL 0.2 s later;
     the harness bounds its own stop and kills what does not end in time), and the harness stops
-    when nox dies (harness.core.launch.end_with)."""
-    session.run("python", "-m", "harness", command, *session.posargs, env={"ZL_BENCH_END_WITH_PID": str(os.getpid())},
-                interrupt_timeout=None, terminate_timeout=None)
+    when nox dies (harness.core.launch.end_with).
+
+    nox ends with 1 for any failed session; the harness's exit codes mean more (README, When things
+    go wrong), so a failure ends nox with the harness's own code, after nox's line naming it."""
+    try:
+        session.run("python", "-m", "harness", command, *session.posargs,
+                    env={"ZL_BENCH_END_WITH_PID": str(os.getpid())}, interrupt_timeout=None, terminate_timeout=None)
+    except nox.command.CommandFailed as failed:
+        # A child killed by signal N reads -N here; a shell would say 128+N.
+        code = failed.return_code
+        sys.exit(128 - code if code < 0 else code)
 
 
 def _harness(session: nox.Session, command: str) -> None:
