@@ -196,12 +196,14 @@ def _print_mutation_scores(results: str) -> None:
         by_module[re.split(r"\.x[_ǁ]", key, maxsplit=1)[0]][status] += 1
         if status not in (*caught, "not checked"):
             print(f"{status:>12}  {key}")
-    print(f"\n{'module':<20}{'killed / total':>16}  not killed")
+    # Aligned by hand: tabulate may be only in .nox/deps, which this process (nox's own) does not see.
+    width = max([len("module"), *map(len, by_module)]) + 2
+    print(f"\n{'module':<{width}}{'killed / total':>16}  not killed")
     for module, counts in sorted(by_module.items()):
         killed, total = sum(counts[s] for s in caught), sum(counts.values())
         if counts["not checked"] == total:
-            print(f"{module:<20}{'not run':>16}")
+            print(f"{module:<{width}}{'not run':>16}")
             continue
         rest = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if s not in caught)
-        print(f"{module:<20}{f'{killed} / {total}':>16}  {killed / total:4.0%}  {rest}")
+        print(f"{module:<{width}}{f'{killed} / {total}':>16}  {killed / total:4.0%}  {rest}")
     print("\none mutant's change: PYTHONPATH=.nox/deps python -m mutmut show KEY")

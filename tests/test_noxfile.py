@@ -6,6 +6,7 @@ harness` takes it, and the harness never outlives nox."""
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,3 +156,15 @@ def test_a_batch_through_nox_stops_when_nox_is_stopped_and_says_so(tmp_path, how
     assert f"interrupted ({signame}): every running op was killed; resume with --resume --batch-dir {d}" in out, out
     assert op_statuses(d) == {"hang_op": "INTERRUPTED"}
     assert wait_gone(str(tmp_path)) == []
+
+
+def test_the_mutation_scores_align_whatever_the_module_names(capsys):
+    import noxfile
+
+    results = ("    harness.providers.flaggems_scan.x_scan__mutmut_1: killed\n"
+               "    harness.providers.flaggems_scan.x_scan__mutmut_2: survived\n"
+               "    reports.stats.x_center__mutmut_1: killed\n")
+    noxfile._print_mutation_scores(results)
+    table = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    ends = [re.search(r"killed / total|\d+ / \d+", line).end() for line in table]
+    assert ends == [ends[0]] * 3, table
