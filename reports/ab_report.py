@@ -165,8 +165,6 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                                                                what_changed))
     csv_path = out_dir / "report.csv"
     with open(csv_path, "w", newline="") as f:
-        if note:
-            f.write(f"# {note}\n")
         w = csv.writer(f)
         w.writerow(["op", "dtype", "shape", "a_ms_geomean", "b_ms_geomean", "ratio", "ci_lo", "ci_hi", "verdict",
                     "margin", "q", "n_a", "n_b", "flags", "config_differs"])

@@ -451,8 +451,6 @@ CSV_COLUMNS = ("op_key", "op", "dtype", "shape", "basis", "a_gm_ms", "b_gm_ms", 
 
 def to_csv(data: dict) -> str:
     out = io.StringIO()
-    if data["note"]:
-        out.write(f"# {data['note']}\n")
     w = csv.writer(out, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for r in data["rows"]:
