@@ -152,7 +152,10 @@ def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context
     shared = explain.group_lines(explain.groups(
         [{"id": r.label, "verdict": r.verdict, "what_changed": _what_changed(r, what_changed)} for r in rows]
     )) if what_changed else []
-    return ("\n".join(headline(summary, warnings, context, note, rows)) + "\n\n" + out + "\n"
+    head = headline(summary, warnings, context, note, rows)
+    if fmt == "github":
+        head = table.markdown_list(head)
+    return ("\n".join(head) + "\n\n" + out + "\n"
             + (f"\n{kernels}\n" if kernels else "") + ("\n" + "\n".join(shared) + "\n" if shared else ""))
 
 

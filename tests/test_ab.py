@@ -100,7 +100,7 @@ def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
     assert proc.stdout.split("ab dir: ", 1)[1].splitlines()[1] == note  # atop the run
     printed = proc.stdout.split("\n\n", 1)[1]
     assert printed.splitlines()[0] == note and printed.count(note) == 1  # atop the report
-    assert (d / "report.md").read_text().splitlines()[2] == note
+    assert (d / "report.md").read_text().splitlines()[2] == f"- {note}"
     assert (d / "report.csv").read_text().startswith("op,")  # a CSV reader's header, no comment line
     assert not re.search(r"x (slower|faster)|no change|FASTER|SLOWER|SAME|NOISY", printed)
     # B replayed A's configs: every row ran the same configs on both sides.
@@ -327,6 +327,23 @@ def test_verdicts_only_where_the_backend_measures_performance(tmp_path, capsys, 
     with open(tmp_path / "out" / "report.csv", newline="") as f:
         assert next(csv.DictReader(f))["verdict"] == report["rows"][0]["comparison"]["verdict"]
     assert (tmp_path / "out" / "ratios.png").is_file()
+
+
+def _headline_is_a_markdown_list(md: str) -> list[str]:
+    """The lines between the title and the table, each a list item (CommonMark would join plain
+    adjacent lines into one paragraph); an indented line is a nested item."""
+    head = md.split("\n\n")[1].splitlines()
+    assert all(re.fullmatch(r"(  )*- \S.*", line) for line in head), head
+    return head
+
+
+def test_report_md_headline_is_one_list_item_per_line(tmp_path, capsys):
+    groups = [([_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
+               [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))])]
+    ab.report(tmp_path / "out", groups, {"name": "t"}, [], {"cuda"})
+    head = _headline_is_a_markdown_list((tmp_path / "out" / "report.md").read_text())
+    assert any(line.startswith("- overall geomean B/A: ") for line in head)
+    assert any(line.startswith("  - add: ") for line in head)  # the per-op geomean, under the overall one
 
 
 # Synthetic A/B results for the headline and flag rules (README, A/B). Each repeat jitters both

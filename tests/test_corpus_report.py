@@ -274,6 +274,8 @@ def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
     assert data["note"].startswith("NOTE: backend 'interpreter'") and not data["measures_performance"]
     assert {r["verdict"] for r in data["rows"]} == {stats.NOT_APPLICABLE}
     files = corpus.write(tmp_path / "out", data)
+    head = files[2].read_text().split("\n\n")[1].splitlines()
+    assert head[0] == f"- {data['note']}" and all(line.startswith("- ") for line in head), head  # CommonMark
     text = files[2].read_text() + files[3].read_text()
     assert data["note"] in files[2].read_text() and not re.search(r"x (slower|faster)|1\.1000", text)
     with open(files[1], newline="") as f:  # the note is in report.md and .json: a CSV reader takes no comment line
