@@ -510,6 +510,41 @@ def test_profiled_rows_show_each_sides_top_kernels(tmp_path, capsys):
     assert report["rows"][0]["kernels"] == {"a": ka, "b": kb}
 
 
+def _paired(n: int, a_ms=(1.0, 1.01), b_ms=(1.1, 1.11)):
+    from reports import compare, stats
+
+    rows = []
+    for shape in range(n):
+        r = compare.PairedRow("softmax", "bf16", (1024, shape), list(a_ms), list(b_ms), [], [], {"graph"}, [], {}, {})
+        r.comparison = stats.compare(r.a_ms, r.b_ms)
+        rows.append(r)
+    return rows
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_the_ratios_plot_has_a_log_axis_and_names_a_first():
+    from reports import ab_report
+
+    fig = ab_report.figure(_paired(3), {"name": "t", "a": "fusion on", "b": "fusion off"})
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log" and len(ax.containers) == 3
+    assert fig.get_suptitle() == "A/B t: fusion on vs fusion off"
+
+
+@pytest.mark.parametrize("note", [None, table.not_performance_note("interpreter")])
+def test_a_ratios_plot_with_nothing_to_plot_says_so(note):
+    from reports import ab_report
+
+    # No rows at all; or rows whose ratios the tables call n/a, so the plot shows none either.
+    fig = ab_report.figure([] if note is None else _paired(2), {"name": "t"}, note)
+    (ax,) = fig.axes
+    assert not ax.containers and not ax.axison
+    assert _texts(fig) == ["no rows to plot" if note is None else "no ratios to plot: see the note above"]
+
+
 def test_the_plot_title_fits_inside_the_figure(tmp_path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
