@@ -3,7 +3,7 @@
 Every session runs in the Python environment nox was started from (`venv_backend="none"`):
 that is where the user's compiler (Triton or a FlagTree build) and torch live, and no session
 ever reinstalls either. The light packages the harness needs (harness.core.deps lists them: pytest,
-pyyaml, tabulate, numpy, scipy, matplotlib, tqdm) are taken from that environment when present;
+pyyaml, tabulate, numpy, scipy, matplotlib, tqdm, jinja2) are taken from that environment when present;
 only the missing ones are installed, into .nox/deps, keeping nothing that would shadow a package
 the environment already has. So an offline GPU host with those packages works as is, and a fresh
 networked machine needs no step.
