@@ -40,14 +40,15 @@ def _num(value, performance: bool, digits: int = 4) -> str:
 
 
 def _sortable(value, performance: bool) -> dict:
-    """A number cell: its text, and the value the page sorts it by."""
-    return {"text": _num(value, performance), "v": value}
+    """A number cell: its text, and the value the page sorts it by: none where the text says n/a, so
+    such cells sort last instead of by a number the page does not show."""
+    return {"text": _num(value, performance), "v": value if performance else None}
 
 
 def _ratio(value, performance: bool, verdict: str = "") -> dict:
     """The ratio, coloured only where its verdict called a change (a 0.98 the data cannot tell from 1 is no win)."""
     if value is None or not performance:
-        return {"text": _num(value, performance), "v": value, "cls": "", "title": ""}
+        return {**_sortable(value, performance), "cls": "", "title": ""}
     cls = {stats.SLOWER: "slower", stats.FASTER: "faster"}.get(verdict, "")
     return {"text": f"{value:.4f}", "v": value, "cls": cls, "title": stats.describe(value)}
 
@@ -56,15 +57,14 @@ def _counts(verdicts: dict) -> list[tuple[str, int]]:
     return sorted(verdicts.items())
 
 
-def plot_png(data: dict) -> str:
-    """The B/A distribution of the headline rows, stacked by verdict, as base64 PNG."""
-    import matplotlib
+def figure(data: dict):
+    """The B/A distribution of the headline rows, stacked by verdict, as a matplotlib Figure. Where the
+    timings are not performance numbers the tables call every ratio n/a, and nothing is plotted."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in data["rows"] if r["in_headline"] and r["ratio"]]
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    rows = [r for r in data["rows"] if r["in_headline"] and r["ratio"]] if data["measures_performance"] else []
+    fig = Figure(figsize=(8, 3.2), layout="tight")
+    ax = fig.add_subplot()
     if rows:
         logs = [math.log2(r["ratio"]) for r in rows]
         lo, hi = min(logs + [-0.05]), max(logs + [0.05])
@@ -73,17 +73,24 @@ def plot_png(data: dict) -> str:
         ax.hist([[math.log2(r["ratio"]) for r in rows if r["verdict"] == v] for v in verdicts], bins=bins,
                 stacked=True, label=verdicts, color=[VERDICT_COLORS.get(v, "#555") for v in verdicts])
         ax.legend(fontsize=8)
-    ax.axvline(0.0, color="black", linewidth=0.8)
-    ticks = ax.get_xticks()
-    ax.set_xticks(ticks, [f"{2 ** t:.3g}" for t in ticks])
-    ax.set_xlabel("B / A latency, log scale (below 1: B faster)")
-    ax.set_ylabel("rows")
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ticks = ax.get_xticks()
+        ax.set_xticks(ticks, [f"{2 ** t:.3g}" for t in ticks])
+        ax.set_xlabel("B / A latency, log scale (below 1: B faster)")
+        ax.set_ylabel("rows")
+    else:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no rows to plot" if data["measures_performance"] else "no ratios to plot: see the note",
+                ha="center", va="center", transform=ax.transAxes)
     title = f"B/A of {len(rows)} headline rows"
     ax.set_title(f"{data['note']}\n{title}" if data["note"] else title, fontsize=8 if data["note"] else 10)
-    fig.tight_layout()
+    return fig
+
+
+def plot_png(data: dict) -> str:
+    """figure(data) as base64 PNG, for a data: URL."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    figure(data).savefig(buf, format="png", dpi=110)
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -170,7 +177,8 @@ def _row(r: dict, performance: bool, basis_note: str) -> dict:
             "ir_status": ir["status"], "flagged": int(not r["in_headline"]),
             "text": " ".join([r["op_key"], r["dtype"], shape, *flags]).lower(),
             "a": _sortable(r["a"]["gm_ms"], performance), "b": _sortable(r["b"]["gm_ms"], performance),
-            "ratio": _ratio(r["ratio"], performance, r["verdict"]), "interval": {"text": interval, "v": r["hi"]},
+            "ratio": _ratio(r["ratio"], performance, r["verdict"]),
+            "interval": {"text": interval, "v": r["hi"] if performance else None},
             "control": _sortable(r["control_ratio"], performance),
             "ir_text": (f"changed ({len(ir['variants'])})" if ir["status"] == "changed"
                         else ir["status"].replace("_", " ")),
@@ -196,20 +204,16 @@ VERDICT_OPTIONS = (stats.SLOWER, stats.FASTER, stats.SAME, stats.NOISY, stats.NO
 
 
 def render(data: dict, headline: list[str]) -> str:
+    """The page; `headline` is the report's headline (reports.corpus.headline), shown as it is, once."""
     performance = data["measures_performance"]
-    s = data["summary"]
-    overall = s["overall"]
-    interval = f" [{overall['lo']:.4f}, {overall['hi']:.4f}]" if overall["lo"] is not None else ""
-    big = (f"{overall['ratio']:.4f}{interval} over {overall['over']} ({stats.describe(overall['ratio'])})"
-           if performance and overall["ratio"] else stats.NOT_APPLICABLE)
     css, js = ((TEMPLATES / name).read_text() for name in ("corpus_report.css", "corpus_report.js"))
     return _JINJA.get_template("corpus_report.html.j2").render(
-        title=f"Corpus A/B: {data['context'].get('b', 'B')} vs {data['context'].get('a', 'A')}",
+        title=f"Corpus A/B: {data['context'].get('a', 'A')} vs {data['context'].get('b', 'B')}",
         # Our own files, inlined as they are.
         css=jinja2.filters.Markup(css), js=jinja2.filters.Markup(js),
-        note=data["note"], overall=big, summary=s, verdicts=_counts(s["verdicts"]),
-        headline=[line for line in headline if not line.startswith(("WARNING", "NOTE"))],
-        warnings=data["warnings"], plot=plot_png(data), op_columns=OP_COLUMNS,
+        headline=[("note" if line == data["note"] else "warn" if line.startswith("WARNING") else "", line)
+                  for line in headline],
+        plot=plot_png(data), op_columns=OP_COLUMNS,
         ops=[_op(o, performance) for o in data["ops"]], verdict_options=VERDICT_OPTIONS, row_columns=ROW_COLUMNS,
         rows=[_row(r, performance, data["basis_note"]) for r in data["rows"]],
         ir_changed=[{"id": r["id"], "ratio": _ratio(r["ratio"], performance, r["verdict"]),

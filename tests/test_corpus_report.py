@@ -22,7 +22,7 @@ from harness import cli
 from harness.core import ir_index
 from harness.measure import ir
 from harness.sessions import ab
-from reports import compare, corpus, stats
+from reports import compare, corpus, corpus_html, stats
 
 SCHEMA = json.loads((REPO / "reports" / "schema" / "corpus_report.schema.json").read_text())
 JITTER = np.linspace(-0.002, 0.002, 41)  # one process's sample spread: 0.2%, far below any margin here
@@ -266,6 +266,36 @@ def test_html_has_every_row_the_diffs_and_no_external_url(batches, tmp_path):
     assert parsed.urls and all(u.startswith(("#", "data:image/png;base64,")) for u in parsed.urls)
     assert not re.search(r"https?://|//cdn|<link", page)
     assert "<script>" in page and "<style>" in page  # inline
+
+
+def _headline_paragraphs(page: str) -> list[str]:
+    block = page[page.index("<div class=headline>"):page.index("</div>")]
+    return [markupsafe.Markup(p).unescape() for p in re.findall(r"<p[^>]*>(.*?)</p>", block)]
+
+
+def test_the_page_shows_each_headline_line_once_and_names_a_first(batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {"a": "fusion on", "b": "fusion off"})
+    page = corpus.write(tmp_path, data)[3].read_text()
+    assert _headline_paragraphs(page) == corpus.headline(data)
+    assert page.count("overall geomean B/A") == 1 and page.count("verdicts: ") == 1
+    assert "<title>Corpus A/B: fusion on vs fusion off</title>" in page
+
+
+def test_the_page_escapes_what_the_data_says(batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {"a": "<i>A</i>"})
+    data["rows"][0]["errors"] = {"b": "<script>alert(1)</script>"}
+    page = corpus.write(tmp_path, data)[3].read_text()
+    assert "<dd>&lt;script&gt;alert(1)&lt;/script&gt;</dd>" in page and "<i>A</i>" not in page
+
+
+def test_interpreter_ratios_are_neither_plotted_nor_sorted_by(tmp_path):
+    data = corpus.from_batch_pair(_batch(tmp_path / "a", 0, "interpreter"), _batch(tmp_path / "b", 1, "interpreter"),
+                                  {})
+    assert all(r["ratio"] for r in data["rows"])  # computed, and called n/a
+    (ax,) = corpus_html.figure(data).axes
+    assert not ax.patches and [t.get_text() for t in ax.texts] == ["no ratios to plot: see the note"]
+    page = corpus.write(tmp_path / "out", data)[3].read_text()
+    assert page.count(">n/a</td>") > len(data["rows"]) and not re.search(r'<td data-v="[^"]*"[^>]*>n/a</td>', page)
 
 
 def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
