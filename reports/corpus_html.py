@@ -17,6 +17,7 @@ import urllib.parse
 from pathlib import Path
 
 import jinja2
+import markupsafe
 
 from reports import explain, stats
 
@@ -33,10 +34,10 @@ _JINJA.filters["verdict_color"] = lambda verdict: VERDICT_COLORS.get(verdict, "#
 _JINJA.filters["fragment"] = lambda value: urllib.parse.quote(str(value), safe="")
 
 
-def _num(value, performance: bool, digits: int = 4) -> str:
+def _num(value, performance: bool) -> str:
     if value is None:
         return "-"
-    return f"{value:.{digits}f}" if performance else stats.NOT_APPLICABLE
+    return f"{value:.4f}" if performance else stats.NOT_APPLICABLE
 
 
 def _sortable(value, performance: bool) -> dict:
@@ -210,7 +211,7 @@ def render(data: dict, headline: list[str]) -> str:
     return _JINJA.get_template("corpus_report.html.j2").render(
         title=f"Corpus A/B: {data['context'].get('a', 'A')} vs {data['context'].get('b', 'B')}",
         # Our own files, inlined as they are.
-        css=jinja2.filters.Markup(css), js=jinja2.filters.Markup(js),
+        css=markupsafe.Markup(css), js=markupsafe.Markup(js),
         headline=[("note" if line == data["note"] else "warn" if line.startswith("WARNING") else "", line)
                   for line in headline],
         plot=plot_png(data), op_columns=OP_COLUMNS,
