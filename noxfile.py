@@ -3,7 +3,7 @@
 Every session runs in the Python environment nox was started from (`venv_backend="none"`):
 that is where the user's compiler (Triton or a FlagTree build) and torch live, and no session
 ever reinstalls either. The light packages the harness needs (harness.core.deps lists them: pytest,
-pyyaml, tabulate, numpy, scipy, matplotlib, tqdm) are taken from that environment when present;
+pyyaml, tabulate, numpy, scipy, matplotlib, tqdm, jinja2) are taken from that environment when present;
 only the missing ones are installed, into .nox/deps, keeping nothing that would shadow a package
 the environment already has. So an offline GPU host with those packages works as is, and a fresh
 networked machine needs no step.
@@ -21,8 +21,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import nox
+import nox.command
 
 nox.options.default_venv_backend = "none"
+# A bare `nox` runs the project's own checks; the benchmark sessions and mutants are asked for by name.
+nox.options.sessions = ["tests", "lint"]
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"
@@ -100,9 +103,17 @@ def _run_harness(session: nox.Session, command: str) -> None:
     """`python -m harness COMMAND posargs`, which takes a Ctrl-C as it does without nox: nox does
     not cut its stop short (its default: SIGTERM 0.3 s after the interrupt, SIGKILL 0.2 s later;
     the harness bounds its own stop and kills what does not end in time), and the harness stops
-    when nox dies (harness.core.launch.end_with)."""
-    session.run("python", "-m", "harness", command, *session.posargs, env={"ZL_BENCH_END_WITH_PID": str(os.getpid())},
-                interrupt_timeout=None, terminate_timeout=None)
+    when nox dies (harness.core.launch.end_with).
+
+    nox ends with 1 for any failed session; the harness's exit codes mean more (README, When things
+    go wrong), so a failure ends nox with the harness's own code, after nox's line naming it."""
+    try:
+        session.run("python", "-m", "harness", command, *session.posargs,
+                    env={"ZL_BENCH_END_WITH_PID": str(os.getpid())}, interrupt_timeout=None, terminate_timeout=None)
+    except nox.command.CommandFailed as failed:
+        # A child killed by signal N reads -N here; a shell would say 128+N.
+        code = failed.return_code
+        sys.exit(128 - code if code < 0 else code)
 
 
 def _harness(session: nox.Session, command: str) -> None:
@@ -185,12 +196,14 @@ def _print_mutation_scores(results: str) -> None:
         by_module[re.split(r"\.x[_ǁ]", key, maxsplit=1)[0]][status] += 1
         if status not in (*caught, "not checked"):
             print(f"{status:>12}  {key}")
-    print(f"\n{'module':<20}{'killed / total':>16}  not killed")
+    # Aligned by hand: tabulate may be only in .nox/deps, which this process (nox's own) does not see.
+    width = max([len("module"), *map(len, by_module)]) + 2
+    print(f"\n{'module':<{width}}{'killed / total':>16}  not killed")
     for module, counts in sorted(by_module.items()):
         killed, total = sum(counts[s] for s in caught), sum(counts.values())
         if counts["not checked"] == total:
-            print(f"{module:<20}{'not run':>16}")
+            print(f"{module:<{width}}{'not run':>16}")
             continue
         rest = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if s not in caught)
-        print(f"{module:<20}{f'{killed} / {total}':>16}  {killed / total:4.0%}  {rest}")
+        print(f"{module:<{width}}{f'{killed} / {total}':>16}  {killed / total:4.0%}  {rest}")
     print("\none mutant's change: PYTHONPATH=.nox/deps python -m mutmut show KEY")

@@ -1,22 +1,20 @@
-"""`python -m harness ...`, as the nox sessions run it. Started without nox, it finds the light
-packages a session installed into this checkout's .nox/deps; one it still lacks is one line, not
-an import traceback."""
+"""`python -m harness ...`, as the nox sessions run it, and the `zl-bench` command of an editable
+install (pyproject.toml). Started without nox, it finds the light packages a session installed into
+this checkout's .nox/deps; one it still lacks is one line, not an import traceback."""
 
 import os
 import signal
 import sys
 
-from harness.core import deps, launch
+from harness.core import deps, launch, paths
 
-# The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving it.
-# Ours alone: a process we start has its own tie to us.
-_session = os.environ.pop(launch.END_WITH_ENV, None)
-if _session:
-    launch.end_with(int(_session))
-launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
 
 def _run() -> int:
-
+    if not paths.SHAPES_DIR.is_dir():
+        # Run dirs, shapes and operators are found beside the sources: a copy in site-packages has none.
+        print(f"error: zl_bench runs from its checkout, and {paths.REPO_ROOT} has no shapes/ (not an editable "
+              "install?): pip install -e CHECKOUT", file=sys.stderr)
+        return 2
     deps.use_deps_dir()
     missing = deps.missing(deps.needed(sys.argv[1] if len(sys.argv) > 1 else None))
     if missing:
@@ -29,12 +27,23 @@ def _run() -> int:
     return main()
 
 
-try:
-    sys.exit(_run())
-except KeyboardInterrupt as exc:
-    # A Ctrl-C (or a SIGTERM raised as one: launch.Stopped) where no command handles it: while
-    # starting up, resolving what to run, importing an operator. Sessions that had started
-    # something said what they kept before this.
-    signum = getattr(exc, "signum", signal.SIGINT)
-    print(f"interrupted ({signal.Signals(signum).name})", file=sys.stderr)
-    sys.exit(128 + signum)
+def main() -> None:
+    # The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving it.
+    # Ours alone: a process we start has its own tie to us.
+    session = os.environ.pop(launch.END_WITH_ENV, None)
+    if session:
+        launch.end_with(int(session))
+    launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
+    try:
+        sys.exit(_run())
+    except KeyboardInterrupt as exc:
+        # A Ctrl-C (or a SIGTERM raised as one: launch.Stopped) where no command handles it: while
+        # starting up, resolving what to run, importing an operator. Sessions that had started
+        # something said what they kept before this.
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        sys.exit(128 + signum)
+
+
+if __name__ == "__main__":
+    main()

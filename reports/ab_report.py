@@ -5,8 +5,8 @@ A side's latency is the geometric mean of its repeats (reports.stats.center): th
 "B ms" columns, the B/A ratio and the verdict all come from that one statistic.
 
 `note`, where given, says the timings are not performance numbers (reports.table.not_performance_note):
-it heads every one of them, verdicts are n/a (reports.compare.pair), and the text reports show no
-ratio, interval or geomean; the CSV and JSON keep the computed values, for checking the pipeline.
+it heads every one of them, verdicts are n/a (reports.compare.pair), and the text reports and the plot
+show no ratio, interval or geomean; the CSV and JSON keep the computed values, for checking the pipeline.
 """
 
 from __future__ import annotations
@@ -152,7 +152,10 @@ def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context
     shared = explain.group_lines(explain.groups(
         [{"id": r.label, "verdict": r.verdict, "what_changed": _what_changed(r, what_changed)} for r in rows]
     )) if what_changed else []
-    return ("\n".join(headline(summary, warnings, context, note, rows)) + "\n\n" + out + "\n"
+    head = headline(summary, warnings, context, note, rows)
+    if fmt == "github":
+        head = table.markdown_list(head)
+    return ("\n".join(head) + "\n\n" + out + "\n"
             + (f"\n{kernels}\n" if kernels else "") + ("\n" + "\n".join(shared) + "\n" if shared else ""))
 
 
@@ -165,8 +168,6 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                                                                what_changed))
     csv_path = out_dir / "report.csv"
     with open(csv_path, "w", newline="") as f:
-        if note:
-            f.write(f"# {note}\n")
         w = csv.writer(f)
         w.writerow(["op", "dtype", "shape", "a_ms_geomean", "b_ms_geomean", "ratio", "ci_lo", "ci_hi", "verdict",
                     "margin", "q", "n_a", "n_b", "flags", "config_differs"])
@@ -192,9 +193,11 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
 
 def figure(rows: list[PairedRow], context: dict, note: str | None = None):
     """The ratios plot as a matplotlib Figure (drawn with the Agg backend, no display needed)."""
+    from matplotlib import ticker
     from matplotlib.figure import Figure
 
-    shown = [r for r in rows if r.comparison is not None]
+    # Under a note the ratios are not performance numbers: the tables call them n/a, and so does the plot.
+    shown = [r for r in rows if r.comparison is not None] if note is None else []
     # Constrained layout makes room for the rotated row labels and the title.
     fig = Figure(figsize=(max(6.0, 0.35 * len(shown) + 2), 4.5), layout="constrained")
     ax = fig.add_subplot()
@@ -206,14 +209,26 @@ def figure(rows: list[PairedRow], context: dict, note: str | None = None):
         hi = c.hi if math.isfinite(c.hi) else c.ratio
         ax.errorbar(i, c.ratio, yerr=[[c.ratio - lo], [hi - c.ratio]], fmt="o", capsize=3,
                     color=colors[c.verdict], markerfacecolor="none" if r.flags else colors[c.verdict])
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(shown)), [r.label for r in shown], rotation=90, fontsize=7)
-    ops = [r.op for r in shown]
-    for i in range(1, len(ops)):
-        if ops[i] != ops[i - 1]:
-            ax.axvline(i - 0.5, color="lightgray", linewidth=0.8)
-    ax.set_ylabel("B / A latency (below 1: B faster)")
-    title = f"A/B {context.get('name', '')}: {context.get('b', 'B')} vs {context.get('a', 'A')}"
+    if shown:
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(shown)), [r.label for r in shown], rotation=90, fontsize=7)
+        ops = [r.op for r in shown]
+        for i in range(1, len(ops)):
+            if ops[i] != ops[i - 1]:
+                ax.axvline(i - 0.5, color="lightgray", linewidth=0.8)
+        # A log axis: 2x slower sits as far above 1 as 2x faster below it.
+        ax.set_yscale("log")
+        lo, hi = ax.get_ylim()
+        # Round ratios as ticks: within a narrow span a log locator would leave only 1 labelled.
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=6) if hi / lo < 4 else ticker.LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:.4g}"))
+        ax.yaxis.set_minor_locator(ticker.NullLocator())
+        ax.set_ylabel("B / A latency, log scale (below 1: B faster)")
+    else:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no rows to plot" if note is None else "no ratios to plot: see the note above",
+                ha="center", va="center", transform=ax.transAxes)
+    title = f"A/B {context.get('name', '')}: {context.get('a', 'A')} vs {context.get('b', 'B')}"
     fontsize = 8 if note else 9
     # Layout engines do not wrap a title: one wider than the figure is cut at both edges. Wrap it to
     # the figure's width (a capital is about 0.7 em wide).

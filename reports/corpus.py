@@ -426,7 +426,7 @@ def markdown(data: dict) -> str:
             o["ir_changed_rows"], o["flagged_rows"], _cell(o["control"], performance)] for o in data["ops"]]
     flagged = [[r["op_key"], r["dtype"], _shape(r), r["verdict"], ",".join(r["flags"])]
                for r in data["rows"] if not r["in_headline"]]
-    parts = ["# Corpus A/B report", "", *headline(data), "", "## Operators (worst B/A first)", "",
+    parts = ["# Corpus A/B report", "", *table.markdown_list(headline(data)), "", "## Operators (worst B/A first)", "",
              tabulate(ops, headers=["op", "rows in headline", "geomean B/A", "verdicts", "worst B/A", "IR changed",
                                     "flagged", "control B/A"], tablefmt="github", disable_numparse=True)]
     calls = [[r["op_key"], r["dtype"], _shape(r), r["verdict"], _cell(r["ratio"], performance),
@@ -451,8 +451,6 @@ CSV_COLUMNS = ("op_key", "op", "dtype", "shape", "basis", "a_gm_ms", "b_gm_ms", 
 
 def to_csv(data: dict) -> str:
     out = io.StringIO()
-    if data["note"]:
-        out.write(f"# {data['note']}\n")
     w = csv.writer(out, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for r in data["rows"]:

@@ -3,18 +3,21 @@ a base64 PNG, no external URL. The page's state (filter, sort, open row) lives i
 fragment (`report.html#verdict=SLOWER&sort=ratio&desc=1`), so a view can be linked to and reloaded.
 
 Rows are rendered in the server-side order (worst B/A first); the script only sorts, filters and
-opens what is there, so without it the page still shows everything.
+opens what is there, so without it the page still shows everything. The markup is
+templates/corpus_report.html.j2; this module turns the report's data into the text it shows.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import math
 import urllib.parse
 from pathlib import Path
+
+import jinja2
+import markupsafe
 
 from reports import explain, stats
 
@@ -23,50 +26,46 @@ VERDICT_COLORS = {stats.SLOWER: "#c62828", stats.FASTER: "#2e7d32", stats.SAME: 
 
 # Inlined into every page: the report opens offline and travels as one file.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+# Autoescaping on for every template: op names, errors and IR text are data, never markup.
+_JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                            undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_JINJA.filters["verdict_color"] = lambda verdict: VERDICT_COLORS.get(verdict, "#555")
+# A fragment parameter's value, as the page's script reads it back (URLSearchParams).
+_JINJA.filters["fragment"] = lambda value: urllib.parse.quote(str(value), safe="")
 
 
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _q(value: str) -> str:
-    """A fragment parameter's value, as the page's script reads it back (URLSearchParams)."""
-    return _e(urllib.parse.quote(value, safe=""))
-
-
-def _num(value, performance: bool, digits: int = 4) -> str:
+def _num(value, performance: bool) -> str:
     if value is None:
         return "-"
-    return f"{value:.{digits}f}" if performance else stats.NOT_APPLICABLE
+    return f"{value:.4f}" if performance else stats.NOT_APPLICABLE
 
 
-def _td(text: str, sort_value=None, cls: str = "") -> str:
-    v = "" if sort_value is None else f' data-v="{_e(sort_value)}"'
-    c = f' class="{cls}"' if cls else ""
-    return f"<td{v}{c}>{text}</td>"
+def _sortable(value, performance: bool) -> dict:
+    """A number cell: its text, and the value the page sorts it by: none where the text says n/a, so
+    such cells sort last instead of by a number the page does not show."""
+    return {"text": _num(value, performance), "v": value if performance else None}
 
 
-def _verdict(verdict: str) -> str:
-    return f'<span class="badge" style="background:{VERDICT_COLORS.get(verdict, "#555")}">{_e(verdict)}</span>'
-
-
-def _ratio(value, performance: bool, verdict: str = "") -> str:
+def _ratio(value, performance: bool, verdict: str = "") -> dict:
     """The ratio, coloured only where its verdict called a change (a 0.98 the data cannot tell from 1 is no win)."""
     if value is None or not performance:
-        return _e(_num(value, performance))
-    cls = {stats.SLOWER: ' class="slower"', stats.FASTER: ' class="faster"'}.get(verdict, "")
-    return f'<span{cls} title="{_e(stats.describe(value))}">{value:.4f}</span>'
+        return {**_sortable(value, performance), "cls": "", "title": ""}
+    cls = {stats.SLOWER: "slower", stats.FASTER: "faster"}.get(verdict, "")
+    return {"text": f"{value:.4f}", "v": value, "cls": cls, "title": stats.describe(value)}
 
 
-def plot_png(data: dict) -> str:
-    """The B/A distribution of the headline rows, stacked by verdict, as base64 PNG."""
-    import matplotlib
+def _counts(verdicts: dict) -> list[tuple[str, int]]:
+    return sorted(verdicts.items())
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    rows = [r for r in data["rows"] if r["in_headline"] and r["ratio"]]
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+def figure(data: dict):
+    """The B/A distribution of the headline rows, stacked by verdict, as a matplotlib Figure. Where the
+    timings are not performance numbers the tables call every ratio n/a, and nothing is plotted."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in data["rows"] if r["in_headline"] and r["ratio"]] if data["measures_performance"] else []
+    fig = Figure(figsize=(8, 3.2), layout="tight")
+    ax = fig.add_subplot()
     if rows:
         logs = [math.log2(r["ratio"]) for r in rows]
         lo, hi = min(logs + [-0.05]), max(logs + [0.05])
@@ -75,60 +74,57 @@ def plot_png(data: dict) -> str:
         ax.hist([[math.log2(r["ratio"]) for r in rows if r["verdict"] == v] for v in verdicts], bins=bins,
                 stacked=True, label=verdicts, color=[VERDICT_COLORS.get(v, "#555") for v in verdicts])
         ax.legend(fontsize=8)
-    ax.axvline(0.0, color="black", linewidth=0.8)
-    ticks = ax.get_xticks()
-    ax.set_xticks(ticks, [f"{2 ** t:.3g}" for t in ticks])
-    ax.set_xlabel("B / A latency, log scale (below 1: B faster)")
-    ax.set_ylabel("rows")
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ticks = ax.get_xticks()
+        ax.set_xticks(ticks, [f"{2 ** t:.3g}" for t in ticks])
+        ax.set_xlabel("B / A latency, log scale (below 1: B faster)")
+        ax.set_ylabel("rows")
+    else:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no rows to plot" if data["measures_performance"] else "no ratios to plot: see the note",
+                ha="center", va="center", transform=ax.transAxes)
     title = f"B/A of {len(rows)} headline rows"
     ax.set_title(f"{data['note']}\n{title}" if data["note"] else title, fontsize=8 if data["note"] else 10)
-    fig.tight_layout()
+    return fig
+
+
+def plot_png(data: dict) -> str:
+    """figure(data) as base64 PNG, for a data: URL."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    figure(data).savefig(buf, format="png", dpi=110)
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _diff(text: str) -> str:
-    out = []
-    for line in text.splitlines():
-        cls = ("hunk" if line.startswith("@@") else "add" if line.startswith("+") and not line.startswith("+++")
-               else "del" if line.startswith("-") and not line.startswith("---") else "")
-        out.append(f'<span class="{cls}">{_e(line)}</span>' if cls else _e(line))
-    return '<pre class="diff">' + "\n".join(out) + "</pre>"
+def _diff(text: str) -> list[tuple[str, str]]:
+    """(class, line) per line of a unified diff: hunk headers, added and removed lines told apart."""
+    return [("hunk" if line.startswith("@@") else "add" if line.startswith("+") and not line.startswith("+++")
+             else "del" if line.startswith("-") and not line.startswith("---") else "", line)
+            for line in text.splitlines()]
 
 
-def _ir_detail(ir: dict) -> str:
+IR_WORDS = {"not_collected": "IR not collected on a side (see its run.json observed.ir)",
+            "none_launched": "no launched variant recorded for this shape"}
+
+
+def _ir_detail(ir: dict) -> dict:
     if ir["status"] != "changed":
-        words = {"not_collected": "IR not collected on a side (see its run.json observed.ir)",
-                 "none_launched": "no launched variant recorded for this shape",
-                 "identical": f"identical at every stage ({ir['identical']} launched variants)"}
-        return f"<p>IR: {_e(words[ir['status']])}</p>"
-    parts = [f"<p>IR: {len(ir['variants'])} launched variant(s) differ; {ir['identical']} identical</p>"]
-    for v in ir["variants"]:
-        stages = f"; stages differing: {', '.join(v['stages'])}" if v["stages"] else ""
-        parts.append(f"<h4>{_e(v['kernel'])} / {_e(v['variant'])}: {_e(v['status'])}{_e(stages)}</h4>")
-        if v["diff"]:
-            parts.append(_diff(v["diff"]))
-        else:
-            parts.append("<p>TTGIR identical: the change is in a later stage</p>")
-        if v["diff_truncated"]:
-            parts.append(f"<p class=warn>diff cut: full files {_e(v['file_a'])} and {_e(v['file_b'])}</p>")
-    return "".join(parts)
+        words = IR_WORDS.get(ir["status"]) or f"identical at every stage ({ir['identical']} launched variants)"
+        return {"variants": None, "words": words}
+    return {"identical": ir["identical"], "variants": [
+        {"kernel": v["kernel"], "variant": v["variant"], "status": v["status"],
+         "stages": f"; stages differing: {', '.join(v['stages'])}" if v["stages"] else "",
+         "diff": _diff(v["diff"]) if v["diff"] else [], "truncated": v["diff_truncated"],
+         "file_a": v["file_a"], "file_b": v["file_b"]} for v in ir["variants"]]}
 
 
-def _what_changed(what: dict | None) -> str:
+def _what_changed(what: dict | None) -> dict | None:
     """The statistics of the row's launched variants that B changed (reports.explain), one table row per
     field: shown above the IR diff, so the named facts come before the ~100 lines they hide in."""
     if not what:
-        return ""
+        return None
     cells = [(f"{v['kernel']} / {v['variant']}", c["field"], explain.value_text(c["field"], c["a"]),
               explain.value_text(c["field"], c["b"])) for v in what["variants"] for c in v["changes"]]
-    if not cells:
-        return f"<p>what changed: {_e(what['text'])}</p>"
-    body = "".join(f"<tr><td>{_e(v)}</td><td>{_e(f)}</td><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for v, f, a, b in cells)
-    return ('<table class="what-changed"><thead><tr><th>variant</th><th>what changed</th><th>A</th><th>B</th></tr>'
-            f"</thead><tbody>{body}</tbody></table>")
+    return {"cells": cells, "text": what["text"]}
 
 
 def _side(summary: dict, repeats, performance: bool) -> str:
@@ -138,36 +134,31 @@ def _side(summary: dict, repeats, performance: bool) -> str:
             f"(min {_num(summary['min_ms'], performance)}, max {_num(summary['max_ms'], performance)})")
     if repeats and performance:
         text += "; repeats: " + ", ".join(f"{x:.4f}" for x in repeats)
-    return _e(text)
+    return text
 
 
-def _detail(r: dict, performance: bool, basis_note: str) -> str:
+def _detail(r: dict, performance: bool, basis_note: str) -> list[dict]:
+    """The drill-down's (term, text) items; the B/A one leads with the coloured ratio."""
     interval = (f"[{r['lo']:.4f}, {r['hi']:.4f}]" if performance and r["lo"] is not None
                 else stats.NOT_APPLICABLE if not performance else "none")
     words = stats.describe(r["ratio"]) if performance and r["ratio"] else ""
     within = " (within-process only)" if r["basis"] == "single_run" else ""
     items = [
-        ("B/A", _ratio(r["ratio"], performance, r["verdict"]) + " " + _e(words)),
-        ("95% interval", _e(interval + within)),
-        ("margin", _e(f"{r['margin']:.2%}" if r["margin"] is not None else "-")),
-        ("q (FDR-adjusted)", _e(f"{r['q']:.3g}" if performance and r["q"] is not None else "-")),
-        ("basis", _e(basis_note if r["basis"] == "single_run" else "independent repeats")),
+        ("95% interval", interval + within),
+        ("margin", f"{r['margin']:.2%}" if r["margin"] is not None else "-"),
+        ("q (FDR-adjusted)", f"{r['q']:.3g}" if performance and r["q"] is not None else "-"),
+        ("basis", basis_note if r["basis"] == "single_run" else "independent repeats"),
         ("A latency", _side(r["a"], r["a_repeats_ms"], performance)),
         ("B latency", _side(r["b"], r["b_repeats_ms"], performance)),
-        ("control B/A", _e(_num(r["control_ratio"], performance))),
-        ("timers", _e(", ".join(r["timers"]) or "-")),
-        ("flags", _e(", ".join(r["flags"]) or "none")),
-        *((f"{side.upper()} failed", _e(error)) for side, error in sorted(r["errors"].items())),
-        ("configs", _e("differ between A and B" if r["config_differs"] else "the same on both sides")),
-        ("run dirs", _e(f"A {r['run_a']}  B {r['run_b']}")),
+        ("control B/A", _num(r["control_ratio"], performance)),
+        ("timers", ", ".join(r["timers"]) or "-"),
+        ("flags", ", ".join(r["flags"]) or "none"),
+        *((f"{side.upper()} failed", error) for side, error in sorted(r["errors"].items())),
+        ("configs", "differ between A and B" if r["config_differs"] else "the same on both sides"),
+        ("run dirs", f"A {r['run_a']}  B {r['run_b']}"),
     ]
-    parts = ["<dl>", *(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items), "</dl>"]
-    if r["config_differs"]:
-        parts.append("<pre>" + _e("A: " + json.dumps(r["configs_a"], indent=1) + "\nB: "
-                                   + json.dumps(r["configs_b"], indent=1)) + "</pre>")
-    parts.append(_what_changed(r.get("what_changed")))
-    parts.append(_ir_detail(r["ir"]))
-    return "".join(parts)
+    return [{"key": "B/A", "ratio": _ratio(r["ratio"], performance, r["verdict"]), "text": words},
+            *({"key": k, "ratio": None, "text": v} for k, v in items)]
 
 
 ROW_COLUMNS = (("op", "op", "str"), ("dtype", "dtype", "str"), ("shape", "shape", "str"), ("a", "A ms (gm)", "num"),
@@ -176,97 +167,59 @@ ROW_COLUMNS = (("op", "op", "str"), ("dtype", "dtype", "str"), ("shape", "shape"
                ("flags", "flags", "str"))
 
 
-def _row_html(r: dict, performance: bool, basis_note: str) -> str:
+def _row(r: dict, performance: bool, basis_note: str) -> dict:
     shape = "x".join(map(str, r["shape"]))
     ir = r["ir"]
-    ir_text = (f"changed ({len(ir['variants'])})" if ir["status"] == "changed" else ir["status"].replace("_", " "))
-    interval = f"[{r['lo']:.4f}, {r['hi']:.4f}]" if performance and r["lo"] is not None else _num(None, performance)
     flags = r["flags"] + (["config_differs"] if r["config_differs"] else [])
-    cells = [_td(_e(r["op_key"])), _td(_e(r["dtype"])), _td(_e(shape)),
-             _td(_e(_num(r["a"]["gm_ms"], performance)), r["a"]["gm_ms"], "num"),
-             _td(_e(_num(r["b"]["gm_ms"], performance)), r["b"]["gm_ms"], "num"),
-             _td(_ratio(r["ratio"], performance, r["verdict"]), r["ratio"], "num"), _td(_e(interval), r["hi"], "num"),
-             _td(_verdict(r["verdict"])), _td(_e(_num(r["control_ratio"], performance)), r["control_ratio"], "num"),
-             _td(_e(ir_text)), _td(_e(", ".join(flags)))]
-    text = " ".join([r["op_key"], r["dtype"], shape, *flags]).lower()
-    rid = _e(r["id"])
-    return (f'<tbody id="row-{rid}" data-op="{_e(r["op_key"])}" data-verdict="{_e(r["verdict"])}" '
-            f'data-ir="{_e(ir["status"])}" data-flagged="{int(not r["in_headline"])}" data-text="{_e(text)}">'
-            f'<tr class="main">{"".join(cells)}</tr>'
-            f'<tr class="detail" hidden><td colspan="{len(ROW_COLUMNS)}">{_detail(r, performance, basis_note)}</td>'
-            "</tr></tbody>")
+    interval = f"[{r['lo']:.4f}, {r['hi']:.4f}]" if performance and r["lo"] is not None else _num(None, performance)
+    configs = ("A: " + json.dumps(r["configs_a"], indent=1) + "\nB: " + json.dumps(r["configs_b"], indent=1)
+               if r["config_differs"] else "")
+    return {"id": r["id"], "op_key": r["op_key"], "dtype": r["dtype"], "shape": shape, "verdict": r["verdict"],
+            "ir_status": ir["status"], "flagged": int(not r["in_headline"]),
+            "text": " ".join([r["op_key"], r["dtype"], shape, *flags]).lower(),
+            "a": _sortable(r["a"]["gm_ms"], performance), "b": _sortable(r["b"]["gm_ms"], performance),
+            "ratio": _ratio(r["ratio"], performance, r["verdict"]),
+            "interval": {"text": interval, "v": r["hi"] if performance else None},
+            "control": _sortable(r["control_ratio"], performance),
+            "ir_text": (f"changed ({len(ir['variants'])})" if ir["status"] == "changed"
+                        else ir["status"].replace("_", " ")),
+            "flags": ", ".join(flags), "detail": _detail(r, performance, basis_note), "configs": configs,
+            "what_changed": _what_changed(r.get("what_changed")), "ir": _ir_detail(ir)}
 
 
-def _op_html(o: dict, performance: bool) -> str:
+def _op(o: dict, performance: bool) -> dict:
     gm = o["geomean"]
-    verdicts = " ".join(f"{_verdict(k)}{v}" for k, v in sorted(o["verdicts"].items()))
-    interval = f"[{gm['lo']:.4f}, {gm['hi']:.4f}]" if performance and gm["lo"] is not None else "-"
-    return ("<tr>" + _td(f'<a href="#op={_q(o["op"])}">{_e(o["op"])}</a>', o["op"])
-            + _td(f"{o['headline_rows']}/{o['rows']}", o["headline_rows"], "num")
-            + _td(_ratio(gm["ratio"], performance), gm["ratio"], "num") + _td(_e(interval))
-            + _td(verdicts, o["verdicts"].get(stats.SLOWER, 0))
-            + _td(_ratio(o["worst_ratio"], performance), o["worst_ratio"], "num")
-            + _td(str(o["ir_changed_rows"]), o["ir_changed_rows"], "num")
-            + _td(str(o["flagged_rows"]), o["flagged_rows"], "num")
-            + _td(_e(_num(o["control"], performance)), o["control"], "num")
-            + _td(_e("; ".join(o["notes"]))) + "</tr>")
+    return {"op": o["op"], "rows": o["rows"], "headline_rows": o["headline_rows"],
+            "geomean": _ratio(gm["ratio"], performance),
+            "interval": f"[{gm['lo']:.4f}, {gm['hi']:.4f}]" if performance and gm["lo"] is not None else "-",
+            "verdicts": _counts(o["verdicts"]), "slower": o["verdicts"].get(stats.SLOWER, 0),
+            "worst": _ratio(o["worst_ratio"], performance), "ir_changed_rows": o["ir_changed_rows"],
+            "flagged_rows": o["flagged_rows"], "control": _sortable(o["control"], performance),
+            "notes": "; ".join(o["notes"])}
 
 
 OP_COLUMNS = (("op", "str"), ("rows in headline", "num"), ("geomean B/A", "num"), ("interval", "str"),
               ("verdicts (SLOWER count)", "num"), ("worst B/A", "num"), ("IR changed rows", "num"),
               ("flagged rows", "num"), ("control B/A", "num"), ("notes", "str"))
+VERDICT_OPTIONS = (stats.SLOWER, stats.FASTER, stats.SAME, stats.NOISY, stats.NOT_APPLICABLE, "FAILED", "UNPAIRED")
 
 
 def render(data: dict, headline: list[str]) -> str:
+    """The page; `headline` is the report's headline (reports.corpus.headline), shown as it is, once."""
     performance = data["measures_performance"]
-    s = data["summary"]
-    title = f"Corpus A/B: {data['context'].get('b', 'B')} vs {data['context'].get('a', 'A')}"
-    overall = s["overall"]
-    interval = f" [{overall['lo']:.4f}, {overall['hi']:.4f}]" if overall["lo"] is not None else ""
-    big = (f"{overall['ratio']:.4f}{interval} over {overall['over']} ({stats.describe(overall['ratio'])})"
-           if performance and overall["ratio"] else stats.NOT_APPLICABLE)
-    verdicts = " ".join(f"{_verdict(k)}{v}" for k, v in sorted(s["verdicts"].items())) or "none"
-    head = ["<div class=headline>", f'<p class="note">{_e(data["note"])}</p>' if data["note"] else "",
-            f'<p>overall geomean B/A: <span class="big" id="overall">{_e(big)}</span></p>',
-            f"<p>verdicts over {s['headline_rows']} of {s['rows']} rows: {verdicts}</p>",
-            *(f"<p>{_e(line)}</p>" for line in headline if not line.startswith(("WARNING", "NOTE"))),
-            *(f'<p class="warn">{_e(w)}</p>' for w in data["warnings"]), "</div>"]
-    flagged = [r for r in data["rows"] if not r["in_headline"]]
-    flagged_html = "".join(
-        f'<tr><td><a href="#open={_q(r["id"])}">{_e(r["op_key"])}</a></td><td>{_e(r["dtype"])}</td>'
-        f'<td>{_e("x".join(map(str, r["shape"])))}</td><td>{_verdict(r["verdict"])}</td>'
-        f'<td>{_e(", ".join(r["flags"]))}</td></tr>' for r in flagged)
-    unpaired = "".join(f"<li><b>{_e(u['op'])}</b>: {_e(u['reason'])}</li>" for u in data["unpaired_ops"])
-    ir_rows = "".join(f'<li><a href="#open={_q(r["id"])}">{_e(r["id"])}</a>: B/A '
-                      f'{_ratio(r["ratio"], performance, r["verdict"])}, {len(r["ir"]["variants"])} variant(s)</li>'
-                      for r in data["rows"] if r["ir"]["status"] == "changed")
-    verdict_options = "".join(f'<option value="{_e(v)}">{_e(v)}</option>'
-                              for v in (stats.SLOWER, stats.FASTER, stats.SAME, stats.NOISY, stats.NOT_APPLICABLE,
-                                        "FAILED", "UNPAIRED"))
-    body = [
-        f"<h1>{_e(title)}</h1>", *head,
-        "<h2>Distribution</h2>",
-        f'<img alt="B/A distribution" src="data:image/png;base64,{plot_png(data)}">',
-        "<h2>Operators (worst B/A first; click a header to sort, an op to see its rows)</h2>",
-        '<div class="controls"><input id="opq" placeholder="filter ops"></div>',
-        '<table id="ops"><thead><tr>' + "".join(f'<th data-type="{t}">{_e(h)}</th>' for h, t in OP_COLUMNS)
-        + "</tr></thead><tbody>" + "".join(_op_html(o, performance) for o in data["ops"]) + "</tbody></table>",
-        "<h2>Rows (click a row for its drill-down and IR diff)</h2>",
-        '<div class="controls"><input id="q" placeholder="filter op, dtype, shape, flag">'
-        f'<select id="verdict"><option value="">any verdict</option>{verdict_options}</select>'
-        '<label><input type="checkbox" id="ir"> IR changed</label>'
-        '<label><input type="checkbox" id="flagged"> flagged / excluded</label>'
-        '<a href="#">reset</a> <span id="shown" class="muted"></span></div>',
-        '<table id="rows"><thead><tr>'
-        + "".join(f'<th data-key="{k}" data-type="{t}">{_e(h)}</th>' for k, h, t in ROW_COLUMNS) + "</tr></thead>"
-        + "".join(_row_html(r, performance, data["basis_note"]) for r in data["rows"]) + "</table>",
-        "<h2>Rows whose IR changed</h2>", f"<ul id=ir-changed>{ir_rows or '<li>none</li>'}</ul>",
-        "<h2>Flagged and excluded rows</h2>",
-        (f'<table id="flagged-rows"><thead><tr><th>op</th><th>dtype</th><th>shape</th><th>verdict</th><th>flags'
-         f"</th></tr></thead><tbody>{flagged_html}</tbody></table>" if flagged else "<p>none</p>"),
-        "<h2>Operators not compared</h2>", f"<ul id=unpaired>{unpaired or '<li>none</li>'}</ul>",
-        f'<p class="muted">sources: {_e(json.dumps(data["sources"]))}; report format {data["format"]}</p>',
-    ]
     css, js = ((TEMPLATES / name).read_text() for name in ("corpus_report.css", "corpus_report.js"))
-    return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-            f"<style>{css}</style></head><body>\n" + "\n".join(body) + f"\n<script>{js}</script>\n</body></html>\n")
+    return _JINJA.get_template("corpus_report.html.j2").render(
+        title=f"Corpus A/B: {data['context'].get('a', 'A')} vs {data['context'].get('b', 'B')}",
+        # Our own files, inlined as they are.
+        css=markupsafe.Markup(css), js=markupsafe.Markup(js),
+        headline=[("note" if line == data["note"] else "warn" if line.startswith("WARNING") else "", line)
+                  for line in headline],
+        plot=plot_png(data), op_columns=OP_COLUMNS,
+        ops=[_op(o, performance) for o in data["ops"]], verdict_options=VERDICT_OPTIONS, row_columns=ROW_COLUMNS,
+        rows=[_row(r, performance, data["basis_note"]) for r in data["rows"]],
+        ir_changed=[{"id": r["id"], "ratio": _ratio(r["ratio"], performance, r["verdict"]),
+                     "variants": len(r["ir"]["variants"])} for r in data["rows"] if r["ir"]["status"] == "changed"],
+        flagged=[{"id": r["id"], "op_key": r["op_key"], "dtype": r["dtype"], "shape": "x".join(map(str, r["shape"])),
+                  "verdict": r["verdict"], "flags": ", ".join(r["flags"])} for r in data["rows"]
+                 if not r["in_headline"]],
+        unpaired=data["unpaired_ops"], sources=json.dumps(data["sources"]), format=data["format"])

@@ -65,6 +65,12 @@ def not_performance_note(backend: str) -> str:
             "(no speedups, bandwidths or verdicts)")
 
 
+def markdown_list(lines: list[str]) -> list[str]:
+    """Terminal lines as a Markdown list, one item each: CommonMark joins adjacent plain lines into one
+    paragraph. A line indented under the one before (`  softmax: ...`) becomes a nested item."""
+    return [f"{line[:len(line) - len(line.lstrip())]}- {line.lstrip()}" for line in lines]
+
+
 def _cell(row: dict, field: str):
     value = row.get(field)
     if field == "shape":

@@ -1,5 +1,6 @@
 """The A/B session end to end on the interpreter backend, plus plan parsing and validity."""
 
+import csv
 import json
 import math
 import re
@@ -99,8 +100,8 @@ def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
     assert proc.stdout.split("ab dir: ", 1)[1].splitlines()[1] == note  # atop the run
     printed = proc.stdout.split("\n\n", 1)[1]
     assert printed.splitlines()[0] == note and printed.count(note) == 1  # atop the report
-    assert (d / "report.md").read_text().splitlines()[2] == note
-    assert (d / "report.csv").read_text().splitlines()[0] == f"# {note}"
+    assert (d / "report.md").read_text().splitlines()[2] == f"- {note}"
+    assert (d / "report.csv").read_text().startswith("op,")  # a CSV reader's header, no comment line
     assert not re.search(r"x (slower|faster)|no change|FASTER|SLOWER|SAME|NOISY", printed)
     # B replayed A's configs: every row ran the same configs on both sides.
     assert all(not row["config_differs"] for row in report["rows"])
@@ -316,15 +317,33 @@ def test_verdicts_only_where_the_backend_measures_performance(tmp_path, capsys, 
     if backend == "cuda":
         assert report["rows"][0]["comparison"]["verdict"] == "SLOWER" and report["measures_performance"] is True
         assert "1.100x slower" in out and note not in out
-        assert (tmp_path / "out" / "report.csv").read_text().startswith("op,")
     else:
         assert report["rows"][0]["comparison"]["verdict"] == "n/a" and report["measures_performance"] is False
         assert out.strip().splitlines()[0] == note
         assert not re.search(r"x (slower|faster)|SLOWER|1\.1000", out)  # no ratio shown: B/A is 1.1
         assert "verdicts: n/a 1" in out
-        assert (tmp_path / "out" / "report.csv").read_text().startswith(f"# {note}\nop,")
         assert note in (tmp_path / "out" / "report.md").read_text()
+    # The note is not in the CSV, whose readers take a first line as the header (report.md and .json say it).
+    with open(tmp_path / "out" / "report.csv", newline="") as f:
+        assert next(csv.DictReader(f))["verdict"] == report["rows"][0]["comparison"]["verdict"]
     assert (tmp_path / "out" / "ratios.png").is_file()
+
+
+def _headline_is_a_markdown_list(md: str) -> list[str]:
+    """The lines between the title and the table, each a list item (CommonMark would join plain
+    adjacent lines into one paragraph); an indented line is a nested item."""
+    head = md.split("\n\n")[1].splitlines()
+    assert all(re.fullmatch(r"(  )*- \S.*", line) for line in head), head
+    return head
+
+
+def test_report_md_headline_is_one_list_item_per_line(tmp_path, capsys):
+    groups = [([_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
+               [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))])]
+    ab.report(tmp_path / "out", groups, {"name": "t"}, [], {"cuda"})
+    head = _headline_is_a_markdown_list((tmp_path / "out" / "report.md").read_text())
+    assert any(line.startswith("- overall geomean B/A: ") for line in head)
+    assert any(line.startswith("  - add: ") for line in head)  # the per-op geomean, under the overall one
 
 
 # Synthetic A/B results for the headline and flag rules (README, A/B). Each repeat jitters both
@@ -489,6 +508,41 @@ def test_profiled_rows_show_each_sides_top_kernels(tmp_path, capsys):
     assert "rms_kernel_v2 100%" in (tmp_path / "out" / "report.md").read_text()
     report = load(tmp_path / "out" / "report.json")
     assert report["rows"][0]["kernels"] == {"a": ka, "b": kb}
+
+
+def _paired(n: int, a_ms=(1.0, 1.01), b_ms=(1.1, 1.11)):
+    from reports import compare, stats
+
+    rows = []
+    for shape in range(n):
+        r = compare.PairedRow("softmax", "bf16", (1024, shape), list(a_ms), list(b_ms), [], [], {"graph"}, [], {}, {})
+        r.comparison = stats.compare(r.a_ms, r.b_ms)
+        rows.append(r)
+    return rows
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_the_ratios_plot_has_a_log_axis_and_names_a_first():
+    from reports import ab_report
+
+    fig = ab_report.figure(_paired(3), {"name": "t", "a": "fusion on", "b": "fusion off"})
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log" and len(ax.containers) == 3
+    assert fig.get_suptitle() == "A/B t: fusion on vs fusion off"
+
+
+@pytest.mark.parametrize("note", [None, table.not_performance_note("interpreter")])
+def test_a_ratios_plot_with_nothing_to_plot_says_so(note):
+    from reports import ab_report
+
+    # No rows at all; or rows whose ratios the tables call n/a, so the plot shows none either.
+    fig = ab_report.figure([] if note is None else _paired(2), {"name": "t"}, note)
+    (ax,) = fig.axes
+    assert not ax.containers and not ax.axison
+    assert _texts(fig) == ["no rows to plot" if note is None else "no ratios to plot: see the note above"]
 
 
 def test_the_plot_title_fits_inside_the_figure(tmp_path):

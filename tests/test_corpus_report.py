@@ -7,12 +7,14 @@ import hashlib
 import html.parser
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import jsonschema
+import markupsafe
 import numpy as np
 import pytest
 from conftest import REPO, load
@@ -21,7 +23,7 @@ from harness import cli
 from harness.core import ir_index
 from harness.measure import ir
 from harness.sessions import ab
-from reports import compare, corpus, stats
+from reports import compare, corpus, corpus_html, stats
 
 SCHEMA = json.loads((REPO / "reports" / "schema" / "corpus_report.schema.json").read_text())
 JITTER = np.linspace(-0.002, 0.002, 41)  # one process's sample spread: 0.2%, far below any margin here
@@ -267,6 +269,36 @@ def test_html_has_every_row_the_diffs_and_no_external_url(batches, tmp_path):
     assert "<script>" in page and "<style>" in page  # inline
 
 
+def _headline_paragraphs(page: str) -> list[str]:
+    block = page[page.index("<div class=\"headline\">"):page.index("</div>")]
+    return [markupsafe.Markup(p).unescape() for p in re.findall(r"<p[^>]*>(.*?)</p>", block)]
+
+
+def test_the_page_shows_each_headline_line_once_and_names_a_first(batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {"a": "fusion on", "b": "fusion off"})
+    page = corpus.write(tmp_path, data)[3].read_text()
+    assert _headline_paragraphs(page) == corpus.headline(data)
+    assert page.count("overall geomean B/A") == 1 and page.count("verdicts: ") == 1
+    assert "<title>Corpus A/B: fusion on vs fusion off</title>" in page
+
+
+def test_the_page_escapes_what_the_data_says(batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {"a": "<i>A</i>"})
+    data["rows"][0]["errors"] = {"b": "<script>alert(1)</script>"}
+    page = corpus.write(tmp_path, data)[3].read_text()
+    assert "<dd>&lt;script&gt;alert(1)&lt;/script&gt;</dd>" in page and "<i>A</i>" not in page
+
+
+def test_interpreter_ratios_are_neither_plotted_nor_sorted_by(tmp_path):
+    data = corpus.from_batch_pair(_batch(tmp_path / "a", 0, "interpreter"), _batch(tmp_path / "b", 1, "interpreter"),
+                                  {})
+    assert all(r["ratio"] for r in data["rows"])  # computed, and called n/a
+    (ax,) = corpus_html.figure(data).axes
+    assert not ax.patches and [t.get_text() for t in ax.texts] == ["no ratios to plot: see the note"]
+    page = corpus.write(tmp_path / "out", data)[3].read_text()
+    assert page.count(">n/a</td>") > len(data["rows"]) and not re.search(r'<td data-v="[^"]*"[^>]*>n/a</td>', page)
+
+
 def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
     data = corpus.from_batch_pair(_batch(tmp_path / "a", 0, "interpreter"), _batch(tmp_path / "b", 1, "interpreter"),
                                   {})
@@ -274,9 +306,12 @@ def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
     assert data["note"].startswith("NOTE: backend 'interpreter'") and not data["measures_performance"]
     assert {r["verdict"] for r in data["rows"]} == {stats.NOT_APPLICABLE}
     files = corpus.write(tmp_path / "out", data)
+    head = files[2].read_text().split("\n\n")[1].splitlines()
+    assert head[0] == f"- {data['note']}" and all(line.startswith("- ") for line in head), head  # CommonMark
     text = files[2].read_text() + files[3].read_text()
     assert data["note"] in files[2].read_text() and not re.search(r"x (slower|faster)|1\.1000", text)
-    assert files[1].read_text().startswith("# NOTE")
+    with open(files[1], newline="") as f:  # the note is in report.md and .json: a CSV reader takes no comment line
+        assert {r["verdict"] for r in csv.DictReader(f)} == {stats.NOT_APPLICABLE}
 
 
 # --- per-op A/B dirs (harness.sessions.ab) ----------------------------------------------------------
@@ -349,7 +384,7 @@ def test_a_call_on_byte_identical_ir_is_listed_apart_in_every_report(tmp_path):
     line = f"{corpus.IDENTICAL_IR_NOTE}: 1 (builtin:mm fp16 64)"
     assert line in (tmp_path / "out" / "report.md").read_text()
     assert calibration in (tmp_path / "out" / "report.md").read_text()
-    assert html.escape(line) in (tmp_path / "out" / "report.html").read_text()
+    assert markupsafe.escape(line) in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_a_single_op_ab_names_its_calls_on_identical_ir_too(tmp_path, capsys):
@@ -484,6 +519,17 @@ def test_compare_of_a_batch_dir_with_a_run_dir_is_one_line_of_error(batches, tmp
 
 # --- a real browser ---------------------------------------------------------------------------------
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+# Set by .ci/run, which installs Debian's chromium: there, a missing browser fails these tests instead of skipping them.
+REQUIRE_BROWSER = "ZL_TEST_REQUIRE_CHROMIUM"
+
+
+@pytest.fixture
+def browser():
+    if BROWSER is None:
+        why = "no headless Chromium installed (apt-get install chromium)"
+        if os.environ.get(REQUIRE_BROWSER):
+            pytest.fail(f"{why}; {REQUIRE_BROWSER} is set, so a browser is required")
+        pytest.skip(why)
 
 
 def _dom(page: Path, fragment: str = "") -> str:
@@ -497,11 +543,13 @@ def _visible_rows(dom: str) -> list[str]:
     return [m.group(2) for m in re.finditer(r'<tbody id="row-([^"]+)" data-op="([^"]+)"(?![^>]*hidden)[^>]*>', dom)]
 
 
-@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed (apt-get install chromium)")
-def test_the_page_runs_sorts_and_filters_in_a_real_browser(batches, tmp_path):
-    page = corpus.write(tmp_path, corpus.from_batch_pair(*batches, {}))[3]
+def test_the_page_runs_sorts_and_filters_in_a_real_browser(browser, batches, tmp_path):
+    data = corpus.from_batch_pair(*batches, {"a": "fusion on", "b": "fusion off"})
+    page = corpus.write(tmp_path, data)[3]
     dom = _dom(page)
     assert 'data-ready="1"' in dom  # the script ran to its end without an error
+    assert "<title>Corpus A/B: fusion on vs fusion off</title>" in dom
+    assert _headline_paragraphs(dom) == corpus.headline(data)  # each line once, as the other reports say it
     assert "5 of 5 rows shown" in dom
     assert _visible_rows(dom)[:1] == ["builtin:softmax"]  # worst first
     slower = _dom(page, "#verdict=SLOWER")
@@ -515,6 +563,15 @@ def test_the_page_runs_sorts_and_filters_in_a_real_browser(batches, tmp_path):
     subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1400,1800", page.as_uri()], capture_output=True, timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_interpreter_page_sorted_by_an_n_a_column_keeps_its_order_in_a_real_browser(browser, tmp_path):
+    data = corpus.from_batch_pair(_batch(tmp_path / "a", 0, "interpreter"), _batch(tmp_path / "b", 1, "interpreter"),
+                                  {})
+    page = corpus.write(tmp_path / "out", data)[3]
+    shown = _visible_rows(_dom(page))
+    # Every B/A reads n/a: no order by the hidden ratios, either way.
+    assert _visible_rows(_dom(page, "#sort=ratio&desc=0")) == shown == _visible_rows(_dom(page, "#sort=ratio&desc=1"))
 
 
 @pytest.mark.e2e

@@ -6,6 +6,7 @@ harness` takes it, and the harness never outlives nox."""
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,11 +34,30 @@ def test_a_session_shows_only_its_own_command():
 
 
 def test_session_list_as_json():
-    proc = nox("-l", "--json")
+    # nox's JSON listing holds the sessions a run would select: every one when all are named.
+    named = ["record", "replay", "ab", "batch", "inventory-regen", "tests", "lint", "mutants"]
+    proc = nox("-l", "--json", "-s", *named)
     assert proc.returncode == 0, proc.stderr
     sessions = {s["session"]: s for s in json.loads(proc.stdout)}
-    assert {"record", "replay", "ab", "batch", "inventory-regen", "tests", "lint"} <= set(sessions)
+    assert set(named) == set(sessions)
     assert {name for name, s in sessions.items() if "ci" in s["tags"]} == {"tests", "lint"}
+    listing = nox("-l").stdout
+    assert all(f" {name}" in listing for name in named), listing
+
+
+def test_a_bare_nox_runs_the_checks_only():
+    proc = nox("-l", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [s["session"] for s in json.loads(proc.stdout)] == ["tests", "lint"]
+
+
+def test_a_session_ends_with_the_harness_s_own_exit_code():
+    # 2, bad input: nox on its own turns every failure into 1.
+    direct = subprocess.run([sys.executable, "-m", "harness", "record", "--backend", "no-such"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    proc = nox("-s", "record", "--", "--backend", "no-such")
+    assert direct.returncode == proc.returncode == 2, proc.stdout + proc.stderr
+    assert "nox > Command python -m harness record --backend no-such failed with exit code 2" in proc.stderr
 
 
 def _require_compiler(find_spec=None):
@@ -136,3 +156,15 @@ def test_a_batch_through_nox_stops_when_nox_is_stopped_and_says_so(tmp_path, how
     assert f"interrupted ({signame}): every running op was killed; resume with --resume --batch-dir {d}" in out, out
     assert op_statuses(d) == {"hang_op": "INTERRUPTED"}
     assert wait_gone(str(tmp_path)) == []
+
+
+def test_the_mutation_scores_align_whatever_the_module_names(capsys):
+    import noxfile
+
+    results = ("    harness.providers.flaggems_scan.x_scan__mutmut_1: killed\n"
+               "    harness.providers.flaggems_scan.x_scan__mutmut_2: survived\n"
+               "    reports.stats.x_center__mutmut_1: killed\n")
+    noxfile._print_mutation_scores(results)
+    table = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    ends = [re.search(r"killed / total|\d+ / \d+", line).end() for line in table]
+    assert ends == [ends[0]] * 3, table

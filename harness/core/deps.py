@@ -14,7 +14,7 @@ from pathlib import Path
 
 DEPS_DIR = Path(__file__).resolve().parents[2] / ".nox" / "deps"
 # Distribution names, as pip installs them.
-HARNESS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib", "tqdm")
+HARNESS = ("pytest", "pyyaml", "tabulate", "numpy", "scipy", "matplotlib", "tqdm", "jinja2")
 # inventory-regen is a static scan: it imports no operator, so it runs without torch and the rest.
 NEEDS = {"inventory-regen": ("pytest", "pyyaml")}
 
