@@ -24,8 +24,6 @@ import nox
 import nox.command
 
 nox.options.default_venv_backend = "none"
-# A bare `nox` runs the project's own checks; the benchmark sessions and mutants are asked for by name.
-nox.options.sessions = ["tests", "lint"]
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"

@@ -34,21 +34,14 @@ def test_a_session_shows_only_its_own_command():
 
 
 def test_session_list_as_json():
-    # nox's JSON listing holds the sessions a run would select: every one when all are named.
+    # Every session, so CI can build a job matrix from it (SPEC): nox's JSON listing holds only the
+    # sessions a bare run selects, so the noxfile selects no subset.
     named = ["record", "replay", "ab", "batch", "inventory-regen", "tests", "lint", "mutants"]
-    proc = nox("-l", "--json", "-s", *named)
+    proc = nox("-l", "--json")
     assert proc.returncode == 0, proc.stderr
     sessions = {s["session"]: s for s in json.loads(proc.stdout)}
     assert set(named) == set(sessions)
     assert {name for name, s in sessions.items() if "ci" in s["tags"]} == {"tests", "lint"}
-    listing = nox("-l").stdout
-    assert all(f" {name}" in listing for name in named), listing
-
-
-def test_a_bare_nox_runs_the_checks_only():
-    proc = nox("-l", "--json")
-    assert proc.returncode == 0, proc.stderr
-    assert [s["session"] for s in json.loads(proc.stdout)] == ["tests", "lint"]
 
 
 def test_a_session_ends_with_the_harness_s_own_exit_code():
