@@ -9,6 +9,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from harness import cli
 from harness.core.errors import UsageError
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog, flaggems_scan
@@ -237,13 +238,15 @@ def test_bare_names_resolve_among_the_inventories_that_can_run():
         catalog.select(entries, ["softmax"], False, None, {}, here | {"flaggems"})  # its checkout given
 
 
-def test_batch_bare_names_need_no_flaggems_checkout(harness):
-    # --resume without --batch-dir stops right after selection: nothing runs.
-    proc = harness("batch", "--backend", "interpreter", "--ops", "softmax", "add", "--resume")
-    assert proc.returncode == 2 and proc.stderr.strip() == "error: --resume needs --batch-dir", proc.stderr
-    proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:softmax", "--resume")
-    assert proc.returncode == 2 and "--flaggems-dir flaggems=PATH" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def parse_batch(*argv):
+    return cli.build_parser().parse_args(["batch", *argv])
+
+
+def test_batch_bare_names_need_no_flaggems_checkout():
+    selected, _, _ = batch._select(parse_batch("--ops", "softmax", "add"), None, [], {})
+    assert [e.key for e in selected] == ["builtin:softmax", "builtin:add"]
+    with pytest.raises(UsageError, match="--flaggems-dir flaggems=PATH"):
+        batch._select(parse_batch("--ops", "flaggems:softmax"), None, [], {})
 
 
 def test_flaggems_ops_without_their_checkout_fail_before_running():
@@ -255,12 +258,10 @@ def test_flaggems_ops_without_their_checkout_fail_before_running():
     batch.require_checkouts(selected, {"flaggems": CHECKOUT})
 
 
-def test_batch_all_without_checkouts_says_what_it_leaves_out(harness):
-    # --resume without --batch-dir stops right after selection: nothing runs.
-    proc = harness("batch", "--backend", "interpreter", "--all", "--resume")
-    assert "NOTE: --all leaves out the FlagGems inventories flaggems (" in proc.stdout
-    assert "--flaggems-dir flaggems=PATH" in proc.stdout
-    assert proc.returncode == 2 and "--resume needs --batch-dir" in proc.stderr
+def test_batch_all_without_checkouts_says_what_it_leaves_out(harness, capsys):
+    batch._select(parse_batch("--all"), None, [], {})
+    out = capsys.readouterr().out
+    assert "NOTE: --all leaves out the FlagGems inventories flaggems (" in out and "--flaggems-dir flaggems=PATH" in out
     proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:mm@mm")
     assert proc.returncode == 2 and "--flaggems-dir flaggems=PATH" in proc.stderr
 
