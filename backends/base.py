@@ -114,6 +114,14 @@ class Backend:
             return "host"
         return "graph" if self.graph_capture else "direct"
 
+    @property
+    def timers(self) -> tuple[str, ...]:
+        """The --timer choices this backend takes, `auto` (its default_timer) first."""
+        if not self.triton_driver:
+            return ("auto", "host")
+        return ("auto", *(("graph",) if self.graph_capture else ()), "direct",
+                *(("profiler",) if self.profiler_activity else ()))
+
     # --- devices ---------------------------------------------------------------------------
     def enumerate_devices(
         self,

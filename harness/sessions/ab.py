@@ -524,7 +524,9 @@ def resolve_plan(args) -> Plan:
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
-    plan.backend = resolve.resolve_backend(plan.backend).name
+    backend = resolve.resolve_backend(plan.backend)
+    resolve.check_measurement(backend, plan.timer, plan.l2)
+    plan.backend = backend.name
     return plan
 
 

@@ -762,6 +762,7 @@ def _slurm_params(items: list[str] | None, op_timeout: float) -> dict:
 def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str]]:
     """(backend, devices, FlagGems checkouts, --ops-path entries made absolute)."""
     backend = resolve.resolve_backend(args.backend)
+    resolve.check_measurement(backend, args.timer, args.l2)
     try:
         wanted = None if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
     except ValueError:

@@ -35,14 +35,17 @@ def resolve_device(backend: backends.Backend, device: int | None) -> int:
 
 
 def resolve_timer(backend: backends.Backend, timer: str) -> str:
-    if timer == "graph" and not backend.graph_capture:
-        raise UsageError(f"backend '{backend.name}' cannot capture graphs; use --timer direct or auto")
-    if timer in ("graph", "direct") and not backend.triton_driver:
-        raise UsageError(f"backend '{backend.name}' has no device timer; use --timer host or auto")
-    if timer == "host" and backend.triton_driver:
-        raise UsageError("--timer host is for the interpreter; on a device it measures launch overhead only")
-    if timer == "profiler" and not backend.profiler_activity:
-        raise UsageError(f"backend '{backend.name}' has no device profiler for --timer profiler; use --timer auto")
+    if timer not in backend.timers:
+        if not backend.triton_driver and timer in ("graph", "direct"):
+            why = f"backend '{backend.name}' has no device timer"
+        elif timer == "graph":
+            why = f"backend '{backend.name}' cannot capture graphs"
+        elif timer == "host":
+            why = "--timer host is for the interpreter; on a device it measures launch overhead only"
+        else:
+            why = f"backend '{backend.name}' has no device profiler for --timer profiler"
+        # Only timers this backend takes: a suggestion that is refused in turn helps no one.
+        raise UsageError(f"{why}; use --timer {' or '.join(backend.timers)}")
     return backend.default_timer if timer == "auto" else timer
 
 
@@ -51,6 +54,15 @@ def resolve_l2(backend: backends.Backend, l2: str) -> str:
         raise UsageError(f"--l2 cold: backend '{backend.name}' has no device cache zl_bench knows how to flush "
                          "(cold means a flushed device L2); use --l2 warm")
     return l2
+
+
+def check_measurement(backend: backends.Backend, timer: str | None, l2: str | None) -> None:
+    """A session that starts records (ab, batch) refuses a timer or L2 mode its backend lacks once,
+    up front, rather than in every op's record after launch. None: not given."""
+    if timer is not None:
+        resolve_timer(backend, timer)
+    if l2 is not None:
+        resolve_l2(backend, l2)
 
 
 def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
