@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,7 +67,10 @@ class RunContext:
         backend = backends.get(run_spec.backend)
         if run_spec.flaggems is not None:
             return cls(run_dir, run_spec, backend, None, [], say=say)
-        operator, _ = registry.load(run_spec.op, run_spec.ops_paths, warn=lambda line: say(f"warning: {line}"))
+        # A skipped module is the session's to say on the terminal (it resolved the op before this
+        # child started); here it goes to run.log only, or the user reads it twice.
+        operator, _ = registry.load(run_spec.op, run_spec.ops_paths,
+                                    warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
         _, shape_list, dtypes = shapes.resolve(run_dir / rundir.SHAPES_YAML, operator.name, ())
         cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
         return cls(run_dir, run_spec, backend, operator, cases, say=say)
