@@ -1,6 +1,7 @@
 """Inventories: the static scan of a FlagGems-style checkout, pytest's collection check, shape-file
 migration, and selection across repos. The checkout is our own fixture (no GPU needed)."""
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -444,3 +445,28 @@ def test_sample_of_one():
     pool = [catalog.Entry("r", f"op{i}", f"op{i}", f"op{i}.py") for i in range(5)]
     (one,) = catalog.sample(pool, 1, seed=3)
     assert one in pool and catalog.sample(pool, 1, seed=3) == [one]
+
+
+def test_one_selection_grammar_parses_every_form():
+    parse = catalog.Selection.parse
+    assert parse("softmax") == catalog.Selection("softmax")
+    assert parse("builtin:softmax") == catalog.Selection("softmax", "builtin")
+    assert parse("flaggems:kda@FLA/kda") == catalog.Selection("kda", "flaggems", "FLA/kda")
+    assert parse("mm@mm") == catalog.Selection("mm", None, "mm")
+
+
+def test_a_dismissal_takes_the_selection_grammar_op_at_file_too(tmp_path):
+    entries = [catalog.Entry("flaggems", "softmax_backward", "softmax", "benchmark/test_softmax.py"),
+               catalog.Entry("flaggems", "softmax_backward", "softmax_b", "benchmark/test_softmax_b.py")]
+    selected, excluded = catalog.select(entries, None, True, None, {"softmax_backward@softmax": "flaky"})
+    assert [e.op_file for e in selected] == ["softmax_b"]
+    assert [(e.op_file, why) for e, why in excluded] == [("softmax", "dismissed: flaky")]
+
+
+def test_readmes_command_examples_name_operators_the_inventories_have():
+    inventory = catalog.load()
+    examples = [m.group(0) for line in (REPO / "README.md").read_text().splitlines() if "nox -s " in line
+                for m in re.finditer(r"\b(builtin|flaggems):[\w.-]+(@[\w/.-]+)?", line)]
+    assert "flaggems:softmax_backward@softmax" in examples
+    unknown = [e for e in examples if not any(catalog.Selection.parse(e).matches(i) for i in inventory)]
+    assert unknown == []

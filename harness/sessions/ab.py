@@ -24,7 +24,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
-from harness.providers import flaggems, probe, registry
+from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
 from reports import ab_report, compare, corpus, explain, stats, table
@@ -548,18 +548,22 @@ def _check_plan(plan: Plan) -> None:
                 flaggems.resolve_target(op, dirs)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
-    ours = [op for op in plan.ops if not flaggems.is_target(op)]
+    ours = {text: catalog.Selection.parse(text).op for text in plan.ops if not flaggems.is_target(text)}
     if plan.ops_paths and ours:
         try:  # the user's modules import in a probe process, once for all the plan's ops
-            found, _ = probe.load(ours, plan.ops_paths)
+            found, _ = probe.load(sorted(set(ours.values())), plan.ops_paths)
         except registry.OperatorNotFound as exc:
             raise UsageError(str(exc)) from exc
-        failed = next((found[op] for op in ours if isinstance(found[op], registry.OperatorNotFound)), None)
+        failed = next((found[op] for op in ours.values() if isinstance(found[op], registry.OperatorNotFound)), None)
         if failed is not None:
             raise UsageError(str(failed))
-    for op in ours:
-        if not plan.ops_paths and op not in registry.builtin_names():
-            resolve.load_op(op, [], [])  # says which operators there are
+        for text, op in ours.items():
+            resolve.check_selection(text, op, found[op][1])
+    elif ours:
+        for text, op in ours.items():
+            if op not in registry.builtin_names():
+                resolve.load_op(op, [], [])  # says which operators there are
+            resolve.check_selection(text, op, "builtin")
 
 
 def run_from_args(args) -> int:

@@ -17,7 +17,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.paths import SHAPES_DIR, runs_root
 from harness.measure import tuning
-from harness.providers import flaggems, probe, registry, shapes
+from harness.providers import catalog, flaggems, probe, registry, shapes
 
 
 def resolve_backend(name: str | None) -> backends.Backend:
@@ -94,6 +94,21 @@ def load_op(name: str, ops_paths: list[str], warnings: list[str]):
         return found[name]
     except registry.OperatorNotFound as exc:
         raise UsageError(str(exc)) from exc
+
+
+def check_selection(text: str, name: str, provider: str) -> None:
+    """A `[builtin:|path:]OP[@FILE]` selection's repo and file are where the operator was found."""
+    repo = catalog.BUILTIN if provider == "builtin" else catalog.PATH_REPO
+    found = catalog.Entry(repo, name, registry.op_file(name, provider), provider)
+    if not catalog.Selection.parse(text).matches(found):
+        raise UsageError(f"'{text}': operator '{name}' is {found.id} ({provider})")
+
+
+def load_selected(text: str, ops_paths: list[str], warnings: list[str]):
+    """load_op for a selection `[builtin:|path:]OP[@FILE]` (a FlagGems one goes to flaggems.resolve_target)."""
+    found = load_op(catalog.Selection.parse(text).op, ops_paths, warnings)
+    check_selection(text, found[0].name, found[1])
+    return found
 
 
 def warn(lines: list[str]) -> None:
@@ -183,7 +198,7 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     if flaggems.is_target(args.op):
         return resolve_flaggems_record(args, backend)
     ops_paths, warnings = abs_ops_paths(args.ops_path), []
-    op, provider = load_op(args.op, ops_paths, warnings)
+    op, provider = load_selected(args.op, ops_paths, warnings)
     shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
     key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
     run_spec = _record_spec(args, backend, op=op.name, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
