@@ -81,6 +81,10 @@ class Backend:
     child_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Shape set used when the user gives none.
     default_shapes: str = "default.yaml"
+    # Whether the other shipped shape sets (shapes/*.yaml, sized for GPUs) run in useful time here; where
+    # not (the interpreter runs every program in NumPy: minutes per GPU-sized case), a plan that names
+    # one runs default_shapes instead, saying so.
+    runs_shipped_shapes: bool = True
     # Default timing budgets (ms); the interpreter is orders of magnitude slower.
     warmup_ms: float = 25.0
     rep_ms: float = 100.0

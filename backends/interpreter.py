@@ -26,6 +26,7 @@ BACKEND = Backend(
     measures_performance=False,
     child_env={"TRITON_INTERPRET": "1"},
     default_shapes="tiny.yaml",
+    runs_shipped_shapes=False,
     warmup_ms=0.0,
     rep_ms=0.0,
     identity=identity,

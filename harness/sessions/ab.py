@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -287,6 +288,17 @@ class StepInterrupted(launch.Stopped):
     stopped."""
 
 
+ROW_LINE = re.compile(r"\[(\d+)/(\d+|\?)\] ")  # a run's line per case as its row lands (results plugin)
+
+
+def _case_progress(line: str) -> None:
+    """A step's cases as they land, `1/4 2/4 ...` after its `... A records ...` line: a record or
+    replay of big shapes (or on the interpreter) takes minutes, and a silent one looks hung."""
+    found = ROW_LINE.match(line)
+    if found:
+        print(f" {found[1]}/{found[2]}", end="", flush=True)
+
+
 class Runner:
     """Runs the steps of one A/B in subprocesses and keeps ab.json current."""
 
@@ -343,7 +355,7 @@ class Runner:
             request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT, signal.SIGTERM),
             on_forward=lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side and "
                                        "reporting what completed", flush=True),
-            log=self.log, env=side.env,
+            log=self.log, on_stdout=_case_progress, env=side.env,
             # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
             # build_side_env): it gets the checkout alone.
             pythonpath=str(paths.REPO_ROOT) if side.requirements else None)
@@ -527,6 +539,12 @@ def resolve_plan(args) -> Plan:
     backend = resolve.resolve_backend(plan.backend)
     resolve.check_measurement(backend, plan.timer, plan.l2)
     plan.backend = backend.name
+    fitting = paths.SHAPES_DIR / backend.default_shapes
+    if (not args.shapes and not backend.runs_shipped_shapes and plan.shapes not in (None, flaggems.UPSTREAM)
+            and Path(plan.shapes).parent == paths.SHAPES_DIR and Path(plan.shapes) != fitting):
+        print(f"note: backend '{backend.name}' runs {fitting} instead of the plan's {plan.shapes} (sized for a GPU, "
+              "far too slow here); --shapes picks another")
+        plan.shapes = str(fitting)
     return plan
 
 
