@@ -79,6 +79,10 @@ class Backend:
     flaggems_vendor: str | None = None
     # Extra environment for the child (e.g. TRITON_INTERPRET=1).
     child_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Why this backend computes a dtype wrongly whatever the kernel (a known limitation of its runtime,
+    # found by a probe it runs in the child), or None where it computes it right. Rows of such a dtype
+    # would fail as wrong through no fault of the kernel under test. None: every dtype is trusted.
+    dtype_problem: Callable[[str], str | None] | None = None
     # Shape set used when the user gives none.
     default_shapes: str = "default.yaml"
     # Whether the other shipped shape sets (shapes/*.yaml, sized for GPUs) run in useful time here; where

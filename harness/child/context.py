@@ -15,6 +15,9 @@ from harness.core import spec as spec_mod
 from harness.providers import registry, shapes
 from ops import Operator
 
+# A row skipped because its backend computes its dtype wrongly whatever the kernel (RunContext.dtype_problem).
+DTYPE_MISCOMPUTED = "BACKEND_MISCOMPUTES_DTYPE"
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -55,6 +58,7 @@ class RunContext:
     stop_reason: str | None = None
     stop_code: int | None = None
     outcome: dict | None = None
+    _dtype_problems: dict[str, str | None] = dataclasses.field(default_factory=dict, init=False, repr=False)
     # A stop that came while a row was landing waits for the row to be whole (see stop).
     _landing: bool = dataclasses.field(default=False, init=False, repr=False)
     _stop_waiting: bool = dataclasses.field(default=False, init=False, repr=False)
@@ -119,6 +123,18 @@ class RunContext:
         (a kill between the two writes leaves it naming none)."""
         self.running_case = None
         rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": None}})
+
+    def dtype_problem(self, dtype: str) -> str | None:
+        """Why this backend computes `dtype` wrongly (Backend.dtype_problem), probed once per run and
+        said once, as a known limitation of the backend; None where it computes it right."""
+        if self.backend.dtype_problem is None:
+            return None
+        if dtype not in self._dtype_problems:
+            problem = self._dtype_problems[dtype] = self.backend.dtype_problem(dtype)
+            if problem:
+                self.say(f"known limitation of backend '{self.backend.name}': {problem}; its {dtype} rows are "
+                         f"SKIPPED (marker {DTYPE_MISCOMPUTED}), not failed")
+        return self._dtype_problems[dtype]
 
     def mark(self, marker: str) -> None:
         """A degraded-measurement marker for the current row (printed under the row's line)."""
