@@ -945,11 +945,11 @@ def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
 
 
 def test_a_batch_records_each_op_measured_as_asked(tmp_path, launcher):
-    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--timer", "direct", "--seed", "0",
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--timer", "host", "--seed", "0",
                                      "--devices", "0", "--batch-dir", tmp_path / "b")) == 0
     (call,) = launcher.calls
     cmd = call["cmd"]
-    assert cmd[cmd.index("--timer") + 1] == "direct" and cmd[cmd.index("--seed") + 1] == "0"
+    assert cmd[cmd.index("--timer") + 1] == "host" and cmd[cmd.index("--seed") + 1] == "0"
 
 
 def test_how_records_measure_is_passed_on_stored_and_kept_by_a_resume(tmp_path):
