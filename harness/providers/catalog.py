@@ -158,8 +158,9 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
     else:
         chosen, bad = [], []
         for spec in specs or []:
-            hits = [e for e in pool if Selection.parse(spec).matches(e)]
-            if runnable is not None and ":" not in spec:
+            selection = Selection.parse(spec)
+            hits = [e for e in pool if selection.matches(e)]
+            if runnable is not None and selection.repo is None:
                 hits = [e for e in hits if e.repo in runnable] or hits
             if not hits:
                 bad.append(f"'{spec}': unknown")
