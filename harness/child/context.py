@@ -58,6 +58,7 @@ class RunContext:
     stop_reason: str | None = None
     stop_code: int | None = None
     outcome: dict | None = None
+    # Backend.dtype_problem's answer per dtype: probed once per run (see dtype_problem).
     _dtype_problems: dict[str, str | None] = dataclasses.field(default_factory=dict, init=False, repr=False)
     # A stop that came while a row was landing waits for the row to be whole (see stop).
     _landing: bool = dataclasses.field(default=False, init=False, repr=False)
