@@ -569,7 +569,7 @@ def _check_plan(plan: Plan) -> None:
     ours = {text: catalog.Selection.parse(text).op for text in plan.ops if not flaggems.is_target(text)}
     if plan.ops_paths and ours:
         try:  # the user's modules import in a probe process, once for all the plan's ops
-            found, _ = probe.load(sorted(set(ours.values())), plan.ops_paths)
+            found, skipped = probe.load(sorted(set(ours.values())), plan.ops_paths)
         except registry.OperatorNotFound as exc:
             raise UsageError(str(exc)) from exc
         failed = next((found[op] for op in ours.values() if isinstance(found[op], registry.OperatorNotFound)), None)
@@ -577,6 +577,7 @@ def _check_plan(plan: Plan) -> None:
             raise UsageError(str(failed))
         for text, op in ours.items():
             resolve.check_selection(text, op, found[op][1])
+        resolve.warn(skipped)  # the terminal's one word on them: each step's own goes to ab.log
     elif ours:
         for text, op in ours.items():
             if op not in registry.builtin_names():
