@@ -79,8 +79,16 @@ class Backend:
     flaggems_vendor: str | None = None
     # Extra environment for the child (e.g. TRITON_INTERPRET=1).
     child_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Why this backend computes a dtype wrongly whatever the kernel (a known limitation of its runtime,
+    # found by a probe it runs in the child), or None where it computes it right. Rows of such a dtype
+    # would fail as wrong through no fault of the kernel under test. None: every dtype is trusted.
+    dtype_problem: Callable[[str], str | None] | None = None
     # Shape set used when the user gives none.
     default_shapes: str = "default.yaml"
+    # Whether the other shipped shape sets (shapes/*.yaml, sized for GPUs) run in useful time here; where
+    # not (the interpreter runs every program in NumPy: minutes per GPU-sized case), a plan that names
+    # one runs default_shapes instead, saying so.
+    runs_shipped_shapes: bool = True
     # Default timing budgets (ms); the interpreter is orders of magnitude slower.
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
@@ -113,6 +121,14 @@ class Backend:
         if not self.triton_driver:
             return "host"
         return "graph" if self.graph_capture else "direct"
+
+    @property
+    def timers(self) -> tuple[str, ...]:
+        """The --timer choices this backend takes, `auto` (its default_timer) first."""
+        if not self.triton_driver:
+            return ("auto", "host")
+        return ("auto", *(("graph",) if self.graph_capture else ()), "direct",
+                *(("profiler",) if self.profiler_activity else ()))
 
     # --- devices ---------------------------------------------------------------------------
     def enumerate_devices(

@@ -18,6 +18,32 @@ from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
 
 DEFAULT_OP = "softmax"
+DESCRIPTION = ("Operator-level A/B performance testing for Triton compiler changes: the commands that the nox "
+               "sessions run (`nox -s record -- ARGS` is `python -m harness record ARGS`).")
+# Per command: (the one line `--help` lists it by, the description its own `--help` opens with).
+COMMANDS = {
+    "record": ("run one operator, sweep autotune, archive everything",
+               "Run one operator over its shapes: sweep its autotuned kernels, measure every case, and archive "
+               "the chosen configs, the shapes, the IR and the results in a new run dir (runs/<op>_<ts>/)."),
+    "replay": ("rerun a record run with its configs, shapes and seeds pinned",
+               "Rerun a record run with its autotune configs, shapes, dtypes, seed and timer pinned, into a new "
+               "run dir next to it: what differs from the record is the compiler."),
+    "ab": ("A records, A and B replay A's configs, interleaved; compare with statistics",
+           "Compare two compilers (or two settings of one): A records once, then A and B replay A's configs in "
+           "fresh processes, interleaved, N repeats; per-row verdicts and a report. With a batch option (--all, "
+           "--devices, --resume, ...) it is a corpus A/B: each op's whole A/B on one device, ops spread over "
+           "devices. --compare reports on two existing run or batch dirs."),
+    "batch": ("screen many operators across devices, isolated, with retries and resume",
+              "Screen many operators, each in its own process on one device, with per-op timeouts, retries and "
+              "resume; per-op run dirs, ops_status.csv and summary.csv in the batch dir."),
+    "inventory-regen": ("rebuild ops/inventory_<repo>.csv by a static scan of the built-in operators or of "
+                        "FlagGems checkouts",
+                        "Rebuild ops/inventory_<repo>.csv by a static scan (nothing is imported) of the built-in "
+                        "operators, or of the FlagGems checkouts given with --flaggems-dir."),
+    "compare-ir": ("compare the IR of two run dirs, per launched variant",
+                   "Compare the IR of two run dirs per launched variant: identical, changed (naming the stages "
+                   "that differ) or only in one; then what each changed variant's kernel statistics changed."),
+}
 
 
 def _dtype_list(text: str) -> list[str]:
@@ -154,9 +180,14 @@ def _add_corpus(sel, run_) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="run one operator, sweep autotune, archive everything")
+
+    def command(name: str) -> argparse.ArgumentParser:
+        summary, description = COMMANDS[name]
+        return sub.add_parser(name, help=summary, description=description)
+
+    rec = command("record")
     rec.add_argument("op", nargs="?", default=DEFAULT_OP,
                      help=f"built-in operator, REPO:OP[@FILE] of a FlagGems checkout, or a pytest node "
                           f"PATH/benchmark/test_x.py::test_op (default: {DEFAULT_OP})")
@@ -165,13 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--sweep-devices", type=int, metavar="N", default=0,
                      help="sweep autotune in parallel over the first N visible devices, then measure serially "
                           "on one (default: 0, a serial sweep)")
-    rep = sub.add_parser("replay", help="rerun a record run with its configs, shapes and seeds pinned")
+    rep = command("replay")
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep)
     for flag in ("--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--sweep-devices"):
         rep.add_argument(flag, action=_RecordOnly)
-    ab = sub.add_parser("ab", help="A records, A and B replay A's configs, interleaved; compare with statistics")
+    ab = command("ab")
     ab.add_argument("plan", type=Path, nargs="?", default=None,
                     help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
     side = ab.add_argument_group("the experiment (override the plan)")
@@ -193,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.set_defaults(replay_root=None, triage=False, summarize=None)
     _add_common(ab)
     _add_measurement(ab, "A's record of each op; the replays of both sides keep them; over the plan's")
-    bat = sub.add_parser("batch", help="screen many operators across devices, isolated, with retries and resume")
+    bat = command("batch")
     sel = bat.add_argument_group("selection")
     sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
     run_ = bat.add_argument_group("running")
@@ -208,8 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat)
     _add_measurement(bat, "each op's record; --resume: the batch's unless given; not with --replay-root")
-    inv = sub.add_parser("inventory-regen", help="rebuild ops/inventory_<repo>.csv by a static scan of the built-in "
-                                                 "operators or of FlagGems checkouts")
+    inv = command("inventory-regen")
     inv.add_argument("--check", action="store_true", help="fail if the committed inventory is out of date")
     inv.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None,
                      help="scan this FlagGems-style checkout's benchmark/ into ops/inventory_NAME.csv instead of the "
@@ -222,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "a Benchmark class or a family key, add the checkouts' core_shapes.yaml keys IN lacks, "
                           "write OUT, and the keys naming nothing to OUT's .unmatched.yaml")
     inv.add_argument("--out", type=Path, metavar="OUT", default=None, help="the migrated shape file")
-    cmp_ = sub.add_parser("compare-ir", help="compare the IR of two run dirs, per launched variant")
+    cmp_ = command("compare-ir")
     cmp_.add_argument("run_a", type=Path)
     cmp_.add_argument("run_b", type=Path)
     return parser

@@ -217,7 +217,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
     else:
         overall = _gm(summary.overall, f"{len(head)} rows")
         control = _gm(summary.control, f"{sum(1 for r in head if r['control_ratio'] is not None)} rows")
-    if single and control["ratio"] is not None:
+    if single and note is None and control["ratio"] is not None:  # interpreter timings vary by anything
         controls = [r["control_ratio"] for r in head if r["control_ratio"]]
         # The control's spread over rows is an A/A between the sides' processes.
         spread = stats.spread(controls)

@@ -12,6 +12,13 @@ from tabulate import tabulate
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 STATUS_COLOR = {"SUCCESS": GREEN, "FAILED": RED, "ERROR": RED, "SKIPPED": YELLOW}
 
+
+
+def paint(status: str, color: bool) -> str:
+    """A row status in its colour, on a terminal that wants colour."""
+    return f"{STATUS_COLOR.get(status, '')}{status}{RESET}" if color and status in STATUS_COLOR else status
+
+
 COLUMNS = (
     ("status", "status"),
     ("op", "op"),
@@ -104,12 +111,14 @@ def render(rows: list[dict], color: bool = False, context: dict | None = None, p
             if len(values) == 1:
                 legend[field] = values.pop()
                 columns = [c for c in columns if c[0] != field]
+    if "status" in legend:  # folded: a clean run's one status, coloured in the legend
+        legend["status"] = paint(legend["status"], color)
     table = []
     for row in rows:
         cells = [_cell(row, f) for f, _ in columns]
-        if color and "status" in [f for f, _ in columns]:
+        if "status" in [f for f, _ in columns]:
             i = [f for f, _ in columns].index("status")
-            cells[i] = f"{STATUS_COLOR.get(row['status'], '')}{cells[i]}{RESET}"
+            cells[i] = paint(cells[i], color)
         table.append(cells)
     out = tabulate(table, headers=[h for _, h in columns], disable_numparse=True)
     if legend:

@@ -25,7 +25,7 @@ from harness.core import launch, opguard, paths, rundir
 from harness.core.errors import DtypeRejected, UsageError
 from harness.providers import catalog, flaggems_scan
 from harness.providers.catalog import Entry
-from harness.sessions import batch, ray_executor
+from harness.sessions import batch, ray_executor, slurm_executor
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
@@ -945,11 +945,11 @@ def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
 
 
 def test_a_batch_records_each_op_measured_as_asked(tmp_path, launcher):
-    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--timer", "direct", "--seed", "0",
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--timer", "host", "--seed", "0",
                                      "--devices", "0", "--batch-dir", tmp_path / "b")) == 0
     (call,) = launcher.calls
     cmd = call["cmd"]
-    assert cmd[cmd.index("--timer") + 1] == "direct" and cmd[cmd.index("--seed") + 1] == "0"
+    assert cmd[cmd.index("--timer") + 1] == "host" and cmd[cmd.index("--seed") + 1] == "0"
 
 
 def test_how_records_measure_is_passed_on_stored_and_kept_by_a_resume(tmp_path):
@@ -1223,9 +1223,10 @@ def test_usage_errors_before_anything_runs(tmp_path, launcher, monkeypatch, caps
     with pytest.raises(UsageError) as info:
         batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "plain"))
     assert str(info.value) == f"--resume --batch-dir {tmp_path / 'plain'}: not a batch dir (it has no batch.json)"
-    with pytest.raises(UsageError) as info:
-        batch.run_from_args(parse("--resume", "--backend", "interpreter", "--ops", "add"))
-    assert str(info.value) == "--resume needs --batch-dir"
+    for argv in (["--backend", "interpreter", "--ops", "add"], []):  # with nothing selected, on no accelerator
+        with pytest.raises(UsageError) as info:
+            batch.run_from_args(parse("--resume", *argv))
+        assert str(info.value) == "--resume needs --batch-dir (the batch dir to resume)"
     (tmp_path / "ab").mkdir()
     (tmp_path / "ab" / batch.BATCH_JSON).write_text(json.dumps({"request": {"plan": {}}}))
     with pytest.raises(UsageError, match="is a corpus A/B"):
@@ -1244,6 +1245,18 @@ def test_usage_errors_before_anything_runs(tmp_path, launcher, monkeypatch, caps
     assert lines(capsys) == [f"summary: {tmp_path / 'ab' / 'summary.csv'}"]
 
 
+def test_slurm_absent_is_refused_before_the_batch_dir_is_made(tmp_path, launcher, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "submitit"
+                        else real(name, *a))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match=r"--executor slurm: no Slurm here \(sbatch, squeue, scancel not found"):
+        batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--executor", "slurm",
+                                  "--batch-dir", tmp_path / "b"))
+    assert not (tmp_path / "b").exists() and launcher.calls == []
+
+
 def test_the_executor_option_picks_who_runs_the_ops(tmp_path, launcher, monkeypatch, capsys):
     import importlib.util
     real = importlib.util.find_spec
@@ -1260,7 +1273,7 @@ def test_the_executor_option_picks_who_runs_the_ops(tmp_path, launcher, monkeypa
         runner.run(todo, on_done)
 
     monkeypatch.setattr(ray_executor, "run", ray_run)
-    from harness.sessions import slurm_executor
+    monkeypatch.setattr(slurm_executor, "require_slurm", lambda: None)
     monkeypatch.setattr(slurm_executor, "run", slurm_run)
     common = ("--backend", "interpreter", "--ops", "add", "--devices", "0")
     assert batch.run_from_args(parse(*common, "--executor", "ray", "--ray-address", "h:1",

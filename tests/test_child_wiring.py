@@ -1,12 +1,14 @@
 """The child's plugins are wired in one place (harness.child.runner.build_plugins) and talk through
 declared hooks (harness.child.hookspec), so the order they are listed in cannot break a run."""
 
+import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO, load
+from conftest import REPO, load, run_dir_of
 
 import backends
 from harness.child import context, runner
@@ -129,3 +131,43 @@ def test_a_plugin_the_users_env_autoloads_stays_out_of_the_child(harness, tmp_pa
     proc = harness("record", "softmax", "--backend", "interpreter", "--shapes", shapes_file, "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not loaded.exists()
+
+
+def _context(backend) -> context.RunContext:
+    said = []
+    ctx = context.RunContext(Path("/nonexistent"), None, backend, None, [], say=said.append)
+    return ctx, said
+
+
+def test_a_dtype_the_backend_miscomputes_is_probed_once_and_said_once():
+    probed = []
+
+    def problem(dtype):
+        probed.append(dtype)
+        return "its runtime has no bf16" if dtype == "bf16" else None
+
+    ctx, said = _context(dataclasses.replace(backends.get("interpreter"), dtype_problem=problem))
+    assert [ctx.dtype_problem(d) for d in ("bf16", "fp32", "bf16", "fp32")] == [
+        "its runtime has no bf16", None, "its runtime has no bf16", None]
+    assert probed == ["bf16", "fp32"]
+    assert said == ["known limitation of backend 'interpreter': its runtime has no bf16; its bf16 rows are SKIPPED "
+                    f"(marker {context.DTYPE_MISCOMPUTED}), not failed"]
+
+
+@pytest.mark.parametrize("name", [n for n in backends.NAMES if n != "interpreter"])
+def test_no_device_backend_excuses_a_dtype(name):
+    # A wrong result on a device is the kernel's: never skipped as the backend's limitation.
+    ctx, _ = _context(backends.get(name))
+    assert ctx.dtype_problem("bf16") is None
+
+
+@pytest.mark.e2e
+def test_interpreter_bf16_rows_are_skipped_as_its_known_limitation_not_failed(harness, tmp_path):
+    proc = harness("record", "softmax", "--backend", "interpreter", "--dtypes", "bf16,fp32", "--out", tmp_path)
+    if backends.get("interpreter").dtype_problem("bf16") is None:
+        pytest.skip("this Triton's interpreter computes bf16 right")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("known limitation of backend 'interpreter': Triton ") == 1
+    rows = load(run_dir_of(proc) / rundir.RESULTS_JSON)["rows"]
+    assert {(r["dtype"], r["status"]) for r in rows} == {("bf16", "SKIPPED"), ("fp32", "SUCCESS")}
+    assert all(r["markers"] == [f"{context.DTYPE_MISCOMPUTED} dtype=bf16"] for r in rows if r["dtype"] == "bf16")

@@ -665,14 +665,14 @@ def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
     assert {r["op_key"]: r["verdict"] for r in data["rows"]}["builtin:broken"] == stats.FASTER  # in the report
 
 
-def _control_batches(root, controls):
+def _control_batches(root, controls, backend="cuda"):
     """Two batches of one row per op, the candidate unchanged, op i's baseline (the control) moved by
     controls[i] in B."""
     sides = []
     for side in (0, 1):
         batch = root / f"batch_{'ab'[side]}"
         batch.mkdir(parents=True)
-        (batch / "batch.json").write_text(json.dumps({"backend": "cuda", "devices": [0], "selected": []}))
+        (batch / "batch.json").write_text(json.dumps({"backend": backend, "devices": [0], "selected": []}))
         lines = [",".join(STATUS_COLUMNS)]
         for i, control in enumerate(controls):
             op, run = f"op{i}", f"ops/builtin__op{i}/attempt1/op{i}_20250101-000000"
@@ -703,6 +703,12 @@ def test_the_control_spread_warning_is_given_above_the_single_run_floor_only(tmp
         assert warned == [f"the control (torch baseline, which the compiler does not move) varies by {spread:.1%} "
                           "between the two sides' processes (3 sd over rows), more than the 3% single-run margin: "
                           "verdicts may call run-to-run noise a change"]
+
+
+def test_interpreter_controls_are_no_performance_numbers_to_warn_of(tmp_path):
+    data = corpus.from_batch_pair(*_control_batches(tmp_path, [1.0, 3500000.0], "interpreter"), {})
+    assert not data["measures_performance"]
+    assert not [w for w in data["warnings"] if w.startswith("the control")]
 
 
 def test_one_control_has_no_spread_to_warn_of(tmp_path):

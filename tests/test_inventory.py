@@ -1,6 +1,7 @@
 """Inventories: the static scan of a FlagGems-style checkout, pytest's collection check, shape-file
 migration, and selection across repos. The checkout is our own fixture (no GPU needed)."""
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from harness import cli
 from harness.core.errors import UsageError
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog, flaggems_scan
@@ -237,13 +239,15 @@ def test_bare_names_resolve_among_the_inventories_that_can_run():
         catalog.select(entries, ["softmax"], False, None, {}, here | {"flaggems"})  # its checkout given
 
 
-def test_batch_bare_names_need_no_flaggems_checkout(harness):
-    # --resume without --batch-dir stops right after selection: nothing runs.
-    proc = harness("batch", "--backend", "interpreter", "--ops", "softmax", "add", "--resume")
-    assert proc.returncode == 2 and proc.stderr.strip() == "error: --resume needs --batch-dir", proc.stderr
-    proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:softmax", "--resume")
-    assert proc.returncode == 2 and "--flaggems-dir flaggems=PATH" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def parse_batch(*argv):
+    return cli.build_parser().parse_args(["batch", *argv])
+
+
+def test_batch_bare_names_need_no_flaggems_checkout():
+    selected, _, _ = batch._select(parse_batch("--ops", "softmax", "add"), None, [], {})
+    assert [e.key for e in selected] == ["builtin:softmax", "builtin:add"]
+    with pytest.raises(UsageError, match="--flaggems-dir flaggems=PATH"):
+        batch._select(parse_batch("--ops", "flaggems:softmax"), None, [], {})
 
 
 def test_flaggems_ops_without_their_checkout_fail_before_running():
@@ -255,12 +259,10 @@ def test_flaggems_ops_without_their_checkout_fail_before_running():
     batch.require_checkouts(selected, {"flaggems": CHECKOUT})
 
 
-def test_batch_all_without_checkouts_says_what_it_leaves_out(harness):
-    # --resume without --batch-dir stops right after selection: nothing runs.
-    proc = harness("batch", "--backend", "interpreter", "--all", "--resume")
-    assert "NOTE: --all leaves out the FlagGems inventories flaggems (" in proc.stdout
-    assert "--flaggems-dir flaggems=PATH" in proc.stdout
-    assert proc.returncode == 2 and "--resume needs --batch-dir" in proc.stderr
+def test_batch_all_without_checkouts_says_what_it_leaves_out(harness, capsys):
+    batch._select(parse_batch("--all"), None, [], {})
+    out = capsys.readouterr().out
+    assert "NOTE: --all leaves out the FlagGems inventories flaggems (" in out and "--flaggems-dir flaggems=PATH" in out
     proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:mm@mm")
     assert proc.returncode == 2 and "--flaggems-dir flaggems=PATH" in proc.stderr
 
@@ -443,3 +445,28 @@ def test_sample_of_one():
     pool = [catalog.Entry("r", f"op{i}", f"op{i}", f"op{i}.py") for i in range(5)]
     (one,) = catalog.sample(pool, 1, seed=3)
     assert one in pool and catalog.sample(pool, 1, seed=3) == [one]
+
+
+def test_one_selection_grammar_parses_every_form():
+    parse = catalog.Selection.parse
+    assert parse("softmax") == catalog.Selection("softmax")
+    assert parse("builtin:softmax") == catalog.Selection("softmax", "builtin")
+    assert parse("flaggems:kda@FLA/kda") == catalog.Selection("kda", "flaggems", "FLA/kda")
+    assert parse("mm@mm") == catalog.Selection("mm", None, "mm")
+
+
+def test_a_dismissal_takes_the_selection_grammar_op_at_file_too(tmp_path):
+    entries = [catalog.Entry("flaggems", "softmax_backward", "softmax", "benchmark/test_softmax.py"),
+               catalog.Entry("flaggems", "softmax_backward", "softmax_b", "benchmark/test_softmax_b.py")]
+    selected, excluded = catalog.select(entries, None, True, None, {"softmax_backward@softmax": "flaky"})
+    assert [e.op_file for e in selected] == ["softmax_b"]
+    assert [(e.op_file, why) for e, why in excluded] == [("softmax", "dismissed: flaky")]
+
+
+def test_readmes_command_examples_name_operators_the_inventories_have():
+    inventory = catalog.load()
+    examples = [m.group(0) for line in (REPO / "README.md").read_text().splitlines() if "nox -s " in line
+                for m in re.finditer(r"\b(builtin|flaggems):[\w.-]+(@[\w/.-]+)?", line)]
+    assert "flaggems:softmax_backward@softmax" in examples
+    unknown = [e for e in examples if not any(catalog.Selection.parse(e).matches(i) for i in inventory)]
+    assert unknown == []

@@ -39,6 +39,20 @@ def test_a_log_gets_the_command_then_both_streams_and_the_checkout_on_pythonpath
     assert f"path {REPO_ROOT} cwd {REPO_ROOT}" in lines and "var a b" in lines and "on stderr" in lines
 
 
+def test_a_logged_childs_stdout_lines_reach_on_stdout_too_and_its_stderr_the_log_only(tmp_path):
+    seen = []
+    with open(tmp_path / "x.log", "a") as log:
+        child = launch.start(py("""
+            import sys
+            print("[1/2] row", flush=True)
+            print("on stderr", file=sys.stderr, flush=True)
+            print("[2/2] row")
+            """), log=log, on_stdout=seen.append)
+        assert child.wait() == 0
+    assert seen == ["[1/2] row\n", "[2/2] row\n"]
+    assert {"[1/2] row", "on stderr", "[2/2] row"} <= set((tmp_path / "x.log").read_text().splitlines())
+
+
 @pytest.mark.parametrize("dont_write, prefix, installed_with_bytecode, expect", [
     ("1", None, False, "0 {cache}"),  # nothing compiled and none may be written beside the sources: apart
     ("1", None, True, "1 None"),  # the install has its bytecode: as is

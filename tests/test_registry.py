@@ -125,6 +125,7 @@ def test_broken_ops_path_module_does_not_break_a_builtin_run(harness, tmp_path):
     warning = (f"warning: skipped operator module {d / 'broken.py'}, which does not import: "
                f"{d / 'broken.py'}:1: SyntaxError: invalid syntax")
     assert proc.stderr.splitlines() == [warning]  # the parent's, on the terminal
+    assert warning not in proc.stdout  # once: the child's is not shown again
     assert (run_dir_of(proc) / "run.log").read_text().count(warning) == 1  # the child's, into the archive
     assert "Traceback" not in proc.stdout + proc.stderr
     # The op asked for is found nowhere: the error is the broken module's, in one line.

@@ -205,3 +205,41 @@ def test_a_dtype_list_on_the_command_line_follows_the_shape_files_rule(value, ca
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"{value!r} must be {DTYPES_RULE}, comma-separated" in err
     assert cli.build_parser().parse_args(["record", "add", "--dtypes", "fp16, bf16"]).dtypes == ["fp16", "bf16"]
+
+
+# --- one selection grammar: [REPO:]OP[@FILE] for every command ---------------------------------------
+def record(*argv):
+    return resolve.resolve_record(cli.build_parser().parse_args(["record", *map(str, argv)]))
+
+
+USER_OPS = Path(__file__).parent / "resources" / "user_ops"
+
+
+@pytest.mark.parametrize("text", ["softmax", "builtin:softmax", "softmax@softmax", "builtin:softmax@softmax"])
+def test_record_takes_a_builtin_op_in_the_batch_grammar(text):
+    run_spec, _, _ = record(text, "--backend", "interpreter")
+    assert run_spec.op == "softmax" and run_spec.provider == "builtin"
+
+
+def test_record_takes_an_ops_path_op_in_the_batch_grammar():
+    run_spec, _, _ = record("path:scale3@scale", "--backend", "interpreter", "--ops-path", USER_OPS)
+    assert run_spec.op == "scale3" and run_spec.provider == str(USER_OPS / "scale.py")
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("path:softmax", "'path:softmax': operator 'softmax' is builtin:softmax@softmax (builtin)"),
+    ("builtin:softmax@mm", "'builtin:softmax@mm': operator 'softmax' is builtin:softmax@softmax (builtin)"),
+])
+def test_a_selection_whose_repo_or_file_is_not_where_the_op_is_is_refused(text, error):
+    with pytest.raises(UsageError) as info:
+        record(text, "--backend", "interpreter")
+    assert str(info.value) == error
+
+
+def test_ab_takes_the_same_grammar_before_any_step():
+    plan = ab.resolve_plan(cli.build_parser().parse_args(["ab", "--ops", "builtin:softmax", "mm@mm",
+                                                          "--backend", "interpreter"]))
+    ab._check_plan(plan)
+    plan.ops = ["path:softmax"]
+    with pytest.raises(UsageError, match="operator 'softmax' is builtin:softmax@softmax"):
+        ab._check_plan(plan)

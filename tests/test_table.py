@@ -1,6 +1,7 @@
 import re
 
 import pytest
+from conftest import run_dir_of
 
 from reports import table
 
@@ -44,6 +45,24 @@ def test_timings_that_are_not_performance_numbers_say_so_and_derive_nothing():
     below = out.split("\n", 1)[1]
     assert not any(h in below for h in ("speedup", "GB/s", "TFLOP/s", "0.500x", "12.5"))
     assert out.count("not performance numbers") == 1
+
+
+def test_a_clean_runs_folded_status_is_coloured_too():
+    rows = [row(), row(shape=[8, 16])]
+    assert "status=\033[32mSUCCESS\033[0m" in table.render(rows, color=True).splitlines()[0]
+    assert "\033[" not in table.render(rows, color=False)
+
+
+@pytest.mark.e2e
+def test_color_always_colours_a_clean_runs_rows_and_keeps_run_log_plain(harness, tmp_path):
+    shapes = tmp_path / "one.yaml"
+    shapes.write_text("add: {shapes: [[2, 8], [4, 8]], dtypes: [fp32]}\n")
+    proc = harness("record", "add", "--backend", "interpreter", "--shapes", shapes, "--out", tmp_path,
+                   "--color", "always")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[1/2] add fp32-2x8 \033[32mSUCCESS\033[0m " in proc.stdout
+    assert "status=\033[32mSUCCESS" in proc.stdout
+    assert "\033[" not in (run_dir_of(proc) / "run.log").read_text()
 
 
 @pytest.mark.e2e

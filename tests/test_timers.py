@@ -14,6 +14,8 @@ from harness import cli
 from harness.child.plugins.flaggems import FlagGemsPlugin
 from harness.child.plugins.timing import TimingPlugin
 from harness.core import paths, rundir
+from harness.core import spec as spec_mod
+from harness.core.errors import UsageError
 from harness.core.spec import FlagGemsOptions
 from harness.measure import profile, timers
 from harness.measure.timers import Measurement, Timer, _CaptureFailed
@@ -499,13 +501,37 @@ def test_a_side_that_launches_no_kernel_is_marked_no_device_work():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--timer", "profiler"], "error: backend 'interpreter' has no device profiler for --timer profiler; "
-                              "use --timer auto"),
+                              "use --timer auto or host"),
+    (["--timer", "graph"], "error: backend 'interpreter' has no device timer; use --timer auto or host"),
     (["--l2", "cold"], "error: --l2 cold: backend 'interpreter' has no device cache zl_bench knows how to flush "
                        "(cold means a flushed device L2); use --l2 warm"),
 ])
 def test_profiler_timer_and_cold_l2_are_refused_in_one_line_where_the_backend_lacks_them(argv, message, capsys):
     assert cli.main(["record", "softmax", "--backend", "interpreter", *argv]) == 2
     assert capsys.readouterr().err == message + "\n"
+
+
+@pytest.mark.parametrize("name", backends.NAMES)
+def test_a_refused_timer_suggests_only_timers_the_backend_takes(name):
+    backend = backends.get(name)
+    for timer in spec_mod.TIMERS:
+        try:
+            resolve.resolve_timer(backend, timer)
+        except UsageError as exc:
+            suggested = str(exc).rpartition("use --timer ")[2].split(" or ")
+            assert suggested == list(backend.timers), (timer, str(exc))
+            for other in suggested:
+                resolve.resolve_timer(backend, other)
+
+
+@pytest.mark.parametrize("command", [["batch", "--ops", "add"], ["ab", "--ops", "add"],
+                                     ["ab", "--ops", "add", "--all"]])
+@pytest.mark.parametrize("argv", [["--timer", "profiler"], ["--l2", "cold"]])
+def test_ab_and_batch_refuse_what_the_backend_lacks_once_before_anything_runs(command, argv, tmp_path, capsys):
+    assert cli.main([*command, "--backend", "interpreter", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and ("profiler" in err or "--l2 cold" in err)
+    assert list(tmp_path.iterdir()) == []  # no batch or A/B dir
 
 
 def test_cuda_has_both_and_resolves_them():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from harness.core import rundir
 from harness.core import spec as spec_mod
 from harness.providers import registry, shapes
 from ops import Operator
+
+# A row skipped because its backend computes its dtype wrongly whatever the kernel (RunContext.dtype_problem).
+DTYPE_MISCOMPUTED = "BACKEND_MISCOMPUTES_DTYPE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,8 @@ class RunContext:
     stop_reason: str | None = None
     stop_code: int | None = None
     outcome: dict | None = None
+    # Backend.dtype_problem's answer per dtype: probed once per run (see dtype_problem).
+    _dtype_problems: dict[str, str | None] = dataclasses.field(default_factory=dict, init=False, repr=False)
     # A stop that came while a row was landing waits for the row to be whole (see stop).
     _landing: bool = dataclasses.field(default=False, init=False, repr=False)
     _stop_waiting: bool = dataclasses.field(default=False, init=False, repr=False)
@@ -66,7 +72,10 @@ class RunContext:
         backend = backends.get(run_spec.backend)
         if run_spec.flaggems is not None:
             return cls(run_dir, run_spec, backend, None, [], say=say)
-        operator, _ = registry.load(run_spec.op, run_spec.ops_paths, warn=lambda line: say(f"warning: {line}"))
+        # A skipped module is the session's to say on the terminal (it resolved the op before this
+        # child started); here it goes to run.log only, or the user reads it twice.
+        operator, _ = registry.load(run_spec.op, run_spec.ops_paths,
+                                    warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
         _, shape_list, dtypes = shapes.resolve(run_dir / rundir.SHAPES_YAML, operator.name, ())
         cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
         return cls(run_dir, run_spec, backend, operator, cases, say=say)
@@ -115,6 +124,18 @@ class RunContext:
         (a kill between the two writes leaves it naming none)."""
         self.running_case = None
         rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": None}})
+
+    def dtype_problem(self, dtype: str) -> str | None:
+        """Why this backend computes `dtype` wrongly (Backend.dtype_problem), probed once per run and
+        said once, as a known limitation of the backend; None where it computes it right."""
+        if self.backend.dtype_problem is None:
+            return None
+        if dtype not in self._dtype_problems:
+            problem = self._dtype_problems[dtype] = self.backend.dtype_problem(dtype)
+            if problem:
+                self.say(f"known limitation of backend '{self.backend.name}': {problem}; its {dtype} rows are "
+                         f"SKIPPED (marker {DTYPE_MISCOMPUTED}), not failed")
+        return self._dtype_problems[dtype]
 
     def mark(self, marker: str) -> None:
         """A degraded-measurement marker for the current row (printed under the row's line)."""

@@ -203,8 +203,9 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
           own_group: bool = True, with_parent: bool = True, cwd: str | os.PathLike | None = None) -> Child:
     """Start `argv` in `cwd`, by default the checkout.
 
-    Output: `log` gets a `$ VAR=value ... command` line, then the child's stdout and stderr; else
-    `on_stdout` and `on_stderr` get its lines (text) from threads of their own; else it inherits ours.
+    Output: `log` gets a `$ VAR=value ... command` line, then the child's stdout and stderr, each
+    stdout line passed on to `on_stdout` as well if given (a step's progress); else `on_stdout` and
+    `on_stderr` get its lines (text) from threads of their own; else it inherits ours.
     Environment: ours, narrowed to one device when `visible` is (backend, device), plus `env`;
     PYTHONPATH is `pythonpath`, by default the checkout's (harness_pythonpath). Where ours forbids
     writing bytecode that torch's install lacks (paths.keeps_no_bytecode), the child caches it in
@@ -227,7 +228,10 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     if log is not None:
         log.write(f"\n$ {' '.join([*(f'{k}={v}' for k, v in (env or {}).items()), *argv])}\n")
         log.flush()
-        streams = {"stdout": log, "stderr": subprocess.STDOUT}
+        streams = {"stdout": log, "stderr": log}
+        if on_stdout is not None:
+            streams.update(stdout=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+            on_stdout = _teed(log, on_stdout)
     elif on_stdout is not None or on_stderr is not None:
         streams = {"stdout": subprocess.PIPE if on_stdout else None, "stderr": subprocess.PIPE if on_stderr else None,
                    "text": True, "errors": "replace", "bufsize": 1}
@@ -247,10 +251,19 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     pumps = tuple(threading.Thread(target=_pump, args=(stream, write), daemon=True)
                   for stream, write in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))
-                  if log is None and write is not None)
+                  if stream is not None and write is not None)
     for pump in pumps:
         pump.start()
     return Child(proc, own_group, pumps)
+
+
+def _teed(log: IO[str], on_line: Callable[[str], None]) -> Callable[[str], None]:
+    def write(line: str) -> None:
+        log.write(line)
+        log.flush()  # in order with what the child writes to the log itself (its stderr)
+        on_line(line)
+
+    return write
 
 
 def _pump(stream, write: Callable[[str], None]) -> None:

@@ -40,6 +40,27 @@ class SelectionError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Selection:
+    """One operator named as `[REPO:]OP[@FILE]`: the one grammar of every command that names operators
+    (record, ab --ops and plans, batch and corpus A/B selections, ops/dismiss.txt). A part not given
+    is None: any repo, any file."""
+
+    op: str
+    repo: str | None = None
+    op_file: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Selection:
+        repo, _, rest = text.strip().rpartition(":")
+        op, _, op_file = rest.partition("@")
+        return cls(op, repo or None, op_file or None)
+
+    def matches(self, entry: Entry) -> bool:
+        return (entry.op == self.op and self.repo in (None, entry.repo)
+                and self.op_file in (None, entry.op_file))
+
+
+@dataclasses.dataclass(frozen=True)
 class Entry:
     repo: str
     op: str
@@ -114,12 +135,6 @@ def load_dismissed(path: Path = DISMISS_FILE) -> dict[str, str]:
 
 
 # --- selection -----------------------------------------------------------------------------------
-def _matches(entry: Entry, spec: str) -> bool:
-    repo, _, rest = spec.rpartition(":")
-    op, _, op_file = rest.partition("@")
-    return entry.op == op and (not repo or entry.repo == repo) and (not op_file or entry.op_file == op_file)
-
-
 def qualify(entries: list[Entry]) -> list[Entry]:
     """Mark entries whose `repo:op` is shared with another entry (FlagGems has a few test names
     defined in two files), so their keys carry the op_file."""
@@ -143,8 +158,9 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
     else:
         chosen, bad = [], []
         for spec in specs or []:
-            hits = [e for e in pool if _matches(e, spec)]
-            if runnable is not None and ":" not in spec:
+            selection = Selection.parse(spec)
+            hits = [e for e in pool if selection.matches(e)]
+            if runnable is not None and selection.repo is None:
                 hits = [e for e in hits if e.repo in runnable] or hits
             if not hits:
                 bad.append(f"'{spec}': unknown")
@@ -158,7 +174,7 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
             raise SelectionError("nothing selected: give --all, --ops or --ops-file")
     selected, excluded = [], []
     for e in dict.fromkeys(chosen):
-        reason = dismissed.get(e.id) or dismissed.get(f"{e.repo}:{e.op}") or dismissed.get(e.op)
+        reason = next((why for spec, why in dismissed.items() if Selection.parse(spec).matches(e)), None)
         if reason is not None:
             excluded.append((e, f"dismissed: {reason}"))
         elif e.skip and all_ops:

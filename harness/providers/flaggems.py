@@ -77,9 +77,9 @@ def parse_dirs(items: list[str] | None) -> dict[str, Path]:
 
 
 def is_target(op_arg: str) -> bool:
-    """Whether an operator argument names a FlagGems-style benchmark rather than a built-in op."""
-    repo, sep, _ = op_arg.partition(":")
-    return "::" in op_arg or (bool(sep) and repo not in RESERVED_REPOS)
+    """Whether an operator argument names a FlagGems-style benchmark rather than a built-in or
+    --ops-path op."""
+    return "::" in op_arg or catalog.Selection.parse(op_arg).repo not in (None, *RESERVED_REPOS)
 
 
 def functions_in(path: Path) -> list[str]:
@@ -111,8 +111,8 @@ def resolve_target(op_arg: str, dirs: dict[str, Path]) -> Target:
         repo = next((name for name, d in dirs.items() if d == root), DEFAULT_REPO)
         target = Target(repo, str(root), str(path.relative_to(root)), function)
     else:
-        repo, _, rest = op_arg.partition(":")
-        op, _, op_file = rest.partition("@")
+        selection = catalog.Selection.parse(op_arg)
+        repo, op, op_file = selection.repo, selection.op, selection.op_file
         if repo not in dirs:
             given = ", ".join(f"{n}={p}" for n, p in dirs.items()) or "none"
             raise FlagGemsError(f"'{op_arg}': no checkout for repo '{repo}'; give --flaggems-dir {repo}=PATH "
@@ -121,7 +121,7 @@ def resolve_target(op_arg: str, dirs: dict[str, Path]) -> Target:
             raise FlagGemsError(f"'{op_arg}': no operator name after '{repo}:'")
         root = dirs[repo]
         # test_<op>.py first; else where the repo's inventory says the op lives (test_softmax.py
-        # holds log_softmax too).
+        # holds softmax_backward too).
         candidates = [_file_for(op_file)] if op_file else [_file_for(op), _inventory_file(repo, op)]
         rel = next((c for c in candidates if c and (root / c).is_file()), candidates[0])
         path = root / rel

@@ -151,6 +151,14 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.py") if not p.name.startswith("_"))
 
 
+def op_file(name: str, provider: str) -> str:
+    """The FILE of `[REPO:]OP[@FILE]` for operator `name` as `load` found it at `provider`: its module's name
+    (a built-in operator's module is named after it)."""
+    if provider == "builtin":
+        return name
+    return Path(provider).stem if provider.endswith(".py") else provider.rpartition(".")[2]
+
+
 def _warn_stderr(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 

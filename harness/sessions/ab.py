@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
-from harness.providers import flaggems, probe, registry
+from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
 from reports import ab_report, compare, corpus, explain, stats, table
@@ -287,6 +288,17 @@ class StepInterrupted(launch.Stopped):
     stopped."""
 
 
+ROW_LINE = re.compile(r"\[(\d+)/(\d+|\?)\] ")  # a run's line per case as its row lands (results plugin)
+
+
+def _case_progress(line: str) -> None:
+    """A step's cases as they land, `1/4 2/4 ...` after its `... A records ...` line: a record or
+    replay of big shapes (or on the interpreter) takes minutes, and a silent one looks hung."""
+    found = ROW_LINE.match(line)
+    if found:
+        print(f" {found[1]}/{found[2]}", end="", flush=True)
+
+
 class Runner:
     """Runs the steps of one A/B in subprocesses and keeps ab.json current."""
 
@@ -343,7 +355,7 @@ class Runner:
             request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT, signal.SIGTERM),
             on_forward=lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side and "
                                        "reporting what completed", flush=True),
-            log=self.log, env=side.env,
+            log=self.log, on_stdout=_case_progress, env=side.env,
             # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
             # build_side_env): it gets the checkout alone.
             pythonpath=str(paths.REPO_ROOT) if side.requirements else None)
@@ -524,7 +536,15 @@ def resolve_plan(args) -> Plan:
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
-    plan.backend = resolve.resolve_backend(plan.backend).name
+    backend = resolve.resolve_backend(plan.backend)
+    resolve.check_measurement(backend, plan.timer, plan.l2)
+    plan.backend = backend.name
+    fitting = paths.SHAPES_DIR / backend.default_shapes
+    if (not args.shapes and not backend.runs_shipped_shapes and plan.shapes not in (None, flaggems.UPSTREAM)
+            and Path(plan.shapes).parent == paths.SHAPES_DIR and Path(plan.shapes) != fitting):
+        print(f"note: backend '{backend.name}' runs {fitting} instead of the plan's {plan.shapes} (sized for a GPU, "
+              "far too slow here); --shapes picks another")
+        plan.shapes = str(fitting)
     return plan
 
 
@@ -546,18 +566,23 @@ def _check_plan(plan: Plan) -> None:
                 flaggems.resolve_target(op, dirs)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
-    ours = [op for op in plan.ops if not flaggems.is_target(op)]
+    ours = {text: catalog.Selection.parse(text).op for text in plan.ops if not flaggems.is_target(text)}
     if plan.ops_paths and ours:
         try:  # the user's modules import in a probe process, once for all the plan's ops
-            found, _ = probe.load(ours, plan.ops_paths)
+            found, skipped = probe.load(sorted(set(ours.values())), plan.ops_paths)
         except registry.OperatorNotFound as exc:
             raise UsageError(str(exc)) from exc
-        failed = next((found[op] for op in ours if isinstance(found[op], registry.OperatorNotFound)), None)
+        failed = next((found[op] for op in ours.values() if isinstance(found[op], registry.OperatorNotFound)), None)
         if failed is not None:
             raise UsageError(str(failed))
-    for op in ours:
-        if not plan.ops_paths and op not in registry.builtin_names():
-            resolve.load_op(op, [], [])  # says which operators there are
+        for text, op in ours.items():
+            resolve.check_selection(text, op, found[op][1])
+        resolve.warn(skipped)  # the terminal's one word on them: each step's own goes to ab.log
+    elif ours:
+        for text, op in ours.items():
+            if op not in registry.builtin_names():
+                resolve.load_op(op, [], [])  # says which operators there are
+            resolve.check_selection(text, op, "builtin")
 
 
 def run_from_args(args) -> int:

@@ -612,10 +612,14 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
     runner class."""
     import importlib.util
 
+    if args.resume and args.batch_dir is None:
+        raise UsageError("--resume needs --batch-dir (the batch dir to resume)")
     for executor, package in (("ray", "ray"), ("slurm", "submitit")):
         if args.executor == executor and importlib.util.find_spec(package) is None:
             raise UsageError(f"--executor {executor} needs the {package} package in this environment "
                              f"(pip install {package})")
+    if args.executor == "slurm":
+        slurm_executor.require_slurm()  # before a batch dir is made that nothing would run in
     if args.summarize:
         if not (args.summarize / BATCH_JSON).is_file():
             raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {BATCH_JSON})")
@@ -623,7 +627,7 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         return 0
     with contextlib.ExitStack() as held:
         previous, stored, origin = {}, {}, ""
-        if args.resume and args.batch_dir is not None:
+        if args.resume:
             batch_dir = args.batch_dir.resolve()
             if not (batch_dir / BATCH_JSON).is_file():
                 raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {BATCH_JSON})")
@@ -637,8 +641,6 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         backend, devices, checkouts, ops_paths = _where(args)
         selected, excluded, left_out = _select(args, stored.get("selection"), ops_paths, checkouts)
         if args.resume:
-            if args.batch_dir is None:
-                raise UsageError("--resume needs --batch-dir")
             print(origin)
         op_timeout = DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout
         op_dtypes = _op_dtypes(selected, ops_paths, op_timeout)
@@ -760,6 +762,7 @@ def _slurm_params(items: list[str] | None, op_timeout: float) -> dict:
 def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str]]:
     """(backend, devices, FlagGems checkouts, --ops-path entries made absolute)."""
     backend = resolve.resolve_backend(args.backend)
+    resolve.check_measurement(backend, args.timer, args.l2)
     try:
         wanted = None if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
     except ValueError:

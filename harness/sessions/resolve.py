@@ -17,7 +17,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.paths import SHAPES_DIR, runs_root
 from harness.measure import tuning
-from harness.providers import flaggems, probe, registry, shapes
+from harness.providers import catalog, flaggems, probe, registry, shapes
 
 
 def resolve_backend(name: str | None) -> backends.Backend:
@@ -35,14 +35,17 @@ def resolve_device(backend: backends.Backend, device: int | None) -> int:
 
 
 def resolve_timer(backend: backends.Backend, timer: str) -> str:
-    if timer == "graph" and not backend.graph_capture:
-        raise UsageError(f"backend '{backend.name}' cannot capture graphs; use --timer direct or auto")
-    if timer in ("graph", "direct") and not backend.triton_driver:
-        raise UsageError(f"backend '{backend.name}' has no device timer; use --timer host or auto")
-    if timer == "host" and backend.triton_driver:
-        raise UsageError("--timer host is for the interpreter; on a device it measures launch overhead only")
-    if timer == "profiler" and not backend.profiler_activity:
-        raise UsageError(f"backend '{backend.name}' has no device profiler for --timer profiler; use --timer auto")
+    if timer not in backend.timers:
+        if not backend.triton_driver and timer in ("graph", "direct"):
+            why = f"backend '{backend.name}' has no device timer"
+        elif timer == "graph":
+            why = f"backend '{backend.name}' cannot capture graphs"
+        elif timer == "host":
+            why = "--timer host is for the interpreter; on a device it measures launch overhead only"
+        else:
+            why = f"backend '{backend.name}' has no device profiler for --timer profiler"
+        # Only timers this backend takes: a suggestion that is refused in turn helps no one.
+        raise UsageError(f"{why}; use --timer {' or '.join(backend.timers)}")
     return backend.default_timer if timer == "auto" else timer
 
 
@@ -51,6 +54,15 @@ def resolve_l2(backend: backends.Backend, l2: str) -> str:
         raise UsageError(f"--l2 cold: backend '{backend.name}' has no device cache zl_bench knows how to flush "
                          "(cold means a flushed device L2); use --l2 warm")
     return l2
+
+
+def check_measurement(backend: backends.Backend, timer: str | None, l2: str | None) -> None:
+    """A session that starts records (ab, batch) refuses a timer or L2 mode its backend lacks once,
+    up front, rather than in every op's record after launch. None: not given."""
+    if timer is not None:
+        resolve_timer(backend, timer)
+    if l2 is not None:
+        resolve_l2(backend, l2)
 
 
 def resolve_shapes(op, shape_file: Path, dtypes: list[str] | None):
@@ -82,6 +94,21 @@ def load_op(name: str, ops_paths: list[str], warnings: list[str]):
         return found[name]
     except registry.OperatorNotFound as exc:
         raise UsageError(str(exc)) from exc
+
+
+def check_selection(text: str, name: str, provider: str) -> None:
+    """A `[builtin:|path:]OP[@FILE]` selection's repo and file are where the operator was found."""
+    repo = catalog.BUILTIN if provider == "builtin" else catalog.PATH_REPO
+    found = catalog.Entry(repo, name, registry.op_file(name, provider), provider)
+    if not catalog.Selection.parse(text).matches(found):
+        raise UsageError(f"'{text}': operator '{name}' is {found.id} ({provider})")
+
+
+def load_selected(text: str, ops_paths: list[str], warnings: list[str]):
+    """load_op for a selection `[builtin:|path:]OP[@FILE]` (a FlagGems one goes to flaggems.resolve_target)."""
+    found = load_op(catalog.Selection.parse(text).op, ops_paths, warnings)
+    check_selection(text, found[0].name, found[1])
+    return found
 
 
 def warn(lines: list[str]) -> None:
@@ -171,7 +198,7 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     if flaggems.is_target(args.op):
         return resolve_flaggems_record(args, backend)
     ops_paths, warnings = abs_ops_paths(args.ops_path), []
-    op, provider = load_op(args.op, ops_paths, warnings)
+    op, provider = load_selected(args.op, ops_paths, warnings)
     shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
     key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
     run_spec = _record_spec(args, backend, op=op.name, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",

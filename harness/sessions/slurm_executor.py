@@ -211,7 +211,7 @@ def _jobs_path(batch_dir: Path) -> Path:
     return batch_dir / FOLDER / JOBS_JSON
 
 
-def _require_slurm() -> None:
+def require_slurm() -> None:
     missing = [tool for tool in ("sbatch", "squeue", "scancel") if shutil.which(tool) is None]
     if missing:
         raise UsageError(f"--executor slurm: no Slurm here ({', '.join(missing)} not found on PATH): run it on a "
@@ -223,7 +223,6 @@ def run(runner, todo: list[Entry], on_done, params: dict, shard) -> None:
     parameters (timeout_min, slurm_partition, ...); `shard(entry) -> device`."""
     import submitit
 
-    _require_slurm()
     if not todo:
         return
     backend = backends.get(runner.opts.backend)
@@ -285,7 +284,7 @@ def settle_leftovers(runner, shard) -> list[str]:
     path = _jobs_path(runner.dir)
     if not path.is_file():
         return []
-    _require_slurm()
+    require_slurm()
     stored = rundir.read_json(path)
     tasks = _Tasks(runner, {j: (_paths(runner.dir, j), Entry(**e)) for j, e in stored["jobs"].items()}, shard)
     lines = []

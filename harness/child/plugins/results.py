@@ -148,7 +148,7 @@ class ResultsPlugin:
                       f"{speedup}timer={row['timer']}")
         else:
             detail = row.get("error", "").splitlines()[0][:160] if row.get("error") else ""
-        lines = [f"[{n}/{total}] {row['op']} {row['case']} {row['status']} {detail}"]
+        lines = [f"[{n}/{total}] {row['op']} {row['case']} {table.paint(row['status'], self.ctx.spec.color)} {detail}"]
         lines += [f"    {marker}" for marker in row["markers"]]
         self.write_lines(lines)
 
