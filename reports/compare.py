@@ -154,13 +154,17 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
     paired = []
     for key in keys:
         got = {s: [rows[key] for rows in runs if key in rows] for s, runs in side_rows.items()}
+        want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
+        if all(len(rs) == want[s] and all(r["status"] == "SKIPPED" for r in rs) for s, rs in got.items()):
+            # Declined by the op (or the backend) in every run of both sides: nothing was measured to
+            # compare, and nothing is missing from the pairing.
+            continue
         ok = {s: [r for r in rs if r["status"] == "SUCCESS"] for s, rs in got.items()}
         failed = {s: [r for r in rs if r["status"] in FAILED_STATUSES] for s, rs in got.items()}
 
         flags = _flags(ok["a"] + ok["b"])
         if _throttled_unlike(ok["a"] + ok["b"]):
             flags.append("clock_throttled")
-        want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
         for side in ("a", "b"):
             if failed[side]:
                 flags.append(f"failed_{side}({len(failed[side])}/{want[side]})")

@@ -32,6 +32,20 @@ def runs(tmp_path, side, *per_run_rows):
     return [run_dir(tmp_path, f"{side}{i}", *rows) for i, rows in enumerate(per_run_rows)]
 
 
+def test_a_case_skipped_in_every_run_of_both_sides_is_no_row_but_skipped_on_one_side_is_incomplete(tmp_path):
+    skipped = lambda dtype: row(dtype=dtype, status="SKIPPED", cand=None, base=None)  # noqa: E731
+    a = runs(tmp_path, "a", [row(), skipped("bf16"), skipped("fp32")], [row(), skipped("bf16"), skipped("fp32")])
+    b = runs(tmp_path, "b", [row(), skipped("bf16"), row(dtype="fp32")], [row(), skipped("bf16")])
+    paired = {p.dtype: p for p in compare.pair(a, b)}
+    assert set(paired) == {"fp16", "fp32"} and paired["fp16"].flags == []
+    # fp32: measured once on B, declined on A: incomplete on both sides, never a complete pairing.
+    assert paired["fp32"].flags == ["incomplete_a(0/2)", "incomplete_b(1/2)"]
+    # Skipped everywhere but a run of B short: that run is missing, so the row stays, incomplete.
+    short = runs(tmp_path, "c", [skipped("bf16")])
+    bf16 = [p for p in compare.pair(a, short, expected=2) if p.dtype == "bf16"]
+    assert [p.flags for p in bf16] == [["incomplete_a(0/2)", "incomplete_b(0/2)"]]
+
+
 def test_repeats_pair_by_op_dtype_shape_with_one_median_per_run(tmp_path):
     a = runs(tmp_path, "a", [row(cand=1.0, base=2.0), row(dtype="bf16", cand=5.0)],
              [row(dtype="bf16", cand=5.1), row(cand=1.1, base=2.2)])
