@@ -2,6 +2,7 @@
 the sessions that start record/replay children build their command lines through it."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,42 @@ def test_run_dir_is_the_run_dir_itself_not_a_parent_and_not_with_out(tmp_path, c
         assert capsys.readouterr().err.startswith("error: --run-dir names the dir of one A/B run")
     assert not (tmp_path / "ab").exists()
     assert not hasattr(cli.build_parser().parse_args(["batch", "--ops", "add"]), "named_run_dir")  # --batch-dir
+
+
+def test_an_ab_reads_each_step_back_from_the_run_dir_it_named_never_a_stray_one(tmp_path, monkeypatch):
+    """A run dir dropped into a step's dir (another run's, a leftover) is not the step's: a step
+    whose child claimed nothing failed, whatever else its dir holds."""
+    named = []
+
+    def run(argv, **kwargs):
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        named.append(run_dir)
+        write_complete_run(run_dir.parent / "add_19990101-000000")  # a stray run in the step's dir
+        if "B-1" in run_dir.parts:  # B's first replay dies before it claims its run dir
+            return 1, None
+        write_complete_run(run_dir)
+        return 0, None
+
+    def unidentified(side):  # no kernel reuse: no probe of each side's Triton
+        raise ab.SideUnidentified("not probed")
+
+    monkeypatch.setattr(ab.launch, "run", lambda argv, **kw: run(argv[3:], **kw))
+    monkeypatch.setattr(ab, "side_compiler_key", unidentified)
+    plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", ""), b=ab.Side("B", ""), repeats=2, backend="interpreter")
+    runner = ab.Runner(plan, tmp_path)
+    try:
+        results = runner.run()
+    finally:
+        runner.log.close()
+    assert [d.parent.name for d in named] == ["A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert all(d.parent.parent == tmp_path / "add" and d.name.startswith("add_2") for d in named)
+    assert results["add"] == {"record": [named[0]], "A": [named[1], named[3]], "B": [named[4]]}
+    steps = runner.state["steps"]
+    assert [s["run_dir"] for s in steps] == [str(d) if i != 2 else None for i, d in enumerate(named)]
+    assert "running" not in runner.state
+
+
+def write_complete_run(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"spec": {}, "observed": {"outcome": {"status": "COMPLETE"}}}))
+    (run_dir / "results.json").write_text('{"rows": []}')
