@@ -76,7 +76,8 @@ def _libtuner_cache(text: str) -> str:
     return flaggems.absolute_libtuner_cache(text, Path.cwd())
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, named: str | None = None) -> None:
+    """`named`: what --run-dir names for this command (None: it takes no --run-dir)."""
     where = parser.add_argument_group("where to run")
     where.add_argument("--backend", metavar="NAME", default=None,
                        help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; "
@@ -105,8 +106,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                       help="extra operator definitions: a directory of modules, a .py file or a module "
                            "name (repeatable)")
     out = parser.add_argument_group("output")
-    out.add_argument("--out", metavar="DIR", type=Path, default=None,
-                     help="parent of the run dir (default: runs/)")
+    where_out = out.add_mutually_exclusive_group() if named else out
+    where_out.add_argument("--out", metavar="DIR", type=Path, default=None,
+                           help="parent of the run dir (default: runs/)")
+    if named:
+        where_out.add_argument("--run-dir", dest="named_run_dir", metavar="DIR", type=Path, default=None,
+                               help=f"{named} itself, new or empty (created and claimed atomically; refused when it "
+                                    "holds anything): for a session that reads back what it started (default: a new "
+                                    "one under --out)")
     out.add_argument("--no-ir", dest="ir", action="store_false",
                      help="do not collect per-shape TTGIR (collected by default where the compiler allows)")
     out.add_argument("--no-precompile", dest="precompile", action="store_false",
@@ -191,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("op", nargs="?", default=DEFAULT_OP,
                      help=f"built-in operator, REPO:OP[@FILE] of a FlagGems checkout, or a pytest node "
                           f"PATH/benchmark/test_x.py::test_op (default: {DEFAULT_OP})")
-    _add_common(rec)
+    _add_common(rec, "the run dir")
     _add_measurement(rec)
     rec.add_argument("--sweep-devices", type=int, metavar="N", default=0,
                      help="sweep autotune in parallel over the first N visible devices, then measure serially "
@@ -199,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = command("replay")
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
-    _add_common(rep)
+    _add_common(rep, "the run dir")
     for flag in ("--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--sweep-devices"):
         rep.add_argument(flag, action=_RecordOnly)
     ab = command("ab")
@@ -222,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Any of these makes it a corpus A/B: each op's whole A/B is one batch job on one device.
     _add_corpus(ab.add_argument_group("corpus A/B: selection"), ab.add_argument_group("corpus A/B: running"))
     ab.set_defaults(replay_root=None, triage=False, summarize=None)
-    _add_common(ab)
+    _add_common(ab, "the A/B dir")
     _add_measurement(ab, "A's record of each op; the replays of both sides keep them; over the plan's")
     bat = command("batch")
     sel = bat.add_argument_group("selection")
@@ -268,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
             from harness.sessions import run
 
             resolved = resolve.resolve_record(args) if args.command == "record" else resolve.resolve_replay(args)
-            return run.execute(*resolved, cache_dir=args.triton_cache)
+            return run.execute(*resolved, cache_dir=args.triton_cache, named_dir=args.named_run_dir)
         if args.command == "ab":
             from harness.sessions import ab, compare_batches, corpus_ab
 
+            if args.named_run_dir is not None and (args.compare or corpus_ab.wanted(args)):
+                raise UsageError("--run-dir names the dir of one A/B run: --compare writes its report under --out, "
+                                 "a corpus A/B into --batch-dir")
             if args.compare and compare_batches.names_batches(args.compare):
                 return compare_batches.run_from_args(args)
             return corpus_ab.run_from_args(args) if corpus_ab.wanted(args) else ab.run_from_args(args)

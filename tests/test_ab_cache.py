@@ -15,9 +15,9 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
     steps = []
 
     def run(argv, **kwargs):
-        out = Path(argv[argv.index("--out") + 1])
-        (out / "x").mkdir(parents=True)
-        (out / "x" / "run.json").write_text("{}")
+        named = Path(argv[argv.index("--run-dir") + 1])
+        named.mkdir(parents=True)
+        (named / "run.json").write_text("{}")
         steps.append((kwargs.get("env") or {}, argv))
         return 0, None
 

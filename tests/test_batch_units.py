@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 import sys
 import types
@@ -36,6 +37,7 @@ FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
 
 # --- the fake process boundary ---------------------------------------------------------------------
 REAL_START = launch.start
+UNCLAIMED_RUN_DIR = rundir.unclaimed_run_dir
 class Clock:
     """batch's `time`: monotonic() moves only when a fake child takes its time."""
 
@@ -48,7 +50,7 @@ class Clock:
 
 @dataclasses.dataclass
 class Step:
-    """What one started child does: the run dir it writes under --out (rows/observed; None: no run
+    """What one started child does: what it writes into its --run-dir (rows/observed; None: no run
     dir), its log text, its exit code (None: still running when the timeout ran out), its time."""
 
     code: int | None = 0
@@ -56,7 +58,6 @@ class Step:
     observed: dict | None = None
     log: str = ""
     seconds: float = 1.0
-    run_name: str = "run"
     during: object = None  # called while it "runs" (the batch waits on it)
     running_left: bool = True  # its guard's .running is still there when it ends
 
@@ -119,12 +120,12 @@ class Launcher:
         step = steps.pop(0) if len(steps) > 1 else steps[0]
         if step.running_left:
             Path(argv[4]).write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
-        out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
-        if out is not None and (step.rows is not None or step.observed is not None):
+        named = Path(cmd[cmd.index("--run-dir") + 1]) if "--run-dir" in cmd else None
+        if named is not None and (step.rows is not None or step.observed is not None):
             observed = step.observed or {}
             if step.code == 0 and "outcome" not in observed:  # what a run that exits 0 records
                 observed = {**observed, "outcome": {"status": "COMPLETE", "exit_code": 0}}
-            write_run(out, step.rows, observed, step.run_name)
+            write_run(named.parent, step.rows, observed, named.name)
         log.write(step.log)
         self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": argv[4], **kw})
         child = FakeChild(self, step, 4000 + len(self.children))
@@ -141,6 +142,8 @@ def clock(monkeypatch):
 
 @pytest.fixture
 def launcher(monkeypatch, clock):
+    # Each attempt's run dir is `attemptK/run`, as the expectations below spell it (not `<op>_<ts>`).
+    monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / "run")
     fake = Launcher(clock)
     monkeypatch.setattr(launch, "start", fake)
     return fake
@@ -229,22 +232,19 @@ def test_run_facts_counts_rows_timers_fallbacks_and_the_skip_reason(tmp_path):
 
 def test_dtype_rejected_reads_our_exit_code_or_the_childs_run_json(tmp_path):
     assert DtypeRejected.exit_code == 65
-    assert batch._dtype_rejected(65, tmp_path / "missing") is True
-    assert batch._dtype_rejected(1, tmp_path) is False  # no run dir
-    write_run(tmp_path, [], {"dtype_rejected": False}, name="a_run")
-    assert batch._dtype_rejected(1, tmp_path) is False
-    write_run(tmp_path, [], {"dtype_rejected": True}, name="b_run")  # the last run decides
-    assert batch._dtype_rejected(1, tmp_path) is True
-    write_run(tmp_path, [], {"dtype_rejected": "yes"}, name="c_run")  # `is True`, not truthy
-    assert batch._dtype_rejected(1, tmp_path) is False
-    write_run(tmp_path, [], {}, name="d_run")
-    assert batch._dtype_rejected(3, tmp_path) is False
+    assert batch._dtype_rejected(65, None) is True  # before any run dir
+    assert batch._dtype_rejected(1, None) is False
+    assert batch._dtype_rejected(1, tmp_path / "missing") is False
+    assert batch._dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": False}, name="a_run")) is False
+    assert batch._dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": True}, name="b_run")) is True
+    assert batch._dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": "yes"}, name="c_run")) is False
+    assert batch._dtype_rejected(3, write_run(tmp_path, [], {}, name="d_run")) is False
     (tmp_path / "e_run").mkdir()
     (tmp_path / "e_run" / rundir.RUN_JSON).write_text("{half")  # a child killed while writing it
-    assert batch._dtype_rejected(1, tmp_path) is False
+    assert batch._dtype_rejected(1, tmp_path / "e_run") is False
     (tmp_path / "f_run").mkdir()
     (tmp_path / "f_run" / rundir.RUN_JSON).write_text("{}")  # nothing observed yet
-    assert batch._dtype_rejected(1, tmp_path) is False
+    assert batch._dtype_rejected(1, tmp_path / "f_run") is False
 
 
 def test_pytest_line_is_the_first_error_or_the_final_summary(tmp_path):
@@ -267,32 +267,35 @@ def test_pytest_line_is_the_first_error_or_the_final_summary(tmp_path):
 
 
 def test_killed_during_names_the_case_or_says_why_none(tmp_path):
-    assert batch._killed_during(tmp_path) == "before its run dir was written (the op never started a case)"
+    assert batch._killed_during(tmp_path / "a") == "before its run dir was written (the op never started a case)"
     write_run(tmp_path, [], {"running_case": "fp32 [8]"}, name="a")
+    assert batch._killed_during(tmp_path / "a") == "during case fp32 [8]"
     write_run(tmp_path, [], {"outcome": {"running_case": "fp16 [2, 700]"}}, name="b")
-    assert batch._killed_during(tmp_path) == "during case fp16 [2, 700]"  # the last run dir
+    assert batch._killed_during(tmp_path / "b") == "during case fp16 [2, 700]"
     write_run(tmp_path, [row(), row()], {"outcome": {"running_case": None}}, name="c")
-    assert batch._killed_during(tmp_path) == "with no case running (2 rows done)"
+    assert batch._killed_during(tmp_path / "c") == "with no case running (2 rows done)"
     write_run(tmp_path, [row()], {"running_case": "", "outcome": None}, name="d")
-    assert batch._killed_during(tmp_path) == "with no case running (1 row done)"
+    assert batch._killed_during(tmp_path / "d") == "with no case running (1 row done)"
     write_run(tmp_path, [], {}, name="e")
-    assert batch._killed_during(tmp_path) == "before its first case started"
+    assert batch._killed_during(tmp_path / "e") == "before its first case started"
     write_run(tmp_path, None, {}, name="f")
-    assert batch._killed_during(tmp_path) == "before its first case started"
+    assert batch._killed_during(tmp_path / "f") == "before its first case started"
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / rundir.RUN_JSON).write_text("{}")  # killed before it wrote anything observed
-    assert batch._killed_during(tmp_path) == "before its first case started"
+    assert batch._killed_during(tmp_path / "g") == "before its first case started"
 
 
-def test_killed_note_goes_to_the_batch_log_and_the_last_run_log(tmp_path):
+def test_killed_note_goes_to_the_batch_log_and_the_killed_runs_log(tmp_path):
     log = tmp_path / "batch.log"
     log.write_text("before\n")
-    first, last = write_run(tmp_path / "a1", [], name="r1"), write_run(tmp_path / "a1", [], name="r2")
-    batch._killed_note(tmp_path / "a1", log, "timeout after 5 s during case x")
+    other, killed = write_run(tmp_path / "a1", [], name="r1"), write_run(tmp_path / "a1", [], name="r2")
+    batch._killed_note(killed, log, "timeout after 5 s during case x")
     note = "\nkilled by the batch's --op-timeout: timeout after 5 s during case x\n"
     assert log.read_text() == "before\n" + note
-    assert (last / rundir.RUN_LOG).read_text() == "run log\n" + note
-    assert (first / rundir.RUN_LOG).read_text() == "run log\n"
+    assert (killed / rundir.RUN_LOG).read_text() == "run log\n" + note
+    assert (other / rundir.RUN_LOG).read_text() == "run log\n"
+    batch._killed_note(tmp_path / "a1" / "never_claimed", log, "x")  # killed before its run dir: the batch log only
+    assert not (tmp_path / "a1" / "never_claimed").exists() and log.read_text().endswith("op-timeout: x\n")
 
 
 def test_write_status_is_every_row_sorted_in_the_columns(tmp_path):
@@ -401,7 +404,7 @@ def test_a_pass_is_done_with_its_run_facts(tmp_path, launcher):
     assert status_rows(tmp_path)[0]["status"] == "PASS" and r.status[ADD.id] is got
     cmd = launcher.calls[0]["cmd"]
     assert cmd[3:5] == ["record", "add"] and cmd[cmd.index("--device") + 1] == "3"
-    assert cmd[cmd.index("--out") + 1] == str(op_dir / "attempt1") and launcher.calls[0]["log"] == str(
+    assert cmd[cmd.index("--run-dir") + 1] == str(op_dir / "attempt1" / "run") and launcher.calls[0]["log"] == str(
         op_dir / "batch.log")
 
 
@@ -437,24 +440,41 @@ def test_the_error_line_of_a_log_with_no_command_line_and_bytes_that_are_not_utf
     assert batch._error_line(log) == "shape file \ufffd.yaml does not exist"
 
 
-def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, launcher, clock):
+def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, launcher, clock, monkeypatch):
+    # Run dirs r1, r2, ... in the order the attempts start: an attempt dir reused later holds earlier runs too.
+    monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / f"r{len(launcher.calls) + 1}")
     r = runner_for(tmp_path, launcher)
     op_dir = batch._op_dir(tmp_path, ADD)
     op_dir.mkdir(parents=True)
     (op_dir / ".complete").write_text("PASS\n")  # an earlier batch's: this run decides again
-    launcher.plan["add"] = [Step(code=3, seconds=1.0, rows=[row()], run_name="r1"),
-                            Step(code=3, seconds=2.0, rows=[row(), row()], run_name="r2")]
+    launcher.plan["add"] = [Step(code=3, seconds=1.0, rows=[row()]), Step(code=3, seconds=2.0, rows=[row(), row()])]
     got = r.run_op(ADD, 0)
     assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("FAIL", 3, 2, 3.0)
     assert got["notes"] == "retry after exit 3; exit 3 twice in a row: deterministic, not retried further"
     assert not (op_dir / ".complete").exists() and batch.completed(tmp_path, ADD) is None
-    assert [c["cmd"][c["cmd"].index("--out") + 1] for c in launcher.calls] == [
-        str(op_dir / "attempt1"), str(op_dir / "attempt2")]
-    os.utime(op_dir / "attempt1" / "r1" / rundir.RUN_JSON, (2e9, 2e9))  # the newest run.json is the op's run
-    os.utime(op_dir / "attempt2" / "r2" / rundir.RUN_JSON, (1e9, 1e9))
+    assert [c["cmd"][c["cmd"].index("--run-dir") + 1] for c in launcher.calls] == [
+        str(op_dir / "attempt1" / "r1"), str(op_dir / "attempt2" / "r2")]
+    assert (got["run_dir"], got["rows"]) == ("ops/builtin__add/attempt2/r2", 2)  # the last attempt's
+    launcher.plan["add"] = [Step(code=3, rows=[row()]), Step(code=3, rows=None)]
+    got = r.run_op(ADD, 0)
+    assert (got["run_dir"], got["rows"]) == ("ops/builtin__add/attempt1/r3", 1)  # the last attempt that wrote one
     launcher.plan["add"] = [Step(code=3, rows=None), Step(code=3, rows=None)]
     got = r.run_op(ADD, 0)
-    assert got["run_dir"] == "ops/builtin__add/attempt1/r1" and got["rows"] == 1
+    assert (got["run_dir"], got["rows"]) == ("", 0)  # the runs already in its attempt dirs are not this row's
+
+
+def test_an_attempt_is_read_back_from_the_run_dir_the_batch_named_never_a_stray_one(tmp_path, launcher, monkeypatch):
+    monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", UNCLAIMED_RUN_DIR)  # the real names
+    r = runner_for(tmp_path, launcher)
+    op_dir = batch._op_dir(tmp_path, ADD)
+    write_run(op_dir / "attempt1", [row()], {"outcome": {"status": "COMPLETE", "exit_code": 0}},
+              name="add_19990101-000000")  # a passed run left in the attempt dir: not this attempt's
+    launcher.plan["add"] = [Step(code=0, rows=None)]  # exits 0 having claimed nothing
+    got = r.run_op(ADD, 0)
+    assert (got["status"], got["run_dir"], got["rows"]) == ("FAIL", "", 0)
+    named = [Path(c["cmd"][c["cmd"].index("--run-dir") + 1]) for c in launcher.calls]
+    assert [d.parent for d in named] == [op_dir / "attempt1", op_dir / "attempt2"]
+    assert all(re.fullmatch(r"add_\d{8}-\d{6}", d.name) for d in named), named
 
 
 def test_changing_exits_retry_until_the_cap(tmp_path, launcher):
@@ -1395,9 +1415,10 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
     opts = dict(backend="interpreter", devices=[0, 1], shapes="/s.yaml", ops_paths=["/ops"], level="comprehensive",
                 flagtune="1", libtuner_cache="user", flaggems_dirs={"flaggems": "/fg"})
     r = runner_for(tmp_path, **opts)
-    ns = cli.build_parser().parse_args(r._command(ADD, 1, ["fp16"], tmp_path / "a1")[3:])
-    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.out, ns.color) == (
-        "record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"], tmp_path / "a1", "never")
+    ns = cli.build_parser().parse_args(r._command(ADD, 1, ["fp16"], tmp_path / "a1" / "run")[3:])
+    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.named_run_dir, ns.out,
+            ns.color) == ("record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"],
+                          tmp_path / "a1" / "run", None, "never")
     assert (ns.flaggems_dir, ns.level, ns.flagtune, ns.libtuner_cache) == (None, None, None, None)
     ns = cli.build_parser().parse_args(r._command(FG, 0, None, tmp_path / "a2")[3:])
     assert (ns.op, ns.flaggems_dir, ns.level, ns.flagtune, ns.libtuner_cache, ns.dtypes, ns.shapes) == (
@@ -1407,9 +1428,9 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
     earlier = tmp_path / "earlier"
     r = runner_for(tmp_path, **opts, replay_root=earlier)
     r.replay_sources = {FG.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
-    ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3")[3:])
-    assert (ns.command, ns.run_dir, ns.device, ns.out, ns.color, ns.ops_path, ns.flaggems_dir) == (
-        "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3", "never", ["/ops"], ["flaggems=/fg"])
+    ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3" / "run")[3:])
+    assert (ns.command, ns.run_dir, ns.device, ns.named_run_dir, ns.color, ns.ops_path, ns.flaggems_dir) == (
+        "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3" / "run", "never", ["/ops"], ["flaggems=/fg"])
     assert (ns.backend, ns.dtypes, ns.level) == (None, None, None)  # a replay keeps the recorded ones
 
 
@@ -1418,17 +1439,20 @@ class HookBatch(batch.Batch):
 
     COLUMNS = (*batch.STATUS_COLUMNS, "verdict")
 
-    def _passed(self, code, out):
-        return (out / "ok").is_file()
+    def _run_dir(self, entry, attempt_dir):
+        return attempt_dir / "job"
 
-    def _rejected(self, code, out):
-        return (out / "rejected").is_file()
+    def _wrote(self, run_dir):
+        return run_dir.is_dir()
 
-    def _stopped_in(self, out):
-        return out / "inner"
+    def _passed(self, code, run_dir):
+        return (run_dir / "ok").is_file()
 
-    def _result_dir(self, op_dir):
-        return op_dir / "attempt1" / "inner" / "run"
+    def _rejected(self, code, run_dir):
+        return (run_dir / "rejected").is_file()
+
+    def _stopped_in(self, run_dir):
+        return run_dir / "inner"
 
     def _facts(self, run_dir):
         return {**batch._run_facts(run_dir), "verdict": run_dir.name}
@@ -1442,23 +1466,24 @@ def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher
     launcher.runner = r
     op_dir = batch._op_dir(tmp_path, ADD)
 
-    def mark(name):  # the running attempt leaves file `name` in its dir
+    def mark(name):  # the running attempt leaves file `name` in its job dir
         def leave():
-            attempt = op_dir / f"attempt{len(launcher.calls)}"
-            attempt.mkdir(parents=True, exist_ok=True)
-            (attempt / name).write_text("")
+            job = op_dir / f"attempt{len(launcher.calls)}" / "job"
+            job.mkdir(parents=True, exist_ok=True)
+            (job / name).write_text("")
         return leave
 
     launcher.plan["add"] = [Step(code=7, during=mark("rejected")), Step(code=7, during=mark("ok"))]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["verdict"]) == ("PASS", 2, "run")
+    assert (got["status"], got["attempts"], got["verdict"], got["run_dir"]) == (
+        "PASS", 2, "job", "ops/builtin__add/attempt2/job")
     assert got["notes"] == "dtype rescue: fp16 rejected, ran without a dtype filter"
-    assert status_rows(tmp_path)[0]["verdict"] == "run"
-    write_run(op_dir / "attempt1" / "inner", [row()], {"running_case": "fp16 [4]"})
+    assert status_rows(tmp_path)[0]["verdict"] == "job"
+    write_run(op_dir / "attempt1" / "job", [row()], {"running_case": "fp16 [4]"}, name="inner")
     launcher.plan["add"] = [Step(code=None)]
     got = r.run_op(ADD, 0)
     assert got["notes"] == "timeout after 20 s during case fp16 [4] (killed, not retried)"
-    assert (op_dir / "attempt1" / "inner" / "run" / rundir.RUN_LOG).read_text().endswith(
+    assert (op_dir / "attempt1" / "job" / "inner" / rundir.RUN_LOG).read_text().endswith(
         "killed by the batch's --op-timeout: timeout after 20 s during case fp16 [4]\n")
 
 

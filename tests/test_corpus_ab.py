@@ -3,7 +3,9 @@ job on one device, on the interpreter with 2 virtual devices and tiny shapes; th
 device choice (a fake runtime context) and a Slurm task's (the Slurm executor on a real Slurm: test_slurm_executor)."""
 
 import csv
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,15 +164,58 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     plan.timer, plan.l2 = "profiler", "cold"
     opts = corpus_ab.ABOptions(backend="interpreter", devices=[0, 1], plan=corpus_ab._plan_data(plan))
     runner = corpus_ab.CorpusAB(tmp_path, opts, {})
-    out = tmp_path / "ops" / "flaggems__mm" / "attempt1"
-    out.parent.mkdir(parents=True)
-    cmd = runner._command(catalog.Entry("flaggems", "mm", "blas", "benchmark/test_blas.py"), 1, ["fp32"], out)
-    assert cmd[1:] == ["-m", "harness", "ab", str(out.parent / "plan.yaml"), "--ops", "flaggems:mm@blas",
-                       "--device", "1", "--color", "never", "--out", str(out), "--dtypes", "fp32"]
-    again = corpus_ab.ab.load_plan(out.parent / "plan.yaml")  # the plan each op's A/B reads back
+    op_dir = tmp_path / "ops" / "flaggems__mm"
+    op_dir.mkdir(parents=True)
+    entry = catalog.Entry("flaggems", "mm", "blas", "benchmark/test_blas.py")
+    ab_dir = runner._run_dir(entry, op_dir / "attempt1")
+    assert ab_dir.parent == op_dir / "attempt1" and re.fullmatch(r"ab_f32-ieee_\d{8}-\d{6}", ab_dir.name)
+    cmd = runner._command(entry, 1, ["fp32"], ab_dir)
+    assert cmd[1:] == ["-m", "harness", "ab", str(op_dir / "plan.yaml"), "--ops", "flaggems:mm@blas",
+                       "--device", "1", "--color", "never", "--run-dir", str(ab_dir), "--dtypes", "fp32"]
+    again = corpus_ab.ab.load_plan(op_dir / "plan.yaml")  # the plan each op's A/B reads back
     assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.device is None
     assert again.shapes == str(REPO / "shapes" / "default.yaml")
     assert (again.timer, again.l2, again.seed) == ("profiler", "cold", None)  # how A records, with the plan
+
+
+def _run(run_dir: Path, observed: dict, rows: int = 0) -> str:
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"observed": observed}))
+    (run_dir / "results.json").write_text(json.dumps({"rows": [
+        {"status": "SUCCESS", "timer": "host", "markers": []}] * rows}))
+    return str(run_dir)
+
+
+def test_an_ops_ab_is_read_back_from_the_dirs_it_named_never_a_stray_one(tmp_path):
+    """The attempt's A/B dir is the one the batch named; its steps' run dirs are the ones its
+    ab.json names (the running step's too): nothing else in the attempt dir is looked at."""
+    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    runner = corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(backend="interpreter", devices=[0],
+                                                              plan=corpus_ab._plan_data(plan)), {})
+    attempt = tmp_path / "ops" / "builtin__add" / "attempt1"
+    stray = attempt / "ab_f32-ieee_19990101-000000"  # a passed A/B left in the attempt dir
+    stray.mkdir(parents=True)
+    (stray / "ab.json").write_text(json.dumps({"steps": [], "complete": True}))
+    (stray / "report.json").write_text(json.dumps({"rows": [{"comparison": {"verdict": "SAME"}}]}))
+    ab_dir = runner._run_dir(catalog.Entry("builtin", "add", "add", "ops/add.py"), attempt)
+    assert ab_dir != stray and not runner._wrote(ab_dir) and not runner._passed(0, ab_dir)
+    assert runner._stopped_in(ab_dir) == ab_dir and runner._facts(ab_dir)["rows"] == 0
+    ab_dir.mkdir()
+    record = {"what": "A records", "args": ["record", "add"],
+              "run_dir": _run(ab_dir / "add" / "A-record" / "add_1", {"dtype_rejected": True}, rows=2)}
+    state = {"steps": [], "running": record}  # killed during A's record
+    (ab_dir / "ab.json").write_text(json.dumps(state))
+    assert runner._wrote(ab_dir) and runner._stopped_in(ab_dir) == Path(record["run_dir"])
+    assert runner._facts(ab_dir)["timer"] == "host"  # A's record's, read where ab.json says it is
+    assert not runner._rejected(4, ab_dir)  # not ended yet
+    state = {"steps": [{**record, "exit": 4}], "running": {"what": "A replays", "args": ["replay", "x"],
+                                                          "run_dir": str(ab_dir / "add" / "A-1" / "add_2")}}
+    (ab_dir / "ab.json").write_text(json.dumps(state))
+    assert runner._rejected(4, ab_dir)  # the child's own dtype_rejected, in the run dir the step named
+    assert runner._stopped_in(ab_dir) == ab_dir / "add" / "A-1" / "add_2"  # not claimed yet: said as such
+    assert batch._killed_during(runner._stopped_in(ab_dir)).startswith("before its run dir was written")
+    (ab_dir / "ab.json").write_text(json.dumps({"steps": [{**record, "exit": 4}]}))  # between steps
+    assert runner._stopped_in(ab_dir) == Path(record["run_dir"])
 
 
 def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 the sessions that start record/replay children build their command lines through it."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ DEST = {"command": "command", "target": None, "backend": "backend", "device": "d
         "dtypes": "dtypes", "ops_paths": "ops_path", "flaggems_dirs": "flaggems_dir", "level": "level",
         "flagtune": "flagtune", "libtuner_cache": "libtuner_cache", "seed": "seed", "timer": "timer", "l2": "l2",
         "warmup_ms": "warmup_ms", "rep_ms": "rep_ms", "sweep_devices": "sweep_devices", "ir": "ir",
-        "color": "color", "out": "out", "precompile": "precompile", "triton_cache": "triton_cache"}
+        "color": "color", "out": "out", "run_dir": "named_run_dir", "precompile": "precompile",
+        "triton_cache": "triton_cache"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"),
                     dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "v=/other"),
@@ -25,7 +27,7 @@ RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=
                     precompile=False, triton_cache=Path("/cache/a"))
 REPLAY = RunRequest("replay", "/runs/x/mm_1", backend="cuda", device=1, shapes=Path("/s/other.yaml"),
                     dtypes=("fp32",), ops_paths=("/ops/a",), flaggems_dirs=("flaggems=/fg",), level="core",
-                    flagtune="0", libtuner_cache="private", ir=False, color="always", out=Path("/runs/y"),
+                    flagtune="0", libtuner_cache="private", ir=False, color="always", run_dir=Path("/runs/y/mm_2"),
                     triton_cache=Path("/cache/b"))
 
 
@@ -67,6 +69,8 @@ def test_requests_are_frozen_and_refuse_what_the_child_would_refuse():
         RunRequest("replay", "/r", seed=1, timer="direct")
     with pytest.raises(ValueError, match="not one of"):
         RunRequest("ab")
+    with pytest.raises(ValueError, match="out and run_dir"):
+        RunRequest("record", "add", out=Path("/runs"), run_dir=Path("/runs/add_1"))
     with pytest.raises(ValueError, match="dtypes: empty"):
         RunRequest("record", "add", dtypes=())
     assert RunRequest("record", "add", dtypes=["fp16"]).dtypes == ("fp16",)  # a list becomes a tuple
@@ -84,7 +88,8 @@ def test_an_ab_plan_builds_its_record_and_replays_from_one_request_type(tmp_path
                    rep_ms=20.0)
     record = cli.build_parser().parse_args(plan.request("record", "mm", tmp_path / "r").to_argv())
     assert (record.op, record.backend, record.device, record.dtypes, record.level, record.flagtune, record.color,
-            record.out) == ("mm", "interpreter", 2, ["fp16"], "comprehensive", "1", "never", tmp_path / "r")
+            record.named_run_dir, record.out) == ("mm", "interpreter", 2, ["fp16"], "comprehensive", "1", "never",
+                                                  tmp_path / "r", None)
     assert (record.seed, record.timer, record.l2, record.warmup_ms, record.rep_ms) == (5, "profiler", "cold", 1.5, 20.0)
     # A replay keeps the record's backend and FlagGems options: it is not given them again.
     replay = cli.build_parser().parse_args(plan.request("replay", "/runs/mm_1", tmp_path / "p").to_argv())
@@ -98,10 +103,11 @@ def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
                          flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="0")
     runner = batch.Batch(tmp_path, opts, {})
     builtin = Entry(repo="builtin", op="add", op_file="", file="ops/add.py")
-    cmd = runner._command(builtin, 1, ["fp16"], tmp_path / "a1")
+    cmd = runner._command(builtin, 1, ["fp16"], tmp_path / "a1" / "add_1")
     ns = cli.build_parser().parse_args(cmd[3:])
-    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.out, ns.color) == (
-        "record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"], tmp_path / "a1", "never")
+    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.named_run_dir,
+            ns.color) == ("record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"],
+                          tmp_path / "a1" / "add_1", "never")
     # Only a FlagGems op gets its checkout and upstream's options.
     assert (ns.flaggems_dir, ns.level, ns.flagtune) == (None, None, None)
     assert (ns.seed, ns.timer, ns.l2) == (0, "auto", "warm")  # the record's own defaults
@@ -128,3 +134,64 @@ def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
         plan_file.write_text(f"ops: [add]\n{bad}\n")
         with pytest.raises(ab.PlanError, match=message):
             ab.load_plan(plan_file)
+
+
+def test_run_dir_that_holds_anything_is_refused_in_one_line_and_left_as_it_was(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "run.json").write_text("{}")  # another run's
+    assert cli.main(["record", "softmax", "--backend", "interpreter", "--run-dir", str(taken)]) == 2
+    assert capsys.readouterr().err == (f"error: --run-dir {taken} exists and is not an empty dir: name a new or "
+                                       "empty one\n")
+    assert [p.name for p in taken.iterdir()] == ["run.json"]
+
+
+def test_run_dir_is_the_run_dir_itself_not_a_parent_and_not_with_out(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["record", "add", "--out", str(tmp_path), "--run-dir", str(tmp_path / "r")])
+    assert "--run-dir: not allowed with argument --out" in capsys.readouterr().err
+    # One A/B run's dir only: a comparison and a corpus A/B write elsewhere.
+    for argv in (["--compare", str(tmp_path / "a"), str(tmp_path / "b")], ["--ops", "add", "--devices", "0"]):
+        assert cli.main(["ab", *argv, "--run-dir", str(tmp_path / "ab")]) == 2
+        assert capsys.readouterr().err.startswith("error: --run-dir names the dir of one A/B run")
+    assert not (tmp_path / "ab").exists()
+    assert not hasattr(cli.build_parser().parse_args(["batch", "--ops", "add"]), "named_run_dir")  # --batch-dir
+
+
+def test_an_ab_reads_each_step_back_from_the_run_dir_it_named_never_a_stray_one(tmp_path, monkeypatch):
+    """A run dir dropped into a step's dir (another run's, a leftover) is not the step's: a step
+    whose child claimed nothing failed, whatever else its dir holds."""
+    named = []
+
+    def run(argv, **kwargs):
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        named.append(run_dir)
+        write_complete_run(run_dir.parent / "add_19990101-000000")  # a stray run in the step's dir
+        if "B-1" in run_dir.parts:  # B's first replay dies before it claims its run dir
+            return 1, None
+        write_complete_run(run_dir)
+        return 0, None
+
+    def unidentified(side):  # no kernel reuse: no probe of each side's Triton
+        raise ab.SideUnidentified("not probed")
+
+    monkeypatch.setattr(ab.launch, "run", lambda argv, **kw: run(argv[3:], **kw))
+    monkeypatch.setattr(ab, "side_compiler_key", unidentified)
+    plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", ""), b=ab.Side("B", ""), repeats=2, backend="interpreter")
+    runner = ab.Runner(plan, tmp_path)
+    try:
+        results = runner.run()
+    finally:
+        runner.log.close()
+    assert [d.parent.name for d in named] == ["A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert all(d.parent.parent == tmp_path / "add" and d.name.startswith("add_2") for d in named)
+    assert results["add"] == {"record": [named[0]], "A": [named[1], named[3]], "B": [named[4]]}
+    steps = runner.state["steps"]
+    assert [s["run_dir"] for s in steps] == [str(d) if i != 2 else None for i, d in enumerate(named)]
+    assert "running" not in runner.state
+
+
+def write_complete_run(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"spec": {}, "observed": {"outcome": {"status": "COMPLETE"}}}))
+    (run_dir / "results.json").write_text('{"rows": []}')

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from harness.core import rundir
+from harness.core.errors import UsageError
 
 
 def test_same_second_claims_get_suffixes(tmp_path):
@@ -242,3 +243,49 @@ def test_yaml_mapping_is_returned(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text("mm: {shapes: [[1]]}\n", encoding="utf-8")
     assert rundir.read_yaml_mapping(p, Bad, "shape file") == {"mm": {"shapes": [[1]]}}
+
+
+def test_a_named_run_dir_is_created_with_its_parents_or_taken_empty(tmp_path):
+    named = rundir.claim_named_dir(tmp_path / "a" / "b" / "run", rundir.RUN_LOG)
+    assert named == (tmp_path / "a" / "b" / "run").resolve() and [p.name for p in named.iterdir()] == [rundir.RUN_LOG]
+    (tmp_path / "empty").mkdir()
+    assert rundir.claim_named_dir(tmp_path / "empty", rundir.RUN_LOG) == (tmp_path / "empty").resolve()
+
+
+@pytest.mark.parametrize("make", [lambda p: p.mkdir() or (p / "x").write_text(""), lambda p: p.write_text("")],
+                         ids=["non-empty dir", "file"])
+def test_a_named_run_dir_that_holds_anything_is_one_error_line(tmp_path, make):
+    make(tmp_path / "taken")
+    with pytest.raises(UsageError) as info:
+        rundir.claim_named_dir(tmp_path / "taken", rundir.RUN_LOG)
+    assert str(info.value) == f"--run-dir {tmp_path / 'taken'} exists and is not an empty dir: name a new or empty one"
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "empty"])
+def test_concurrent_claims_of_one_named_dir_never_share(tmp_path, exists):
+    """Eight claimants of one path: exactly one gets it, the others are refused."""
+    path = tmp_path / "run"
+    if exists:
+        path.mkdir()
+    got, refused = [], []
+
+    def claim():
+        try:
+            got.append(rundir.claim_named_dir(path, rundir.RUN_LOG))
+        except UsageError:
+            refused.append(1)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(got), len(refused)) == (1, 7)
+
+
+def test_an_unclaimed_name_is_the_one_a_claim_would_take_now(tmp_path):
+    now = dt.datetime(2026, 11, 29, 10, 0, 0)
+    assert rundir.unclaimed_run_dir(tmp_path, "flaggems:mm", now) == tmp_path / "flaggems_mm_20261129-100000"
+    assert not (tmp_path / "flaggems_mm_20261129-100000").exists()  # named, not created
+    rundir.claim_run_dir(tmp_path, "flaggems:mm", now)
+    assert rundir.unclaimed_run_dir(tmp_path, "flaggems:mm", now).name == "flaggems_mm_20261129-100000-1"

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, load, run_dir_of
 
+from harness import cli
 from harness.core import spec as spec_mod
+from harness.core.request import MEASUREMENT
 from harness.sessions import sweep
 
 RESOURCES = REPO / "tests" / "resources"
@@ -111,7 +113,7 @@ def test_shards_compile_into_the_runs_one_cache_and_keep_the_precompile_switch(t
 
     def start(argv, log=None):
         launched.append(argv)
-        out = Path(argv[argv.index("--out") + 1]) / "softmax_x" / "autotune_records"
+        out = Path(argv[argv.index("--run-dir") + 1]) / "autotune_records"
         out.mkdir(parents=True)
         (out / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
         return Shard()
@@ -125,3 +127,36 @@ def test_shards_compile_into_the_runs_one_cache_and_keep_the_precompile_switch(t
     for argv in launched:
         assert argv[argv.index("--triton-cache") + 1] == str(cache)
         assert "--no-precompile" in argv
+
+
+def test_shards_measure_as_the_run_does_l2_included_and_are_read_back_by_name(tmp_path, monkeypatch):
+    """A shard is the record this run would make of its shapes: every measurement option, `l2`
+    too, reaches it (Triton's autotuner flushes the L2 itself as it times configs, so no pick
+    depends on --l2; the shard's own run.json then still says how its run measured). Its picks
+    are read from the run dir the sweep named, never from another dir dropped beside it."""
+    launched = []
+
+    class Shard:
+        def wait(self, timeout=None):
+            return 0
+
+    def start(argv, log=None):
+        launched.append(argv)
+        named = Path(argv[argv.index("--run-dir") + 1])
+        stray = named.parent / "softmax_19990101-000000" / "autotune_records"  # another run's, left there
+        stray.mkdir(parents=True)
+        (stray / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(8)}})))
+        (named / "autotune_records").mkdir(parents=True)
+        (named / "autotune_records" / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
+        return Shard()
+
+    monkeypatch.setattr(sweep.launch, "start", start)
+    monkeypatch.setattr(sweep, "sweep_devices", lambda backend, n: [0, 1])
+    run_spec = dataclasses.replace(spec(), seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
+    outcome = sweep.run(run_spec, [[4, 16], [8, 16], [2, 16]], 2, tmp_path, lambda line: None, tmp_path / "cache")
+    assert outcome.facts["conflicts"] == 0  # the strays' num_warps=8 were never read
+    assert load(outcome.merged)["kernels"]["k"]["[16]"]["config"]["num_warps"] == 4
+    for i, argv in enumerate(launched):
+        ns = cli.build_parser().parse_args(argv[3:])
+        assert [getattr(ns, name) for name in MEASUREMENT] == [getattr(run_spec, name) for name in MEASUREMENT]
+        assert ns.named_run_dir.parent == tmp_path / sweep.SWEEP_DIR / f"shard{i}" and ns.out is None

@@ -40,6 +40,8 @@ class RunRequest:
     precompile: bool = True
     color: str | None = None
     out: Path | None = None
+    # The run dir itself, which the child claims and the session reads back from (never a search of `out`).
+    run_dir: Path | None = None
     triton_cache: Path | None = None  # compile into this dir, kept (None: the run's private one)
 
     def __post_init__(self) -> None:
@@ -49,6 +51,8 @@ class RunRequest:
             given = [name for name in RECORD_ONLY if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"replay takes no {', '.join(given)}: it keeps the recorded ones")
+        if self.out is not None and self.run_dir is not None:
+            raise ValueError("out and run_dir: the run dir is named either under out or exactly, not both")
         if self.dtypes is not None and not self.dtypes:
             raise ValueError("dtypes: empty; None means the child's default")
         # Lists handed in become tuples: the request stays hashable and unchangeable.
@@ -82,7 +86,8 @@ class RunRequest:
             argv.append("--no-ir")
         if not self.precompile:
             argv.append("--no-precompile")
-        for flag, value in (("--color", self.color), ("--out", self.out), ("--triton-cache", self.triton_cache)):
+        for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),
+                            ("--triton-cache", self.triton_cache)):
             if value is not None:
                 argv += [flag, str(value)]
         return argv

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from harness.core.errors import UsageError
+
 RUN_JSON = "run.json"
 RESULTS_JSON = "results.json"
 SHAPES_YAML = "shapes.yaml"
@@ -24,20 +26,52 @@ RUN_LOG = "run.log"
 RECORDS_DIR = "autotune_records"
 
 
-def claim_run_dir(root: Path, op: str, now: _dt.datetime | None = None) -> Path:
-    """`root/<op>_<YYYYmmdd-HHMMSS>[-N]`: mkdir is the atomic claim, so two runs starting in the
-    same second get distinct directories instead of sharing one."""
-    root.mkdir(parents=True, exist_ok=True)
+def _candidates(root: Path, op: str, now: _dt.datetime | None):
+    """`root/<op>_<YYYYmmdd-HHMMSS>[-N]` for N = 0 (no suffix), 1, ..., the op made path-safe."""
     stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     base = f"{op.replace('/', '_').replace(':', '_')}_{stamp}"
-    for n in range(0, 10_000):
-        candidate = root / (base if n == 0 else f"{base}-{n}")
+    return (root / (base if n == 0 else f"{base}-{n}") for n in range(0, 10_000))
+
+
+def claim_run_dir(root: Path, op: str, now: _dt.datetime | None = None) -> Path:
+    """The first free name of _candidates: mkdir is the atomic claim, so two runs starting in the
+    same second get distinct directories instead of sharing one."""
+    root.mkdir(parents=True, exist_ok=True)
+    for candidate in _candidates(root, op, now):
         try:
             candidate.mkdir()
         except FileExistsError:
             continue
         return candidate
     raise RuntimeError(f"could not claim a run directory under {root}")
+
+
+def unclaimed_run_dir(root: Path, op: str, now: _dt.datetime | None = None) -> Path:
+    """The name claim_run_dir would take under `root` now, not created: a parent names its child's
+    run dir so, under a dir only it writes into, and reads back exactly that (the child claims it)."""
+    for candidate in _candidates(root, op, now):
+        if not candidate.exists():
+            return candidate
+    raise RuntimeError(f"no free run directory name under {root}")
+
+
+def claim_named_dir(path: Path, first_file: str) -> Path:
+    """Exactly `path` (resolved), the dir a parent named: created with its parents, or one that
+    exists and is empty. Creating its `first_file` exclusively is the claim, so two claimants of
+    one path never share it; a dir that holds anything is refused in one line."""
+    path = Path(path).resolve()
+    taken = UsageError(f"--run-dir {path} exists and is not an empty dir: name a new or empty one")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file
+        raise taken from None
+    if any(path.iterdir()):
+        raise taken
+    try:
+        (path / first_file).open("x").close()
+    except FileExistsError:
+        raise taken from None
+    return path
 
 
 class DiskFull(OSError):

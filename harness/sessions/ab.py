@@ -35,6 +35,7 @@ PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "fdr", "backend", "
                "level", "flagtune", "libtuner_cache", "a", "b", *MEASUREMENT}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
+LOG_FILE = "ab.log"
 
 
 class PlanError(ValueError):
@@ -86,16 +87,17 @@ class Plan:
     warmup_ms: float | None = None
     rep_ms: float | None = None
 
-    def request(self, command: str, target: str, out: Path) -> RunRequest:
-        """One step of this plan: A's record, or a replay of it, which keeps the record's backend
-        and FlagGems options."""
+    def request(self, command: str, target: str, run_dir: Path) -> RunRequest:
+        """One step of this plan, run in `run_dir`: A's record, or a replay of it, which keeps the
+        record's backend and FlagGems options."""
         record = command == "record"
         return RunRequest(command, target, backend=self.backend if record else None, device=self.device,
                           shapes=Path(self.shapes) if self.shapes else None,
                           dtypes=tuple(self.dtypes) if self.dtypes else None, ops_paths=tuple(self.ops_paths),
                           flaggems_dirs=tuple(self.flaggems_dirs), level=self.level if record else None,
                           flagtune=self.flagtune if record else None,
-                          libtuner_cache=self.libtuner_cache if record else None, color="never", out=out,
+                          libtuner_cache=self.libtuner_cache if record else None, color="never",
+                          run_dir=run_dir,
                           **({name: getattr(self, name) for name in MEASUREMENT} if record else {}))
 
 
@@ -305,7 +307,7 @@ class Runner:
     def __init__(self, plan: Plan, ab_dir: Path):
         self.plan = plan
         self.dir = ab_dir
-        self.log = open(ab_dir / "ab.log", "a", encoding="utf-8")
+        self.log = open(ab_dir / LOG_FILE, "a", encoding="utf-8")
         self.state = {"plan": dataclasses.asdict(plan), "steps": [], "complete": False}
         # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
         # so an interrupted A/B still reports what completed.
@@ -350,6 +352,10 @@ class Runner:
         (its own session: only through us), which writes its summary; then StepInterrupted."""
         request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
         print(f"{what} ...", end="", flush=True)
+        # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it).
+        self.state["running"] = {"what": what, "side": side.name, "args": request.to_argv(),
+                                 "run_dir": str(request.run_dir)}
+        self._save()
         start = time.monotonic()
         code, interrupted = launch.run(
             request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT, signal.SIGTERM),
@@ -362,11 +368,11 @@ class Runner:
         if interrupted is not None:
             raise StepInterrupted(interrupted)
         elapsed = time.monotonic() - start
-        runs = sorted(request.out.glob("*/run.json"))
-        run_dir = runs[-1].parent if runs else None
+        run_dir = request.run_dir if (request.run_dir / rundir.RUN_JSON).is_file() else None
         usable = run_dir is not None and (code == 0 or went_through(run_dir))
         said = "ok" if code == 0 else f"finished with failed rows (exit {code})" if usable else f"FAILED (exit {code})"
         print(f" {said} ({elapsed:.0f} s)", flush=True)
+        del self.state["running"]
         self.state["steps"].append({"what": what, "side": side.name, "args": request.to_argv(), "exit": code,
                                     "usable": usable, "run_dir": str(run_dir) if run_dir else None,
                                     "seconds": round(elapsed, 1)})
@@ -391,13 +397,16 @@ class Runner:
             tag = f"[{i}/{len(plan.ops)} {op}]"
             runs = results.setdefault(op, {"record": [], "A": [], "B": []})
             op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
-            record = self.step(plan.a, plan.request("record", op, op_dir / "A-record"), f"{tag} A records")
+            # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
+            record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
+            record = self.step(plan.a, plan.request("record", op, record_dir), f"{tag} A records")
             if record is None:
                 continue
             runs["record"].append(record)
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
-                    replay = self.step(side, plan.request("replay", str(record), op_dir / f"{side.name}-{r}"),
+                    replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
+                    replay = self.step(side, plan.request("replay", str(record), replay_dir),
                                        f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
                     if replay is not None:
                         runs[side.name].append(replay)
@@ -607,7 +616,10 @@ def run_from_args(args) -> int:
                       fdr=stats.FDR if args.fdr is None else checked_fdr(args.fdr))
     plan = resolve_plan(args)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
-    ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
+    if args.named_run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
+        ab_dir = rundir.claim_named_dir(args.named_run_dir, LOG_FILE)
+    else:
+        ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
           f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
     if not backends.get(plan.backend).measures_performance:

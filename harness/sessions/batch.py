@@ -157,7 +157,7 @@ def _run_facts(run_dir: Path | None) -> dict:
 
 class Batch:
     """Runs the per-op job of every selected op: a `record` (or `replay`) run here. The job's hooks
-    (`_command`, `_passed`, `_rejected`, `_stopped_in`, `_result_dir`, `_facts`, `_columns`, `tally`,
+    (`_run_dir`, `_wrote`, `_command`, `_passed`, `_rejected`, `_stopped_in`, `_facts`, `_columns`, `tally`,
     `done_line`, `summarize`) are what harness.sessions.corpus_ab.CorpusAB overrides to run a whole
     single-op A/B instead; selection, sharding, process groups, timeouts, retries and resume stay here."""
 
@@ -192,33 +192,36 @@ class Batch:
     def dir_prefix(cls, extra: dict) -> str:
         return "batch"
 
-    def _passed(self, code: int, out: Path) -> bool:
+    def _run_dir(self, entry: Entry, attempt_dir: Path) -> Path:
+        """The run dir an attempt's child claims, named here and read back from exactly there."""
+        return rundir.unclaimed_run_dir(attempt_dir, entry.op)
+
+    def _wrote(self, run_dir: Path) -> bool:
+        """Whether the attempt's child claimed its run dir and said what it ran in it."""
+        return (run_dir / rundir.RUN_JSON).is_file()
+
+    def _passed(self, code: int, run_dir: Path) -> bool:
         """Exit 0 and the outcome its run recorded COMPLETE: the status follows what the run says
         of itself."""
-        outcome = _recorded_outcome(out)
+        outcome = _recorded_outcome(run_dir)
         return code == 0 and outcome is not None and outcome.get("status") == "COMPLETE"
 
-    def _failure(self, out: Path) -> str:
-        """How a failed attempt in `out` ended, as its run recorded it ("" when it says nothing more
-        than its exit code)."""
-        outcome = _recorded_outcome(out)
+    def _failure(self, run_dir: Path) -> str:
+        """How a failed attempt ended, as its run recorded it ("" when it says nothing more than
+        its exit code)."""
+        outcome = _recorded_outcome(run_dir)
         if not outcome or outcome.get("status") != "INCOMPLETE":
             return ""
         case = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
         return (f"INCOMPLETE {outcome.get('rows_done')}/{outcome.get('rows_planned') or '?'} rows: "
                 f"{outcome.get('reason')}{case}")
 
-    def _rejected(self, code: int, out: Path) -> bool:
-        return _dtype_rejected(code, out)
+    def _rejected(self, code: int, run_dir: Path) -> bool:
+        return _dtype_rejected(code, run_dir)
 
-    def _stopped_in(self, out: Path) -> Path:
-        """The dir whose `*/run.json` is the run an attempt in `out` was in when it was killed."""
-        return out
-
-    def _result_dir(self, op_dir: Path) -> Path | None:
-        """The run dir the op's status row names: its last attempt's."""
-        runs = sorted(op_dir.glob("attempt*/*/run.json"), key=lambda p: p.stat().st_mtime)
-        return runs[-1].parent if runs else None
+    def _stopped_in(self, run_dir: Path) -> Path:
+        """The run the attempt was in when it was killed."""
+        return run_dir
 
     def _facts(self, run_dir: Path | None) -> dict:
         return _run_facts(run_dir)
@@ -240,12 +243,13 @@ class Batch:
         return f"summary: {write_summary(self.dir)}"
 
     # --- one op ----------------------------------------------------------------------------------
-    def _command(self, entry: Entry, device: int, dtypes: list[str] | None, out: Path) -> list[str] | None:
-        """The op's `python -m harness record|replay` command line; None when --replay-root has no
-        PASSed run of it to replay."""
+    def _command(self, entry: Entry, device: int, dtypes: list[str] | None, run_dir: Path) -> list[str] | None:
+        """The op's `python -m harness record|replay` command line, run in `run_dir`; None when
+        --replay-root has no PASSed run of it to replay."""
         flaggems_dirs = ((f"{entry.repo}={self.opts.flaggems_dirs[entry.repo]}",)
                          if entry.repo in self.opts.flaggems_dirs else ())
-        where = dict(ops_paths=self.opts.ops_paths, flaggems_dirs=flaggems_dirs, device=device, color="never", out=out)
+        where = dict(ops_paths=self.opts.ops_paths, flaggems_dirs=flaggems_dirs, device=device, color="never",
+                     run_dir=run_dir)
         if self.opts.replay_root is not None:
             earlier = self.replay_sources.get(entry.id, {})
             if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
@@ -298,24 +302,25 @@ class Batch:
         log_path = op_dir / "batch.log"
         notes, attempts, elapsed, codes = [], 0, 0.0, []
         dtypes = self.opts.dtypes
-        status, code = "FAIL", None
+        status, code, run_dirs = "FAIL", None, []
         while not self.stopping.is_set():
-            out = op_dir / f"attempt{attempts + 1}"
-            cmd = self._command(entry, device, dtypes, out)
+            run_dir = self._run_dir(entry, op_dir / f"attempt{attempts + 1}")
+            cmd = self._command(entry, device, dtypes, run_dir)
             if cmd is None:
                 status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
                 break
             attempts += 1
             code, seconds = self._attempt(cmd, log_path)
+            run_dirs.append(run_dir)
             elapsed += seconds
-            passed = code is not None and self._passed(code, out)
+            passed = code is not None and self._passed(code, run_dir)
             # An op that finished and passed before the stop reached it is done: a resume need not rerun it.
             if self.stopping.is_set() and not passed:
                 status = "INTERRUPTED"
                 break
             if code is None:
                 status = "TIMEOUT"
-                stopped_in = self._stopped_in(out)
+                stopped_in = self._stopped_in(run_dir)
                 what = f"timeout after {self.opts.op_timeout:.0f} s {_killed_during(stopped_in)}"
                 notes.append(f"{what} (killed, not retried)")
                 _killed_note(stopped_in, log_path, what)
@@ -323,7 +328,7 @@ class Batch:
             if passed:
                 status = "PASS"
                 break
-            if dtypes is not None and self._rejected(code, out):
+            if dtypes is not None and self._rejected(code, run_dir):
                 # Built-in ops narrow to the dtypes they take first; others go straight to the rescue.
                 accepted = [d for d in dtypes if d in self.op_dtypes.get(entry.id, ())]
                 if accepted and accepted != dtypes:
@@ -335,7 +340,7 @@ class Batch:
                 continue
             # The run's own account, so a failure that ends the same way twice (not only with the
             # same exit code: a crash's own exit number is part of its account) is deterministic.
-            failure = self._failure(out)
+            failure = self._failure(run_dir)
             said = f"exit {code}" + (f" ({failure})" if failure else "")
             codes.append((code, failure.split(" during case ")[0]))
             if code == UsageError.exit_code:  # refused before it ran: a retry is refused the same way
@@ -356,7 +361,8 @@ class Batch:
             status, note, seconds = self._triage(status, entry, device, dtypes, op_dir)
             notes.append(note)
             elapsed += seconds
-        run_dir = self._result_dir(op_dir)
+        # The row names its last attempt's run dir that was written (a later attempt may have stopped before).
+        run_dir = next((d for d in reversed(run_dirs) if self._wrote(d)), None)
         facts = self._facts(run_dir)
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
@@ -481,25 +487,25 @@ class Batch:
             child.stop(KILL_GRACE_S)
 
 
-def _recorded_outcome(attempt_dir: Path) -> dict | None:
-    """The outcome the attempt's run recorded in its run.json, or None (no run dir, none recorded)."""
-    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
+def _recorded_outcome(run_dir: Path) -> dict | None:
+    """The outcome the run recorded in its run.json, or None (no run dir, none recorded)."""
     try:
-        outcome = rundir.read_json(runs[-1]).get("observed", {}).get("outcome") if runs else None
+        outcome = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome")
     except (OSError, ValueError, AttributeError):
         return None
     return outcome if isinstance(outcome, dict) else None
 
 
-def _dtype_rejected(code: int, attempt_dir: Path) -> bool:
+def _dtype_rejected(code: int, run_dir: Path | None) -> bool:
     """Whether the attempt failed because the op does not take the dtypes asked for: ours is said
     by DtypeRejected's exit code (before any run dir exists), FlagGems' own by the child in its
     run.json (`observed.dtype_rejected`)."""
     if code == DtypeRejected.exit_code:
         return True
-    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
+    if run_dir is None:
+        return False
     try:
-        return bool(runs) and rundir.read_json(runs[-1]).get("observed", {}).get("dtype_rejected") is True
+        return rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("dtype_rejected") is True
     except (OSError, ValueError):
         return False
 
@@ -525,24 +531,24 @@ def _pytest_line(log_path: Path, code: int) -> str:
     return lines[-1].strip("= ") if lines else f"pytest exited {code}"
 
 
-def _killed_during(attempt_dir: Path) -> str:
+def _killed_during(run_dir: Path) -> str:
     """Where a timed-out attempt was when it was killed, from its run.json: `observed.running_case`,
     which the child sets as each case starts and clears once it finished normally (or the same in
     the outcome it wrote as it stopped)."""
-    runs = sorted(attempt_dir.glob(f"*/{rundir.RUN_JSON}"))
-    if not runs:
+    if not (run_dir / rundir.RUN_JSON).is_file():
         return "before its run dir was written (the op never started a case)"
-    observed = rundir.read_json(runs[-1]).get("observed", {})
+    observed = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {})
     case = observed.get("running_case") or (observed.get("outcome") or {}).get("running_case")
     if case:
         return f"during case {case}"
-    rows = _run_facts(runs[-1].parent)["rows"]
+    rows = _run_facts(run_dir)["rows"]
     return f"with no case running ({rows} row{'s' * (rows != 1)} done)" if rows else "before its first case started"
 
 
-def _killed_note(attempt_dir: Path, log_path: Path, what: str) -> None:
+def _killed_note(run_dir: Path, log_path: Path, what: str) -> None:
     """Say in the op's batch.log, and in the killed run's own run.log, why it stopped there."""
-    for log in [log_path, *sorted(attempt_dir.glob(f"*/{rundir.RUN_LOG}"))[-1:]]:
+    run_log = run_dir / rundir.RUN_LOG
+    for log in [log_path, *([run_log] if run_log.is_file() else [])]:
         with open(log, "a") as f:
             f.write(f"\nkilled by the batch's --op-timeout: {what}\n")
 

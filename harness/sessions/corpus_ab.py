@@ -31,6 +31,7 @@ from harness.sessions import ab, batch, resolve
 from reports import corpus, table
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
+AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
 # `ab` options that make it a corpus A/B (anything a batch takes beyond the single-op A/B's own).
 CORPUS_FLAGS = {"all": "--all", "ops_file": "--ops-file", "repos": "--repos", "sample": "--sample",
                 "devices": "--devices", "op_timeout": "--op-timeout", "resume": "--resume", "batch_dir": "--batch-dir",
@@ -71,10 +72,18 @@ def _plan_of(data: dict, where: str = "stored in batch.json") -> ab.Plan:
         raise UsageError(f"{exc} (a corrupt batch.json: start a new --batch-dir)") from exc
 
 
-def _ab_dir(out: Path) -> Path | None:
-    """The single-op A/B dir an attempt wrote into `out`."""
-    found = sorted(out.glob("ab_*/ab.json"))
-    return found[-1].parent if found else None
+def _steps(ab_dir: Path) -> list[dict]:
+    """A single-op A/B's steps as its ab.json lists them, in order, the one it was running last
+    included ([] before it wrote one)."""
+    path = ab_dir / AB_JSON
+    state = rundir.read_json(path) if path.is_file() else {}
+    return [*state.get("steps", []), *([state["running"]] if state.get("running") else [])]
+
+
+def _record_dir(ab_dir: Path) -> Path | None:
+    """A's record's run dir, as the A/B named it (None: the record wrote none)."""
+    record = next((s for s in _steps(ab_dir) if s["args"][0] == "record"), None)
+    return Path(record["run_dir"]) if record and record["run_dir"] else None
 
 
 def verdicts(ab_dir: Path | None) -> collections.Counter:
@@ -126,44 +135,44 @@ class CorpusAB(batch.Batch):
     def dir_prefix(cls, extra: dict) -> str:
         return f"ab-corpus_{extra['plan']['name']}"
 
-    def _command(self, entry, device: int, dtypes: list[str] | None, out: Path) -> list[str]:
-        plan_file = out.parent / PLAN_FILE
+    def _run_dir(self, entry, attempt_dir: Path) -> Path:
+        """The attempt's single-op A/B dir, `ab_<name>_<ts>` as the A/B would name it."""
+        return rundir.unclaimed_run_dir(attempt_dir, f"ab_{self.opts.plan['name']}")
+
+    def _wrote(self, run_dir: Path) -> bool:
+        return (run_dir / AB_JSON).is_file()
+
+    def _command(self, entry, device: int, dtypes: list[str] | None, run_dir: Path) -> list[str]:
+        plan_file = run_dir.parent.parent / PLAN_FILE
         rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
         target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
         argv = [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--device", str(device),
-                "--color", "never", "--out", str(out)]
+                "--color", "never", "--run-dir", str(run_dir)]
         return argv + (["--dtypes", ",".join(dtypes)] if dtypes else [])
 
-    def _passed(self, code: int, out: Path) -> bool:
+    def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""
-        ab_dir = _ab_dir(out)
-        if ab_dir is None or not (ab_dir / "report.json").is_file():
+        if not (run_dir / "report.json").is_file():
             return False
-        if not rundir.read_json(ab_dir / "ab.json").get("complete"):
+        if not rundir.read_json(run_dir / AB_JSON).get("complete"):
             return False
-        return bool(verdicts(ab_dir)) or set(self._facts(ab_dir)["statuses"]) == {"SKIPPED"}
+        return bool(verdicts(run_dir)) or set(self._facts(run_dir)["statuses"]) == {"SKIPPED"}
 
-    def _rejected(self, code: int, out: Path) -> bool:
+    def _rejected(self, code: int, run_dir: Path) -> bool:
         """A's record rejected the dtypes: the A/B's first step says so as a record run would."""
-        ab_dir = _ab_dir(out)
-        steps = rundir.read_json(ab_dir / "ab.json")["steps"] if ab_dir else []
-        record = next((s for s in steps if s["args"][0] == "record"), None)
+        record = next((s for s in _steps(run_dir) if s["args"][0] == "record" and "exit" in s), None)
         return record is not None and record["exit"] != 0 and batch._dtype_rejected(
-            record["exit"], Path(record["args"][record["args"].index("--out") + 1]))
+            record["exit"], Path(record["run_dir"]) if record["run_dir"] else None)
 
-    def _stopped_in(self, out: Path) -> Path:
-        """The step that was running: the newest step dir of the A/B."""
-        steps = [p for p in out.glob("ab_*/*/*") if p.is_dir()]
-        return max(steps, key=lambda p: p.stat().st_mtime) if steps else out
-
-    def _result_dir(self, op_dir: Path) -> Path | None:
-        found = sorted(op_dir.glob("attempt*/ab_*/ab.json"), key=lambda p: p.stat().st_mtime)
-        return found[-1].parent if found else None
+    def _stopped_in(self, run_dir: Path) -> Path:
+        """The run of the step that was running, else of the last step that wrote one (the A/B dir
+        itself before any)."""
+        named = [s["run_dir"] for s in _steps(run_dir) if s["run_dir"]]
+        return Path(named[-1]) if named else run_dir
 
     def _facts(self, run_dir: Path | None) -> dict:
         """The report's rows, flags and timers, with A's record's case statuses (SKIP)."""
-        records = sorted(run_dir.glob("*/A-record/*/run.json")) if run_dir else []
-        facts = batch._run_facts(records[-1].parent if records else None)
+        facts = batch._run_facts(_record_dir(run_dir) if run_dir else None)
         report = run_dir / "report.json" if run_dir else None
         if report is None or not report.is_file():
             return {**facts, "rows": 0, "verdicts": collections.Counter()}

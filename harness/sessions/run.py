@@ -155,22 +155,28 @@ def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
     return f"# shape file used by this run (from {source})\n" + Path(source).read_text()
 
 
-def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path | None = None) -> int:
-    """Run it; `cache_dir`: compile into that Triton cache and keep it (the session that gives it
-    shares it only among runs of one compiler), else into a private one removed after the run."""
+def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path | None = None,
+            named_dir: Path | None = None) -> int:
+    """Run it in `named_dir` exactly (--run-dir: the session that started this run reads it back
+    from there), else in a new run dir under `out`; `cache_dir`: compile into that Triton cache and
+    keep it (the session that gives it shares it only among runs of one compiler), else into a
+    private one removed after the run."""
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        return _execute(run_spec, shape_list, out, cache_dir, f"shared: {cache_dir}")
+        return _execute(run_spec, shape_list, out, named_dir, cache_dir, f"shared: {cache_dir}")
     # Private to this run (its parallel sweep's shards included): the IR collected is exactly
     # this run's, and nothing compiled by another compiler build is picked up.
     with private_dir("triton_cache") as private:
-        return _execute(run_spec, shape_list, out, private,
+        return _execute(run_spec, shape_list, out, named_dir, private,
                         f"private: {private}, removed as the run ends (if this process died first: by the next run)")
 
 
-def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path, cache_note: str) -> int:
-    root = runs_root(out)
-    run_dir = rundir.claim_run_dir(root, run_spec.op)
+def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, named_dir: Path | None, cache_dir: Path,
+             cache_note: str) -> int:
+    if named_dir is not None:
+        run_dir = rundir.claim_named_dir(named_dir, rundir.RUN_LOG)
+    else:
+        run_dir = rundir.claim_run_dir(runs_root(out), run_spec.op)
     try:
         run_spec, shape_count, planned = _write_inputs(run_dir, run_spec, shape_list)
         tee = _Tee(run_dir / rundir.RUN_LOG)

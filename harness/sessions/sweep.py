@@ -21,7 +21,7 @@ import yaml
 import backends
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
-from harness.core.request import RunRequest
+from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import tuning
 
 SWEEP_DIR = "sweep"
@@ -84,15 +84,17 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
     sweep_dir.mkdir()
     shards = round_robin(shape_list, n)
     start = time.monotonic()
-    running = []
+    running, shard_dirs = [], []
     for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
         shard_file = sweep_dir / f"shard{i}.yaml"
         shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
+        shard_dirs.append(rundir.unclaimed_run_dir(sweep_dir / f"shard{i}", run_spec.op))
+        # Measured as the run is (l2 included): a shard is the record this run would make of its shapes.
         request = RunRequest("record", run_spec.op, backend=run_spec.backend, device=device, shapes=shard_file,
-                             dtypes=run_spec.dtypes, ops_paths=run_spec.ops_paths, seed=run_spec.seed,
-                             timer=run_spec.timer, warmup_ms=run_spec.warmup_ms, rep_ms=run_spec.rep_ms, ir=False,
-                             precompile=run_spec.precompile,
-                             color="never", out=sweep_dir / f"shard{i}", triton_cache=cache_dir)
+                             dtypes=run_spec.dtypes, ops_paths=run_spec.ops_paths,
+                             **{name: getattr(run_spec, name) for name in MEASUREMENT}, ir=False,
+                             precompile=run_spec.precompile, color="never", run_dir=shard_dirs[i],
+                             triton_cache=cache_dir)
         out = open(sweep_dir / f"shard{i}.log", "w")
         # Each shard leads its own group (a Ctrl-C kills it whole) and dies with this run.
         running.append((i, launch.start(request.command_line(), log=out), out))
@@ -114,8 +116,7 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
         why = "; ".join(f"shard {i} exited {c}, its shapes were never swept" for i, c in sorted(failed.items()))
         log(f"parallel sweep refused: {why} (see {sweep_dir}); sweeping serially\n")
         return Outcome(None, {"status": "refused", "reason": why, "seconds": seconds})
-    records = [tuning.load_records(tuning.records_path(next((sweep_dir / f"shard{i}").iterdir()), run_spec.op))
-               for i in range(n)]
+    records = [tuning.load_records(tuning.records_path(shard_dir, run_spec.op)) for shard_dir in shard_dirs]
     merged, keys, conflicts = merge(records)
     merged_path = sweep_dir / "merged.json"
     rundir.atomic_write_json(merged_path, merged)
