@@ -122,8 +122,8 @@ def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
     plan_file.write_text("ops: [add]\ntimer: profiler\nl2: cold\nseed: 3\nwarmup_ms: 5\n")
     plan = ab.load_plan(plan_file)
     assert (plan.timer, plan.l2, plan.seed, plan.warmup_ms, plan.rep_ms) == ("profiler", "cold", 3, 5, None)
-    args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "interpreter", "--l2", "warm",
-                                          "--rep-ms", "7"])
+    # A backend with a device profiler (the interpreter refuses --timer profiler before anything runs).
+    args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "cuda", "--l2", "warm", "--rep-ms", "7"])
     resolved = ab.resolve_plan(args)  # the command line over the plan, the rest kept
     assert (resolved.timer, resolved.l2, resolved.seed, resolved.warmup_ms, resolved.rep_ms) == (
         "profiler", "warm", 3, 5, 7.0)
