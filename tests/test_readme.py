@@ -1,0 +1,189 @@
+"""Every README example runs as written where a CPU can run it: the command lines of README.md's
+code blocks are each either run here, on the interpreter, or listed in NOT_RUN_HERE with the
+reason, so a new example fails this test until it is classified."""
+
+import re
+import shlex
+
+import pytest
+import yaml
+from conftest import REPO, run_dir_of, run_harness
+
+from harness.providers import shapes
+from ops import Operator
+
+README = REPO / "README.md"
+# The programs a README command line starts with; a code block's other lines (the layout tree) are
+# not commands.
+COMMAND = re.compile(r"(nox|python3?|pip|ray|\.|\.ci/\S+)(\s|$)")
+FENCE = "```"
+
+NOT_RUN_HERE = {
+    "python3 -m venv .venv": "makes the environment this test already runs in",
+    ". .venv/bin/activate": "enters the environment this test already runs in",
+    "pip install nox torch==2.13.0 triton": "downloads torch and triton (GBs) from the network; this "
+                                            "environment has them",
+    "nox -s tests": "the whole test suite, this test included",
+    "nox -s ab": "too long for CI: 5 ops, 35 steps, about 3.5 min on the interpreter",
+    "nox -s ab -- ops/ab_mma_v3.yaml --flaggems-dir ~/FlagGems": "needs a FlagGems checkout",
+    "nox -s ab -- --ops softmax mm --b-env KEY=VAL --repeats 5": "too long for CI: 2 ops, 22 steps on the "
+                                                                 "interpreter (the default plan's 35: 3.5 min)",
+    "nox -s ab -- ops/ab_f32_ieee.yaml --all --flaggems-dir ~/FlagGems --devices 0,1,2,3":
+        "needs a FlagGems checkout and 4 devices",
+    "nox -s ab -- --ops softmax builtin:mm flaggems:softmax_backward@softmax --b-python /opt/b/bin/python "
+    "--devices 0,1": "needs a FlagGems checkout and a second compiler build at /opt/b",
+    "nox -s ab -- --resume --batch-dir runs/ab-corpus_f32-ieee_<ts>": "resumes the corpus A/B above, which "
+                                                                      "needs a FlagGems checkout",
+    "nox -s batch -- --all --backend cuda": "needs a cuda GPU",
+    "nox -s batch -- --all --flaggems-dir ~/FlagGems --flaggems-dir vllm=~/FlagGems-vllm":
+        "needs FlagGems checkouts",
+    "nox -s batch -- --ops softmax builtin:mm flaggems:softmax_backward@softmax --flaggems-dir ~/FlagGems "
+    "--devices 0,1": "needs a FlagGems checkout",
+    "nox -s batch -- --all --timer profiler --l2 cold": "the profiler timer needs a device profiler (cuda, "
+                                                        "rocm); the interpreter refuses it",
+    ".ci/slurm-up": "needs root and Slurm; tests/test_slurm_executor.py runs it (marker cluster)",
+    "nox -s batch -- --ops softmax add --backend interpreter --executor slurm --batch-dir runs/b_slurm":
+        "needs the Slurm of .ci/slurm-up; tests/test_slurm_executor.py runs it (marker cluster)",
+    "nox -s batch -- --resume --batch-dir runs/b_slurm": "resumes the Slurm batch above; "
+                                                         "tests/test_slurm_executor.py runs it (marker cluster)",
+    "ray start --head --port 6379 --num-cpus 1 --include-dashboard false":
+        "starts a Ray cluster; tests/test_ray_executor.py runs it (marker cluster)",
+    "ray start --address 127.0.0.1:6379 --num-cpus 1": "joins the Ray cluster above; tests/test_ray_executor.py "
+                                                       "runs it (marker cluster)",
+    "nox -s batch -- --ops softmax add --backend interpreter --executor ray --ray-address 127.0.0.1:6379":
+        "needs the Ray cluster above; tests/test_ray_executor.py runs it (marker cluster)",
+    "nox -s record -- flaggems:softmax --flaggems-dir ~/FlagGems": "needs a FlagGems checkout",
+    "nox -s record -- flaggems:softmax_backward@softmax --flaggems-dir ~/FlagGems": "needs a FlagGems checkout",
+    "nox -s record -- ~/FlagGems/benchmark/test_mm.py::test_mm --shapes my.yaml": "needs a FlagGems checkout",
+    "nox -s record -- vllm:fused_moe --flaggems-dir vllm=~/FlagGems-vllm": "needs a FlagGems-vllm checkout",
+}
+
+# The commands run here, in this order (a placeholder is filled from an earlier one's output), each
+# with its exit code and a pattern of its last line.
+RUN_HERE = {
+    "nox -s record -- softmax --backend interpreter": (0, r"record ok: 4/4 rows; run dir: "),
+    "nox -s replay -- runs/mm_20261129-101500": (0, r"replay ok: 4/4 rows; run dir: "),
+    "nox -s ab -- --compare RUN_A RUN_B": (0, r"report: .*report\.json"),
+    "nox -s ab -- ops/ab_f32_ieee.yaml": (0, r"report: .*report\.json"),
+    "nox -s batch -- --ops-file my_ops.txt --op-timeout 600 --dtypes bf16": (0, r"done: SKIP 1; summary: "),
+    "nox -s batch -- --all --replay-root runs/batch_<ts>": (0, r"done: PASS 5; summary: "),
+    "nox -s batch -- --resume --batch-dir runs/batch_<ts>": (0, r"done: PASS 5; summary: "),
+    "nox -s ab -- --compare BATCH_A BATCH_B": (0, r"report: .*report\.json"),
+}
+
+
+def code_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """README's code blocks as (language, lines): fenced ones, and indented ones (four spaces after a
+    blank line), which a newcomer copies from just the same."""
+    blocks, fenced, indented, previous = [], None, None, ""
+    for line in text.splitlines():
+        if fenced is not None:
+            if line.startswith(FENCE):
+                blocks.append(fenced)
+                fenced = None
+            else:
+                fenced[1].append(line)
+        elif line.startswith(FENCE):
+            fenced = (line[len(FENCE):].strip(), [])
+        elif line.startswith("    ") and (indented is not None or not previous.strip()):
+            indented = indented or ("", [])
+            indented[1].append(line)
+        elif indented is not None:
+            blocks.append(indented)
+            indented = None
+        previous = line
+    return blocks
+
+
+def readme_commands() -> list[str]:
+    """The command lines of README's shell blocks, comments dropped, `a && b` as two, each once."""
+    commands = []
+    for language, lines in code_blocks(README.read_text()):
+        if language in ("python", "yaml"):
+            continue
+        for line in lines:
+            for part in re.sub(r"\s+#.*$", "", line.strip()).split("&&"):
+                if COMMAND.match(part.strip()) and part.strip() not in commands:
+                    commands.append(part.strip())
+    return commands
+
+
+def test_every_readme_command_is_run_here_or_says_why_not():
+    commands = readme_commands()
+    assert "nox -s record -- softmax --backend interpreter" in commands  # the extraction finds the main job
+    unclassified = [c for c in commands if c not in RUN_HERE and c not in NOT_RUN_HERE]
+    assert not unclassified, f"README commands neither run by this test nor listed in NOT_RUN_HERE: {unclassified}"
+    assert not set(RUN_HERE) & set(NOT_RUN_HERE)
+    stale = [c for c in [*RUN_HERE, *NOT_RUN_HERE] if c not in commands]
+    assert not stale, f"classified commands that README no longer shows: {stale}"
+
+
+def harness_argv(command: str, filled: dict[str, str], out_dir) -> list[str]:
+    """`command` as `python -m harness` arguments: `nox -s X -- ARGS` runs exactly `python -m harness X
+    ARGS` (tests/test_noxfile.py covers nox itself), so nox's start-up is saved. Placeholders are
+    filled; a command that picks a backend gets the interpreter (what a CPU box has) unless it names
+    one, and its output goes under `out_dir`, not into the checkout."""
+    words = shlex.split(command)
+    assert words[:2] == ["nox", "-s"], command
+    args = [words[2], *words[4:]]
+    args = [filled.get(word, word) for word in args]
+    session = args[0]
+    if session == "batch":
+        if "--batch-dir" not in args:
+            args += ["--batch-dir", str(out_dir / "batch")]
+    else:
+        args += ["--out", str(out_dir)]
+    picks_a_backend = session in ("record", "ab", "batch") and not {"--compare", "--resume"} & set(args)
+    if picks_a_backend and "--backend" not in args:
+        args += ["--backend", "interpreter"]
+    return args
+
+
+def batch_dir_of(proc) -> str:
+    return next(line.split("batch dir: ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("batch dir: "))
+
+
+@pytest.mark.e2e
+def test_readme_commands_run_as_written(tmp_path):
+    ops_file = tmp_path / "my_ops.txt"
+    ops_file.write_text("softmax\n")
+    # runs/batch_<ts> names an earlier batch of every op; README's own `--all` screens need a GPU or
+    # FlagGems, so the test screens the built-in corpus on the interpreter for it.
+    earlier = run_harness("batch", "--all", "--backend", "interpreter", "--batch-dir", tmp_path / "batch_all")
+    assert earlier.returncode == 0, earlier.stdout + earlier.stderr
+    filled = {"my_ops.txt": str(ops_file), "runs/batch_<ts>": str(tmp_path / "batch_all"),
+              "BATCH_A": str(tmp_path / "batch_all")}
+    for step, (command, (exit_code, last_line)) in enumerate(RUN_HERE.items()):
+        proc = run_harness(*harness_argv(command, filled, tmp_path / f"step{step}"))
+        shown = f"{command}\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == exit_code, shown
+        assert re.match(last_line, proc.stdout.strip().splitlines()[-1]), shown
+        if command.startswith("nox -s record"):
+            filled["runs/mm_20261129-101500"] = filled["RUN_A"] = str(run_dir_of(proc))
+        elif command.startswith("nox -s replay"):
+            filled["RUN_B"] = str(run_dir_of(proc))
+        elif "--replay-root" in command:
+            filled["BATCH_B"] = batch_dir_of(proc)
+
+
+def readme_block(language: str) -> str:
+    (lines,) = [lines for lang, lines in code_blocks(README.read_text()) if lang == language]
+    return "\n".join(lines) + "\n"
+
+
+def test_readme_shape_file_example_reads_as_a_shape_file(tmp_path):
+    example = tmp_path / "example.yaml"
+    example.write_text(readme_block("yaml"))
+    default_keys = set(yaml.safe_load((REPO / "shapes" / "default.yaml").read_text()))
+    assert set(yaml.safe_load(example.read_text())) <= default_keys
+    assert shapes.resolve(example, "softmax", ()) == ("softmax", [[1024, 1024], [64, 512]], ["bf16", "fp16"])
+
+
+def test_readme_operator_example_builds_an_operator():
+    import torch
+
+    # What the example leaves to the reader: its baseline and its candidate.
+    namespace = {"torch": torch, "torch_reference": torch.neg, "my_triton_impl": torch.neg}
+    exec(compile(readme_block("python"), "README.md", "exec"), namespace)
+    my_op = namespace["my_op"]
+    assert isinstance(my_op, Operator) and my_op.name == "my_op" and my_op.shape_keys == ("pointwise",)
