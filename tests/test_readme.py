@@ -26,8 +26,9 @@ NOT_RUN_HERE = {
     "nox -s tests": "the whole test suite, this test included",
     "nox -s ab": "too long for CI: 5 ops, 35 steps, about 3.5 min on the interpreter",
     "nox -s ab -- ops/ab_mma_v3.yaml --flaggems-dir ~/FlagGems": "needs a FlagGems checkout",
-    "nox -s ab -- --ops softmax mm --b-env KEY=VAL --repeats 5": "too long for CI: 2 ops, 22 steps on the "
-                                                                 "interpreter (the default plan's 35: 3.5 min)",
+    "nox -s ab -- --ops softmax mm --b-env KEY=VAL --repeats 5": "too long for CI: 22 steps, 2.7 min on "
+                                                                 "the interpreter (tests/test_ab.py runs --b-env "
+                                                                 "ad hoc A/Bs at 2 repeats)",
     "nox -s ab -- ops/ab_f32_ieee.yaml --all --flaggems-dir ~/FlagGems --devices 0,1,2,3":
         "needs a FlagGems checkout and 4 devices",
     "nox -s ab -- --ops softmax builtin:mm flaggems:softmax_backward@softmax --b-python /opt/b/bin/python "
