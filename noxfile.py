@@ -24,6 +24,13 @@ import nox
 import nox.command
 
 nox.options.default_venv_backend = "none"
+# A bare `nox` runs the project's own checks; the benchmark sessions and mutants run when named. Not
+# when listing: nox's JSON listing holds only the sessions a bare run selects, and `nox -l --json` must
+# list every session (CI builds its job matrix from it).
+_nox_args = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
+if not any(arg in ("--list", "--list-sessions", "--json") or re.fullmatch(r"-[a-zA-Z]*l[a-zA-Z]*", arg)
+           for arg in _nox_args):
+    nox.options.sessions = ["tests", "lint"]
 
 HERE = Path(__file__).resolve().parent
 DEPS_DIR = HERE / ".nox" / "deps"

@@ -44,6 +44,17 @@ def test_session_list_as_json():
     assert {name for name, s in sessions.items() if "ci" in s["tags"]} == {"tests", "lint"}
 
 
+@pytest.mark.parametrize("argv,selected", [([], ["tests", "lint"]), (["-s", "record"], ["tests", "lint"]),
+                                            (["-l", "--json"], None), (["--list"], None), (["-l"], None)])
+def test_a_bare_nox_runs_the_checks_and_a_listing_shows_every_session(argv, selected):
+    # What the noxfile leaves nox to select when no session is named (-s overrides it in nox itself).
+    code = ("import runpy, sys; import nox; sys.argv = ['nox', *sys.argv[1:]]; runpy.run_path('noxfile.py'); "
+            "print(nox.options.sessions)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(selected)
+
+
 def test_a_session_ends_with_the_harness_s_own_exit_code():
     # 2, bad input: nox on its own turns every failure into 1.
     direct = subprocess.run([sys.executable, "-m", "harness", "record", "--backend", "no-such"], cwd=REPO,
