@@ -88,13 +88,15 @@ def test_each_op_runs_its_whole_ab_on_its_own_device(corpus, tmp_path):
 
 @pytest.mark.e2e
 def test_an_op_past_its_timeout_is_killed_with_its_steps(corpus, tmp_path):
-    proc = corpus("--ops", "hang_op", "--devices", "1", "--op-timeout", "25")
+    # Long enough for A's record to reach its first case on a loaded 2-core box (two processes start
+    # before it: the op's guard and the record's child), so the timeout names the case it killed.
+    proc = corpus("--ops", "hang_op", "--devices", "1", "--op-timeout", "60")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1, out
     d = next((tmp_path / "out").iterdir())
     st = statuses(d)["hang_op"]
     assert st["status"] == "TIMEOUT" and st["device"] == "1" and st["attempts"] == "1"
-    assert st["notes"].startswith("timeout after 25 s during case fp32-")
+    assert st["notes"].startswith("timeout after 60 s during case fp32-")
     assert st["notes"].endswith("(killed, not retried)")
     hang_ab = next((d / "ops" / "path__hang_op" / "attempt1").glob("ab_*"))
     assert _step_devices(hang_ab) == {"A-record": 1}
