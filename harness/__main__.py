@@ -6,10 +6,10 @@ import os
 import signal
 import sys
 
-from harness.core import deps, launch, paths
-
 
 def _run() -> int:
+    from harness.core import deps, paths
+
     if not paths.SHAPES_DIR.is_dir():
         # Run dirs, shapes and operators are found beside the sources: a copy in site-packages has none.
         print(f"error: zl_bench runs from its checkout, and {paths.REPO_ROOT} has no shapes/ (not an editable "
@@ -28,13 +28,16 @@ def _run() -> int:
 
 
 def main() -> None:
-    # The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving it.
-    # Ours alone: a process we start has its own tie to us.
-    session = os.environ.pop(launch.END_WITH_ENV, None)
-    if session:
-        launch.end_with(int(session))
-    launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
     try:
+        # Imported here, under the handler: a Ctrl-C while the harness imports is one line too.
+        from harness.core import launch
+
+        # The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving
+        # it. Ours alone: a process we start has its own tie to us.
+        session = os.environ.pop(launch.END_WITH_ENV, None)
+        if session:
+            launch.end_with(int(session))
+        launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
         sys.exit(_run())
     except KeyboardInterrupt as exc:
         # A Ctrl-C (or a SIGTERM raised as one: launch.Stopped) where no command handles it: while

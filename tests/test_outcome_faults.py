@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +38,14 @@ def start(*args, **extra) -> subprocess.Popen:
     """In its own session, as a terminal's foreground job is its own process group."""
     return subprocess.Popen([sys.executable, "-m", "harness", *map(str, args)], cwd=REPO, env=env(**extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _maps(pid: int) -> str:
+    """What the process has mapped (its loaded libraries)."""
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
 
 
 def shapes_file(tmp_path: Path, op: str, shapes=((4,), (8,))) -> Path:
@@ -134,7 +141,10 @@ def test_ctrl_c_while_a_module_imports_is_one_line(tmp_path):
 
 def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     proc = start("record", "add", "--backend", "interpreter", "--out", tmp_path / "runs")
-    time.sleep(0.3)  # importing the harness: long before any child or run dir
+    # Once the harness is importing (launch, the first module its handler covers, loads ctypes), long
+    # before any child or run dir. Not a fixed delay: on a loaded box 0.3 s can fall within Python's own
+    # start-up, where a SIGINT ends any process outright before a line of ours has run.
+    assert wait_for(lambda: "/_ctypes." in _maps(proc.pid), 60, interval=0.01), proc.communicate(timeout=5)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
