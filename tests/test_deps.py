@@ -8,7 +8,7 @@ from conftest import REPO
 
 import noxfile
 from harness import __main__ as entry
-from harness.core import deps
+from harness.core import deps, paths
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -29,7 +29,7 @@ def test_the_command_is_the_harness_entry_point():
 
 
 def test_a_copy_away_from_its_checkout_refuses_in_one_line(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(entry.paths, "SHAPES_DIR", tmp_path / "shapes")
+    monkeypatch.setattr(paths, "SHAPES_DIR", tmp_path / "shapes")
     assert entry._run() == 2
-    assert capsys.readouterr().err == (f"error: zl_bench runs from its checkout, and {entry.paths.REPO_ROOT} has no "
+    assert capsys.readouterr().err == (f"error: zl_bench runs from its checkout, and {paths.REPO_ROOT} has no "
                                        "shapes/ (not an editable install?): pip install -e CHECKOUT\n")
