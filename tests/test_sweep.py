@@ -102,9 +102,9 @@ def test_one_shape_sweeps_serially(harness, tmp_path):
     assert "parallel sweep refused: fewer than 2 shapes (1); sweeping serially" in proc.stdout
 
 
-def test_shards_compile_into_the_runs_one_cache_and_keep_the_precompile_switch(tmp_path, monkeypatch):
-    """Every shard gets the run's Triton cache (what one shard compiled is a hit for the others and
-    for the measurement), and the run's --no-precompile."""
+def _fake_shards(monkeypatch, write) -> list:
+    """Two devices, and shards that exit 0 at once after `write(their named run dir)`; the argv each
+    was started with, in order."""
     launched = []
 
     class Shard:
@@ -113,13 +113,22 @@ def test_shards_compile_into_the_runs_one_cache_and_keep_the_precompile_switch(t
 
     def start(argv, log=None):
         launched.append(argv)
-        out = Path(argv[argv.index("--run-dir") + 1]) / "autotune_records"
-        out.mkdir(parents=True)
-        (out / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
+        write(Path(argv[argv.index("--run-dir") + 1]))
         return Shard()
 
     monkeypatch.setattr(sweep.launch, "start", start)
     monkeypatch.setattr(sweep, "sweep_devices", lambda backend, n: [0, 1])
+    return launched
+
+
+def test_shards_compile_into_the_runs_one_cache_and_keep_the_precompile_switch(tmp_path, monkeypatch):
+    """Every shard gets the run's Triton cache (what one shard compiled is a hit for the others and
+    for the measurement), and the run's --no-precompile."""
+    def write(named: Path) -> None:
+        (named / "autotune_records").mkdir(parents=True)
+        (named / "autotune_records" / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
+
+    launched = _fake_shards(monkeypatch, write)
     cache = tmp_path / "cache"
     run_spec = dataclasses.replace(spec(), precompile=False)
     outcome = sweep.run(run_spec, [[4, 16], [8, 16], [2, 16]], 2, tmp_path, lambda line: None, cache)
@@ -134,24 +143,14 @@ def test_shards_measure_as_the_run_does_l2_included_and_are_read_back_by_name(tm
     too, reaches it (Triton's autotuner flushes the L2 itself as it times configs, so no pick
     depends on --l2; the shard's own run.json then still says how its run measured). Its picks
     are read from the run dir the sweep named, never from another dir dropped beside it."""
-    launched = []
-
-    class Shard:
-        def wait(self, timeout=None):
-            return 0
-
-    def start(argv, log=None):
-        launched.append(argv)
-        named = Path(argv[argv.index("--run-dir") + 1])
+    def write(named: Path) -> None:
         stray = named.parent / "softmax_19990101-000000" / "autotune_records"  # another run's, left there
         stray.mkdir(parents=True)
         (stray / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(8)}})))
         (named / "autotune_records").mkdir(parents=True)
         (named / "autotune_records" / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
-        return Shard()
 
-    monkeypatch.setattr(sweep.launch, "start", start)
-    monkeypatch.setattr(sweep, "sweep_devices", lambda backend, n: [0, 1])
+    launched = _fake_shards(monkeypatch, write)
     run_spec = dataclasses.replace(spec(), seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
     outcome = sweep.run(run_spec, [[4, 16], [8, 16], [2, 16]], 2, tmp_path, lambda line: None, tmp_path / "cache")
     assert outcome.facts["conflicts"] == 0  # the strays' num_warps=8 were never read
