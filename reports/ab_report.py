@@ -21,11 +21,11 @@ from tabulate import tabulate
 
 from harness.core import rundir
 from reports import explain, stats, table
-from reports.compare import PairedRow, Summary
+from reports.compare import PairedRow, Summary, factor_line
 
 # 2: a row's comparison carries margin, sd, dof, p and q (format 1: a noise floor); the summary fdr
-# and resolution.
-REPORT_FORMAT = 2
+# and resolution. 3: a row carries process_factor (compare.process_factors).
+REPORT_FORMAT = 3
 HEADERS = ["op", "dtype", "shape", "A ms (gm)", "B ms (gm)", "B/A", "95% CI", "verdict", "control B/A", "flags"]
 
 
@@ -113,6 +113,9 @@ def headline(summary: Summary, warnings: list[str], context: dict, note: str | N
     if note is None:
         lines.append(summary.fdr_line())
         lines += summary.resolution_lines()
+        factors = factor_line(list(rows))
+        if factors:
+            lines.append(factors)
         if context.get("calibration"):
             lines.append(context["calibration"])
     if summary.excluded:
@@ -187,6 +190,7 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                   "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
                   "config_differs": r.config_differs, "throttled": r.throttled, "kernels": r.kernels,
                   "errors": r.errors, "what_changed": _what_changed(r, what_changed),
+                  "process_factor": r.process_factor,
                   "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
     return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context, note)]
 

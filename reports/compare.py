@@ -63,6 +63,11 @@ class PairedRow:
     single: bool = False
     # Per side: repeats left out of the comparison as outliers (stats.drop_outliers).
     dropped: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    # Per side: the run dir (the process) each latency of a_ms / b_ms came from; empty for a single run.
+    a_procs: list[str] = dataclasses.field(default_factory=list)
+    b_procs: list[str] = dataclasses.field(default_factory=list)
+    # How much of its processes' speed factor was taken out of its latencies (process_factors); None: none.
+    process_factor: float | None = None
 
     @property
     def label(self) -> str:
@@ -148,12 +153,14 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
     """Rows of both sides paired by (op, dtype, shape). `expected`: repeats planned per side;
     a row with fewer successful runs on a side is flagged incomplete (default: the runs given).
     `performance`: whether the timings are performance numbers; if not, every verdict is n/a."""
-    side_rows = {"a": [load_rows(d) for d in a_runs], "b": [load_rows(d) for d in b_runs]}
+    side_rows = {"a": [(str(d), load_rows(d)) for d in a_runs], "b": [(str(d), load_rows(d)) for d in b_runs]}
     single = len(a_runs) == 1 and len(b_runs) == 1
-    keys = list(dict.fromkeys(k for runs in side_rows.values() for rows in runs for k in rows))
+    keys = list(dict.fromkeys(k for runs in side_rows.values() for _, rows in runs for k in rows))
     paired = []
     for key in keys:
-        got = {s: [rows[key] for rows in runs if key in rows] for s, runs in side_rows.items()}
+        got = {s: [rows[key] for _, rows in runs if key in rows] for s, runs in side_rows.items()}
+        procs = {s: [d for d, rows in runs if key in rows and rows[key]["status"] == "SUCCESS"]
+                 for s, runs in side_rows.items()}
         want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
         if all(len(rs) == want[s] and all(r["status"] == "SKIPPED" for r in rs) for s, rs in got.items()):
             # Declined by the op (or the backend) in every run of both sides: nothing was measured to
@@ -182,13 +189,132 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
             throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
             kernels={s: rs[0]["kernels"] for s, rs in ok.items() if rs and rs[0].get("kernels")},
-            errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs}, single=single)
+            errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs}, single=single,
+            a_procs=[] if single else procs["a"], b_procs=[] if single else procs["b"])
         if row.a_ms and row.b_ms:
             row.comparison = stats.compare(row.a_ms, row.b_ms, margin=SINGLE_RUN_MARGIN if single else stats.MARGIN)
             if not performance:
                 row.comparison = dataclasses.replace(row.comparison, verdict=stats.NOT_APPLICABLE)
         paired.append(row)
     return paired
+
+
+# Latency bands of the power table (upper bounds in ms; the last is open).
+BANDS = ((0.005, "< 5 us"), (0.010, "5-10 us"), (0.030, "10-30 us"), (0.100, "30-100 us"), (1.0, "0.1-1 ms"),
+         (math.inf, ">= 1 ms"))
+
+
+def band(latency_ms: float) -> str:
+    """The label of the latency band a latency falls in."""
+    return next(label for upper, label in BANDS if latency_ms < upper)
+
+
+# Every kernel a process times runs a little faster or slower with that process (its clocks, where its
+# memory landed): on an H200, the replays of a copy kernel moved together by up to 0.6% per process,
+# and torch's own copy, timed in the same processes, moved with them (correlation 0.95). The torch
+# baseline measures that factor: it is timed beside the candidate, and the compiler under test does
+# not move it. Estimating it needs this many rows with a baseline in every process of their op.
+MIN_FACTOR_ROWS = 4
+
+
+def _processes(rows: list[PairedRow]) -> list[list[PairedRow]]:
+    """The rows grouped by the processes they were timed in (an op's run dirs): rows that share
+    any process are one group, also where a row failed in some of them."""
+    parent: dict[str, str] = {}
+
+    def root(p: str) -> str:
+        while parent.setdefault(p, p) != p:
+            parent[p] = parent[parent[p]]
+            p = parent[p]
+        return p
+
+    timed = [r for r in rows if r.a_procs and r.b_procs]
+    for r in timed:
+        first, *rest = r.a_procs + r.b_procs
+        for p in rest:
+            parent[root(p)] = root(first)
+    groups: dict[str, list[PairedRow]] = collections.defaultdict(list)
+    for r in timed:
+        groups[root(r.a_procs[0])].append(r)
+    return list(groups.values())
+
+
+def _in_order(r: PairedRow, a: list[float], b: list[float], procs: list[str]) -> list[float]:
+    """A row's values of both sides, per process, in the order of `procs`."""
+    by_proc = dict(zip(r.a_procs + r.b_procs, a + b, strict=True))
+    return [by_proc[p] for p in procs]
+
+
+def _within_sides(m: np.ndarray, n_a: int) -> np.ndarray:
+    """Log latencies (rows x processes, A's first) less each side's mean: no A/B change is left in them."""
+    return np.concatenate([m[..., :n_a] - m[..., :n_a].mean(-1, keepdims=True),
+                           m[..., n_a:] - m[..., n_a:].mean(-1, keepdims=True)], -1)
+
+
+def process_factors(rows: list[PairedRow]) -> dict[tuple[str, str], float]:
+    """Per process (run dir) and latency band: the log speed factor to take out of the candidate
+    latencies it timed. Per op (rows timed in the same processes) and band (a few-us kernel, bound by
+    its launch, need not move with its process as a 0.5 ms copy does): a process's offset is the
+    median over the rows of its baseline's log latency less that row's mean over every process of
+    both sides; how strongly the candidates follow the offsets (beta, at least 0) is fitted on the
+    deviations within each side, which hold no A/B change, each row weighted by its noise (a row
+    quieter than the median counts as the median: a lucky row does not steer beta). Sets each
+    adjusted row's process_factor to its beta. Rows of a band with fewer than MIN_FACTOR_ROWS rows
+    complete with baselines, or under 2 processes a side, keep their latencies."""
+    factors: dict[tuple[str, str], float] = {}
+    for group in _processes(rows):
+        a_procs = sorted({p for r in group for p in r.a_procs})
+        b_procs = sorted({p for r in group for p in r.b_procs})
+        if len(a_procs) < 2 or len(b_procs) < 2:
+            continue
+        by_band = collections.defaultdict(list)
+        for r in group:
+            by_band[band(stats.center(r.a_ms))].append(r)
+        for label, members in by_band.items():
+            full = [r for r in members if sorted(r.a_procs) == a_procs and sorted(r.b_procs) == b_procs
+                    and len(r.a_control_ms) == len(a_procs) and len(r.b_control_ms) == len(b_procs)
+                    and all(x is not None and x > 0 for x in r.a_control_ms + r.b_control_ms)]
+            if len(full) < MIN_FACTOR_ROWS:
+                continue
+            beta, offset = _fit_factor(full, a_procs, b_procs)
+            factors.update({(p, label): x for p, x in zip(a_procs + b_procs, (beta * offset).tolist(), strict=True)})
+            for r in members:
+                r.process_factor = beta
+    return factors
+
+
+def _fit_factor(full: list[PairedRow], a_procs: list[str], b_procs: list[str]) -> tuple[float, np.ndarray]:
+    """(beta, the processes' log offsets, A's first): see process_factors."""
+    order = a_procs + b_procs
+    control = np.log([_in_order(r, r.a_control_ms, r.b_control_ms, order) for r in full])
+    offset = np.median(control - control.mean(axis=1, keepdims=True), axis=0)
+    dev = _within_sides(np.log([_in_order(r, r.a_ms, r.b_ms, order) for r in full]), len(a_procs))
+    follows = _within_sides(offset, len(a_procs))
+    noise = (dev ** 2).mean(axis=1)
+    weight = 1 / np.maximum(noise, max(float(np.median(noise)), stats.MIN_VARIANCE))
+    scale = float(follows @ follows)
+    beta = max(0.0, float((weight * (dev @ follows)).sum() / (weight.sum() * scale))) if scale > 0 else 0.0
+    return beta, offset
+
+
+def factor_line(rows: list[PairedRow]) -> str | None:
+    """The headline's word on process_factors: how many rows had their processes' factor taken out."""
+    adjusted = [r for r in rows if r.process_factor is not None]
+    if not adjusted:
+        return None
+    betas = sorted({r.process_factor for r in adjusted})
+    return (f"process speed factor (each process's torch baseline) taken out of {len(adjusted)} of {len(rows)} rows; "
+            f"how closely the candidates followed it: {betas[0]:.2f}" + (f"-{betas[-1]:.2f}" if len(betas) > 1 else ""))
+
+
+def _adjusted(r: PairedRow, factors: dict[tuple[str, str], float]) -> tuple[list[float], list[float]]:
+    """The row's latencies of both sides with its processes' factors taken out (as they are where
+    the processes are unknown)."""
+    if not (r.a_procs and r.b_procs):
+        return r.a_ms, r.b_ms
+    label = band(stats.center(r.a_ms))
+    return tuple([x * math.exp(-factors.get((p, label), 0.0)) for x, p in zip(ms, procs, strict=True)]
+                 for ms, procs in ((r.a_ms, r.a_procs), (r.b_ms, r.b_procs)))
 
 
 def judge(rows: list[PairedRow], fdr: float = stats.FDR) -> None:
@@ -201,24 +327,27 @@ def judge(rows: list[PairedRow], fdr: float = stats.FDR) -> None:
     SINGLE_RUN_MARGIN and its variance is its own."""
     judged = [r for r in rows if r.comparison is not None and r.comparison.verdict != stats.NOT_APPLICABLE]
     repeated = [r for r in judged if not r.single]
+    factors = process_factors(repeated)
+    timed = {id(r): _adjusted(r, factors) for r in repeated}
     pool = [r for r in repeated if not r.flags]
-    variances, dofs = zip(*[stats.residual(r.a_ms, r.b_ms) for r in pool], strict=True) if pool else ((), ())
-    model = stats.PriorModel(variances, dofs, [stats.center(r.a_ms) for r in pool])
+    variances, dofs = zip(*[stats.residual(*timed[id(r)]) for r in pool], strict=True) if pool else ((), ())
+    model = stats.PriorModel(variances, dofs, [stats.center(timed[id(r)][0]) for r in pool])
     for r in judged:
         if r.single:
             r.comparison = stats.compare(r.a_ms, r.b_ms, margin=SINGLE_RUN_MARGIN)
             continue
-        prior = model.at(stats.center(r.a_ms))
-        (a, dropped_a), (b, dropped_b) = stats.drop_outliers(r.a_ms, prior), stats.drop_outliers(r.b_ms, prior)
-        r.dropped = {side: x for side, x in (("a", dropped_a), ("b", dropped_b)) if x}
+        a_ms, b_ms = timed[id(r)]
+        prior = model.at(stats.center(a_ms))
+        (a, dropped_a), (b, dropped_b) = stats.drop_outliers(a_ms, prior), stats.drop_outliers(b_ms, prior)
+        # Named as measured, before the process factor came out.
+        sides = (("a", r.a_ms, a_ms, dropped_a), ("b", r.b_ms, b_ms, dropped_b))
+        r.dropped = {side: [raw[adjusted.index(x)] for x in dropped]
+                     for side, raw, adjusted, dropped in sides if dropped}
         r.comparison = stats.compare(a, b, prior)
     for r, c in zip(judged, stats.adjust([r.comparison for r in judged], fdr), strict=True):
         r.comparison = c
 
 
-# Latency bands of the power table (upper bounds in ms; the last is open).
-BANDS = ((0.005, "< 5 us"), (0.010, "5-10 us"), (0.030, "10-30 us"), (0.100, "30-100 us"), (1.0, "0.1-1 ms"),
-         (math.inf, ">= 1 ms"))
 
 
 def call_threshold(rows: list[PairedRow], fdr: float) -> float:

@@ -40,7 +40,8 @@ from reports import corpus_html, explain, stats, table
 from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
 
 # 2: rows carry margin, q and sd (format 1: floor); the summary fdr, resolution, calibration.
-REPORT_FORMAT = 2
+# 3: rows carry process_factor.
+REPORT_FORMAT = 3
 # A FASTER or SLOWER row whose launched kernels have byte-identical IR on both sides at every hashed stage
 # (ir_index.HASHED_STAGES): unless the change lies below the IR (the assembler, the launch path), the
 # device ran the same code and the difference is between the sides' processes. Listed apart; the verdict
@@ -176,7 +177,8 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dic
         "a_repeats_ms": r.a_ms if basis == REPEATS else None, "b_repeats_ms": r.b_ms if basis == REPEATS else None,
         "ratio": _num(c.ratio) if c else None, "lo": lo, "hi": hi,
         "margin": c.margin if c else None, "q": _num(c.q) if c and c.q is not None else None,
-        "sd": _num(c.sd) if c else None, "verdict": r.verdict, "control_ratio": _num(control),
+        "sd": _num(c.sd) if c else None, "process_factor": _num(r.process_factor),
+        "verdict": r.verdict, "control_ratio": _num(control),
         "flags": list(r.flags), "errors": dict(r.errors), "in_headline": r.in_headline,
         "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),

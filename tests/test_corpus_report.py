@@ -123,7 +123,7 @@ def test_batch_pair_report_validates_against_the_schema_and_lists_every_op(batch
     assert [f.name for f in files] == ["report.json", "report.csv", "report.md", "report.html"]
     report = load(files[0])
     jsonschema.validate(report, SCHEMA)
-    assert report["format"] == corpus.REPORT_FORMAT == 2
+    assert report["format"] == corpus.REPORT_FORMAT == 3
     assert report["kind"] == "batch_pair" and report["basis"] == corpus.SINGLE_RUN
     assert len(report["rows"]) == 5 and report["summary"]["headline_rows"] == 4
     (unpaired,) = report["unpaired_ops"]

@@ -128,3 +128,97 @@ def test_spreading_a_row_over_windows_lowers_the_between_process_spread_of_two_s
     spread = _between_process_sd(4, monkeypatch)
     assert one == pytest.approx(math.log(SLOW_STATE) * math.sqrt(SLOW_SHARE * (1 - SLOW_SHARE)), rel=0.15)
     assert spread < 0.6 * one
+
+
+# The process's speed factor (compare.process_factors): every kernel a process times, the candidate and
+# the torch baseline beside it, runs a little faster or slower with that process (on an H200, up to
+# 0.6% per replay of a copy kernel). Simulated as one log-normal factor per process shared by every row
+# of its op, over per-row jitter.
+PROCESS_SD, ROW_SD, CONTROL_SD = 0.005, 0.0025, 0.003
+
+
+def _op_rows(rng, op, rows, repeats, effect=1.0, controls=True, follows=1.0, log_ms=(-1.0, -0.05), factor=None):
+    """`rows` rows of one op, 10**log_ms ms (by default 0.1-1 ms, one latency band: the factor is fitted
+    per band), timed in `repeats` processes a side whose log factors are `factor` (default: drawn);
+    each process's factor moves the candidate by `follows` times what it moves the baseline."""
+    factor = factor or {side: rng.normal(0.0, PROCESS_SD, repeats) for side in "ab"}
+    out = []
+    for i in range(rows):
+        latency = 10 ** rng.uniform(*log_ms)
+        times = {}
+        for side, change in (("a", 1.0), ("b", effect)):
+            jitter, control_jitter = rng.normal(0, ROW_SD, repeats), rng.normal(0, CONTROL_SD, repeats)
+            times[side] = list(np.exp(np.log(latency * change) + follows * factor[side] + jitter))
+            times[side + "_control"] = list(np.exp(np.log(latency) + factor[side] + control_jitter)) if controls else []
+        out.append(compare.PairedRow(
+            op=op, dtype="fp32", shape=(i,), a_ms=times["a"], b_ms=times["b"], a_control_ms=times["a_control"],
+            b_control_ms=times["b_control"], timers={"graph"}, flags=[], configs_a={}, configs_b={},
+            comparison=stats.compare(times["a"], times["b"]),
+            a_procs=[f"{op}/A-{j}" for j in range(repeats)], b_procs=[f"{op}/B-{j}" for j in range(repeats)]))
+    return out
+
+
+def _judged(rows):
+    compare.judge(rows)
+    return rows
+
+
+def test_taking_out_the_process_factor_calls_a_one_percent_change_that_it_hides():
+    rng = np.random.default_rng(28)
+    with_baseline = _judged([r for k in range(50) for r in _op_rows(rng, f"op{k}", 10, 5, 1.01)])
+    rng = np.random.default_rng(28)
+    without = _judged([r for k in range(50) for r in _op_rows(rng, f"op{k}", 10, 5, 1.01, controls=False)])
+    assert sum(r.verdict == stats.SLOWER for r in with_baseline) >= 0.9 * 500
+    # The same latencies judged without a baseline to measure the factor by: the factor stays in as noise.
+    assert sum(r.verdict == stats.SLOWER for r in without) < 0.7 * 500
+    # Each op's fitted beta: near the true 1 (slightly under: the baseline's own jitter blurs the offsets).
+    betas = [r.process_factor for r in with_baseline[::10]]
+    assert 0.8 < np.mean(betas) < 1.1 and min(betas) > 0.3
+    assert all(r.process_factor is None for r in without)
+
+
+def test_the_process_factor_adds_no_false_calls():
+    rng = np.random.default_rng(29)
+    reports = [_judged([r for k in range(10) for r in _op_rows(rng, f"op{k}", 10, 3)]) for _ in range(100)]
+    assert sum(any(_called(r)) for r in reports) <= 5 + 4
+
+
+def test_the_change_under_test_is_not_taken_out_with_the_process_factor():
+    # No noise but the processes' factors, shared by candidate and baseline: the whole 1% stays in the
+    # ratio, the factors (A's processes 1% slow on average against B's) go.
+    factor = {"a": [1.02, 1.0, 1.01, 1.03], "b": [1.0, 0.99, 1.01, 1.0]}
+    rows = []
+    for i, latency in enumerate([0.11, 0.2, 0.3, 0.5, 0.9]):
+        a = [latency * f for f in factor["a"]]
+        b = [latency * 1.01 * f for f in factor["b"]]
+        rows.append(compare.PairedRow(
+            op="op", dtype="fp32", shape=(i,), a_ms=a, b_ms=b, a_control_ms=[latency * 0.9 * f for f in factor["a"]],
+            b_control_ms=[latency * 0.9 * f for f in factor["b"]], timers={"graph"}, flags=[], configs_a={},
+            configs_b={}, comparison=stats.compare(a, b),
+            a_procs=[f"A-{j}" for j in range(4)], b_procs=[f"B-{j}" for j in range(4)]))
+    assert all(r.comparison.ratio < 1.0 for r in rows)  # as measured, B looks faster
+    compare.judge(rows)
+    assert all(abs(r.comparison.ratio - 1.01) < 1e-9 for r in rows)
+    assert all(r.verdict == stats.SLOWER and r.process_factor == pytest.approx(1.0) for r in rows)
+
+
+def test_a_kernel_that_does_not_follow_the_baseline_keeps_its_latencies():
+    rng = np.random.default_rng(31)
+    rows = _judged(_op_rows(rng, "op", 20, 5, follows=0.0))
+    assert rows[0].process_factor < 0.2
+    few = _judged(_op_rows(rng, "op", compare.MIN_FACTOR_ROWS - 1, 5))
+    assert all(r.process_factor is None for r in few)
+
+
+def test_the_process_factor_is_fitted_per_latency_band():
+    # One op's processes: its 0.1-1 ms rows follow their baselines, its 2-4 us rows (bound by their
+    # launch) do not. One beta over both would move the small rows by a factor they never had.
+    rng = np.random.default_rng(32)
+    factor = {side: rng.normal(0.0, PROCESS_SD, 5) for side in "ab"}
+    big = _op_rows(rng, "op", 10, 5, factor=factor)
+    small = _op_rows(rng, "op", 10, 5, follows=0.0, log_ms=(-2.7, -2.4), factor=factor)
+    for i, r in enumerate(small):
+        r.shape = (100 + i,)
+    compare.judge(big + small)
+    assert all(r.process_factor > 0.5 for r in big)
+    assert all(r.process_factor < 0.3 for r in small)
