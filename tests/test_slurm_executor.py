@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, pids_mentioning, wait_for
 
+from harness.core import batchdir
 from harness.providers.catalog import Entry
 from harness.sessions import batch, slurm_executor
 
@@ -190,7 +191,7 @@ def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path, 
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its group, with no chance to cancel anything
     proc.communicate(timeout=30)
     # Its tasks go on: one finishes, the other hangs.
-    fp32 = d / "ops" / "path__fp32_op" / batch.COMPLETE
+    fp32 = d / "ops" / "path__fp32_op" / batchdir.COMPLETE
     assert wait_for(fp32.is_file, 180) and len(queue(d)) == 1, queue(d)
     again = start("--resume", "--op-timeout", 20)
     out, _ = again.communicate(timeout=300)

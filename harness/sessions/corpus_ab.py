@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 import backends
-from harness.core import rundir
+from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
 from harness.core.request import MEASUREMENT
 from harness.providers import catalog
@@ -99,7 +99,7 @@ class CorpusAB(batch.Batch):
     """A batch whose per-op job is a whole single-op A/B on one device."""
 
     OPTIONS = ABOptions
-    COLUMNS = (*batch.STATUS_COLUMNS, "verdicts")
+    COLUMNS = (*batchdir.STATUS_COLUMNS, "verdicts")
     # How A records is the plan's (stored with it), not the batch's.
     STORED = tuple(n for n in batch.STORED_OPTIONS if n not in ("replay_root", "triage", *MEASUREMENT))
 
@@ -113,7 +113,7 @@ class CorpusAB(batch.Batch):
             if "plan" not in stored:
                 raise UsageError(f"--resume --batch-dir {args.batch_dir}: a batch, not a corpus A/B: resume it with "
                                  "nox -s batch -- --resume --batch-dir DIR")
-            plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batch.BATCH_JSON}")
+            plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batchdir.BATCH_JSON}")
         else:
             plan = ab.resolve_plan(args)
             # The plan says where and what; the batch machinery reads it from the options it knows.
@@ -197,7 +197,7 @@ class CorpusAB(batch.Batch):
         """The corpus report over every op with an A/B dir (an op that failed is listed in it with
         its reason), and the verdict counts it gives the rows of the ops that passed (they can
         differ from the ops' own reports: the corpus learns its prior from, and controls the FDR over, all its rows)."""
-        status = batch.read_status(self.dir)
+        status = batchdir.read_status(self.dir)
         rows = [r for r in status.values() if r.get("run_dir") and r["status"] != "SKIP"]
         names = collections.Counter(f"{r['repo']}:{r['op']}" for r in status.values())
         keyed = sorted(((f"{r['repo']}:{r['op']}" + (f"@{r['op_file']}" if names[f"{r['repo']}:{r['op']}"] > 1 else ""),
