@@ -34,7 +34,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 import backends
-from harness.core import ir_index, rundir
+from harness.core import batchdir, ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, explain, stats, table
 from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
@@ -320,12 +320,11 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
 
 def _batch_status(batch_dir: Path) -> tuple[dict, dict[str, dict]]:
     """(batch.json, ops_status rows by repo:op@op_file) of a batch dir, or UsageError."""
-    if not (batch_dir / "batch.json").is_file():
-        raise UsageError(f"{batch_dir} is not a batch dir (it has no batch.json)")
+    if not batchdir.is_batch_dir(batch_dir):
+        raise UsageError(f"{batch_dir} is not a batch dir (it has no {batchdir.BATCH_JSON})")
     try:
-        meta = rundir.read_json(batch_dir / "batch.json")
-        with open(batch_dir / "ops_status.csv", newline="") as f:
-            status = {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
+        meta = rundir.read_json(batch_dir / batchdir.BATCH_JSON)
+        status = batchdir.read_status(batch_dir, missing_ok=False)
     except (OSError, ValueError) as exc:
         raise UsageError(f"batch dir {batch_dir} is unreadable: {exc}") from exc
     return meta, status

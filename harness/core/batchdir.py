@@ -41,15 +41,20 @@ DEFAULT_OP_TIMEOUT = 1800.0
 Check = tuple[Callable[[object], bool], str]
 
 
+def is_batch_dir(path: Path) -> bool:
+    return (Path(path) / BATCH_JSON).is_file()
+
+
 def op_dir(batch_dir: Path, key: str) -> Path:
     """The dir of the op whose catalog key (`repo:op@op_file`) is `key`."""
     return batch_dir / "ops" / key.replace(":", "__", 1).replace("/", ".")
 
 
 # --- ops_status.csv ------------------------------------------------------------------------------
-def read_status(batch_dir: Path) -> dict[str, dict]:
+def read_status(batch_dir: Path, missing_ok: bool = True) -> dict[str, dict]:
+    """The status rows by op id; none when no op finished yet (else, unless `missing_ok`, OSError)."""
     path = batch_dir / STATUS_CSV
-    if not path.is_file():
+    if missing_ok and not path.is_file():
         return {}
     with open(path, newline="") as f:
         return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
@@ -115,7 +120,7 @@ def completed(batch_dir: Path, key: str, op_timeout: float = DEFAULT_OP_TIMEOUT)
 # --- the dir itself and its owner ----------------------------------------------------------------
 def check_new(batch_dir: Path) -> None:
     """A new batch goes into a new or empty dir: never into another batch's, nor over other files."""
-    if (batch_dir / BATCH_JSON).is_file():
+    if is_batch_dir(batch_dir):
         raise UsageError(f"--batch-dir {batch_dir} is an existing batch dir: to continue it add --resume; "
                                  "for a new batch give a new or empty dir")
     if batch_dir.exists() and not batch_dir.is_dir():

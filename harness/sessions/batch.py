@@ -47,6 +47,7 @@ import backends
 from harness.core import batchdir, launch, opguard, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
+from harness.core.outcome import Outcome
 from harness.core.request import MEASUREMENT, RunRequest
 from harness.providers import catalog, flaggems, selection
 from harness.providers.catalog import Entry
@@ -151,17 +152,15 @@ class Batch:
         """Exit 0 and the outcome its run recorded COMPLETE: the status follows what the run says
         of itself."""
         outcome = _recorded_outcome(run_dir)
-        return code == 0 and outcome is not None and outcome.get("status") == "COMPLETE"
+        return code == 0 and outcome is not None and outcome.complete
 
     def _failure(self, run_dir: Path) -> str:
         """How a failed attempt ended, as its run recorded it ("" when it says nothing more than
         its exit code)."""
         outcome = _recorded_outcome(run_dir)
-        if not outcome or outcome.get("status") != "INCOMPLETE":
+        if outcome is None or outcome.complete:
             return ""
-        case = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
-        return (f"INCOMPLETE {outcome.get('rows_done')}/{outcome.get('rows_planned') or '?'} rows: "
-                f"{outcome.get('reason')}{case}")
+        return f"INCOMPLETE {outcome.rows()} rows: {outcome.reason}{outcome.during()}"
 
     def _rejected(self, code: int, run_dir: Path) -> bool:
         return _dtype_rejected(code, run_dir)
@@ -426,13 +425,12 @@ class Batch:
             child.stop(KILL_GRACE_S)
 
 
-def _recorded_outcome(run_dir: Path) -> dict | None:
+def _recorded_outcome(run_dir: Path) -> Outcome | None:
     """The outcome the run recorded in its run.json, or None (no run dir, none recorded)."""
     try:
-        outcome = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome")
+        return Outcome.from_json(rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome"))
     except (OSError, ValueError, AttributeError):
         return None
-    return outcome if isinstance(outcome, dict) else None
 
 
 def _dtype_rejected(code: int, run_dir: Path | None) -> bool:
@@ -506,7 +504,7 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
     if args.executor == "slurm":
         slurm_executor.require_slurm()  # before a batch dir is made that nothing would run in
     if args.summarize:
-        if not (args.summarize / batchdir.BATCH_JSON).is_file():
+        if not batchdir.is_batch_dir(args.summarize):
             raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {batchdir.BATCH_JSON})")
         print(f"summary: {batchdir.write_summary(args.summarize.resolve())}")
         return 0
@@ -514,7 +512,7 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         previous, stored, origin = {}, {}, ""
         if args.resume:
             batch_dir = args.batch_dir.resolve()
-            if not (batch_dir / batchdir.BATCH_JSON).is_file():
+            if not batchdir.is_batch_dir(batch_dir):
                 raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {batchdir.BATCH_JSON})")
             held.enter_context(batchdir.own(batch_dir))
             previous = batchdir.read_batch_json(batch_dir, STORED_CHECKS)
