@@ -37,6 +37,7 @@ from batch_fakes import (
 
 from harness import cli
 from harness.core import batchdir, launch, opguard, paths, rundir
+from harness.core.batchdir import StatusRow
 from harness.core.errors import DtypeRejected, UsageError
 from harness.providers import catalog, selection
 from harness.providers.catalog import Entry
@@ -169,19 +170,18 @@ def test_killed_note_goes_to_the_batch_log_and_the_killed_runs_log(tmp_path):
 
 def test_write_status_is_every_row_sorted_in_the_columns(tmp_path):
     r = runner_for(tmp_path)
-    r.record(MM, {"op": "mm", "repo": "builtin", "op_file": "mm", "status": "FAIL", "notes": "a, b; c",
-                  "extra": "dropped"})
-    r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS"})
+    r.record(MM, StatusRow("mm", "builtin", "mm", "FAIL", notes="a, b; c", extra={"extra": "dropped"}))
+    r.record(ADD, StatusRow("add", "builtin", "add", "PASS"))
     text = (tmp_path / "ops_status.csv").read_bytes().decode()  # as written: no newline translation
     lines = text.split("\n")
     assert lines[0] == ",".join(batchdir.STATUS_COLUMNS)
     assert lines[1] == "add,builtin,add,PASS,,,,,,,,,,," and lines[2].startswith("mm,builtin,mm,FAIL,")
     assert lines[2].endswith(',"a, b; c"') and lines[3] == "" and len(lines) == 4 and "\r" not in text
-    r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "TIMEOUT"})  # replaces the row
+    r.record(ADD, StatusRow("add", "builtin", "add", "TIMEOUT"))  # replaces the row
     assert [(x["op"], x["status"]) for x in status_rows(tmp_path)] == [("add", "TIMEOUT"), ("mm", "FAIL")]
     # A resumed batch starts from the rows its dir holds.
     again = runner_for(tmp_path)
-    again.record(Entry("path", "z", "z", "z.py"), {"op": "z", "repo": "path", "op_file": "z", "status": "SKIP"})
+    again.record(Entry("path", "z", "z", "z.py"), StatusRow("z", "path", "z", "SKIP"))
     assert [x["op"] for x in status_rows(tmp_path)] == ["add", "mm", "z"]
     assert list(tmp_path.iterdir()) == [tmp_path / "ops_status.csv"]  # written atomically: no temp file left
 
@@ -236,10 +236,9 @@ def test_a_pass_is_done_with_its_run_facts(tmp_path, launcher):
         row(timer="graph", markers=["TIMER_FALLBACK x"]), row(markers=["AUTOTUNE_REPLAY_FALLBACK y"])])]
     op_dir = batchdir.op_dir(tmp_path, ADD.key)
     got = r.run_op(ADD, 3)
-    assert got == {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS", "exit_code": 0, "attempts": 1,
-                   "elapsed_s": 2.2, "backend": "interpreter", "device": 3, "timer": "direct+graph", "rows": 2,
-                   "timer_fallback_rows": 1, "replay_fallback_rows": 1, "run_dir": "ops/builtin__add/attempt1/run",
-                   "notes": ""}
+    assert got == StatusRow("add", "builtin", "add", "PASS", exit_code=0, attempts=1, elapsed_s=2.2,
+                            backend="interpreter", device=3, timer="direct+graph", rows=2, timer_fallback_rows=1,
+                            replay_fallback_rows=1, run_dir="ops/builtin__add/attempt1/run", notes="")
     assert (op_dir / ".complete").read_text() == "PASS\n"
     assert batchdir.completed(tmp_path, ADD.key) == "PASS"
     assert status_rows(tmp_path)[0]["status"] == "PASS" and r.status[ADD.id] is got
@@ -253,14 +252,14 @@ def test_a_pass_whose_every_case_skipped_is_a_skip_with_the_reason(tmp_path, lau
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="needs a GPU"), row(status="SKIPPED")])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["notes"]) == ("SKIP", "skipped: needs a GPU")
+    assert (got.status, got.notes) == ("SKIP", "skipped: needs a GPU")
     assert batchdir.completed(tmp_path, ADD.key) == "SKIP"
     launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="x"), row()])]  # one case ran
-    assert r.run_op(ADD, 0)["status"] == "PASS"
+    assert r.run_op(ADD, 0).status == "PASS"
     launcher.plan["add"] = [Step(rows=[])]  # nothing to run is no skip
-    assert r.run_op(ADD, 0)["status"] == "PASS"
+    assert r.run_op(ADD, 0).status == "PASS"
     launcher.plan["add"] = [Step(code=1, rows=[row(status="SKIPPED", error="x")])]
-    assert r.run_op(ADD, 0)["status"] == "FAIL"  # a failure is never a skip
+    assert r.run_op(ADD, 0).status == "FAIL"  # a failure is never a skip
 
 
 def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
@@ -269,10 +268,10 @@ def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=2, rows=None, log="$ cmd\nerror: s.yaml: no entry for 'add' (keys tried: add)\n"),
                             Step(code=0, rows=[row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"]) == ("FAIL", 1)
-    assert got["notes"] == "bad input, not retried: s.yaml: no entry for 'add' (keys tried: add)"
+    assert (got.status, got.attempts) == ("FAIL", 1)
+    assert got.notes == "bad input, not retried: s.yaml: no entry for 'add' (keys tried: add)"
     launcher.plan["add"] = [Step(code=2, rows=None, log="$ cmd\nTraceback\n")]  # the earlier error is not this one
-    assert r.run_op(ADD, 0)["notes"] == "bad input, not retried: see batch.log"
+    assert r.run_op(ADD, 0).notes == "bad input, not retried: see batch.log"
 
 
 def test_the_error_line_of_a_log_with_no_command_line_and_bytes_that_are_not_utf8(tmp_path):
@@ -290,18 +289,18 @@ def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, lau
     (op_dir / ".complete").write_text("PASS\n")  # an earlier batch's: this run decides again
     launcher.plan["add"] = [Step(code=3, seconds=1.0, rows=[row()]), Step(code=3, seconds=2.0, rows=[row(), row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("FAIL", 3, 2, 3.0)
-    assert got["notes"] == "retry after exit 3; exit 3 twice in a row: deterministic, not retried further"
+    assert (got.status, got.exit_code, got.attempts, got.elapsed_s) == ("FAIL", 3, 2, 3.0)
+    assert got.notes == "retry after exit 3; exit 3 twice in a row: deterministic, not retried further"
     assert not (op_dir / ".complete").exists() and batchdir.completed(tmp_path, ADD.key) is None
     assert [c["cmd"][c["cmd"].index("--run-dir") + 1] for c in launcher.calls] == [
         str(op_dir / "attempt1" / "r1"), str(op_dir / "attempt2" / "r2")]
-    assert (got["run_dir"], got["rows"]) == ("ops/builtin__add/attempt2/r2", 2)  # the last attempt's
+    assert (got.run_dir, got.rows) == ("ops/builtin__add/attempt2/r2", 2)  # the last attempt's
     launcher.plan["add"] = [Step(code=3, rows=[row()]), Step(code=3, rows=None)]
     got = r.run_op(ADD, 0)
-    assert (got["run_dir"], got["rows"]) == ("ops/builtin__add/attempt1/r3", 1)  # the last attempt that wrote one
+    assert (got.run_dir, got.rows) == ("ops/builtin__add/attempt1/r3", 1)  # the last attempt that wrote one
     launcher.plan["add"] = [Step(code=3, rows=None), Step(code=3, rows=None)]
     got = r.run_op(ADD, 0)
-    assert (got["run_dir"], got["rows"]) == ("", 0)  # the runs already in its attempt dirs are not this row's
+    assert (got.run_dir, got.rows) == ("", 0)  # the runs already in its attempt dirs are not this row's
 
 
 def test_an_attempt_is_read_back_from_the_run_dir_the_batch_named_never_a_stray_one(tmp_path, launcher, monkeypatch):
@@ -312,7 +311,7 @@ def test_an_attempt_is_read_back_from_the_run_dir_the_batch_named_never_a_stray_
               name="add_19990101-000000")  # a passed run left in the attempt dir: not this attempt's
     launcher.plan["add"] = [Step(code=0, rows=None)]  # exits 0 having claimed nothing
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["run_dir"], got["rows"]) == ("FAIL", "", 0)
+    assert (got.status, got.run_dir, got.rows) == ("FAIL", "", 0)
     named = [Path(c["cmd"][c["cmd"].index("--run-dir") + 1]) for c in launcher.calls]
     assert [d.parent for d in named] == [op_dir / "attempt1", op_dir / "attempt2"]
     assert all(re.fullmatch(r"add_\d{8}-\d{6}", d.name) for d in named), named
@@ -323,9 +322,9 @@ def test_changing_exits_retry_until_the_cap(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=11), Step(code=12), Step(code=13), Step(code=14), Step(code=0)]
     got = r.run_op(ADD, 0)
     assert batch.MAX_RETRIES == 2
-    assert (got["status"], got["exit_code"], got["attempts"]) == ("FAIL", 13, 3)
-    assert got["notes"] == "retry after exit 11; retry after exit 12; exit 13"
-    assert (got["run_dir"], got["rows"], got["timer"]) == ("", 0, "")  # no attempt wrote a run dir
+    assert (got.status, got.exit_code, got.attempts) == ("FAIL", 13, 3)
+    assert got.notes == "retry after exit 11; retry after exit 12; exit 13"
+    assert (got.run_dir, got.rows, got.timer) == ("", 0, "")  # no attempt wrote a run dir
 
 
 def incomplete(reason: str, case: str = "fp32-8") -> dict:
@@ -337,8 +336,8 @@ def test_an_exit_0_is_a_pass_only_when_its_run_recorded_it_complete(tmp_path, la
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=0, rows=[row()], observed=incomplete("child exited 0 unexpectedly"))]
     got = r.run_op(ADD, 0)
-    assert got["status"] == "FAIL"
-    assert got["notes"].startswith("retry after exit 0 (INCOMPLETE 1/2 rows: child exited 0 unexpectedly during case "
+    assert got.status == "FAIL"
+    assert got.notes.startswith("retry after exit 0 (INCOMPLETE 1/2 rows: child exited 0 unexpectedly during case "
                                    "fp32-8); exit 0 twice in a row the same way")
 
 
@@ -348,17 +347,17 @@ def test_the_same_exit_code_with_another_recorded_reason_is_retried(tmp_path, la
                             Step(code=3, rows=[row()], observed=incomplete("child exited 12 unexpectedly", "fp32-4")),
                             Step(code=3, rows=[row()], observed=incomplete("child exited 12 unexpectedly", "fp32-4"))]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"]) == ("FAIL", 3)
-    assert got["notes"].endswith("; exit 3 twice in a row the same way: deterministic, not retried further")
+    assert (got.status, got.attempts) == ("FAIL", 3)
+    assert got.notes.endswith("; exit 3 twice in a row the same way: deterministic, not retried further")
 
 
 def test_a_flaky_op_passes_on_its_retry(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=1, seconds=1.0), Step(code=-9, seconds=1.0), Step(code=0, rows=[row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("PASS", 0, 3, 3.0)
-    assert got["notes"] == "retry after exit 1; retry after exit -9"
-    assert got["run_dir"] == "ops/builtin__add/attempt3/run"
+    assert (got.status, got.exit_code, got.attempts, got.elapsed_s) == ("PASS", 0, 3, 3.0)
+    assert got.notes == "retry after exit 1; retry after exit -9"
+    assert got.run_dir == "ops/builtin__add/attempt3/run"
 
 
 def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
@@ -366,8 +365,8 @@ def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=None, seconds=20.4, rows=[row()], observed={"running_case": "fp32 [2, 700]"})]
     got = r.run_op(ADD, 0)
     what = "timeout after 20 s during case fp32 [2, 700]"
-    assert (got["status"], got["exit_code"], got["attempts"]) == ("TIMEOUT", "", 1)
-    assert got["notes"] == f"{what} (killed, not retried)"
+    assert (got.status, got.exit_code, got.attempts) == ("TIMEOUT", None, 1)
+    assert got.notes == f"{what} (killed, not retried)"
     assert launcher.children[0].stops == [batch.KILL_GRACE_S] and launcher.waits[0][1] == 20.4
     op_dir = batchdir.op_dir(tmp_path, ADD.key)
     note = f"\nkilled by the batch's --op-timeout: {what}\n"
@@ -376,8 +375,8 @@ def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
     assert not (op_dir / ".complete").exists()
     launcher.plan["add"] = [Step(code=3), Step(code=None)]  # a timeout after a failure
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("TIMEOUT", 2, "")
-    assert got["notes"] == ("retry after exit 3; timeout after 20 s before its run dir was written (the op never "
+    assert (got.status, got.attempts, got.exit_code) == ("TIMEOUT", 2, None)
+    assert got.notes == ("retry after exit 3; timeout after 20 s before its run dir was written (the op never "
                             "started a case) (killed, not retried)")
 
 
@@ -385,8 +384,8 @@ def test_requested_dtypes_narrow_to_the_ones_a_builtin_op_takes(tmp_path, launch
     r = runner_for(tmp_path, launcher, dtypes=["fp16", "bf16", "fp32"], op_dtypes={ADD.id: ("fp32", "bf16")})
     launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"]) == ("PASS", 2)
-    assert got["notes"] == "dtype fallback fp16,bf16,fp32 -> bf16,fp32"  # in the order asked for
+    assert (got.status, got.attempts) == ("PASS", 2)
+    assert got.notes == "dtype fallback fp16,bf16,fp32 -> bf16,fp32"  # in the order asked for
     dtypes = [c["cmd"][c["cmd"].index("--dtypes") + 1] for c in launcher.calls]
     assert dtypes == ["fp16,bf16,fp32", "bf16,fp32"]
 
@@ -402,8 +401,8 @@ def test_a_rejection_with_nothing_to_narrow_to_runs_without_a_dtype_filter(tmp_p
         else:
             launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
         got = r.run_op(ADD, 0)
-        assert (got["status"], got["attempts"]) == ("PASS", 2), op_dtypes
-        assert got["notes"] == "dtype rescue: fp16,bf16 rejected, ran without a dtype filter"
+        assert (got.status, got.attempts) == ("PASS", 2), op_dtypes
+        assert got.notes == "dtype rescue: fp16,bf16 rejected, ran without a dtype filter"
         assert "--dtypes" in launcher.calls[0]["cmd"] and "--dtypes" not in launcher.calls[1]["cmd"]
 
 
@@ -412,8 +411,8 @@ def test_narrowing_then_a_rescue_then_failures(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=65), Step(code=65), Step(code=65)]
     got = r.run_op(ADD, 0)
     # Without a dtype filter a 65 is an ordinary failure: retried, then deterministic.
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("FAIL", 4, 65)
-    assert got["notes"] == ("dtype fallback fp16,fp32 -> fp32; dtype rescue: fp32 rejected, ran without a dtype "
+    assert (got.status, got.attempts, got.exit_code) == ("FAIL", 4, 65)
+    assert got.notes == ("dtype fallback fp16,fp32 -> fp32; dtype rescue: fp32 rejected, ran without a dtype "
                             "filter; retry after exit 65; exit 65 twice in a row: deterministic, not retried further")
 
 
@@ -428,11 +427,11 @@ def test_a_replay_without_an_earlier_pass_fails_without_running(tmp_path, launch
     r = runner_for(d, launcher, replay_root=earlier)
     for e in (MM, Entry("builtin", "rms_norm", "rms_norm", "x"), Entry("builtin", "softmax", "softmax", "x")):
         got = r.run_op(e, 0)
-        assert (got["status"], got["attempts"], got["exit_code"]) == ("FAIL", 0, ""), e
-        assert got["notes"] == f"no PASSed run of this op to replay in {earlier}"
+        assert (got.status, got.attempts, got.exit_code) == ("FAIL", 0, None), e
+        assert got.notes == f"no PASSed run of this op to replay in {earlier}"
     assert launcher.calls == []
     got = r.run_op(ADD, 0)
-    assert got["status"] == "PASS" and launcher.calls[0]["cmd"][3:5] == [
+    assert got.status == "PASS" and launcher.calls[0]["cmd"][3:5] == [
         "replay", str(earlier / "ops/builtin__add/attempt2/run")]
 
 
@@ -440,12 +439,12 @@ def test_a_stop_during_an_attempt_interrupts_the_op(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=-15, rows=[row()], during=r.stop)]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("INTERRUPTED", 1, -15)
+    assert (got.status, got.attempts, got.exit_code) == ("INTERRUPTED", 1, -15)
     assert launcher.children[0].stops == [batch.KILL_GRACE_S]  # stop() reached the running child
     assert batchdir.completed(tmp_path, ADD.key) is None
     launcher.calls.clear()
     got = r.run_op(MM, 0)  # stopped before it started (a Slurm task cancelled as it starts): not a failure
-    assert (got["status"], got["attempts"], launcher.calls) == ("INTERRUPTED", 0, [])
+    assert (got.status, got.attempts, launcher.calls) == ("INTERRUPTED", 0, [])
     assert batchdir.completed(tmp_path, MM.key) is None
 
 
@@ -454,12 +453,12 @@ def test_an_op_that_passed_just_before_a_stop_is_a_pass(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=0, rows=[row()], during=r.stop)]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("PASS", 1, 0)
+    assert (got.status, got.attempts, got.exit_code) == ("PASS", 1, 0)
     assert batchdir.completed(tmp_path, ADD.key) == "PASS"
     other = runner_for(tmp_path / "other", launcher)
     launcher.plan["mm"] = [Step(code=1, rows=[row()], during=other.stop)]  # a failure is not retried after a stop
     got = other.run_op(MM, 0)
-    assert (got["status"], got["attempts"]) == ("INTERRUPTED", 1)
+    assert (got.status, got.attempts) == ("INTERRUPTED", 1)
     assert batchdir.completed(tmp_path / "other", MM.key) is None
 
 
@@ -480,8 +479,8 @@ def test_triage_reruns_a_failing_flaggems_op_as_the_upstream_node(tmp_path, laun
     launcher.plan[node] = [Step(code=1, seconds=4.0, log="collected 1\nE   RuntimeError: broken upstream\n")]
     got = fg_runner.run_op(FG, 2)
     where = "ops/flaggems__broken_upstream/upstream/pytest.log"
-    assert (got["status"], got["attempts"], got["exit_code"], got["elapsed_s"]) == (batchdir.FAIL_UPSTREAM, 2, 1, 6.0)
-    assert got["notes"] == ("retry after exit 1; exit 1 twice in a row: deterministic, not retried further; "
+    assert (got.status, got.attempts, got.exit_code, got.elapsed_s) == (batchdir.FAIL_UPSTREAM, 2, 1, 6.0)
+    assert got.notes == ("retry after exit 1; exit 1 twice in a row: deterministic, not retried further; "
                             f"upstream fails too: RuntimeError: broken upstream ({where})")
     call = launcher.calls[-1]
     assert call["cmd"] == [sys.executable, "-m", "pytest", node, "--level", "comprehensive",
@@ -501,7 +500,7 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     launcher.plan[node] = [Step(code=0, log="E   a passing test's own output\n==== 1 passed in 0.5s ====\n")]
     got = r.run_op(FG, 0)
     where = "ops/flaggems__broken_upstream/upstream/pytest.log"
-    assert (got["status"], got["notes"].rsplit("; ", 2)[-2:]) == ("FAIL", [
+    assert (got.status, got.notes.rsplit("; ", 2)[-2:]) == ("FAIL", [
         "ours: upstream passes (1 passed in 0.5s", f"{where})"])
     call = launcher.calls[-1]
     # No level, dtypes, vendor or FlagTune asked for: upstream's defaults; the checkout's src first.
@@ -509,12 +508,12 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     assert call["pythonpath"].split(os.pathsep)[0] == str(CHECKOUT / "src")
     launcher.plan[node] = [Step(code=None, seconds=30.0)]
     got = r.run_op(FG, 0)
-    assert got["status"] == "FAIL" and got["notes"].endswith(
+    assert got.status == "FAIL" and got.notes.endswith(
         f"; triage undecided: the upstream rerun timed out after 30 s (killed; {where})")
     assert launcher.children[-1].stops == [batch.KILL_GRACE_S]
     launcher.plan[node] = [Step(code=-15, during=r.stop)]
     got = r.run_op(FG, 0)
-    assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
+    assert got.status == "INTERRUPTED" and got.notes.endswith("; triage: interrupted during the upstream rerun")
 
 
 def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_finishes(tmp_path, launcher, clock):
@@ -524,8 +523,8 @@ def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_f
     launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=None, seconds=30.0)]
     launcher.plan[node] = [Step(code=None, seconds=30.0)]
     got = r.run_op(FG, 0)
-    assert (got["status"], got["attempts"], got["elapsed_s"]) == (batchdir.TIMEOUT_UPSTREAM, 1, 60.0)
-    assert got["notes"].endswith(
+    assert (got.status, got.attempts, got.elapsed_s) == (batchdir.TIMEOUT_UPSTREAM, 1, 60.0)
+    assert got.notes.endswith(
         f"(killed, not retried); upstream too: the bare node did not finish in 30 s either (killed; {where})")
     assert launcher.calls[-1]["cmd"][3:] == [node, "--level", "core"]
     # Settled for this budget: a resume under it skips the op, one with a longer budget reruns it.
@@ -533,16 +532,16 @@ def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_f
     assert batchdir.completed(tmp_path, FG.key, 60.0) is None
     launcher.plan[node] = [Step(code=0, seconds=12.4, log="==== 1 passed in 12.1s ====\n")]
     got = r.run_op(FG, 0)
-    assert got["status"] == "TIMEOUT" and got["notes"].endswith(
+    assert got.status == "TIMEOUT" and got.notes.endswith(
         f"; ours: upstream passes in 12 s (1 passed in 12.1s; {where})")
     assert batchdir.completed(tmp_path, FG.key, 30.0) is None  # ours: a resume tries it again
     launcher.plan[node] = [Step(code=1, seconds=3.0, log="E   RuntimeError: broken upstream\n")]
     got = r.run_op(FG, 0)
-    assert got["status"] == "TIMEOUT" and got["notes"].endswith(
+    assert got.status == "TIMEOUT" and got.notes.endswith(
         f"; upstream fails in 3 s (RuntimeError: broken upstream; {where})")
     launcher.plan[node] = [Step(code=-15, during=r.stop)]
     got = r.run_op(FG, 0)
-    assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
+    assert got.status == "INTERRUPTED" and got.notes.endswith("; triage: interrupted during the upstream rerun")
 
 
 def test_triage_of_a_checkout_without_its_package_and_a_silent_upstream_failure(tmp_path, launcher, monkeypatch):
@@ -553,7 +552,7 @@ def test_triage_of_a_checkout_without_its_package_and_a_silent_upstream_failure(
     launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
     launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=5, log="")]
     got = r.run_op(FG, 0)
-    assert got["status"] == batchdir.FAIL_UPSTREAM and got["notes"].endswith(
+    assert got.status == batchdir.FAIL_UPSTREAM and got.notes.endswith(
         "; upstream fails too: pytest exited 5 (ops/flaggems__broken_upstream/upstream/pytest.log)")
     assert launcher.calls[-1]["pythonpath"] == paths.harness_pythonpath("/inherited")
     assert launcher.calls[-1]["cwd"] == bare
@@ -589,9 +588,9 @@ def test_run_shards_ops_over_devices_serially_within_each(tmp_path, launcher):
     todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(12)]
     done = []
     r.run(todo, done.append)
-    assert sorted(x["op"] for x in done) == sorted(e.op for e in todo)
+    assert sorted(x.op for x in done) == sorted(e.op for e in todo)
     for e in todo:
-        assert r.status[e.id]["device"] == [5, 7, 9][batch.shard(e.id, 3)]
+        assert r.status[e.id].device == [5, 7, 9][batch.shard(e.id, 3)]
     for device in (5, 7, 9):  # in todo's order on each device
         mine = [c["target"] for c in launcher.calls if c["cmd"][c["cmd"].index("--device") + 1] == str(device)]
         assert mine == [e.op for e in todo if [5, 7, 9][batch.shard(e.id, 3)] == device]
@@ -604,7 +603,7 @@ def test_run_waits_for_an_op_slower_than_its_poll(tmp_path, launcher):
     launcher.plan["slow"] = [Step(rows=[row()], during=lambda: time.sleep(0.8))]  # longer than a queue poll
     done = []
     r.run([Entry("path", "slow", "slow", "x.py")], done.append)
-    assert [x["op"] for x in done] == ["slow"]
+    assert [x.op for x in done] == ["slow"]
 
 
 def test_progress_counts_each_finished_op(tmp_path, launcher, monkeypatch, capsys):
@@ -649,7 +648,7 @@ def test_run_stops_scheduling_once_stopped_and_kills_on_ctrl_c(tmp_path, launche
     seen = []
 
     def on_done(got):
-        seen.append(got["op"])
+        seen.append(got.op)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -691,10 +690,10 @@ def test_batch_hooks_of_a_record_job(tmp_path):
     assert str(info.value) == (f"--batch-dir {tmp_path} is a corpus A/B: resume it with nox -s ab -- --resume "
                                "--batch-dir DIR")
     assert batch.Batch.dir_prefix({}) == "batch"
-    assert r.tally({"status": "SKIP"}) == {"SKIP": 1}
-    line = {"status": "FAIL", "repo": "builtin", "op": "add", "device": 6, "elapsed_s": 1.5, "rows": 2, "notes": ""}
+    assert r.tally(StatusRow("add", "builtin", status="SKIP")) == {"SKIP": 1}
+    line = StatusRow("add", "builtin", status="FAIL", device=6, elapsed_s=1.5, rows=2, notes="")
     assert r.done_line(line) == "FAIL     builtin:add device=6 1.5 s rows=2"
-    assert r.done_line({**line, "notes": "retry after exit 3"}) == (
+    assert r.done_line(dataclasses.replace(line, notes="retry after exit 3")) == (
         "FAIL     builtin:add device=6 1.5 s rows=2  retry after exit 3")
     assert r.summarize() == f"summary: {tmp_path / 'summary.csv'}" and (tmp_path / "summary.csv").is_file()
     e = Entry("path", "op1", "op1", "x.py")
@@ -1116,7 +1115,7 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
     assert cli.build_parser().parse_args(r._command(ADD, 1, None, tmp_path / "a1")[3:]).shapes is None
     earlier = tmp_path / "earlier"
     r = runner_for(tmp_path, **opts, replay_root=earlier)
-    r.replay_sources = {FG.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
+    r.replay_sources = {FG.id: StatusRow(FG.op, FG.repo, FG.op_file, "PASS", run_dir="ops/x/attempt1/run")}
     ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3" / "run")[3:])
     assert (ns.command, ns.run_dir, ns.device, ns.named_run_dir, ns.color, ns.ops_path, ns.flaggems_dir) == (
         "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3" / "run", "never", ["/ops"], ["flaggems=/fg"])
@@ -1164,14 +1163,14 @@ def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher
 
     launcher.plan["add"] = [Step(code=7, during=mark("rejected")), Step(code=7, during=mark("ok"))]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["verdict"], got["run_dir"]) == (
+    assert (got.status, got.attempts, got.extra["verdict"], got.run_dir) == (
         "PASS", 2, "job", "ops/builtin__add/attempt2/job")
-    assert got["notes"] == "dtype rescue: fp16 rejected, ran without a dtype filter"
+    assert got.notes == "dtype rescue: fp16 rejected, ran without a dtype filter"
     assert status_rows(tmp_path)[0]["verdict"] == "job"
     write_run(op_dir / "attempt1" / "job", [row()], {"running_case": "fp16 [4]"}, name="inner")
     launcher.plan["add"] = [Step(code=None)]
     got = r.run_op(ADD, 0)
-    assert got["notes"] == "timeout after 20 s during case fp16 [4] (killed, not retried)"
+    assert got.notes == "timeout after 20 s during case fp16 [4] (killed, not retried)"
     assert (op_dir / "attempt1" / "job" / "inner" / rundir.RUN_LOG).read_text().endswith(
         "killed by the batch's --op-timeout: timeout after 20 s during case fp16 [4]\n")
 

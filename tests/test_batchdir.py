@@ -47,10 +47,34 @@ def test_read_status_keys_rows_by_id(tmp_path):
     (tmp_path / "ops_status.csv").write_text("op,repo,op_file,status\nadd,builtin,add,PASS\nmm,builtin,,FAIL\n")
     got = batchdir.read_status(tmp_path)
     assert list(got) == ["builtin:add@add", "builtin:mm@"]
-    assert got["builtin:mm@"]["status"] == "FAIL" and got["builtin:add@add"]["op"] == "add"
+    assert got["builtin:mm@"].status == "FAIL" and got["builtin:add@add"].op == "add"
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "ops_status.csv").write_text("op,repo,status\nadd,builtin,PASS\n")  # before op_file
     assert list(batchdir.read_status(tmp_path / "old")) == ["builtin:add@"]
+
+
+def test_a_status_row_reads_back_as_written(tmp_path):
+    rows = {r.id: r for r in (
+        batchdir.StatusRow("add", "builtin", "add", "PASS", exit_code=0, attempts=1, elapsed_s=2.2, backend="cuda",
+                           device=3, timer="graph", rows=2, timer_fallback_rows=0, replay_fallback_rows=1,
+                           run_dir="ops/builtin__add/attempt1/run", notes="a, b; c", extra={"verdicts": ""}),
+        batchdir.StatusRow("mm", "builtin", "mm", "TIMEOUT", attempts=1, elapsed_s=20.0, device=0, rows=0,
+                           extra={"verdicts": ""}),
+        batchdir.StatusRow("x", "path", "x", "FAIL", attempts=0, elapsed_s=0, backend="cuda", device=1, rows=0,
+                           notes="its Ray task was lost twice", extra={"verdicts": "faster 2"}))}
+    columns = (*batchdir.STATUS_COLUMNS, "verdicts")
+    batchdir.write_status(tmp_path, rows, columns)
+    text = (tmp_path / batchdir.STATUS_CSV).read_text()
+    assert text.splitlines()[1:] == ['add,builtin,add,PASS,0,1,2.2,cuda,3,graph,2,0,1,ops/builtin__add/attempt1/run,'
+                                     '"a, b; c",', "mm,builtin,mm,TIMEOUT,,1,20.0,,0,,0,,,,,",
+                                     "x,path,x,FAIL,,0,0,cuda,1,,0,,,,its Ray task was lost twice,faster 2"]
+    read = batchdir.read_status(tmp_path)
+    assert read == rows
+    batchdir.write_status(tmp_path, read, columns)
+    assert (tmp_path / batchdir.STATUS_CSV).read_text() == text  # a resume rewrites the rows it read unchanged
+    (tmp_path / batchdir.STATUS_CSV).write_text(text.replace(",20.0,", ",soon,"))
+    with pytest.raises(UsageError, match=r"ops_status.csv is corrupt \(could not convert string to float: 'soon'\)"):
+        batchdir.read_status(tmp_path)
 
 
 def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsys):

@@ -282,7 +282,8 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     assert cmd[cmd.index("--flaggems-dir") + 1] == f"flaggems={CHECKOUT}"
     assert cmd[cmd.index("--dtypes") + 1] == "fp32"
     earlier = tmp_path / "earlier"
-    runner.replay_sources = {nested.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
+    earlier_pass = batchdir.StatusRow(nested.op, nested.repo, nested.op_file, "PASS", run_dir="ops/x/attempt1/run")
+    runner.replay_sources = {nested.id: earlier_pass}
     runner.opts.replay_root = earlier
     cmd = runner._command(nested, 0, None, tmp_path / "a1")
     assert cmd[3:5] == ["replay", str(earlier / "ops/x/attempt1/run")] and "--level" not in cmd

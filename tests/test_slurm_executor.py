@@ -284,8 +284,8 @@ def test_a_task_is_over_by_its_result_or_once_slurm_shows_it_ended_without_one(t
     assert tasks.collect(None) == []  # squeue did not answer: no news of the others
     assert tasks.collect({"7_2": "RUNNING", "7_3": "PENDING"}) == []
     [(job_id, _, row)] = tasks.collect({"7_2": "TIMEOUT", "7_3": "PENDING"})
-    assert job_id == "7_2" and row["status"] == "FAIL"
-    assert row["notes"].startswith("the Slurm task ended TIMEOUT without a status (its log: ")
+    assert job_id == "7_2" and row.status == "FAIL"
+    assert row.notes.startswith("the Slurm task ended TIMEOUT without a status (its log: ")
     assert list(tasks.jobs) == ["7_3"]
 
 
@@ -294,8 +294,8 @@ def test_after_a_stop_a_started_task_without_result_is_interrupted_and_one_never
     tasks.started.add("8_0")
     tasks.ended_at["8_0"] = time.monotonic() - slurm_executor.RESULT_GRACE_S
     [(job_id, _, row)] = tasks.collect({"8_0": "CANCELLED", "8_1": "CANCELLED"}, stopped="SIGINT")
-    assert job_id == "8_0" and row["status"] == "INTERRUPTED"
-    assert row["notes"] == "cancelled (SIGINT); the Slurm task ended CANCELLED without a status"
+    assert job_id == "8_0" and row.status == "INTERRUPTED"
+    assert row.notes == "cancelled (SIGINT); the Slurm task ended CANCELLED without a status"
     assert tasks.jobs == {}  # the one never started is over too, with no row
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import fcntl
 import io
 import json
@@ -20,8 +21,6 @@ from pathlib import Path
 from harness.core import paths, rundir
 from harness.core.errors import UsageError
 
-STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
-                  "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
 DONE = ("PASS", "SKIP")
 FAIL_UPSTREAM = "FAIL_UPSTREAM"  # fails as the bare upstream node too: listed, not counted as ours
 TIMEOUT_UPSTREAM = "TIMEOUT_UPSTREAM"  # the bare upstream node outlasts --op-timeout too: likewise
@@ -51,22 +50,77 @@ def op_dir(batch_dir: Path, key: str) -> Path:
 
 
 # --- ops_status.csv ------------------------------------------------------------------------------
-def read_status(batch_dir: Path, missing_ok: bool = True) -> dict[str, dict]:
+@dataclasses.dataclass(frozen=True)
+class StatusRow:
+    """One op's line of ops_status.csv, as a batch (or the executor task that ran the op) hands it
+    back. A number the op never got (an op with no exit code: a timeout; a task that handed back no
+    row) is None, an empty cell; `extra` holds a job's own columns (a corpus A/B's verdicts)."""
+
+    op: str
+    repo: str
+    op_file: str = ""  # empty in the rows of batches from before it was kept
+    status: str = ""
+    exit_code: int | None = None
+    attempts: int | None = None
+    elapsed_s: float | None = None
+    backend: str = ""
+    device: int | None = None
+    timer: str = ""
+    rows: int | None = None
+    timer_fallback_rows: int | None = None
+    replay_fallback_rows: int | None = None
+    run_dir: str = ""  # relative to the batch dir; empty when no attempt wrote one
+    notes: str = ""
+    extra: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """The op's catalog id (`repo:op@op_file`), which keys the rows."""
+        return f"{self.repo}:{self.op}@{self.op_file}"
+
+    def to_csv(self) -> dict:
+        """Its cells by column (None an empty one)."""
+        cells = {c: getattr(self, c) for c in STATUS_COLUMNS}
+        return {**{c: "" if v is None else v for c, v in cells.items()}, **self.extra}
+
+    @classmethod
+    def from_csv(cls, record: Mapping[str, str | None]) -> StatusRow:
+        """ValueError when a number's cell holds no number (a hand-edited file)."""
+        fields = {}
+        for f in dataclasses.fields(cls):
+            text = record.get(f.name)
+            if f.name == "extra" or text is None:
+                continue
+            fields[f.name] = (text if f.type == "str" else None if text == "" else
+                              int(text) if text.lstrip("-").isdigit() else float(text))
+        extra = {c: v for c, v in record.items() if c not in STATUS_COLUMNS and c is not None and v is not None}
+        return cls(**fields, extra=extra)
+
+
+STATUS_COLUMNS = tuple(f.name for f in dataclasses.fields(StatusRow) if f.name != "extra")
+
+
+def read_status(batch_dir: Path, missing_ok: bool = True) -> dict[str, StatusRow]:
     """The status rows by op id; none when no op finished yet (else, unless `missing_ok`, OSError)."""
     path = batch_dir / STATUS_CSV
     if missing_ok and not path.is_file():
         return {}
     with open(path, newline="") as f:
-        return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
+        try:
+            rows = [StatusRow.from_csv(r) for r in csv.DictReader(f)]
+        except ValueError as exc:
+            raise UsageError(f"{path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir") from exc
+    return {r.id: r for r in rows}
 
 
-def write_status(batch_dir: Path, status: Mapping[str, dict], columns: tuple[str, ...]) -> None:
+def write_status(batch_dir: Path, status: Mapping[str, StatusRow], columns: tuple[str, ...]) -> None:
     """Every row, sorted by op id, in `columns` (a missing one is empty)."""
     out = io.StringIO()
     w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     for key in sorted(status):
-        w.writerow({c: status[key].get(c, "") for c in columns})
+        cells = status[key].to_csv()
+        w.writerow({c: cells.get(c, "") for c in columns})
     rundir.atomic_write_text(batch_dir / STATUS_CSV, out.getvalue())
 
 
@@ -80,15 +134,15 @@ def write_summary(batch_dir: Path) -> Path:
     w.writerow(columns)
     for key in sorted(status):
         st = status[key]
-        if not st.get("run_dir"):
+        if not st.run_dir:
             continue
-        results = batch_dir / st["run_dir"] / rundir.RESULTS_JSON
+        results = batch_dir / st.run_dir / rundir.RESULTS_JSON
         if not results.is_file():
             continue
         for r in json.loads(results.read_text())["rows"]:
-            w.writerow([st["repo"], r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
+            w.writerow([st.repo, r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
                         r.get("baseline_ms"), r.get("candidate_ms"), r.get("speedup"), r.get("gbps"),
-                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st["run_dir"]])
+                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st.run_dir])
     path = batch_dir / SUMMARY_CSV
     rundir.atomic_write_text(path, out.getvalue())
     return path

@@ -176,13 +176,13 @@ class Batch:
         """Status columns of this job beyond STATUS_COLUMNS."""
         return {}
 
-    def tally(self, row: dict) -> collections.Counter:
+    def tally(self, row: batchdir.StatusRow) -> collections.Counter:
         """What the progress bar counts for a finished op."""
-        return collections.Counter([row["status"]])
+        return collections.Counter([row.status])
 
-    def done_line(self, row: dict) -> str:
-        return (f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} {row['elapsed_s']} s "
-                f"rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+    def done_line(self, row: batchdir.StatusRow) -> str:
+        return (f"{row.status:<8} {row.repo}:{row.op} device={row.device} {row.elapsed_s} s "
+                f"rows={row.rows}{'  ' + row.notes if row.notes else ''}")
 
     def summarize(self) -> str:
         """The files that sum the batch up, rewritten from its dir; said in the last line."""
@@ -197,10 +197,10 @@ class Batch:
         where = dict(ops_paths=self.opts.ops_paths, flaggems_dirs=flaggems_dirs, device=device, color="never",
                      run_dir=run_dir)
         if self.opts.replay_root is not None:
-            earlier = self.replay_sources.get(entry.id, {})
-            if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
+            earlier = self.replay_sources.get(entry.id)
+            if earlier is None or earlier.status != "PASS" or not earlier.run_dir:
                 return None
-            return RunRequest("replay", str(self.opts.replay_root / earlier["run_dir"]), **where).command_line()
+            return RunRequest("replay", str(self.opts.replay_root / earlier.run_dir), **where).command_line()
         if flaggems_dirs:
             target = f"{entry.repo}:{entry.op}@{entry.op_file}"
             where.update(level=self.opts.level, flagtune=self.opts.flagtune, libtuner_cache=self.opts.libtuner_cache)
@@ -234,12 +234,12 @@ class Batch:
                 running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
         return code, time.monotonic() - start
 
-    def run_op(self, entry: Entry, device: int) -> dict:
+    def run_op(self, entry: Entry, device: int) -> batchdir.StatusRow:
         row = self.measure_op(entry, device)
         self.record(entry, row)
         return row
 
-    def measure_op(self, entry: Entry, device: int) -> dict:
+    def measure_op(self, entry: Entry, device: int) -> batchdir.StatusRow:
         """Run the op's job (its attempts, retries, triage) and return its status row, not yet
         recorded in ops_status.csv: an executor on other hosts hands rows back to the one that records."""
         op_dir = batchdir.op_dir(self.dir, entry.key)
@@ -313,14 +313,13 @@ class Batch:
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
             notes.append(f"skipped: {facts['skip_reason']}")  # upstream's reason, or the operator's
-        row = {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status,
-               "exit_code": "" if code is None else code,
-               "attempts": attempts, "elapsed_s": round(elapsed, 1), "backend": self.opts.backend,
-               "device": device, "timer": facts["timer"], "rows": facts["rows"],
-               "timer_fallback_rows": facts["timer_fallback_rows"],
-               "replay_fallback_rows": facts["replay_fallback_rows"],
-               "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes),
-               **self._columns(facts)}
+        row = batchdir.StatusRow(
+            entry.op, entry.repo, entry.op_file, status, exit_code=code, attempts=attempts,
+            elapsed_s=round(elapsed, 1), backend=self.opts.backend, device=device, timer=facts["timer"],
+            rows=facts["rows"], timer_fallback_rows=facts["timer_fallback_rows"],
+            replay_fallback_rows=facts["replay_fallback_rows"],
+            run_dir=str(run_dir.relative_to(self.dir)) if run_dir else "", notes="; ".join(notes),
+            extra=self._columns(facts))
         batchdir.mark_complete(op_dir, status, self.opts.op_timeout)
         return row
 
@@ -373,7 +372,7 @@ class Batch:
                                       pythonpath=pythonpath)
         return code, seconds, log_path.relative_to(self.dir)
 
-    def record(self, entry: Entry, row: dict) -> None:
+    def record(self, entry: Entry, row: batchdir.StatusRow) -> None:
         with self.lock:
             self.status[entry.id] = row
             batchdir.write_status(self.dir, self.status, self.COLUMNS)
@@ -716,11 +715,11 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
             return 128 + signum
     summary = runner.summarize()
     status = batchdir.read_status(runner.dir)
-    final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
+    final = collections.Counter(status[e.id].status for e in selected if e.id in status)
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; {summary}")
     failed = sorted(e.key for e in selected
-                    if e.id in status and status[e.id]["status"] not in (*batchdir.DONE, *batchdir.UPSTREAM_VERDICTS))
-    theirs = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] in batchdir.UPSTREAM_VERDICTS)
+                    if e.id in status and status[e.id].status not in (*batchdir.DONE, *batchdir.UPSTREAM_VERDICTS))
+    theirs = sorted(e.key for e in selected if e.id in status and status[e.id].status in batchdir.UPSTREAM_VERDICTS)
     if failed:
         print("not passed: " + ", ".join(failed))
     if theirs:
