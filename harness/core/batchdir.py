@@ -41,6 +41,7 @@ Check = tuple[Callable[[object], bool], str]
 
 
 def is_batch_dir(path: Path) -> bool:
+    """Whether `path` is a batch dir: it holds a batch.json (a run dir never does)."""
     return (Path(path) / BATCH_JSON).is_file()
 
 
