@@ -277,10 +277,10 @@ def write_result(tmp_path, job_id, outcome, value):
 def test_a_task_is_over_by_its_result_or_once_slurm_shows_it_ended_without_one(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm_executor, "RESULT_GRACE_S", 0.0)
     tasks = tasks_of(tmp_path, "7_0", "7_1", "7_2", "7_3")
-    write_result(tmp_path, "7_0", "success", {"op": "x", "status": "PASS"})
+    write_result(tmp_path, "7_0", "success", batchdir.StatusRow("x", "path", "misbehaving", "PASS"))
     write_result(tmp_path, "7_1", "error", "Traceback (most recent call last):\n  ...\n"
                  "harness.sessions.slurm_executor.TaskDeviceError: sees 2\n")
-    assert [(j, r["status"]) for j, _, r in tasks.collect(None)] == [("7_0", "PASS"), ("7_1", "FAIL")]
+    assert [(j, r.status) for j, _, r in tasks.collect(None)] == [("7_0", "PASS"), ("7_1", "FAIL")]
     assert tasks.collect(None) == []  # squeue did not answer: no news of the others
     assert tasks.collect({"7_2": "RUNNING", "7_3": "PENDING"}) == []
     [(job_id, _, row)] = tasks.collect({"7_2": "TIMEOUT", "7_3": "PENDING"})
