@@ -34,7 +34,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 import backends
-from harness.core import ir_index, rundir
+from harness.core import batchdir, ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, explain, stats, table
 from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
@@ -320,15 +320,14 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
     return _assemble("ab_dirs", ops, unpaired, dict(context), warnings, note, sources, fdr)
 
 
-def _batch_status(batch_dir: Path) -> tuple[dict, dict[str, dict]]:
+def _batch_status(batch_dir: Path) -> tuple[dict, dict[str, batchdir.StatusRow]]:
     """(batch.json, ops_status rows by repo:op@op_file) of a batch dir, or UsageError."""
-    if not (batch_dir / "batch.json").is_file():
-        raise UsageError(f"{batch_dir} is not a batch dir (it has no batch.json)")
+    if not batchdir.is_batch_dir(batch_dir):
+        raise UsageError(f"{batch_dir} is not a batch dir (it has no {batchdir.BATCH_JSON})")
     try:
-        meta = rundir.read_json(batch_dir / "batch.json")
-        with open(batch_dir / "ops_status.csv", newline="") as f:
-            status = {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
-    except (OSError, ValueError) as exc:
+        meta = rundir.read_json(batch_dir / batchdir.BATCH_JSON)
+        status = batchdir.read_status(batch_dir, missing_ok=False)
+    except (OSError, ValueError, UsageError) as exc:
         raise UsageError(f"batch dir {batch_dir} is unreadable: {exc}") from exc
     return meta, status
 
@@ -349,16 +348,16 @@ def from_batch_pair(batch_a: Path, batch_b: Path, context: dict, fdr: float = st
     ops, unpaired, moved = [], [], []
     for op_id, name in zip(ids, short, strict=True):
         key = name if short.count(name) == 1 else op_id
-        sa, sb = status_a.get(op_id, {}), status_b.get(op_id, {})
-        run_a = batch_a / sa["run_dir"] if sa.get("run_dir") else None
-        run_b = batch_b / sb["run_dir"] if sb.get("run_dir") else None
-        notes = [f"{side}: {s['notes']}" for side, s in (("A", sa), ("B", sb)) if s.get("notes")]
-        states = (sa.get("status", "absent"), sb.get("status", "absent"))
+        sa, sb = status_a.get(op_id), status_b.get(op_id)
+        run_a = batch_a / sa.run_dir if sa and sa.run_dir else None
+        run_b = batch_b / sb.run_dir if sb and sb.run_dir else None
+        notes = [f"{side}: {s.notes}" for side, s in (("A", sa), ("B", sb)) if s and s.notes]
+        states = tuple(s.status if s else "absent" for s in (sa, sb))
         if not (run_a and (run_a / "results.json").is_file() and run_b and (run_b / "results.json").is_file()):
             unpaired.append({"op": key, "reason": "; ".join([f"status A {states[0]}, B {states[1]}: "
                                                              "a side has no results", *notes])})
             continue
-        if sa.get("device") != sb.get("device"):
+        if sa.device != sb.device:
             moved.append(key)
         ops.append(_OpResult(key, pair([run_a], [run_b], performance=note is None), run_a, run_b, notes, True,
                              *states))

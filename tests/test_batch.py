@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, in_a_case, pids_mentioning, wait_for
 
+from harness.core import batchdir
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog
 from harness.sessions import batch
@@ -70,7 +71,7 @@ def test_every_failure_path_gets_its_status_notes_and_files(tmp_path):
     # summary.csv: one row per measured case, and it regenerates from the batch dir alone.
     summary = (d / "summary.csv").read_text()
     (d / "summary.csv").unlink()
-    batch.write_summary(d)
+    batchdir.write_summary(d)
     assert (d / "summary.csv").read_text() == summary
     assert sum(1 for line in summary.splitlines()[1:] if line.startswith("builtin,add,")) == 2
     assert "not passed: path:crash_op, path:hang_op" in out

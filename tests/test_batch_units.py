@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -19,120 +18,33 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from batch_fakes import (
+    ADD,
+    CHECKOUT,
+    FG,
+    MM,
+    OPS,
+    UNCLAIMED_RUN_DIR,
+    Clock,
+    FakeChild,
+    Launcher,
+    Step,
+    parse,
+    row,
+    status_rows,
+    write_run,
+)
 
 from harness import cli
-from harness.core import launch, opguard, paths, rundir
+from harness.core import batchdir, launch, opguard, paths, rundir
+from harness.core.batchdir import StatusRow
 from harness.core.errors import DtypeRejected, UsageError
-from harness.providers import catalog, flaggems_scan
+from harness.providers import catalog, selection
 from harness.providers.catalog import Entry
 from harness.sessions import batch, ray_executor, slurm_executor
 
-OPS = REPO / "tests" / "resources" / "batch_ops"
-CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
-ADD = Entry("builtin", "add", "add", "ops/add.py")
-MM = Entry("builtin", "mm", "mm", "ops/mm.py")
-FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
 
-
-# --- the fake process boundary ---------------------------------------------------------------------
-REAL_START = launch.start
-UNCLAIMED_RUN_DIR = rundir.unclaimed_run_dir
-class Clock:
-    """batch's `time`: monotonic() moves only when a fake child takes its time."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-@dataclasses.dataclass
-class Step:
-    """What one started child does: what it writes into its --run-dir (rows/observed; None: no run
-    dir), its log text, its exit code (None: still running when the timeout ran out), its time."""
-
-    code: int | None = 0
-    rows: list[dict] | None = None
-    observed: dict | None = None
-    log: str = ""
-    seconds: float = 1.0
-    during: object = None  # called while it "runs" (the batch waits on it)
-    running_left: bool = True  # its guard's .running is still there when it ends
-
-
-def row(status="PASS", timer="direct", markers=(), **kw) -> dict:
-    return {"op": "add", "dtype": "fp32", "shape": [8], "status": status, "timer": timer, "markers": list(markers),
-            **kw}
-
-
-def write_run(out: Path, rows: list[dict] | None, observed: dict | None = None, name: str = "run") -> Path:
-    run = out / name
-    run.mkdir(parents=True, exist_ok=True)
-    (run / rundir.RUN_JSON).write_text(json.dumps({"observed": observed or {}}))
-    if rows is not None:
-        (run / rundir.RESULTS_JSON).write_text(json.dumps({"rows": rows}))
-    (run / rundir.RUN_LOG).write_text("run log\n")
-    return run
-
-
-class FakeChild:
-    def __init__(self, launcher, step: Step, pid: int):
-        self.launcher, self.step, self.pid = launcher, step, pid
-        self.stops: list[float] = []
-
-    def wait(self, timeout=None):
-        self.launcher.waits.append((self.pid, timeout, set(self.launcher.runner_children())))
-        self.launcher.clock.now += self.step.seconds
-        if self.step.during is not None:
-            self.step.during()
-        return self.step.code
-
-    def stop(self, grace_s, signum=signal.SIGTERM):
-        self.stops.append(grace_s)
-        return -signum
-
-
-class Launcher:
-    """launch.start for batch: steps per target (the op's `record` target, the replayed run dir or
-    the upstream pytest node); the last step of a target repeats."""
-
-    def __init__(self, clock: Clock):
-        self.clock = clock
-        self.plan: dict[str, list[Step]] = {}
-        self.calls: list[dict] = []
-        self.children: list[FakeChild] = []
-        self.waits: list[tuple] = []
-        self.runner = None
-
-    def runner_children(self):
-        return self.runner.children if self.runner is not None else {}
-
-    def __call__(self, argv, *, log=None, **kw):
-        if argv[1:3] == ["-m", "harness.providers.probe"]:  # --ops-path modules import for real, apart
-            return REAL_START(argv, log=log, **kw)
-        guard = opguard.command(Path(argv[4]), argv[6:])
-        assert argv == guard, argv  # every op attempt runs under its guard
-        cmd = argv[6:]
-        target = cmd[4] if cmd[2] == "harness" else cmd[3]
-        steps = self.plan.get(target) or [Step(rows=[row()])]
-        step = steps.pop(0) if len(steps) > 1 else steps[0]
-        if step.running_left:
-            Path(argv[4]).write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
-        named = Path(cmd[cmd.index("--run-dir") + 1]) if "--run-dir" in cmd else None
-        if named is not None and (step.rows is not None or step.observed is not None):
-            observed = step.observed or {}
-            if step.code == 0 and "outcome" not in observed:  # what a run that exits 0 records
-                observed = {**observed, "outcome": {"status": "COMPLETE", "exit_code": 0}}
-            write_run(named.parent, step.rows, observed, named.name)
-        log.write(step.log)
-        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": argv[4], **kw})
-        child = FakeChild(self, step, 4000 + len(self.children))
-        self.children.append(child)
-        return child
-
-
+# --- the fake process boundary (batch_fakes), put in place --------------------------------------------
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
@@ -159,11 +71,6 @@ def runner_for(tmp_path, launcher=None, op_dtypes=None, **opts) -> batch.Batch:
     return r
 
 
-def status_rows(batch_dir: Path) -> list[dict]:
-    with open(batch_dir / "ops_status.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 # --- pure helpers ------------------------------------------------------------------------------------
 def test_shard_is_the_documented_stable_hash_and_spreads():
     # The definition, not hash(): a resumed batch (another process) puts each op on the same device.
@@ -172,43 +79,6 @@ def test_shard_is_the_documented_stable_hash_and_spreads():
         assert [batch.shard(k, n) for k in keys] == [
             int.from_bytes(bytes.fromhex(hashlib.sha256(k.encode()).hexdigest()[:8]), "big") % n for k in keys]
     assert set(batch.shard(k, 4) for k in keys) == {0, 1, 2, 3}
-
-
-def test_op_dir_names_only_the_repo_separator_and_slashes():
-    nested = Entry("flaggems", "scale", "special/nested:x", "f.py", qualified=True)
-    assert batch._op_dir(Path("/b"), nested) == Path("/b/ops/flaggems__scale@special.nested:x")
-    assert batch._op_dir(Path("/b"), ADD) == Path("/b/ops/builtin__add")
-
-
-def test_completed_counts_only_a_settled_marker(tmp_path):
-    d = batch._op_dir(tmp_path, ADD)
-    assert batch.completed(tmp_path, ADD) is None  # no op dir
-    d.mkdir(parents=True)
-    assert batch.completed(tmp_path, ADD) is None  # no marker
-    for text, expected in (("PASS\n", "PASS"), (" SKIP \n", "SKIP"), ("FAIL\n", None), ("TIMEOUT", None),
-                           ("pass", None), ("FAIL_UPSTREAM\n", "FAIL_UPSTREAM"), ("FAIL_UPSTREAM 240\n", None),
-                           ("TIMEOUT_UPSTREAM 240\n", "TIMEOUT_UPSTREAM"), ("TIMEOUT_UPSTREAM\n", None),
-                           ("TIMEOUT_UPSTREAM x\n", None)):
-        (d / ".complete").write_text(text)
-        assert batch.completed(tmp_path, ADD, 240.0) == expected, text
-    # Upstream's timeout is settled for the budget it ran under, and for shorter ones; a longer one reruns it.
-    (d / ".complete").write_text("TIMEOUT_UPSTREAM 240\n")
-    assert batch.completed(tmp_path, ADD, 239.0) == "TIMEOUT_UPSTREAM"
-    assert batch.completed(tmp_path, ADD, 241.0) is None
-    (d / ".complete").unlink()
-    (d / ".complete").mkdir()  # not a file
-    assert batch.completed(tmp_path, ADD) is None
-
-
-def test_read_status_keys_rows_by_id(tmp_path):
-    assert batch.read_status(tmp_path) == {}
-    (tmp_path / "ops_status.csv").write_text("op,repo,op_file,status\nadd,builtin,add,PASS\nmm,builtin,,FAIL\n")
-    got = batch.read_status(tmp_path)
-    assert list(got) == ["builtin:add@add", "builtin:mm@"]
-    assert got["builtin:mm@"]["status"] == "FAIL" and got["builtin:add@add"]["op"] == "add"
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "ops_status.csv").write_text("op,repo,status\nadd,builtin,PASS\n")  # before op_file
-    assert list(batch.read_status(tmp_path / "old")) == ["builtin:add@"]
 
 
 def test_run_facts_counts_rows_timers_fallbacks_and_the_skip_reason(tmp_path):
@@ -300,49 +170,20 @@ def test_killed_note_goes_to_the_batch_log_and_the_killed_runs_log(tmp_path):
 
 def test_write_status_is_every_row_sorted_in_the_columns(tmp_path):
     r = runner_for(tmp_path)
-    r.record(MM, {"op": "mm", "repo": "builtin", "op_file": "mm", "status": "FAIL", "notes": "a, b; c",
-                  "extra": "dropped"})
-    r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS"})
+    r.record(MM, StatusRow("mm", "builtin", "mm", "FAIL", notes="a, b; c", extra={"extra": "dropped"}))
+    r.record(ADD, StatusRow("add", "builtin", "add", "PASS"))
     text = (tmp_path / "ops_status.csv").read_bytes().decode()  # as written: no newline translation
     lines = text.split("\n")
-    assert lines[0] == ",".join(batch.STATUS_COLUMNS)
+    assert lines[0] == ",".join(batchdir.STATUS_COLUMNS)
     assert lines[1] == "add,builtin,add,PASS,,,,,,,,,,," and lines[2].startswith("mm,builtin,mm,FAIL,")
     assert lines[2].endswith(',"a, b; c"') and lines[3] == "" and len(lines) == 4 and "\r" not in text
-    r.record(ADD, {"op": "add", "repo": "builtin", "op_file": "add", "status": "TIMEOUT"})  # replaces the row
+    r.record(ADD, StatusRow("add", "builtin", "add", "TIMEOUT"))  # replaces the row
     assert [(x["op"], x["status"]) for x in status_rows(tmp_path)] == [("add", "TIMEOUT"), ("mm", "FAIL")]
     # A resumed batch starts from the rows its dir holds.
     again = runner_for(tmp_path)
-    again.record(Entry("path", "z", "z", "z.py"), {"op": "z", "repo": "path", "op_file": "z", "status": "SKIP"})
+    again.record(Entry("path", "z", "z", "z.py"), StatusRow("z", "path", "z", "SKIP"))
     assert [x["op"] for x in status_rows(tmp_path)] == ["add", "mm", "z"]
     assert list(tmp_path.iterdir()) == [tmp_path / "ops_status.csv"]  # written atomically: no temp file left
-
-
-def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsys):
-    (tmp_path / "ops" / "b" / "run").mkdir(parents=True)
-    (tmp_path / "ops" / "b" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"rows": [
-        {"op": "mm", "dtype": "fp16", "shape": [2, 3, 4], "status": "PASS", "baseline_ms": 1.5,
-         "candidate_ms": 1.0, "speedup": 1.5, "gbps": 10.0, "tflops": 0.5, "timer": "graph",
-         "markers": ["TIMER_FALLBACK a", "B"]},
-        {"op": "mm", "dtype": "fp32", "shape": None, "status": "SKIPPED"}]}))
-    (tmp_path / "ops" / "a" / "run").mkdir(parents=True)
-    (tmp_path / "ops" / "a" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"rows": [
-        {"op": "add", "dtype": "fp32", "shape": [8], "status": "FAIL", "markers": []}]}))
-    with open(tmp_path / "ops_status.csv", "w") as f:
-        f.write("op,repo,op_file,status,run_dir\n")
-        f.write("mm,zz,mm,PASS,ops/b/run\n")
-        f.write("add,aa,add,FAIL,ops/a/run\n")
-        f.write("gone,aa,gone,FAIL,ops/gone/run\n")  # its run dir holds no results
-        f.write("none,aa,none,FAIL,\n")  # never got a run dir
-    path = batch.write_summary(tmp_path)
-    assert path == tmp_path / "summary.csv"
-    assert path.read_bytes().decode() == (
-        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n"
-        "aa,add,fp32,8,FAIL,,,,,,,,ops/a/run\n"
-        "zz,mm,fp16,2x3x4,PASS,1.5,1.0,1.5,10.0,0.5,graph,TIMER_FALLBACK a | B,ops/b/run\n"
-        "zz,mm,fp32,,SKIPPED,,,,,,,,ops/b/run\n")
-    (tmp_path / "ops_status.csv").unlink()
-    assert batch.write_summary(tmp_path).read_text() == (
-        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n")
 
 
 # --- one attempt -------------------------------------------------------------------------------------
@@ -393,14 +234,13 @@ def test_a_pass_is_done_with_its_run_facts(tmp_path, launcher):
     r = runner_for(tmp_path, launcher, devices=[0, 3])
     launcher.plan["add"] = [Step(code=0, seconds=2.24, rows=[
         row(timer="graph", markers=["TIMER_FALLBACK x"]), row(markers=["AUTOTUNE_REPLAY_FALLBACK y"])])]
-    op_dir = batch._op_dir(tmp_path, ADD)
+    op_dir = batchdir.op_dir(tmp_path, ADD.key)
     got = r.run_op(ADD, 3)
-    assert got == {"op": "add", "repo": "builtin", "op_file": "add", "status": "PASS", "exit_code": 0, "attempts": 1,
-                   "elapsed_s": 2.2, "backend": "interpreter", "device": 3, "timer": "direct+graph", "rows": 2,
-                   "timer_fallback_rows": 1, "replay_fallback_rows": 1, "run_dir": "ops/builtin__add/attempt1/run",
-                   "notes": ""}
+    assert got == StatusRow("add", "builtin", "add", "PASS", exit_code=0, attempts=1, elapsed_s=2.2,
+                            backend="interpreter", device=3, timer="direct+graph", rows=2, timer_fallback_rows=1,
+                            replay_fallback_rows=1, run_dir="ops/builtin__add/attempt1/run", notes="")
     assert (op_dir / ".complete").read_text() == "PASS\n"
-    assert batch.completed(tmp_path, ADD) == "PASS"
+    assert batchdir.completed(tmp_path, ADD.key) == "PASS"
     assert status_rows(tmp_path)[0]["status"] == "PASS" and r.status[ADD.id] is got
     cmd = launcher.calls[0]["cmd"]
     assert cmd[3:5] == ["record", "add"] and cmd[cmd.index("--device") + 1] == "3"
@@ -412,14 +252,14 @@ def test_a_pass_whose_every_case_skipped_is_a_skip_with_the_reason(tmp_path, lau
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="needs a GPU"), row(status="SKIPPED")])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["notes"]) == ("SKIP", "skipped: needs a GPU")
-    assert batch.completed(tmp_path, ADD) == "SKIP"
+    assert (got.status, got.notes) == ("SKIP", "skipped: needs a GPU")
+    assert batchdir.completed(tmp_path, ADD.key) == "SKIP"
     launcher.plan["add"] = [Step(rows=[row(status="SKIPPED", error="x"), row()])]  # one case ran
-    assert r.run_op(ADD, 0)["status"] == "PASS"
+    assert r.run_op(ADD, 0).status == "PASS"
     launcher.plan["add"] = [Step(rows=[])]  # nothing to run is no skip
-    assert r.run_op(ADD, 0)["status"] == "PASS"
+    assert r.run_op(ADD, 0).status == "PASS"
     launcher.plan["add"] = [Step(code=1, rows=[row(status="SKIPPED", error="x")])]
-    assert r.run_op(ADD, 0)["status"] == "FAIL"  # a failure is never a skip
+    assert r.run_op(ADD, 0).status == "FAIL"  # a failure is never a skip
 
 
 def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
@@ -428,10 +268,10 @@ def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=2, rows=None, log="$ cmd\nerror: s.yaml: no entry for 'add' (keys tried: add)\n"),
                             Step(code=0, rows=[row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"]) == ("FAIL", 1)
-    assert got["notes"] == "bad input, not retried: s.yaml: no entry for 'add' (keys tried: add)"
+    assert (got.status, got.attempts) == ("FAIL", 1)
+    assert got.notes == "bad input, not retried: s.yaml: no entry for 'add' (keys tried: add)"
     launcher.plan["add"] = [Step(code=2, rows=None, log="$ cmd\nTraceback\n")]  # the earlier error is not this one
-    assert r.run_op(ADD, 0)["notes"] == "bad input, not retried: see batch.log"
+    assert r.run_op(ADD, 0).notes == "bad input, not retried: see batch.log"
 
 
 def test_the_error_line_of_a_log_with_no_command_line_and_bytes_that_are_not_utf8(tmp_path):
@@ -444,34 +284,34 @@ def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, lau
     # Run dirs r1, r2, ... in the order the attempts start: an attempt dir reused later holds earlier runs too.
     monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / f"r{len(launcher.calls) + 1}")
     r = runner_for(tmp_path, launcher)
-    op_dir = batch._op_dir(tmp_path, ADD)
+    op_dir = batchdir.op_dir(tmp_path, ADD.key)
     op_dir.mkdir(parents=True)
     (op_dir / ".complete").write_text("PASS\n")  # an earlier batch's: this run decides again
     launcher.plan["add"] = [Step(code=3, seconds=1.0, rows=[row()]), Step(code=3, seconds=2.0, rows=[row(), row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("FAIL", 3, 2, 3.0)
-    assert got["notes"] == "retry after exit 3; exit 3 twice in a row: deterministic, not retried further"
-    assert not (op_dir / ".complete").exists() and batch.completed(tmp_path, ADD) is None
+    assert (got.status, got.exit_code, got.attempts, got.elapsed_s) == ("FAIL", 3, 2, 3.0)
+    assert got.notes == "retry after exit 3; exit 3 twice in a row: deterministic, not retried further"
+    assert not (op_dir / ".complete").exists() and batchdir.completed(tmp_path, ADD.key) is None
     assert [c["cmd"][c["cmd"].index("--run-dir") + 1] for c in launcher.calls] == [
         str(op_dir / "attempt1" / "r1"), str(op_dir / "attempt2" / "r2")]
-    assert (got["run_dir"], got["rows"]) == ("ops/builtin__add/attempt2/r2", 2)  # the last attempt's
+    assert (got.run_dir, got.rows) == ("ops/builtin__add/attempt2/r2", 2)  # the last attempt's
     launcher.plan["add"] = [Step(code=3, rows=[row()]), Step(code=3, rows=None)]
     got = r.run_op(ADD, 0)
-    assert (got["run_dir"], got["rows"]) == ("ops/builtin__add/attempt1/r3", 1)  # the last attempt that wrote one
+    assert (got.run_dir, got.rows) == ("ops/builtin__add/attempt1/r3", 1)  # the last attempt that wrote one
     launcher.plan["add"] = [Step(code=3, rows=None), Step(code=3, rows=None)]
     got = r.run_op(ADD, 0)
-    assert (got["run_dir"], got["rows"]) == ("", 0)  # the runs already in its attempt dirs are not this row's
+    assert (got.run_dir, got.rows) == ("", 0)  # the runs already in its attempt dirs are not this row's
 
 
 def test_an_attempt_is_read_back_from_the_run_dir_the_batch_named_never_a_stray_one(tmp_path, launcher, monkeypatch):
     monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", UNCLAIMED_RUN_DIR)  # the real names
     r = runner_for(tmp_path, launcher)
-    op_dir = batch._op_dir(tmp_path, ADD)
+    op_dir = batchdir.op_dir(tmp_path, ADD.key)
     write_run(op_dir / "attempt1", [row()], {"outcome": {"status": "COMPLETE", "exit_code": 0}},
               name="add_19990101-000000")  # a passed run left in the attempt dir: not this attempt's
     launcher.plan["add"] = [Step(code=0, rows=None)]  # exits 0 having claimed nothing
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["run_dir"], got["rows"]) == ("FAIL", "", 0)
+    assert (got.status, got.run_dir, got.rows) == ("FAIL", "", 0)
     named = [Path(c["cmd"][c["cmd"].index("--run-dir") + 1]) for c in launcher.calls]
     assert [d.parent for d in named] == [op_dir / "attempt1", op_dir / "attempt2"]
     assert all(re.fullmatch(r"add_\d{8}-\d{6}", d.name) for d in named), named
@@ -482,9 +322,9 @@ def test_changing_exits_retry_until_the_cap(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=11), Step(code=12), Step(code=13), Step(code=14), Step(code=0)]
     got = r.run_op(ADD, 0)
     assert batch.MAX_RETRIES == 2
-    assert (got["status"], got["exit_code"], got["attempts"]) == ("FAIL", 13, 3)
-    assert got["notes"] == "retry after exit 11; retry after exit 12; exit 13"
-    assert (got["run_dir"], got["rows"], got["timer"]) == ("", 0, "")  # no attempt wrote a run dir
+    assert (got.status, got.exit_code, got.attempts) == ("FAIL", 13, 3)
+    assert got.notes == "retry after exit 11; retry after exit 12; exit 13"
+    assert (got.run_dir, got.rows, got.timer) == ("", 0, "")  # no attempt wrote a run dir
 
 
 def incomplete(reason: str, case: str = "fp32-8") -> dict:
@@ -496,8 +336,8 @@ def test_an_exit_0_is_a_pass_only_when_its_run_recorded_it_complete(tmp_path, la
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=0, rows=[row()], observed=incomplete("child exited 0 unexpectedly"))]
     got = r.run_op(ADD, 0)
-    assert got["status"] == "FAIL"
-    assert got["notes"].startswith("retry after exit 0 (INCOMPLETE 1/2 rows: child exited 0 unexpectedly during case "
+    assert got.status == "FAIL"
+    assert got.notes.startswith("retry after exit 0 (INCOMPLETE 1/2 rows: child exited 0 unexpectedly during case "
                                    "fp32-8); exit 0 twice in a row the same way")
 
 
@@ -507,17 +347,17 @@ def test_the_same_exit_code_with_another_recorded_reason_is_retried(tmp_path, la
                             Step(code=3, rows=[row()], observed=incomplete("child exited 12 unexpectedly", "fp32-4")),
                             Step(code=3, rows=[row()], observed=incomplete("child exited 12 unexpectedly", "fp32-4"))]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"]) == ("FAIL", 3)
-    assert got["notes"].endswith("; exit 3 twice in a row the same way: deterministic, not retried further")
+    assert (got.status, got.attempts) == ("FAIL", 3)
+    assert got.notes.endswith("; exit 3 twice in a row the same way: deterministic, not retried further")
 
 
 def test_a_flaky_op_passes_on_its_retry(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=1, seconds=1.0), Step(code=-9, seconds=1.0), Step(code=0, rows=[row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["exit_code"], got["attempts"], got["elapsed_s"]) == ("PASS", 0, 3, 3.0)
-    assert got["notes"] == "retry after exit 1; retry after exit -9"
-    assert got["run_dir"] == "ops/builtin__add/attempt3/run"
+    assert (got.status, got.exit_code, got.attempts, got.elapsed_s) == ("PASS", 0, 3, 3.0)
+    assert got.notes == "retry after exit 1; retry after exit -9"
+    assert got.run_dir == "ops/builtin__add/attempt3/run"
 
 
 def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
@@ -525,18 +365,18 @@ def test_a_timeout_is_killed_not_retried_and_says_where(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=None, seconds=20.4, rows=[row()], observed={"running_case": "fp32 [2, 700]"})]
     got = r.run_op(ADD, 0)
     what = "timeout after 20 s during case fp32 [2, 700]"
-    assert (got["status"], got["exit_code"], got["attempts"]) == ("TIMEOUT", "", 1)
-    assert got["notes"] == f"{what} (killed, not retried)"
+    assert (got.status, got.exit_code, got.attempts) == ("TIMEOUT", None, 1)
+    assert got.notes == f"{what} (killed, not retried)"
     assert launcher.children[0].stops == [batch.KILL_GRACE_S] and launcher.waits[0][1] == 20.4
-    op_dir = batch._op_dir(tmp_path, ADD)
+    op_dir = batchdir.op_dir(tmp_path, ADD.key)
     note = f"\nkilled by the batch's --op-timeout: {what}\n"
     assert (op_dir / "batch.log").read_text().endswith(note)
     assert (op_dir / "attempt1" / "run" / rundir.RUN_LOG).read_text().endswith(note)
     assert not (op_dir / ".complete").exists()
     launcher.plan["add"] = [Step(code=3), Step(code=None)]  # a timeout after a failure
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("TIMEOUT", 2, "")
-    assert got["notes"] == ("retry after exit 3; timeout after 20 s before its run dir was written (the op never "
+    assert (got.status, got.attempts, got.exit_code) == ("TIMEOUT", 2, None)
+    assert got.notes == ("retry after exit 3; timeout after 20 s before its run dir was written (the op never "
                             "started a case) (killed, not retried)")
 
 
@@ -544,8 +384,8 @@ def test_requested_dtypes_narrow_to_the_ones_a_builtin_op_takes(tmp_path, launch
     r = runner_for(tmp_path, launcher, dtypes=["fp16", "bf16", "fp32"], op_dtypes={ADD.id: ("fp32", "bf16")})
     launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"]) == ("PASS", 2)
-    assert got["notes"] == "dtype fallback fp16,bf16,fp32 -> bf16,fp32"  # in the order asked for
+    assert (got.status, got.attempts) == ("PASS", 2)
+    assert got.notes == "dtype fallback fp16,bf16,fp32 -> bf16,fp32"  # in the order asked for
     dtypes = [c["cmd"][c["cmd"].index("--dtypes") + 1] for c in launcher.calls]
     assert dtypes == ["fp16,bf16,fp32", "bf16,fp32"]
 
@@ -561,8 +401,8 @@ def test_a_rejection_with_nothing_to_narrow_to_runs_without_a_dtype_filter(tmp_p
         else:
             launcher.plan["add"] = [Step(code=65), Step(code=0, rows=[row()])]
         got = r.run_op(ADD, 0)
-        assert (got["status"], got["attempts"]) == ("PASS", 2), op_dtypes
-        assert got["notes"] == "dtype rescue: fp16,bf16 rejected, ran without a dtype filter"
+        assert (got.status, got.attempts) == ("PASS", 2), op_dtypes
+        assert got.notes == "dtype rescue: fp16,bf16 rejected, ran without a dtype filter"
         assert "--dtypes" in launcher.calls[0]["cmd"] and "--dtypes" not in launcher.calls[1]["cmd"]
 
 
@@ -571,8 +411,8 @@ def test_narrowing_then_a_rescue_then_failures(tmp_path, launcher):
     launcher.plan["add"] = [Step(code=65), Step(code=65), Step(code=65)]
     got = r.run_op(ADD, 0)
     # Without a dtype filter a 65 is an ordinary failure: retried, then deterministic.
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("FAIL", 4, 65)
-    assert got["notes"] == ("dtype fallback fp16,fp32 -> fp32; dtype rescue: fp32 rejected, ran without a dtype "
+    assert (got.status, got.attempts, got.exit_code) == ("FAIL", 4, 65)
+    assert got.notes == ("dtype fallback fp16,fp32 -> fp32; dtype rescue: fp32 rejected, ran without a dtype "
                             "filter; retry after exit 65; exit 65 twice in a row: deterministic, not retried further")
 
 
@@ -587,11 +427,11 @@ def test_a_replay_without_an_earlier_pass_fails_without_running(tmp_path, launch
     r = runner_for(d, launcher, replay_root=earlier)
     for e in (MM, Entry("builtin", "rms_norm", "rms_norm", "x"), Entry("builtin", "softmax", "softmax", "x")):
         got = r.run_op(e, 0)
-        assert (got["status"], got["attempts"], got["exit_code"]) == ("FAIL", 0, ""), e
-        assert got["notes"] == f"no PASSed run of this op to replay in {earlier}"
+        assert (got.status, got.attempts, got.exit_code) == ("FAIL", 0, None), e
+        assert got.notes == f"no PASSed run of this op to replay in {earlier}"
     assert launcher.calls == []
     got = r.run_op(ADD, 0)
-    assert got["status"] == "PASS" and launcher.calls[0]["cmd"][3:5] == [
+    assert got.status == "PASS" and launcher.calls[0]["cmd"][3:5] == [
         "replay", str(earlier / "ops/builtin__add/attempt2/run")]
 
 
@@ -599,13 +439,13 @@ def test_a_stop_during_an_attempt_interrupts_the_op(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=-15, rows=[row()], during=r.stop)]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("INTERRUPTED", 1, -15)
+    assert (got.status, got.attempts, got.exit_code) == ("INTERRUPTED", 1, -15)
     assert launcher.children[0].stops == [batch.KILL_GRACE_S]  # stop() reached the running child
-    assert batch.completed(tmp_path, ADD) is None
+    assert batchdir.completed(tmp_path, ADD.key) is None
     launcher.calls.clear()
     got = r.run_op(MM, 0)  # stopped before it started (a Slurm task cancelled as it starts): not a failure
-    assert (got["status"], got["attempts"], launcher.calls) == ("INTERRUPTED", 0, [])
-    assert batch.completed(tmp_path, MM) is None
+    assert (got.status, got.attempts, launcher.calls) == ("INTERRUPTED", 0, [])
+    assert batchdir.completed(tmp_path, MM.key) is None
 
 
 def test_an_op_that_passed_just_before_a_stop_is_a_pass(tmp_path, launcher):
@@ -613,12 +453,13 @@ def test_an_op_that_passed_just_before_a_stop_is_a_pass(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     launcher.plan["add"] = [Step(code=0, rows=[row()], during=r.stop)]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["exit_code"]) == ("PASS", 1, 0)
-    assert batch.completed(tmp_path, ADD) == "PASS"
+    assert (got.status, got.attempts, got.exit_code) == ("PASS", 1, 0)
+    assert batchdir.completed(tmp_path, ADD.key) == "PASS"
     other = runner_for(tmp_path / "other", launcher)
     launcher.plan["mm"] = [Step(code=1, rows=[row()], during=other.stop)]  # a failure is not retried after a stop
     got = other.run_op(MM, 0)
-    assert (got["status"], got["attempts"]) == ("INTERRUPTED", 1) and batch.completed(tmp_path / "other", MM) is None
+    assert (got.status, got.attempts) == ("INTERRUPTED", 1)
+    assert batchdir.completed(tmp_path / "other", MM.key) is None
 
 
 # --- triage ---------------------------------------------------------------------------------------------
@@ -638,8 +479,8 @@ def test_triage_reruns_a_failing_flaggems_op_as_the_upstream_node(tmp_path, laun
     launcher.plan[node] = [Step(code=1, seconds=4.0, log="collected 1\nE   RuntimeError: broken upstream\n")]
     got = fg_runner.run_op(FG, 2)
     where = "ops/flaggems__broken_upstream/upstream/pytest.log"
-    assert (got["status"], got["attempts"], got["exit_code"], got["elapsed_s"]) == (batch.FAIL_UPSTREAM, 2, 1, 6.0)
-    assert got["notes"] == ("retry after exit 1; exit 1 twice in a row: deterministic, not retried further; "
+    assert (got.status, got.attempts, got.exit_code, got.elapsed_s) == (batchdir.FAIL_UPSTREAM, 2, 1, 6.0)
+    assert got.notes == ("retry after exit 1; exit 1 twice in a row: deterministic, not retried further; "
                             f"upstream fails too: RuntimeError: broken upstream ({where})")
     call = launcher.calls[-1]
     assert call["cmd"] == [sys.executable, "-m", "pytest", node, "--level", "comprehensive",
@@ -649,7 +490,7 @@ def test_triage_reruns_a_failing_flaggems_op_as_the_upstream_node(tmp_path, laun
     assert call["visible"][0].name == "cuda" and call["visible"][1] == 2
     assert call["pythonpath"] == os.pathsep.join([str(CHECKOUT / "src"), paths.harness_pythonpath("/inherited")])
     assert sorted(p.name for p in upstream.iterdir()) == ["pytest.log"]
-    assert batch.completed(tmp_path, FG) == batch.FAIL_UPSTREAM  # settled: a resume keeps it
+    assert batchdir.completed(tmp_path, FG.key) == batchdir.FAIL_UPSTREAM  # settled: a resume keeps it
 
 
 def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launcher, clock):
@@ -659,7 +500,7 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     launcher.plan[node] = [Step(code=0, log="E   a passing test's own output\n==== 1 passed in 0.5s ====\n")]
     got = r.run_op(FG, 0)
     where = "ops/flaggems__broken_upstream/upstream/pytest.log"
-    assert (got["status"], got["notes"].rsplit("; ", 2)[-2:]) == ("FAIL", [
+    assert (got.status, got.notes.rsplit("; ", 2)[-2:]) == ("FAIL", [
         "ours: upstream passes (1 passed in 0.5s", f"{where})"])
     call = launcher.calls[-1]
     # No level, dtypes, vendor or FlagTune asked for: upstream's defaults; the checkout's src first.
@@ -667,12 +508,12 @@ def test_triage_keeps_fail_when_upstream_passes_or_is_undecided(tmp_path, launch
     assert call["pythonpath"].split(os.pathsep)[0] == str(CHECKOUT / "src")
     launcher.plan[node] = [Step(code=None, seconds=30.0)]
     got = r.run_op(FG, 0)
-    assert got["status"] == "FAIL" and got["notes"].endswith(
+    assert got.status == "FAIL" and got.notes.endswith(
         f"; triage undecided: the upstream rerun timed out after 30 s (killed; {where})")
     assert launcher.children[-1].stops == [batch.KILL_GRACE_S]
     launcher.plan[node] = [Step(code=-15, during=r.stop)]
     got = r.run_op(FG, 0)
-    assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
+    assert got.status == "INTERRUPTED" and got.notes.endswith("; triage: interrupted during the upstream rerun")
 
 
 def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_finishes(tmp_path, launcher, clock):
@@ -682,25 +523,25 @@ def test_a_timed_out_flaggems_op_stays_timeout_and_says_whether_upstream_alone_f
     launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=None, seconds=30.0)]
     launcher.plan[node] = [Step(code=None, seconds=30.0)]
     got = r.run_op(FG, 0)
-    assert (got["status"], got["attempts"], got["elapsed_s"]) == (batch.TIMEOUT_UPSTREAM, 1, 60.0)
-    assert got["notes"].endswith(
+    assert (got.status, got.attempts, got.elapsed_s) == (batchdir.TIMEOUT_UPSTREAM, 1, 60.0)
+    assert got.notes.endswith(
         f"(killed, not retried); upstream too: the bare node did not finish in 30 s either (killed; {where})")
     assert launcher.calls[-1]["cmd"][3:] == [node, "--level", "core"]
     # Settled for this budget: a resume under it skips the op, one with a longer budget reruns it.
-    assert batch.completed(tmp_path, FG, 30.0) == batch.TIMEOUT_UPSTREAM
-    assert batch.completed(tmp_path, FG, 60.0) is None
+    assert batchdir.completed(tmp_path, FG.key, 30.0) == batchdir.TIMEOUT_UPSTREAM
+    assert batchdir.completed(tmp_path, FG.key, 60.0) is None
     launcher.plan[node] = [Step(code=0, seconds=12.4, log="==== 1 passed in 12.1s ====\n")]
     got = r.run_op(FG, 0)
-    assert got["status"] == "TIMEOUT" and got["notes"].endswith(
+    assert got.status == "TIMEOUT" and got.notes.endswith(
         f"; ours: upstream passes in 12 s (1 passed in 12.1s; {where})")
-    assert batch.completed(tmp_path, FG, 30.0) is None  # ours: a resume tries it again
+    assert batchdir.completed(tmp_path, FG.key, 30.0) is None  # ours: a resume tries it again
     launcher.plan[node] = [Step(code=1, seconds=3.0, log="E   RuntimeError: broken upstream\n")]
     got = r.run_op(FG, 0)
-    assert got["status"] == "TIMEOUT" and got["notes"].endswith(
+    assert got.status == "TIMEOUT" and got.notes.endswith(
         f"; upstream fails in 3 s (RuntimeError: broken upstream; {where})")
     launcher.plan[node] = [Step(code=-15, during=r.stop)]
     got = r.run_op(FG, 0)
-    assert got["status"] == "INTERRUPTED" and got["notes"].endswith("; triage: interrupted during the upstream rerun")
+    assert got.status == "INTERRUPTED" and got.notes.endswith("; triage: interrupted during the upstream rerun")
 
 
 def test_triage_of_a_checkout_without_its_package_and_a_silent_upstream_failure(tmp_path, launcher, monkeypatch):
@@ -711,7 +552,7 @@ def test_triage_of_a_checkout_without_its_package_and_a_silent_upstream_failure(
     launcher.plan["flaggems:broken_upstream@triage"] = [Step(code=1)]
     launcher.plan["benchmark/test_triage.py::test_broken_upstream"] = [Step(code=5, log="")]
     got = r.run_op(FG, 0)
-    assert got["status"] == batch.FAIL_UPSTREAM and got["notes"].endswith(
+    assert got.status == batchdir.FAIL_UPSTREAM and got.notes.endswith(
         "; upstream fails too: pytest exited 5 (ops/flaggems__broken_upstream/upstream/pytest.log)")
     assert launcher.calls[-1]["pythonpath"] == paths.harness_pythonpath("/inherited")
     assert launcher.calls[-1]["cwd"] == bare
@@ -747,9 +588,9 @@ def test_run_shards_ops_over_devices_serially_within_each(tmp_path, launcher):
     todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(12)]
     done = []
     r.run(todo, done.append)
-    assert sorted(x["op"] for x in done) == sorted(e.op for e in todo)
+    assert sorted(x.op for x in done) == sorted(e.op for e in todo)
     for e in todo:
-        assert r.status[e.id]["device"] == [5, 7, 9][batch.shard(e.id, 3)]
+        assert r.status[e.id].device == [5, 7, 9][batch.shard(e.id, 3)]
     for device in (5, 7, 9):  # in todo's order on each device
         mine = [c["target"] for c in launcher.calls if c["cmd"][c["cmd"].index("--device") + 1] == str(device)]
         assert mine == [e.op for e in todo if [5, 7, 9][batch.shard(e.id, 3)] == device]
@@ -762,7 +603,7 @@ def test_run_waits_for_an_op_slower_than_its_poll(tmp_path, launcher):
     launcher.plan["slow"] = [Step(rows=[row()], during=lambda: time.sleep(0.8))]  # longer than a queue poll
     done = []
     r.run([Entry("path", "slow", "slow", "x.py")], done.append)
-    assert [x["op"] for x in done] == ["slow"]
+    assert [x.op for x in done] == ["slow"]
 
 
 def test_progress_counts_each_finished_op(tmp_path, launcher, monkeypatch, capsys):
@@ -807,7 +648,7 @@ def test_run_stops_scheduling_once_stopped_and_kills_on_ctrl_c(tmp_path, launche
     seen = []
 
     def on_done(got):
-        seen.append(got["op"])
+        seen.append(got.op)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -819,59 +660,6 @@ def test_run_stops_scheduling_once_stopped_and_kills_on_ctrl_c(tmp_path, launche
     with pytest.raises(KeyboardInterrupt):
         r.run([todo[1]], on_done)
     assert r.stopping.is_set() and r.children[1].stops == [batch.KILL_GRACE_S]
-
-
-# --- the batch dir ---------------------------------------------------------------------------------------
-def test_a_new_batch_needs_a_new_or_empty_dir(tmp_path):
-    batch._check_new_batch_dir(tmp_path / "new")
-    (tmp_path / "empty").mkdir()
-    batch._check_new_batch_dir(tmp_path / "empty")
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / batch.BATCH_JSON).write_text("{}")
-    with pytest.raises(UsageError) as info:
-        batch._check_new_batch_dir(tmp_path / "old")
-    assert str(info.value) == (f"--batch-dir {tmp_path / 'old'} is an existing batch dir: to continue it add "
-                               "--resume; for a new batch give a new or empty dir")
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(UsageError) as info:
-        batch._check_new_batch_dir(tmp_path / "file")
-    assert str(info.value) == f"--batch-dir {tmp_path / 'file'} is a file, not a directory"
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "notes.txt").write_text("x")
-    with pytest.raises(UsageError) as info:
-        batch._check_new_batch_dir(tmp_path / "full")
-    assert str(info.value) == (f"--batch-dir {tmp_path / 'full'} is not empty and is not a batch dir (it has no "
-                               "batch.json): give a new or empty dir")
-
-
-def test_new_batch_dir_is_claimed_or_created(tmp_path):
-    args = argparse.Namespace(batch_dir=None, out=tmp_path / "runs")
-    claimed = batch._new_batch_dir(args)
-    assert claimed.parent == tmp_path / "runs" and claimed.name.startswith("batch_") and claimed.is_dir()
-    args.batch_dir = tmp_path / "a" / "b"
-    assert batch._new_batch_dir(args) == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
-    assert batch._new_batch_dir(args) == tmp_path / "a" / "b"  # an empty one is fine
-    (tmp_path / "f").write_text("x")
-    args.batch_dir = tmp_path / "f" / "sub"
-    with pytest.raises(UsageError) as info:
-        batch._new_batch_dir(args)
-    assert str(info.value) == f"--batch-dir {tmp_path / 'f' / 'sub'}: cannot create it: Not a directory"
-
-
-def test_own_holds_the_lock_and_names_the_live_owner(tmp_path):
-    (tmp_path / batch.OWNER_LOCK).write_text("stale 123\n")
-    with batch._own(tmp_path):
-        assert (tmp_path / batch.OWNER_LOCK).read_text() == f"{os.getpid()}\n"
-        with pytest.raises(UsageError) as info:
-            batch._own(tmp_path)
-        assert str(info.value) == (f"batch dir {tmp_path} belongs to batch pid {os.getpid()}, which is still "
-                                   f"running: wait for it, or stop it (kill {os.getpid()}) and resume then")
-    with batch._own(tmp_path):  # released with its file
-        pass
-    with open(tmp_path / batch.OWNER_LOCK, "w") as f:  # locked before any pid was written
-        fcntl.flock(f, fcntl.LOCK_EX)
-        with pytest.raises(UsageError, match="belongs to batch pid unknown, which is still running"):
-            batch._own(tmp_path)
 
 
 def test_stop_leftovers_stops_each_running_op_and_says_so(tmp_path, monkeypatch):
@@ -902,10 +690,10 @@ def test_batch_hooks_of_a_record_job(tmp_path):
     assert str(info.value) == (f"--batch-dir {tmp_path} is a corpus A/B: resume it with nox -s ab -- --resume "
                                "--batch-dir DIR")
     assert batch.Batch.dir_prefix({}) == "batch"
-    assert r.tally({"status": "SKIP"}) == {"SKIP": 1}
-    line = {"status": "FAIL", "repo": "builtin", "op": "add", "device": 6, "elapsed_s": 1.5, "rows": 2, "notes": ""}
+    assert r.tally(StatusRow("add", "builtin", status="SKIP")) == {"SKIP": 1}
+    line = StatusRow("add", "builtin", status="FAIL", device=6, elapsed_s=1.5, rows=2, notes="")
     assert r.done_line(line) == "FAIL     builtin:add device=6 1.5 s rows=2"
-    assert r.done_line({**line, "notes": "retry after exit 3"}) == (
+    assert r.done_line(dataclasses.replace(line, notes="retry after exit 3")) == (
         "FAIL     builtin:add device=6 1.5 s rows=2  retry after exit 3")
     assert r.summarize() == f"summary: {tmp_path / 'summary.csv'}" and (tmp_path / "summary.csv").is_file()
     e = Entry("path", "op1", "op1", "x.py")
@@ -923,10 +711,6 @@ def test_slurm_params_fit_every_attempt_and_take_key_values():
 
 
 # --- what a batch stores for its resume ---------------------------------------------------------------------
-def parse(*argv):
-    return cli.build_parser().parse_args(["batch", *map(str, argv)])
-
-
 FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes="/s.yaml", ops_paths=["/ops"],
             flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="1", libtuner_cache="user", op_timeout=5.0,
             replay_root=Path("/earlier"), triage=False)
@@ -940,7 +724,7 @@ def test_request_stores_options_as_the_command_line_gives_them():
     assert batch._request(batch.Options("interpreter", [1]), []) == {
         "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_path": None,
         "flaggems_dir": None, "level": None, "flagtune": None, "libtuner_cache": None,
-        "op_timeout": batch.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "selection": []}
+        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "selection": []}
 
 
 def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
@@ -1008,7 +792,7 @@ def test_apply_stored_names_the_selection_and_only_the_options_asked_for(tmp_pat
         assert line.startswith("resume: the selection given on the command line (batch.json keeps its 3 ops"), given
 
 
-# --- selection ------------------------------------------------------------------------------------------------
+# --- where the ops run ---------------------------------------------------------------------------------------
 def test_where_resolves_backend_devices_checkouts_and_ops_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()
@@ -1030,102 +814,6 @@ def test_where_resolves_backend_devices_checkouts_and_ops_paths(tmp_path, monkey
         batch._where(parse("--backend", "nope"))
 
 
-def test_entries_scan_a_given_checkout_and_ops_path_dirs(tmp_path, monkeypatch, capsys):
-    committed = [e for e in catalog.load()]
-    assert {e.repo for e in batch._entries([], {})} == {e.repo for e in committed}
-    assert capsys.readouterr().out == ""
-    fresh = flaggems_scan.scan(CHECKOUT, "fg")
-    inventory = tmp_path / "inventory_fg.csv"
-    kept = [dataclasses.replace(e, collected="yes") for e in fresh[1:]]
-    inventory.write_text(catalog.to_csv([*kept, Entry("fg", "gone", "gone", "benchmark/test_gone.py")]))
-    monkeypatch.setattr(catalog, "inventory_path", lambda repo: tmp_path / f"inventory_{repo}.csv")
-    entries = batch._entries([str(OPS), str(OPS / "misbehaving.py"), "a.module"], {"fg": CHECKOUT})
-    assert capsys.readouterr().out == (
-        f"NOTE: inventory_fg.csv differs from a scan of {CHECKOUT} (1 ops only in the checkout, 1 only in the "
-        f"inventory): selecting from the checkout; refresh it with nox -s inventory-regen -- --flaggems-dir "
-        f"fg={CHECKOUT}\n")
-    fg = [e for e in entries if e.repo == "fg"]
-    assert [e.id for e in fg] == [e.id for e in fresh]
-    assert [e.collected for e in fg] == [""] + ["yes"] * len(kept)  # the inventory's verdicts are kept
-    path_ops = [e for e in entries if e.repo == catalog.PATH_REPO]
-    assert {e.op for e in path_ops} >= {"crash_op", "fp32_op", "skip_op"} and len(path_ops) == len(
-        {e.id for e in path_ops})  # the dir once; the file and the module name are not scanned
-    assert path_ops[0].file == "batch_ops/misbehaving.py"
-    assert [e for e in entries if e.repo not in ("fg", catalog.PATH_REPO)] == committed
-    inventory.write_text(catalog.to_csv(fresh))
-    batch._entries([], {"fg": CHECKOUT})
-    assert capsys.readouterr().out == ""
-
-
-def test_select_all_leaves_out_flaggems_repos_loudly(capsys, monkeypatch):
-    fg_ops = sum(1 for e in catalog.load() if e.repo == "flaggems")
-    selected, excluded, left_out = batch._select(parse("--all"), None, [str(OPS)], {})
-    assert {e.repo for e in selected} == {"builtin", "path"} and "skip_op" not in {e.op for e in selected}
-    assert [(e.op, why) for e, why in excluded] == [("skip_op", "skip mark: not meaningful on this backend")]
-    assert left_out == {"flaggems": fg_ops}
-    assert capsys.readouterr().out == (
-        f"NOTE: --all leaves out the FlagGems inventories flaggems ({fg_ops} ops): their checkouts were not given; "
-        "to include them add --flaggems-dir flaggems=PATH\n")
-    selected, _, left_out = batch._select(parse("--all", "--repos", "builtin"), None, [], {})
-    assert {e.repo for e in selected} == {"builtin"} and left_out == {} and capsys.readouterr().out == ""
-    committed = catalog.load()
-    monkeypatch.setattr(catalog, "load", lambda: [*committed, Entry("vllm", "moe", "moe", "benchmark/test_moe.py")])
-    assert batch._select(parse("--all"), None, [], {})[2] == {"flaggems": fg_ops, "vllm": 1}
-    assert capsys.readouterr().out == (
-        f"NOTE: --all leaves out the FlagGems inventories flaggems ({fg_ops} ops), vllm (1 op): their checkouts were "
-        "not given; to include them add --flaggems-dir flaggems=PATH --flaggems-dir vllm=PATH\n")
-
-
-def test_select_uses_the_stored_selection_only_when_none_is_given(tmp_path, capsys):
-    stored = [MM.id, ADD.id]
-    assert [e.op for e in batch._select(parse(), stored, [], {})[0]] == ["mm", "add"]
-    assert [e.op for e in batch._select(parse("--ops", "softmax"), stored, [], {})[0]] == ["softmax"]
-    (tmp_path / "ops.txt").write_text("gelu  # a comment\n\n")
-    assert [e.op for e in batch._select(parse("--ops", "softmax", "--ops-file", tmp_path / "ops.txt"), stored, [],
-                                        {})[0]] == ["softmax", "gelu"]
-    assert {e.op for e in batch._select(parse("--repos", "builtin", "--all"), stored, [], {})[0]} > {"add", "mm"}
-    assert capsys.readouterr().out == ""
-    with pytest.raises(UsageError, match=r"bad operator selection: 'nope': unknown"):
-        batch._select(parse("--ops", "nope"), None, [], {})
-    with pytest.raises(UsageError, match="--ops-file .* does not exist"):
-        batch._select(parse("--ops-file", tmp_path / "missing"), None, [], {})
-
-
-def test_select_samples_a_fresh_selection_not_a_stored_one(capsys):
-    five = ["add", "gelu", "mm", "rms_norm", "softmax"]
-    full = batch._select(parse("--ops", *five), None, [], {})[0]
-    picked = batch._select(parse("--ops", *five, "--sample", "2", "--sample-seed", "3"), None, [], {})[0]
-    assert picked == catalog.sample(full, 2, 3) and len(picked) == 2
-    assert capsys.readouterr().out == "sample: 2 ops (seed 3) from the selection\n"
-    stored = [e.id for e in full]
-    assert batch._select(parse("--sample", "2"), stored, [], {})[0] == full  # a resume keeps its sample
-    assert capsys.readouterr().out == ""
-    with pytest.raises(UsageError, match="--sample 0: give a positive number"):
-        batch._select(parse("--ops", "add", "--sample", "0"), None, [], {})
-
-
-def test_a_flaggems_op_needs_its_checkout():
-    with pytest.raises(UsageError) as info:
-        batch._select(parse("--ops", "flaggems:Concat@Concat"), None, [], {})
-    assert str(info.value) == (
-        "the selection includes operators of FlagGems repos whose checkouts were not given: flaggems (1 op); add "
-        "--flaggems-dir flaggems=PATH, or leave them out with --repos builtin")
-    two = [Entry("vllm", "a", "a", "x"), Entry("flaggems", "b", "b", "x"), Entry("vllm", "c", "c", "x"), ADD]
-    with pytest.raises(UsageError, match=r"repos whose checkouts were not given: flaggems \(1 op\), vllm \(2 ops\); "
-                                         r"add --flaggems-dir flaggems=PATH --flaggems-dir vllm=PATH, or"):
-        batch.require_checkouts(two, {"other": CHECKOUT})
-    batch.require_checkouts(two, {"vllm": CHECKOUT, "flaggems": CHECKOUT})
-
-
-def test_op_dtypes_are_known_for_builtin_and_path_ops_only():
-    fp32_op = Entry("path", "fp32_op", "misbehaving", "batch_ops/misbehaving.py")
-    got = batch._op_dtypes([FG, ADD, fp32_op], [str(OPS)], 120)
-    from harness.providers import registry
-    assert got == {ADD.id: registry.load("add")[0].dtypes, fp32_op.id: ("fp32",)}
-    with pytest.raises(UsageError, match="no_such_op"):
-        batch._op_dtypes([Entry("builtin", "no_such_op", "x", "x")], [], 120)
-
-
 # --- a whole batch, in process ---------------------------------------------------------------------------------
 def lines(capsys) -> list[str]:
     return capsys.readouterr().out.splitlines()
@@ -1142,7 +830,7 @@ def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatc
     assert "FAIL     path:crash_op device=0 2.0 s rows=0  retry after exit 3; exit 3 twice in a row: deterministic, " \
            "not retried further" in out
     assert out[-2:] == [f"done: FAIL 1, PASS 2; summary: {d / 'summary.csv'}", "not passed: path:crash_op"]
-    stored = rundir.read_json(d / batch.BATCH_JSON)
+    stored = rundir.read_json(d / batchdir.BATCH_JSON)
     ids = ["path:fp32_op@misbehaving", "path:crash_op@misbehaving", "builtin:add@add"]  # as given
     assert {k: v for k, v in stored.items() if k != "request"} == {
         "backend": "interpreter", "devices": [0], "flaggems_dirs": {}, "excluded": {}, "left_out_repos": {},
@@ -1152,7 +840,7 @@ def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatc
     assert [(x["op"], x["status"]) for x in status_rows(d)] == [("add", "PASS"), ("crash_op", "FAIL"),
                                                                 ("fp32_op", "PASS")]
     assert (d / "summary.csv").read_text().count("\n") == 3  # header, add's row, fp32_op's row
-    assert (d / batch.OWNER_LOCK).read_text() == f"{os.getpid()}\n"
+    assert (d / batchdir.OWNER_LOCK).read_text() == f"{os.getpid()}\n"
 
     # The resume: stored options and selection, done ops skipped, leftovers of the dead batch stopped first.
     (d / "ops" / "path__crash_op" / opguard.RUNNING).write_text("{}")
@@ -1170,7 +858,7 @@ def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatc
     assert out[-1] == f"done: PASS 3; summary: {d / 'summary.csv'}"
     assert [c["target"] for c in launcher.calls] == ["crash_op"]
     assert launcher.calls[0]["cmd"][launcher.calls[0]["cmd"].index("--dtypes") + 1] == "fp32"
-    assert rundir.read_json(d / batch.BATCH_JSON)["request"]["selection"] == ids
+    assert rundir.read_json(d / batchdir.BATCH_JSON)["request"]["selection"] == ids
     # Without --resume the same dir is refused; a fresh dir under --out is claimed when none is given.
     with pytest.raises(UsageError, match="is an existing batch dir"):
         batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--batch-dir", d))
@@ -1194,13 +882,13 @@ def test_a_resumed_batch_with_a_new_selection_runs_it_and_lists_exclusions(tmp_p
     assert out[0] == ("resume: the selection given on the command line (batch.json keeps its 1 ops, and adds any "
                       "new: a plain --resume runs those not done); options from batch.json: --backend --devices; "
                       "from the command line: --ops-path --op-timeout")
-    n = len([e for e in batch._entries([str(OPS)], {}) if e.repo == "path"])
+    n = len([e for e in selection.all_entries([str(OPS)], {}) if e.repo == "path"])
     assert out[2] == f"{n - 1} selected, 0 already done, 1 excluded; devices [0]; backend interpreter"
     assert out[3] == "  excluded path:skip_op: skip mark: not meaningful on this backend"
     assert "not passed: path:hang_op" in out[-1] and "path:fp32_op" not in out[-1]
     assert {x["op"]: x["status"] for x in status_rows(d)}["hang_op"] == "TIMEOUT"
     assert {w[1] for w in launcher.waits} == {60.0}  # the --op-timeout given again
-    assert rundir.read_json(d / batch.BATCH_JSON)["excluded"] == {"path:skip_op": "skip mark: not meaningful on "
+    assert rundir.read_json(d / batchdir.BATCH_JSON)["excluded"] == {"path:skip_op": "skip mark: not meaningful on "
                                                                                  "this backend"}
 
 
@@ -1248,7 +936,7 @@ def test_usage_errors_before_anything_runs(tmp_path, launcher, monkeypatch, caps
             batch.run_from_args(parse("--resume", *argv))
         assert str(info.value) == "--resume needs --batch-dir (the batch dir to resume)"
     (tmp_path / "ab").mkdir()
-    (tmp_path / "ab" / batch.BATCH_JSON).write_text(json.dumps({"request": {"plan": {}}}))
+    (tmp_path / "ab" / batchdir.BATCH_JSON).write_text(json.dumps({"request": {"plan": {}}}))
     with pytest.raises(UsageError, match="is a corpus A/B"):
         batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "ab"))
     import importlib.util
@@ -1340,7 +1028,7 @@ def test_the_command_lines_options_reach_the_ops_and_batch_json(tmp_path, launch
     cmd = launcher.calls[0]["cmd"]
     assert [cmd[cmd.index(flag) + 1] for flag in ("--shapes", "--level", "--flagtune", "--libtuner-cache")] == [
         str(tmp_path / "s.yaml"), "comprehensive", "1", "user"]
-    request = rundir.read_json(tmp_path / "b" / batch.BATCH_JSON)["request"]
+    request = rundir.read_json(tmp_path / "b" / batchdir.BATCH_JSON)["request"]
     assert {k: request[k] for k in ("shapes", "level", "flagtune", "libtuner_cache", "triage", "replay_root")} == {
         "shapes": str(tmp_path / "s.yaml"), "level": "comprehensive", "flagtune": "1", "libtuner_cache": "user",
         "triage": False, "replay_root": None}
@@ -1352,7 +1040,7 @@ def test_the_command_lines_options_reach_the_ops_and_batch_json(tmp_path, launch
     assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--devices", "0",
                                      "--batch-dir", "again", "--replay-root", "first")) == 0
     assert launcher.calls[-1]["cmd"][3:5] == ["replay", str(tmp_path / "first/ops/builtin__add/attempt1/run")]
-    assert rundir.read_json(tmp_path / "again" / batch.BATCH_JSON)["request"]["replay_root"] == str(
+    assert rundir.read_json(tmp_path / "again" / batchdir.BATCH_JSON)["request"]["replay_root"] == str(
         tmp_path / "first")
 
 
@@ -1365,7 +1053,7 @@ def test_a_batch_narrows_dtypes_to_what_its_ops_take(tmp_path, launcher, capsys)
 
 def test_a_resume_of_a_batch_json_without_a_request_takes_the_command_line(tmp_path, launcher, capsys):
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / batch.BATCH_JSON).write_text("{}")  # written by a batch that died right after starting
+    (tmp_path / "b" / batchdir.BATCH_JSON).write_text("{}")  # written by a batch that died right after starting
     assert batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b", "--backend", "interpreter",
                                      "--ops", "add", "--devices", "0")) == 0
     assert lines(capsys)[0] == ("resume: the selection given on the command line (batch.json keeps its 0 ops, and "
@@ -1403,12 +1091,12 @@ def test_a_runner_class_brings_its_options_dir_prefix_and_stored_fields(tmp_path
                                FlavourBatch) == 0
     d = Path(lines(capsys)[0].removeprefix("batch dir: "))
     assert d.parent == tmp_path and d.name.startswith("flavour_plain_")
-    assert rundir.read_json(d / batch.BATCH_JSON)["request"]["flavour"] == "plain!"
+    assert rundir.read_json(d / batchdir.BATCH_JSON)["request"]["flavour"] == "plain!"
     assert FlavourBatch.last.opts.flavour == "plain!"
     assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--op-timeout", "9", "--ops", "mm"),
                                FlavourBatch) == 0
     assert lines(capsys)[0].endswith("options from batch.json: --backend --devices; from the command line: none")
-    assert rundir.read_json(d / batch.BATCH_JSON)["request"]["flavour"] == "plain!!"
+    assert rundir.read_json(d / batchdir.BATCH_JSON)["request"]["flavour"] == "plain!!"
 
 
 def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
@@ -1427,7 +1115,7 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
     assert cli.build_parser().parse_args(r._command(ADD, 1, None, tmp_path / "a1")[3:]).shapes is None
     earlier = tmp_path / "earlier"
     r = runner_for(tmp_path, **opts, replay_root=earlier)
-    r.replay_sources = {FG.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
+    r.replay_sources = {FG.id: StatusRow(FG.op, FG.repo, FG.op_file, "PASS", run_dir="ops/x/attempt1/run")}
     ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3" / "run")[3:])
     assert (ns.command, ns.run_dir, ns.device, ns.named_run_dir, ns.color, ns.ops_path, ns.flaggems_dir) == (
         "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3" / "run", "never", ["/ops"], ["flaggems=/fg"])
@@ -1437,7 +1125,7 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
 class HookBatch(batch.Batch):
     """A job whose attempts decide by their own files (as a corpus A/B's do): the hooks get the dirs."""
 
-    COLUMNS = (*batch.STATUS_COLUMNS, "verdict")
+    COLUMNS = (*batchdir.STATUS_COLUMNS, "verdict")
 
     def _run_dir(self, entry, attempt_dir):
         return attempt_dir / "job"
@@ -1464,7 +1152,7 @@ class HookBatch(batch.Batch):
 def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher, monkeypatch):
     r = HookBatch(tmp_path, batch.Options("interpreter", [0], dtypes=["fp16"], op_timeout=20.0), {})
     launcher.runner = r
-    op_dir = batch._op_dir(tmp_path, ADD)
+    op_dir = batchdir.op_dir(tmp_path, ADD.key)
 
     def mark(name):  # the running attempt leaves file `name` in its job dir
         def leave():
@@ -1475,14 +1163,14 @@ def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher
 
     launcher.plan["add"] = [Step(code=7, during=mark("rejected")), Step(code=7, during=mark("ok"))]
     got = r.run_op(ADD, 0)
-    assert (got["status"], got["attempts"], got["verdict"], got["run_dir"]) == (
+    assert (got.status, got.attempts, got.extra["verdict"], got.run_dir) == (
         "PASS", 2, "job", "ops/builtin__add/attempt2/job")
-    assert got["notes"] == "dtype rescue: fp16 rejected, ran without a dtype filter"
+    assert got.notes == "dtype rescue: fp16 rejected, ran without a dtype filter"
     assert status_rows(tmp_path)[0]["verdict"] == "job"
     write_run(op_dir / "attempt1" / "job", [row()], {"running_case": "fp16 [4]"}, name="inner")
     launcher.plan["add"] = [Step(code=None)]
     got = r.run_op(ADD, 0)
-    assert got["notes"] == "timeout after 20 s during case fp16 [4] (killed, not retried)"
+    assert got.notes == "timeout after 20 s during case fp16 [4] (killed, not retried)"
     assert (op_dir / "attempt1" / "job" / "inner" / rundir.RUN_LOG).read_text().endswith(
         "killed by the batch's --op-timeout: timeout after 20 s during case fp16 [4]\n")
 
@@ -1525,7 +1213,7 @@ def test_the_exit_code_counts_our_failures_and_lists_upstreams_apart(tmp_path, c
 
     def write_statuses(*rows):
         with open(tmp_path / "ops_status.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS, restval="")
+            writer = csv.DictWriter(f, fieldnames=batchdir.STATUS_COLUMNS, restval="")
             writer.writeheader()
             writer.writerows(rows)
 
@@ -1551,7 +1239,7 @@ def test_a_resume_given_its_own_selection_keeps_every_op_the_batch_had(tmp_path,
     assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "mm", "--devices", "0",
                                      "--batch-dir", d)) == 0
     assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--ops", "mm")) == 0
-    stored = json.loads((d / batch.BATCH_JSON).read_text())
+    stored = json.loads((d / batchdir.BATCH_JSON).read_text())
     assert stored["request"]["selection"] == [MM.id, ADD.id] and stored["selected"] == [MM.key, ADD.key]
     capsys.readouterr()
     assert batch.run_from_args(parse("--resume", "--batch-dir", d)) == 0
@@ -1561,7 +1249,7 @@ def test_a_resume_given_its_own_selection_keeps_every_op_the_batch_had(tmp_path,
 @pytest.mark.parametrize("text", ["{", "[1]", '{"request": [1]}'])
 def test_a_resume_of_a_batch_json_that_does_not_read_is_one_line(tmp_path, text):
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / batch.BATCH_JSON).write_text(text)
+    (tmp_path / "b" / batchdir.BATCH_JSON).write_text(text)
     with pytest.raises(UsageError, match=r"--resume: .*batch.json is corrupt"):
         batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b"))
 

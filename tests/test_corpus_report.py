@@ -644,17 +644,18 @@ def test_a_single_op_ab_judges_its_rows_with_their_neighbours_prior_too(tmp_path
 def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
     # The ops' own reports judged each op's rows alone; the closing line counts the corpus report's
     # verdicts (judged over all rows), for the ops that passed.
-    from harness.sessions import batch, corpus_ab
+    from harness.core import batchdir
+    from harness.sessions import corpus_ab
 
     ops = [*BIMODAL_OPS, LUCKY_OP, ("broken", [1.0, 1.001], [0.5, 0.501])]
     status = []
     for op, a, b in ops:
         run = tmp_path / "ops" / f"builtin__{op}" / "attempt1" / "ab_t"
         _ab_dir(run, op, a, b)
-        status.append({**dict.fromkeys(batch.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op,
+        status.append({**dict.fromkeys(batchdir.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op,
                        "status": "FAIL" if op == "broken" else "PASS", "run_dir": str(run.relative_to(tmp_path))})
     with open(tmp_path / "ops_status.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=batchdir.STATUS_COLUMNS)
         writer.writeheader()
         writer.writerows(status)
     plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")

@@ -11,9 +11,10 @@ import yaml
 from conftest import REPO
 
 from harness import cli
+from harness.core import batchdir
 from harness.core.errors import UsageError
 from harness.core.paths import OPS_DIR
-from harness.providers import builtin_scan, catalog, flaggems_scan
+from harness.providers import builtin_scan, catalog, flaggems_scan, selection
 from harness.sessions import batch, inventory_regen
 
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
@@ -130,7 +131,7 @@ def test_scan_follows_classes_helpers_and_marks_statically(tmp_path):
     entries = catalog.qualify(list(by_op.values()))
     dup = [e for e in entries if e.op == "helper"]
     assert {e.key for e in dup} == {"fg:helper@a", "fg:helper@a_dup"}
-    assert len({batch._op_dir(tmp_path, e) for e in dup}) == 2
+    assert len({batchdir.op_dir(tmp_path, e.key) for e in dup}) == 2
     with pytest.raises(catalog.SelectionError, match=r"'helper': ambiguous"):
         catalog.select(entries, ["helper"], False, None, {})
     selected, _ = catalog.select(entries, ["fg:helper@a_dup"], False, None, {})
@@ -244,23 +245,23 @@ def parse_batch(*argv):
 
 
 def test_batch_bare_names_need_no_flaggems_checkout():
-    selected, _, _ = batch._select(parse_batch("--ops", "softmax", "add"), None, [], {})
+    selected, _, _ = selection.select(parse_batch("--ops", "softmax", "add"), None, [], {})
     assert [e.key for e in selected] == ["builtin:softmax", "builtin:add"]
     with pytest.raises(UsageError, match="--flaggems-dir flaggems=PATH"):
-        batch._select(parse_batch("--ops", "flaggems:softmax"), None, [], {})
+        selection.select(parse_batch("--ops", "flaggems:softmax"), None, [], {})
 
 
 def test_flaggems_ops_without_their_checkout_fail_before_running():
     selected, _ = catalog.select(_corpus(), ["flaggems:mm", "flaggems:softmax", "builtin:add"], False, None, {})
     with pytest.raises(UsageError) as info:
-        batch.require_checkouts(selected, {})
+        selection.require_checkouts(selected, {})
     assert "flaggems (2 ops)" in str(info.value)
     assert "--flaggems-dir flaggems=PATH" in str(info.value) and "--repos builtin" in str(info.value)
-    batch.require_checkouts(selected, {"flaggems": CHECKOUT})
+    selection.require_checkouts(selected, {"flaggems": CHECKOUT})
 
 
 def test_batch_all_without_checkouts_says_what_it_leaves_out(harness, capsys):
-    batch._select(parse_batch("--all"), None, [], {})
+    selection.select(parse_batch("--all"), None, [], {})
     out = capsys.readouterr().out
     assert "NOTE: --all leaves out the FlagGems inventories flaggems (" in out and "--flaggems-dir flaggems=PATH" in out
     proc = harness("batch", "--backend", "interpreter", "--ops", "flaggems:mm@mm")
@@ -268,7 +269,7 @@ def test_batch_all_without_checkouts_says_what_it_leaves_out(harness, capsys):
 
 
 def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
-    entries = batch._entries([], {"flaggems": CHECKOUT})
+    entries = selection.all_entries([], {"flaggems": CHECKOUT})
     # The checkout given is what runs: selection reads its scan, not the committed catalog.
     assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in flaggems_scan.scan(CHECKOUT, "x")}
     assert "differs from a scan of" in capsys.readouterr().out
@@ -281,7 +282,8 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     assert cmd[cmd.index("--flaggems-dir") + 1] == f"flaggems={CHECKOUT}"
     assert cmd[cmd.index("--dtypes") + 1] == "fp32"
     earlier = tmp_path / "earlier"
-    runner.replay_sources = {nested.id: {"status": "PASS", "run_dir": "ops/x/attempt1/run"}}
+    earlier_pass = batchdir.StatusRow(nested.op, nested.repo, nested.op_file, "PASS", run_dir="ops/x/attempt1/run")
+    runner.replay_sources = {nested.id: earlier_pass}
     runner.opts.replay_root = earlier
     cmd = runner._command(nested, 0, None, tmp_path / "a1")
     assert cmd[3:5] == ["replay", str(earlier / "ops/x/attempt1/run")] and "--level" not in cmd

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, pids_mentioning, wait_for
 
+from harness.core import batchdir
 from harness.providers.catalog import Entry
 from harness.sessions import batch, slurm_executor
 
@@ -190,7 +191,7 @@ def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path, 
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its group, with no chance to cancel anything
     proc.communicate(timeout=30)
     # Its tasks go on: one finishes, the other hangs.
-    fp32 = d / "ops" / "path__fp32_op" / batch.COMPLETE
+    fp32 = d / "ops" / "path__fp32_op" / batchdir.COMPLETE
     assert wait_for(fp32.is_file, 180) and len(queue(d)) == 1, queue(d)
     again = start("--resume", "--op-timeout", 20)
     out, _ = again.communicate(timeout=300)
@@ -276,15 +277,15 @@ def write_result(tmp_path, job_id, outcome, value):
 def test_a_task_is_over_by_its_result_or_once_slurm_shows_it_ended_without_one(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm_executor, "RESULT_GRACE_S", 0.0)
     tasks = tasks_of(tmp_path, "7_0", "7_1", "7_2", "7_3")
-    write_result(tmp_path, "7_0", "success", {"op": "x", "status": "PASS"})
+    write_result(tmp_path, "7_0", "success", batchdir.StatusRow("x", "path", "misbehaving", "PASS"))
     write_result(tmp_path, "7_1", "error", "Traceback (most recent call last):\n  ...\n"
                  "harness.sessions.slurm_executor.TaskDeviceError: sees 2\n")
-    assert [(j, r["status"]) for j, _, r in tasks.collect(None)] == [("7_0", "PASS"), ("7_1", "FAIL")]
+    assert [(j, r.status) for j, _, r in tasks.collect(None)] == [("7_0", "PASS"), ("7_1", "FAIL")]
     assert tasks.collect(None) == []  # squeue did not answer: no news of the others
     assert tasks.collect({"7_2": "RUNNING", "7_3": "PENDING"}) == []
     [(job_id, _, row)] = tasks.collect({"7_2": "TIMEOUT", "7_3": "PENDING"})
-    assert job_id == "7_2" and row["status"] == "FAIL"
-    assert row["notes"].startswith("the Slurm task ended TIMEOUT without a status (its log: ")
+    assert job_id == "7_2" and row.status == "FAIL"
+    assert row.notes.startswith("the Slurm task ended TIMEOUT without a status (its log: ")
     assert list(tasks.jobs) == ["7_3"]
 
 
@@ -293,8 +294,8 @@ def test_after_a_stop_a_started_task_without_result_is_interrupted_and_one_never
     tasks.started.add("8_0")
     tasks.ended_at["8_0"] = time.monotonic() - slurm_executor.RESULT_GRACE_S
     [(job_id, _, row)] = tasks.collect({"8_0": "CANCELLED", "8_1": "CANCELLED"}, stopped="SIGINT")
-    assert job_id == "8_0" and row["status"] == "INTERRUPTED"
-    assert row["notes"] == "cancelled (SIGINT); the Slurm task ended CANCELLED without a status"
+    assert job_id == "8_0" and row.status == "INTERRUPTED"
+    assert row.notes == "cancelled (SIGINT); the Slurm task ended CANCELLED without a status"
     assert tasks.jobs == {}  # the one never started is over too, with no row
 
 

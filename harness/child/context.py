@@ -12,6 +12,7 @@ from pathlib import Path
 import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
+from harness.core.outcome import Outcome
 from harness.providers import registry, shapes
 from ops import Operator
 
@@ -57,7 +58,7 @@ class RunContext:
     # outcome written at the end.
     stop_reason: str | None = None
     stop_code: int | None = None
-    outcome: dict | None = None
+    outcome: Outcome | None = None
     # Backend.dtype_problem's answer per dtype: probed once per run (see dtype_problem).
     _dtype_problems: dict[str, str | None] = dataclasses.field(default_factory=dict, init=False, repr=False)
     # A stop that came while a row was landing waits for the row to be whole (see stop).

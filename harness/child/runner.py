@@ -17,6 +17,7 @@ from harness.child.plugins import autotune, gpu_state, ir, results, runinfo, see
 from harness.child.plugins import flaggems as flaggems_plugin
 from harness.core import rundir
 from harness.core import spec as spec_mod
+from harness.core.outcome import INCOMPLETE, Outcome
 from harness.measure import tuning
 from harness.providers import flaggems, registry
 from harness.providers import shapes as shapes_mod
@@ -55,7 +56,7 @@ def stop_on_signals(ctx: RunContext) -> None:
         signal.signal(signum, handler)
 
 
-def say_stopped(console: Console, run_dir: Path, line: str, outcome: dict) -> None:
+def say_stopped(console: Console, run_dir: Path, line: str, outcome: Outcome) -> None:
     """A run stopped at once: `line` to the user, and the outcome into run.json where it can still
     be written (a run dir deleted under the run: the line says it all)."""
     console.say(line)
@@ -79,11 +80,11 @@ class StopGuard:
         self.run_dir = run_dir
         self.ctx: RunContext | None = None
 
-    def stopped_outcome(self, reason: str, code: int) -> dict:
+    def stopped_outcome(self, reason: str, code: int) -> Outcome:
         ctx = self.ctx
-        return {"status": "INCOMPLETE", "rows_done": len(ctx.rows) if ctx else 0,
-                "rows_planned": (len(ctx.cases) or None) if ctx else None, "reason": reason,
-                "running_case": (ctx.case_id or None) if ctx else None, "exit_code": code}
+        return Outcome(INCOMPLETE, rows_done=len(ctx.rows) if ctx else 0,
+                       rows_planned=(len(ctx.cases) or None) if ctx else None, reason=reason,
+                       running_case=(ctx.case_id or None) if ctx else None, exit_code=code)
 
     def stop_if_fatal(self, exc: BaseException | None) -> None:
         if isinstance(_cause(exc, OSError), FileNotFoundError) and not self.run_dir.is_dir():

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from harness.core.errors import UsageError
+from harness.core.outcome import Outcome
 
 RUN_JSON = "run.json"
 RESULTS_JSON = "results.json"
@@ -131,10 +132,10 @@ def release_space(run_dir: Path) -> None:
     (Path(run_dir) / RESERVE).unlink(missing_ok=True)
 
 
-def record_outcome(run_dir: Path, outcome: dict, **facts) -> None:
+def record_outcome(run_dir: Path, outcome: Outcome, **facts) -> None:
     """How the run ended, into run.json (`observed.outcome`, plus other `facts` of `observed`):
-    what the run's process exits with (`outcome["exit_code"]`) and says in its last line."""
-    merge_json(Path(run_dir) / RUN_JSON, {"observed": {"outcome": outcome, **facts}})
+    what the run's process exits with (`outcome.exit_code`) and says in its last line."""
+    merge_json(Path(run_dir) / RUN_JSON, {"observed": {"outcome": outcome.to_json(), **facts}})
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -23,6 +23,7 @@ import backends
 from harness.core import deps, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.core.outcome import Outcome
 from harness.core.request import MEASUREMENT, RunRequest
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
@@ -419,10 +420,10 @@ def went_through(run_dir: Path) -> bool:
     """Whether a run that exited non-zero still ran every case (its outcome COMPLETE): some rows
     failed, and those rows are results an A/B must show, e.g. B computing wrong answers."""
     try:
-        outcome = spec_mod.read_run(run_dir)[1].get("outcome") or {}
-    except spec_mod.SpecError:
+        outcome = Outcome.from_json(spec_mod.read_run(run_dir)[1].get("outcome"))
+    except ValueError:  # a SpecError, or no outcome recorded
         return False
-    return outcome.get("status") == "COMPLETE" and (run_dir / rundir.RESULTS_JSON).is_file()
+    return outcome.complete and (run_dir / rundir.RESULTS_JSON).is_file()
 
 
 def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict]:

@@ -5,7 +5,8 @@ its per-op dir is exactly a single run's (replayable alone later). Operators are
 devices by a stable hash (a resumed batch lands each op on the same device) and run serially
 within a device. `ops_status.csv` is rewritten atomically after every op, and a per-op
 completion marker makes `--resume` skip ops that already PASSed or SKIPped, or that triage found
-failing or timing out upstream too.
+failing or timing out upstream too. This module is the scheduler: the batch dir's files are
+harness.core.batchdir's, and which ops run is harness.providers.selection's.
 
 Each op's group is led by harness.core.opguard, which ends it when the batch dies, however it died.
 A batch holds its dir's owner lock while it runs and stores its selection and options in
@@ -30,12 +31,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import csv
 import dataclasses
-import fcntl
 import hashlib
-import io
-import json
 import math
 import os
 import queue
@@ -47,28 +44,16 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import launch, opguard, paths, rundir
+from harness.core import batchdir, launch, opguard, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
+from harness.core.outcome import Outcome
 from harness.core.request import MEASUREMENT, RunRequest
-from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, probe, registry
+from harness.providers import catalog, flaggems, selection
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve, slurm_executor
 from ops import DTYPES_RULE, valid_dtype_list
 
-STATUS_COLUMNS = ("op", "repo", "op_file", "status", "exit_code", "attempts", "elapsed_s", "backend", "device",
-                  "timer", "rows", "timer_fallback_rows", "replay_fallback_rows", "run_dir", "notes")
-DONE = ("PASS", "SKIP")
-FAIL_UPSTREAM = "FAIL_UPSTREAM"  # fails as the bare upstream node too: listed, not counted as ours
-TIMEOUT_UPSTREAM = "TIMEOUT_UPSTREAM"  # the bare upstream node outlasts --op-timeout too: likewise
-# Verdicts triage put on upstream: a resume keeps them (rerunning cannot change them), except a
-# TIMEOUT_UPSTREAM when the resume gives a longer --op-timeout than the one it timed out under.
-UPSTREAM_VERDICTS = (FAIL_UPSTREAM, TIMEOUT_UPSTREAM)
-SETTLED = (*DONE, FAIL_UPSTREAM)  # kept by any resume; TIMEOUT_UPSTREAM by one under no longer a budget
-UPSTREAM_DIR = "upstream"  # under an op's dir: the triage rerun as upstream's own pytest node
-BATCH_JSON = "batch.json"  # what makes a dir a batch dir
-OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
-DEFAULT_OP_TIMEOUT = 1800.0
 # The options (argparse names) a batch stores in batch.json: `--resume` reuses each one that its
 # command line does not give, so `--resume --batch-dir D` alone reruns the same batch.
 STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggems_dir", "level", "flagtune",
@@ -89,7 +74,7 @@ class Options:
     level: str | None = None
     flagtune: str | None = None
     libtuner_cache: str | None = None
-    op_timeout: float = DEFAULT_OP_TIMEOUT
+    op_timeout: float = batchdir.DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
     triage: bool = True  # rerun a failing FlagGems op as the bare upstream node
     # How each record measures (None: the record's default); a replay keeps its record's.
@@ -99,43 +84,6 @@ class Options:
 def shard(key: str, n: int) -> int:
     """Stable across processes and Python versions (unlike hash())."""
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % n
-
-
-def _op_dir(batch_dir: Path, entry: Entry) -> Path:
-    return batch_dir / "ops" / entry.key.replace(":", "__", 1).replace("/", ".")
-
-
-def read_status(batch_dir: Path) -> dict[str, dict]:
-    path = batch_dir / "ops_status.csv"
-    if not path.is_file():
-        return {}
-    with open(path, newline="") as f:
-        return {f"{r['repo']}:{r['op']}@{r.get('op_file', '')}": r for r in csv.DictReader(f)}
-
-
-COMPLETE = ".complete"  # in an op's dir: its settled status, and for a timeout the budget it ran under
-
-
-def mark_complete(op_dir: Path, status: str, op_timeout: float) -> None:
-    """Record a status a resume keeps (read back by `completed`); any other status records nothing."""
-    if status in SETTLED:
-        (op_dir / COMPLETE).write_text(status + "\n")
-    elif status == TIMEOUT_UPSTREAM:
-        (op_dir / COMPLETE).write_text(f"{status} {op_timeout:g}\n")
-
-
-def completed(batch_dir: Path, entry: Entry, op_timeout: float = DEFAULT_OP_TIMEOUT) -> str | None:
-    """The op's settled status, which a resume does not rerun; None when it must run (again)."""
-    marker = _op_dir(batch_dir, entry) / COMPLETE
-    if not marker.is_file():
-        return None
-    status, _, timed_out_under = marker.read_text().strip().partition(" ")
-    if status in SETTLED and not timed_out_under:
-        return status
-    if status == TIMEOUT_UPSTREAM:
-        with contextlib.suppress(ValueError):
-            return status if op_timeout <= float(timed_out_under) else None
-    return None
 
 
 def _run_facts(run_dir: Path | None) -> dict:
@@ -162,7 +110,7 @@ class Batch:
     single-op A/B instead; selection, sharding, process groups, timeouts, retries and resume stay here."""
 
     OPTIONS = Options
-    COLUMNS = STATUS_COLUMNS
+    COLUMNS = batchdir.STATUS_COLUMNS
     STORED = STORED_OPTIONS
     # The guard's file in an op dir while it runs; `--resume` stops what a dead batch left running by it.
     running_name = opguard.RUNNING
@@ -171,8 +119,8 @@ class Batch:
         self.dir = batch_dir
         self.opts = opts
         self.op_dtypes = op_dtypes  # entry id -> the dtypes it accepts (built-in and --ops-path ops)
-        self.status = read_status(batch_dir)
-        self.replay_sources = read_status(opts.replay_root) if opts.replay_root else {}
+        self.status = batchdir.read_status(batch_dir)
+        self.replay_sources = batchdir.read_status(opts.replay_root) if opts.replay_root else {}
         self.lock = threading.Lock()
         self.children: dict[int, launch.Child] = {}
         self.stopping = threading.Event()
@@ -204,17 +152,15 @@ class Batch:
         """Exit 0 and the outcome its run recorded COMPLETE: the status follows what the run says
         of itself."""
         outcome = _recorded_outcome(run_dir)
-        return code == 0 and outcome is not None and outcome.get("status") == "COMPLETE"
+        return code == 0 and outcome is not None and outcome.complete
 
     def _failure(self, run_dir: Path) -> str:
         """How a failed attempt ended, as its run recorded it ("" when it says nothing more than
         its exit code)."""
         outcome = _recorded_outcome(run_dir)
-        if not outcome or outcome.get("status") != "INCOMPLETE":
+        if outcome is None or outcome.complete:
             return ""
-        case = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
-        return (f"INCOMPLETE {outcome.get('rows_done')}/{outcome.get('rows_planned') or '?'} rows: "
-                f"{outcome.get('reason')}{case}")
+        return f"INCOMPLETE {outcome.rows()} rows: {outcome.reason}{outcome.during()}"
 
     def _rejected(self, code: int, run_dir: Path) -> bool:
         return _dtype_rejected(code, run_dir)
@@ -230,17 +176,17 @@ class Batch:
         """Status columns of this job beyond STATUS_COLUMNS."""
         return {}
 
-    def tally(self, row: dict) -> collections.Counter:
+    def tally(self, row: batchdir.StatusRow) -> collections.Counter:
         """What the progress bar counts for a finished op."""
-        return collections.Counter([row["status"]])
+        return collections.Counter([row.status])
 
-    def done_line(self, row: dict) -> str:
-        return (f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} {row['elapsed_s']} s "
-                f"rows={row['rows']}{'  ' + row['notes'] if row['notes'] else ''}")
+    def done_line(self, row: batchdir.StatusRow) -> str:
+        return (f"{row.status:<8} {row.repo}:{row.op} device={row.device} {row.elapsed_s} s "
+                f"rows={row.rows}{'  ' + row.notes if row.notes else ''}")
 
     def summarize(self) -> str:
         """The files that sum the batch up, rewritten from its dir; said in the last line."""
-        return f"summary: {write_summary(self.dir)}"
+        return f"summary: {batchdir.write_summary(self.dir)}"
 
     # --- one op ----------------------------------------------------------------------------------
     def _command(self, entry: Entry, device: int, dtypes: list[str] | None, run_dir: Path) -> list[str] | None:
@@ -251,10 +197,10 @@ class Batch:
         where = dict(ops_paths=self.opts.ops_paths, flaggems_dirs=flaggems_dirs, device=device, color="never",
                      run_dir=run_dir)
         if self.opts.replay_root is not None:
-            earlier = self.replay_sources.get(entry.id, {})
-            if earlier.get("status") != "PASS" or not earlier.get("run_dir"):
+            earlier = self.replay_sources.get(entry.id)
+            if earlier is None or earlier.status != "PASS" or not earlier.run_dir:
                 return None
-            return RunRequest("replay", str(self.opts.replay_root / earlier["run_dir"]), **where).command_line()
+            return RunRequest("replay", str(self.opts.replay_root / earlier.run_dir), **where).command_line()
         if flaggems_dirs:
             target = f"{entry.repo}:{entry.op}@{entry.op_file}"
             where.update(level=self.opts.level, flagtune=self.opts.flagtune, libtuner_cache=self.opts.libtuner_cache)
@@ -288,17 +234,17 @@ class Batch:
                 running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
         return code, time.monotonic() - start
 
-    def run_op(self, entry: Entry, device: int) -> dict:
+    def run_op(self, entry: Entry, device: int) -> batchdir.StatusRow:
         row = self.measure_op(entry, device)
         self.record(entry, row)
         return row
 
-    def measure_op(self, entry: Entry, device: int) -> dict:
+    def measure_op(self, entry: Entry, device: int) -> batchdir.StatusRow:
         """Run the op's job (its attempts, retries, triage) and return its status row, not yet
         recorded in ops_status.csv: an executor on other hosts hands rows back to the one that records."""
-        op_dir = _op_dir(self.dir, entry)
+        op_dir = batchdir.op_dir(self.dir, entry.key)
         op_dir.mkdir(parents=True, exist_ok=True)
-        (op_dir / COMPLETE).unlink(missing_ok=True)
+        (op_dir / batchdir.COMPLETE).unlink(missing_ok=True)
         log_path = op_dir / "batch.log"
         notes, attempts, elapsed, codes = [], 0, 0.0, []
         dtypes = self.opts.dtypes
@@ -367,15 +313,14 @@ class Batch:
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
             notes.append(f"skipped: {facts['skip_reason']}")  # upstream's reason, or the operator's
-        row = {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status,
-               "exit_code": "" if code is None else code,
-               "attempts": attempts, "elapsed_s": round(elapsed, 1), "backend": self.opts.backend,
-               "device": device, "timer": facts["timer"], "rows": facts["rows"],
-               "timer_fallback_rows": facts["timer_fallback_rows"],
-               "replay_fallback_rows": facts["replay_fallback_rows"],
-               "run_dir": str(run_dir.relative_to(self.dir)) if run_dir else "", "notes": "; ".join(notes),
-               **self._columns(facts)}
-        mark_complete(op_dir, status, self.opts.op_timeout)
+        row = batchdir.StatusRow(
+            entry.op, entry.repo, entry.op_file, status, exit_code=code, attempts=attempts,
+            elapsed_s=round(elapsed, 1), backend=self.opts.backend, device=device, timer=facts["timer"],
+            rows=facts["rows"], timer_fallback_rows=facts["timer_fallback_rows"],
+            replay_fallback_rows=facts["replay_fallback_rows"],
+            run_dir=str(run_dir.relative_to(self.dir)) if run_dir else "", notes="; ".join(notes),
+            extra=self._columns(facts))
+        batchdir.mark_complete(op_dir, status, self.opts.op_timeout)
         return row
 
     def _triage(self, status: str, entry: Entry, device: int, dtypes: list[str] | None,
@@ -389,7 +334,7 @@ class Batch:
             return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
         budget = f"{self.opts.op_timeout:.0f} s"
         if code is None and status == "TIMEOUT":
-            return (TIMEOUT_UPSTREAM, f"upstream too: the bare node did not finish in {budget} either "
+            return (batchdir.TIMEOUT_UPSTREAM, f"upstream too: the bare node did not finish in {budget} either "
                     f"(killed; {where})", seconds)
         if code is None:
             return status, f"triage undecided: the upstream rerun timed out after {budget} (killed; {where})", seconds
@@ -400,7 +345,7 @@ class Batch:
             return status, f"{outcome} in {seconds:.0f} s ({line}; {where})", seconds
         if code == 0:
             return status, f"ours: upstream passes ({line}; {where})", seconds
-        return FAIL_UPSTREAM, f"upstream fails too: {line} ({where})", seconds
+        return batchdir.FAIL_UPSTREAM, f"upstream fails too: {line} ({where})", seconds
 
     def _upstream_rerun(self, entry: Entry, device: int, dtypes: list[str] | None,
                         op_dir: Path) -> tuple[int | None, float, Path]:
@@ -408,7 +353,7 @@ class Batch:
         timing; the same --op-timeout) in the op's upstream/ dir: (exit code or None on a timeout,
         seconds, its log relative to the batch dir)."""
         root = Path(self.opts.flaggems_dirs[entry.repo])
-        out = op_dir / UPSTREAM_DIR
+        out = op_dir / batchdir.UPSTREAM_DIR
         shutil.rmtree(out, ignore_errors=True)  # a resumed batch's earlier triage
         out.mkdir()
         log_path = out / "pytest.log"
@@ -427,18 +372,10 @@ class Batch:
                                       pythonpath=pythonpath)
         return code, seconds, log_path.relative_to(self.dir)
 
-    def record(self, entry: Entry, row: dict) -> None:
+    def record(self, entry: Entry, row: batchdir.StatusRow) -> None:
         with self.lock:
             self.status[entry.id] = row
-            self._write_status()
-
-    def _write_status(self) -> None:
-        out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=self.COLUMNS, lineterminator="\n")
-        w.writeheader()
-        for key in sorted(self.status):
-            w.writerow({c: self.status[key].get(c, "") for c in self.COLUMNS})
-        rundir.atomic_write_text(self.dir / "ops_status.csv", out.getvalue())
+            batchdir.write_status(self.dir, self.status, self.COLUMNS)
 
     # --- all ops ---------------------------------------------------------------------------------
     def device_of(self, entry: Entry) -> int:
@@ -487,13 +424,12 @@ class Batch:
             child.stop(KILL_GRACE_S)
 
 
-def _recorded_outcome(run_dir: Path) -> dict | None:
+def _recorded_outcome(run_dir: Path) -> Outcome | None:
     """The outcome the run recorded in its run.json, or None (no run dir, none recorded)."""
     try:
-        outcome = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome")
+        return Outcome.from_json(rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {}).get("outcome"))
     except (OSError, ValueError, AttributeError):
         return None
-    return outcome if isinstance(outcome, dict) else None
 
 
 def _dtype_rejected(code: int, run_dir: Path | None) -> bool:
@@ -553,66 +489,6 @@ def _killed_note(run_dir: Path, log_path: Path, what: str) -> None:
             f.write(f"\nkilled by the batch's --op-timeout: {what}\n")
 
 
-def write_summary(batch_dir: Path) -> Path:
-    """summary.csv, one row per measured case, from the per-op run dirs alone."""
-    status = read_status(batch_dir)
-    columns = ("repo", "op", "dtype", "shape", "status", "baseline_ms", "candidate_ms", "speedup", "gbps",
-               "tflops", "timer", "markers", "run_dir")
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(columns)
-    for key in sorted(status):
-        st = status[key]
-        if not st.get("run_dir"):
-            continue
-        results = batch_dir / st["run_dir"] / rundir.RESULTS_JSON
-        if not results.is_file():
-            continue
-        for r in json.loads(results.read_text())["rows"]:
-            w.writerow([st["repo"], r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
-                        r.get("baseline_ms"), r.get("candidate_ms"), r.get("speedup"), r.get("gbps"),
-                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st["run_dir"]])
-    path = batch_dir / "summary.csv"
-    rundir.atomic_write_text(path, out.getvalue())
-    return path
-
-
-def _entries(ops_paths: list[str], checkouts: dict[str, Path]) -> list[Entry]:
-    """Every inventory, plus the operators of --ops-path directories. A FlagGems repo whose
-    checkout is given is scanned afresh from it (that checkout is what will run), keeping the
-    committed inventory's `collected` values; a committed inventory that differs is reported."""
-    entries = [e for e in catalog.load() if e.repo not in checkouts]
-    for repo, root in checkouts.items():
-        path = catalog.inventory_path(repo)
-        committed = catalog.read_csv(path)
-        fresh = flaggems_scan.keep_verified(flaggems_scan.scan(root, repo), committed)
-        if catalog.to_csv(fresh) != catalog.to_csv(committed):
-            ids = {e.id for e in fresh}, {e.id for e in committed}
-            print(f"NOTE: {path.name} differs from a scan of {root} ({len(ids[0] - ids[1])} ops only in the "
-                  f"checkout, {len(ids[1] - ids[0])} only in the inventory): selecting from the checkout; refresh "
-                  f"it with nox -s inventory-regen -- --flaggems-dir {repo}={root}")
-        entries += fresh
-    for p in ops_paths:
-        if Path(p).is_dir():
-            entries += builtin_scan.scan_dir(Path(p), catalog.PATH_REPO, Path(p).parent)
-    return entries
-
-
-def require_checkouts(selected: list[Entry], checkouts: dict[str, Path]) -> None:
-    """Fail before anything runs when a selected FlagGems op has no checkout to run from."""
-    missing = collections.Counter(e.repo for e in selected if catalog.needs_checkout(e.repo)
-                                  and e.repo not in checkouts)
-    if missing:
-        raise UsageError(
-            f"the selection includes operators of FlagGems repos whose checkouts were not given: {_counted(missing)}; "
-            f"add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(missing))}, or leave them out with "
-            f"--repos {catalog.BUILTIN}")
-
-
-def _counted(repos: collections.Counter) -> str:
-    return ", ".join(f"{r} ({n} op{'s' * (n != 1)})" for r, n in sorted(repos.items()))
-
-
 def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
     """`python -m harness batch ...`; a corpus A/B (harness.sessions.corpus_ab) runs this with its own
     runner class."""
@@ -627,29 +503,29 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
     if args.executor == "slurm":
         slurm_executor.require_slurm()  # before a batch dir is made that nothing would run in
     if args.summarize:
-        if not (args.summarize / BATCH_JSON).is_file():
-            raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {BATCH_JSON})")
-        print(f"summary: {write_summary(args.summarize.resolve())}")
+        if not batchdir.is_batch_dir(args.summarize):
+            raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {batchdir.BATCH_JSON})")
+        print(f"summary: {batchdir.write_summary(args.summarize.resolve())}")
         return 0
     with contextlib.ExitStack() as held:
         previous, stored, origin = {}, {}, ""
         if args.resume:
             batch_dir = args.batch_dir.resolve()
-            if not (batch_dir / BATCH_JSON).is_file():
-                raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {BATCH_JSON})")
-            held.enter_context(_own(batch_dir))
-            previous = _read_batch_json(batch_dir)
+            if not batchdir.is_batch_dir(batch_dir):
+                raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {batchdir.BATCH_JSON})")
+            held.enter_context(batchdir.own(batch_dir))
+            previous = batchdir.read_batch_json(batch_dir, STORED_CHECKS)
             stored = previous.get("request", {})
             origin = _apply_stored(args, stored, runner_cls.STORED)
         elif args.batch_dir is not None:
-            _check_new_batch_dir(args.batch_dir.resolve())
+            batchdir.check_new(args.batch_dir.resolve())
         extra = runner_cls.prepare(args, stored)
         backend, devices, checkouts, ops_paths = _where(args)
-        selected, excluded, left_out = _select(args, stored.get("selection"), ops_paths, checkouts)
+        selected, excluded, left_out = selection.select(args, stored.get("selection"), ops_paths, checkouts)
         if args.resume:
             print(origin)
-        op_timeout = DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout
-        op_dtypes = _op_dtypes(selected, ops_paths, op_timeout)
+        op_timeout = batchdir.DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout
+        op_dtypes = selection.op_dtypes(selected, ops_paths, op_timeout)
         opts = runner_cls.OPTIONS(backend=backend.name, devices=devices, dtypes=args.dtypes,
                        shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
                        flaggems_dirs={r: str(p) for r, p in checkouts.items()},
@@ -661,14 +537,14 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             for line in stop_leftovers(batch_dir):
                 print(line)
         else:
-            batch_dir = _new_batch_dir(args, runner_cls.dir_prefix(extra))
-            held.enter_context(_own(batch_dir))
+            batch_dir = batchdir.new(args.batch_dir, args.out, runner_cls.dir_prefix(extra))
+            held.enter_context(batchdir.own(batch_dir))
         # A resume given its own selection runs that, and the batch keeps every op it had: a later
         # plain --resume still owes the ones not run yet.
         request = _request(opts, selected)
         request["selection"] += [i for i in stored.get("selection") or [] if i not in request["selection"]]
         keys = [e.key for e in selected]
-        rundir.merge_json(batch_dir / BATCH_JSON, {
+        batchdir.write_batch_json(batch_dir, {
             "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
             "selected": keys + [k for k in previous.get("selected") or [] if k not in keys],
             "excluded": {e.key: why for e, why in excluded},
@@ -677,7 +553,7 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         if args.resume:
             for line in slurm_executor.settle_leftovers(runner, runner.device_of):
                 print(line)
-        todo = [e for e in selected if not (args.resume and completed(batch_dir, e, opts.op_timeout))]
+        todo = [e for e in selected if not (args.resume and batchdir.completed(batch_dir, e.key, opts.op_timeout))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
         for e, why in excluded:
@@ -685,31 +561,8 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         return _run(runner, todo, selected, args)
 
 
-def _read_batch_json(batch_dir: Path) -> dict:
-    path = batch_dir / BATCH_JSON
-    try:
-        data = rundir.read_json(path)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--resume: {path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir "
-                         "with the same selection and options") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("request", {}), dict):
-        raise UsageError(f"--resume: {path} is corrupt (not a batch's record)")
-    if not (data.get("selected") is None or _is_strings(data["selected"])):
-        raise UsageError(f"--resume: {path} is corrupt: selected = {data['selected']!r:.60} is not a list of ops")
-    for name, value in data.get("request", {}).items():
-        problem = _stored_problem(name, value)
-        if problem is not None:
-            raise UsageError(f"--resume: {path} is corrupt: request.{name} = {value!r:.60} is not {problem}; the op "
-                             "dirs are intact: fix it, or start a new --batch-dir with the same selection and options")
-    return data
-
-
 def _is_number(value) -> bool:
     return type(value) in (int, float) and math.isfinite(value)
-
-
-def _is_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 # What each option a batch stores must be, read back for a resume (None is "not given" for every
@@ -720,8 +573,8 @@ STORED_CHECKS = {
                 "comma-separated device indices"),
     "dtypes": (valid_dtype_list, DTYPES_RULE),
     "shapes": (lambda v: isinstance(v, str), "a path"),
-    "ops_path": (_is_strings, "a list of paths"),
-    "flaggems_dir": (_is_strings, "a list of [NAME=]PATH"),
+    "ops_path": (batchdir.is_strings, "a list of paths"),
+    "flaggems_dir": (batchdir.is_strings, "a list of [NAME=]PATH"),
     "level": (lambda v: v in flaggems.LEVELS, f"one of {', '.join(flaggems.LEVELS)}"),
     "flagtune": (lambda v: v in ("0", "1"), "'0' or '1'"),
     "libtuner_cache": (lambda v: isinstance(v, str), "a cache name, path or URL"),
@@ -733,15 +586,8 @@ STORED_CHECKS = {
     "l2": (lambda v: v in spec_mod.L2_MODES, f"one of {', '.join(spec_mod.L2_MODES)}"),
     "warmup_ms": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "rep_ms": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "selection": (_is_strings, "a list of [repo:]op[@op_file]"),
+    "selection": (batchdir.is_strings, "a list of [repo:]op[@op_file]"),
 }
-
-
-def _stored_problem(name: str, value) -> str | None:
-    """What a stored option should have been, when it is not that; None when it is fine. A runner
-    class's own fields (Batch.prepare: a corpus A/B's plan) are checked by the class that reads them."""
-    check, what = STORED_CHECKS.get(name, (lambda v: True, ""))
-    return None if value is None or check(value) else what
 
 
 def _measurement(args) -> dict:
@@ -785,107 +631,7 @@ def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str
     return backend, devices, checkouts, resolve.abs_ops_paths(args.ops_path)
 
 
-def _select(args, stored: list[str] | None, ops_paths: list[str],
-            checkouts: dict[str, Path]) -> tuple[list[Entry], list[tuple[Entry, str]], collections.Counter]:
-    """(selected, excluded with reasons, ops per FlagGems repo --all left out), from the command
-    line's selection, else from the one a resumed batch stored. A bare op name means one of the
-    inventories that can run here."""
-    try:
-        entries = _entries(ops_paths, checkouts)
-        runnable = {e.repo for e in entries if not catalog.needs_checkout(e.repo) or e.repo in checkouts}
-        repos, left_out = args.repos, collections.Counter()
-        if args.all and repos is None:
-            left_out = collections.Counter(e.repo for e in entries if e.repo not in runnable)
-            repos = sorted(runnable)
-        specs = list(args.ops or []) + (catalog.read_ops_file(args.ops_file) if args.ops_file else [])
-        if stored is not None and not (args.all or specs or args.repos):
-            specs = stored
-        selected, excluded = catalog.select(entries, specs, args.all, repos, catalog.load_dismissed(), runnable)
-        if args.sample is not None and specs is not stored:  # a stored selection is already the sample
-            selected = catalog.sample(selected, args.sample, args.sample_seed)
-            print(f"sample: {len(selected)} ops (seed {args.sample_seed}) from the selection")
-    except (catalog.SelectionError, flaggems.FlagGemsError) as exc:
-        raise UsageError(str(exc)) from exc
-    require_checkouts(selected, checkouts)
-    if left_out:
-        # Loud, not silent: --all on a host without FlagGems checkouts screens the built-in corpus.
-        print(f"NOTE: --all leaves out the FlagGems inventories {_counted(left_out)}: their checkouts were not "
-              f"given; to include them add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
-    return selected, excluded, left_out
-
-
-def _op_dtypes(selected: list[Entry], ops_paths: list[str], timeout: float) -> dict[str, tuple[str, ...]]:
-    """The dtypes each built-in and --ops-path op takes. --ops-path modules are user code: they are
-    imported in one probe process within `timeout`, never in the batch's own."""
-    wanted = [e for e in selected if not catalog.needs_checkout(e.repo)]  # FlagGems': see _dtype_rejected
-    if not wanted:
-        return {}
-    names = sorted({e.op for e in wanted})
-    try:
-        if ops_paths:
-            found, skipped = probe.load(names, ops_paths, probe.budget(timeout))
-        else:
-            found, skipped = {name: _builtin(name) for name in names}, []
-    except registry.OperatorNotFound as exc:
-        raise UsageError(str(exc)) from exc
-    for line in skipped:
-        print(f"warning: {line}", file=sys.stderr)
-    for e in wanted:
-        if isinstance(found[e.op], registry.OperatorNotFound):
-            raise UsageError(str(found[e.op]))
-    return {e.id: found[e.op][0].dtypes for e in wanted}
-
-
-# --- the batch dir -------------------------------------------------------------------------------
-def _builtin(name: str):
-    try:
-        return registry.load(name, [])
-    except registry.OperatorNotFound as exc:
-        return exc
-
-
-def _check_new_batch_dir(batch_dir: Path) -> None:
-    """A new batch goes into a new or empty dir: never into another batch's, nor over other files."""
-    if (batch_dir / BATCH_JSON).is_file():
-        raise UsageError(f"--batch-dir {batch_dir} is an existing batch dir: to continue it add --resume; "
-                                 "for a new batch give a new or empty dir")
-    if batch_dir.exists() and not batch_dir.is_dir():
-        raise UsageError(f"--batch-dir {batch_dir} is a file, not a directory")
-    if batch_dir.is_dir() and any(batch_dir.iterdir()):
-        raise UsageError(f"--batch-dir {batch_dir} is not empty and is not a batch dir (it has no "
-                                 f"{BATCH_JSON}): give a new or empty dir")
-
-
-def _new_batch_dir(args, prefix: str = "batch") -> Path:
-    if args.batch_dir is None:
-        return rundir.claim_run_dir(paths.runs_root(args.out), prefix)
-    batch_dir = args.batch_dir.resolve()
-    try:
-        batch_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--batch-dir {batch_dir}: cannot create it: {exc.strerror}") from exc
-    return batch_dir
-
-
-def _own(batch_dir: Path):
-    """Hold the batch dir's owner lock for this batch's life (the open file is the context manager).
-    The kernel drops a flock when its process dies, even by SIGKILL, so a held lock means a live
-    owner whatever pid numbers got reused; a second batch in the dir is refused, naming the owner."""
-    f = open(batch_dir / OWNER_LOCK, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "unknown"
-        f.close()
-        raise UsageError(f"batch dir {batch_dir} belongs to batch pid {pid}, which is still running: wait "
-                                 f"for it, or stop it (kill {pid}) and resume then") from None
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
-
-
+# --- a dead batch's leftovers --------------------------------------------------------------------
 def stop_leftovers(batch_dir: Path) -> list[str]:
     """Stop the ops of a dead batch that still run (their guard could not end them: stopped, or
     killed alone), before this batch uses their devices. One line for each one stopped."""
@@ -924,11 +670,11 @@ def _apply_stored(args, stored: dict, names: tuple[str, ...] = STORED_OPTIONS) -
             from_file.append(flag)
     n = len(stored.get("selection") or [])
     if args.all or args.ops or args.ops_file or args.repos:
-        selection = (f"the selection given on the command line ({BATCH_JSON} keeps its {n} ops, and adds any new: "
-                     "a plain --resume runs those not done)")
+        chosen = (f"the selection given on the command line ({batchdir.BATCH_JSON} keeps its {n} ops, and adds any "
+                  "new: a plain --resume runs those not done)")
     else:
-        selection = f"the selection stored in {BATCH_JSON} ({n} op{'s' * (n != 1)})"
-    return (f"resume: {selection}; options from {BATCH_JSON}: {' '.join(from_file) or 'none'}; "
+        chosen = f"the selection stored in {batchdir.BATCH_JSON} ({n} op{'s' * (n != 1)})"
+    return (f"resume: {chosen}; options from {batchdir.BATCH_JSON}: {' '.join(from_file) or 'none'}; "
             f"from the command line: {' '.join(from_cli) or 'none'}")
 
 
@@ -968,12 +714,12 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
                 print(f"summary failed: {type(exc).__name__}: {exc}")
             return 128 + signum
     summary = runner.summarize()
-    status = read_status(runner.dir)
-    final = collections.Counter(status[e.id]["status"] for e in selected if e.id in status)
+    status = batchdir.read_status(runner.dir)
+    final = collections.Counter(status[e.id].status for e in selected if e.id in status)
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; {summary}")
     failed = sorted(e.key for e in selected
-                    if e.id in status and status[e.id]["status"] not in (*DONE, *UPSTREAM_VERDICTS))
-    theirs = sorted(e.key for e in selected if e.id in status and status[e.id]["status"] in UPSTREAM_VERDICTS)
+                    if e.id in status and status[e.id].status not in (*batchdir.DONE, *batchdir.UPSTREAM_VERDICTS))
+    theirs = sorted(e.key for e in selected if e.id in status and status[e.id].status in batchdir.UPSTREAM_VERDICTS)
     if failed:
         print("not passed: " + ", ".join(failed))
     if theirs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.core import paths, rundir
+from harness.core import batchdir, paths, rundir
 from harness.core.errors import UsageError
 from harness.sessions import ab
 from reports import corpus, stats
@@ -14,7 +14,7 @@ from reports import corpus, stats
 def names_batches(dirs: list[Path]) -> bool:
     """Whether `--compare` names two batch dirs; two other dirs are run dirs (harness.sessions.ab),
     and one of each is bad input."""
-    is_batch = [(Path(d) / "batch.json").is_file() for d in dirs]
+    is_batch = [batchdir.is_batch_dir(d) for d in dirs]
     if any(is_batch) and not all(is_batch):
         batch, other = (dirs[0], dirs[1]) if is_batch[0] else (dirs[1], dirs[0])
         raise UsageError(f"--compare: {batch} is a batch dir and {other} is not: give two batch dirs (a corpus "

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 import backends
-from harness.core import rundir
+from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
 from harness.core.request import MEASUREMENT
 from harness.providers import catalog
@@ -99,7 +99,7 @@ class CorpusAB(batch.Batch):
     """A batch whose per-op job is a whole single-op A/B on one device."""
 
     OPTIONS = ABOptions
-    COLUMNS = (*batch.STATUS_COLUMNS, "verdicts")
+    COLUMNS = (*batchdir.STATUS_COLUMNS, "verdicts")
     # How A records is the plan's (stored with it), not the batch's.
     STORED = tuple(n for n in batch.STORED_OPTIONS if n not in ("replay_root", "triage", *MEASUREMENT))
 
@@ -113,7 +113,7 @@ class CorpusAB(batch.Batch):
             if "plan" not in stored:
                 raise UsageError(f"--resume --batch-dir {args.batch_dir}: a batch, not a corpus A/B: resume it with "
                                  "nox -s batch -- --resume --batch-dir DIR")
-            plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batch.BATCH_JSON}")
+            plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batchdir.BATCH_JSON}")
         else:
             plan = ab.resolve_plan(args)
             # The plan says where and what; the batch machinery reads it from the options it knows.
@@ -185,29 +185,29 @@ class CorpusAB(batch.Batch):
     def _columns(self, facts: dict) -> dict:
         return {"verdicts": _said(facts["verdicts"])}
 
-    def tally(self, row: dict) -> collections.Counter:
-        return super().tally(row) + verdicts(self.dir / row["run_dir"] if row["run_dir"] else None)
+    def tally(self, row: batchdir.StatusRow) -> collections.Counter:
+        return super().tally(row) + verdicts(self.dir / row.run_dir if row.run_dir else None)
 
-    def done_line(self, row: dict) -> str:
-        said = f" [{row['verdicts']}]" if row.get("verdicts") else ""
-        return (f"{row['status']:<8} {row['repo']}:{row['op']} device={row['device']} {row['elapsed_s']} s "
-                f"rows={row['rows']}{said}{'  ' + row['notes'] if row['notes'] else ''}")
+    def done_line(self, row: batchdir.StatusRow) -> str:
+        said = f" [{row.extra['verdicts']}]" if row.extra.get("verdicts") else ""
+        return (f"{row.status:<8} {row.repo}:{row.op} device={row.device} {row.elapsed_s} s "
+                f"rows={row.rows}{said}{'  ' + row.notes if row.notes else ''}")
 
     def summarize(self) -> str:
         """The corpus report over every op with an A/B dir (an op that failed is listed in it with
         its reason), and the verdict counts it gives the rows of the ops that passed (they can
         differ from the ops' own reports: the corpus learns its prior from, and controls the FDR over, all its rows)."""
-        status = batch.read_status(self.dir)
-        rows = [r for r in status.values() if r.get("run_dir") and r["status"] != "SKIP"]
-        names = collections.Counter(f"{r['repo']}:{r['op']}" for r in status.values())
-        keyed = sorted(((f"{r['repo']}:{r['op']}" + (f"@{r['op_file']}" if names[f"{r['repo']}:{r['op']}"] > 1 else ""),
-                         r) for r in rows), key=lambda kr: kr[0])
-        items = [(key, self.dir / r["run_dir"]) for key, r in keyed]
-        passed = {key for key, r in keyed if r["status"] == "PASS"}
+        status = batchdir.read_status(self.dir)
+        rows = [r for r in status.values() if r.run_dir and r.status != "SKIP"]
+        names = collections.Counter(f"{r.repo}:{r.op}" for r in status.values())
+        keyed = sorted(((f"{r.repo}:{r.op}" + (f"@{r.op_file}" if names[f"{r.repo}:{r.op}"] > 1 else ""), r)
+                        for r in rows), key=lambda kr: kr[0])
+        items = [(key, self.dir / r.run_dir) for key, r in keyed]
+        passed = {key for key, r in keyed if r.status == "PASS"}
         plan = _plan_of(self.opts.plan)
         context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                    "backend": self.opts.backend, "batch_dir": str(self.dir),
-                   "op_status": {f"{r['repo']}:{r['op']}@{r['op_file']}": r["status"] for r in status.values()}}
+                   "op_status": {r.id: r.status for r in status.values()}}
         data = corpus.from_ab_dirs(items, context, plan.fdr)
         files = corpus.write(self.dir, data)
         total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)

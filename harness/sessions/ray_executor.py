@@ -29,7 +29,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from harness.core import paths
+from harness.core import batchdir, paths
 from harness.providers.catalog import Entry
 from harness.sessions import engine_log
 
@@ -64,7 +64,7 @@ def task_device(ray_resource: str | None, sharded: int, context) -> int:
 
 
 def _run_remote(batch_cls, options_cls, entry: dict, opts: dict, op_dtypes: dict, ray_resource: str | None,
-                sharded: int, local: bool) -> tuple[dict, bytes, str]:
+                sharded: int, local: bool) -> tuple[batchdir.StatusRow, bytes, str]:
     """Runs on a Ray worker: one op in a scratch batch dir, returned as (status row, tar.gz, the
     scratch dir, which the files' own paths name). The
     batch's own classes are handed in (Ray pickles them by reference): this module stays below
@@ -155,8 +155,8 @@ def _run(runner, todo: list[Entry], on_done, address: str | None, shard, log) ->
             else:
                 _gather(runner.dir, payload, scratch)
             if entry.id in lost:  # it came back from its second task
-                row["notes"] = "; ".join(n for n in (f"ran again after its Ray task was lost ({lost[entry.id]})",
-                                                     row["notes"]) if n)
+                row = dataclasses.replace(row, notes="; ".join(
+                    n for n in (f"ran again after its Ray task was lost ({lost[entry.id]})", row.notes) if n))
             runner.record(entry, row)
             on_done(row)
     except KeyboardInterrupt:
@@ -182,7 +182,7 @@ def _first_line(exc: BaseException) -> str:
     return line.split(". ", 1)[0]
 
 
-def _failed_row(entry: Entry, device: int, backend: str, note: str) -> dict:
+def _failed_row(entry: Entry, device: int, backend: str, note: str) -> batchdir.StatusRow:
     """The status row of an op whose task handed back none."""
-    return {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": "FAIL", "exit_code": "",
-            "attempts": 0, "elapsed_s": 0, "backend": backend, "device": device, "rows": 0, "notes": note}
+    return batchdir.StatusRow(entry.op, entry.repo, entry.op_file, "FAIL", attempts=0, elapsed_s=0, backend=backend,
+                              device=device, rows=0, notes=note)

@@ -15,6 +15,7 @@ import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
+from harness.core.outcome import Outcome
 from harness.core.paths import SHAPES_DIR, runs_root
 from harness.measure import tuning
 from harness.providers import catalog, flaggems, probe, registry, shapes
@@ -220,25 +221,27 @@ def newest_record_run(root: Path) -> Path:
     return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
 
 
-def _outcome(run_dir: Path, observed: dict, rows_found: int) -> dict:
+def _outcome(run_dir: Path, observed: dict, rows_found: int) -> tuple[dict, Outcome]:
     """The record's outcome (written by harness.sessions.run or its child): as written, or, when its
-    run.json has none (the recording process itself was killed), an INCOMPLETE one saying so."""
+    run.json has none (the recording process itself was killed), an INCOMPLETE one saying so. Its
+    JSON too, which the replay's spec keeps as the record wrote it."""
     outcome = observed.get("outcome")
     if outcome is None:
-        return {"status": "INCOMPLETE", "rows_done": rows_found, "rows_planned": None, "running_case": None,
-                "reason": "outcome not recorded: the recording process was killed"}
-    if not isinstance(outcome, dict) or outcome.get("status") not in ("COMPLETE", "INCOMPLETE"):
+        outcome = {"status": "INCOMPLETE", "rows_done": rows_found, "rows_planned": None, "running_case": None,
+                   "reason": "outcome not recorded: the recording process was killed"}
+    try:
+        return outcome, Outcome.from_json(outcome)
+    except ValueError as exc:
         raise UsageError(f"cannot replay {run_dir}: {run_dir / rundir.RUN_JSON} is corrupt: observed.outcome "
-                         f"{outcome!r:.80} is not an outcome (status COMPLETE or INCOMPLETE)")
-    return outcome
+                         f"{exc}") from None
 
 
-def _describe_incomplete(outcome: dict) -> str:
+def _describe_incomplete(outcome: Outcome) -> str:
     """`13/20 rows; killed by signal 9 during case fp16-4x16`."""
-    done, planned, case = outcome.get("rows_done"), outcome.get("rows_planned"), outcome.get("running_case")
+    done, planned = outcome.rows_done, outcome.rows_planned
     rows = ("rows unknown" if done is None else f"{done}/{planned} rows" if planned is not None
             else f"{done} row{'s' if done != 1 else ''}")
-    return f"{rows}; {outcome.get('reason') or 'reason unknown'}" + (f" during case {case}" if case else "")
+    return f"{rows}; {outcome.reason or 'reason unknown'}{outcome.during()}"
 
 
 def _check_records(run_dir: Path, op: str, incomplete: str | None) -> None:
@@ -305,8 +308,8 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
     if source.mode != "record":
         raise UsageError(f"cannot replay {run_dir}: it is a {source.mode} (of {source.replay_from}); "
                          f"replay its record: nox -s replay -- {source.replay_from}")
-    outcome = _outcome(run_dir, observed, _check_results(run_dir))
-    incomplete = _describe_incomplete(outcome) if outcome["status"] != "COMPLETE" else None
+    outcome, recorded = _outcome(run_dir, observed, _check_results(run_dir))
+    incomplete = None if recorded.complete else _describe_incomplete(recorded)
     _check_records(run_dir, source.op, incomplete)
     backend, device = _replay_backend(args, run_dir, source)
     ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths

@@ -15,6 +15,7 @@ from pathlib import Path
 import backends
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
+from harness.core.outcome import INCOMPLETE, Outcome
 from harness.core.paths import private_dir, runs_root
 from harness.core.rundir import EXIT_INCOMPLETE
 from harness.providers import shapes
@@ -98,7 +99,7 @@ def _rows_done(run_dir: Path) -> int:
         return 0
 
 
-def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> dict:
+def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> Outcome:
     """The run's outcome: the child's own, or, when it ended without recording one, the parent's
     account of it (what killed it, rows done of planned, the case it was in), written into
     run.json. A child's raw exit number means nothing of ours (an operator may call os._exit(75)):
@@ -107,9 +108,12 @@ def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | Non
         observed = rundir.read_json(run_dir / rundir.RUN_JSON).get("observed", {})
     except (OSError, ValueError):
         observed = {}
-    outcome = observed.get("outcome")
-    if _is_outcome(outcome):
-        return outcome
+    try:
+        recorded = Outcome.from_json(observed.get("outcome"))
+    except ValueError:
+        recorded = None
+    if recorded is not None and type(recorded.exit_code) is int:  # one without its exit code says nothing
+        return recorded
     if interrupted:
         reason, exit_code = f"interrupted ({interrupted})", 128 + getattr(signal, interrupted)
     elif not run_dir.is_dir():
@@ -121,8 +125,8 @@ def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | Non
         if tee.log_tail:
             tee.write(f"the child {launch.describe_exit(code)}; its last output (all of it in run.log):\n")
             tee.write("".join(f"  | {line}" for line in tee.log_tail))
-    outcome = {"status": "INCOMPLETE", "rows_done": _rows_done(run_dir), "rows_planned": planned,
-               "reason": reason, "running_case": observed.get("running_case"), "exit_code": exit_code}
+    outcome = Outcome(INCOMPLETE, rows_done=_rows_done(run_dir), rows_planned=planned, reason=reason,
+                      running_case=observed.get("running_case"), exit_code=exit_code)
     try:
         rundir.record_outcome(run_dir, outcome, exit_status=code)
     except OSError as exc:
@@ -131,18 +135,12 @@ def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | Non
     return outcome
 
 
-def _is_outcome(outcome) -> bool:
-    return (isinstance(outcome, dict) and outcome.get("status") in ("COMPLETE", "INCOMPLETE")
-            and type(outcome.get("exit_code")) is int)
-
-
-def summary_line(mode: str, outcome: dict, planned: int | None = None) -> str:
-    code = outcome["exit_code"]
-    rows = f"{outcome['rows_done']}/{outcome['rows_planned'] or planned or '?'} rows"
-    if outcome["status"] == "COMPLETE":
+def summary_line(mode: str, outcome: Outcome, planned: int | None = None) -> str:
+    code = outcome.exit_code
+    rows = f"{outcome.rows(planned)} rows"
+    if outcome.complete:
         return f"{mode} {'ok' if code == 0 else f'finished with failures (exit {code})'}: {rows}"
-    where = f" during case {outcome['running_case']}" if outcome.get("running_case") else ""
-    return f"{mode} INCOMPLETE: {rows}, {outcome['reason']}{where}"
+    return f"{mode} INCOMPLETE: {rows}, {outcome.reason}{outcome.during()}"
 
 
 def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
@@ -198,18 +196,18 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
         if run_spec.sweep_devices:
             try:
                 with launch.stops_on_signals():  # a batch's timeout stops the sweep as Ctrl-C does
-                    outcome = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write, cache_dir)
+                    swept = sweep.run(run_spec, shape_list, run_spec.sweep_devices, run_dir, tee.write, cache_dir)
             except KeyboardInterrupt as exc:  # the shards were killed; nothing was measured
                 signum = launch.stopped_by(exc)
-                stopped = {"status": "INCOMPLETE", "rows_done": 0, "rows_planned": planned, "running_case": None,
-                           "reason": f"interrupted ({signal.Signals(signum).name}) during the parallel sweep",
-                           "exit_code": 128 + signum}
+                stopped = Outcome(INCOMPLETE, rows_done=0, rows_planned=planned,
+                                  reason=f"interrupted ({signal.Signals(signum).name}) during the parallel sweep",
+                                  exit_code=128 + signum)
                 rundir.record_outcome(run_dir, stopped)
                 tee.write(f"\n{summary_line(run_spec.mode, stopped)}; run dir: {run_dir}\n")
                 return 128 + signum
-            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": outcome.facts}})
-            if outcome.merged is not None:
-                run_spec = dataclasses.replace(run_spec, preset_records=str(outcome.merged))
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"sweep": swept.facts}})
+            if swept.merged is not None:
+                run_spec = dataclasses.replace(run_spec, preset_records=str(swept.merged))
                 spec_mod.write(run_dir, run_spec)
         rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": cache_note}})
         code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir))
@@ -222,7 +220,7 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
         tee.close()
         rundir.release_space(run_dir)  # however the run ended (a stopped sweep, say)
     # This process was stopped: that is the account, whatever the child recorded before it stopped.
-    return 128 + getattr(signal, interrupted) if interrupted else outcome["exit_code"]
+    return 128 + getattr(signal, interrupted) if interrupted else outcome.exit_code
 
 
 def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec,

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import launch, paths, rundir
+from harness.core import batchdir, launch, paths, rundir
 from harness.core.errors import UsageError
 from harness.providers.catalog import Entry
 from harness.sessions import engine_log
@@ -71,7 +71,7 @@ def task_device(backend: backends.Backend, sharded: int, environ=None) -> int:
     return visible[0]
 
 
-def _task(batch_cls, options, op_dtypes: dict, batch_dir: str, entry: Entry, sharded: int) -> dict:
+def _task(batch_cls, options, op_dtypes: dict, batch_dir: str, entry: Entry, sharded: int) -> batchdir.StatusRow:
     """Runs in the Slurm task: one op, its status row back to the driver. A stop signal from Slurm
     stops the op as a Ctrl-C stops a local batch's: no retry, an INTERRUPTED row."""
     runner = batch_cls(Path(batch_dir), options, op_dtypes)
@@ -86,17 +86,17 @@ def _task(batch_cls, options, op_dtypes: dict, batch_dir: str, entry: Entry, sha
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     row = runner.measure_op(entry, task_device(backends.get(options.backend), sharded))
-    if stopped_by and row["status"] == "INTERRUPTED":
+    if stopped_by and row.status == "INTERRUPTED":
         why = (f"stopped by Slurm ({signal.Signals(stopped_by[0]).name}: cancelled, preempted or at its time "
                "limit), not retried")
-        row["notes"] = "; ".join(n for n in (row["notes"], why) if n)
+        row = dataclasses.replace(row, notes="; ".join(n for n in (row.notes, why) if n))
     return row
 
 
-def _failed_row(entry: Entry, device: int, backend: str, note: str, status: str = "FAIL") -> dict:
+def _failed_row(entry: Entry, device: int, backend: str, note: str, status: str = "FAIL") -> batchdir.StatusRow:
     """The status row of an op whose task handed back none (it failed, or ended outside it)."""
-    return {"op": entry.op, "repo": entry.repo, "op_file": entry.op_file, "status": status, "exit_code": "",
-            "attempts": 0, "elapsed_s": 0, "backend": backend, "device": device, "rows": 0, "notes": note}
+    return batchdir.StatusRow(entry.op, entry.repo, entry.op_file, status, attempts=0, elapsed_s=0, backend=backend,
+                              device=device, rows=0, notes=note)
 
 
 def _error_line(trace: str) -> str:
@@ -139,7 +139,7 @@ class _Tasks:
         self.started.update(j for j, s in found.items() if s in ("RUNNING", "COMPLETING"))
         return found
 
-    def result(self, job_id: str) -> dict | None:
+    def result(self, job_id: str) -> batchdir.StatusRow | None:
         """The row the task handed back, or the FAIL row of one that raised; None while there is none."""
         from submitit.core.utils import pickle_load
 
@@ -155,7 +155,8 @@ class _Tasks:
         return _failed_row(entry, self.shard(entry), self.runner.opts.backend,
                            f"the Slurm task failed: {_error_line(str(value))} (its log: {job_paths.stderr})")
 
-    def collect(self, states: dict[str, str] | None, stopped: str | None = None) -> list[tuple[str, Entry, dict]]:
+    def collect(self, states: dict[str, str] | None,
+                stopped: str | None = None) -> list[tuple[str, Entry, batchdir.StatusRow]]:
         """(job id, entry, row) of each task that is over, taken off the list. A job that ended
         without a result is a FAIL row; after a stop of ours (`stopped` says which), an INTERRUPTED
         one when it had started, and none when it never did (as for a local op never started)."""
@@ -297,7 +298,7 @@ def settle_leftovers(runner, shard) -> list[str]:
     while tasks.jobs and time.monotonic() < deadline:
         for job_id, entry, row in tasks.collect(tasks.states(), stopped="by the resume"):
             runner.record(entry, row)
-            lines.append(f"resume: recorded {entry.key} {row['status']}, as its Slurm task {job_id} ended")
+            lines.append(f"resume: recorded {entry.key} {row.status}, as its Slurm task {job_id} ended")
         time.sleep(0.5)
     path.unlink(missing_ok=True)
     return lines

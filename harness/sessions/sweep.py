@@ -27,10 +27,12 @@ from harness.measure import tuning
 SWEEP_DIR = "sweep"
 
 
-@dataclasses.dataclass
-class Outcome:
-    merged: Path | None
-    facts: dict
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """What a parallel sweep leaves its run (not how the run ended: that is harness.core.outcome's)."""
+
+    merged: Path | None  # the merged autotune records; None when the sweep was refused
+    facts: dict  # run.json's observed.sweep
 
 
 def round_robin(items: list, n: int) -> list[list]:
@@ -73,13 +75,13 @@ def sweep_devices(backend: backends.Backend, n: int) -> list[int]:
         return []
 
 
-def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log, cache_dir: Path) -> Outcome:
+def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log, cache_dir: Path) -> SweepResult:
     backend = backends.get(run_spec.backend)
     devices = sweep_devices(backend, n)
     why = refusal(run_spec, n, len(shape_list), devices)
     if why is not None:
         log(f"parallel sweep refused: {why}; sweeping serially\n")
-        return Outcome(None, {"status": "refused", "reason": why})
+        return SweepResult(None, {"status": "refused", "reason": why})
     sweep_dir = run_dir / SWEEP_DIR
     sweep_dir.mkdir()
     shards = round_robin(shape_list, n)
@@ -115,12 +117,12 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
     if failed:
         why = "; ".join(f"shard {i} exited {c}, its shapes were never swept" for i, c in sorted(failed.items()))
         log(f"parallel sweep refused: {why} (see {sweep_dir}); sweeping serially\n")
-        return Outcome(None, {"status": "refused", "reason": why, "seconds": seconds})
+        return SweepResult(None, {"status": "refused", "reason": why, "seconds": seconds})
     records = [tuning.load_records(tuning.records_path(shard_dir, run_spec.op)) for shard_dir in shard_dirs]
     merged, keys, conflicts = merge(records)
     merged_path = sweep_dir / "merged.json"
     rundir.atomic_write_json(merged_path, merged)
     log(f"parallel sweep: {keys} keys merged from {n} shards in {seconds} s; "
         f"{conflicts} key(s) with conflicting winners across shards\n")
-    return Outcome(merged_path, {"status": "parallel", "devices": devices, "shards": [len(s) for s in shards],
+    return SweepResult(merged_path, {"status": "parallel", "devices": devices, "shards": [len(s) for s in shards],
                                  "keys": keys, "conflicts": conflicts, "seconds": seconds})

@@ -160,9 +160,9 @@ class ResultsPlugin:
         # Said to the user, not through pytest's reporter (whose output is kept in run.log only).
         context = {"backend": self.ctx.spec.backend, "mode": self.ctx.spec.mode}
         outcome = self.ctx.outcome
-        if outcome is not None and outcome["status"] != "COMPLETE":
+        if outcome is not None and not outcome.complete:
             # First in the header: a table over some of the cases must not read as the run's result.
-            context = {"run": f"INCOMPLETE {outcome['rows_done']}/{outcome['rows_planned'] or '?'}", **context}
+            context = {"run": f"INCOMPLETE {outcome.rows()}", **context}
         self.ctx.say("=" * 30 + " results " + "=" * 30,
                      table.render(self.ctx.rows, color=self.ctx.spec.color, context=context,
                                   performance=self.ctx.backend.measures_performance))

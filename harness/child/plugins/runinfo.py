@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from harness.core import identity, rundir
+from harness.core.outcome import COMPLETE, INCOMPLETE, Outcome
 
 
 class RunInfoPlugin:
@@ -48,12 +49,12 @@ class RunInfoPlugin:
             "rows": len(rows),
             "rows_with_markers": sum(1 for r in rows if r.get("markers")),
             "cases_planned": len(self.ctx.cases),
-            "outcome": self.ctx.outcome,
-            "running_case": self.ctx.outcome["running_case"],
+            "outcome": self.ctx.outcome.to_json(),
+            "running_case": self.ctx.outcome.running_case,
         })
 
 
-def outcome(ctx, session, exitstatus) -> dict:
+def outcome(ctx, session, exitstatus) -> Outcome:
     """COMPLETE when every planned case ran (a FlagGems benchmark's cases are known only as they
     run: there, when the session was not cut short), else INCOMPLETE and why; `exit_code` is what
     the run exits with (rundir's EXIT_ codes): the child's account, not pytest's exit status."""
@@ -80,5 +81,5 @@ def outcome(ctx, session, exitstatus) -> dict:
         code = rundir.EXIT_FAILED_ROWS if failed else 0
     elif code is None:
         code = rundir.EXIT_INCOMPLETE
-    return {"status": "COMPLETE" if complete else "INCOMPLETE", "rows_done": done, "rows_planned": planned,
-            "reason": reason, "running_case": None if complete else ctx.running_case, "exit_code": code}
+    return Outcome(COMPLETE if complete else INCOMPLETE, rows_done=done, rows_planned=planned, reason=reason,
+                   running_case=None if complete else ctx.running_case, exit_code=code)

@@ -1,0 +1,248 @@
+"""Batch dirs: what a batch leaves on disk, read and written here (the counterpart of rundir.py).
+
+A batch dir holds `batch.json` (its selection and options, what makes a dir a batch dir), the
+`.owner` lock of the batch running in it, `ops_status.csv` (one status row per op, rewritten
+atomically), `summary.csv`, and one dir per op under `ops/` with the op's attempts and, once its
+status is settled, a `.complete` marker a resume reads back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import fcntl
+import io
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from harness.core import paths, rundir
+from harness.core.errors import UsageError
+
+DONE = ("PASS", "SKIP")
+FAIL_UPSTREAM = "FAIL_UPSTREAM"  # fails as the bare upstream node too: listed, not counted as ours
+TIMEOUT_UPSTREAM = "TIMEOUT_UPSTREAM"  # the bare upstream node outlasts --op-timeout too: likewise
+# Verdicts triage put on upstream: a resume keeps them (rerunning cannot change them), except a
+# TIMEOUT_UPSTREAM when the resume gives a longer --op-timeout than the one it timed out under.
+UPSTREAM_VERDICTS = (FAIL_UPSTREAM, TIMEOUT_UPSTREAM)
+SETTLED = (*DONE, FAIL_UPSTREAM)  # kept by any resume; TIMEOUT_UPSTREAM by one under no longer a budget
+UPSTREAM_DIR = "upstream"  # under an op's dir: the triage rerun as upstream's own pytest node
+BATCH_JSON = "batch.json"  # what makes a dir a batch dir
+OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
+STATUS_CSV = "ops_status.csv"
+SUMMARY_CSV = "summary.csv"
+COMPLETE = ".complete"  # in an op's dir: its settled status, and for a timeout the budget it ran under
+DEFAULT_OP_TIMEOUT = 1800.0
+
+# A stored option's check: (whether a value is fine, what it should have been).
+Check = tuple[Callable[[object], bool], str]
+
+
+def is_batch_dir(path: Path) -> bool:
+    """Whether `path` is a batch dir: it holds a batch.json (a run dir never does)."""
+    return (Path(path) / BATCH_JSON).is_file()
+
+
+def op_dir(batch_dir: Path, key: str) -> Path:
+    """The dir of the op whose catalog key (`repo:op@op_file`) is `key`."""
+    return batch_dir / "ops" / key.replace(":", "__", 1).replace("/", ".")
+
+
+# --- ops_status.csv ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StatusRow:
+    """One op's line of ops_status.csv, as a batch (or the executor task that ran the op) hands it
+    back. A number the op never got (an op with no exit code: a timeout; a task that handed back no
+    row) is None, an empty cell; `extra` holds a job's own columns (a corpus A/B's verdicts)."""
+
+    op: str
+    repo: str
+    op_file: str = ""  # empty in the rows of batches from before it was kept
+    status: str = ""
+    exit_code: int | None = None
+    attempts: int | None = None
+    elapsed_s: float | None = None
+    backend: str = ""
+    device: int | None = None
+    timer: str = ""
+    rows: int | None = None
+    timer_fallback_rows: int | None = None
+    replay_fallback_rows: int | None = None
+    run_dir: str = ""  # relative to the batch dir; empty when no attempt wrote one
+    notes: str = ""
+    extra: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """The op's catalog id (`repo:op@op_file`), which keys the rows."""
+        return f"{self.repo}:{self.op}@{self.op_file}"
+
+    def to_csv(self) -> dict:
+        """Its cells by column (None an empty one)."""
+        cells = {c: getattr(self, c) for c in STATUS_COLUMNS}
+        return {**{c: "" if v is None else v for c, v in cells.items()}, **self.extra}
+
+    @classmethod
+    def from_csv(cls, record: Mapping[str, str | None]) -> StatusRow:
+        """ValueError when a number's cell holds no number (a hand-edited file)."""
+        fields = {}
+        for f in dataclasses.fields(cls):
+            text = record.get(f.name)
+            if f.name == "extra" or text is None:
+                continue
+            fields[f.name] = (text if f.type == "str" else None if text == "" else
+                              int(text) if text.lstrip("-").isdigit() else float(text))
+        extra = {c: v for c, v in record.items() if c not in STATUS_COLUMNS and c is not None and v is not None}
+        return cls(**fields, extra=extra)
+
+
+STATUS_COLUMNS = tuple(f.name for f in dataclasses.fields(StatusRow) if f.name != "extra")
+
+
+def read_status(batch_dir: Path, missing_ok: bool = True) -> dict[str, StatusRow]:
+    """The status rows by op id; none when no op finished yet (else, unless `missing_ok`, OSError)."""
+    path = batch_dir / STATUS_CSV
+    if missing_ok and not path.is_file():
+        return {}
+    with open(path, newline="") as f:
+        try:
+            rows = [StatusRow.from_csv(r) for r in csv.DictReader(f)]
+        except ValueError as exc:
+            raise UsageError(f"{path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir") from exc
+    return {r.id: r for r in rows}
+
+
+def write_status(batch_dir: Path, status: Mapping[str, StatusRow], columns: tuple[str, ...]) -> None:
+    """Every row, sorted by op id, in `columns` (a missing one is empty)."""
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    for key in sorted(status):
+        cells = status[key].to_csv()
+        w.writerow({c: cells.get(c, "") for c in columns})
+    rundir.atomic_write_text(batch_dir / STATUS_CSV, out.getvalue())
+
+
+def write_summary(batch_dir: Path) -> Path:
+    """summary.csv, one row per measured case, from the per-op run dirs alone."""
+    status = read_status(batch_dir)
+    columns = ("repo", "op", "dtype", "shape", "status", "baseline_ms", "candidate_ms", "speedup", "gbps",
+               "tflops", "timer", "markers", "run_dir")
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(columns)
+    for key in sorted(status):
+        st = status[key]
+        if not st.run_dir:
+            continue
+        results = batch_dir / st.run_dir / rundir.RESULTS_JSON
+        if not results.is_file():
+            continue
+        for r in json.loads(results.read_text())["rows"]:
+            w.writerow([st.repo, r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
+                        r.get("baseline_ms"), r.get("candidate_ms"), r.get("speedup"), r.get("gbps"),
+                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st.run_dir])
+    path = batch_dir / SUMMARY_CSV
+    rundir.atomic_write_text(path, out.getvalue())
+    return path
+
+
+# --- the completion marker -----------------------------------------------------------------------
+def mark_complete(op_dir: Path, status: str, op_timeout: float) -> None:
+    """Record a status a resume keeps (read back by `completed`); any other status records nothing."""
+    if status in SETTLED:
+        (op_dir / COMPLETE).write_text(status + "\n")
+    elif status == TIMEOUT_UPSTREAM:
+        (op_dir / COMPLETE).write_text(f"{status} {op_timeout:g}\n")
+
+
+def completed(batch_dir: Path, key: str, op_timeout: float = DEFAULT_OP_TIMEOUT) -> str | None:
+    """The settled status of the op `key`, which a resume does not rerun; None when it must run (again)."""
+    marker = op_dir(batch_dir, key) / COMPLETE
+    if not marker.is_file():
+        return None
+    status, _, timed_out_under = marker.read_text().strip().partition(" ")
+    if status in SETTLED and not timed_out_under:
+        return status
+    if status == TIMEOUT_UPSTREAM:
+        with contextlib.suppress(ValueError):
+            return status if op_timeout <= float(timed_out_under) else None
+    return None
+
+
+# --- the dir itself and its owner ----------------------------------------------------------------
+def check_new(batch_dir: Path) -> None:
+    """A new batch goes into a new or empty dir: never into another batch's, nor over other files."""
+    if is_batch_dir(batch_dir):
+        raise UsageError(f"--batch-dir {batch_dir} is an existing batch dir: to continue it add --resume; "
+                                 "for a new batch give a new or empty dir")
+    if batch_dir.exists() and not batch_dir.is_dir():
+        raise UsageError(f"--batch-dir {batch_dir} is a file, not a directory")
+    if batch_dir.is_dir() and any(batch_dir.iterdir()):
+        raise UsageError(f"--batch-dir {batch_dir} is not empty and is not a batch dir (it has no "
+                                 f"{BATCH_JSON}): give a new or empty dir")
+
+
+def new(batch_dir: Path | None, out: Path | None, prefix: str = "batch") -> Path:
+    """The dir a new batch runs in: `batch_dir` made, or else a fresh one claimed under `out`'s runs root."""
+    if batch_dir is None:
+        return rundir.claim_run_dir(paths.runs_root(out), prefix)
+    batch_dir = batch_dir.resolve()
+    try:
+        batch_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--batch-dir {batch_dir}: cannot create it: {exc.strerror}") from exc
+    return batch_dir
+
+
+def own(batch_dir: Path):
+    """Hold the batch dir's owner lock for this batch's life (the open file is the context manager).
+    The kernel drops a flock when its process dies, even by SIGKILL, so a held lock means a live
+    owner whatever pid numbers got reused; a second batch in the dir is refused, naming the owner."""
+    f = open(batch_dir / OWNER_LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise UsageError(f"batch dir {batch_dir} belongs to batch pid {pid}, which is still running: wait "
+                                 f"for it, or stop it (kill {pid}) and resume then") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+# --- batch.json ----------------------------------------------------------------------------------
+def write_batch_json(batch_dir: Path, facts: dict) -> None:
+    """Merge `facts` into batch.json (a resume's into what the batch stored before)."""
+    rundir.merge_json(batch_dir / BATCH_JSON, facts)
+
+
+def read_batch_json(batch_dir: Path, checks: Mapping[str, Check]) -> dict:
+    """batch.json, for a resume: each stored option is checked by `checks` (its command-line
+    flag's checks, since a stored value skips the parser; None is "not given" for every one, and
+    a name without a check is checked by whoever reads it)."""
+    path = batch_dir / BATCH_JSON
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume: {path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir "
+                         "with the same selection and options") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("request", {}), dict):
+        raise UsageError(f"--resume: {path} is corrupt (not a batch's record)")
+    if not (data.get("selected") is None or is_strings(data["selected"])):
+        raise UsageError(f"--resume: {path} is corrupt: selected = {data['selected']!r:.60} is not a list of ops")
+    for name, value in data.get("request", {}).items():
+        check, what = checks.get(name, (lambda v: True, ""))
+        if value is not None and not check(value):
+            raise UsageError(f"--resume: {path} is corrupt: request.{name} = {value!r:.60} is not {what}; the op "
+                             "dirs are intact: fix it, or start a new --batch-dir with the same selection and options")
+    return data
+
+
+def is_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)

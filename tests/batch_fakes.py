@@ -1,0 +1,129 @@
+"""The fakes the batch's tests share: inventory entries, a child's run dir as written, the batch
+command line, and the fake process boundary (launch.start) with its fake clock."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import signal
+from pathlib import Path
+
+from conftest import REPO
+
+from harness import cli
+from harness.core import batchdir, launch, opguard, rundir
+from harness.providers.catalog import Entry
+
+OPS = REPO / "tests" / "resources" / "batch_ops"
+CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
+ADD = Entry("builtin", "add", "add", "ops/add.py")
+MM = Entry("builtin", "mm", "mm", "ops/mm.py")
+FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
+
+
+# --- the fake process boundary ---------------------------------------------------------------------
+REAL_START = launch.start
+UNCLAIMED_RUN_DIR = rundir.unclaimed_run_dir
+class Clock:
+    """batch's `time`: monotonic() moves only when a fake child takes its time."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class Step:
+    """What one started child does: what it writes into its --run-dir (rows/observed; None: no run
+    dir), its log text, its exit code (None: still running when the timeout ran out), its time."""
+
+    code: int | None = 0
+    rows: list[dict] | None = None
+    observed: dict | None = None
+    log: str = ""
+    seconds: float = 1.0
+    during: object = None  # called while it "runs" (the batch waits on it)
+    running_left: bool = True  # its guard's .running is still there when it ends
+
+
+def row(status="PASS", timer="direct", markers=(), **kw) -> dict:
+    return {"op": "add", "dtype": "fp32", "shape": [8], "status": status, "timer": timer, "markers": list(markers),
+            **kw}
+
+
+def write_run(out: Path, rows: list[dict] | None, observed: dict | None = None, name: str = "run") -> Path:
+    run = out / name
+    run.mkdir(parents=True, exist_ok=True)
+    (run / rundir.RUN_JSON).write_text(json.dumps({"observed": observed or {}}))
+    if rows is not None:
+        (run / rundir.RESULTS_JSON).write_text(json.dumps({"rows": rows}))
+    (run / rundir.RUN_LOG).write_text("run log\n")
+    return run
+
+
+class FakeChild:
+    def __init__(self, launcher, step: Step, pid: int):
+        self.launcher, self.step, self.pid = launcher, step, pid
+        self.stops: list[float] = []
+
+    def wait(self, timeout=None):
+        self.launcher.waits.append((self.pid, timeout, set(self.launcher.runner_children())))
+        self.launcher.clock.now += self.step.seconds
+        if self.step.during is not None:
+            self.step.during()
+        return self.step.code
+
+    def stop(self, grace_s, signum=signal.SIGTERM):
+        self.stops.append(grace_s)
+        return -signum
+
+
+class Launcher:
+    """launch.start for batch: steps per target (the op's `record` target, the replayed run dir or
+    the upstream pytest node); the last step of a target repeats."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.plan: dict[str, list[Step]] = {}
+        self.calls: list[dict] = []
+        self.children: list[FakeChild] = []
+        self.waits: list[tuple] = []
+        self.runner = None
+
+    def runner_children(self):
+        return self.runner.children if self.runner is not None else {}
+
+    def __call__(self, argv, *, log=None, **kw):
+        if argv[1:3] == ["-m", "harness.providers.probe"]:  # --ops-path modules import for real, apart
+            return REAL_START(argv, log=log, **kw)
+        guard = opguard.command(Path(argv[4]), argv[6:])
+        assert argv == guard, argv  # every op attempt runs under its guard
+        cmd = argv[6:]
+        target = cmd[4] if cmd[2] == "harness" else cmd[3]
+        steps = self.plan.get(target) or [Step(rows=[row()])]
+        step = steps.pop(0) if len(steps) > 1 else steps[0]
+        if step.running_left:
+            Path(argv[4]).write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
+        named = Path(cmd[cmd.index("--run-dir") + 1]) if "--run-dir" in cmd else None
+        if named is not None and (step.rows is not None or step.observed is not None):
+            observed = step.observed or {}
+            if step.code == 0 and "outcome" not in observed:  # what a run that exits 0 records
+                observed = {**observed, "outcome": {"status": "COMPLETE", "exit_code": 0}}
+            write_run(named.parent, step.rows, observed, named.name)
+        log.write(step.log)
+        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": argv[4], **kw})
+        child = FakeChild(self, step, 4000 + len(self.children))
+        self.children.append(child)
+        return child
+
+
+def status_rows(batch_dir: Path) -> list[dict]:
+    with open(batch_dir / batchdir.STATUS_CSV, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def parse(*argv):
+    return cli.build_parser().parse_args(["batch", *map(str, argv)])
