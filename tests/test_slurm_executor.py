@@ -192,7 +192,8 @@ def test_resume_after_the_driver_was_killed_settles_the_tasks_it_left(tmp_path, 
     proc.communicate(timeout=30)
     # Its tasks go on: one finishes, the other hangs.
     fp32 = d / "ops" / "path__fp32_op" / batchdir.COMPLETE
-    assert wait_for(fp32.is_file, 180) and len(queue(d)) == 1, queue(d)
+    # The task writes its marker before it exits: Slurm lists it a moment longer.
+    assert wait_for(lambda: fp32.is_file() and len(queue(d)) == 1, 180), queue(d)
     again = start("--resume", "--op-timeout", 20)
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 1, out
