@@ -37,6 +37,7 @@ class RunRequest:
     rep_ms: float | None = None
     sweep_devices: int | None = None
     ir: bool = True
+    timing_only: bool = False
     precompile: bool = True
     color: str | None = None
     out: Path | None = None
@@ -84,6 +85,8 @@ class RunRequest:
                 argv += [flag, str(value)]
         if not self.ir:
             argv.append("--no-ir")
+        if self.timing_only:
+            argv.append("--timing-only")
         if not self.precompile:
             argv.append("--no-precompile")
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),
