@@ -13,6 +13,7 @@ import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.core.request import STEP_PASSES, STEP_STARTS
 from harness.providers import flaggems
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
@@ -231,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"environment variable for side {s_.upper()} (repeatable)")
         side.add_argument(f"--{s_}-python", metavar="PATH", default=None,
                           help=f"Python interpreter of side {s_.upper()} (a second compiler build)")
+    side.add_argument("--step-start", choices=STEP_STARTS, default=None,
+                      help="how each step starts: fork (a warm worker per side, with torch, triton and pytest "
+                           "imported once, forks every step) or fresh (a new process per step) (default: fork)")
+    side.add_argument("--step-passes", choices=STEP_PASSES, default=None,
+                      help="where IR collection and per-kernel attribution run: once (each side's first replay; "
+                           "A's record and later repeats time only) or every (every step) (default: once)")
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")

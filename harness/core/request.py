@@ -13,6 +13,10 @@ COMMANDS = ("record", "replay")
 RECORD_ONLY = ("seed", "timer", "l2", "warmup_ms", "rep_ms", "sweep_devices")
 # How a record measures: batch and A/B pass these to the records they start.
 MEASUREMENT = ("seed", "timer", "l2", "warmup_ms", "rep_ms")
+# How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), or fresh.
+STEP_STARTS = ("fork", "fresh")
+# Where an A/B's one-off passes (IR, per-kernel attribution) run: each side's first replay, or every step.
+STEP_PASSES = ("once", "every")
 
 
 @dataclasses.dataclass(frozen=True)
