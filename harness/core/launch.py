@@ -186,8 +186,8 @@ class Child:
             return None
         with _STARTED_LOCK:
             _STARTED.discard(self.proc.pid)
-        for pump in self.pumps:
-            pump.join(timeout=PUMP_JOIN_S)
+        for thread in self.pumps:
+            thread.join(timeout=PUMP_JOIN_S)
         return code
 
     def kill(self) -> None:
@@ -252,7 +252,9 @@ def in_fork(call: Callable[[], int], environ: Mapping[str, str], cwd: str | os.P
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in (signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
-        _STARTED.clear()  # the parent's; not under its lock, which the forking thread held
+        global _STARTED_LOCK
+        _STARTED_LOCK = threading.Lock()  # the parent's is held by the forking thread, for good here
+        _STARTED.clear()  # the parent's children, none of them ours
         os.environ.clear()
         os.environ.update(environ)
         os.chdir(cwd)
@@ -361,8 +363,8 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     pumps = tuple(threading.Thread(target=pump, args=(stream, write), daemon=True)
                   for stream, write in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))
                   if stream is not None and write is not None)
-    for pump in pumps:
-        pump.start()
+    for thread in pumps:
+        thread.start()
     return Child(proc, own_group, pumps)
 
 

@@ -402,7 +402,9 @@ class Runner:
         worker = self.workers.get(side.name)
         if worker is None:
             cache = self.caches.get(side.name)
-            worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, side.env,
+            # The backend's child environment too: it can change what importing triton does (the interpreter).
+            env = {**side.env, **backends.get(self.plan.backend).child_env}
+            worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, env,
                                                                  pythonpath, str(cache) if cache else None)
         code, interrupted = self._forked(side, worker, request, how)
         if interrupted is None and worker.died:
