@@ -421,7 +421,7 @@ class _Wake(Exception):
 
 def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         on_forward: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
-        starter: Callable[..., Child] = start, **start_kw) -> tuple[int, int | None]:
+        starter: Callable[..., Child] | None = None, **start_kw) -> tuple[int, int | None]:
     """`starter(argv, **start_kw)` (`start`, or a warm worker's: forkserver.Worker.start) and wait for
     it; call from the main thread. The first signal of
     `forward` that reaches this process goes on to the child (its group), which then has `grace_s`
@@ -438,7 +438,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
 
     previous = {s: signal.signal(s, handler) for s in forward}
     try:
-        child = starter(argv, **start_kw)
+        child = (starter or start)(argv, **start_kw)
         try:
             deadline = None
             while True:
