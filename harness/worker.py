@@ -37,13 +37,17 @@ def main() -> int:
     deps.use_deps_dir()
     # What each step would import again: the reason for this worker. The device stays untouched.
     import pytest  # noqa: F401
-    import torch  # noqa: F401
+    import torch
     import triton  # noqa: F401
 
     import harness.child.runner  # noqa: F401
     import harness.cli  # noqa: F401
     import harness.sessions.run  # noqa: F401
 
+    if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
+        print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
+              file=sys.stderr)
+        return 1
     code = forkserver.serve(sock, _step)
     if code and len(sys.argv) > 2:
         # Stopped, not released: the A/B that would remove the side's cache may be gone (kill -9).
