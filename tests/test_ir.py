@@ -175,7 +175,7 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin):
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True), backend=backends.get("cuda"),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True, timing_only=False), backend=backends.get("cuda"),
                                 run_dir=tmp_path, say=said.append)
     plugin = IRPlugin(ctx)
     exit_hooks = atexit._ncallbacks()
@@ -222,19 +222,21 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
     assert exit_hooks_left(plugin) == 0  # the exit-time dump is for crashes only
 
 
-def ir_plugin(tmp_path, ir_on=True, backend="cuda"):
+def ir_plugin(tmp_path, ir_on=True, backend="cuda", timing_only=False):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on), backend=backends.get(backend),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on, timing_only=timing_only),
+                                backend=backends.get(backend),
                                 run_dir=tmp_path, say=said.append)
     return IRPlugin(ctx), said
 
 
-@pytest.mark.parametrize(("ir_on", "backend", "reason"), [
-    (False, "cuda", "turned off (--no-ir)"),
-    (True, "interpreter", "backend 'interpreter' compiles no kernels"),
+@pytest.mark.parametrize(("ir_on", "backend", "timing_only", "reason"), [
+    (False, "cuda", False, "turned off (--no-ir)"),
+    (True, "cuda", True, "a timing-only run (--timing-only)"),
+    (True, "interpreter", False, "backend 'interpreter' compiles no kernels"),
 ])
-def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, reason):
-    plugin, said = ir_plugin(tmp_path, ir_on, backend)
+def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, timing_only, reason):
+    plugin, said = ir_plugin(tmp_path, ir_on, backend, timing_only)
     plugin.pytest_configure(None)
     assert plugin.collector is None and said == [f"IR collection off: {reason}"]
     assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": False, "reason": reason}
