@@ -12,11 +12,11 @@ start differs), two A/Bs of identical sides, every step in ab.json:
              process start, imports, device init, collection and writing (target <= 1.5 s);
   corpus     the op A/B's wall at 5 repeats (its wall at 3 plus 4 timing-only replays) x 1,124 ops,
              on one GPU, at this op's size (target <= 8 h);
-  spread     an A/A of softmax and add, 2 rows each, 5 repeats: per row and side, the variance of
-             log latency between repeats, pooled over rows and sides (df = sum of n - 1); F = pooled
-             variance fresh / fork, one-sided p = P(F' >= F) for F' ~ F(df fresh, df fork): a small p
-             (< 0.05) says forked repeats are measurably more alike than fresh ones (noise understated),
-             and then fork must not be the default.
+  spread     an A/A of softmax and add, 2 rows each, 5 repeats (3 on the interpreter): per row and
+             side, the variance of log latency between repeats, pooled over rows and sides (df = sum
+             of n - 1); F = pooled variance fresh / fork, one-sided p = P(F' >= F) for F' ~ F(df
+             fresh, df fork): a small p (< 0.05) says forked repeats are measurably more alike than
+             fresh ones (noise understated), and then fork must not be the default.
 Prints the figures and a table against the targets; writes them as JSON to --json. About 4-5
 minutes on an H200. Exit 0 once everything ran.
 """
@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS_OPS = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
 TARGETS = {"fixed_s": 1.5, "op_ab_s": 20.0, "corpus_h": 8.0}
 STARTS = ("fork", "fresh")
+AA_REPEATS = {"cuda": 5, "interpreter": 3}  # the interpreter checks the pipeline: fewer, slow, steps
 SHAPES = {  # two rows per op
     "cuda": "softmax:\n  shapes: [[64, 512], [1024, 4096]]\n  dtypes: [fp16]\n"
             "pointwise:\n  shapes: [[65536], [4096, 4096]]\n  dtypes: [fp16]\n",
@@ -131,11 +132,11 @@ def measure(out: Path, shapes: Path, backend: str) -> dict:
               f"{figures[start]['corpus_h']:.1f} h", flush=True)
     spread = {}
     for start in ("fresh", "fork"):  # the A/A, the other order: neither path always runs first
-        wall, d = ab(out / f"aa-{start}", shapes, backend, start, 5, "softmax", "add")
+        wall, d = ab(out / f"aa-{start}", shapes, backend, start, AA_REPEATS[backend], "softmax", "add")
         spread[start] = pooled(log_latencies(d))
         figures[start].update(aa_wall_s=wall, aa_pooled_var_log=spread[start][0], aa_df=spread[start][1])
-        print(f"{start:5s} A/A (4 rows, 5 repeats): {wall:.1f} s; between-process sd of log latency "
-              f"{math.sqrt(spread[start][0]):.4f} (df {spread[start][1]})", flush=True)
+        print(f"{start:5s} A/A (4 rows, {AA_REPEATS[backend]} repeats): {wall:.1f} s; between-process sd of log "
+              f"latency {math.sqrt(spread[start][0]):.4f} (df {spread[start][1]})", flush=True)
     figures["spread_test"] = f_test(spread["fresh"], spread["fork"])
     return figures
 
