@@ -13,7 +13,7 @@ from conftest import REPO, load
 
 import backends
 from harness.child.plugins.ir import IRPlugin
-from harness.core import ir_index
+from harness.core import ir_index, rundir
 from harness.measure import ir
 from harness.measure.ir import Variant
 
@@ -288,3 +288,16 @@ def test_unreadable_launches_are_counted_and_said(live_plugin, tmp_path):
     plugin.pytest_sessionfinish(None)
     assert said[-1] == "IR: 1 launches had unreadable metadata and were not counted"
     assert load(tmp_path / "run.json")["observed"]["ir"]["unreadable_launches"] == 1
+
+
+def test_compare_ir_of_a_timing_only_run_points_to_the_run_that_has_its_ir(tmp_path, capsys):
+    from harness import cli
+
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        rundir.merge_json(tmp_path / side / rundir.RUN_JSON, {"observed": {"ir": {"collected": False,
+                                                                                  "reason": ir.TIMING_ONLY}}})
+    assert cli.main(["compare-ir", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'a'} has no ttgir/index.tsv (a timing-only run (--timing-only): an A/B collects IR on "
+        "each side's first replay that went through (A-1 and B-1))\n")
