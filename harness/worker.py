@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import sys
+from pathlib import Path
 
 
 def _step(argv: list[str]) -> int:
@@ -17,6 +18,7 @@ def _step(argv: list[str]) -> int:
     from harness import cli
     from harness.core import launch
 
+    sys.argv = [str(Path(cli.__file__).with_name("__main__.py")), *argv]  # as `python -m harness ARGV` has it
     launch.adopt_orphans()  # as the step's process does: what its child leaves running ends with it
     try:
         return cli.main(argv)

@@ -100,7 +100,12 @@ def _forked_child(run_dir: Path):
         return None
     from harness.child import runner
 
-    return lambda: runner.entry([str(run_dir)])
+    def child() -> int:
+        # What an exec'd `python -m harness.child RUN_DIR` sees: an operator may read its run dir there.
+        sys.argv = [str(Path(runner.__file__).with_name("__main__.py")), str(run_dir)]
+        return runner.entry([str(run_dir)])
+
+    return child
 
 
 def _rows_done(run_dir: Path) -> int:
