@@ -120,23 +120,18 @@ class WorkerDied(RuntimeError):
 
 
 class _Step:
-    """A step the worker forked, with the part of Popen's interface launch.Child uses."""
+    """A step the worker forked, with the part of Popen's interface launch.Child uses for a child
+    that leads its own group (signals go to the group: Child.send)."""
 
-    def __init__(self, worker: Worker, pid: int, stdout: IO[str]):
+    def __init__(self, worker: Worker, pid: int):
         self.worker = worker
         self.pid = pid
-        self.stdout = stdout
-        self.stderr = None
         self.returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             self.returncode = self.worker.exit_code(self.pid, timeout)
         return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            _signal_group(self.pid, signum)
 
 
 class Worker:
@@ -157,16 +152,16 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), *([self.cache] if self.cache else [])]
-            self.child = launch.start(argv, log=self.log,
-                                      env=self.env, pythonpath=self.pythonpath, pass_fds=(theirs.fileno(),),
-                                      own_group=False)  # a group kill from outside (a batch's timeout) takes it
+            # In our group: a group kill from outside (a batch's op timeout) takes the worker too.
+            self.child = launch.start(argv, log=self.log, env=self.env, pythonpath=self.pythonpath,
+                                      pass_fds=(theirs.fileno(),), own_group=False)
         finally:
             theirs.close()
         self.sock = ours
         ours.settimeout(START_TIMEOUT_S)
         try:
             ready, _ = _recv(ours)
-        except (TimeoutError, OSError) as exc:
+        except OSError as exc:  # TimeoutError included
             ready = None
             self.log.write(f"worker: no word from it ({exc})\n")
         ours.settimeout(None)
@@ -200,7 +195,7 @@ class Worker:
             raise WorkerDied("the warm worker died before it forked the step")
         pump = threading.Thread(target=launch.pump, args=(stdout, launch.teed(log, on_stdout)), daemon=True)
         pump.start()
-        return launch.Child(_Step(self, answer["pid"], stdout), own_group=True, pumps=(pump,))
+        return launch.Child(_Step(self, answer["pid"]), own_group=True, pumps=(pump,))
 
     def exit_code(self, pid: int, timeout: float | None) -> int:
         """The step's exit code, as Popen.wait gives it (subprocess.TimeoutExpired after `timeout`). A
