@@ -36,6 +36,9 @@ def main() -> int:
     from harness.core import deps, forkserver, launch
 
     launch.adopt_orphans()  # a step's orphans come here, and end as each step ends
+    # torch's fork-safe device check (NVML, no CUDA init): a step that resolves its device through
+    # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     deps.use_deps_dir()
     # What each step would import again: the reason for this worker. The device stays untouched.
     import pytest  # noqa: F401
