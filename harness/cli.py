@@ -13,6 +13,7 @@ import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.core.request import STEP_PASSES, STEP_STARTS
 from harness.providers import flaggems
 from harness.sessions import resolve
 from ops import DTYPES_RULE, valid_dtype_list
@@ -126,6 +127,12 @@ def _add_common(parser: argparse.ArgumentParser, named: str | None = None) -> No
                      help="terminal colour (run.log is always plain) (default: auto)")
 
 
+def _add_timing_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timing-only", action="store_true",
+                        help="time the rows only: no IR, no per-kernel attribution (the profiler pass); for a "
+                             "repeat whose one-off passes another run of the same compiler carried (default: off)")
+
+
 def _add_measurement(parser: argparse.ArgumentParser, records: str = "") -> None:
     """`records`: for a session that starts records (batch, ab), which ones these options reach; its
     defaults are None, so that only what is given is passed on (and a resume keeps what was stored)."""
@@ -199,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"built-in operator, REPO:OP[@FILE] of a FlagGems checkout, or a pytest node "
                           f"PATH/benchmark/test_x.py::test_op (default: {DEFAULT_OP})")
     _add_common(rec, "the run dir")
+    _add_timing_only(rec)
     _add_measurement(rec)
     rec.add_argument("--sweep-devices", type=int, metavar="N", default=0,
                      help="sweep autotune in parallel over the first N visible devices, then measure serially "
@@ -207,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep, "the run dir")
+    _add_timing_only(rep)
     for flag in ("--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--sweep-devices"):
         rep.add_argument(flag, action=_RecordOnly)
     ab = command("ab")
@@ -223,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"environment variable for side {s_.upper()} (repeatable)")
         side.add_argument(f"--{s_}-python", metavar="PATH", default=None,
                           help=f"Python interpreter of side {s_.upper()} (a second compiler build)")
+    side.add_argument("--step-start", choices=STEP_STARTS, default=None,
+                      help="how each step starts: fork (a warm worker per side, with torch, triton and pytest "
+                           "imported once, forks every step) or fresh (a new process per step) (default: fork)")
+    side.add_argument("--step-passes", choices=STEP_PASSES, default=None,
+                      help="where IR collection and per-kernel attribution run: once (each side's first replay; "
+                           "A's record and later repeats time only) or every (every step) (default: once)")
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")

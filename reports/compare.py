@@ -188,7 +188,9 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             timers=timers, flags=flags,
             configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
             throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
-            kernels={s: rs[0]["kernels"] for s, rs in ok.items() if rs and rs[0].get("kernels")},
+            # The first run that profiled the row: an A/B's timing-only repeats carry none.
+            kernels={s: next(r["kernels"] for r in rs if r.get("kernels")) for s, rs in ok.items()
+                     if any(r.get("kernels") for r in rs)},
             errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs}, single=single,
             a_procs=[] if single else procs["a"], b_procs=[] if single else procs["b"])
         if row.a_ms and row.b_ms:

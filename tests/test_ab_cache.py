@@ -4,6 +4,8 @@ step of the other side; removed when the A/B ends."""
 
 from pathlib import Path
 
+import pytest
+
 from harness.sessions import ab
 
 
@@ -11,19 +13,22 @@ def argv_cache(argv):
     return argv[argv.index("--triton-cache") + 1] if "--triton-cache" in argv else None
 
 
-def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tmp_path, monkeypatch):
+@pytest.mark.parametrize("step_start", ["fork", "fresh"])
+def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tmp_path, monkeypatch, step_start):
     steps = []
 
     def run(argv, **kwargs):
         named = Path(argv[argv.index("--run-dir") + 1])
         named.mkdir(parents=True)
         (named / "run.json").write_text("{}")
-        steps.append((kwargs.get("env") or {}, argv))
+        # fork: the side's environment is its warm worker's, which forks the step.
+        env = kwargs["env"] if step_start == "fresh" else kwargs["starter"].__self__.env
+        steps.append((env, argv))
         return 0, None
 
     monkeypatch.setattr(ab.launch, "run", run)
     plan = ab.Plan(name="t", ops=["softmax"], a=ab.Side("A", "a"), b=ab.Side("B", "b", env={"SWITCH": "1"}),
-                   repeats=2, backend="interpreter")
+                   repeats=2, backend="interpreter", step_start=step_start)
     runner = ab.Runner(plan, tmp_path)
     runner.run()
     by_side = {}

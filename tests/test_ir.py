@@ -13,7 +13,7 @@ from conftest import REPO, load
 
 import backends
 from harness.child.plugins.ir import IRPlugin
-from harness.core import ir_index
+from harness.core import ir_index, rundir
 from harness.measure import ir
 from harness.measure.ir import Variant
 
@@ -175,7 +175,7 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin):
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True), backend=backends.get("cuda"),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True, timing_only=False), backend=backends.get("cuda"),
                                 run_dir=tmp_path, say=said.append)
     plugin = IRPlugin(ctx)
     exit_hooks = atexit._ncallbacks()
@@ -222,19 +222,21 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
     assert exit_hooks_left(plugin) == 0  # the exit-time dump is for crashes only
 
 
-def ir_plugin(tmp_path, ir_on=True, backend="cuda"):
+def ir_plugin(tmp_path, ir_on=True, backend="cuda", timing_only=False):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on), backend=backends.get(backend),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on, timing_only=timing_only),
+                                backend=backends.get(backend),
                                 run_dir=tmp_path, say=said.append)
     return IRPlugin(ctx), said
 
 
-@pytest.mark.parametrize(("ir_on", "backend", "reason"), [
-    (False, "cuda", "turned off (--no-ir)"),
-    (True, "interpreter", "backend 'interpreter' compiles no kernels"),
+@pytest.mark.parametrize(("ir_on", "backend", "timing_only", "reason"), [
+    (False, "cuda", False, "turned off (--no-ir)"),
+    (True, "cuda", True, "a timing-only run (--timing-only)"),
+    (True, "interpreter", False, "backend 'interpreter' compiles no kernels"),
 ])
-def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, reason):
-    plugin, said = ir_plugin(tmp_path, ir_on, backend)
+def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, timing_only, reason):
+    plugin, said = ir_plugin(tmp_path, ir_on, backend, timing_only)
     plugin.pytest_configure(None)
     assert plugin.collector is None and said == [f"IR collection off: {reason}"]
     assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": False, "reason": reason}
@@ -286,3 +288,16 @@ def test_unreadable_launches_are_counted_and_said(live_plugin, tmp_path):
     plugin.pytest_sessionfinish(None)
     assert said[-1] == "IR: 1 launches had unreadable metadata and were not counted"
     assert load(tmp_path / "run.json")["observed"]["ir"]["unreadable_launches"] == 1
+
+
+def test_compare_ir_of_a_timing_only_run_points_to_the_run_that_has_its_ir(tmp_path, capsys):
+    from harness import cli
+
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        rundir.merge_json(tmp_path / side / rundir.RUN_JSON, {"observed": {"ir": {"collected": False,
+                                                                                  "reason": ir.TIMING_ONLY}}})
+    assert cli.main(["compare-ir", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'a'} has no ttgir/index.tsv (a timing-only run (--timing-only): an A/B collects IR on "
+        "each side's first replay that went through (A-1 and B-1))\n")

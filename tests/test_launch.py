@@ -275,3 +275,31 @@ def test_run_passes_a_signal_it_does_not_forward_on_and_leaves_no_child():
     finally:
         signal.signal(signal.SIGINT, previous)
     assert not alive(int(out[0]))
+
+
+def test_a_call_is_forked_into_its_own_group_with_its_environment_and_output():
+    # Written to the descriptors: pytest's capture holds sys.stdout, which a fork inherits as is.
+    def call():
+        os.write(1, f"{os.getpgid(0) == os.getpid()} {os.environ.get('ZL_X')} {os.getcwd()}\n".encode())
+        os.write(2, b"err\n")
+        return 3
+
+    out, err = [], []
+    child = launch.start(["(a fork)"], call=call, on_stdout=out.append, on_stderr=err.append, env={"ZL_X": "1"})
+    assert child.wait() == 3
+    assert out == [f"True 1 {REPO_ROOT}\n"] and err == ["err\n"]
+    assert "ZL_X" not in os.environ  # the child's environment, not ours
+
+
+def test_run_forwards_a_ctrl_c_to_a_forked_call_whose_handlers_are_pythons_own():
+    def call():
+        os.write(1, b"ready\n")
+        time.sleep(60)
+        return 0
+
+    def on_stdout(line):
+        if line == "ready\n":
+            os.kill(os.getpid(), signal.SIGINT)  # while run waits: its handler must not be the child's
+
+    code, signum = launch.run(["(a fork)"], grace_s=30, call=call, on_stdout=on_stdout)
+    assert (code, signum) == (128 + signal.SIGINT, signal.SIGINT)

@@ -17,13 +17,15 @@ DEST = {"command": "command", "target": None, "backend": "backend", "device": "d
         "dtypes": "dtypes", "ops_paths": "ops_path", "flaggems_dirs": "flaggems_dir", "level": "level",
         "flagtune": "flagtune", "libtuner_cache": "libtuner_cache", "seed": "seed", "timer": "timer", "l2": "l2",
         "warmup_ms": "warmup_ms", "rep_ms": "rep_ms", "sweep_devices": "sweep_devices", "ir": "ir",
+        "timing_only": "timing_only",
         "color": "color", "out": "out", "run_dir": "named_run_dir", "precompile": "precompile",
         "triton_cache": "triton_cache"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"),
                     dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "v=/other"),
                     level="comprehensive", flagtune="1", libtuner_cache="user", seed=7, timer="direct", l2="cold",
-                    warmup_ms=2.5, rep_ms=10.0, sweep_devices=2, ir=False, color="never", out=Path("/runs/x"),
+                    warmup_ms=2.5, rep_ms=10.0, sweep_devices=2, ir=False, timing_only=True, color="never",
+                    out=Path("/runs/x"),
                     precompile=False, triton_cache=Path("/cache/a"))
 REPLAY = RunRequest("replay", "/runs/x/mm_1", backend="cuda", device=1, shapes=Path("/s/other.yaml"),
                     dtypes=("fp32",), ops_paths=("/ops/a",), flaggems_dirs=("flaggems=/fg",), level="core",

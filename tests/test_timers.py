@@ -49,6 +49,7 @@ class FakeGraphTimer(Timer):
         self.mark = self.marks.append
         self._accel = None
         self.l2 = "warm"
+        self.attribute = True
         self.error, self.alive, self.graph_calls = error, alive, 0
 
     def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
@@ -75,6 +76,13 @@ def test_graph_when_capture_works():
     t = FakeGraphTimer()
     timed = t.measure_pair("softmax", FNS)
     assert timed.timer == "graph" and t.marks == []
+
+
+def test_each_side_is_attributed_after_timing_unless_the_run_times_only():
+    t = FakeGraphTimer()
+    assert all(m.kernels for m in t.measure_pair("softmax", FNS).measurements.values())
+    t.attribute = False  # a timing-only run (an A/B's repeat): no profiler pass
+    assert all(m.kernels is None for m in t.measure_pair("softmax", FNS).measurements.values())
 
 
 def test_recoverable_failure_times_both_sides_direct_with_marker():
@@ -539,14 +547,22 @@ def test_cuda_has_both_and_resolves_them():
     assert resolve.resolve_timer(cuda, "profiler") == "profiler" and resolve.resolve_l2(cuda, "cold") == "cold"
 
 
-def timing_plugin(tmp_path, backend):
+def timing_plugin(tmp_path, backend, timing_only=False):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=0, rep_ms=0, l2="warm"),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=0, rep_ms=0, l2="warm",
+                                                           timing_only=timing_only),
                                 backend=backends.get(backend), mark=lambda m: None, say=said.append,
                                 run_dir=tmp_path)
     plugin = TimingPlugin(ctx)
     plugin.pytest_configure(None)
     return plugin, said
+
+
+def test_a_timing_only_run_profiles_nothing_and_says_so_in_run_json(tmp_path):
+    plugin, said = timing_plugin(tmp_path, "cuda", timing_only=True)
+    assert plugin.timer.attribute is False
+    assert load(tmp_path / rundir.RUN_JSON)["observed"]["kernel_attribution"] == {
+        "recorded": False, "reason": "a timing-only run (--timing-only)"}
 
 
 def test_the_candidates_kernels_go_on_its_row_and_on_no_other(tmp_path):

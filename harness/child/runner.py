@@ -15,7 +15,7 @@ from harness.child.console import Console
 from harness.child.context import RunContext
 from harness.child.plugins import autotune, gpu_state, ir, results, runinfo, seeds, shapes, timing, torch_state
 from harness.child.plugins import flaggems as flaggems_plugin
-from harness.core import rundir
+from harness.core import launch, rundir
 from harness.core import spec as spec_mod
 from harness.core.outcome import INCOMPLETE, Outcome
 from harness.measure import tuning
@@ -180,6 +180,23 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         guard.stop_if_fatal(exc)
         raise
+
+
+def entry(argv: list[str]) -> int:
+    """The child process's whole life, exec'd (harness.child.__main__) or forked by a warm step
+    (harness.sessions.run): the run, and whatever it left running ended."""
+    # What an operator starts and leaves running (a server, a `sleep`, one that called setsid) is ours to
+    # end with the run, not init's to keep.
+    launch.adopt_orphans()
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        # A Ctrl-C before the run's own signal handlers are in place (importing an operator module):
+        # the parent, which got it too, says so and records the outcome; a traceback here would only
+        # bury that.
+        return 128 + signal.SIGINT
+    finally:
+        launch.end_orphans()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 and the pytest child of a run): process group, environment, output, timeout, signal forwarding,
 group kill and parent death, plus the process facts every caller reports with.
 
-`start` starts a child and returns a `Child` (wait with a timeout, signal, stop its group);
+`start` starts a child and returns a `Child` (wait with a timeout, signal, stop its group): an exec of
+argv, or, given `call`, a fork of this process that runs `call` (a warm worker's step, whose modules
+are imported already: harness.core.forkserver);
 `run` starts one from the main thread and waits for it, forwarding a Ctrl-C or SIGTERM.
 A process that owns a run becomes the subreaper of its tree (adopt_orphans): whatever its children
 leave running (a grandchild, even one that left the group with setsid) is reparented to it, and
@@ -18,8 +20,10 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING
 
@@ -41,6 +45,7 @@ except OSError:
 _STARTED: set[int] = set()
 _STARTED_LOCK = threading.Lock()
 PARENT_POLL_S = 0.5
+FORK_POLL_S = 0.01  # how often a forked child's wait looks whether it ended
 # Set by the noxfile to its own pid for `python -m harness` (see end_with).
 END_WITH_ENV = "ZL_BENCH_END_WITH_PID"
 
@@ -115,7 +120,7 @@ def end_orphans() -> int:
             ended += 1
 
 
-def _die_with_parent(signum: int = signal.SIGTERM):
+def die_with_parent(signum: int = signal.SIGTERM):
     """A `preexec_fn`: the child gets `signum` when the thread that started it dies, even by
     SIGKILL, so no measurement outlives the run that owns its device. Call Popen from a thread
     that lives as long as the child (the main thread, or the worker that waits on it).
@@ -181,8 +186,8 @@ class Child:
             return None
         with _STARTED_LOCK:
             _STARTED.discard(self.proc.pid)
-        for pump in self.pumps:
-            pump.join(timeout=PUMP_JOIN_S)
+        for thread in self.pumps:
+            thread.join(timeout=PUMP_JOIN_S)
         return code
 
     def kill(self) -> None:
@@ -197,11 +202,111 @@ class Child:
         return self.wait()
 
 
+class Forked:
+    """A child `start` forked to run a `call`, with the part of Popen's interface `Child` uses."""
+
+    def __init__(self, pid: int, stdout: IO[str] | None, stderr: IO[str] | None):
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        # Polled, not a blocking waitpid: a signal handler that raises (launch.run's) must get in.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(FORK_POLL_S)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:  # once reaped, its pid may be another's
+            os.kill(self.pid, signum)
+
+
+def in_fork(call: Callable[[], int], environ: Mapping[str, str], cwd: str | os.PathLike,
+            arm: Callable[[], None] | None, own_group: bool, stdout: int | None, stderr: int | None):
+    """In a child just forked: become what an exec'd child would start as (its own session, its
+    death signal, its environment, output and directory, Python's signal defaults), run `call` and
+    exit with its code. Never returns."""
+    code = 1
+    try:
+        if own_group:
+            os.setsid()
+        if arm is not None:
+            arm()
+        for fd, target in ((stdout, 1), (stderr, 2)):
+            if fd is not None:
+                os.dup2(fd, target)
+        for fd in {stdout, stderr} - {None, 0, 1, 2}:
+            os.close(fd)  # a pipe's write end held only by fds 1 and 2: it closes when the child ends
+        # What the parent had in place (launch.run's handler, a worker's) is not the child's.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        global _STARTED_LOCK
+        _STARTED_LOCK = threading.Lock()  # the parent's is held by the forking thread, for good here
+        _STARTED.clear()  # the parent's children, none of them ours
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True)  # its lines arrive as written, as PYTHONUNBUFFERED does
+        code = call()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt as exc:
+        code = 128 + stopped_by(exc)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _fork(call: Callable[[], int], environ: Mapping[str, str], cwd, streams: dict, own_group: bool,
+          arm: Callable[[], None] | None) -> Forked:
+    """`call` in a forked child, its stdout and stderr as `streams` says (Popen's keywords)."""
+    ends, ours = {}, {}
+    for name in ("stdout", "stderr"):
+        target = streams.get(name)
+        if target is subprocess.PIPE:
+            read, ends[name] = os.pipe()
+            ours[name] = os.fdopen(read, "r", encoding="utf-8", errors="replace")
+        elif target is not None:
+            ends[name] = target.fileno()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for stream in ours.values():
+            stream.close()
+        in_fork(call, environ, cwd, arm, own_group, ends.get("stdout"), ends.get("stderr"))
+    for name, fd in ends.items():
+        if name in ours:
+            os.close(fd)
+    return Forked(pid, ours.get("stdout"), ours.get("stderr"))
+
+
 def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[str], None] | None = None,
           on_stderr: Callable[[str], None] | None = None, env: Mapping[str, str] | None = None,
           visible: tuple[backends.Backend, int] | None = None, pythonpath: str | None = None,
-          own_group: bool = True, with_parent: bool = True, cwd: str | os.PathLike | None = None) -> Child:
-    """Start `argv` in `cwd`, by default the checkout.
+          own_group: bool = True, with_parent: bool = True, cwd: str | os.PathLike | None = None,
+          call: Callable[[], int] | None = None, pass_fds: tuple[int, ...] = ()) -> Child:
+    """Start `argv` in `cwd`, by default the checkout; given `call`, fork instead and run `call` in the
+    child as `argv` would run (argv is then what the log shows): everything below holds alike.
 
     Output: `log` gets a `$ VAR=value ... command` line, then the child's stdout and stderr, each
     stdout line passed on to `on_stdout` as well if given (a step's progress); else `on_stdout` and
@@ -212,7 +317,8 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     paths.bytecode_cache().
     `own_group`: a new session, so a terminal's Ctrl-C reaches the child only through us and a stop
     reaches its whole tree. False keeps it in our group: a group kill from outside takes it too.
-    `with_parent`: it gets SIGTERM when the calling thread dies (_die_with_parent). Leave it off
+    `pass_fds`: descriptors the exec'd child keeps (a worker's socket).
+    `with_parent`: it gets SIGTERM when the calling thread dies (die_with_parent). Leave it off
     where other threads run: a `preexec_fn` is unsafe then, so such a child needs its own watch
     (harness.core.opguard)."""
     environ = dict(os.environ)
@@ -231,7 +337,7 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
         streams = {"stdout": log, "stderr": log}
         if on_stdout is not None:
             streams.update(stdout=subprocess.PIPE, text=True, errors="replace", bufsize=1)
-            on_stdout = _teed(log, on_stdout)
+            on_stdout = teed(log, on_stdout)
     elif on_stdout is not None or on_stderr is not None:
         streams = {"stdout": subprocess.PIPE if on_stdout else None, "stderr": subprocess.PIPE if on_stderr else None,
                    "text": True, "errors": "replace", "bufsize": 1}
@@ -239,25 +345,30 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
         streams = {}
     held = set(FORWARDED) if with_parent else set()
     # Held off around Popen, so that a signal cannot strike between the fork and the handle that
-    # lets the caller stop the child. Only with _die_with_parent, which clears the mask in the
+    # lets the caller stop the child. Only with die_with_parent, which clears the mask in the
     # child: an exec keeps the mask, and a child holding SIGINT off would never see a Ctrl-C.
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         with _STARTED_LOCK:  # known before end_orphans can see it
-            proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=environ, start_new_session=own_group,
-                                    preexec_fn=_die_with_parent() if with_parent else None, **streams)
+            if call is not None:
+                proc = _fork(call, environ, cwd or REPO_ROOT, streams, own_group,
+                             die_with_parent() if with_parent else None)
+            else:
+                proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=environ, start_new_session=own_group,
+                                        preexec_fn=die_with_parent() if with_parent else None, pass_fds=pass_fds,
+                                        **streams)
             _STARTED.add(proc.pid)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
-    pumps = tuple(threading.Thread(target=_pump, args=(stream, write), daemon=True)
+    pumps = tuple(threading.Thread(target=pump, args=(stream, write), daemon=True)
                   for stream, write in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))
                   if stream is not None and write is not None)
-    for pump in pumps:
-        pump.start()
+    for thread in pumps:
+        thread.start()
     return Child(proc, own_group, pumps)
 
 
-def _teed(log: IO[str], on_line: Callable[[str], None]) -> Callable[[str], None]:
+def teed(log: IO[str], on_line: Callable[[str], None]) -> Callable[[str], None]:
     def write(line: str) -> None:
         log.write(line)
         log.flush()  # in order with what the child writes to the log itself (its stderr)
@@ -266,7 +377,7 @@ def _teed(log: IO[str], on_line: Callable[[str], None]) -> Callable[[str], None]
     return write
 
 
-def _pump(stream, write: Callable[[str], None]) -> None:
+def pump(stream, write: Callable[[str], None]) -> None:
     with stream:
         for line in stream:
             write(line)
@@ -310,8 +421,9 @@ class _Wake(Exception):
 
 def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         on_forward: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
-        **start_kw) -> tuple[int, int | None]:
-    """`start(argv, **start_kw)` and wait for it; call from the main thread. The first signal of
+        starter: Callable[..., Child] | None = None, **start_kw) -> tuple[int, int | None]:
+    """`starter(argv, **start_kw)` (`start`, or a warm worker's: forkserver.Worker.start) and wait for
+    it; call from the main thread. The first signal of
     `forward` that reaches this process goes on to the child (its group), which then has `grace_s`
     to finish, say to write its results, before it is killed; `on_forward(signum)` and `on_kill()`
     say so. Later signals change nothing. Whatever of its tree outlives it is ended (end_orphans).
@@ -326,7 +438,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
 
     previous = {s: signal.signal(s, handler) for s in forward}
     try:
-        child = start(argv, **start_kw)
+        child = (starter or start)(argv, **start_kw)
         try:
             deadline = None
             while True:

@@ -13,6 +13,10 @@ COMMANDS = ("record", "replay")
 RECORD_ONLY = ("seed", "timer", "l2", "warmup_ms", "rep_ms", "sweep_devices")
 # How a record measures: batch and A/B pass these to the records they start.
 MEASUREMENT = ("seed", "timer", "l2", "warmup_ms", "rep_ms")
+# How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), or fresh.
+STEP_STARTS = ("fork", "fresh")
+# Where an A/B's one-off passes (IR, per-kernel attribution) run: each side's first replay, or every step.
+STEP_PASSES = ("once", "every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,7 @@ class RunRequest:
     rep_ms: float | None = None
     sweep_devices: int | None = None
     ir: bool = True
+    timing_only: bool = False
     precompile: bool = True
     color: str | None = None
     out: Path | None = None
@@ -84,6 +89,8 @@ class RunRequest:
                 argv += [flag, str(value)]
         if not self.ir:
             argv.append("--no-ir")
+        if self.timing_only:
+            argv.append("--timing-only")
         if not self.precompile:
             argv.append("--no-precompile")
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),

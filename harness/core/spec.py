@@ -114,6 +114,8 @@ class RunSpec:
     replay_source_outcome: dict | None = None
     color: bool = False
     ir: bool = True
+    # Timing only: no IR and no per-kernel attribution (an A/B's repeats after each side's first).
+    timing_only: bool = False
     # Compile an autotune sweep's configs in parallel before it (harness.measure.precompile).
     precompile: bool = True
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.

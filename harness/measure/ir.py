@@ -302,8 +302,24 @@ def compare(run_a: Path, run_b: Path) -> list[dict]:
     return out
 
 
+# Why a run collected no IR where it timed only (an A/B's record and its repeats past each side's first).
+TIMING_ONLY = "a timing-only run (--timing-only)"
+
+
 def write_status(run_dir: Path, enabled: bool, reason: str) -> None:
     rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"ir": {"collected": enabled, "reason": reason}}})
+
+
+def _why_no_ir(run: Path) -> str:
+    """The run's own word on its IR, where it has one: a timing-only run (an A/B's repeat) points to
+    the run that has it."""
+    try:
+        reason = rundir.read_json(Path(run) / rundir.RUN_JSON)["observed"]["ir"]["reason"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "IR collection was off or it is not a run dir"
+    if reason == TIMING_ONLY:
+        return f"{reason}: an A/B collects IR on each side's first replay that went through (A-1 and B-1)"
+    return f"IR collection off: {reason}"
 
 
 def compare_from_args(run_a: Path, run_b: Path) -> int:
@@ -312,7 +328,7 @@ def compare_from_args(run_a: Path, run_b: Path) -> int:
 
     for run in (run_a, run_b):
         if not index_path(run).is_file():
-            raise UsageError(f"{run} has no {IR_DIR}/{INDEX_FILE} (IR collection was off or it is not a run dir)")
+            raise UsageError(f"{run} has no {IR_DIR}/{INDEX_FILE} ({_why_no_ir(run)})")
     rows = compare(run_a, run_b)
     print(tabulate([[r["status"], r["shape"], r["kernel"].rsplit(".", 1)[-1], r["file_a"], r["file_b"], r["stages"]]
                     for r in rows], headers=["status", "shape", "kernel", "A", "B", "stages differing"]))

@@ -165,8 +165,9 @@ def _first_line(exc: BaseException) -> str:
 
 class Timer:
     def __init__(self, backend: backends.Backend, timer: str, warmup_ms: float, rep_ms: float,
-                 mark: Callable[[str], None], l2: str = "warm"):
+                 mark: Callable[[str], None], l2: str = "warm", attribute: bool = True):
         self.backend = backend
+        self.attribute = attribute  # the profiler pass after timing (off: a timing-only run)
         self.timer = backend.default_timer if timer == "auto" else timer
         self.warmup_ms = warmup_ms
         self.rep_ms = rep_ms
@@ -191,7 +192,7 @@ class Timer:
         `relocate`, where given, moves the fns' inputs to fresh buffers before each later window."""
         self._relocate = relocate
         timed = self._time_pair(test_name, fns)
-        if self.backend.profiler_activity:
+        if self.attribute and self.backend.profiler_activity:
             for side, measurement in timed.measurements.items():
                 if measurement.kernels is None:
                     self._attribute(side, fns[side], measurement)

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import deps, identity, launch, paths, rundir
+from harness.core import deps, forkserver, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.outcome import Outcome
-from harness.core.request import MEASUREMENT, RunRequest
+from harness.core.request import MEASUREMENT, STEP_PASSES, STEP_STARTS, RunRequest
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
@@ -33,7 +33,7 @@ from reports import ab_report, compare, corpus, explain, stats, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "fdr", "backend", "device", "ops_paths", "flaggems_dirs",
-               "level", "flagtune", "libtuner_cache", "a", "b", *MEASUREMENT}
+               "level", "flagtune", "libtuner_cache", "a", "b", "step_start", "step_passes", *MEASUREMENT}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
 LOG_FILE = "ab.log"
@@ -87,8 +87,10 @@ class Plan:
     l2: str | None = None
     warmup_ms: float | None = None
     rep_ms: float | None = None
+    step_start: str = "fork"
+    step_passes: str = "once"
 
-    def request(self, command: str, target: str, run_dir: Path) -> RunRequest:
+    def request(self, command: str, target: str, run_dir: Path, timing_only: bool = False) -> RunRequest:
         """One step of this plan, run in `run_dir`: A's record, or a replay of it, which keeps the
         record's backend and FlagGems options."""
         record = command == "record"
@@ -98,7 +100,7 @@ class Plan:
                           flaggems_dirs=tuple(self.flaggems_dirs), level=self.level if record else None,
                           flagtune=self.flagtune if record else None,
                           libtuner_cache=self.libtuner_cache if record else None, color="never",
-                          run_dir=run_dir,
+                          run_dir=run_dir, timing_only=timing_only,
                           **({name: getattr(self, name) for name in MEASUREMENT} if record else {}))
 
 
@@ -199,6 +201,10 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     if dtypes is not None and not valid_dtype_list(dtypes):
         raise PlanError(f"plan {path}: 'dtypes' must be {DTYPES_RULE}, not {dtypes!r}")
     measurement = {name: data[name] for name in MEASUREMENT if data.get(name) is not None}
+    for name, choices in (("step_start", STEP_STARTS), ("step_passes", STEP_PASSES)):
+        if data.get(name) is not None and data[name] not in choices:
+            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {data[name]!r}")
+    steps = {name: data[name] for name in ("step_start", "step_passes") if data.get(name) is not None}
     for name, choices in (("timer", spec_mod.TIMERS), ("l2", spec_mod.L2_MODES)):
         if name in measurement and measurement[name] not in choices:
             raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {measurement[name]!r}")
@@ -215,7 +221,7 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
                 libtuner_cache=None if data.get("libtuner_cache") is None
                 else flaggems.absolute_libtuner_cache(str(data["libtuner_cache"]), base),
                 a=_side(data.get("a"), "A", str(path), base), b=_side(data.get("b"), "B", str(path), base),
-                **measurement)
+                **steps, **measurement)
 
 
 SIDE_ENVS = paths.REPO_ROOT / ".nox" / "ab-envs"
@@ -303,7 +309,11 @@ def _case_progress(line: str) -> None:
 
 
 class Runner:
-    """Runs the steps of one A/B in subprocesses and keeps ab.json current."""
+    """Runs the steps of one A/B in subprocesses and keeps ab.json current. Each step is a process
+    of its own: forked by its side's warm worker (step_start fork: the worker imported torch, triton
+    and pytest once, a step pays only for its device and its work), or started fresh. A worker that
+    dies is restarted once for the step, which is retried in a new run dir; after that the step
+    fails."""
 
     def __init__(self, plan: Plan, ab_dir: Path):
         self.plan = plan
@@ -316,6 +326,9 @@ class Runner:
         # Side name -> its Triton cache for this A/B (see run): removed when the A/B ends.
         self.caches: dict[str, Path] = {}
         self._cache_root: Path | None = None
+        self.workers: dict[str, forkserver.Worker] = {}
+        # (op, side) whose one-off passes a usable step carried: its later steps time only.
+        self.passed: set[tuple[str, str]] = set()
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
@@ -343,6 +356,9 @@ class Runner:
                                        for name, key in keys.items()}
 
     def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+        self.workers.clear()
         if self._cache_root is not None:
             shutil.rmtree(self._cache_root, ignore_errors=True)
             self._cache_root = None
@@ -358,14 +374,7 @@ class Runner:
                                  "run_dir": str(request.run_dir)}
         self._save()
         start = time.monotonic()
-        code, interrupted = launch.run(
-            request.command_line(side.python), grace_s=STEP_GRACE_S, forward=(signal.SIGINT, signal.SIGTERM),
-            on_forward=lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side and "
-                                       "reporting what completed", flush=True),
-            log=self.log, on_stdout=_case_progress, env=side.env,
-            # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
-            # build_side_env): it gets the checkout alone.
-            pythonpath=str(paths.REPO_ROOT) if side.requirements else None)
+        code, interrupted = self._launch(side, request)
         if interrupted is not None:
             raise StepInterrupted(interrupted)
         elapsed = time.monotonic() - start
@@ -379,6 +388,41 @@ class Runner:
                                     "seconds": round(elapsed, 1)})
         self._save()
         return run_dir if usable else None
+
+    def _launch(self, side: Side, request: RunRequest) -> tuple[int, int | None]:
+        """(the step's exit code, the signal forwarded to it or None)."""
+        # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
+        # build_side_env): it gets the checkout alone.
+        pythonpath = str(paths.REPO_ROOT) if side.requirements else None
+        how = {"grace_s": STEP_GRACE_S, "forward": (signal.SIGINT, signal.SIGTERM), "log": self.log,
+               "on_stdout": _case_progress,
+               "on_forward": lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side "
+                                             "and reporting what completed", flush=True)}
+        if self.plan.step_start == "fresh":
+            return launch.run(request.command_line(side.python), env=side.env, pythonpath=pythonpath, **how)
+        worker = self.workers.get(side.name)
+        if worker is None:
+            cache = self.caches.get(side.name)
+            # The backend's child environment too: it can change what importing triton does (the interpreter).
+            env = {**side.env, **backends.get(self.plan.backend).child_env}
+            worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, env,
+                                                                 pythonpath, str(cache) if cache else None)
+        code, interrupted = self._forked(side, worker, request, how)
+        if interrupted is None and worker.died:
+            print(" (its warm worker died: restarted, the step retried)", end="", flush=True)
+            self.log.write(f"side {side.name}: the warm worker died during the step: restarting it, retrying\n")
+            # The retry claims the same run dir afresh: nothing the dead attempt wrote stays in it.
+            shutil.rmtree(request.run_dir, ignore_errors=True)
+            code, interrupted = self._forked(side, worker, request, how)
+        return code, interrupted
+
+    def _forked(self, side: Side, worker: forkserver.Worker, request: RunRequest, how: dict) -> tuple[int, int | None]:
+        try:
+            return launch.run(request.to_argv(), starter=worker.start, **how)
+        except forkserver.WorkerDied as exc:  # it never came up, or died before forking the step
+            self.log.write(f"side {side.name}: {exc}\n")
+            worker.died = True
+            return 1, None
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
@@ -400,17 +444,23 @@ class Runner:
             op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
             # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
             record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
-            record = self.step(plan.a, plan.request("record", op, record_dir), f"{tag} A records")
+            # The record is timing-only where passes run once: the A/B reads its configs, never its IR.
+            record = self.step(plan.a, plan.request("record", op, record_dir, plan.step_passes == "once"),
+                               f"{tag} A records")
             if record is None:
                 continue
             runs["record"].append(record)
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
                     replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
-                    replay = self.step(side, plan.request("replay", str(record), replay_dir),
+                    # The side's first usable replay carries the one-off passes (IR, per-kernel
+                    # attribution): the reports read them from its first run (validity, explain, corpus).
+                    timing_only = plan.step_passes == "once" and (op, side.name) in self.passed
+                    replay = self.step(side, plan.request("replay", str(record), replay_dir, timing_only),
                                        f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
                     if replay is not None:
                         runs[side.name].append(replay)
+                        self.passed.add((op, side.name))
         self.state["complete"] = True
         self._save()
         return results
@@ -519,6 +569,8 @@ def resolve_plan(args) -> Plan:
         plan.repeats = args.repeats
     if args.fdr is not None:
         plan.fdr = checked_fdr(args.fdr)
+    plan.step_start = args.step_start or plan.step_start
+    plan.step_passes = args.step_passes or plan.step_passes
     for side in (plan.a, plan.b):
         key = side.name.lower()
         side.env.update(_env_pairs(getattr(args, f"{key}_env"), f"--{key}-env"))

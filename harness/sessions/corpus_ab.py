@@ -37,7 +37,8 @@ CORPUS_FLAGS = {"all": "--all", "ops_file": "--ops-file", "repos": "--repos", "s
                 "devices": "--devices", "op_timeout": "--op-timeout", "resume": "--resume", "batch_dir": "--batch-dir",
                 "ray_address": "--ray-address", "slurm_param": "--slurm-param"}
 PLAN_FLAGS = {"plan": "PLAN", "repeats": "--repeats", "a_env": "--a-env", "b_env": "--b-env",
-              "a_python": "--a-python", "b_python": "--b-python",
+              "a_python": "--a-python", "b_python": "--b-python", "step_start": "--step-start",
+              "step_passes": "--step-passes",
               **{name: "--" + name.replace("_", "-") for name in MEASUREMENT}}
 
 

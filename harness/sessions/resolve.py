@@ -191,7 +191,8 @@ def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
         device=resolve_device(backend, args.device), seed=args.seed,
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
-        color=color_enabled(args.color), ir=args.ir, precompile=args.precompile, **fields)
+        color=color_enabled(args.color), ir=args.ir, timing_only=args.timing_only, precompile=args.precompile,
+        **fields)
 
 
 def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
@@ -348,7 +349,8 @@ def _replay_spec(args, run_dir: Path, source: spec_mod.RunSpec, backend, **field
     """The record's spec (op, seed, timer, l2, budgets...) as a replay of it, with what this run sets."""
     return dataclasses.replace(
         source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
-        color=color_enabled(args.color), ir=args.ir, precompile=args.precompile, sweep_devices=0,
+        color=color_enabled(args.color), ir=args.ir, timing_only=args.timing_only, precompile=args.precompile,
+        sweep_devices=0,
         preset_records=None, **fields)
 
 

@@ -84,12 +84,29 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
 
     code, signum = launch.run(
         [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_forward=forwarded,
+        call=_forked_child(run_dir),
         on_kill=lambda: tee.write("the child did not stop in time: killed\n"),
         on_stdout=tee.write, on_stderr=tee.log_only, visible=(backends.get(run_spec.backend), run_spec.device),
         env={"TRITON_CACHE_DIR": cache_dir},  # see execute
         # In our group: a group kill (a batch's guard) reaches the child too, not only through us.
         own_group=False)
     return code, None if signum is None else signal.Signals(signum).name
+
+
+def _forked_child(run_dir: Path):
+    """The child as a fork of this process where its modules are loaded here already (a step a warm
+    worker forked: harness.core.forkserver), which saves it their import; None (exec it) elsewhere,
+    where this process imported none of torch and pytest and the child pays for them either way."""
+    if "harness.child.runner" not in sys.modules:
+        return None
+    from harness.child import runner
+
+    def child() -> int:
+        # What an exec'd `python -m harness.child RUN_DIR` sees: an operator may read its run dir there.
+        sys.argv = [str(Path(runner.__file__).with_name("__main__.py")), str(run_dir)]
+        return runner.entry([str(run_dir)])
+
+    return child
 
 
 def _rows_done(run_dir: Path) -> int:

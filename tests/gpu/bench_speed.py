@@ -1,28 +1,33 @@
-"""GPU benchmark of the harness's own speed (issue 15); run on a CUDA host, not collected by pytest.
+"""The A/B step's cost and independence, forked by warm workers vs fresh processes (issue 30), measured
+side by side in one run. Run by hand on one H200 (not collected by pytest; no nox needed):
 
-    python tests/gpu/bench_speed.py [--out DIR] [--skip-baseline]
+    python3 tests/gpu/bench_speed.py --json bench_speed.json
+    python3 tests/gpu/bench_speed.py --backend interpreter --json /tmp/b.json   # the pipeline on a CPU
 
-Prints, then a table against the targets:
-  start-up   where a child's start-up goes (python, import torch, triton, CUDA init, the child's
-             own imports by -X importtime);
-  mm record  8 bf16 shapes, default options, without (--no-precompile) and with the precompile;
-  sweep      --sweep-devices 2's sweep phase (run.json observed.sweep.seconds) against the same
-             sweep serially (a record of all shapes as one shard runs it: --no-ir); needs 2 GPUs;
-  mm replay  of the record, cold (its own private cache, as a lone replay) and warm (the record's
-             cache, as the A/B's side cache gives it), against the record's wall;
-  A/B step   fixed cost: a tiny softmax replay's wall minus the time pytest measured in its child;
-             then that replay's child rerun with each phase timestamped (imports, configure,
-             cases, teardown), where a step's time goes;
-  nox        `nox -s replay` minus `python -m harness replay` (skipped, saying so, without nox).
-Exit 0 always once everything ran: the table says which target each figure meets.
+Per start path (`--step-start fork` and `fresh`, alternated; both `--step-passes once`, so only the
+start differs), two A/Bs of identical sides, every step in ab.json:
+  op A/B     softmax, 2 rows, 3 repeats: its wall (target <= 20 s);
+  fixed cost each timing-only replay's wall (ab.json) minus its GPU-busy time, taken as the timer's
+             own device budget (rows x 2 sides x (warmup_ms + rep_ms) of its run.json): the rest is
+             process start, imports, device init, collection and writing (target <= 1.5 s);
+  corpus     the op A/B's wall at 5 repeats (its wall at 3 plus 4 timing-only replays) x 1,124 ops,
+             on one GPU, at this op's size (target <= 8 h);
+  spread     an A/A of softmax and add, 2 rows each, 5 repeats (3 on the interpreter): per row and
+             side, the variance of log latency between repeats, pooled over rows and sides (df = sum
+             of n - 1); F = pooled variance fresh / fork, one-sided p = P(F' >= F) for F' ~ F(df
+             fresh, df fork): a small p (< 0.05) says forked repeats are measurably more alike than
+             fresh ones (noise understated), and then fork must not be the default.
+Prints the figures and a table against the targets; writes them as JSON to --json. About 4-5
+minutes on an H200. Exit 0 once everything ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import shutil
+import math
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,177 +35,142 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = {"record": 0.5 * 76.0, "sweep": 1.8, "replay": 0.1, "ab_fixed": 6.0, "nox": 1.0}
+CORPUS_OPS = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
+TARGETS = {"fixed_s": 1.5, "op_ab_s": 20.0, "corpus_h": 8.0}
+STARTS = ("fork", "fresh")
+AA_REPEATS = {"cuda": 5, "interpreter": 3}  # the interpreter checks the pipeline: fewer, slow, steps
+SHAPES = {  # two rows per op
+    "cuda": "softmax:\n  shapes: [[64, 512], [1024, 4096]]\n  dtypes: [fp16]\n"
+            "pointwise:\n  shapes: [[65536], [4096, 4096]]\n  dtypes: [fp16]\n",
+    "interpreter": "softmax:\n  shapes: [[4, 16], [3, 40]]\n  dtypes: [fp32]\n"
+                   "pointwise:\n  shapes: [[300], [2, 700]]\n  dtypes: [fp32]\n",
+}
 
 
-def harness(*args, env=None) -> tuple[float, Path | None, str]:
-    """(wall seconds, run dir, output) of `python -m harness ARGS`."""
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, env=env)
-    wall = time.monotonic() - start
-    run_dir = None
-    for line in reversed(proc.stdout.splitlines()):
-        if "run dir: " in line:
-            run_dir = Path(line.split("run dir: ", 1)[1].strip())
-            break
-    if proc.returncode != 0:
-        print(f"  ! exit {proc.returncode}: {' '.join(map(str, args))}\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
-    return wall, run_dir, proc.stdout
+def ab(out: Path, shapes: Path, backend: str, start: str, repeats: int, *ops: str) -> tuple[float, Path]:
+    """(wall seconds, ab dir) of `python -m harness ab` over `ops`, sides identical."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("TRITON_INTERPRET", None)
+    argv = [sys.executable, "-m", "harness", "ab", "--ops", *ops, "--backend", backend, "--shapes", str(shapes),
+            "--repeats", str(repeats), "--step-start", start, "--step-passes", "once", "--out", str(out)]
+    began = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - began
+    found = [line.split("ab dir: ", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("ab dir: ")]
+    if proc.returncode != 0 or not found:
+        sys.exit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall, Path(found[0])
 
 
-def observed(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text()).get("observed", {})
+def steps(ab_dir: Path) -> list[dict]:
+    return json.loads((ab_dir / "ab.json").read_text())["steps"]
 
 
-def pytest_seconds(run_dir: Path) -> float | None:
-    """The time pytest reported for its session in the child (`N passed in 1.23s`)."""
-    found = re.findall(r"passed[^\n]* in ([0-9.]+)s", (run_dir / "run.log").read_text())
-    return float(found[-1]) if found else None
+def busy_s(run_dir: Path) -> float:
+    """The timer's device budget for the run: rows x 2 sides (baseline, candidate) x (warmup + rep)."""
+    spec = json.loads((run_dir / "run.json").read_text())["spec"]
+    rows = json.loads((run_dir / "results.json").read_text())["rows"]
+    return len(rows) * 2 * (spec["warmup_ms"] + spec["rep_ms"]) / 1000
 
 
-def timed(argv: list[str]) -> float:
-    start = time.monotonic()
-    subprocess.run(argv, cwd=REPO, check=True, capture_output=True)
-    return time.monotonic() - start
+def timing_only_replays(ab_dir: Path) -> list[dict]:
+    """Replays past each side's first: the steps a repeat costs."""
+    return [s for s in steps(ab_dir) if s["usable"] and s["args"][0] == "replay" and "--timing-only" in s["args"]]
 
 
-def startup() -> None:
-    py = sys.executable
-    base = timed([py, "-c", "pass"])
-    torch_s = timed([py, "-c", "import torch"])
-    triton_s = timed([py, "-c", "import torch, triton"])
-    cuda_s = timed([py, "-c", "import torch, triton; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"])
-    child_s = timed([py, "-c", "import harness.child.runner"])
-    print(f"start-up: python {base:.2f} s; import torch {torch_s - base:.2f} s; + triton {triton_s - torch_s:.2f} s; "
-          f"+ CUDA init {cuda_s - triton_s:.2f} s; the child's imports (incl. torch, pytest) {child_s - base:.2f} s")
-    proc = subprocess.run([py, "-X", "importtime", "-c", "import harness.child.runner"], cwd=REPO,
-                          capture_output=True, text=True)
-    rows = []
-    for line in proc.stderr.splitlines():
-        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
-        if m and len(m.group(3)) <= 3:  # top-level and first-level imports
-            rows.append((int(m.group(2)), m.group(4)))
-    print("  heaviest imports on the child's path (cumulative ms): "
-          + ", ".join(f"{name} {us / 1000:.0f}" for us, name in sorted(rows, reverse=True)[:10]))
+def fixed_costs(ab_dir: Path) -> list[float]:
+    return [s["seconds"] - busy_s(Path(s["run_dir"])) for s in timing_only_replays(ab_dir)]
 
 
-# The child of a finished run dir, rerun with each phase's time since its exec printed to stderr.
-PHASES = r"""
-import sys, time
-T0 = float(sys.argv[2])
-def say(what): print(f"phase {what} {time.time() - T0:.2f}", file=sys.stderr, flush=True)
-say("interpreter up")
-import pytest
-from harness.child import runner
-say("imports done (torch, pytest, plugins)")
-class Phases:
-    def pytest_configure(self, config): say("configured (device, versions, compiler identity)")
-    def pytest_collection_finish(self, session): say("collected")
-    def pytest_sessionfinish(self, session): say("cases done")
-main = pytest.main
-runner.pytest.main = lambda args, plugins: main(args, plugins=[Phases(), *plugins])
-code = runner.main([sys.argv[1]])
-say("results and IR written")
-sys.exit(code)
-"""
+def log_latencies(ab_dir: Path) -> dict[tuple, list[float]]:
+    """(op, dtype, shape, side) -> log candidate latency per repeat."""
+    out: dict[tuple, list[float]] = {}
+    for s in steps(ab_dir):
+        if s["usable"] and s["args"][0] == "replay":
+            rows = json.loads((Path(s["run_dir"]) / "results.json").read_text())["rows"]
+            for r in rows:
+                if r["status"] == "SUCCESS" and r.get("candidate_ms"):
+                    key = (r["op"], r["dtype"], tuple(r["shape"] or ()), s["side"])
+                    out.setdefault(key, []).append(math.log(r["candidate_ms"]))
+    return out
 
 
-def step_timeline(run_dir: Path) -> None:
-    copy = Path(tempfile.mkdtemp(prefix="zl_step_")) / "run"
-    shutil.copytree(run_dir, copy)
-    start = time.time()
-    proc = subprocess.run([sys.executable, "-c", PHASES, str(copy), str(start)], cwd=REPO, capture_output=True,
-                          text=True)
-    wall = time.time() - start
-    phases = re.findall(r"^phase (.+) ([0-9.]+)$", proc.stderr, flags=re.MULTILINE)
-    print("  step timeline (s since exec): " + "; ".join(f"{name} {t}" for name, t in phases)
-          + f"; process gone {wall:.2f} (exit {proc.returncode}, without the child's own fast exit)")
-    shutil.rmtree(copy.parent, ignore_errors=True)
+def pooled(groups: dict[tuple, list[float]]) -> tuple[float, int]:
+    """(pooled variance, its degrees of freedom) of the groups' between-repeat variances."""
+    df = sum(len(v) - 1 for v in groups.values() if len(v) > 1)
+    ss = sum(statistics.variance(v) * (len(v) - 1) for v in groups.values() if len(v) > 1)
+    return (ss / df if df else math.nan), df
 
 
-def gpu_count() -> int:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
-    return len(re.findall(r"^GPU \d+:", out, flags=re.MULTILINE))
+def f_test(fresh: tuple[float, int], fork: tuple[float, int]) -> dict:
+    from scipy import stats
+
+    (var_fresh, df_fresh), (var_fork, df_fork) = fresh, fork
+    f = var_fresh / var_fork if var_fork > 0 else math.inf
+    one = float(stats.f.sf(f, df_fresh, df_fork)) if math.isfinite(f) else 0.0
+    two = min(1.0, 2 * min(one, float(stats.f.cdf(f, df_fresh, df_fork)))) if math.isfinite(f) else 0.0
+    return {"F": f, "df_fresh": df_fresh, "df_fork": df_fork, "p_fork_more_alike": one, "p_two_sided": two,
+            "sd_log_fresh": math.sqrt(var_fresh), "sd_log_fork": math.sqrt(var_fork),
+            "fork_more_alike": one < 0.05}
+
+
+def measure(out: Path, shapes: Path, backend: str) -> dict:
+    figures: dict = {start: {} for start in STARTS}
+    for start in STARTS:  # the op A/B, fork then fresh
+        wall, d = ab(out / f"op-{start}", shapes, backend, start, 3, "softmax")
+        replays = timing_only_replays(d)
+        mean_replay = statistics.mean(s["seconds"] for s in replays)
+        fixed = fixed_costs(d)
+        figures[start].update(
+            op_ab_s=wall, steps_s={s["what"].split("] ", 1)[1]: s["seconds"] for s in steps(d)},
+            fixed_s=statistics.median(fixed), fixed_all_s=fixed,
+            op_ab_5_repeats_s=wall + 4 * mean_replay,
+            corpus_h=(wall + 4 * mean_replay) * CORPUS_OPS / 3600)
+        print(f"{start:5s} op A/B (2 rows, 3 repeats): {wall:.1f} s; steps "
+              + ", ".join(f"{w} {t:.1f}" for w, t in figures[start]["steps_s"].items())
+              + f"; fixed cost per repeat {figures[start]['fixed_s']:.2f} s (median of {len(fixed)}); corpus "
+              f"{figures[start]['corpus_h']:.1f} h", flush=True)
+    spread = {}
+    for start in ("fresh", "fork"):  # the A/A, the other order: neither path always runs first
+        wall, d = ab(out / f"aa-{start}", shapes, backend, start, AA_REPEATS[backend], "softmax", "add")
+        spread[start] = pooled(log_latencies(d))
+        figures[start].update(aa_wall_s=wall, aa_pooled_var_log=spread[start][0], aa_df=spread[start][1])
+        print(f"{start:5s} A/A (4 rows, {AA_REPEATS[backend]} repeats): {wall:.1f} s; between-process sd of log "
+              f"latency {math.sqrt(spread[start][0]):.4f} (df {spread[start][1]})", flush=True)
+    figures["spread_test"] = f_test(spread["fresh"], spread["fork"])
+    return figures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temp dir, removed)")
-    parser.add_argument("--skip-baseline", action="store_true",
-                        help="skip the --no-precompile record (the issue measured it at 76 s)")
+    parser.add_argument("--json", type=Path, default=Path("bench_speed.json"), metavar="PATH",
+                        help="where the figures go (default: bench_speed.json)")
+    parser.add_argument("--backend", choices=tuple(SHAPES), default="cuda",
+                        help="cuda (the H200), or interpreter to run the whole script on a CPU (default: cuda)")
+    parser.add_argument("--out", type=Path, default=None, help="keep the A/B dirs here (default: a temp dir, removed)")
     args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="zl_bench_speed_"))
-    results: dict[str, str] = {}
-    try:
-        startup()
-        mm = ["record", "mm", "--backend", "cuda", "--dtypes", "bf16", "--device", "0", "--out", out]
-        if not args.skip_baseline:
-            base_wall, _, _ = harness(*mm, "--no-precompile")
-            print(f"mm record without precompile: {base_wall:.1f} s")
-        cache = out / "side_cache"
-        rec_wall, rec_dir, rec_out = harness(*mm, "--triton-cache", cache)
-        tuned = observed(rec_dir)["autotune"] if rec_dir else {}
-        print(f"mm record with precompile: {rec_wall:.1f} s (precompile: {tuned.get('precompile')}; "
-              f"sweeps, benchmarking the configs: {tuned.get('sweeps')}; pytest: {pytest_seconds(rec_dir)} s)")
-        for line in rec_out.splitlines():
-            if "AUTOTUNE_PRECOMPILE_FALLBACK" in line:
-                print(f"  {line.strip()}")
-        results["record"] = f"{rec_wall:.1f} s (target <= {TARGETS['record']:.0f} s)"
-        results["record_ok"] = rec_wall <= TARGETS["record"]
-
-        cold_wall, _, _ = harness("replay", rec_dir, "--out", out)
-        warm_wall, _, _ = harness("replay", rec_dir, "--out", out, "--triton-cache", cache)
-        print(f"mm replay: cold cache {cold_wall:.1f} s, warm side cache {warm_wall:.1f} s; record {rec_wall:.1f} s")
-        results["replay"] = (f"cold {cold_wall / rec_wall:.2f}x, warm {warm_wall / rec_wall:.2f}x of the record "
-                             f"(target <= {TARGETS['replay']}x)")
-        results["replay_ok"] = warm_wall / rec_wall <= TARGETS["replay"]
-
-        if gpu_count() >= 2:
-            serial_wall, _, _ = harness(*mm, "--no-ir")
-            par_wall, par_dir, _ = harness(*mm, "--sweep-devices", "2")
-            sweep = observed(par_dir).get("sweep", {}) if par_dir else {}
-            seconds = sweep.get("seconds")
-            print(f"sweep: serial (one shard's record of all shapes) {serial_wall:.1f} s; --sweep-devices 2: sweep "
-                  f"phase {seconds} s, whole record {par_wall:.1f} s ({sweep.get('status')})")
-            if seconds:
-                results["sweep"] = f"{serial_wall / seconds:.2f}x (target >= {TARGETS['sweep']}x)"
-                results["sweep_ok"] = serial_wall / seconds >= TARGETS["sweep"]
-        else:
-            print("sweep: skipped (fewer than 2 GPUs)")
-
-        tiny = out / "tiny.yaml"
-        tiny.write_text("softmax:\n  shapes: [[64, 512]]\n  dtypes: [fp16]\n")
-        _, soft_dir, _ = harness("record", "softmax", "--backend", "cuda", "--shapes", tiny, "--out", out)
-        step_wall, step_dir, _ = harness("replay", soft_dir, "--out", out)
-        in_pytest = pytest_seconds(step_dir)
-        fixed = step_wall - (in_pytest or 0.0)
-        print(f"A/B step: tiny replay {step_wall:.1f} s, pytest measured {in_pytest} s: fixed cost {fixed:.1f} s")
-        if step_dir is not None:
-            step_timeline(step_dir)
-        results["ab_fixed"] = f"{fixed:.1f} s (target <= {TARGETS['ab_fixed']} s)"
-        results["ab_fixed_ok"] = fixed <= TARGETS["ab_fixed"]
-
-        if shutil.which("nox") is None:
-            print("nox: skipped (nox is not installed here)")
-        else:
-            direct = min(harness("replay", soft_dir, "--out", out)[0] for _ in range(2))
-            start = time.monotonic()
-            subprocess.run(["nox", "-s", "replay", "--", str(soft_dir), "--out", str(out)], cwd=REPO,
-                           capture_output=True)
-            via_nox = time.monotonic() - start
-            print(f"nox: `nox -s replay` {via_nox:.1f} s, `python -m harness replay` {direct:.1f} s")
-            results["nox"] = f"{via_nox - direct:.2f} s (target <= {TARGETS['nox']} s)"
-            results["nox_ok"] = via_nox - direct <= TARGETS["nox"]
-    finally:
-        if args.out is None:
-            shutil.rmtree(out, ignore_errors=True)
-    print("\nfigure       value")
-    for name in ("record", "sweep", "replay", "ab_fixed", "nox"):
-        if name in results:
-            print(f"{name:12s} {results[name]}  {'MEETS' if results[name + '_ok'] else 'MISSES'}")
-        else:
-            print(f"{name:12s} not measured (see above)")
+    with tempfile.TemporaryDirectory(prefix="zl_bench_speed_") as tmp:
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        shapes = out / "two_rows.yaml"
+        shapes.write_text(SHAPES[args.backend])
+        began = time.monotonic()
+        figures = measure(out, shapes, args.backend)
+        figures["total_s"] = time.monotonic() - began
+    figures["backend"] = args.backend
+    figures["targets"] = TARGETS
+    test = figures["spread_test"]
+    print(f"\nspread: F = var fresh / var fork = {test['F']:.2f} (df {test['df_fresh']}, {test['df_fork']}); "
+          f"p(fork more alike) = {test['p_fork_more_alike']:.3f}, two-sided p = {test['p_two_sided']:.3f}: "
+          + ("fork repeats are MEASURABLY MORE ALIKE: keep --step-start fresh the default"
+             if test["fork_more_alike"] else "no evidence fork repeats are more alike (independence holds)"))
+    print(f"\n{'figure':10s} {'fork':>9s} {'fresh':>9s}  target")
+    for name, unit in (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h")):
+        fork, fresh = figures["fork"][name], figures["fresh"][name]
+        verdict = "MEETS" if fork <= TARGETS[name] else "MISSES"
+        print(f"{name:10s} {fork:8.2f}{unit} {fresh:8.2f}{unit}  <= {TARGETS[name]}{unit}: fork {verdict}")
+    print(f"total {figures['total_s']:.0f} s; figures in {args.json}")
+    args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
     return 0
 
 

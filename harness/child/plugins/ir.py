@@ -43,6 +43,8 @@ class IRPlugin:
     def pytest_configure(self, config):
         if not self.ctx.spec.ir:
             return self._off("turned off (--no-ir)")
+        if self.ctx.spec.timing_only:
+            return self._off(ir.TIMING_ONLY)
         if not self.ctx.backend.triton_driver:
             return self._off(f"backend '{self.ctx.backend.name}' compiles no kernels")
         limits = self.ctx.backend.occupancy_limits() if self.ctx.backend.occupancy_limits else None

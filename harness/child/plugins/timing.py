@@ -20,8 +20,11 @@ class TimingPlugin:
 
     def pytest_configure(self, config):
         spec, backend = self.ctx.spec, self.ctx.backend
-        self.timer = Timer(backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark, l2=spec.l2)
-        if backend.profiler_activity:
+        self.timer = Timer(backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark, l2=spec.l2,
+                           attribute=not spec.timing_only)
+        if spec.timing_only:
+            facts = {"recorded": False, "reason": "a timing-only run (--timing-only)"}
+        elif backend.profiler_activity:
             facts = {"recorded": True, "source": f"torch.profiler ({backend.profiler_activity})"}
         else:
             reason = f"backend '{backend.name}' has no device profiler"

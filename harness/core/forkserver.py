@@ -1,0 +1,230 @@
+"""A warm worker: one process per A/B side, started with that side's interpreter and environment,
+that imports once what every step imports (torch, triton, pytest, the harness) and forks each step
+from that clean state. The device is never touched in the worker (CUDA cannot be forked once
+initialized): each forked step initializes it, compiles into its side's cache, measures, writes its
+run dir and exits, as a fresh process would, and nothing of one step reaches the next.
+
+The parent (`Worker`) and the worker (`serve`) talk over a socket pair: a step request carries the
+step's argv and its stdout/stderr descriptors; the worker answers with the step's pid (the leader of
+its own session, so the parent signals its group directly) and then its exit code. A worker that
+dies mid-step leaves a closed socket: the parent kills the step's group and says so (`died`).
+
+Lifetime: the worker stays in its parent's process group (a group kill from a batch's op timeout
+takes it too) and gets SIGTERM when its parent dies (end_with-style death signal); on SIGTERM it
+stops the running step as the parent would (SIGTERM, then SIGKILL after `STEP_GRACE_S`) and exits.
+A step gets SIGTERM when the worker dies. Ctrl-C is the parent's to forward: the worker ignores it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import IO
+
+from harness.core import launch
+
+STEP_GRACE_S = 30  # for a step stopped by its worker's SIGTERM to write its results
+MAX_MESSAGE = 1 << 20
+CLOSE_WAIT_S = 5  # for a worker whose socket closed to exit by itself
+START_TIMEOUT_S = 600  # for the worker's imports (torch on a loaded host takes tens of seconds)
+
+
+def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
+    socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+
+
+def _recv(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
+    """(the next message, the descriptors it carried); (None, []) once the other end is gone."""
+    data, received, _, _ = socket.recv_fds(sock, MAX_MESSAGE, fds)
+    return (json.loads(data) if data else None), received
+
+
+# --- the worker's side ---------------------------------------------------------------------------
+class _Stop(Exception):
+    """Raised by the worker's SIGTERM handler to end its wait for the next request."""
+
+
+def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
+    """Fork `step(argv)` for each request until the parent closes the socket (0) or a SIGTERM
+    stops the worker (128 + SIGTERM, once the running step ended)."""
+    running: list[int] = []
+    stopping: list[int] = []
+    idle = [False]  # waiting for a request: the only place a stop breaks in
+
+    def stop(signum, frame):
+        stopping.append(signum)
+        if idle[0]:
+            raise _Stop
+        if running:
+            _signal_group(running[0], signal.SIGTERM)
+            signal.alarm(STEP_GRACE_S)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGALRM, lambda signum, frame: running and _signal_group(running[0], signal.SIGKILL))
+    _send(sock, {"ready": os.getpid()})
+    while not stopping:
+        try:
+            idle[0] = True
+            request, fds = _recv(sock, 2)
+        except _Stop:
+            break
+        finally:
+            idle[0] = False
+        if request is None:
+            return 0
+        arm = launch.die_with_parent()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            def call(argv: list[str] = request["argv"]) -> int:
+                sock.close()  # the parent must see this end close when the worker dies, not when the step does
+                return step(argv)
+
+            launch.in_fork(call, dict(os.environ), os.getcwd(), arm, True, fds[0], fds[1])
+        running.append(pid)
+        if stopping:  # the stop came between the request and the fork
+            _signal_group(pid, signal.SIGTERM)
+            signal.alarm(STEP_GRACE_S)
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        signal.alarm(0)
+        running.clear()
+        launch.end_orphans()  # what the step left running and was reparented here
+        try:
+            _send(sock, {"exit": os.waitstatus_to_exitcode(status)})
+        except OSError:
+            break  # the parent is gone: nobody asks for more
+    return 128 + signal.SIGTERM
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+# --- the parent's side ---------------------------------------------------------------------------
+class WorkerDied(RuntimeError):
+    """The worker is gone: it never came up, or it died."""
+
+
+class _Step:
+    """A step the worker forked, with the part of Popen's interface launch.Child uses for a child
+    that leads its own group (signals go to the group: Child.send)."""
+
+    def __init__(self, worker: Worker, pid: int):
+        self.worker = worker
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.worker.exit_code(self.pid, timeout)
+        return self.returncode
+
+
+class Worker:
+    """The parent's handle on one side's warm worker, started on first use and again after it died."""
+
+    def __init__(self, python: str, log: IO[str], env: Mapping[str, str], pythonpath: str | None,
+                 cache: str | None):
+        self.python = python
+        self.cache = cache
+        self.log = log
+        self.env = dict(env)
+        self.pythonpath = pythonpath
+        self.child: launch.Child | None = None
+        self.sock: socket.socket | None = None
+        self.died = False  # during the last step: the step was killed with it
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), *([self.cache] if self.cache else [])]
+            # In our group: a group kill from outside (a batch's op timeout) takes the worker too.
+            self.child = launch.start(argv, log=self.log, env=self.env, pythonpath=self.pythonpath,
+                                      pass_fds=(theirs.fileno(),), own_group=False)
+        finally:
+            theirs.close()
+        self.sock = ours
+        ours.settimeout(START_TIMEOUT_S)
+        try:
+            ready, _ = _recv(ours)
+        except OSError as exc:  # TimeoutError included
+            ready = None
+            self.log.write(f"worker: no word from it ({exc})\n")
+        ours.settimeout(None)
+        if ready is None:
+            code = self.close()
+            raise WorkerDied(f"the warm worker of {self.python} did not start ({launch.describe_exit(code)}; "
+                             "see the log)")
+
+    def start(self, argv: list[str], log: IO[str], on_stdout: Callable[[str], None]) -> launch.Child:
+        """Fork a step running `python -m harness ARGV`: its stdout to `on_stdout` and `log`, its
+        stderr to `log`. WorkerDied when there is no live worker to fork it."""
+        if self.child is None or self.child.proc.poll() is not None:
+            self.close()
+            self._start()
+        self.died = False
+        log.write(f"\n$ (forked by worker {self.child.pid}) {' '.join(argv)}\n")
+        log.flush()
+        read, write = os.pipe()
+        try:
+            _send(self.sock, {"argv": argv}, (write, log.fileno()))
+        except OSError as exc:
+            os.close(read)
+            raise WorkerDied(f"the warm worker is gone ({exc})") from exc
+        finally:
+            os.close(write)
+        answer, _ = _recv(self.sock)
+        stdout = os.fdopen(read, "r", encoding="utf-8", errors="replace")
+        if answer is None:
+            stdout.close()
+            self.died = True
+            raise WorkerDied("the warm worker died before it forked the step")
+        pump = threading.Thread(target=launch.pump, args=(stdout, launch.teed(log, on_stdout)), daemon=True)
+        pump.start()
+        return launch.Child(_Step(self, answer["pid"]), own_group=True, pumps=(pump,))
+
+    def exit_code(self, pid: int, timeout: float | None) -> int:
+        """The step's exit code, as Popen.wait gives it (subprocess.TimeoutExpired after `timeout`). A
+        worker that died meanwhile: the step's group is killed and this says -SIGKILL (`died`)."""
+        self.sock.settimeout(timeout)
+        try:
+            answer, _ = _recv(self.sock)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(str(pid), timeout) from None
+        except OSError:
+            answer = None
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(None)
+        if answer is None:
+            self.died = True
+            _signal_group(pid, signal.SIGKILL)
+            self.close()
+            return -signal.SIGKILL
+        return answer["exit"]
+
+    def close(self) -> int | None:
+        """End the worker (its socket closed: it exits; SIGTERM, then SIGKILL, if it does not); its
+        exit code."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        child, self.child = self.child, None
+        if child is None:
+            return None
+        code = child.wait(CLOSE_WAIT_S)
+        return child.stop(STEP_GRACE_S) if code is None else code

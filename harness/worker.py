@@ -1,0 +1,69 @@
+"""`python -m harness.worker FD [CACHE]`: an A/B side's warm worker (harness.core.forkserver), started
+by the A/B with the side's interpreter and environment; FD is its end of the socket to the A/B, CACHE
+the side's Triton cache (removed here when a SIGTERM stops the worker: its A/B died). It imports
+what every step imports, once, touching no device, then forks each step as `python -m harness ARGS`
+would run it (its own pytest child forked in turn: harness.sessions.run)."""
+
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+
+
+def _step(argv: list[str]) -> int:
+    """A forked step: `python -m harness ARGV` in this process (harness.__main__ without its start-up,
+    done once by the worker)."""
+    from harness import cli
+    from harness.core import launch
+
+    sys.argv = [str(Path(cli.__file__).with_name("__main__.py")), *argv]  # as `python -m harness ARGV` has it
+    launch.adopt_orphans()  # as the step's process does: what its child leaves running ends with it
+    try:
+        return cli.main(argv)
+    except KeyboardInterrupt as exc:
+        signum = launch.stopped_by(exc)
+        print(f"interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
+    finally:
+        launch.end_orphans()
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the A/B forwards a Ctrl-C to the step, not here
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    from harness.core import deps, forkserver, launch
+
+    launch.adopt_orphans()  # a step's orphans come here, and end as each step ends
+    # torch's fork-safe device check (NVML, no CUDA init): a step that resolves its device through
+    # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    deps.use_deps_dir()
+    # What each step would import again: the reason for this worker. The device stays untouched.
+    import pytest  # noqa: F401
+    import torch
+    import triton  # noqa: F401
+
+    import harness.child.runner  # noqa: F401
+    import harness.cli  # noqa: F401
+    import harness.sessions.run  # noqa: F401
+
+    if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
+        print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
+              file=sys.stderr)
+        return 1
+    code = forkserver.serve(sock, _step)
+    if code and len(sys.argv) > 2:
+        # Stopped, not released: the A/B that would remove the side's cache may be gone (kill -9).
+        cache = sys.argv[2]
+        shutil.rmtree(cache, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(cache))  # the A/B's cache root, once the other side's is gone too
+        except OSError:
+            pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

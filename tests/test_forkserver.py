@@ -1,0 +1,131 @@
+"""The A/B's warm workers (harness.core.forkserver) on the interpreter backend, which takes the same
+worker path as a GPU: steps forked, one-off passes once per side, and every fault (Ctrl-C, SIGTERM,
+kill -9 of the A/B, a worker that dies) leaving no process and no cache behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, load, pids_mentioning, wait_for
+
+from harness.sessions import ab
+
+pytestmark = pytest.mark.e2e
+
+OPS = REPO / "tests" / "resources" / "batch_ops"
+STEPS = ("A-record", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in the order it runs them
+
+
+def _ab(tmp_path: Path, *args, slow_s: float | None = None) -> subprocess.Popen:
+    """`python -m harness ab ARGS --repeats 2` on the interpreter, in its own session."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["ZL_TEST_STATE_DIR"] = str(tmp_path)
+    if slow_s is not None:
+        env["ZL_TEST_SLOW_S"] = str(slow_s)
+    return subprocess.Popen([sys.executable, "-m", "harness", "ab", "--backend", "interpreter", "--repeats", "2",
+                             "--dtypes", "fp32", "--out", str(tmp_path / "out"), *map(str, args)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _ab_dir(tmp_path: Path) -> Path:
+    assert wait_for(lambda: list((tmp_path / "out").glob("ab_*/ab.json")), 120)
+    return next((tmp_path / "out").glob("ab_*"))
+
+
+def _spec(step_dir: Path) -> dict:
+    return load(next(step_dir.glob("*/run.json")))["spec"]
+
+
+def _started(tmp_path: Path, count: int = 1) -> list[int]:
+    """The pids of the slow op's runs that reached their first case (harness child processes)."""
+    assert wait_for(lambda: len(list(tmp_path.glob("slow_started_*"))) >= count, 300)
+    return sorted((int(p.name.rsplit("_", 1)[1]) for p in tmp_path.glob("slow_started_*")),
+                  key=lambda pid: (tmp_path / f"slow_started_{pid}").stat().st_mtime)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _leftovers(ab_dir: Path) -> list[int]:
+    """Processes of this A/B: its steps name its dir, its workers its side caches."""
+    caches = [c["dir"] for c in load(ab_dir / "ab.json").get("triton_caches", {}).values()]
+    return sorted({pid for text in [str(ab_dir), *caches] for pid in pids_mentioning(text)})
+
+
+@pytest.mark.parametrize("start, passes", [("fork", "once"), ("fresh", "every")])
+def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start, passes):
+    proc = _ab(tmp_path, "--ops", "add", "--step-start", start, "--step-passes", passes)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    d = _ab_dir(tmp_path)
+    log = (d / "ab.log").read_text()
+    # fork: one worker per side forks every step; fresh: a process per step, no worker.
+    assert log.count("(forked by worker ") == (5 if start == "fork" else 0)
+    assert log.count("-m harness.worker ") == (2 if start == "fork" else 0)
+    timing_only = {step: _spec(d / "add" / step)["timing_only"] for step in STEPS}
+    # once: each side's first replay carries IR and attribution (what the reports read), the rest time only.
+    assert timing_only == ({"A-record": True, "A-1": False, "B-1": False, "A-2": True, "B-2": True}
+                           if passes == "once" else dict.fromkeys(STEPS, False))
+    assert load(d / "ab.json")["plan"]["step_start"] == start
+    assert load(d / "report.json")["rows"]
+    assert _leftovers(d) == []
+
+
+def test_a_plan_refuses_an_unknown_step_start():
+    with pytest.raises(ab.PlanError, match="'step_start' must be one of fork, fresh"):
+        ab.plan_from_data({"ops": ["add"], "step_start": "spawn"}, "plan.yaml")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_or_killed_ab_leaves_no_worker_step_or_cache(tmp_path, signum):
+    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, slow_s=60)
+    d = _ab_dir(tmp_path)
+    _started(tmp_path)  # A's record is in its first case, forked by A's worker
+    caches = load(d / "ab.json")["triton_caches"]
+    root = Path(next(iter(caches.values()))["dir"]).parent
+    assert _leftovers(d), "no worker or step found running"
+    os.kill(proc.pid, signum)
+    out, _ = proc.communicate(timeout=120)
+    if signum != signal.SIGKILL:
+        assert proc.returncode == 128 + signum, out
+        assert f"interrupted ({signal.Signals(signum).name})" in out
+    # kill -9: each worker got SIGTERM as its parent died, stopped its step (SIGTERM, then SIGKILL
+    # after its grace) and removed its side's cache.
+    assert wait_for(lambda: not _leftovers(d), 60), _leftovers(d)
+    assert wait_for(lambda: not root.exists(), 10), list(root.rglob("*"))
+
+
+def test_a_worker_that_dies_is_restarted_once_then_the_step_fails(tmp_path):
+    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, slow_s=30)
+    d = _ab_dir(tmp_path)
+    first = _started(tmp_path)[0]  # the record's pytest child, forked by its step, forked by the worker
+    os.kill(_parent(_parent(first)), signal.SIGKILL)
+    retried = _started(tmp_path, 2)[-1]  # the retry, under a new worker
+    assert retried != first
+    os.kill(_parent(_parent(retried)), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    assert "(its warm worker died: restarted, the step retried) FAILED (exit -9)" in out
+    assert (d / "ab.log").read_text().count("the warm worker died during the step: restarting it") == 1
+    steps = load(d / "ab.json")["steps"]
+    assert [(s["what"].split("] ")[1], s["usable"]) for s in steps] == [("A records", False)]
+    assert wait_for(lambda: not _leftovers(d), 60), _leftovers(d)
+
+
+def test_a_worker_restart_lets_the_step_through(tmp_path):
+    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, slow_s=5)
+    d = _ab_dir(tmp_path)
+    os.kill(_parent(_parent(_started(tmp_path)[0])), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert re.search(r"A records \.\.\. \(its warm worker died: restarted, the step retried\)[ 0-9/]* ok", out), out
+    assert all(s["usable"] for s in load(d / "ab.json")["steps"])
+    # The retry claimed the record's run dir afresh: one run in it, complete.
+    assert len(list((d / "slow_op" / "A-record").iterdir())) == 1
+    assert _leftovers(d) == []
