@@ -120,11 +120,9 @@ def capture(tuner, args: tuple, kwargs: dict, configs: list) -> list[Request | N
 
 def _request(seen: list[dict], target) -> Request:
     info, comp = seen[-1]["fn"], seen[-1]["compile"]
-    jit = getattr(info, "jit_function", None)
-    base = getattr(jit, "fn", None)
-    if base is None or "<locals>" in base.__qualname__:
-        raise NotPrecompilable(f"{getattr(base, '__qualname__', '?')} is defined inside a function: "
-                               "a worker cannot import it")
+    base = info.jit_function.fn  # the Python function under the JITFunction the JIT was compiling
+    if "<locals>" in base.__qualname__:
+        raise NotPrecompilable(f"{base.__qualname__} is defined inside a function: a worker cannot import it")
     module = sys.modules.get(base.__module__)
     path = getattr(module, "__file__", None)
     return Request(base.__module__, base.__qualname__, path, dict(comp["signature"]), dict(comp["constants"]),
@@ -160,11 +158,13 @@ def compile_request(request: Request) -> str:
     compiled kernel's cache hash. A lock per request keeps two processes sharing one cache (the
     parallel sweep's shards) from compiling the same kernel twice: the second finds it cached."""
     import triton
+    from triton import knobs
     from triton.compiler import ASTSource, make_backend
 
     fn = _jit_function(request)
     options = make_backend(request.target).parse_options(dict(request.options))
-    lock_dir = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache") / LOCK_DIR
+    # The cache this compile writes into: TRITON_CACHE_DIR, else Triton's default under TRITON_HOME.
+    lock_dir = Path(knobs.cache.dir) / LOCK_DIR
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / request.digest(), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
