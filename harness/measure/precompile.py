@@ -71,9 +71,10 @@ class Request:
     target: object
 
     def digest(self) -> str:
-        text = repr((self.module, self.qualname, sorted(self.signature.items(), key=repr),
-                     sorted(self.constants.items(), key=repr), sorted(self.attrs.items(), key=repr),
-                     sorted(self.options.items(), key=repr), self.target))
+        # Each dict in one order, whatever order it was built in (a dict's keys are all of one type).
+        text = repr((self.module, self.qualname,
+                     *(sorted(d.items(), key=repr) for d in (self.signature, self.constants, self.attrs, self.options)),
+                     self.target))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -134,17 +135,15 @@ def _jit_function(request: Request):
     same name (operators loaded by path, FlagGems' generated code)."""
     from triton.runtime.jit import JITFunction
 
-    module = sys.modules.get(request.module)
-    if module is None:
-        try:
-            module = importlib.import_module(request.module)
-        except ImportError:
-            if request.path is None:
-                raise
-            spec = importlib.util.spec_from_file_location(request.module, request.path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[request.module] = module
-            spec.loader.exec_module(module)
+    try:
+        module = importlib.import_module(request.module)  # also one loaded from its file before: sys.modules
+    except ImportError:
+        if request.path is None:
+            raise
+        spec = importlib.util.spec_from_file_location(request.module, request.path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[request.module] = module
+        spec.loader.exec_module(module)
     obj = module
     for part in request.qualname.split("."):
         obj = getattr(obj, part)
@@ -196,7 +195,7 @@ class Outcome:
     seconds: float
     # Configs that do not compile for this key (a compile error, as Triton's autotuner classes them):
     # its sweep rejects them too, so they are no fallback.
-    rejected: int = 0
+    rejected: int
 
 
 class Precompiler:
