@@ -220,7 +220,10 @@ def test_a_config_that_does_not_compile_for_the_key_is_counted_not_marked(patche
 
 
 def test_a_keys_outcome_counts_each_config_once_and_the_totals_add_up(monkeypatch):
-    boundary = Boundary(fail={(32, 2)}, not_captured={(64, 1)}, invalid={(16, 1)}, cached={(64, 2)})
+    # Two of each kind, each kind's configs interleaved with the others' in the key's order.
+    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64, 128, 256) for w in (1, 2)]
+    boundary = Boundary(cached={(16, 1), (256, 2)}, not_captured={(16, 2), (256, 1)}, invalid={(32, 1), (64, 1)},
+                        fail={(32, 2), (64, 2)})
     now = [0.0]
 
     def monotonic():  # each key's precompile takes 0.1234 s
@@ -231,19 +234,22 @@ def test_a_keys_outcome_counts_each_config_once_and_the_totals_add_up(monkeypatc
     pre = precompile.Precompiler(cpus=8, capture_fn=boundary.capture, compile_fn=boundary.compile,
                                  executor_factory=Inline)
     assert (pre.workers, pre.executor) == (0, None)
-    tuner = types.SimpleNamespace(configs=CONFIGS)
+    tuner = types.SimpleNamespace(configs=configs)
     first = pre.run(tuner, (), {})
-    by_ident = {(c.kwargs["BLOCK"], c.num_warps): c for c in CONFIGS}
-    # 4 requests: a pool of 4 on 8 CPUs, not one per config of the key.
+    by_ident = {(c.kwargs["BLOCK"], c.num_warps): c for c in configs}
+    # 6 requests: a pool of 6 on 8 CPUs, not one per config of the key.
     assert first == precompile.Outcome(
-        configs=6, compiled=2, cached=1, workers=4, seconds=0.12, rejected=1,
-        failed=[(by_ident[64, 1], "not captured: RuntimeError: no hook here"),
-                (by_ident[32, 2], "RuntimeError: PTXASError: ptxas died for (32, 2)")])
+        configs=10, compiled=2, cached=2, workers=6, seconds=0.12, rejected=2,
+        failed=[(by_ident[16, 2], "not captured: RuntimeError: no hook here"),
+                (by_ident[256, 1], "not captured: RuntimeError: no hook here"),
+                (by_ident[32, 2], "RuntimeError: PTXASError: ptxas died for (32, 2)"),
+                (by_ident[64, 2], "RuntimeError: PTXASError: ptxas died for (64, 2)")])
+    assert sorted(boundary.compiled) == [(32, 1), (32, 2), (64, 1), (64, 2), (128, 1), (128, 2)]
     pool = pre.executor
-    assert pool.workers == 4
+    assert pool.workers == 6
     second = pre.run(tuner, (), {})
     assert second == first and pre.executor is pool  # sized once, at the first key that compiles
-    assert pre.totals == {"keys": 2, "configs": 12, "compiled": 4, "cached": 2, "failed": 4, "rejected": 2,
+    assert pre.totals == {"keys": 2, "configs": 20, "compiled": 4, "cached": 4, "failed": 8, "rejected": 4,
                           "seconds": 0.24}
     # A capture that answers for fewer configs than it was asked about is an error, not fewer compiles.
     pre.capture_fn = lambda *args: boundary.capture(*args)[:-1]
