@@ -43,17 +43,17 @@ def _row(op, dtype, shape, cand, base=1.0, markers=(), timer="graph", configs=No
 
 
 def _ir(run_dir, variants):
-    """ttgir/ as harness.measure.ir writes it: variants = [(shape, dtype, stem, ttgir text, llir sha)]."""
+    """ttgir/ as harness.measure.ir writes it: variants = [(shape, dtype, stem, ttgir text, llir sha[, num_warps])]."""
     lines = ["\t".join(ir.INDEX_COLUMNS)]
     (run_dir / "ttgir").mkdir()
-    for shape, dtype, stem, text, llir in variants:
+    for shape, dtype, stem, text, llir, *warps in variants:
         path = run_dir / "ttgir" / shape / "scale_kernel" / f"{stem}.ttgir"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         sha = {"ttir": "t" * 16, "ttgir": hashlib.sha256(text.encode()).hexdigest()[:16], "llir": llir, "ptx": "p" * 16,
                "amdgcn": "-"}
         lines.append("\t".join([shape, "ops.k.scale_kernel", f"{shape}/scale_kernel/{stem}.ttgir", "3", dtype,
-                                "div16-XP", "4", "3", "BLOCK=64", f"h{stem}{dtype}",
+                                "div16-XP", *(warps or ["4"]), "3", "BLOCK=64", f"h{stem}{dtype}",
                                 *(sha[s] for s in ir.HASHED_STAGES)]))
     (run_dir / "ttgir" / "index.tsv").write_text("\n".join(lines) + "\n")
 
@@ -715,3 +715,161 @@ def test_one_control_has_no_spread_to_warn_of(tmp_path):
     data = corpus.from_batch_pair(*_control_batches(tmp_path, [1.5]), {})
     assert data["rows"][0]["control_ratio"] == pytest.approx(1.5)
     assert not [w for w in data["warnings"] if w.startswith("the control")]
+
+
+# --- what each file says, row by row -------------------------------------------------------------------
+def _md_table(md: str, title: str) -> list[list[str]]:
+    """The cells of the markdown table under `## title` (header and rule left out)."""
+    lines = md.split(f"## {title}\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_csv_carries_every_row_of_the_json_column_by_column(batches, tmp_path):
+    report = load(corpus.write(tmp_path, corpus.from_batch_pair(*batches, {}))[0])
+    with open(tmp_path / "report.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        table_rows = list(reader)
+    assert tuple(reader.fieldnames) == corpus.CSV_COLUMNS
+    assert [r["op_key"] for r in table_rows] == [r["op_key"] for r in report["rows"]]
+    for got, r in zip(table_rows, report["rows"], strict=True):
+        want = {"op_key": r["op_key"], "op": r["op"], "dtype": r["dtype"], "shape": "x".join(map(str, r["shape"])),
+                "basis": r["basis"], "a_gm_ms": r["a"]["gm_ms"], "b_gm_ms": r["b"]["gm_ms"], "ratio": r["ratio"],
+                "ci_lo": r["lo"], "ci_hi": r["hi"], "margin": r["margin"], "q": r["q"], "verdict": r["verdict"],
+                "n_a": r["a"]["n"], "n_b": r["b"]["n"], "control_ratio": r["control_ratio"],
+                "in_headline": r["in_headline"], "flags": ";".join(r["flags"]), "config_differs": r["config_differs"],
+                "ir_status": r["ir"]["status"], "ir_changed_variants": len(r["ir"]["variants"]), "run_a": r["run_a"],
+                "run_b": r["run_b"]}
+        assert got == {k: "" if v is None else str(v) for k, v in want.items()}, r["id"]
+    by_row = {(r["op"], r["dtype"]): r for r in table_rows}
+    flagged = by_row["mm", "bf16"]  # two flags, out of the headline, nothing launched
+    assert (flagged["shape"], flagged["flags"], flagged["in_headline"]) == ("256x256", "timer_fallback;timer_mismatch",
+                                                                          "False")
+    softmax, run = by_row["softmax", "fp16"], "ops/builtin__softmax/attempt1/softmax_20250101-000000"
+    assert (softmax["ir_status"], softmax["ir_changed_variants"]) == ("changed", "1")
+    assert (softmax["run_a"], softmax["run_b"]) == (str(batches[0] / run), str(batches[1] / run))
+    assert float(by_row["gelu", "fp32"]["ratio"]) == pytest.approx(0.8) and by_row["gelu", "fp32"]["n_a"] == "41"
+
+
+def test_each_op_entry_counts_its_own_rows(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    ops = {o["op"]: o for o in data["ops"]}
+    mm, softmax, gelu = ops["builtin:mm"], ops["builtin:softmax"], ops["builtin:gelu"]
+    # mm: fp16 2% faster (SAME within the single-run margin), bf16 flagged and out of its headline.
+    assert (mm["rows"], mm["headline_rows"], mm["verdicts"], mm["flagged_rows"]) == (2, 1, {"SAME": 1}, 1)
+    assert mm["worst_ratio"] == pytest.approx(0.98) and mm["geomean"]["ratio"] == pytest.approx(0.98)
+    assert mm["geomean"]["over"] == "1 rows" and mm["control"] == pytest.approx(1.0)
+    assert (softmax["verdicts"], softmax["ir_changed_rows"], softmax["flagged_rows"]) == (
+        {"SLOWER": 1, "SAME": 1}, 1, 0)
+    assert softmax["worst_ratio"] == pytest.approx(1.1) and softmax["geomean"]["ratio"] == pytest.approx(1.1 ** 0.5)
+    assert (gelu["rows"], gelu["ir_changed_rows"], gelu["config_differs"]) == (1, 0, 0)
+    assert all((o["status_a"], o["status_b"], o["notes"]) == ("PASS", "PASS", []) for o in data["ops"])
+    assert mm["run_a"] == str(batches[0] / "ops/builtin__mm/attempt1/mm_20250101-000000")
+    assert mm["run_b"] == str(batches[1] / "ops/builtin__mm/attempt1/mm_20250101-000000")
+    assert data["summary"]["ops"] == 4 and data["summary"]["ops_compared"] == 3
+    assert (data["summary"]["ir_changed_rows"], data["summary"]["ir_not_collected_rows"]) == (1, 1)
+
+
+def test_the_markdown_tables_list_each_op_each_call_each_row_left_out_and_each_op_not_compared(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    md = corpus.markdown(data)
+    assert md.startswith("# Corpus A/B report\n\n") and md.endswith(
+        "Per-row drill-down and the TTGIR diffs of rows whose IR changed: report.html.\n")
+    assert [f"- {line}" for line in corpus.headline(data)] == md.split("\n\n")[1].splitlines()
+    assert _md_table(md, "Operators (worst B/A first)") == [
+        ["builtin:softmax", "2/2", f"{1.1 ** 0.5:.4f}", "SAME 1, SLOWER 1", "1.1000", "1", "0", "1.0000"],
+        ["builtin:mm", "1/2", "0.9800", "SAME 1", "0.9800", "0", "1", "1.0000"],
+        ["builtin:gelu", "1/1", "0.8000", "FASTER 1", "0.8000", "0", "0", "1.0000"]]
+    calls = _md_table(md, "FASTER and SLOWER rows: what changed in their compiled code")
+    assert [row[:5] for row in calls] == [["builtin:softmax", "fp16", "64x1024", "SLOWER", "1.1000"],
+                                          ["builtin:gelu", "fp32", "4096", "FASTER", "0.8000"],
+                                          ["builtin:mm", "bf16", "256x256", "SLOWER", "1.5000"]]
+    assert _md_table(md, "Flagged and excluded rows") == [
+        ["builtin:mm", "bf16", "256x256", "SLOWER", "timer_fallback,timer_mismatch"]]
+    (unpaired,) = data["unpaired_ops"]
+    assert f"## Operators not compared\n\n- builtin:add: {unpaired['reason']}\n\n" in md
+
+
+def test_the_headline_says_who_a_and_b_are_counts_and_every_warning(batches):
+    status = batches[1] / "batch.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), "backend": "rocm"}))
+    data = corpus.from_batch_pair(*batches, {"a": "fusion on", "b": "fusion off"})
+    (warning,) = data["warnings"]
+    assert warning == ("the batches ran on different backends (A cuda, B rocm): the comparison mixes hardware with "
+                       "the compiler")
+    lines = corpus.headline(data)
+    assert lines[:4] == ["corpus A/B: A = fusion on, B = fusion off; ratio = B latency / A latency (below 1: B faster)",
+                         f"basis: {corpus.BASIS_NOTES[corpus.SINGLE_RUN]}", f"WARNING: {warning}",
+                         "ops: 3 of 4 compared; rows: 4 of 5 in the headline; verdicts: FASTER 1, SAME 2, SLOWER 1"]
+    assert "excluded from the headline: timer_fallback 1, timer_mismatch 1" in lines
+    assert "ops not compared: builtin:add" in lines and "rows whose IR changed: 1; IR not collected: 1" in lines
+    assert lines[-1].startswith("control (torch baseline) geomean B/A: 1.0000 [1.0000, 1.0000] over 3 ops (no change)")
+    overall = data["summary"]["overall"]
+    assert lines[-2] == (f"overall geomean B/A: {overall['ratio']:.4f} [{overall['lo']:.4f}, {overall['hi']:.4f}] "
+                         f"over 3 ops ({stats.describe(overall['ratio'])})")
+    unnamed = corpus.headline(corpus.from_batch_pair(*batches, {}))
+    assert unnamed[0].startswith(f"corpus A/B: A = {batches[0]}, B = {batches[1]}; ")  # the batch dirs name the sides
+
+
+def test_a_row_with_no_interval_reads_so_and_an_unknown_value_is_a_dash(tmp_path):
+    gm = {"ratio": 0.97, "lo": None, "hi": None, "over": "2 rows"}
+    assert corpus.fmt_gm(gm, True) == f"0.9700 (no interval) over 2 rows ({stats.describe(0.97)})"
+    assert corpus.fmt_gm(gm, False) == corpus.fmt_gm({**gm, "ratio": None}, True) == stats.NOT_APPLICABLE
+    assert (corpus._cell(0.5, True), corpus._cell(None, True), corpus._cell(0.5, False), corpus._cell(None, False)) == (
+        "0.5000", "-", stats.NOT_APPLICABLE, "-")
+
+
+def test_a_diff_names_its_sides_ends_every_line_and_is_cut_at_its_limit_only(tmp_path, monkeypatch):
+    a = _run(tmp_path / "a", [_row("softmax", "fp16", (8,), 1.0)],
+             [("8", "fp16", "w4s3", "x\nsame\n", "l"), ("8", "fp16", "w8s3", "only A\n", "l", "8")])
+    b = _run(tmp_path / "b", [_row("softmax", "fp16", (8,), 1.0)],
+             [("8", "fp16", "w4s3", "y\nsame", "l"), ("8", "fp16", "w2s3", "only B\n", "l", "2")])
+    indexes = (ir_index.launched(a), ir_index.launched(b))
+    ir_row = corpus.row_ir(indexes, a, b, "fp16", (8,))
+    assert (ir_row["status"], ir_row["identical"]) == ("changed", 0)
+    by_variant = {v["variant"]: v for v in ir_row["variants"]}
+    assert {k: v["status"] for k, v in by_variant.items()} == {"w4s3": "changed", "w8s3": "only_in_a",
+                                                                "w2s3": "only_in_b"}
+    changed = by_variant["w4s3"]
+    # B's file has no final newline: the diff still has one line per line.
+    assert changed["diff"].splitlines(keepends=True) == ["--- A.ttgir\n", "+++ B.ttgir\n", "@@ -1,2 +1,2 @@\n",
+                                                         "-x\n", "-same\n", "+y\n", "+same\n"]
+    assert changed["file_a"] == str(a / "ttgir" / "8" / "scale_kernel" / "w4s3.ttgir")
+    only_a, only_b = by_variant["w8s3"], by_variant["w2s3"]
+    assert (only_a["file_b"], only_a["kernel"], only_a["stages"]) == (None, "ops.k.scale_kernel", [])
+    assert "-only A\n" in only_a["diff"] and only_b["file_a"] is None and "+only B\n" in only_b["diff"]
+    lines = len(changed["diff"].splitlines())
+    monkeypatch.setattr(corpus, "MAX_DIFF_LINES", lines)  # exactly at the limit: whole
+    assert not corpus.row_ir(indexes, a, b, "fp16", (8,))["variants"][0]["diff_truncated"]
+    monkeypatch.setattr(corpus, "MAX_DIFF_LINES", lines - 1)
+    cut = next(v for v in corpus.row_ir(indexes, a, b, "fp16", (8,))["variants"] if v["variant"] == "w4s3")
+    assert cut["diff_truncated"] and len(cut["diff"].splitlines()) == lines - 1
+
+
+def test_the_identical_ir_line_names_the_first_ten_calls():
+    names = [f"op{i}" for i in range(11)]
+    assert corpus.identical_ir_line(names[:10]) == f"{corpus.IDENTICAL_IR_NOTE}: 10 ({', '.join(names[:10])})"
+    assert corpus.identical_ir_line(names) == f"{corpus.IDENTICAL_IR_NOTE}: 11 ({', '.join(names[:10])}, ...)"
+
+
+def test_an_op_with_nothing_in_its_headline_comes_last_and_ops_sharing_a_name_keep_their_files(batches):
+    # A second softmax, from another file, and an mm whose every row is flagged in B.
+    for root, side in zip(batches, (0, 1), strict=True):
+        rows = [_row("softmax", "fp16", (8,), 1.0 if side == 0 else 0.5)]
+        run = "ops/other__softmax/attempt1/softmax_20250101-000000"
+        _run(root / run, rows)
+        with open(root / "ops_status.csv", "a") as f:
+            f.write(",".join(["softmax", "builtin", "ops/other/softmax.py", "PASS", "0", "1", "1.0", "cuda", "0",
+                              "graph", "1", "0", "0", run, ""]) + "\n")
+        mm = root / "ops/builtin__mm/attempt1/mm_20250101-000000/results.json"
+        results = json.loads(mm.read_text())
+        for r in results["rows"]:
+            if side == 1:
+                r["markers"] = ["TIMER_FALLBACK phase=capture reason=recoverable detail='host sync'"]
+                r["timer"] = "direct"
+        mm.write_text(json.dumps(results))
+    data = corpus.from_batch_pair(*batches, {})
+    order = [o["op"] for o in data["ops"]]
+    assert order[-1] == "builtin:mm" and data["ops"][-1]["geomean"]["ratio"] is None
+    assert {"builtin:softmax@ops/softmax.py", "builtin:softmax@ops/other/softmax.py"} <= set(order)
+    assert "builtin:gelu" in order  # a name only one op has stays short
+    assert [r["in_headline"] for r in data["rows"]][-2:] == [False, False]  # mm's rows, out of the headline, last
