@@ -260,6 +260,92 @@ def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
             corpus_ab.CorpusAB.prepare(args, stored)
 
 
+# --- a finished op's A/B, as the batch reads it ---------------------------------------------------------
+def _runner(tmp_path, backend="cuda"):
+    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    return corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(backend=backend, devices=[0],
+                                                            plan=corpus_ab._plan_data(plan)), {})
+
+
+def _finished(ab_dir: Path, report_rows: list | None, record_statuses=("SUCCESS",), complete=True) -> Path:
+    """An op's A/B dir: A's record step (its run's rows of these statuses), ab.json, and its report.json."""
+    record = ab_dir / "add" / "A-record" / "add_1"
+    record.mkdir(parents=True)
+    (record / "results.json").write_text(json.dumps({"rows": [
+        {"status": s, "timer": "graph", "markers": []} for s in record_statuses]}))
+    steps = [{"what": "A records", "args": ["record", "add"], "exit": 0, "run_dir": str(record)}]
+    (ab_dir / "ab.json").write_text(json.dumps({"steps": steps, "complete": complete}))
+    if report_rows is not None:
+        (ab_dir / "report.json").write_text(json.dumps({"rows": report_rows}))
+    return ab_dir
+
+
+def _report_row(verdict, flags=(), timers=("graph",)):
+    """A row of a single-op A/B's report.json (comparison None: a row one side lacks)."""
+    return {"comparison": None if verdict is None else {"verdict": verdict}, "flags": list(flags),
+            "timers": list(timers)}
+
+
+def test_a_finished_ops_facts_are_its_reports_rows_flags_timers_and_verdicts(tmp_path):
+    runner = _runner(tmp_path)
+    ab_dir = _finished(tmp_path / "ops" / "builtin__add" / "attempt1" / "ab_t", [
+        _report_row("SAME"), _report_row("FASTER", ["timer_fallback"], ["direct", "graph"]),
+        _report_row(None, ["replay_fallback"]), _report_row("SAME", ["timer_fallback", "replay_fallback"])])
+    facts = runner._facts(ab_dir)
+    assert (facts["rows"], facts["timer"], facts["timer_fallback_rows"], facts["replay_fallback_rows"]) == (
+        4, "direct+graph", 2, 2)
+    assert facts["verdicts"] == {"SAME": 2, "FASTER": 1, "UNPAIRED": 1}
+    assert facts["statuses"] == {"SUCCESS": 1}  # A's record's cases
+    assert runner._columns(facts) == {"verdicts": "FASTER 1, SAME 2, UNPAIRED 1"}
+    assert runner._passed(0, ab_dir)
+    row = {"status": "PASS", "repo": "builtin", "op": "add", "device": "1", "elapsed_s": "2.5", "rows": "4",
+           "run_dir": str(ab_dir.relative_to(tmp_path)), "verdicts": "FASTER 1, SAME 2, UNPAIRED 1", "notes": ""}
+    assert runner.tally(row) == {"PASS": 1, "SAME": 2, "FASTER": 1, "UNPAIRED": 1}
+    assert runner.done_line(row) == "PASS     builtin:add device=1 2.5 s rows=4 [FASTER 1, SAME 2, UNPAIRED 1]"
+    failed = {**row, "status": "FAIL", "run_dir": "", "verdicts": "", "rows": "0", "notes": "exit 1"}
+    assert runner.tally(failed) == {"FAIL": 1}
+    assert runner.done_line(failed) == "FAIL     builtin:add device=1 2.5 s rows=0  exit 1"
+    assert runner._facts(None)["verdicts"] == {} and runner._facts(None)["rows"] == 0
+
+
+def test_an_op_passes_with_a_complete_report_over_rows_or_over_every_case_skipped(tmp_path):
+    runner = _runner(tmp_path)
+    assert runner._passed(0, _finished(tmp_path / "ok", [_report_row("SAME")]))
+    assert not runner._passed(0, _finished(tmp_path / "stopped", [_report_row("SAME")], complete=False))
+    assert not runner._passed(0, _finished(tmp_path / "no_report", None))
+    # A report with no row: the op's cases all skipped (an op for another device) passes; otherwise not.
+    assert runner._passed(0, _finished(tmp_path / "skipped", [], record_statuses=("SKIPPED", "SKIPPED")))
+    assert not runner._passed(0, _finished(tmp_path / "lost", [], record_statuses=("SKIPPED", "SUCCESS")))
+    # A record step that wrote no run dir: no record facts, the A/B dir still read.
+    ab_dir = tmp_path / "norecord"
+    ab_dir.mkdir()
+    (ab_dir / "ab.json").write_text(json.dumps({"steps": [{"what": "A records", "args": ["record", "add"], "exit": 1,
+                                                           "run_dir": None}]}))
+    assert corpus_ab._record_dir(ab_dir) is None and runner._facts(ab_dir)["statuses"] == {}
+    assert runner._stopped_in(ab_dir) == ab_dir
+
+
+def test_a_fresh_corpus_ab_takes_what_and_where_from_its_plan(tmp_path, capsys):
+    args = _args(str(REPO / "ops" / "ab_f32_ieee.yaml"), "--devices", "0", "--backend", "interpreter",
+                 "--batch-dir", str(tmp_path))
+    stored = corpus_ab.CorpusAB.prepare(args, {})
+    plan = corpus_ab._plan_of(stored["plan"])  # stored whole, as the ops' A/Bs will read it
+    assert (plan.name, plan.backend, plan.repeats, plan.b.env) == ("f32-ieee", "interpreter", 3,
+                                                                    {"TRITON_F32_DEFAULT": "ieee"})
+    # The batch runs what and where the plan says (the interpreter's tiny shapes in place of a GPU's).
+    assert (args.backend, args.ops, args.dtypes, args.shapes) == ("interpreter", ["mm"], ["fp32"], Path(plan.shapes))
+    assert args.shapes.name == "tiny.yaml" and (args.level, args.flagtune) == (plan.level, plan.flagtune)
+    out = capsys.readouterr().out.splitlines()
+    assert (f"A/B f32-ieee: A = {plan.a.describe()}; B = {plan.b.describe()}; 3 repeats interleaved; "
+            "each op's whole A/B on one device") in out
+    assert any(line.startswith("NOTE: backend 'interpreter'") for line in out)  # no performance numbers
+    assert corpus_ab.CorpusAB.dir_prefix(stored) == "ab-corpus_f32-ieee"
+    # Ops named on the command line are the ones run, not the plan's.
+    chosen = _args(str(REPO / "ops" / "ab_f32_ieee.yaml"), "--ops", "add", "--devices", "0", "--backend", "interpreter")
+    corpus_ab.CorpusAB.prepare(chosen, {})
+    assert chosen.ops == ["add"]
+
+
 # --- Ray: the device a task runs on ----------------------------------------------------------------
 class FakeContext:
     def __init__(self, ids):

@@ -665,6 +665,38 @@ def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
     assert {r["op_key"]: r["verdict"] for r in data["rows"]}["builtin:broken"] == stats.FASTER  # in the report
 
 
+def test_a_corpus_ab_report_keys_ops_sharing_a_name_by_file_and_leaves_skipped_ops_out(tmp_path):
+    from harness.sessions import batch, corpus_ab
+
+    ops = [("mm", "ops/mm.py", "PASS", 0.5), ("mm", "ops/other/mm.py", "FAIL", 1.0), ("add", "ops/add.py", "SKIP", 1.0)]
+    status = []
+    for i, (op, op_file, state, b_ms) in enumerate(ops):
+        run = tmp_path / "ops" / f"builtin__{op}{i}" / "attempt1" / "ab_t"
+        _ab_dir(run, op, [1.0, 1.001], [b_ms, b_ms * 1.001])
+        status.append({**dict.fromkeys(batch.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op_file,
+                       "status": state, "run_dir": str(run.relative_to(tmp_path))})
+    with open(tmp_path / "ops_status.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS)
+        writer.writeheader()
+        writer.writerows(status)
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan=corpus_ab._plan_data(plan))
+    line = corpus_ab.CorpusAB(tmp_path, opts, {}).summarize()
+    data = json.loads((tmp_path / "report.json").read_text())
+    # Two mm's: each keyed by its file; the skipped op has nothing to report.
+    assert {r["op_key"] for r in data["rows"]} == {"builtin:mm@ops/mm.py", "builtin:mm@ops/other/mm.py"}
+    assert data["context"] == {"name": "f32-ieee", "a": plan.a.describe(), "b": plan.b.describe(), "repeats": 3,
+                               "backend": "cuda", "batch_dir": str(tmp_path),
+                               "op_status": {"builtin:mm@ops/mm.py": "PASS", "builtin:mm@ops/other/mm.py": "FAIL",
+                                             "builtin:add@ops/add.py": "SKIP"}}
+    # The closing line counts the rows of the ops that passed only.
+    assert line == (f"verdicts: {stats.FASTER} 1; report: " + ", ".join(
+        str(tmp_path / f"report.{ext}") for ext in ("json", "csv", "md", "html")))
+    status_file = tmp_path / "ops_status.csv"
+    status_file.write_text(status_file.read_text().replace(",PASS,", ",FAIL,"))
+    assert corpus_ab.CorpusAB(tmp_path, opts, {}).summarize().startswith("verdicts: none; report: ")
+
+
 def _control_batches(root, controls, backend="cuda"):
     """Two batches of one row per op, the candidate unchanged, op i's baseline (the control) moved by
     controls[i] in B."""
