@@ -905,3 +905,13 @@ def test_an_op_with_nothing_in_its_headline_comes_last_and_ops_sharing_a_name_ke
     assert {"builtin:softmax@ops/softmax.py", "builtin:softmax@ops/other/softmax.py"} <= set(order)
     assert "builtin:gelu" in order  # a name only one op has stays short
     assert [r["in_headline"] for r in data["rows"]][-2:] == [False, False]  # mm's rows, out of the headline, last
+
+
+def test_the_rows_on_identical_ir_are_found_in_every_op_not_only_the_last(tmp_path):
+    groups = []
+    for op in ("mm", "add", "gelu"):
+        ttgir = {"A": TTGIR_A, "B": TTGIR_B if op == "gelu" else TTGIR_A}
+        a, b = (_run(tmp_path / op / side, [_row(op, "fp16", (64,), 1.0)],
+                     [("64", "fp16", "w4s3__fp16", ttgir[side], "l" * 16)]) for side in "AB")
+        groups.append((a, b, compare.pair([a], [b])))
+    assert [r.op for r in corpus.identical_ir_rows(groups)] == ["mm", "add"]  # gelu's IR changed
