@@ -915,3 +915,17 @@ def test_the_rows_on_identical_ir_are_found_in_every_op_not_only_the_last(tmp_pa
                      [("64", "fp16", "w4s3__fp16", ttgir[side], "l" * 16)]) for side in "AB")
         groups.append((a, b, compare.pair([a], [b])))
     assert [r.op for r in corpus.identical_ir_rows(groups)] == ["mm", "add"]  # gelu's IR changed
+
+
+def test_an_op_whose_ab_dir_is_unreadable_is_listed_and_the_ops_after_it_still_compared(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ab.json").write_text("{")
+    items = [("builtin:gelu", tmp_path / "never_ran"), ("builtin:add", broken),
+             ("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.98, 0.982, 0.978]))]
+    data = corpus.from_ab_dirs(items, {})
+    assert [r["op_key"] for r in data["rows"]] == ["builtin:mm"]
+    reasons = {u["op"]: u["reason"] for u in data["unpaired_ops"]}
+    assert set(reasons) == {"builtin:gelu", "builtin:add"}
+    assert reasons["builtin:add"].startswith(f"no readable ab.json in {broken}: ")
+    assert data["sources"] == {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}
