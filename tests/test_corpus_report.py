@@ -929,3 +929,20 @@ def test_an_op_whose_ab_dir_is_unreadable_is_listed_and_the_ops_after_it_still_c
     assert set(reasons) == {"builtin:gelu", "builtin:add"}
     assert reasons["builtin:add"].startswith(f"no readable ab.json in {broken}: ")
     assert data["sources"] == {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}
+
+
+def test_an_incomplete_ab_is_compared_on_what_completed_and_says_so_first_in_its_notes(tmp_path):
+    d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 3, [1.0] * 3, failed_b=(2,))
+    state = json.loads((d / "ab.json").read_text())
+    state["complete"] = False
+    for step in state["steps"]:  # written before steps said `usable`: exit 0 with no run dir is no run
+        del step["usable"]
+    state["steps"][-1]["run_dir"] = None
+    (d / "ab.json").write_text(json.dumps(state))
+    data = corpus.from_ab_dirs([("builtin:softmax", d)], {})
+    (op,) = data["ops"]
+    assert op["notes"] == ["INCOMPLETE: the A/B stopped before its last step",
+                           "step failed (exit 1): [1/1 softmax] repeat 2/3: B replays A",
+                           "step failed (exit 0): [1/1 softmax] repeat 3/3: B replays A"]
+    (row,) = data["rows"]
+    assert row["flags"] == ["incomplete_b(1/3)"] and (row["a"]["n"], row["b"]["n"]) == (3, 1)  # one latency a repeat
