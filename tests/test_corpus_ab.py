@@ -346,6 +346,61 @@ def test_a_fresh_corpus_ab_takes_what_and_where_from_its_plan(tmp_path, capsys):
     assert chosen.ops == ["add"]
 
 
+def test_each_ops_ab_names_its_op_as_its_repo_does_and_every_dtype_asked(tmp_path):
+    runner = _runner(tmp_path, backend="interpreter")
+    cases = [(catalog.Entry("builtin", "add", "add", "ops/add.py"), "add"),
+             (catalog.Entry("path", "myop", "myop", str(tmp_path / "myop.py")), "myop"),  # found in --ops-path
+             (catalog.Entry("flaggems", "mm", "blas", "benchmark/test_blas.py"), "flaggems:mm@blas")]  # a checkout's
+    for entry, target in cases:
+        ab_dir = tmp_path / "ops" / entry.op / "attempt1" / "ab_t"
+        ab_dir.parent.mkdir(parents=True)
+        cmd = runner._command(entry, 0, ["fp16", "fp32"], ab_dir)
+        assert cmd[cmd.index("--ops") + 1] == target and cmd[-2:] == ["--dtypes", "fp16,fp32"], cmd
+        assert "--dtypes" not in runner._command(entry, 0, None, ab_dir)  # the plan's dtypes
+
+
+def test_only_a_record_that_failed_for_its_dtypes_is_a_dtype_rejection(tmp_path):
+    from harness.core.errors import DtypeRejected
+
+    runner = _runner(tmp_path)
+
+    def ab_dir_whose_record(name, code, rejected_in_run_json):
+        ab_dir = tmp_path / name
+        record = ab_dir / "add" / "A-record" / "add_1"
+        record.mkdir(parents=True)
+        (record / "run.json").write_text(json.dumps({"observed": {"dtype_rejected": rejected_in_run_json}}))
+        steps = [{"what": "A records", "args": ["record", "add"], "exit": code, "run_dir": str(record)}]
+        (ab_dir / "ab.json").write_text(json.dumps({"steps": steps}))
+        return ab_dir
+
+    assert runner._rejected(1, ab_dir_whose_record("flaggems_said", 1, True))  # FlagGems' own, in its run.json
+    assert not runner._rejected(1, ab_dir_whose_record("crashed", 1, False))
+    # A record that ran (some dtypes taken, others not): the op is no rejection.
+    assert not runner._rejected(0, ab_dir_whose_record("ran", 0, True))
+    # Ours, said by the exit code before the record wrote a run dir.
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "ab.json").write_text(json.dumps({"steps": [{"what": "A records", "args": ["record", "add"],
+                                                         "exit": DtypeRejected.exit_code, "run_dir": None}]}))
+    assert runner._rejected(DtypeRejected.exit_code, ours)
+
+
+def test_a_failed_op_tallies_its_status_alone_beside_an_earlier_report_in_the_batch_dir(tmp_path):
+    # A resumed corpus A/B: the batch dir holds the report its first run wrote.
+    (tmp_path / "report.json").write_text(json.dumps({"rows": [{"comparison": {"verdict": "SAME"}}]}))
+    row = {"status": "FAIL", "repo": "builtin", "op": "add", "device": "0", "elapsed_s": "1.0", "rows": "0",
+           "run_dir": "", "verdicts": "", "notes": ""}
+    assert _runner(tmp_path).tally(row) == {"FAIL": 1}
+
+
+def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
+    seen = []
+    monkeypatch.setattr(batch, "run_from_args", lambda args, job: seen.append((args, job)) or 0)
+    assert cli.main(["ab", "--ops", "add", "--devices", "0", "--backend", "interpreter"]) == 0
+    ((args, job),) = seen
+    assert job is corpus_ab.CorpusAB and (args.ops, args.devices) == (["add"], "0")  # parsed by the batch
+
+
 # --- Ray: the device a task runs on ----------------------------------------------------------------
 class FakeContext:
     def __init__(self, ids):
