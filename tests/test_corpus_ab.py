@@ -401,6 +401,52 @@ def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
     assert job is corpus_ab.CorpusAB and (args.ops, args.devices) == (["add"], "0")  # parsed by the batch
 
 
+def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, capsys):
+    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    stored = {"plan": {**corpus_ab._plan_data(plan), "backend": "interpreter", "repeats": 5}}
+    args = _args("--resume", "--batch-dir", str(tmp_path), "--backend", "interpreter")  # as the batch restores it
+    assert corpus_ab.CorpusAB.prepare(args, stored) == stored  # kept as it was, not resolved again
+    assert f"; B = {plan.b.describe()}; 5 repeats interleaved; " in capsys.readouterr().out
+    # A plain batch's dir, or a plan the batch.json holds corrupt: one line saying which and what to do.
+    with pytest.raises(batch.UsageError, match=re.escape(
+            f"--resume --batch-dir {tmp_path}: a batch, not a corpus A/B: resume it with nox -s batch -- --resume "
+            "--batch-dir DIR")):
+        corpus_ab.CorpusAB.prepare(args, {"backend": "interpreter"})
+    with pytest.raises(batch.UsageError, match=re.escape(f"stored in {tmp_path / batch.BATCH_JSON}") + ".*"
+                       + re.escape("(a corrupt batch.json: start a new --batch-dir)")):
+        corpus_ab.CorpusAB.prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
+
+
+def test_a_selection_on_the_command_line_replaces_the_plans_ops(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("ops: [add]\n")  # no shape file: each op's own
+    ops_file = tmp_path / "ops.txt"
+    ops_file.write_text("mm\n")
+    for selection in (["--all"], ["--ops-file", str(ops_file)], ["--repos", "builtin"]):
+        args = _args(str(plan_file), "--backend", "interpreter", "--devices", "0", *selection)
+        corpus_ab.CorpusAB.prepare(args, {})
+        assert args.ops is None and args.shapes is None, selection
+    args = _args(str(plan_file), "--backend", "interpreter", "--devices", "0")
+    corpus_ab.CorpusAB.prepare(args, {})
+    assert args.ops == ["add"]
+
+
+def test_a_sides_pip_env_is_built_once_before_any_op_runs(tmp_path, monkeypatch):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("ops: [add]\nb: {requirements: [tabulate==0.9.0]}\n")
+    built = []
+    monkeypatch.setattr(corpus_ab.ab, "build_side_env", lambda side, log: built.append((side.name, side.requirements,
+                                                                                         log)))
+    corpus_ab.CorpusAB.prepare(_args(str(plan_file), "--backend", "interpreter", "--devices", "0"), {})
+    assert built == [("B", ["tabulate==0.9.0"], sys.stdout)]  # A has no requirements: nothing to build
+
+
+def test_an_ab_that_wrote_no_report_has_no_rows_whatever_its_record_ran(tmp_path):
+    ab_dir = _finished(tmp_path / "ab", None, record_statuses=("SUCCESS", "SUCCESS"))
+    facts = _runner(tmp_path)._facts(ab_dir)
+    assert (facts["rows"], facts["verdicts"], facts["statuses"]) == (0, {}, {"SUCCESS": 2})
+
+
 # --- Ray: the device a task runs on ----------------------------------------------------------------
 class FakeContext:
     def __init__(self, ids):

@@ -680,9 +680,10 @@ def test_a_corpus_ab_report_keys_ops_sharing_a_name_by_file_and_leaves_skipped_o
         writer.writeheader()
         writer.writerows(status)
     plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan=corpus_ab._plan_data(plan))
+    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan={**corpus_ab._plan_data(plan), "fdr": 0.2})
     line = corpus_ab.CorpusAB(tmp_path, opts, {}).summarize()
     data = json.loads((tmp_path / "report.json").read_text())
+    assert data["fdr"] == 0.2  # the plan's
     # Two mm's: each keyed by its file; the skipped op has nothing to report.
     assert {r["op_key"] for r in data["rows"]} == {"builtin:mm@ops/mm.py", "builtin:mm@ops/other/mm.py"}
     assert data["context"] == {"name": "f32-ieee", "a": plan.a.describe(), "b": plan.b.describe(), "repeats": 3,
