@@ -417,6 +417,15 @@ def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, cap
         corpus_ab.CorpusAB.prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
 
 
+def test_a_corrupt_stored_plan_is_one_line_naming_where_it_was_stored():
+    data = corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))
+    assert corpus_ab._plan_of(data) == corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
+    with pytest.raises(batch.UsageError) as refused:
+        corpus_ab._plan_of({**data, "repeats": 1})
+    assert str(refused.value).startswith("plan stored in batch.json: 'repeats' must be an integer >= 2")
+    assert str(refused.value).endswith(" (a corrupt batch.json: start a new --batch-dir)")
+
+
 def test_a_selection_on_the_command_line_replaces_the_plans_ops(tmp_path):
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("ops: [add]\n")  # no shape file: each op's own
