@@ -871,11 +871,15 @@ def test_a_diff_names_its_sides_ends_every_line_and_is_cut_at_its_limit_only(tmp
     assert (only_a["file_b"], only_a["kernel"], only_a["stages"]) == (None, "ops.k.scale_kernel", [])
     assert "-only A\n" in only_a["diff"] and only_b["file_a"] is None and "+only B\n" in only_b["diff"]
     lines = len(changed["diff"].splitlines())
-    monkeypatch.setattr(corpus, "MAX_DIFF_LINES", lines)  # exactly at the limit: whole
-    assert not corpus.row_ir(indexes, a, b, "fp16", (8,))["variants"][0]["diff_truncated"]
-    monkeypatch.setattr(corpus, "MAX_DIFF_LINES", lines - 1)
-    cut = next(v for v in corpus.row_ir(indexes, a, b, "fp16", (8,))["variants"] if v["variant"] == "w4s3")
-    assert cut["diff_truncated"] and len(cut["diff"].splitlines()) == lines - 1
+
+    def changed_at(limit):
+        monkeypatch.setattr(corpus, "MAX_DIFF_LINES", limit)
+        return next(v for v in corpus.row_ir(indexes, a, b, "fp16", (8,))["variants"] if v["variant"] == "w4s3")
+
+    whole = changed_at(lines)  # exactly at the limit: whole
+    assert not whole["diff_truncated"] and whole["diff"] == changed["diff"]
+    cut = changed_at(lines - 1)
+    assert cut["diff_truncated"] and cut["diff"].splitlines() == changed["diff"].splitlines()[:-1]
 
 
 def test_the_identical_ir_line_names_the_first_ten_calls():
