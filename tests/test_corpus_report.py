@@ -951,3 +951,18 @@ def test_an_incomplete_ab_is_compared_on_what_completed_and_says_so_first_in_its
                            "step failed (exit 0): [1/1 softmax] repeat 3/3: B replays A"]
     (row,) = data["rows"]
     assert row["flags"] == ["incomplete_b(1/3)"] and (row["a"]["n"], row["b"]["n"]) == (3, 1)  # one latency a repeat
+
+
+def test_an_op_compared_though_one_side_failed_carries_each_sides_status_and_notes(batches):
+    # B's mm exited non-zero but wrote its results (a row computed wrong, say): compared, its statuses kept.
+    status = batches[1] / "ops_status.csv"
+    status.write_text(status.read_text().replace("mm,builtin,ops/mm.py,PASS,", "mm,builtin,ops/mm.py,FAIL,"))
+    lines = status.read_text().splitlines()
+    lines = [line + "exit 1" if line.startswith("mm,") else line for line in lines]  # its notes column, empty before
+    status.write_text("\n".join(lines) + "\n")
+    data = corpus.from_batch_pair(*batches, {})
+    mm = next(o for o in data["ops"] if o["op"] == "builtin:mm")
+    assert (mm["status_a"], mm["status_b"], mm["notes"]) == ("PASS", "FAIL", ["B: exit 1"])
+    # The headline says each IR count for what it is.
+    data["summary"]["ir_not_collected_rows"] = 2
+    assert "rows whose IR changed: 1; IR not collected: 2" in corpus.headline(data)
