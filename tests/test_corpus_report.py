@@ -966,3 +966,17 @@ def test_an_op_compared_though_one_side_failed_carries_each_sides_status_and_not
     # The headline says each IR count for what it is.
     data["summary"]["ir_not_collected_rows"] = 2
     assert "rows whose IR changed: 1; IR not collected: 2" in corpus.headline(data)
+
+
+def test_the_control_spread_is_over_the_headlines_rows_not_a_degraded_ones(tmp_path):
+    # Two ops whose controls agree, and a third whose B row fell back to another timer (out of the
+    # headline): its control, 20% off, says nothing about the sides' processes.
+    sides = _control_batches(tmp_path, [1.0, 1.001, 1.2])
+    results = sides[1] / "ops/builtin__op2/attempt1/op2_20250101-000000/results.json"
+    data = json.loads(results.read_text())
+    data["rows"][0].update(timer="direct", markers=["TIMER_FALLBACK phase=capture reason=recoverable detail='x'"])
+    results.write_text(json.dumps(data))
+    report = corpus.from_batch_pair(*sides, {})
+    assert [r["in_headline"] for r in report["rows"]] == [True, True, False]
+    assert report["rows"][2]["control_ratio"] == pytest.approx(1.2)
+    assert not [w for w in report["warnings"] if w.startswith("the control")]
