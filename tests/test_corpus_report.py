@@ -980,3 +980,29 @@ def test_the_control_spread_is_over_the_headlines_rows_not_a_degraded_ones(tmp_p
     assert [r["in_headline"] for r in report["rows"]] == [True, True, False]
     assert report["rows"][2]["control_ratio"] == pytest.approx(1.2)
     assert not [w for w in report["warnings"] if w.startswith("the control")]
+
+
+def test_each_side_summary_is_its_latencies_range_and_geometric_mean(batches):
+    row = _rows(corpus.from_batch_pair(*batches, {}))[("mm", "fp16")]
+    raw_a, raw_b = 1.0 * (1 + JITTER), 0.98 * (1 + JITTER)
+    for side, raw in (("a", raw_a), ("b", raw_b)):
+        assert row[side] == {"n": len(raw), "gm_ms": pytest.approx(stats.center(list(raw))),
+                             "min_ms": pytest.approx(raw.min()), "max_ms": pytest.approx(raw.max())}
+
+
+def test_an_op_one_batch_never_ran_is_listed_as_absent_there(batches):
+    status = batches[1] / "ops_status.csv"
+    status.write_text("".join(line for line in status.read_text().splitlines(keepends=True)
+                              if not line.startswith("add,")))
+    (unpaired,) = corpus.from_batch_pair(*batches, {})["unpaired_ops"]
+    assert unpaired == {"op": "builtin:add", "reason": "status A PASS, B absent: a side has no results"}
+
+
+def test_an_op_whose_replays_all_failed_names_both_sides(tmp_path):
+    d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 2, [1.0] * 2)
+    state = json.loads((d / "ab.json").read_text())
+    for step in state["steps"][1:]:
+        step.update(exit=1, usable=False)
+    (d / "ab.json").write_text(json.dumps(state))
+    (unpaired,) = corpus.from_ab_dirs([("builtin:softmax", d)], {})["unpaired_ops"]
+    assert unpaired["reason"].startswith("no completed replay of side A and B; step failed (exit 1): ")
