@@ -1006,3 +1006,28 @@ def test_an_op_whose_replays_all_failed_names_both_sides(tmp_path):
     (d / "ab.json").write_text(json.dumps(state))
     (unpaired,) = corpus.from_ab_dirs([("builtin:softmax", d)], {})["unpaired_ops"]
     assert unpaired["reason"].startswith("no completed replay of side A and B; step failed (exit 1): ")
+
+
+def test_an_ab_of_one_replay_a_side_is_single_run_and_one_short_side_is_not(tmp_path):
+    single = _ab_dir(tmp_path / "one", "mm", [1.0], [0.9])
+    short = _ab_dir(tmp_path / "short", "gelu", [1.0, 1.001], [0.9, 0.901])
+    state = json.loads((short / "ab.json").read_text())
+    state["steps"][1].update(exit=1, usable=False)  # A's first replay failed: A 1, B 2
+    (short / "ab.json").write_text(json.dumps(state))
+    data = corpus.from_ab_dirs([("builtin:mm", single), ("builtin:gelu", short)], {})
+    rows = {r["op_key"]: r for r in data["rows"]}
+    assert (rows["builtin:mm"]["basis"], rows["builtin:mm"]["margin"]) == (corpus.SINGLE_RUN, compare.SINGLE_RUN_MARGIN)
+    assert rows["builtin:gelu"]["basis"] == corpus.REPEATS and rows["builtin:gelu"]["flags"] == ["incomplete_a(1/2)"]
+    assert data["basis"] == corpus.SINGLE_RUN  # a headline row of one run a side
+
+
+def test_ab_dirs_on_the_interpreter_give_no_verdict_and_say_why(tmp_path):
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.5, 0.501, 0.499], backend="interpreter")
+    data = corpus.from_ab_dirs([("builtin:mm", d)], {})
+    assert data["note"].startswith("NOTE: backend 'interpreter'") and not data["measures_performance"]
+    assert [r["verdict"] for r in data["rows"]] == [stats.NOT_APPLICABLE]
+
+
+def test_a_dir_that_is_no_batch_dir_is_one_line_of_error(tmp_path, batches):
+    with pytest.raises(corpus.UsageError, match=re.escape(f"{tmp_path} is not a batch dir (it has no batch.json)")):
+        corpus.from_batch_pair(tmp_path, batches[1], {})
