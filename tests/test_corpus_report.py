@@ -1031,3 +1031,24 @@ def test_ab_dirs_on_the_interpreter_give_no_verdict_and_say_why(tmp_path):
 def test_a_dir_that_is_no_batch_dir_is_one_line_of_error(tmp_path, batches):
     with pytest.raises(corpus.UsageError, match=re.escape(f"{tmp_path} is not a batch dir (it has no batch.json)")):
         corpus.from_batch_pair(tmp_path, batches[1], {})
+
+
+def test_batches_of_one_backend_give_no_warning_and_each_sides_absence_and_notes_are_said(batches):
+    assert corpus.from_batch_pair(*batches, {})["warnings"] == []  # same backend, same devices
+    for root, op in ((batches[0], "gelu"), (batches[1], "add")):
+        status = root / "ops_status.csv"
+        status.write_text("".join(line for line in status.read_text().splitlines(keepends=True)
+                                  if not line.startswith(f"{op},")))
+    status = batches[0] / "ops_status.csv"
+    status.write_text(status.read_text().replace("mm,builtin,ops/mm.py,PASS,0,1,1.0,cuda,0,graph,2,0,0,",
+                                                 "mm,builtin,ops/mm.py,FAIL,0,1,1.0,cuda,0,graph,2,0,0,,"))
+    reasons = {u["op"]: u["reason"] for u in corpus.from_batch_pair(*batches, {})["unpaired_ops"]}
+    assert reasons["builtin:gelu"] == "status A absent, B PASS: a side has no results"
+    assert reasons["builtin:add"] == "status A PASS, B absent: a side has no results"
+    assert reasons["builtin:mm"].startswith("status A FAIL, B PASS: a side has no results; A: ")
+
+
+def test_a_batch_dir_that_does_not_read_is_one_line_of_error(batches):
+    (batches[0] / "batch.json").write_text("{")
+    with pytest.raises(corpus.UsageError, match=re.escape(f"batch dir {batches[0]} is unreadable: ")):
+        corpus.from_batch_pair(*batches, {})
