@@ -1052,3 +1052,13 @@ def test_a_batch_dir_that_does_not_read_is_one_line_of_error(batches):
     (batches[0] / "batch.json").write_text("{")
     with pytest.raises(corpus.UsageError, match=re.escape(f"batch dir {batches[0]} is unreadable: ")):
         corpus.from_batch_pair(*batches, {})
+
+
+def test_a_batch_pair_names_its_two_dirs_and_every_op_that_moved_device(batches):
+    status = batches[1] / "ops_status.csv"
+    for op in ("gelu", "mm"):
+        status.write_text(status.read_text().replace(f"{op},builtin,ops/{op}.py,PASS,0,1,1.0,cuda,0,",
+                                                     f"{op},builtin,ops/{op}.py,PASS,0,1,1.0,cuda,1,"))
+    data = corpus.from_batch_pair(*batches, {})
+    assert data["sources"] == {"a": str(batches[0]), "b": str(batches[1]), "ab_dirs": None}
+    assert "2 op(s) ran on another device in B than in A: builtin:mm, builtin:gelu" in data["warnings"]
