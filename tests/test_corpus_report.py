@@ -867,6 +867,7 @@ def test_a_diff_names_its_sides_ends_every_line_and_is_cut_at_its_limit_only(tmp
     assert changed["diff"].splitlines(keepends=True) == ["--- A.ttgir\n", "+++ B.ttgir\n", "@@ -1,2 +1,2 @@\n",
                                                          "-x\n", "-same\n", "+y\n", "+same\n"]
     assert changed["file_a"] == str(a / "ttgir" / "8" / "scale_kernel" / "w4s3.ttgir")
+    assert changed["file_b"] == str(b / "ttgir" / "8" / "scale_kernel" / "w4s3.ttgir")
     only_a, only_b = by_variant["w8s3"], by_variant["w2s3"]
     assert (only_a["file_b"], only_a["kernel"], only_a["stages"]) == (None, "ops.k.scale_kernel", [])
     assert "-only A\n" in only_a["diff"] and only_b["file_a"] is None and "+only B\n" in only_b["diff"]
