@@ -70,14 +70,14 @@ def leaves_no_process():
     are killed, and the test fails)."""
     before = set(launch.children())
     yield
+    # multiprocessing's resource tracker serves this pytest process for its lifetime (started by the
+    # first spawn pool a test makes in-process): it is ours, not the test's, ends with us, and is not
+    # waited for (the grace would then hold every such test for its whole length).
+    before.update(p for p in launch.children() if "multiprocessing.resource_tracker" in _cmdline(p))
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := [p for p in launch.children() if p not in before and alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     named = {pid: _cmdline(pid) for pid in left}
-    # multiprocessing's resource tracker serves this pytest process for its lifetime (started by the
-    # first spawn pool a test makes in-process): it is ours, not the test's, and ends with us.
-    named = {pid: cmd for pid, cmd in named.items() if "multiprocessing.resource_tracker" not in cmd}
-    left = [p for p in left if p in named]
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -15,8 +15,6 @@ from harness.measure import ir
 from harness.sessions import ab
 from reports import table
 
-pytestmark = pytest.mark.e2e
-
 # A user operator that writes the ZL_TEST_SWITCH its run saw into its run dir.
 PROBE = REPO / "tests" / "resources" / "user_ops" / "switch_probe.py"
 
@@ -31,6 +29,7 @@ def ab_dir_of(proc):
 BREAKS = REPO / "tests" / "resources" / "user_ops" / "switch_breaks.py"
 
 
+@pytest.mark.e2e
 def test_rows_b_breaks_are_reported_failed_with_its_error_and_its_other_rows_compared(harness, tmp_path):
     # B's replays exit 1 (one row wrong) yet ran every case: their rows count, the wrong one as a
     # failure of B named in every report, the right one paired as usual.
@@ -49,12 +48,14 @@ def test_rows_b_breaks_are_reported_failed_with_its_error_and_its_other_rows_com
     assert "switch_breaks fp32 300: B AssertionError: candidate disagrees" in (d / "report.md").read_text()
 
 
+@pytest.mark.e2e
 def test_an_unknown_op_in_the_plan_stops_the_ab_before_any_step(harness, tmp_path):
     proc = harness("ab", "--ops", "add", "no_such_op", "--backend", "interpreter", "--out", tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown operator 'no_such_op'" in proc.stderr and not list(tmp_path.glob("ab_*"))
 
 
+@pytest.mark.e2e
 def test_an_op_whose_record_dies_makes_the_ab_fail(harness, tmp_path):
     # crashy resolves, but its record is killed on its second shape: that op has nothing to
     # compare, a failure even though every row of the other op made the headline.
@@ -67,6 +68,7 @@ def test_an_op_whose_record_dies_makes_the_ab_fail(harness, tmp_path):
     assert any(w.startswith("no rows to compare for crashy") for w in report["warnings"])
 
 
+@pytest.mark.e2e
 def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
     proc = harness("ab", "--ops", "switch_probe", "--ops-path", PROBE, "--backend", "interpreter",
                    "--b-env", "ZL_TEST_SWITCH=1", "--repeats", "2", "--out", tmp_path)
@@ -108,6 +110,7 @@ def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
     assert all(not row["config_differs"] for row in report["rows"])
 
 
+@pytest.mark.e2e
 def test_incomplete_pairing_is_reported_as_such(harness, tmp_path):
     proc = harness("ab", "--ops", "add", "--backend", "interpreter", "--b-python", "/bin/false",
                    "--repeats", "2", "--out", tmp_path)
@@ -119,6 +122,7 @@ def test_incomplete_pairing_is_reported_as_such(harness, tmp_path):
     assert "UNPAIRED" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_compare_two_records_shows_config_drift(harness, tmp_path):
     for _ in range(2):
         proc = harness("record", "add", "--backend", "interpreter", "--out", tmp_path / "rec")
@@ -210,6 +214,7 @@ def test_validity_warns_when_the_axis_changed_nothing(tmp_path):
     assert not any("changed NOTHING" in w for w in warnings) and per_op["op"]["changed"] == 1
 
 
+@pytest.mark.e2e
 def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
     """A pip-built side sees its own tabulate and the base environment's torch; the base env is
     left alone. Needs PyPI (CI has it)."""
@@ -235,6 +240,7 @@ def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
         assert ab.build_side_env(side, log, root=tmp_path / "envs") == python
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="this machine has an NVIDIA GPU")
 def test_ab_without_an_accelerator_fails_before_running(harness, tmp_path):
     proc = harness("ab", "--ops", "add", "--out", tmp_path)

@@ -260,6 +260,202 @@ def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
             corpus_ab.CorpusAB.prepare(args, stored)
 
 
+# --- a finished op's A/B, as the batch reads it ---------------------------------------------------------
+def _runner(tmp_path, backend="cuda"):
+    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    return corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(backend=backend, devices=[0],
+                                                            plan=corpus_ab._plan_data(plan)), {})
+
+
+def _finished(ab_dir: Path, report_rows: list | None, record_statuses=("SUCCESS",), complete=True) -> Path:
+    """An op's A/B dir: A's record step (its run's rows of these statuses), ab.json, and its report.json."""
+    record = ab_dir / "add" / "A-record" / "add_1"
+    record.mkdir(parents=True)
+    (record / "results.json").write_text(json.dumps({"rows": [
+        {"status": s, "timer": "graph", "markers": []} for s in record_statuses]}))
+    steps = [{"what": "A records", "args": ["record", "add"], "exit": 0, "run_dir": str(record)}]
+    (ab_dir / "ab.json").write_text(json.dumps({"steps": steps, "complete": complete}))
+    if report_rows is not None:
+        (ab_dir / "report.json").write_text(json.dumps({"rows": report_rows}))
+    return ab_dir
+
+
+def _report_row(verdict, flags=(), timers=("graph",)):
+    """A row of a single-op A/B's report.json (comparison None: a row one side lacks)."""
+    return {"comparison": None if verdict is None else {"verdict": verdict}, "flags": list(flags),
+            "timers": list(timers)}
+
+
+def test_a_finished_ops_facts_are_its_reports_rows_flags_timers_and_verdicts(tmp_path):
+    runner = _runner(tmp_path)
+    ab_dir = _finished(tmp_path / "ops" / "builtin__add" / "attempt1" / "ab_t", [
+        _report_row("SAME"), _report_row("FASTER", ["timer_fallback"], ["direct", "graph"]),
+        _report_row(None, ["replay_fallback"]), _report_row("SAME", ["timer_fallback", "replay_fallback"])])
+    facts = runner._facts(ab_dir)
+    assert (facts["rows"], facts["timer"], facts["timer_fallback_rows"], facts["replay_fallback_rows"]) == (
+        4, "direct+graph", 2, 2)
+    assert facts["verdicts"] == {"SAME": 2, "FASTER": 1, "UNPAIRED": 1}
+    assert facts["statuses"] == {"SUCCESS": 1}  # A's record's cases
+    assert runner._columns(facts) == {"verdicts": "FASTER 1, SAME 2, UNPAIRED 1"}
+    assert runner._passed(0, ab_dir)
+    row = {"status": "PASS", "repo": "builtin", "op": "add", "device": "1", "elapsed_s": "2.5", "rows": "4",
+           "run_dir": str(ab_dir.relative_to(tmp_path)), "verdicts": "FASTER 1, SAME 2, UNPAIRED 1", "notes": ""}
+    assert runner.tally(row) == {"PASS": 1, "SAME": 2, "FASTER": 1, "UNPAIRED": 1}
+    assert runner.done_line(row) == "PASS     builtin:add device=1 2.5 s rows=4 [FASTER 1, SAME 2, UNPAIRED 1]"
+    failed = {**row, "status": "FAIL", "run_dir": "", "verdicts": "", "rows": "0", "notes": "exit 1"}
+    assert runner.tally(failed) == {"FAIL": 1}
+    assert runner.done_line(failed) == "FAIL     builtin:add device=1 2.5 s rows=0  exit 1"
+    assert runner._facts(None)["verdicts"] == {} and runner._facts(None)["rows"] == 0
+
+
+def test_an_op_passes_with_a_complete_report_over_rows_or_over_every_case_skipped(tmp_path):
+    runner = _runner(tmp_path)
+    assert runner._passed(0, _finished(tmp_path / "ok", [_report_row("SAME")]))
+    assert not runner._passed(0, _finished(tmp_path / "stopped", [_report_row("SAME")], complete=False))
+    assert not runner._passed(0, _finished(tmp_path / "no_report", None))
+    # A report with no row: the op's cases all skipped (an op for another device) passes; otherwise not.
+    assert runner._passed(0, _finished(tmp_path / "skipped", [], record_statuses=("SKIPPED", "SKIPPED")))
+    assert not runner._passed(0, _finished(tmp_path / "lost", [], record_statuses=("SKIPPED", "SUCCESS")))
+    # A record step that wrote no run dir: no record facts, the A/B dir still read.
+    ab_dir = tmp_path / "norecord"
+    ab_dir.mkdir()
+    (ab_dir / "ab.json").write_text(json.dumps({"steps": [{"what": "A records", "args": ["record", "add"], "exit": 1,
+                                                           "run_dir": None}]}))
+    assert corpus_ab._record_dir(ab_dir) is None and runner._facts(ab_dir)["statuses"] == {}
+    assert runner._stopped_in(ab_dir) == ab_dir
+
+
+def test_a_fresh_corpus_ab_takes_what_and_where_from_its_plan(tmp_path, capsys):
+    args = _args(str(REPO / "ops" / "ab_f32_ieee.yaml"), "--devices", "0", "--backend", "interpreter",
+                 "--batch-dir", str(tmp_path))
+    stored = corpus_ab.CorpusAB.prepare(args, {})
+    plan = corpus_ab._plan_of(stored["plan"])  # stored whole, as the ops' A/Bs will read it
+    assert (plan.name, plan.backend, plan.repeats, plan.b.env) == ("f32-ieee", "interpreter", 3,
+                                                                    {"TRITON_F32_DEFAULT": "ieee"})
+    # The batch runs what and where the plan says (the interpreter's tiny shapes in place of a GPU's).
+    assert (args.backend, args.ops, args.dtypes, args.shapes) == ("interpreter", ["mm"], ["fp32"], Path(plan.shapes))
+    assert args.shapes.name == "tiny.yaml" and (args.level, args.flagtune) == (plan.level, plan.flagtune)
+    out = capsys.readouterr().out.splitlines()
+    assert (f"A/B f32-ieee: A = {plan.a.describe()}; B = {plan.b.describe()}; 3 repeats interleaved; "
+            "each op's whole A/B on one device") in out
+    assert any(line.startswith("NOTE: backend 'interpreter'") for line in out)  # no performance numbers
+    assert corpus_ab.CorpusAB.dir_prefix(stored) == "ab-corpus_f32-ieee"
+    # Ops named on the command line are the ones run, not the plan's.
+    chosen = _args(str(REPO / "ops" / "ab_f32_ieee.yaml"), "--ops", "add", "--devices", "0", "--backend", "interpreter")
+    corpus_ab.CorpusAB.prepare(chosen, {})
+    assert chosen.ops == ["add"]
+
+
+def test_each_ops_ab_names_its_op_as_its_repo_does_and_every_dtype_asked(tmp_path):
+    runner = _runner(tmp_path, backend="interpreter")
+    cases = [(catalog.Entry("builtin", "add", "add", "ops/add.py"), "add"),
+             (catalog.Entry("path", "myop", "myop", str(tmp_path / "myop.py")), "myop"),  # found in --ops-path
+             (catalog.Entry("flaggems", "mm", "blas", "benchmark/test_blas.py"), "flaggems:mm@blas")]  # a checkout's
+    for entry, target in cases:
+        ab_dir = tmp_path / "ops" / entry.op / "attempt1" / "ab_t"
+        ab_dir.parent.mkdir(parents=True)
+        cmd = runner._command(entry, 0, ["fp16", "fp32"], ab_dir)
+        assert cmd[cmd.index("--ops") + 1] == target and cmd[-2:] == ["--dtypes", "fp16,fp32"], cmd
+        assert "--dtypes" not in runner._command(entry, 0, None, ab_dir)  # the plan's dtypes
+
+
+def test_only_a_record_that_failed_for_its_dtypes_is_a_dtype_rejection(tmp_path):
+    from harness.core.errors import DtypeRejected
+
+    runner = _runner(tmp_path)
+
+    def ab_dir_whose_record(name, code, rejected_in_run_json):
+        ab_dir = tmp_path / name
+        record = ab_dir / "add" / "A-record" / "add_1"
+        record.mkdir(parents=True)
+        (record / "run.json").write_text(json.dumps({"observed": {"dtype_rejected": rejected_in_run_json}}))
+        steps = [{"what": "A records", "args": ["record", "add"], "exit": code, "run_dir": str(record)}]
+        (ab_dir / "ab.json").write_text(json.dumps({"steps": steps}))
+        return ab_dir
+
+    assert runner._rejected(1, ab_dir_whose_record("flaggems_said", 1, True))  # FlagGems' own, in its run.json
+    assert not runner._rejected(1, ab_dir_whose_record("crashed", 1, False))
+    # A record that ran (some dtypes taken, others not): the op is no rejection.
+    assert not runner._rejected(0, ab_dir_whose_record("ran", 0, True))
+    # Ours, said by the exit code before the record wrote a run dir.
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "ab.json").write_text(json.dumps({"steps": [{"what": "A records", "args": ["record", "add"],
+                                                         "exit": DtypeRejected.exit_code, "run_dir": None}]}))
+    assert runner._rejected(DtypeRejected.exit_code, ours)
+
+
+def test_a_failed_op_tallies_its_status_alone_beside_an_earlier_report_in_the_batch_dir(tmp_path):
+    # A resumed corpus A/B: the batch dir holds the report its first run wrote.
+    (tmp_path / "report.json").write_text(json.dumps({"rows": [{"comparison": {"verdict": "SAME"}}]}))
+    row = {"status": "FAIL", "repo": "builtin", "op": "add", "device": "0", "elapsed_s": "1.0", "rows": "0",
+           "run_dir": "", "verdicts": "", "notes": ""}
+    assert _runner(tmp_path).tally(row) == {"FAIL": 1}
+
+
+def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
+    seen = []
+    monkeypatch.setattr(batch, "run_from_args", lambda args, job: seen.append((args, job)) or 0)
+    assert cli.main(["ab", "--ops", "add", "--devices", "0", "--backend", "interpreter"]) == 0
+    ((args, job),) = seen
+    assert job is corpus_ab.CorpusAB and (args.ops, args.devices) == (["add"], "0")  # parsed by the batch
+
+
+def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, capsys):
+    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    stored = {"plan": {**corpus_ab._plan_data(plan), "backend": "interpreter", "repeats": 5}}
+    args = _args("--resume", "--batch-dir", str(tmp_path), "--backend", "interpreter")  # as the batch restores it
+    assert corpus_ab.CorpusAB.prepare(args, stored) == stored  # kept as it was, not resolved again
+    assert f"; B = {plan.b.describe()}; 5 repeats interleaved; " in capsys.readouterr().out
+    # A plain batch's dir, or a plan the batch.json holds corrupt: one line saying which and what to do.
+    with pytest.raises(batch.UsageError, match=re.escape(
+            f"--resume --batch-dir {tmp_path}: a batch, not a corpus A/B: resume it with nox -s batch -- --resume "
+            "--batch-dir DIR")):
+        corpus_ab.CorpusAB.prepare(args, {"backend": "interpreter"})
+    with pytest.raises(batch.UsageError, match=re.escape(f"stored in {tmp_path / batch.BATCH_JSON}") + ".*"
+                       + re.escape("(a corrupt batch.json: start a new --batch-dir)")):
+        corpus_ab.CorpusAB.prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
+
+
+def test_a_corrupt_stored_plan_is_one_line_naming_where_it_was_stored():
+    data = corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))
+    assert corpus_ab._plan_of(data) == corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
+    with pytest.raises(batch.UsageError) as refused:
+        corpus_ab._plan_of({**data, "repeats": 1})
+    assert str(refused.value).startswith("plan stored in batch.json: 'repeats' must be an integer >= 2")
+    assert str(refused.value).endswith(" (a corrupt batch.json: start a new --batch-dir)")
+
+
+def test_a_selection_on_the_command_line_replaces_the_plans_ops(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("ops: [add]\n")  # no shape file: each op's own
+    ops_file = tmp_path / "ops.txt"
+    ops_file.write_text("mm\n")
+    for selection in (["--all"], ["--ops-file", str(ops_file)], ["--repos", "builtin"]):
+        args = _args(str(plan_file), "--backend", "interpreter", "--devices", "0", *selection)
+        corpus_ab.CorpusAB.prepare(args, {})
+        assert args.ops is None and args.shapes is None, selection
+    args = _args(str(plan_file), "--backend", "interpreter", "--devices", "0")
+    corpus_ab.CorpusAB.prepare(args, {})
+    assert args.ops == ["add"]
+
+
+def test_a_sides_pip_env_is_built_once_before_any_op_runs(tmp_path, monkeypatch):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("ops: [add]\nb: {requirements: [tabulate==0.9.0]}\n")
+    built = []
+    monkeypatch.setattr(corpus_ab.ab, "build_side_env", lambda side, log: built.append((side.name, side.requirements,
+                                                                                         log)))
+    corpus_ab.CorpusAB.prepare(_args(str(plan_file), "--backend", "interpreter", "--devices", "0"), {})
+    assert built == [("B", ["tabulate==0.9.0"], sys.stdout)]  # A has no requirements: nothing to build
+
+
+def test_an_ab_that_wrote_no_report_has_no_rows_whatever_its_record_ran(tmp_path):
+    ab_dir = _finished(tmp_path / "ab", None, record_statuses=("SUCCESS", "SUCCESS"))
+    facts = _runner(tmp_path)._facts(ab_dir)
+    assert (facts["rows"], facts["verdicts"], facts["statuses"]) == (0, {}, {"SUCCESS": 2})
+
+
 # --- Ray: the device a task runs on ----------------------------------------------------------------
 class FakeContext:
     def __init__(self, ids):

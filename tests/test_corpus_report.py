@@ -43,17 +43,17 @@ def _row(op, dtype, shape, cand, base=1.0, markers=(), timer="graph", configs=No
 
 
 def _ir(run_dir, variants):
-    """ttgir/ as harness.measure.ir writes it: variants = [(shape, dtype, stem, ttgir text, llir sha)]."""
+    """ttgir/ as harness.measure.ir writes it: variants = [(shape, dtype, stem, ttgir text, llir sha[, num_warps])]."""
     lines = ["\t".join(ir.INDEX_COLUMNS)]
     (run_dir / "ttgir").mkdir()
-    for shape, dtype, stem, text, llir in variants:
+    for shape, dtype, stem, text, llir, *warps in variants:
         path = run_dir / "ttgir" / shape / "scale_kernel" / f"{stem}.ttgir"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         sha = {"ttir": "t" * 16, "ttgir": hashlib.sha256(text.encode()).hexdigest()[:16], "llir": llir, "ptx": "p" * 16,
                "amdgcn": "-"}
         lines.append("\t".join([shape, "ops.k.scale_kernel", f"{shape}/scale_kernel/{stem}.ttgir", "3", dtype,
-                                "div16-XP", "4", "3", "BLOCK=64", f"h{stem}{dtype}",
+                                "div16-XP", *(warps or ["4"]), "3", "BLOCK=64", f"h{stem}{dtype}",
                                 *(sha[s] for s in ir.HASHED_STAGES)]))
     (run_dir / "ttgir" / "index.tsv").write_text("\n".join(lines) + "\n")
 
@@ -666,6 +666,39 @@ def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
     assert {r["op_key"]: r["verdict"] for r in data["rows"]}["builtin:broken"] == stats.FASTER  # in the report
 
 
+def test_a_corpus_ab_report_keys_ops_sharing_a_name_by_file_and_leaves_skipped_ops_out(tmp_path):
+    from harness.sessions import batch, corpus_ab
+
+    ops = [("mm", "ops/mm.py", "PASS", 0.5), ("mm", "ops/other/mm.py", "FAIL", 1.0), ("add", "ops/add.py", "SKIP", 1.0)]
+    status = []
+    for i, (op, op_file, state, b_ms) in enumerate(ops):
+        run = tmp_path / "ops" / f"builtin__{op}{i}" / "attempt1" / "ab_t"
+        _ab_dir(run, op, [1.0, 1.001], [b_ms, b_ms * 1.001])
+        status.append({**dict.fromkeys(batch.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op_file,
+                       "status": state, "run_dir": str(run.relative_to(tmp_path))})
+    with open(tmp_path / "ops_status.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS)
+        writer.writeheader()
+        writer.writerows(status)
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan={**corpus_ab._plan_data(plan), "fdr": 0.2})
+    line = corpus_ab.CorpusAB(tmp_path, opts, {}).summarize()
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["fdr"] == 0.2  # the plan's
+    # Two mm's: each keyed by its file; the skipped op has nothing to report.
+    assert {r["op_key"] for r in data["rows"]} == {"builtin:mm@ops/mm.py", "builtin:mm@ops/other/mm.py"}
+    assert data["context"] == {"name": "f32-ieee", "a": plan.a.describe(), "b": plan.b.describe(), "repeats": 3,
+                               "backend": "cuda", "batch_dir": str(tmp_path),
+                               "op_status": {"builtin:mm@ops/mm.py": "PASS", "builtin:mm@ops/other/mm.py": "FAIL",
+                                             "builtin:add@ops/add.py": "SKIP"}}
+    # The closing line counts the rows of the ops that passed only.
+    assert line == (f"verdicts: {stats.FASTER} 1; report: " + ", ".join(
+        str(tmp_path / f"report.{ext}") for ext in ("json", "csv", "md", "html")))
+    status_file = tmp_path / "ops_status.csv"
+    status_file.write_text(status_file.read_text().replace(",PASS,", ",FAIL,"))
+    assert corpus_ab.CorpusAB(tmp_path, opts, {}).summarize().startswith("verdicts: none; report: ")
+
+
 def _control_batches(root, controls, backend="cuda"):
     """Two batches of one row per op, the candidate unchanged, op i's baseline (the control) moved by
     controls[i] in B."""
@@ -716,3 +749,318 @@ def test_one_control_has_no_spread_to_warn_of(tmp_path):
     data = corpus.from_batch_pair(*_control_batches(tmp_path, [1.5]), {})
     assert data["rows"][0]["control_ratio"] == pytest.approx(1.5)
     assert not [w for w in data["warnings"] if w.startswith("the control")]
+
+
+# --- what each file says, row by row -------------------------------------------------------------------
+def _md_table(md: str, title: str) -> list[list[str]]:
+    """The cells of the markdown table under `## title` (header and rule left out)."""
+    lines = md.split(f"## {title}\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_csv_carries_every_row_of_the_json_column_by_column(batches, tmp_path):
+    report = load(corpus.write(tmp_path, corpus.from_batch_pair(*batches, {}))[0])
+    with open(tmp_path / "report.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        table_rows = list(reader)
+    assert tuple(reader.fieldnames) == corpus.CSV_COLUMNS
+    assert [r["op_key"] for r in table_rows] == [r["op_key"] for r in report["rows"]]
+    for got, r in zip(table_rows, report["rows"], strict=True):
+        want = {"op_key": r["op_key"], "op": r["op"], "dtype": r["dtype"], "shape": "x".join(map(str, r["shape"])),
+                "basis": r["basis"], "a_gm_ms": r["a"]["gm_ms"], "b_gm_ms": r["b"]["gm_ms"], "ratio": r["ratio"],
+                "ci_lo": r["lo"], "ci_hi": r["hi"], "margin": r["margin"], "q": r["q"], "verdict": r["verdict"],
+                "n_a": r["a"]["n"], "n_b": r["b"]["n"], "control_ratio": r["control_ratio"],
+                "in_headline": r["in_headline"], "flags": ";".join(r["flags"]), "config_differs": r["config_differs"],
+                "ir_status": r["ir"]["status"], "ir_changed_variants": len(r["ir"]["variants"]), "run_a": r["run_a"],
+                "run_b": r["run_b"]}
+        assert got == {k: "" if v is None else str(v) for k, v in want.items()}, r["id"]
+    by_row = {(r["op"], r["dtype"]): r for r in table_rows}
+    flagged = by_row["mm", "bf16"]  # two flags, out of the headline, nothing launched
+    assert (flagged["shape"], flagged["flags"], flagged["in_headline"]) == ("256x256", "timer_fallback;timer_mismatch",
+                                                                          "False")
+    softmax, run = by_row["softmax", "fp16"], "ops/builtin__softmax/attempt1/softmax_20250101-000000"
+    assert (softmax["ir_status"], softmax["ir_changed_variants"]) == ("changed", "1")
+    assert (softmax["run_a"], softmax["run_b"]) == (str(batches[0] / run), str(batches[1] / run))
+    assert float(by_row["gelu", "fp32"]["ratio"]) == pytest.approx(0.8) and by_row["gelu", "fp32"]["n_a"] == "41"
+
+
+def test_each_op_entry_counts_its_own_rows(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    ops = {o["op"]: o for o in data["ops"]}
+    mm, softmax, gelu = ops["builtin:mm"], ops["builtin:softmax"], ops["builtin:gelu"]
+    # mm: fp16 2% faster (SAME within the single-run margin), bf16 flagged and out of its headline.
+    assert (mm["rows"], mm["headline_rows"], mm["verdicts"], mm["flagged_rows"]) == (2, 1, {"SAME": 1}, 1)
+    assert mm["worst_ratio"] == pytest.approx(0.98) and mm["geomean"]["ratio"] == pytest.approx(0.98)
+    assert mm["geomean"]["over"] == "1 rows" and mm["control"] == pytest.approx(1.0)
+    assert (softmax["verdicts"], softmax["ir_changed_rows"], softmax["flagged_rows"]) == (
+        {"SLOWER": 1, "SAME": 1}, 1, 0)
+    assert softmax["worst_ratio"] == pytest.approx(1.1) and softmax["geomean"]["ratio"] == pytest.approx(1.1 ** 0.5)
+    assert (gelu["rows"], gelu["ir_changed_rows"], gelu["config_differs"]) == (1, 0, 0)
+    assert all((o["status_a"], o["status_b"], o["notes"]) == ("PASS", "PASS", []) for o in data["ops"])
+    assert mm["run_a"] == str(batches[0] / "ops/builtin__mm/attempt1/mm_20250101-000000")
+    assert mm["run_b"] == str(batches[1] / "ops/builtin__mm/attempt1/mm_20250101-000000")
+    assert data["summary"]["ops"] == 4 and data["summary"]["ops_compared"] == 3
+    assert (data["summary"]["ir_changed_rows"], data["summary"]["ir_not_collected_rows"]) == (1, 1)
+
+
+def test_the_markdown_tables_list_each_op_each_call_each_row_left_out_and_each_op_not_compared(batches):
+    data = corpus.from_batch_pair(*batches, {})
+    md = corpus.markdown(data)
+    assert md.startswith("# Corpus A/B report\n\n") and md.endswith(
+        "Per-row drill-down and the TTGIR diffs of rows whose IR changed: report.html.\n")
+    assert [f"- {line}" for line in corpus.headline(data)] == md.split("\n\n")[1].splitlines()
+    assert _md_table(md, "Operators (worst B/A first)") == [
+        ["builtin:softmax", "2/2", f"{1.1 ** 0.5:.4f}", "SAME 1, SLOWER 1", "1.1000", "1", "0", "1.0000"],
+        ["builtin:mm", "1/2", "0.9800", "SAME 1", "0.9800", "0", "1", "1.0000"],
+        ["builtin:gelu", "1/1", "0.8000", "FASTER 1", "0.8000", "0", "0", "1.0000"]]
+    calls = _md_table(md, "FASTER and SLOWER rows: what changed in their compiled code")
+    assert [row[:5] for row in calls] == [["builtin:softmax", "fp16", "64x1024", "SLOWER", "1.1000"],
+                                          ["builtin:gelu", "fp32", "4096", "FASTER", "0.8000"],
+                                          ["builtin:mm", "bf16", "256x256", "SLOWER", "1.5000"]]
+    assert _md_table(md, "Flagged and excluded rows") == [
+        ["builtin:mm", "bf16", "256x256", "SLOWER", "timer_fallback,timer_mismatch"]]
+    (unpaired,) = data["unpaired_ops"]
+    assert f"## Operators not compared\n\n- builtin:add: {unpaired['reason']}\n\n" in md
+
+
+def test_the_headline_says_who_a_and_b_are_counts_and_every_warning(batches):
+    status = batches[1] / "batch.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), "backend": "rocm"}))
+    data = corpus.from_batch_pair(*batches, {"a": "fusion on", "b": "fusion off"})
+    (warning,) = data["warnings"]
+    assert warning == ("the batches ran on different backends (A cuda, B rocm): the comparison mixes hardware with "
+                       "the compiler")
+    lines = corpus.headline(data)
+    assert lines[:4] == ["corpus A/B: A = fusion on, B = fusion off; ratio = B latency / A latency (below 1: B faster)",
+                         f"basis: {corpus.BASIS_NOTES[corpus.SINGLE_RUN]}", f"WARNING: {warning}",
+                         "ops: 3 of 4 compared; rows: 4 of 5 in the headline; verdicts: FASTER 1, SAME 2, SLOWER 1"]
+    assert "excluded from the headline: timer_fallback 1, timer_mismatch 1" in lines
+    assert "ops not compared: builtin:add" in lines and "rows whose IR changed: 1; IR not collected: 1" in lines
+    assert lines[-1].startswith("control (torch baseline) geomean B/A: 1.0000 [1.0000, 1.0000] over 3 ops (no change)")
+    overall = data["summary"]["overall"]
+    assert lines[-2] == (f"overall geomean B/A: {overall['ratio']:.4f} [{overall['lo']:.4f}, {overall['hi']:.4f}] "
+                         f"over 3 ops ({stats.describe(overall['ratio'])})")
+    unnamed = corpus.headline(corpus.from_batch_pair(*batches, {}))
+    assert unnamed[0].startswith(f"corpus A/B: A = {batches[0]}, B = {batches[1]}; ")  # the batch dirs name the sides
+
+
+def test_a_row_with_no_interval_reads_so_and_an_unknown_value_is_a_dash(tmp_path):
+    gm = {"ratio": 0.97, "lo": None, "hi": None, "over": "2 rows"}
+    assert corpus.fmt_gm(gm, True) == f"0.9700 (no interval) over 2 rows ({stats.describe(0.97)})"
+    assert corpus.fmt_gm(gm, False) == corpus.fmt_gm({**gm, "ratio": None}, True) == stats.NOT_APPLICABLE
+    assert (corpus._cell(0.5, True), corpus._cell(None, True), corpus._cell(0.5, False), corpus._cell(None, False)) == (
+        "0.5000", "-", stats.NOT_APPLICABLE, "-")
+
+
+def test_a_diff_names_its_sides_ends_every_line_and_is_cut_at_its_limit_only(tmp_path, monkeypatch):
+    a = _run(tmp_path / "a", [_row("softmax", "fp16", (8,), 1.0)],
+             [("8", "fp16", "w4s3", "x\nsame\n", "l"), ("8", "fp16", "w8s3", "only A\n", "l", "8")])
+    b = _run(tmp_path / "b", [_row("softmax", "fp16", (8,), 1.0)],
+             [("8", "fp16", "w4s3", "y\nsame", "l"), ("8", "fp16", "w2s3", "only B\n", "l", "2")])
+    indexes = (ir_index.launched(a), ir_index.launched(b))
+    ir_row = corpus.row_ir(indexes, a, b, "fp16", (8,))
+    assert (ir_row["status"], ir_row["identical"]) == ("changed", 0)
+    by_variant = {v["variant"]: v for v in ir_row["variants"]}
+    assert {k: v["status"] for k, v in by_variant.items()} == {"w4s3": "changed", "w8s3": "only_in_a",
+                                                                "w2s3": "only_in_b"}
+    changed = by_variant["w4s3"]
+    # B's file has no final newline: the diff still has one line per line.
+    assert changed["diff"].splitlines(keepends=True) == ["--- A.ttgir\n", "+++ B.ttgir\n", "@@ -1,2 +1,2 @@\n",
+                                                         "-x\n", "-same\n", "+y\n", "+same\n"]
+    assert changed["file_a"] == str(a / "ttgir" / "8" / "scale_kernel" / "w4s3.ttgir")
+    assert changed["file_b"] == str(b / "ttgir" / "8" / "scale_kernel" / "w4s3.ttgir")
+    only_a, only_b = by_variant["w8s3"], by_variant["w2s3"]
+    assert (only_a["file_b"], only_a["kernel"], only_a["stages"]) == (None, "ops.k.scale_kernel", [])
+    assert "-only A\n" in only_a["diff"] and only_b["file_a"] is None and "+only B\n" in only_b["diff"]
+    lines = len(changed["diff"].splitlines())
+
+    def changed_at(limit):
+        monkeypatch.setattr(corpus, "MAX_DIFF_LINES", limit)
+        return next(v for v in corpus.row_ir(indexes, a, b, "fp16", (8,))["variants"] if v["variant"] == "w4s3")
+
+    whole = changed_at(lines)  # exactly at the limit: whole
+    assert not whole["diff_truncated"] and whole["diff"] == changed["diff"]
+    cut = changed_at(lines - 1)
+    assert cut["diff_truncated"] and cut["diff"].splitlines() == changed["diff"].splitlines()[:-1]
+
+
+def test_the_identical_ir_line_names_the_first_ten_calls():
+    names = [f"op{i}" for i in range(11)]
+    assert corpus.identical_ir_line(names[:10]) == f"{corpus.IDENTICAL_IR_NOTE}: 10 ({', '.join(names[:10])})"
+    assert corpus.identical_ir_line(names) == f"{corpus.IDENTICAL_IR_NOTE}: 11 ({', '.join(names[:10])}, ...)"
+
+
+def test_an_op_with_nothing_in_its_headline_comes_last_and_ops_sharing_a_name_keep_their_files(batches):
+    # A second softmax, from another file, and an mm whose every row is flagged in B.
+    for root, side in zip(batches, (0, 1), strict=True):
+        rows = [_row("softmax", "fp16", (8,), 1.0 if side == 0 else 0.5)]
+        run = "ops/other__softmax/attempt1/softmax_20250101-000000"
+        _run(root / run, rows)
+        with open(root / "ops_status.csv", "a") as f:
+            f.write(",".join(["softmax", "builtin", "ops/other/softmax.py", "PASS", "0", "1", "1.0", "cuda", "0",
+                              "graph", "1", "0", "0", run, ""]) + "\n")
+        mm = root / "ops/builtin__mm/attempt1/mm_20250101-000000/results.json"
+        results = json.loads(mm.read_text())
+        for r in results["rows"]:
+            if side == 1:
+                r["markers"] = ["TIMER_FALLBACK phase=capture reason=recoverable detail='host sync'"]
+                r["timer"] = "direct"
+        mm.write_text(json.dumps(results))
+    data = corpus.from_batch_pair(*batches, {})
+    order = [o["op"] for o in data["ops"]]
+    assert order[-1] == "builtin:mm" and data["ops"][-1]["geomean"]["ratio"] is None
+    assert {"builtin:softmax@ops/softmax.py", "builtin:softmax@ops/other/softmax.py"} <= set(order)
+    assert "builtin:gelu" in order  # a name only one op has stays short
+    assert [r["in_headline"] for r in data["rows"]][-2:] == [False, False]  # mm's rows, out of the headline, last
+
+
+def test_the_rows_on_identical_ir_are_found_in_every_op_not_only_the_last(tmp_path):
+    groups = []
+    for op in ("mm", "add", "gelu"):
+        ttgir = {"A": TTGIR_A, "B": TTGIR_B if op == "gelu" else TTGIR_A}
+        a, b = (_run(tmp_path / op / side, [_row(op, "fp16", (64,), 1.0)],
+                     [("64", "fp16", "w4s3__fp16", ttgir[side], "l" * 16)]) for side in "AB")
+        groups.append((a, b, compare.pair([a], [b])))
+    assert [r.op for r in corpus.identical_ir_rows(groups)] == ["mm", "add"]  # gelu's IR changed
+
+
+def test_an_op_whose_ab_dir_is_unreadable_is_listed_and_the_ops_after_it_still_compared(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ab.json").write_text("{")
+    items = [("builtin:gelu", tmp_path / "never_ran"), ("builtin:add", broken),
+             ("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.98, 0.982, 0.978]))]
+    data = corpus.from_ab_dirs(items, {})
+    assert [r["op_key"] for r in data["rows"]] == ["builtin:mm"]
+    reasons = {u["op"]: u["reason"] for u in data["unpaired_ops"]}
+    assert set(reasons) == {"builtin:gelu", "builtin:add"}
+    assert reasons["builtin:add"].startswith(f"no readable ab.json in {broken}: ")
+    assert data["sources"] == {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}
+
+
+def test_an_incomplete_ab_is_compared_on_what_completed_and_says_so_first_in_its_notes(tmp_path):
+    d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 3, [1.0] * 3, failed_b=(2,))
+    state = json.loads((d / "ab.json").read_text())
+    state["complete"] = False
+    for step in state["steps"]:  # written before steps said `usable`: exit 0 with no run dir is no run
+        del step["usable"]
+    state["steps"][-1]["run_dir"] = None
+    (d / "ab.json").write_text(json.dumps(state))
+    data = corpus.from_ab_dirs([("builtin:softmax", d)], {})
+    (op,) = data["ops"]
+    assert op["notes"] == ["INCOMPLETE: the A/B stopped before its last step",
+                           "step failed (exit 1): [1/1 softmax] repeat 2/3: B replays A",
+                           "step failed (exit 0): [1/1 softmax] repeat 3/3: B replays A"]
+    (row,) = data["rows"]
+    assert row["flags"] == ["incomplete_b(1/3)"] and (row["a"]["n"], row["b"]["n"]) == (3, 1)  # one latency a repeat
+
+
+def test_an_op_compared_though_one_side_failed_carries_each_sides_status_and_notes(batches):
+    # B's mm exited non-zero but wrote its results (a row computed wrong, say): compared, its statuses kept.
+    status = batches[1] / "ops_status.csv"
+    status.write_text(status.read_text().replace("mm,builtin,ops/mm.py,PASS,", "mm,builtin,ops/mm.py,FAIL,"))
+    lines = status.read_text().splitlines()
+    lines = [line + "exit 1" if line.startswith("mm,") else line for line in lines]  # its notes column, empty before
+    status.write_text("\n".join(lines) + "\n")
+    data = corpus.from_batch_pair(*batches, {})
+    mm = next(o for o in data["ops"] if o["op"] == "builtin:mm")
+    assert (mm["status_a"], mm["status_b"], mm["notes"]) == ("PASS", "FAIL", ["B: exit 1"])
+    # The headline says each IR count for what it is.
+    data["summary"]["ir_not_collected_rows"] = 2
+    assert "rows whose IR changed: 1; IR not collected: 2" in corpus.headline(data)
+
+
+def test_the_control_spread_is_over_the_headlines_rows_not_a_degraded_ones(tmp_path):
+    # Two ops whose controls agree, and a third whose B row fell back to another timer (out of the
+    # headline): its control, 20% off, says nothing about the sides' processes.
+    sides = _control_batches(tmp_path, [1.0, 1.001, 1.2])
+    results = sides[1] / "ops/builtin__op2/attempt1/op2_20250101-000000/results.json"
+    data = json.loads(results.read_text())
+    data["rows"][0].update(timer="direct", markers=["TIMER_FALLBACK phase=capture reason=recoverable detail='x'"])
+    results.write_text(json.dumps(data))
+    report = corpus.from_batch_pair(*sides, {})
+    assert [r["in_headline"] for r in report["rows"]] == [True, True, False]
+    assert report["rows"][2]["control_ratio"] == pytest.approx(1.2)
+    assert not [w for w in report["warnings"] if w.startswith("the control")]
+
+
+def test_each_side_summary_is_its_latencies_range_and_geometric_mean(batches):
+    row = _rows(corpus.from_batch_pair(*batches, {}))[("mm", "fp16")]
+    raw_a, raw_b = 1.0 * (1 + JITTER), 0.98 * (1 + JITTER)
+    for side, raw in (("a", raw_a), ("b", raw_b)):
+        assert row[side] == {"n": len(raw), "gm_ms": pytest.approx(stats.center(list(raw))),
+                             "min_ms": pytest.approx(raw.min()), "max_ms": pytest.approx(raw.max())}
+
+
+def test_an_op_one_batch_never_ran_is_listed_as_absent_there(batches):
+    status = batches[1] / "ops_status.csv"
+    status.write_text("".join(line for line in status.read_text().splitlines(keepends=True)
+                              if not line.startswith("add,")))
+    (unpaired,) = corpus.from_batch_pair(*batches, {})["unpaired_ops"]
+    assert unpaired == {"op": "builtin:add", "reason": "status A PASS, B absent: a side has no results"}
+
+
+def test_an_op_whose_replays_all_failed_names_both_sides(tmp_path):
+    d = _ab_dir(tmp_path / "sm", "softmax", [1.0] * 2, [1.0] * 2)
+    state = json.loads((d / "ab.json").read_text())
+    for step in state["steps"][1:]:
+        step.update(exit=1, usable=False)
+    (d / "ab.json").write_text(json.dumps(state))
+    (unpaired,) = corpus.from_ab_dirs([("builtin:softmax", d)], {})["unpaired_ops"]
+    assert unpaired["reason"].startswith("no completed replay of side A and B; step failed (exit 1): ")
+
+
+def test_an_ab_of_one_replay_a_side_is_single_run_and_one_short_side_is_not(tmp_path):
+    single = _ab_dir(tmp_path / "one", "mm", [1.0], [0.9])
+    short = _ab_dir(tmp_path / "short", "gelu", [1.0, 1.001], [0.9, 0.901])
+    state = json.loads((short / "ab.json").read_text())
+    state["steps"][1].update(exit=1, usable=False)  # A's first replay failed: A 1, B 2
+    (short / "ab.json").write_text(json.dumps(state))
+    data = corpus.from_ab_dirs([("builtin:mm", single), ("builtin:gelu", short)], {})
+    rows = {r["op_key"]: r for r in data["rows"]}
+    assert (rows["builtin:mm"]["basis"], rows["builtin:mm"]["margin"]) == (corpus.SINGLE_RUN, compare.SINGLE_RUN_MARGIN)
+    assert rows["builtin:gelu"]["basis"] == corpus.REPEATS and rows["builtin:gelu"]["flags"] == ["incomplete_a(1/2)"]
+    assert data["basis"] == corpus.SINGLE_RUN  # a headline row of one run a side
+
+
+def test_ab_dirs_on_the_interpreter_give_no_verdict_and_say_why(tmp_path):
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.5, 0.501, 0.499], backend="interpreter")
+    data = corpus.from_ab_dirs([("builtin:mm", d)], {})
+    assert data["note"].startswith("NOTE: backend 'interpreter'") and not data["measures_performance"]
+    assert [r["verdict"] for r in data["rows"]] == [stats.NOT_APPLICABLE]
+
+
+def test_a_dir_that_is_no_batch_dir_is_one_line_of_error(tmp_path, batches):
+    with pytest.raises(corpus.UsageError, match=re.escape(f"{tmp_path} is not a batch dir (it has no batch.json)")):
+        corpus.from_batch_pair(tmp_path, batches[1], {})
+
+
+def test_batches_of_one_backend_give_no_warning_and_each_sides_absence_and_notes_are_said(batches):
+    assert corpus.from_batch_pair(*batches, {})["warnings"] == []  # same backend, same devices
+    for root, op in ((batches[0], "gelu"), (batches[1], "add")):
+        status = root / "ops_status.csv"
+        status.write_text("".join(line for line in status.read_text().splitlines(keepends=True)
+                                  if not line.startswith(f"{op},")))
+    status = batches[0] / "ops_status.csv"
+    status.write_text(status.read_text().replace("mm,builtin,ops/mm.py,PASS,0,1,1.0,cuda,0,graph,2,0,0,",
+                                                 "mm,builtin,ops/mm.py,FAIL,0,1,1.0,cuda,0,graph,2,0,0,,"))
+    reasons = {u["op"]: u["reason"] for u in corpus.from_batch_pair(*batches, {})["unpaired_ops"]}
+    assert reasons["builtin:gelu"] == "status A absent, B PASS: a side has no results"
+    assert reasons["builtin:add"] == "status A PASS, B absent: a side has no results"
+    assert reasons["builtin:mm"].startswith("status A FAIL, B PASS: a side has no results; A: ")
+
+
+def test_a_batch_dir_that_does_not_read_is_one_line_of_error(batches):
+    (batches[0] / "batch.json").write_text("{")
+    with pytest.raises(corpus.UsageError, match=re.escape(f"batch dir {batches[0]} is unreadable: ")):
+        corpus.from_batch_pair(*batches, {})
+
+
+def test_a_batch_pair_names_its_two_dirs_and_every_op_that_moved_device(batches):
+    status = batches[1] / "ops_status.csv"
+    for op in ("gelu", "mm"):
+        status.write_text(status.read_text().replace(f"{op},builtin,ops/{op}.py,PASS,0,1,1.0,cuda,0,",
+                                                     f"{op},builtin,ops/{op}.py,PASS,0,1,1.0,cuda,1,"))
+    data = corpus.from_batch_pair(*batches, {})
+    assert data["sources"] == {"a": str(batches[0]), "b": str(batches[1]), "ab_dirs": None}
+    assert "2 op(s) ran on another device in B than in A: builtin:mm, builtin:gelu" in data["warnings"]

@@ -5,7 +5,10 @@ compiles nothing, so the boundary to the compiler (capture and compile) is faked
 its cache lookups and its sweep are Triton's own."""
 
 import concurrent.futures
+import dataclasses
 import signal
+import sys
+import time
 import types
 
 import pytest
@@ -60,17 +63,19 @@ class Boundary:
     """The fake compiler boundary: capture turns each config into a request naming it; compile
     records what it was asked and fails for the configs in `fail`."""
 
-    def __init__(self, fail=(), not_captured=(), invalid=()):
+    def __init__(self, fail=(), not_captured=(), invalid=(), cached=()):
         self.compiled: list[tuple] = []
         self.fail = set(fail)
         self.invalid = set(invalid)
         self.not_captured = set(not_captured)
+        self.cached = set(cached)  # compiled in this process already: nothing to request
 
     def capture(self, tuner, args, kwargs, configs):
         out = []
         for c in configs:
             ident = (c.kwargs["BLOCK"], c.num_warps)
-            out.append(RuntimeError("no hook here") if ident in self.not_captured else ident)
+            out.append(RuntimeError("no hook here") if ident in self.not_captured
+                       else None if ident in self.cached else ident)
         return out
 
     def compile(self, request):
@@ -214,6 +219,59 @@ def test_a_config_that_does_not_compile_for_the_key_is_counted_not_marked(patche
     assert (p.pre.totals["compiled"], p.pre.totals["rejected"], p.pre.totals["failed"]) == (4, 2, 0)
 
 
+def test_a_keys_outcome_counts_each_config_once_and_the_totals_add_up(monkeypatch):
+    # Two of each kind, each kind's configs interleaved with the others' in the key's order.
+    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64, 128, 256) for w in (1, 2)]
+    boundary = Boundary(cached={(16, 1), (256, 2)}, not_captured={(16, 2), (256, 1)}, invalid={(32, 1), (64, 1)},
+                        fail={(32, 2), (64, 2)})
+    now = [0.0]
+
+    def monotonic():  # each key's precompile takes 0.1234 s
+        now[0] += 0.1234
+        return now[0]
+
+    monkeypatch.setattr(precompile, "time", types.SimpleNamespace(monotonic=monotonic))
+    pre = precompile.Precompiler(cpus=8, capture_fn=boundary.capture, compile_fn=boundary.compile,
+                                 executor_factory=Inline)
+    assert (pre.workers, pre.executor) == (0, None)
+    tuner = types.SimpleNamespace(configs=configs)
+    first = pre.run(tuner, (), {})
+    by_ident = {(c.kwargs["BLOCK"], c.num_warps): c for c in configs}
+    # 6 requests: a pool of 6 on 8 CPUs, not one per config of the key.
+    assert first == precompile.Outcome(
+        configs=10, compiled=2, cached=2, workers=6, seconds=0.12, rejected=2,
+        failed=[(by_ident[16, 2], "not captured: RuntimeError: no hook here"),
+                (by_ident[256, 1], "not captured: RuntimeError: no hook here"),
+                (by_ident[32, 2], "RuntimeError: PTXASError: ptxas died for (32, 2)"),
+                (by_ident[64, 2], "RuntimeError: PTXASError: ptxas died for (64, 2)")])
+    assert sorted(boundary.compiled) == [(32, 1), (32, 2), (64, 1), (64, 2), (128, 1), (128, 2)]
+    pool = pre.executor
+    assert pool.workers == 6
+    second = pre.run(tuner, (), {})
+    assert second == first and pre.executor is pool  # sized once, at the first key that compiles
+    assert pre.totals == {"keys": 2, "configs": 20, "compiled": 4, "cached": 4, "failed": 8, "rejected": 4,
+                          "seconds": 0.24}
+    # A capture that answers for fewer configs than it was asked about is an error, not fewer compiles.
+    pre.capture_fn = lambda *args: boundary.capture(*args)[:-1]
+    with pytest.raises(ValueError):
+        pre.run(tuner, (), {})
+
+
+def test_closing_the_pool_drops_the_compiles_still_queued_and_ends_its_workers():
+    # After an interrupt, compiles of the key may still be queued: closing the pool runs none of them, and
+    # it returns once its workers are gone.
+    pre = precompile.Precompiler(cpus=1)
+    executor = pre._executor(4)
+    assert executor._max_workers == 1
+    futures = [executor.submit(time.sleep, 0.5) for _ in range(6)]
+    futures[0].result()
+    workers = list(executor._processes)
+    pre.close()
+    assert pre.executor is None
+    assert futures[-1].cancelled()
+    assert workers and not any(alive(pid) for pid in workers)
+
+
 def test_a_broken_precompile_step_leaves_every_config_to_the_sweep_loudly(patched):
     class Broken(Boundary):
         def capture(self, *args):
@@ -249,8 +307,22 @@ def test_the_interpreter_compiles_nothing_so_its_run_says_precompile_is_off(tmp_
 def test_a_kernel_defined_in_a_function_is_not_shipped_to_a_worker():
     kernel = make_kernel()
     seen = [{"fn": types.SimpleNamespace(jit_function=kernel.fn), "compile": {}}]
-    with pytest.raises(precompile.NotPrecompilable, match="defined inside a function"):
+    with pytest.raises(precompile.NotPrecompilable,
+                       match=r"^make_kernel\.<locals>\.double is defined inside a function: a worker cannot import"):
         precompile._request(seen, target=None)
+
+
+def test_a_kernel_of_a_module_without_a_file_is_requested_by_its_module_name(monkeypatch):
+    module = types.ModuleType("zl_no_file")  # built in memory: nothing to load it from
+    monkeypatch.setitem(sys.modules, "zl_no_file", module)
+    base = types.SimpleNamespace(__module__="zl_no_file", __qualname__="kern")
+    comp = {"signature": {"x": "*fp32"}, "constants": {}, "configs": [{(0,): [["tt.divisibility", 16]]}],
+            "specialization_data": '{"options": {"num_warps": 8, "extern_libs": [["a", "b"]]}}'}
+    request = precompile._request([{"fn": types.SimpleNamespace(jit_function=types.SimpleNamespace(fn=base)),
+                                    "compile": comp}], target="sm_90")
+    assert request == precompile.Request("zl_no_file", "kern", None, {"x": "*fp32"}, {},
+                                         {(0,): [["tt.divisibility", 16]]},
+                                         {"num_warps": 8, "extern_libs": (["a", "b"],)}, "sm_90")
 
 
 def test_a_worker_finds_a_kernel_of_a_module_loaded_from_its_file(tmp_path, monkeypatch):
@@ -258,17 +330,39 @@ def test_a_worker_finds_a_kernel_of_a_module_loaded_from_its_file(tmp_path, monk
     source = tmp_path / "zl_loaded_by_path.py"
     source.write_text("import triton\nimport triton.language as tl\n\n\n"
                       "@triton.autotune(configs=[triton.Config({'B': 1})], key=['n'])\n@triton.jit\n"
-                      "def kern(x, n, B: tl.constexpr):\n    pass\n")
+                      "def kern(x, n, B: tl.constexpr):\n    pass\n\n\n"
+                      "class Ops:\n    @triton.heuristics({'B': lambda a: 1})\n    @triton.jit\n"
+                      "    def kern(x, n, B: tl.constexpr):\n        pass\n")
+    monkeypatch.setitem(sys.modules, "zl_loaded_by_path", None)  # gone again at the end
+    del sys.modules["zl_loaded_by_path"]
     request = precompile.Request("zl_loaded_by_path", "kern", str(source), {}, {}, {}, {}, None)
     fn = precompile._jit_function(request)
-    assert isinstance(fn, triton.runtime.jit.JITFunction) and fn.fn.__name__ == "kern"
+    assert isinstance(fn, triton.runtime.jit.JITFunction) and fn.fn.__qualname__ == "kern"
+    module = sys.modules["zl_loaded_by_path"]  # registered under its name, as an import would
+    assert fn.fn.__globals__ is vars(module) and module.__file__ == str(source)
+    # Another kernel of that file comes from the same module, not from a second load of it.
+    nested = precompile._jit_function(dataclasses.replace(request, qualname="Ops.kern"))
+    assert isinstance(nested, triton.runtime.jit.JITFunction) and nested.fn.__qualname__ == "Ops.kern"
+    assert nested.fn.__globals__ is vars(module) and precompile._jit_function(request) is fn
+    # A module that is neither importable nor has a file to load: the import's own error.
+    with pytest.raises(ModuleNotFoundError, match="zl_nowhere"):
+        precompile._jit_function(precompile.Request("zl_nowhere", "kern", None, {}, {}, {}, {}, None))
 
 
 def test_request_digest_tells_compiles_apart():
-    base = precompile.Request("m", "k", None, {"x": "*fp32"}, {(1,): 16}, {}, {"num_warps": 4}, ("cuda", 90))
-    assert base.digest() == precompile.Request(**vars(base)).digest()
-    other = precompile.Request(**{**vars(base), "options": {"num_warps": 8}})
-    assert base.digest() != other.digest()
+    # The digest names a compile's lock: one lock per compile, the same for the same compile however its
+    # dicts were built, and a different one when any input of the compile differs.
+    base = precompile.Request("m", "k", None, {"x": "*fp32", "n": "i32"}, {(2,): 16},
+                              {(0,): [["tt.divisibility", 16]]}, {"num_warps": 4, "num_stages": 3}, ("cuda", 90))
+    reordered = precompile.Request(**{**vars(base), "signature": {"n": "i32", "x": "*fp32"},
+                                      "options": {"num_stages": 3, "num_warps": 4}})
+    assert base.digest() == precompile.Request(**vars(base)).digest() == reordered.digest()
+    assert base.digest() == precompile.Request(**{**vars(base), "path": "/elsewhere/m.py"}).digest()
+    changes = {"module": "m2", "qualname": "k2", "signature": {"x": "*fp16", "n": "i32"}, "constants": {(2,): 32},
+               "attrs": {}, "options": {"num_warps": 8, "num_stages": 3}, "target": ("cuda", 80)}
+    digests = {name: precompile.Request(**{**vars(base), name: value}).digest() for name, value in changes.items()}
+    assert len({base.digest(), *digests.values()}) == 1 + len(changes), digests
+    assert all(len(d) == 32 and int(d, 16) >= 0 for d in digests.values())  # a file name
 
 
 def test_a_libtuner_style_tuner_is_precompiled_too(patched):
@@ -300,16 +394,17 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     tuned, driver = load_through_standin("tuned", cache)
     tuner = tuned.double_kernel
     args, kwargs = tuned.arguments(), {"grid": (16,)}
-    pre = precompile.Precompiler(cpus=2)
+    pre = precompile.Precompiler(cpus=1)  # a pool of one, where the host (2 CPUs or more) would allow more
     try:
         outcome = pre.run(tuner, args, kwargs)
         workers = list(pre.executor._processes)
         # Spawned, not forked from a process that holds an accelerator context; deaf to a terminal's Ctrl-C.
         assert pre.executor._mp_context.get_start_method() == "spawn"
         assert pre.executor._initializer is precompile._worker_init
+        assert pre.executor._max_workers == 1
     finally:
         pre.close()
-    assert pre.executor is None and pre.workers == 2
+    assert pre.executor is None and pre.workers == 1 and outcome.workers == 1
     assert workers and not any(alive(pid) for pid in workers)  # the pool leaves no process behind
     assert (outcome.configs, outcome.compiled, outcome.cached, outcome.failed, outcome.rejected) == (2, 2, 0, [], 0)
     precompiled = sorted(p.name for p in cache.iterdir())
@@ -324,6 +419,8 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     assert knobs.runtime.jit_cache_hook is hook  # put back
     assert isinstance(refused, KeyError) and "UNKNOWN" in str(refused)  # one config's failure, the others captured
     assert [r.constants for r in requests] == [{(3,): 64}, {(3,): 128}]
+    assert [(r.options["num_warps"], r.options["num_stages"]) for r in requests] == [
+        (c.num_warps, c.num_stages) for c in tuner.configs]
     assert {(r.module, r.qualname, r.path) for r in requests} == {("tuned", "double_kernel", tuned.__file__)}
     assert all(r.attrs and r.target == driver.target for r in requests)  # the pointers' divisibility specialization
     # Each compile took the lock of its own request, in the cache it compiled into.
@@ -336,6 +433,12 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
     launched = len(driver.launches)
     assert precompile.capture(tuner, args, kwargs, tuner.configs) == [None, None]  # compiled here now
     assert len(driver.launches) == launched  # and asking launched none of them
+    # A later key of a kernel compiled here already: nothing to compile, so no pool is started.
+    again = precompile.Precompiler(cpus=1)
+    outcome = again.run(tuner, args, kwargs)
+    assert (outcome.configs, outcome.compiled, outcome.cached, outcome.failed, outcome.workers) == (2, 0, 2, [], 0)
+    assert again.executor is None and again.totals["cached"] == 2 and again.totals["compiled"] == 0
+    assert len(driver.launches) == launched
 
 
 def test_a_fallbacks_reason_is_the_errors_type_and_first_line_cut():

@@ -71,9 +71,10 @@ class Request:
     target: object
 
     def digest(self) -> str:
-        text = repr((self.module, self.qualname, sorted(self.signature.items(), key=repr),
-                     sorted(self.constants.items(), key=repr), sorted(self.attrs.items(), key=repr),
-                     sorted(self.options.items(), key=repr), self.target))
+        # Each dict in one order, whatever order it was built in (a dict's keys are all of one type).
+        text = repr((self.module, self.qualname,
+                     *(sorted(d.items(), key=repr) for d in (self.signature, self.constants, self.attrs, self.options)),
+                     self.target))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -120,11 +121,9 @@ def capture(tuner, args: tuple, kwargs: dict, configs: list) -> list[Request | N
 
 def _request(seen: list[dict], target) -> Request:
     info, comp = seen[-1]["fn"], seen[-1]["compile"]
-    jit = getattr(info, "jit_function", None)
-    base = getattr(jit, "fn", None)
-    if base is None or "<locals>" in base.__qualname__:
-        raise NotPrecompilable(f"{getattr(base, '__qualname__', '?')} is defined inside a function: "
-                               "a worker cannot import it")
+    base = info.jit_function.fn  # the Python function under the JITFunction the JIT was compiling
+    if "<locals>" in base.__qualname__:
+        raise NotPrecompilable(f"{base.__qualname__} is defined inside a function: a worker cannot import it")
     module = sys.modules.get(base.__module__)
     path = getattr(module, "__file__", None)
     return Request(base.__module__, base.__qualname__, path, dict(comp["signature"]), dict(comp["constants"]),
@@ -136,17 +135,15 @@ def _jit_function(request: Request):
     same name (operators loaded by path, FlagGems' generated code)."""
     from triton.runtime.jit import JITFunction
 
-    module = sys.modules.get(request.module)
-    if module is None:
-        try:
-            module = importlib.import_module(request.module)
-        except ImportError:
-            if request.path is None:
-                raise
-            spec = importlib.util.spec_from_file_location(request.module, request.path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[request.module] = module
-            spec.loader.exec_module(module)
+    try:
+        module = importlib.import_module(request.module)  # also one loaded from its file before: sys.modules
+    except ImportError:
+        if request.path is None:
+            raise
+        spec = importlib.util.spec_from_file_location(request.module, request.path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[request.module] = module
+        spec.loader.exec_module(module)
     obj = module
     for part in request.qualname.split("."):
         obj = getattr(obj, part)
@@ -160,11 +157,13 @@ def compile_request(request: Request) -> str:
     compiled kernel's cache hash. A lock per request keeps two processes sharing one cache (the
     parallel sweep's shards) from compiling the same kernel twice: the second finds it cached."""
     import triton
+    from triton import knobs
     from triton.compiler import ASTSource, make_backend
 
     fn = _jit_function(request)
     options = make_backend(request.target).parse_options(dict(request.options))
-    lock_dir = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache") / LOCK_DIR
+    # The cache this compile writes into: TRITON_CACHE_DIR, else Triton's default under TRITON_HOME.
+    lock_dir = Path(knobs.cache.dir) / LOCK_DIR
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / request.digest(), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -196,7 +195,7 @@ class Outcome:
     seconds: float
     # Configs that do not compile for this key (a compile error, as Triton's autotuner classes them):
     # its sweep rejects them too, so they are no fallback.
-    rejected: int = 0
+    rejected: int
 
 
 class Precompiler:

@@ -8,7 +8,8 @@ import triton.language as tl
 from harness.measure import tuning
 
 N = 1024
-CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=4)]
+# The second config's options are not the defaults: a compile that dropped them would build another kernel.
+CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=8, num_stages=2)]
 
 
 @triton.autotune(configs=CONFIGS, key=["n"])
