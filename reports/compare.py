@@ -217,6 +217,9 @@ def band(latency_ms: float) -> str:
 # baseline measures that factor: it is timed beside the candidate, and the compiler under test does
 # not move it. Estimating it needs this many rows with a baseline in every process of their op.
 MIN_FACTOR_ROWS = 4
+# Below this p the baseline moved between the sides by more than its processes did (_baseline_moved):
+# such a band keeps its latencies. Wrongly kept, a band only loses the factor's gain, never validity.
+BASELINE_MOVED_P = 0.05
 
 
 def _processes(rows: list[PairedRow]) -> list[list[PairedRow]]:
@@ -262,7 +265,8 @@ def process_factors(rows: list[PairedRow]) -> dict[tuple[str, str], float]:
     deviations within each side, which hold no A/B change, each row weighted by its noise (a row
     quieter than the median counts as the median: a lucky row does not steer beta). Sets each
     adjusted row's process_factor to its beta. Rows of a band with fewer than MIN_FACTOR_ROWS rows
-    complete with baselines, or under 2 processes a side, keep their latencies."""
+    complete with baselines, or under 2 processes a side, keep their latencies, and so do those
+    whose baseline a side moved (_baseline_moved)."""
     factors: dict[tuple[str, str], float] = {}
     for group in _processes(rows):
         a_procs = sorted({p for r in group for p in r.a_procs})
@@ -279,10 +283,25 @@ def process_factors(rows: list[PairedRow]) -> dict[tuple[str, str], float]:
             if len(full) < MIN_FACTOR_ROWS:
                 continue
             beta, offset = _fit_factor(full, a_procs, b_procs)
+            if _baseline_moved(offset[:len(a_procs)], offset[len(a_procs):]):
+                continue
             factors.update({(p, label): x for p, x in zip(a_procs + b_procs, (beta * offset).tolist(), strict=True)})
             for r in members:
                 r.process_factor = beta
     return factors
+
+
+def _baseline_moved(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the sides' processes' baseline offsets differ by more than their spread within a side
+    explains (t test at BASELINE_MOVED_P): a side with its own torch (its own `python:`), or an
+    environment that torch reads, moved the baseline itself, and then its move is no process's."""
+    diff = float(b.mean() - a.mean())
+    dof = a.size + b.size - 2
+    variance = float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / dof
+    if variance <= stats.MIN_VARIANCE:
+        return abs(diff) > math.sqrt(stats.MIN_VARIANCE)
+    t = diff / math.sqrt(variance * (1 / a.size + 1 / b.size))
+    return 2 * float(sps.t.sf(abs(t), dof)) < BASELINE_MOVED_P
 
 
 def _fit_factor(full: list[PairedRow], a_procs: list[str], b_procs: list[str]) -> tuple[float, np.ndarray]:

@@ -172,8 +172,9 @@ def test_taking_out_the_process_factor_calls_a_one_percent_change_that_it_hides(
     # The same latencies judged without a baseline to measure the factor by: the factor stays in as noise.
     assert sum(r.verdict == stats.SLOWER for r in without) < 0.7 * 500
     # Each op's fitted beta: near the true 1 (slightly under: the baseline's own jitter blurs the offsets).
-    betas = [r.process_factor for r in with_baseline[::10]]
-    assert 0.8 < np.mean(betas) < 1.1 and min(betas) > 0.3
+    # (An op whose sides' processes happen to differ like a moved baseline, at 5%, keeps its latencies.)
+    betas = [r.process_factor for r in with_baseline[::10] if r.process_factor is not None]
+    assert len(betas) >= 0.85 * 50 and 0.8 < np.mean(betas) < 1.1 and min(betas) > 0.3
     assert all(r.process_factor is None for r in without)
 
 
@@ -222,3 +223,16 @@ def test_the_process_factor_is_fitted_per_latency_band():
     compare.judge(big + small)
     assert all(r.process_factor > 0.5 for r in big)
     assert all(r.process_factor < 0.3 for r in small)
+
+
+def test_a_baseline_that_a_side_moved_is_not_taken_for_the_processes_factor():
+    # B's own torch runs the baseline 3% slower in every process: that is the side's, not a process's,
+    # and taking it out would move every row of B by it.
+    rng = np.random.default_rng(33)
+    rows = _op_rows(rng, "op", 10, 5)
+    for r in rows:
+        r.b_control_ms = [x * 1.03 for x in r.b_control_ms]
+    as_measured = [stats.compare(r.a_ms, r.b_ms).ratio for r in rows]
+    compare.judge(rows)
+    assert all(r.process_factor is None for r in rows)
+    assert [r.comparison.ratio for r in rows] == pytest.approx(as_measured)
