@@ -3,6 +3,7 @@ job on one device, on the interpreter with 2 virtual devices and tiny shapes; th
 device choice (a fake runtime context) and a Slurm task's (the Slurm executor on a real Slurm: test_slurm_executor)."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from conftest import REPO, in_a_case, load, pids_mentioning, wait_for
 
 import backends
 from harness import cli
+from harness.core import batchdir
 from harness.providers import catalog
 from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
 
@@ -298,11 +300,12 @@ def test_a_finished_ops_facts_are_its_reports_rows_flags_timers_and_verdicts(tmp
     assert facts["statuses"] == {"SUCCESS": 1}  # A's record's cases
     assert runner._columns(facts) == {"verdicts": "FASTER 1, SAME 2, UNPAIRED 1"}
     assert runner._passed(0, ab_dir)
-    row = {"status": "PASS", "repo": "builtin", "op": "add", "device": "1", "elapsed_s": "2.5", "rows": "4",
-           "run_dir": str(ab_dir.relative_to(tmp_path)), "verdicts": "FASTER 1, SAME 2, UNPAIRED 1", "notes": ""}
+    row = batchdir.StatusRow.from_csv({
+        "status": "PASS", "repo": "builtin", "op": "add", "device": "1", "elapsed_s": "2.5", "rows": "4",
+        "run_dir": str(ab_dir.relative_to(tmp_path)), "verdicts": "FASTER 1, SAME 2, UNPAIRED 1", "notes": ""})
     assert runner.tally(row) == {"PASS": 1, "SAME": 2, "FASTER": 1, "UNPAIRED": 1}
     assert runner.done_line(row) == "PASS     builtin:add device=1 2.5 s rows=4 [FASTER 1, SAME 2, UNPAIRED 1]"
-    failed = {**row, "status": "FAIL", "run_dir": "", "verdicts": "", "rows": "0", "notes": "exit 1"}
+    failed = dataclasses.replace(row, status="FAIL", run_dir="", rows=0, notes="exit 1", extra={"verdicts": ""})
     assert runner.tally(failed) == {"FAIL": 1}
     assert runner.done_line(failed) == "FAIL     builtin:add device=1 2.5 s rows=0  exit 1"
     assert runner._facts(None)["verdicts"] == {} and runner._facts(None)["rows"] == 0
@@ -388,8 +391,8 @@ def test_only_a_record_that_failed_for_its_dtypes_is_a_dtype_rejection(tmp_path)
 def test_a_failed_op_tallies_its_status_alone_beside_an_earlier_report_in_the_batch_dir(tmp_path):
     # A resumed corpus A/B: the batch dir holds the report its first run wrote.
     (tmp_path / "report.json").write_text(json.dumps({"rows": [{"comparison": {"verdict": "SAME"}}]}))
-    row = {"status": "FAIL", "repo": "builtin", "op": "add", "device": "0", "elapsed_s": "1.0", "rows": "0",
-           "run_dir": "", "verdicts": "", "notes": ""}
+    row = batchdir.StatusRow(op="add", repo="builtin", status="FAIL", device=0, elapsed_s=1.0, rows=0,
+                             extra={"verdicts": ""})
     assert _runner(tmp_path).tally(row) == {"FAIL": 1}
 
 
@@ -412,7 +415,7 @@ def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, cap
             f"--resume --batch-dir {tmp_path}: a batch, not a corpus A/B: resume it with nox -s batch -- --resume "
             "--batch-dir DIR")):
         corpus_ab.CorpusAB.prepare(args, {"backend": "interpreter"})
-    with pytest.raises(batch.UsageError, match=re.escape(f"stored in {tmp_path / batch.BATCH_JSON}") + ".*"
+    with pytest.raises(batch.UsageError, match=re.escape(f"stored in {tmp_path / batchdir.BATCH_JSON}") + ".*"
                        + re.escape("(a corrupt batch.json: start a new --batch-dir)")):
         corpus_ab.CorpusAB.prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
 

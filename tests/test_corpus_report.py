@@ -667,17 +667,18 @@ def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
 
 
 def test_a_corpus_ab_report_keys_ops_sharing_a_name_by_file_and_leaves_skipped_ops_out(tmp_path):
-    from harness.sessions import batch, corpus_ab
+    from harness.core import batchdir
+    from harness.sessions import corpus_ab
 
     ops = [("mm", "ops/mm.py", "PASS", 0.5), ("mm", "ops/other/mm.py", "FAIL", 1.0), ("add", "ops/add.py", "SKIP", 1.0)]
     status = []
     for i, (op, op_file, state, b_ms) in enumerate(ops):
         run = tmp_path / "ops" / f"builtin__{op}{i}" / "attempt1" / "ab_t"
         _ab_dir(run, op, [1.0, 1.001], [b_ms, b_ms * 1.001])
-        status.append({**dict.fromkeys(batch.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op_file,
+        status.append({**dict.fromkeys(batchdir.STATUS_COLUMNS, ""), "op": op, "repo": "builtin", "op_file": op_file,
                        "status": state, "run_dir": str(run.relative_to(tmp_path))})
     with open(tmp_path / "ops_status.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=batch.STATUS_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=batchdir.STATUS_COLUMNS)
         writer.writeheader()
         writer.writerows(status)
     plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
