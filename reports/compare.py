@@ -295,13 +295,10 @@ def _baseline_moved(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether the sides' processes' baseline offsets differ by more than their spread within a side
     explains (t test at BASELINE_MOVED_P): a side with its own torch (its own `python:`), or an
     environment that torch reads, moved the baseline itself, and then its move is no process's."""
-    diff = float(b.mean() - a.mean())
-    dof = a.size + b.size - 2
-    variance = float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / dof
-    if variance <= stats.MIN_VARIANCE:
-        return abs(diff) > math.sqrt(stats.MIN_VARIANCE)
-    t = diff / math.sqrt(variance * (1 / a.size + 1 / b.size))
-    return 2 * float(sps.t.sf(abs(t), dof)) < BASELINE_MOVED_P
+    spread = float(np.square(a - a.mean()).sum() + np.square(b - b.mean()).sum()) / (a.size + b.size - 2)
+    if spread <= stats.MIN_VARIANCE:
+        return abs(float(b.mean() - a.mean())) > math.sqrt(stats.MIN_VARIANCE)  # no spread to explain it
+    return float(sps.ttest_ind(b, a).pvalue) < BASELINE_MOVED_P
 
 
 def _fit_factor(full: list[PairedRow], a_procs: list[str], b_procs: list[str]) -> tuple[float, np.ndarray]:
@@ -367,8 +364,6 @@ def judge(rows: list[PairedRow], fdr: float = stats.FDR) -> None:
         r.comparison = stats.compare(a, b, prior)
     for r, c in zip(judged, stats.adjust([r.comparison for r in judged], fdr), strict=True):
         r.comparison = c
-
-
 
 
 def call_threshold(rows: list[PairedRow], fdr: float) -> float:

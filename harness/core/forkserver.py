@@ -62,12 +62,12 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
         if idle[0]:
             raise _Stop
         if running:
-            _signal_group(running[0], signal.SIGTERM)
+            launch.signal_group(running[0], signal.SIGTERM)
             signal.alarm(STEP_GRACE_S)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGALRM, lambda signum, frame: running and _signal_group(running[0], signal.SIGKILL))
+    signal.signal(signal.SIGALRM, lambda signum, frame: running and launch.signal_group(running[0], signal.SIGKILL))
     _send(sock, {"ready": os.getpid()})
     while not stopping:
         try:
@@ -91,7 +91,7 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
             launch.in_fork(call, dict(os.environ), os.getcwd(), arm, True, fds[0], fds[1])
         running.append(pid)
         if stopping:  # the stop came between the request and the fork
-            _signal_group(pid, signal.SIGTERM)
+            launch.signal_group(pid, signal.SIGTERM)
             signal.alarm(STEP_GRACE_S)
         for fd in fds:
             os.close(fd)
@@ -105,13 +105,6 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
         except OSError:
             break  # the parent is gone: nobody asks for more
     return 128 + signal.SIGTERM
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 # --- the parent's side ---------------------------------------------------------------------------
@@ -212,7 +205,7 @@ class Worker:
                 self.sock.settimeout(None)
         if answer is None:
             self.died = True
-            _signal_group(pid, signal.SIGKILL)
+            launch.signal_group(pid, signal.SIGKILL)
             self.close()
             return -signal.SIGKILL
         return answer["exit"]

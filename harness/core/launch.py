@@ -154,6 +154,15 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def signal_group(pgid: int, signum: int) -> bool:
+    """`signum` to process group `pgid`; whether the group had a process to signal."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @dataclasses.dataclass
 class Child:
     """A started child. With `own_group` it leads its own process group, and signals and kills
@@ -172,10 +181,7 @@ class Child:
         if not self.own_group:
             self.proc.send_signal(signum)  # nothing once it was reaped: its pid may be another's
             return
-        try:
-            os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        signal_group(self.proc.pid, signum)
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Its exit code (-N: killed by signal N), or None when `timeout` ran out first. Once it

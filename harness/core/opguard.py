@@ -90,18 +90,18 @@ def stop_leftover(running: Path, grace_s: float) -> dict | None:
             pass  # the guard died before it wrote anything, so before it started the op
         elif not _lock_free(f):
             # Its guard is alive: SIGTERM lets the op write its outcome; SIGCONT wakes a stopped one.
-            _signal_group(facts["pgid"], signal.SIGTERM)
-            _signal_group(facts["pgid"], signal.SIGCONT)
+            launch.signal_group(facts["pgid"], signal.SIGTERM)
+            launch.signal_group(facts["pgid"], signal.SIGCONT)
             if not _wait_lock_free(f, grace_s):
-                _signal_group(facts["pgid"], signal.SIGKILL)
+                launch.signal_group(facts["pgid"], signal.SIGKILL)
                 _wait_lock_free(f, grace_s)
-            _signal_group(facts["pgid"], signal.SIGKILL)  # whatever of the group outlived its leader
+            launch.signal_group(facts["pgid"], signal.SIGKILL)  # whatever of the group outlived its leader
             stopped = facts
-        elif not _exists(facts["pid"]) and _signal_group(facts["pgid"], 0):
+        elif not _exists(facts["pid"]) and launch.signal_group(facts["pgid"], 0):
             # The guard is gone but part of its group is not: a group id is never reused while the
             # group has members, so these are the op's. (A live process with the guard's pid is
             # another process that got a recycled pid: left alone.)
-            _signal_group(facts["pgid"], signal.SIGKILL)
+            launch.signal_group(facts["pgid"], signal.SIGKILL)
             stopped = facts
     running.unlink(missing_ok=True)
     return stopped
@@ -132,15 +132,6 @@ def _exists(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Whether the group had a process to signal."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
     return True
 
 
