@@ -236,8 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how each step starts: fork (a warm worker per side, with torch, triton and pytest "
                            "imported once, forks every step) or fresh (a new process per step) (default: fork)")
     side.add_argument("--step-passes", choices=STEP_PASSES, default=None,
-                      help="where IR collection and per-kernel attribution run: once (each side's first replay; "
-                           "A's record and later repeats time only) or every (every step) (default: once)")
+                      help="where IR collection and per-kernel attribution run: once (a step of their own per "
+                           "side, A-passes and B-passes, whose timings no verdict uses; the record and every repeat "
+                           "time only) or every (every step) (default: once)")
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")

@@ -148,12 +148,32 @@ def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
     return [r[f"{side}_ms"] for r in rows]
 
 
+def passes_key(side: str) -> str:
+    """An A/B's key (in its runs per op, and its step dir) for the untimed run that carried a side's
+    one-off passes: IR and per-kernel attribution."""
+    return f"{side}-passes"
+
+
+def profiled_run(runs: dict[str, list[Path]], side: str) -> Path | None:
+    """The run whose IR and kernels stand for a side of one op's A/B: its passes run, or, where every
+    step profiled (no passes run), its first repeat."""
+    return next(iter(runs.get(passes_key(side)) or runs.get(side) or []), None)
+
+
+def _kernels(rows: list[dict | None]) -> list[dict] | None:
+    """The per-kernel attribution of the first successful row that carries one."""
+    return next((r["kernels"] for r in rows if r and r["status"] == "SUCCESS" and r.get("kernels")), None)
+
+
 def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
-         performance: bool = True) -> list[PairedRow]:
+         performance: bool = True, profiled: tuple[Path | None, Path | None] = (None, None)) -> list[PairedRow]:
     """Rows of both sides paired by (op, dtype, shape). `expected`: repeats planned per side;
     a row with fewer successful runs on a side is flagged incomplete (default: the runs given).
-    `performance`: whether the timings are performance numbers; if not, every verdict is n/a."""
+    `performance`: whether the timings are performance numbers; if not, every verdict is n/a.
+    `profiled`: each side's untimed passes run, where its rows' kernels come from (the timed runs'
+    own, where they profiled, otherwise)."""
     side_rows = {"a": [(str(d), load_rows(d)) for d in a_runs], "b": [(str(d), load_rows(d)) for d in b_runs]}
+    profiled_rows = {s: load_rows(d) if d is not None else {} for s, d in zip("ab", profiled, strict=True)}
     single = len(a_runs) == 1 and len(b_runs) == 1
     keys = list(dict.fromkeys(k for runs in side_rows.values() for _, rows in runs for k in rows))
     paired = []
@@ -188,9 +208,8 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             timers=timers, flags=flags,
             configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
             throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
-            # The first run that profiled the row: an A/B's timing-only repeats carry none.
-            kernels={s: next(r["kernels"] for r in rs if r.get("kernels")) for s, rs in ok.items()
-                     if any(r.get("kernels") for r in rs)},
+            # The side's passes run first, then its timed runs: an A/B's timing-only repeats carry none.
+            kernels={s: found for s in ok if (found := _kernels([profiled_rows[s].get(key), *ok[s]]))},
             errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs}, single=single,
             a_procs=[] if single else procs["a"], b_procs=[] if single else procs["b"])
         if row.a_ms and row.b_ms:

@@ -37,7 +37,17 @@ import backends
 from harness.core import batchdir, ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, explain, stats, table
-from reports.compare import SINGLE_RUN_MARGIN, PairedRow, aggregate, calibration, judge, pair, summarize
+from reports.compare import (
+    SINGLE_RUN_MARGIN,
+    PairedRow,
+    aggregate,
+    calibration,
+    judge,
+    pair,
+    passes_key,
+    profiled_run,
+    summarize,
+)
 
 # 2: rows carry margin, q and sd (format 1: floor); the summary fdr, resolution, calibration.
 # 3: rows carry process_factor.
@@ -300,7 +310,9 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
             # counted exit 0 alone.
             step.setdefault("usable", step["exit"] == 0 and bool(step.get("run_dir")))
             if step["usable"]:
-                runs["record" if step["args"][0] == "record" else step["side"]].append(Path(step["run_dir"]))
+                kind = ("record" if step["args"][0] == "record" else
+                        passes_key(step["side"]) if step.get("passes") else step["side"])
+                runs.setdefault(kind, []).append(Path(step["run_dir"]))
         notes = [f"step failed (exit {s['exit']}): {s['what']}" for s in state.get("steps", []) if not s["usable"]]
         if not state.get("complete"):
             notes.insert(0, "INCOMPLETE: the A/B stopped before its last step")
@@ -314,8 +326,9 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
     ops = []
     for key, runs, repeats, notes in found:
         single = len(runs["A"]) == 1 and len(runs["B"]) == 1
-        ops.append(_OpResult(key, pair(runs["A"], runs["B"], repeats, performance=note is None), runs["A"][0],
-                             runs["B"][0], notes, single))
+        profiled = (profiled_run(runs, "A"), profiled_run(runs, "B"))
+        ops.append(_OpResult(key, pair(runs["A"], runs["B"], repeats, performance=note is None, profiled=profiled),
+                             *profiled, notes, single))
     sources = {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}
     return _assemble("ab_dirs", ops, unpaired, dict(context), warnings, note, sources, fdr)
 

@@ -313,8 +313,8 @@ def _fake_run(path, candidate_ms):
 def test_verdicts_only_where_the_backend_measures_performance(tmp_path, capsys, backend):
     """B is clearly 10% slower: called SLOWER on a GPU backend; n/a on the interpreter, whose report
     still pairs the rows and writes every file, each headed by the note."""
-    groups = [([_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
-               [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))])]
+    groups = [{"A": [_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
+               "B": [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))]}]
     code = ab.report(tmp_path / "out", groups, {"name": "t"}, [], {backend})
     out = capsys.readouterr().out
     report = load(tmp_path / "out" / "report.json")
@@ -345,8 +345,8 @@ def _headline_is_a_markdown_list(md: str) -> list[str]:
 
 
 def test_report_md_headline_is_one_list_item_per_line(tmp_path, capsys):
-    groups = [([_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
-               [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))])]
+    groups = [{"A": [_fake_run(tmp_path / f"a{i}", ms) for i, ms in enumerate((2.0, 2.002, 1.998))],
+               "B": [_fake_run(tmp_path / f"b{i}", ms) for i, ms in enumerate((2.2, 2.202, 2.198))]}]
     ab.report(tmp_path / "out", groups, {"name": "t"}, [], {"cuda"})
     head = _headline_is_a_markdown_list((tmp_path / "out" / "report.md").read_text())
     assert any(line.startswith("- overall geomean B/A: ") for line in head)
@@ -411,7 +411,7 @@ def _ab(tmp_path, degraded: dict):
                 [_row("add", [s], 6.0 * j, 2.0 * j, **fb, status="FAILED" if i in failed else "SUCCESS")
                  for s, (_, _, fb, absent, failed) in degraded.items() if i not in absent])
 
-    groups = [(_side_runs(tmp_path, "a", a_rows), _side_runs(tmp_path, "b", b_rows))]
+    groups = [{"A": _side_runs(tmp_path, "a", a_rows), "B": _side_runs(tmp_path, "b", b_rows)}]
     code = ab.report(tmp_path / "out", groups, {"name": "t"}, [], {"cuda"}, expected=3)
     return code, load(tmp_path / "out" / "report.json")
 
@@ -487,7 +487,7 @@ def test_sides_ratio_and_verdict_come_from_one_statistic(tmp_path, capsys):
     the columns must show the statistic the ratio and verdict use, so all three agree."""
     a = _runs(tmp_path, "a", [[_row("rms_norm", [4], ms, 1.0)] for ms in (7.0, 7.32, 7.9)])
     b = _runs(tmp_path, "b", [[_row("rms_norm", [4], ms, 1.0)] for ms in (7.19, 7.19, 9.5)])
-    ab.report(tmp_path / "out", [(a, b)], {"name": "t"}, [], {"cuda"})
+    ab.report(tmp_path / "out", [{"A": a, "B": b}], {"name": "t"}, [], {"cuda"})
     out = capsys.readouterr().out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("rms_norm")]
     a_ms, b_ms, ratio = (float(x) for x in line.split()[3:6])
@@ -507,7 +507,7 @@ def test_profiled_rows_show_each_sides_top_kernels(tmp_path, capsys):
                               for j in JITTER])
     b = _runs(tmp_path, "b", [[dict(_row("rms_norm", [4], 1.1 * j, 1.0), kernels=kb), _row("add", [4], 1.0, 1.0)]
                               for j in JITTER])
-    ab.report(tmp_path / "out", [(a, b)], {"name": "t"}, [], {"cuda"})
+    ab.report(tmp_path / "out", [{"A": a, "B": b}], {"name": "t"}, [], {"cuda"})
     out = capsys.readouterr().out
     (line,) = [ln for ln in out.splitlines() if "rms_kernel" in ln]  # the unprofiled add row gets none
     assert line.split()[:3] == ["rms_norm", "fp32", "4"]

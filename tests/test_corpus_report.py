@@ -397,7 +397,7 @@ def test_a_single_op_ab_names_its_calls_on_identical_ir_too(tmp_path, capsys):
 
     out = tmp_path / "report"
     out.mkdir()
-    ab.report(out, [(runs("A", 1.0), runs("B", 0.9))], {"name": "t"}, [], {"cuda"}, expected=3)
+    ab.report(out, [{"A": runs("A", 1.0), "B": runs("B", 0.9)}], {"name": "t"}, [], {"cuda"}, expected=3)
     line = f"WARNING: {corpus.IDENTICAL_IR_NOTE}: 1 (mm bf16 64x1024)"
     assert line in capsys.readouterr().out and line in (out / "report.md").read_text()
 
@@ -627,7 +627,7 @@ def test_a_single_op_ab_judges_its_rows_with_their_neighbours_prior_too(tmp_path
 
         out = tmp_path / name / "report"
         out.mkdir(parents=True)
-        ab.report(out, [(runs("A"), runs("B"))], {"name": "t"}, [], {"cuda"}, expected=2)
+        ab.report(out, [{"A": runs("A"), "B": runs("B")}], {"name": "t"}, [], {"cuda"}, expected=2)
         with open(out / "report.csv", newline="") as f:
             lucky_csv = next(r for r in csv.DictReader(f) if r["shape"] == str(len(shapes) - 1))
         lucky_json = json.loads((out / "report.json").read_text())["rows"][len(shapes) - 1]

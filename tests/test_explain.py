@@ -154,8 +154,8 @@ def test_a_single_op_ab_report_has_a_what_changed_column_and_json_field(records,
 
     out = tmp_path / "report"
     out.mkdir()
-    ab.report(out, [(runs("A", 1.0, records["dot"]), runs("B", 1.9, records["dot_v2"]))], {"name": "t"}, [], {"cuda"},
-              expected=3)
+    ab.report(out, [{"A": runs("A", 1.0, records["dot"]), "B": runs("B", 1.9, records["dot_v2"])}], {"name": "t"}, [],
+              {"cuda"}, expected=3)
     md = (out / "report.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| op"))
     assert [h.strip() for h in header.strip("| ").split("|")][-2:] == ["what changed", "flags"]
@@ -185,7 +185,7 @@ def test_a_single_op_ab_without_ir_has_no_what_changed_column(tmp_path, capsys):
 
     out = tmp_path / "report"
     out.mkdir()
-    ab.report(out, [(runs("A", 1.0), runs("B", 1.9))], {"name": "t"}, [], {"cuda"}, expected=3)
+    ab.report(out, [{"A": runs("A", 1.0), "B": runs("B", 1.9)}], {"name": "t"}, [], {"cuda"}, expected=3)
     assert "what changed" not in (out / "report.md").read_text()
     row = json.loads((out / "report.json").read_text())["rows"][0]
     assert row["comparison"]["verdict"] == stats.SLOWER and row["what_changed"]["text"].startswith("not available")

@@ -65,13 +65,21 @@ def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start
     assert proc.returncode == 0, out
     d = _ab_dir(tmp_path)
     log = (d / "ab.log").read_text()
+    steps = ("A-record", "A-passes", "B-passes", *STEPS[1:]) if passes == "once" else STEPS
+    assert sorted(p.name for p in (d / "add").iterdir()) == sorted(steps)
     # fork: one worker per side forks every step; fresh: a process per step, no worker.
-    assert log.count("(forked by worker ") == (5 if start == "fork" else 0)
+    assert log.count("(forked by worker ") == (len(steps) if start == "fork" else 0)
     assert log.count("-m harness.worker ") == (2 if start == "fork" else 0)
-    timing_only = {step: _spec(d / "add" / step)["timing_only"] for step in STEPS}
-    # once: each side's first replay carries IR and attribution (what the reports read), the rest time only.
-    assert timing_only == ({"A-record": True, "A-1": False, "B-1": False, "A-2": True, "B-2": True}
-                           if passes == "once" else dict.fromkeys(STEPS, False))
+    timing_only = {step: _spec(d / "add" / step)["timing_only"] for step in steps}
+    # once: each side's passes step, before the repeats, carries IR and attribution (what the reports
+    # read) and no verdict uses its timings; every timed step times only.
+    assert timing_only == ({"A-record": True, "A-passes": False, "B-passes": False, "A-1": True, "B-1": True,
+                            "A-2": True, "B-2": True} if passes == "once" else dict.fromkeys(STEPS, False))
+    recorded = [(s["side"], s.get("passes", False)) for s in load(d / "ab.json")["steps"]]
+    assert recorded == ([("A", False), ("A", True), ("B", True), ("A", False), ("B", False), ("A", False),
+                         ("B", False)] if passes == "once" else [("A", False)] + [("A", False), ("B", False)] * 2)
+    # The verdicts stand on the repeats alone: each row has 2 latencies a side, not 3.
+    assert {len(r["a_ms"]) for r in load(d / "report.json")["rows"]} == {2}
     assert load(d / "ab.json")["plan"]["step_start"] == start
     assert load(d / "report.json")["rows"]
     assert _leftovers(d) == []

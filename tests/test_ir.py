@@ -299,5 +299,5 @@ def test_compare_ir_of_a_timing_only_run_points_to_the_run_that_has_its_ir(tmp_p
                                                                                   "reason": ir.TIMING_ONLY}}})
     assert cli.main(["compare-ir", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert capsys.readouterr().err == (
-        f"error: {tmp_path / 'a'} has no ttgir/index.tsv (a timing-only run (--timing-only): an A/B collects IR on "
-        "each side's first replay that went through (A-1 and B-1))\n")
+        f"error: {tmp_path / 'a'} has no ttgir/index.tsv (a timing-only run (--timing-only): an A/B collects IR in "
+        "each side's passes step (A-passes and B-passes))\n")

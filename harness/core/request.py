@@ -15,7 +15,7 @@ RECORD_ONLY = ("seed", "timer", "l2", "warmup_ms", "rep_ms", "sweep_devices")
 MEASUREMENT = ("seed", "timer", "l2", "warmup_ms", "rep_ms")
 # How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), or fresh.
 STEP_STARTS = ("fork", "fresh")
-# Where an A/B's one-off passes (IR, per-kernel attribution) run: each side's first replay, or every step.
+# Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
 STEP_PASSES = ("once", "every")
 
 

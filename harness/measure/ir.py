@@ -318,7 +318,7 @@ def _why_no_ir(run: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return "IR collection was off or it is not a run dir"
     if reason == TIMING_ONLY:
-        return f"{reason}: an A/B collects IR on each side's first replay that went through (A-1 and B-1)"
+        return f"{reason}: an A/B collects IR in each side's passes step (A-passes and B-passes)"
     return f"IR collection off: {reason}"
 
 

@@ -327,15 +327,13 @@ class Runner:
         self.caches: dict[str, Path] = {}
         self._cache_root: Path | None = None
         self.workers: dict[str, forkserver.Worker] = {}
-        # (op, side) whose one-off passes a usable step carried: its later steps time only.
-        self.passed: set[tuple[str, str]] = set()
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
 
     def _open_caches(self) -> None:
         """One Triton cache per side, keyed by that side's compiler identity and environment: A's
-        record feeds A's replays, B's first replay B's later ones, and no kernel crosses sides.
+        record feeds A's replays, B's passes step B's repeats, and no kernel crosses sides.
         Every step still runs in a fresh process and its IR is what its own compiler built: a
         cache hit loads the kernel this same build compiled for the same source, options and
         switches (Triton keys its cache by those too), and the IR plugin reads what was launched."""
@@ -363,7 +361,7 @@ class Runner:
             shutil.rmtree(self._cache_root, ignore_errors=True)
             self._cache_root = None
 
-    def step(self, side: Side, request: RunRequest, what: str) -> Path | None:
+    def step(self, side: Side, request: RunRequest, what: str, passes: bool = False) -> Path | None:
         """One harness invocation; its run dir if it went through every case (rows that failed in it
         are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
         (its own session: only through us), which writes its summary; then StepInterrupted."""
@@ -385,7 +383,7 @@ class Runner:
         del self.state["running"]
         self.state["steps"].append({"what": what, "side": side.name, "args": request.to_argv(), "exit": code,
                                     "usable": usable, "run_dir": str(run_dir) if run_dir else None,
-                                    "seconds": round(elapsed, 1)})
+                                    "seconds": round(elapsed, 1), **({"passes": True} if passes else {})})
         self._save()
         return run_dir if usable else None
 
@@ -450,17 +448,25 @@ class Runner:
             if record is None:
                 continue
             runs["record"].append(record)
+            once = plan.step_passes == "once"
+            if once:
+                # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
+                # timings no verdict uses: a kernel timed in a process after the profiler ran in it is
+                # slower (on an H200, 1-2 us kernels by 10-20%, for the rest of the process), so the
+                # repeats never profile. It also compiles B's kernels before any repeat times them.
+                for side in (plan.a, plan.b):
+                    passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
+                    passed = self.step(side, plan.request("replay", str(record), passes_dir),
+                                       f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
+                    if passed is not None:
+                        runs.setdefault(compare.passes_key(side.name), []).append(passed)
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
                     replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
-                    # The side's first usable replay carries the one-off passes (IR, per-kernel
-                    # attribution): the reports read them from its first run (validity, explain, corpus).
-                    timing_only = plan.step_passes == "once" and (op, side.name) in self.passed
-                    replay = self.step(side, plan.request("replay", str(record), replay_dir, timing_only),
+                    replay = self.step(side, plan.request("replay", str(record), replay_dir, timing_only=once),
                                        f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
                     if replay is not None:
                         runs[side.name].append(replay)
-                        self.passed.add((op, side.name))
         self.state["complete"] = True
         self._save()
         return results
@@ -482,7 +488,7 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
     for op, runs in results.items():
         if not runs["A"] or not runs["B"]:
             continue
-        a, b = runs["A"][0], runs["B"][0]
+        a, b = compare.profiled_run(runs, "A"), compare.profiled_run(runs, "B")
         if not ir.index_path(a).is_file() or not ir.index_path(b).is_file():
             per_op[op] = "IR not collected"
             continue
@@ -500,23 +506,28 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
     return warnings, per_op
 
 
-def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: dict, warnings: list[str],
+def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, warnings: list[str],
            backend_names: set[str], expected: int | None = None, fdr: float = stats.FDR) -> int:
-    """Pair and compare each group (one op's A runs against its B runs), then report them all;
+    """Pair and compare each group (one op's runs: its A repeats against its B repeats, each side's
+    passes run, where it had one, for IR and kernels), then report them all;
     `expected` is the planned repeats per side, so a short side is flagged on every row. Verdicts
     are judged over all the groups' rows at once (compare.judge: calls at `fdr`). On a backend whose
     timings are not performance numbers the pipeline runs all the same, but every report says so at
     its top and calls no verdict."""
     not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
     note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
-    paired = [(a_runs, b_runs, compare.pair(a_runs, b_runs, expected, performance=note is None))
-              for a_runs, b_runs in groups if a_runs or b_runs]
+    paired = []
+    for runs in groups:
+        if runs["A"] or runs["B"]:
+            profiled = (compare.profiled_run(runs, "A"), compare.profiled_run(runs, "B"))
+            paired.append((*profiled, compare.pair(runs["A"], runs["B"], expected, performance=note is None,
+                                                   profiled=profiled)))
     rows = [row for *_, op_rows in paired for row in op_rows]
     compare.judge(rows, fdr)
     summary = compare.summarize(rows, fdr)
     if note is None:
-        # The IR is compared between each op's first run of either side, as the corpus report does.
-        identical = corpus.identical_ir_rows([(a[0], b[0], op_rows) for a, b, op_rows in paired if a and b])
+        # The IR is compared between each side's profiled run, as the corpus report does.
+        identical = corpus.identical_ir_rows([(a, b, op_rows) for a, b, op_rows in paired if a and b])
         calls = [r for r in identical if r.verdict in corpus.CALLS]
         if calls:
             warnings = [*warnings, corpus.identical_ir_line([r.label for r in calls])]
@@ -529,7 +540,7 @@ def report(ab_dir: Path, groups: list[tuple[list[Path], list[Path]]], context: d
                 context = {**context, "calibration": line}
     # What the FASTER/SLOWER rows' compiled code changed, between the same runs as the IR.
     what_changed = {key: record for a, b, op_rows in paired if a and b
-                    for key, record in explain.for_runs(a[0], b[0], op_rows).items()}
+                    for key, record in explain.for_runs(a, b, op_rows).items()}
     print()
     print(ab_report.render(rows, summary, warnings, context, note=note, what_changed=what_changed))
     files = ab_report.write(ab_dir, rows, summary, warnings, context, note, what_changed)
@@ -665,7 +676,7 @@ def run_from_args(args) -> int:
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
                    "note": "single runs: each run's raw samples stand in for repeats"}
-        return report(out, [([dir_a], [dir_b])], context, warnings, backend_names,
+        return report(out, [{"A": [dir_a], "B": [dir_b]}], context, warnings, backend_names,
                       fdr=stats.FDR if args.fdr is None else checked_fdr(args.fdr))
     plan = resolve_plan(args)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
@@ -705,6 +716,6 @@ def run_from_args(args) -> int:
         warnings.append(f"no rows to compare for {', '.join(unmeasured)}: a side has no completed run")
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
-    code = report(ab_dir, [(r["A"], r["B"]) for r in results.values()], context, warnings, {plan.backend},
+    code = report(ab_dir, list(results.values()), context, warnings, {plan.backend},
                   plan.repeats, plan.fdr)
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code
