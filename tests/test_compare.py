@@ -407,6 +407,21 @@ def test_each_side_keeps_its_first_successful_runs_kernels(tmp_path):
     assert compare.pair(runs(tmp_path, "c", [row()]), runs(tmp_path, "d", [row()]))[0].kernels == {}
 
 
+def test_kernels_come_from_each_sides_passes_run_whose_timings_no_verdict_uses(tmp_path):
+    ka = [{"name": "k", "share": 1.0}]
+    timed_a = runs(tmp_path, "a", [row(cand=1.0)], [row(cand=1.001)], [row(cand=0.999)])
+    timed_b = runs(tmp_path, "b", [row(cand=1.0)], [row(cand=1.001)], [row(cand=0.999)])
+    # The passes runs are 20% slow (the profiler ran in them): none of that may reach the row.
+    passes = (run_dir(tmp_path, "pa", dict(row(cand=1.2), kernels=ka)),
+              run_dir(tmp_path, "pb", dict(row(cand=1.2, status="FAILED"), kernels=[{"name": "x", "share": 1.0}])))
+    (paired,) = compare.pair(timed_a, timed_b, profiled=passes)
+    assert paired.a_ms == [1.0, 1.001, 0.999] and paired.b_ms == [1.0, 1.001, 0.999]
+    assert paired.kernels == {"a": ka}  # B's passes row failed: no kernels of its, none from its timed runs
+    assert compare.profiled_run({"A": timed_a, "A-passes": [passes[0]]}, "A") == passes[0]
+    assert compare.profiled_run({"A": timed_a}, "A") == timed_a[0]  # every step profiled: the first repeat
+    assert compare.profiled_run({"A": []}, "A") is None
+
+
 def test_a_lone_row_keeps_its_own_interval_in_the_per_op_and_overall_lines(tmp_path):
     a = runs(tmp_path, "a", [row(cand=1.0)], [row(cand=1.02)], [row(cand=0.98)])
     b = runs(tmp_path, "b", [row(cand=1.1)], [row(cand=1.13)], [row(cand=1.08)])

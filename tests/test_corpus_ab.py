@@ -22,7 +22,7 @@ from harness.providers import catalog
 from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
-STEPS = ("A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in the order it runs them
+STEPS = ("A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in order
 
 
 def statuses(batch_dir: Path) -> dict[str, dict]:

@@ -50,17 +50,15 @@ ATTRIBUTION_CALLS = (3, 20)
 # Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
 # some of the op's lines in place.
 L2_FLUSH_FACTOR = 2
-# One window per side until spreading is shown to help: on an H200 A/A, 4 windows (captured afresh,
-# over time) left the 2-5 us rows' 4.1% spread between processes as it was. With more than one, the
-# graph and direct timers spread each row over this many measurement windows per side, the sides
-# alternating, each window captured afresh: a kernel of a few us sits in one of two latency states
-# about 8% apart, drawn per window (an H200), so one window per process draws one state per process
-# and the row's repeats disagree by the state, not by the code. The row's latency is the geometric
-# mean of its windows' medians; the first window warms up for the whole warmup budget, the later
-# ones for a share of it, and the windows share the rep budget. Where the caller can, each window
-# after the first times fresh copies of the inputs (`relocate`): the state may hang on where the
-# buffers lie, which time alone does not change (an H200 A/A with windows over time alone kept the
-# 2-5 us rows' 4% spread between processes).
+# One window per side: the small rows' spread between processes that windows were meant to average
+# out was the profiler's lingering cost in the processes that attributed (README, "Small kernels and
+# the profiler"); without it, 1-5 us rows spread 0.6% between processes on an H200, and 4 windows,
+# over time or over fresh buffers (tests/gpu/check_small_state.py), did not lower what remains.
+# With more than one, the graph and direct timers spread each row over this many windows per side,
+# the sides alternating, each captured afresh; the row's latency is the geometric mean of its
+# windows' medians; the first window warms up for the whole warmup budget, the later ones for a
+# share of it, the windows share the rep budget, and where the caller can, each window after the
+# first times fresh copies of the inputs (`relocate`).
 TIMING_WINDOWS = 1
 
 
