@@ -74,7 +74,7 @@ def busy_s(run_dir: Path) -> float:
 
 
 def timing_only_replays(ab_dir: Path) -> list[dict]:
-    """Replays past each side's first: the steps a repeat costs."""
+    """The timed repeats (every replay but the passes steps): the steps a repeat costs."""
     return [s for s in steps(ab_dir) if s["usable"] and s["args"][0] == "replay" and "--timing-only" in s["args"]]
 
 
@@ -86,7 +86,7 @@ def log_latencies(ab_dir: Path) -> dict[tuple, list[float]]:
     """(op, dtype, shape, side) -> log candidate latency per repeat."""
     out: dict[tuple, list[float]] = {}
     for s in steps(ab_dir):
-        if s["usable"] and s["args"][0] == "replay":
+        if s["usable"] and s["args"][0] == "replay" and not s.get("passes"):  # the passes steps' timings are not used
             rows = json.loads((Path(s["run_dir"]) / "results.json").read_text())["rows"]
             for r in rows:
                 if r["status"] == "SUCCESS" and r.get("candidate_ms"):

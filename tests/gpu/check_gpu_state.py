@@ -113,7 +113,7 @@ def step3(device: int, repeats: int) -> bool:
         print(f"step 3: A/B wall {wall:.0f} s, exit {proc.returncode}")
         by_side: dict[str, list[dict]] = {}
         for results in sorted(Path(tmp).rglob("results.json")):
-            step = results.parent.parent.name  # <ab dir>/<op>/{A-record,A-1,B-1,...}/<run>/results.json
+            step = results.parent.parent.name  # <ab dir>/<op>/{A-record,A-passes,A-1,...}/<run>/results.json
             side = "A record" if step == "A-record" else step.split("-")[0]
             by_side.setdefault(side, []).extend(json.loads(results.read_text())["rows"])
     for side, rows in sorted(by_side.items()):
