@@ -315,15 +315,22 @@ def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
 
 
 # --- per-op A/B dirs (harness.sessions.ab) ----------------------------------------------------------
-def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=(), ttgir=None):
+def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=(), ttgir=None, passes_ms=None):
     """A single-op ab dir: ab.json's steps as ab.Runner writes them, naming each step's run dir (a
     failed step's too: its rows FAILED); `failed_b`: the repeats (from 1) whose B replay failed;
-    `ttgir`: (A's, B's) text of the row's one kernel, whose IR each run then collected."""
-    def variants(side):
-        return None if ttgir is None else [("64", "fp16", "w4s3__fp16", ttgir[side == "B"], "l" * 16)]
+    `ttgir`: (A's, B's) text of the row's one kernel, whose IR each run then collected, or with
+    `passes_ms` (each passes step's latency), only each side's passes step."""
+    def variants(side, passes=False):
+        if ttgir is None or (passes_ms is not None and not passes):
+            return None
+        return [("64", "fp16", "w4s3__fp16", ttgir[side == "B"], "l" * 16)]
 
     steps = [{"what": f"[1/1 {op}] A records", "side": "A", "args": ["record", op], "exit": 0, "usable": True,
               "run_dir": str(_run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), a_ms[0])], variants("A")))}]
+    for side in ("A", "B") if passes_ms is not None else ():
+        run = _run(root / op / f"{side}-passes" / "r", [_row(op, "fp16", (64,), passes_ms)], variants(side, True))
+        steps.append({"what": f"[1/1 {op}] {side}'s IR and kernels", "side": side, "args": ["replay", "x"], "exit": 0,
+                      "usable": True, "run_dir": str(run), "passes": True})
     for i, (a, b) in enumerate(zip(a_ms, b_ms, strict=True), 1):
         for side, ms in (("A", a), ("B", b)):
             failed = side == "B" and i in failed_b
@@ -336,6 +343,17 @@ def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=(), ttgir=None):
     (root / "ab.json").write_text(json.dumps({"plan": {"repeats": len(a_ms), "backend": backend},
                                               "steps": steps, "complete": True}))
     return root
+
+
+def test_ab_dirs_time_from_the_repeats_and_compare_ir_from_the_passes_steps(tmp_path):
+    # The passes steps ran 30% slow (the profiler ran in them) and alone collected IR (the repeats
+    # time only): the row's latencies are the repeats', its IR the passes steps'.
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [1.0, 1.002, 0.998], ttgir=(TTGIR_A, TTGIR_B),
+                passes_ms=1.3)
+    (row,) = corpus.from_ab_dirs([("builtin:mm", d)], {})["rows"]
+    assert row["a_repeats_ms"] == [1.0, 1.002, 0.998] and row["b_repeats_ms"] == [1.0, 1.002, 0.998]
+    assert row["run_a"].endswith("A-passes/r") and row["run_b"].endswith("B-passes/r")
+    assert row["ir"]["status"] == "changed"
 
 
 def test_ab_dirs_pair_independent_repeats(tmp_path):
