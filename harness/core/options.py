@@ -133,6 +133,12 @@ def declared(cls_or_obj) -> list[tuple[dataclasses.Field, Option]]:
 class OptionSet:
     """What every declared option set derives from its declarations."""
 
+    def __post_init__(self) -> None:
+        # Lists handed in become tuples: a set stays hashable and unchangeable.
+        for field, _ in declared(self):
+            if isinstance(getattr(self, field.name), list):
+                object.__setattr__(self, field.name, tuple(getattr(self, field.name)))
+
     @classmethod
     def add_arguments(cls, groups: Mapping[str, Any], command: str, names: Iterable[str] | None = None) -> None:
         """Each option `command` takes (of `names`, default all) into its group of `groups`. A
@@ -165,10 +171,12 @@ class OptionSet:
         """The options set (not None, not empty), by field name: what overrides a stored set."""
         return {f.name: getattr(self, f.name) for f, _ in declared(self) if getattr(self, f.name) not in (None, ())}
 
-    def flags(self) -> list[str]:
-        """The flags of the options set, as given (`--no-triage` for a switch turned off)."""
+    def flags(self, but: Iterable[str] = ()) -> list[str]:
+        """The flags of the stored options set, but those named (`--no-triage` for a switch turned off):
+        what a resume says it took from where."""
         return [("--no-" + meta.flag[2:]) if getattr(self, f.name) is False else meta.flag
-                for f, meta in declared(self) if getattr(self, f.name) not in (None, ())]
+                for f, meta in declared(self)
+                if meta.stored and getattr(self, f.name) not in (None, ()) and f.name not in but]
 
     def to_argv(self) -> list[str]:
         """The options set, as the command line that gives them; in declaration order (logs show it)."""
