@@ -224,6 +224,8 @@ class OptionSet:
 
 def _frozen(value, meta: Option):
     """A value in the field's own type: lists as tuples, paths as Path, the FlagTune switch as text."""
+    if meta.repeat and value is None:  # an append argument not given
+        return ()
     if isinstance(value, list):
         return tuple(value)
     if meta.type is Path and value is not None:
