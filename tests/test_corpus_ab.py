@@ -510,10 +510,10 @@ def test_the_remote_op_gets_its_device_from_the_runtime_context(monkeypatch, tmp
 
     monkeypatch.setitem(sys.modules, "ray", FakeRay)
     entry = {"repo": "builtin", "op": "add", "op_file": "add", "file": "ops/add.py"}
-    opts = {"backend": "ascend", "devices": [0], "replay_root": None}
-    row, payload, scratch = ray_executor._run_remote(Runner, batch.Options, entry, opts, {}, "NPU", 0, False)
+    opts = batch.Options(RunOptions(backend="ascend"), [0])
+    row, payload, scratch = ray_executor._run_remote(Runner, opts, entry, {}, "NPU", 0, False)
     assert seen["device"] == 5 and row == {"op": "add"} and payload
-    ray_executor._run_remote(Runner, batch.Options, entry, opts, {}, "NPU", 0, True)  # a local instance
+    ray_executor._run_remote(Runner, opts, entry, {}, "NPU", 0, True)  # a local instance
     assert seen["device"] == 0  # its own shard: --devices is the local instance's resources
     assert ray_executor._resources("NPU", 2, local=False) == {"resources": {"NPU": 1}}
     assert ray_executor._resources("GPU", 2, local=True) == {"num_cpus": 1, "resources": {"zl_device_2": 1}}
