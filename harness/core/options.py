@@ -118,6 +118,7 @@ class Option:
     stored: bool = True  # in batch.json, for a resume
     # A stored relative value made absolute against the folder of the file that holds it (a plan's).
     rebase: Callable[[Any, Path], Any] | None = None
+    load: Callable[[Any], Any] | None = None  # a stored value (checked) in the field's own type
 
 
 def option(**declared) -> Any:
@@ -218,20 +219,18 @@ class OptionSet:
                 raise refuse(field.name, value, meta.what)
             if base is not None and meta.rebase is not None:
                 value = [meta.rebase(v, base) for v in value] if meta.repeat else meta.rebase(value, base)
-            fields[field.name] = _frozen(value, meta)
+            fields[field.name] = _frozen(meta.load(value) if meta.load else value, meta)
         return cls(**fields)
 
 
 def _frozen(value, meta: Option):
-    """A value in the field's own type: lists as tuples, paths as Path, the FlagTune switch as text."""
+    """A value in the field's own type: lists as tuples, paths as Path."""
     if meta.repeat and value is None:  # an append argument not given
         return ()
     if isinstance(value, list):
         return tuple(value)
     if meta.type is Path and value is not None:
         return Path(value)
-    if meta.flag == "--flagtune" and value is not None:
-        return str(value)
     return value
 
 
@@ -304,7 +303,7 @@ class RunOptions(OptionSet):
     flagtune: str | None = option(
         flag="--flagtune", group="flaggems", commands=RUNS, choices=("0", "1"), replay=False,
         help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one (default: $USE_FLAGTUNE, else 0)",
-        check=lambda v: not isinstance(v, bool) and str(v) in ("0", "1"), what="0 or 1")
+        check=lambda v: not isinstance(v, bool) and str(v) in ("0", "1"), what="0 or 1", load=str)  # yaml's 1: "1"
     libtuner_cache: str | None = option(
         flag="--libtuner-cache", group="flaggems", commands=RUNS, metavar="private|user|URL", replay=False,
         type=lambda text: absolute_libtuner_cache(text, Path.cwd()),
