@@ -68,9 +68,9 @@ class Plan:
     repeats: int = 3
     # The false discovery rate of the report's FASTER/SLOWER calls (reports.stats.adjust).
     fdr: float = stats.FDR
-    # Where and what A's record runs, and how it measures: the replays of both sides keep the record's
-    # backend, FlagGems options and measurement (FlagGems checkouts, level and switch: both sides run the
-    # same level, switch and tuning space).
+    # Where and what A's record runs and how it measures. Both sides' replays are given only what a
+    # replay takes (RunOptions.for_replay): the backend, FlagGems level, switch and cache and the
+    # measurement stay the record's, so both sides run the same level, switch and tuning space.
     options: RunOptions = RunOptions()
     step_start: str = "fork"
     step_passes: str = "once"
