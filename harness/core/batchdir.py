@@ -223,9 +223,9 @@ def write_batch_json(batch_dir: Path, facts: dict) -> None:
 
 
 def read_batch_json(batch_dir: Path, checks: Mapping[str, Check]) -> dict:
-    """batch.json, for a resume: each stored option is checked by `checks` (its command-line
-    flag's checks, since a stored value skips the parser; None is "not given" for every one, and
-    a name without a check is checked by whoever reads it)."""
+    """batch.json, for a resume: each stored name in `checks` is checked by it (a stored value skips
+    the parser; None is "not given" for every one); a name without a check is checked by whoever
+    reads it (the run options, by their declarations as they are read: harness.core.options)."""
     path = batch_dir / BATCH_JSON
     try:
         data = rundir.read_json(path)
