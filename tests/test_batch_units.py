@@ -740,14 +740,15 @@ def resumed(stored: dict, *argv):
 def test_a_resume_takes_what_the_command_line_does_not_give_from_batch_json():
     stored = json.loads(json.dumps(batch._request(options(**FULL), [ADD, MM])))
     run, how, line = resumed(stored)
-    assert line == ("options from batch.json: --backend --shapes --dtypes --ops-path --flaggems-dir --level --flagtune "
-                    "--libtuner-cache --devices --op-timeout --replay-root --no-triage; from the command line: none")
+    assert line == ("options from batch.json: --level --flagtune --libtuner-cache --backend --shapes --dtypes "
+                    "--ops-path --flaggems-dir --devices --op-timeout --replay-root --no-triage; from the command "
+                    "line: none")
     assert run == RunOptions(backend="interpreter", dtypes=("fp16",), shapes=Path("/s.yaml"), ops_paths=("/ops",),
                              flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user")
     assert how == BatchOptions(devices="0,2", op_timeout=5.0, replay_root=Path("/earlier"), triage=False)
     run, how, line = resumed(stored, "--backend", "cpu", "--op-timeout", "9", "--triage", "--ops", "add")
-    assert line == ("options from batch.json: --shapes --dtypes --ops-path --flaggems-dir --level --flagtune "
-                    "--libtuner-cache --devices --replay-root; from the command line: --backend --op-timeout --triage")
+    assert line == ("options from batch.json: --level --flagtune --libtuner-cache --shapes --dtypes --ops-path "
+                    "--flaggems-dir --devices --replay-root; from the command line: --backend --op-timeout --triage")
     assert (run.backend, how.op_timeout, how.triage, run.level) == ("cpu", 9.0, True, "core")
     # A batch.json written before the options took their fields' names.
     old = {k: v for k, v in stored.items() if k not in ("ops_paths", "flaggems_dirs")}

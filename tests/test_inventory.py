@@ -280,8 +280,7 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     runner = batch.Batch(tmp_path, opts, {})
     nested = next(e for e in entries if e.op == "scale_nested")
     cmd = runner._command(nested, 0, ["fp32"], tmp_path / "a1")
-    assert cmd[3:5] == ["record", "flaggems:scale_nested@special/nested"]
-    assert cmd[cmd.index("--level") + 1] == "comprehensive"
+    assert cmd[3:7] == ["record", "flaggems:scale_nested@special/nested", "--level", "comprehensive"]
     assert cmd[cmd.index("--flaggems-dir") + 1] == f"flaggems={CHECKOUT}"
     assert cmd[cmd.index("--dtypes") + 1] == "fp32"
     earlier = tmp_path / "earlier"

@@ -264,17 +264,28 @@ def _plan_shapes(value: str, base: Path) -> str:
 @dataclasses.dataclass(frozen=True)
 class RunOptions(OptionSet):
     """How a record or replay runs, as a session passes it on: where, what, the FlagGems checkouts,
-    and how A's record (or a batch's) measures. Declaration order is the help's and the argv's."""
+    and how A's record (or a batch's) measures. Declaration order is the argv's (FlagGems' options
+    lead, right after the target they qualify; the device last) and, within each group, the help's."""
 
+    level: str | None = option(
+        flag="--level", group="flaggems", commands=RUNS, choices=LEVELS, replay=False,
+        help="upstream --level, recorded; replays keep the recorded one (default: core)",
+        check=lambda v: v in LEVELS, what=f"one of {', '.join(LEVELS)}")
+    flagtune: str | None = option(
+        flag="--flagtune", group="flaggems", commands=RUNS, choices=("0", "1"), replay=False,
+        help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one (default: $USE_FLAGTUNE, else 0)",
+        check=lambda v: not isinstance(v, bool) and str(v) in ("0", "1"), what="0 or 1", load=str)  # yaml's 1: "1"
+    libtuner_cache: str | None = option(
+        flag="--libtuner-cache", group="flaggems", commands=RUNS, metavar="private|user|URL", replay=False,
+        type=lambda text: absolute_libtuner_cache(text, Path.cwd()),
+        rebase=lambda v, base: absolute_libtuner_cache(str(v), base),
+        help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), FlagGems' own "
+             "(user), or a sqlite path/URL; recorded in run.json",
+        check=lambda v: isinstance(v, str), what="a cache name, path or URL")
     backend: str | None = option(
         flag="--backend", group="where", commands=RUNS, metavar="NAME", replay=False,
         help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; replay: the recorded one)",
         check=lambda v: isinstance(v, str), what="a string (a backend name)")
-    # Each op's device is the batch's choice: not stored.
-    device: int | None = option(
-        flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,
-        help="device index (default: the first visible device)",
-        check=lambda v: type(v) is int and v >= 0, what="a device index (an integer >= 0)")
     shapes: Path | None = option(
         flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, rebase=_plan_shapes,
         help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems ops: `upstream`, "
@@ -296,21 +307,6 @@ class RunOptions(OptionSet):
         help="a FlagGems-style checkout (benchmark/ and src/); NAME is the repo prefix of its operators, `flaggems` "
              "when omitted (repeatable)",
         check=_is_strings, what="a list of [NAME=]PATH")
-    level: str | None = option(
-        flag="--level", group="flaggems", commands=RUNS, choices=LEVELS, replay=False,
-        help="upstream --level, recorded; replays keep the recorded one (default: core)",
-        check=lambda v: v in LEVELS, what=f"one of {', '.join(LEVELS)}")
-    flagtune: str | None = option(
-        flag="--flagtune", group="flaggems", commands=RUNS, choices=("0", "1"), replay=False,
-        help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one (default: $USE_FLAGTUNE, else 0)",
-        check=lambda v: not isinstance(v, bool) and str(v) in ("0", "1"), what="0 or 1", load=str)  # yaml's 1: "1"
-    libtuner_cache: str | None = option(
-        flag="--libtuner-cache", group="flaggems", commands=RUNS, metavar="private|user|URL", replay=False,
-        type=lambda text: absolute_libtuner_cache(text, Path.cwd()),
-        rebase=lambda v, base: absolute_libtuner_cache(str(v), base),
-        help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), FlagGems' own "
-             "(user), or a sqlite path/URL; recorded in run.json",
-        check=lambda v: isinstance(v, str), what="a cache name, path or URL")
     seed: int | None = option(
         flag="--seed", group="how", commands=RUNS, metavar="N", type=int, record_default=0, record_only=True,
         help="seed for random/numpy/torch (default: 0)",
@@ -332,6 +328,11 @@ class RunOptions(OptionSet):
         flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="timing budget per measurement (default: the backend's, 100 on GPUs)",
         check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+    # Each op's device is the batch's choice: not stored.
+    device: int | None = option(
+        flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,
+        help="device index (default: the first visible device)",
+        check=lambda v: type(v) is int and v >= 0, what="a device index (an integer >= 0)")
 
     def for_replay(self) -> RunOptions:
         """What a replay of a record made with these options is given: it keeps the rest as recorded."""

@@ -141,9 +141,9 @@ class CorpusAB(batch.Batch):
         plan_file = run_dir.parent.parent / PLAN_FILE
         rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
         target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
-        over = RunOptions(device=device, dtypes=tuple(dtypes) if dtypes else None)  # over the plan's
-        return [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--color", "never",
-                "--run-dir", str(run_dir), *over.to_argv()]
+        over = RunOptions(dtypes=tuple(dtypes) if dtypes else None)  # the batch's dtype fallback, over the plan's
+        return [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--device", str(device),
+                "--color", "never", "--run-dir", str(run_dir), *over.to_argv()]
 
     def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""
