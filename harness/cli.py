@@ -9,14 +9,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import backends
-from harness.core import rundir
-from harness.core import spec as spec_mod
+from harness.core import options, rundir
 from harness.core.errors import UsageError
 from harness.core.request import STEP_PASSES, STEP_STARTS
-from harness.providers import flaggems
 from harness.sessions import resolve
-from ops import DTYPES_RULE, valid_dtype_list
 
 DEFAULT_OP = "softmax"
 DESCRIPTION = ("Operator-level A/B performance testing for Triton compiler changes: the commands that the nox "
@@ -47,65 +43,13 @@ COMMANDS = {
 }
 
 
-def _dtype_list(text: str) -> list[str]:
-    items = [d.strip() for d in text.split(",") if d.strip()]
-    if not valid_dtype_list(items):
-        raise argparse.ArgumentTypeError(f"{text!r} must be {DTYPES_RULE}, comma-separated")
-    return items
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:  # NaN too
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _nonneg_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
-def _checkout(text: str) -> str:
-    # Absolute now: the value travels into run specs and plans that processes read from other directories.
-    return flaggems.absolute_dir(text, Path.cwd())
-
-
-def _libtuner_cache(text: str) -> str:
-    return flaggems.absolute_libtuner_cache(text, Path.cwd())
-
-
-def _add_common(parser: argparse.ArgumentParser, named: str | None = None) -> None:
-    """`named`: what --run-dir names for this command (None: it takes no --run-dir)."""
-    where = parser.add_argument_group("where to run")
-    where.add_argument("--backend", metavar="NAME", default=None,
-                       help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; "
-                            "replay: the recorded one)")
-    where.add_argument("--device", metavar="N", type=int, default=None,
-                       help="device index (default: the first visible device)")
-    what = parser.add_argument_group("what to run")
-    what.add_argument("--shapes", metavar="FILE", type=Path, default=None,
-                      help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems "
-                           "ops: `upstream`, the checkout's own, by default)")
-    what.add_argument("--dtypes", metavar="LIST", type=_dtype_list, default=None,
-                      help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)")
-    fg = parser.add_argument_group("FlagGems benchmark checkouts (operators named REPO:OP[@FILE] or a pytest node)")
-    fg.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None, type=_checkout,
-                    help="a FlagGems-style checkout (benchmark/ and src/); NAME is the repo prefix of its "
-                         "operators, `flaggems` when omitted (repeatable)")
-    fg.add_argument("--level", choices=("core", "comprehensive"), default=None,
-                    help="upstream --level, recorded; replays keep the recorded one (default: core)")
-    fg.add_argument("--flagtune", choices=("0", "1"), default=None,
-                    help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one "
-                         "(default: $USE_FLAGTUNE, else 0)")
-    fg.add_argument("--libtuner-cache", metavar="private|user|URL", default=None, type=_libtuner_cache,
-                    help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), "
-                         "FlagGems' own (user), or a sqlite path/URL; recorded in run.json")
-    what.add_argument("--ops-path", metavar="PATH", action="append", default=None,
-                      help="extra operator definitions: a directory of modules, a .py file or a module "
-                           "name (repeatable)")
+def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None = None,
+                records: str | None = None) -> None:
+    """The run options `command` takes (harness.core.options declares them), in their groups, and
+    where its output goes. `named`: what --run-dir names for this command (None: it takes no
+    --run-dir). `records`: for a session that starts records (batch, ab), which ones the
+    measurement options reach."""
+    groups = {key: parser.add_argument_group(options.GROUPS[key]) for key in ("where", "what", "flaggems")}
     out = parser.add_argument_group("output")
     where_out = out.add_mutually_exclusive_group() if named else out
     where_out.add_argument("--out", metavar="DIR", type=Path, default=None,
@@ -125,45 +69,17 @@ def _add_common(parser: argparse.ArgumentParser, named: str | None = None) -> No
                           "several runs of one compiler (the A/B gives each side its own) (default: private)")
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
+    if command in ("record", "replay"):
+        parser.add_argument("--timing-only", action="store_true",
+                            help="time the rows only: no IR, no per-kernel attribution (the profiler pass); for a "
+                                 "repeat whose one-off passes another run of the same compiler carried (default: off)")
+    how = options.GROUPS["how"] + (f" ({records})" if records else "")
+    # A replay's record-only options are refused by name: they need no group of their own in its help.
+    groups["how"] = parser.add_argument_group(how) if command != "replay" else parser
+    options.RunOptions.add_arguments(groups, command)
 
 
-def _add_timing_only(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timing-only", action="store_true",
-                        help="time the rows only: no IR, no per-kernel attribution (the profiler pass); for a "
-                             "repeat whose one-off passes another run of the same compiler carried (default: off)")
-
-
-def _add_measurement(parser: argparse.ArgumentParser, records: str = "") -> None:
-    """`records`: for a session that starts records (batch, ab), which ones these options reach; its
-    defaults are None, so that only what is given is passed on (and a resume keeps what was stored)."""
-    how = parser.add_argument_group("how to measure" + (f" ({records})" if records else ""))
-    default = (lambda value: None) if records else (lambda value: value)
-    how.add_argument("--seed", metavar="N", type=int, default=default(0),
-                     help="seed for random/numpy/torch (default: 0)")
-    how.add_argument("--timer", choices=spec_mod.TIMERS, default=default("auto"),
-                     help="auto: graph where the backend can capture, else direct; profiler: the device "
-                          "profiler's summed kernel time per call (default: auto)")
-    how.add_argument("--l2", choices=spec_mod.L2_MODES, default=default("warm"),
-                     help="warm: calls reuse what the last left in the device L2; cold: flush it before every "
-                          "call (default: warm)")
-    how.add_argument("--warmup-ms", metavar="MS", type=_nonneg_float, default=None,
-                     help="warmup budget per measurement (default: the backend's, 25 on GPUs)")
-    how.add_argument("--rep-ms", metavar="MS", type=_nonneg_float, default=None,
-                     help="timing budget per measurement (default: the backend's, 100 on GPUs)")
-
-
-class _RecordOnly(argparse.Action):
-    """A record's measurement option given to replay: refused by name, not as an unknown argument."""
-
-    def __init__(self, option_strings, dest, **kw):
-        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is record-only: a replay measures as its record did (run.json spec); "
-                     "record again to change it")
-
-
-def _add_corpus(sel, run_) -> None:
+def _add_corpus(sel, run_, command: str) -> None:
     """The selection and running options that batch and a corpus A/B share."""
     sel.add_argument("--all", action="store_true", help="the whole inventory, minus skip marks and ops/dismiss.txt")
     sel.add_argument("--ops-file", type=Path, metavar="FILE", default=None, help="one selection entry per line")
@@ -172,11 +88,7 @@ def _add_corpus(sel, run_) -> None:
                      help="a seeded random sample of N ops from the selection (after exclusions)")
     sel.add_argument("--sample-seed", type=int, metavar="S", default=0,
                      help="the sample's seed (default 0): the same seed and inventory pick the same ops")
-    run_.add_argument("--devices", metavar="LIST", default=None,
-                      help="comma-separated device indices (default: the backend's visible devices)")
-    run_.add_argument("--op-timeout", type=_positive_float, metavar="S", default=None,
-                      help="per-op timeout in seconds; the op's process group is killed (default: 1800; "
-                           "--resume: the batch's)")
+    options.BatchOptions.add_arguments({"running": run_}, command, ("devices", "op_timeout"))
     run_.add_argument("--resume", action="store_true",
                       help="rerun only ops not PASS/SKIP in --batch-dir, with the selection and options stored "
                            "there unless given again")
@@ -205,19 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("op", nargs="?", default=DEFAULT_OP,
                      help=f"built-in operator, REPO:OP[@FILE] of a FlagGems checkout, or a pytest node "
                           f"PATH/benchmark/test_x.py::test_op (default: {DEFAULT_OP})")
-    _add_common(rec, "the run dir")
-    _add_timing_only(rec)
-    _add_measurement(rec)
+    _add_common(rec, "record", "the run dir")
     rec.add_argument("--sweep-devices", type=int, metavar="N", default=0,
                      help="sweep autotune in parallel over the first N visible devices, then measure serially "
                           "on one (default: 0, a serial sweep)")
     rep = command("replay")
     rep.add_argument("run_dir", type=Path, nargs="?", default=None,
                      help="the record run dir to replay (default: the newest record run under --out)")
-    _add_common(rep, "the run dir")
-    _add_timing_only(rep)
-    for flag in ("--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--sweep-devices"):
-        rep.add_argument(flag, action=_RecordOnly)
+    _add_common(rep, "replay", "the run dir")
+    rep.add_argument("--sweep-devices", action=options.RecordOnly)
     ab = command("ab")
     ab.add_argument("plan", type=Path, nargs="?", default=None,
                     help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
@@ -243,25 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")
     # Any of these makes it a corpus A/B: each op's whole A/B is one batch job on one device.
-    _add_corpus(ab.add_argument_group("corpus A/B: selection"), ab.add_argument_group("corpus A/B: running"))
-    ab.set_defaults(replay_root=None, triage=False, summarize=None)
-    _add_common(ab, "the A/B dir")
-    _add_measurement(ab, "A's record of each op; the replays of both sides keep them; over the plan's")
+    _add_corpus(ab.add_argument_group("corpus A/B: selection"), ab.add_argument_group("corpus A/B: running"), "ab")
+    ab.set_defaults(summarize=None)
+    _add_common(ab, "ab", "the A/B dir", "A's record of each op; the replays of both sides keep them; over the plan's")
     bat = command("batch")
     sel = bat.add_argument_group("selection")
     sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
     run_ = bat.add_argument_group("running")
-    _add_corpus(sel, run_)
-    run_.add_argument("--replay-root", type=Path, metavar="DIR", default=None,
-                      help="replay each op from this earlier batch dir")
-    run_.add_argument("--triage", action=argparse.BooleanOptionalAction, default=None,
-                      help="rerun a FlagGems op that still fails or times out as the bare upstream pytest node: "
-                           "FAIL_UPSTREAM or TIMEOUT_UPSTREAM when that fails or times out too (not counted as "
-                           "ours), FAIL or TIMEOUT otherwise (default: on; --resume: the batch's)")
+    _add_corpus(sel, run_, "batch")
+    options.BatchOptions.add_arguments({"running": run_}, "batch", ("replay_root", "triage"))
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
-    _add_common(bat)
-    _add_measurement(bat, "each op's record; --resume: the batch's unless given; not with --replay-root")
+    _add_common(bat, "batch", records="each op's record; --resume: the batch's unless given; not with --replay-root")
     inv = command("inventory-regen")
     inv.add_argument("--check", action="store_true", help="fail if the committed inventory is out of date")
     inv.add_argument("--flaggems-dir", metavar="[NAME=]PATH", action="append", default=None,

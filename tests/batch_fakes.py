@@ -13,13 +13,24 @@ from conftest import REPO
 
 from harness import cli
 from harness.core import batchdir, launch, opguard, rundir
+from harness.core.options import RunOptions
 from harness.providers.catalog import Entry
+from harness.sessions import batch
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
 ADD = Entry("builtin", "add", "add", "ops/add.py")
 MM = Entry("builtin", "mm", "mm", "ops/mm.py")
 FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
+
+
+def options(backend="interpreter", devices=(0,), flaggems_dirs=None, op_timeout=batchdir.DEFAULT_OP_TIMEOUT,
+            replay_root=None, triage=True, **run):
+    """A batch's resolved options (harness.sessions.batch.Options): FlagGems checkouts as repo -> path,
+    every other run option by its field name."""
+    dirs = tuple(f"{repo}={path}" for repo, path in (flaggems_dirs or {}).items())
+    return batch.Options(RunOptions(backend=backend, flaggems_dirs=dirs, **run), list(devices), op_timeout,
+                         replay_root, triage)
 
 
 # --- the fake process boundary ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, load
 
 from harness import cli
+from harness.core.options import RunOptions
 from harness.measure import ir
 from harness.sessions import ab
 from reports import table
@@ -579,13 +580,13 @@ def test_the_plot_title_fits_inside_the_figure(tmp_path):
 def test_a_plan_of_gpu_sized_shipped_shapes_runs_the_backends_own_on_the_interpreter(capsys):
     plan = ab.resolve_plan(cli.build_parser().parse_args(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
                                                           "--backend", "interpreter"]))
-    assert plan.shapes == str(REPO / "shapes" / "tiny.yaml")
+    assert plan.options.shapes == REPO / "shapes" / "tiny.yaml"
     assert capsys.readouterr().out.startswith(f"note: backend 'interpreter' runs {REPO / 'shapes' / 'tiny.yaml'} "
                                               f"instead of the plan's {REPO / 'shapes' / 'default.yaml'}")
     chosen = ab.resolve_plan(cli.build_parser().parse_args(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
                                                             "--backend", "interpreter", "--shapes",
                                                             str(REPO / "shapes" / "default.yaml")]))
-    assert chosen.shapes == str(REPO / "shapes" / "default.yaml")  # asked for: as asked
+    assert chosen.options.shapes == REPO / "shapes" / "default.yaml"  # asked for: as asked
 
 
 def test_a_steps_cases_show_as_they_land(capsys):
@@ -599,7 +600,7 @@ def test_a_broken_ops_path_module_is_said_once_before_the_steps(tmp_path, capsys
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "scale.py").write_text((REPO / "tests" / "resources" / "user_ops" / "scale.py").read_text())
     plan = ab.Plan(name="p", ops=["path:scale3"], a=ab.Side("A", "a"), b=ab.Side("B", "b"),
-                   ops_paths=[str(tmp_path)])
+                   options=RunOptions(ops_paths=[str(tmp_path)]))
     ab._check_plan(plan)
     assert capsys.readouterr().err == (f"warning: skipped operator module {tmp_path / 'broken.py'}, which does not "
                                        f"import: {tmp_path / 'broken.py'}:1: SyntaxError: invalid syntax\n")

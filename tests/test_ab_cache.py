@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.options import RunOptions
 from harness.sessions import ab
 
 
@@ -28,7 +29,7 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
 
     monkeypatch.setattr(ab.launch, "run", run)
     plan = ab.Plan(name="t", ops=["softmax"], a=ab.Side("A", "a"), b=ab.Side("B", "b", env={"SWITCH": "1"}),
-                   repeats=2, backend="interpreter", step_start=step_start)
+                   repeats=2, options=RunOptions(backend="interpreter"), step_start=step_start)
     runner = ab.Runner(plan, tmp_path)
     runner.run()
     by_side = {}
@@ -65,7 +66,7 @@ def test_the_key_names_the_triton_the_sides_environment_imports(tmp_path):
 
 def test_a_side_whose_python_cannot_say_its_triton_gets_no_shared_cache_and_the_log_says_why(tmp_path):
     plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", "a"), b=ab.Side("B", "b", python="/bin/false"),
-                   repeats=2, backend="interpreter")
+                   repeats=2, options=RunOptions(backend="interpreter"))
     runner = ab.Runner(plan, tmp_path)
     runner._open_caches()
     runner.log.close()

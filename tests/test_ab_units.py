@@ -41,10 +41,12 @@ def test_the_command_line_overrides_the_plan_side_by_side(tmp_path, capsys):
                                  "--b-python", sys.executable, "--ops", "add", "softmax", "--device", "1",
                                  "--dtypes", "fp16", "--level", "core", "--flagtune", "1",
                                  "--libtuner-cache", "user"))
-    assert (plan.ops, plan.repeats, plan.fdr, plan.device, plan.dtypes) == (["add", "softmax"], 4, 0.1, 1, ["fp16"])
+    assert (plan.ops, plan.repeats, plan.fdr, plan.options.device, plan.options.dtypes) == (
+        ["add", "softmax"], 4, 0.1, 1, ("fp16",))
     assert (plan.a.env, plan.b.env) == ({"Y": "2"}, {"X": "1"})
     assert (plan.a.python, plan.b.python) == (None, os.path.abspath(sys.executable))
-    assert (plan.level, plan.flagtune, plan.libtuner_cache, plan.backend) == ("core", "1", "user", "interpreter")
+    assert (plan.options.level, plan.options.flagtune, plan.options.libtuner_cache, plan.options.backend) == (
+        "core", "1", "user", "interpreter")
     assert "A/A run" not in capsys.readouterr().out
     again = ab.resolve_plan(_args(str(plan_file), "--backend", "interpreter", "--repeats", "2", "--fdr", "0.2"))
     assert (again.ops, again.repeats, again.fdr, again.a.env, again.b.python) == (["mm"], 2, 0.2, {}, None)

@@ -184,8 +184,8 @@ def test_batch_dir_is_honoured_and_resume_reuses_what_the_batch_stored(harness_b
     before = log.read_text().count("\n$ ")
     code, out, err = finish(harness_batch("--resume", "--batch-dir", d))
     assert code == 1, out + err
-    assert ("resume: the selection stored in batch.json (2 ops); options from batch.json: --backend --devices "
-            "--dtypes --ops-path --op-timeout; from the command line: none") in out.splitlines()
+    assert ("resume: the selection stored in batch.json (2 ops); options from batch.json: --backend --dtypes "
+            "--ops-path --devices --op-timeout; from the command line: none") in out.splitlines()
     visible = backends.get("interpreter").check_available()  # the stored devices: all the visible ones
     assert f"2 selected, 1 already done, 0 excluded; devices {visible}; backend interpreter" in out
     rerun = log.read_text().split("\n$ ")[before + 1:]

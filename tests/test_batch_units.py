@@ -29,6 +29,7 @@ from batch_fakes import (
     FakeChild,
     Launcher,
     Step,
+    options,
     parse,
     row,
     status_rows,
@@ -39,6 +40,7 @@ from harness import cli
 from harness.core import batchdir, launch, opguard, paths, rundir
 from harness.core.batchdir import StatusRow
 from harness.core.errors import DtypeRejected, UsageError
+from harness.core.options import BatchOptions, RunOptions
 from harness.providers import catalog, selection
 from harness.providers.catalog import Entry
 from harness.sessions import batch, ray_executor, slurm_executor
@@ -63,9 +65,7 @@ def launcher(monkeypatch, clock):
 
 def runner_for(tmp_path, launcher=None, op_dtypes=None, **opts) -> batch.Batch:
     opts.setdefault("op_timeout", 20.0)
-    opts.setdefault("backend", "interpreter")
-    opts.setdefault("devices", [0])
-    r = batch.Batch(tmp_path, batch.Options(**opts), op_dtypes or {})
+    r = batch.Batch(tmp_path, options(**opts), op_dtypes or {})
     if launcher is not None:
         launcher.runner = r
     return r
@@ -684,9 +684,10 @@ def test_stop_leftovers_stops_each_running_op_and_says_so(tmp_path, monkeypatch)
 # --- the job's hooks -----------------------------------------------------------------------------------
 def test_batch_hooks_of_a_record_job(tmp_path):
     r = runner_for(tmp_path, devices=[4, 6])
-    assert batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"backend": "x"}) == {}
+    assert batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"backend": "x"}, r.opts.run) == (
+        {}, r.opts.run, None)
     with pytest.raises(UsageError) as info:
-        batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"plan": {}})
+        batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"plan": {}}, r.opts.run)
     assert str(info.value) == (f"--batch-dir {tmp_path} is a corpus A/B: resume it with nox -s ab -- --resume "
                                "--batch-dir DIR")
     assert batch.Batch.dir_prefix({}) == "batch"
@@ -711,41 +712,48 @@ def test_slurm_params_fit_every_attempt_and_take_key_values():
 
 
 # --- what a batch stores for its resume ---------------------------------------------------------------------
-FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes="/s.yaml", ops_paths=["/ops"],
+FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes=Path("/s.yaml"), ops_paths=["/ops"],
             flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="1", libtuner_cache="user", op_timeout=5.0,
             replay_root=Path("/earlier"), triage=False)
 
 
 def test_request_stores_options_as_the_command_line_gives_them():
-    assert batch._request(batch.Options(**FULL), [ADD, MM]) == {
-        "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_path": ["/ops"],
-        "flaggems_dir": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
-        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "selection": [ADD.id, MM.id]}
-    assert batch._request(batch.Options("interpreter", [1]), []) == {
-        "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_path": None,
-        "flaggems_dir": None, "level": None, "flagtune": None, "libtuner_cache": None,
-        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "selection": []}
+    unmeasured = {"seed": None, "timer": None, "l2": None, "warmup_ms": None, "rep_ms": None}
+    assert batch._request(options(**FULL), [ADD, MM]) == {
+        "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_paths": ["/ops"],
+        "flaggems_dirs": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
+        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "selection": [ADD.id, MM.id], **unmeasured}
+    assert batch._request(options(devices=[1]), []) == {
+        "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_paths": [],
+        "flaggems_dirs": [], "level": None, "flagtune": None, "libtuner_cache": None,
+        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "selection": [], **unmeasured}
 
 
-def test_apply_stored_fills_in_what_the_command_line_does_not_give(tmp_path):
-    stored = json.loads(json.dumps(batch._request(batch.Options(**FULL), [ADD, MM])))
-    args = parse("--resume", "--batch-dir", tmp_path)
-    line = batch._apply_stored(args, stored)
-    assert line == ("resume: the selection stored in batch.json (2 ops); options from batch.json: --backend "
-                    "--devices --dtypes --shapes --ops-path --flaggems-dir --level --flagtune --libtuner-cache "
-                    "--op-timeout --replay-root --no-triage; from the command line: none")
-    assert (args.backend, args.devices, args.dtypes, args.shapes, args.ops_path, args.flaggems_dir) == (
-        "interpreter", "0,2", ["fp16"], Path("/s.yaml"), ["/ops"], ["flaggems=/fg"])
-    assert (args.level, args.flagtune, args.libtuner_cache, args.op_timeout, args.replay_root, args.triage) == (
-        "core", "1", "user", 5.0, Path("/earlier"), False)
-    args = parse("--resume", "--batch-dir", tmp_path, "--backend", "cpu", "--op-timeout", "9", "--triage",
-                 "--ops", "add")
-    line = batch._apply_stored(args, stored)
-    assert line == ("resume: the selection given on the command line (batch.json keeps its 2 ops, and adds any "
-                    "new: a plain --resume runs those not done); options from batch.json: --devices --dtypes "
-                    "--shapes --ops-path --flaggems-dir --level --flagtune "
-                    "--libtuner-cache --replay-root; from the command line: --backend --op-timeout --triage")
-    assert (args.backend, args.op_timeout, args.triage) == ("cpu", 9.0, True)
+def resumed(stored: dict, *argv):
+    """What a resume of a batch that stored `stored` runs with, given `argv`: (run options, batch
+    options, the line saying which came from where)."""
+    args = parse("--resume", "--batch-dir", "/b", *argv)
+    return batch._resumed(stored, RunOptions.from_namespace(args), BatchOptions.from_namespace(args),
+                          Path("/b/batch.json"))
+
+
+def test_a_resume_takes_what_the_command_line_does_not_give_from_batch_json():
+    stored = json.loads(json.dumps(batch._request(options(**FULL), [ADD, MM])))
+    run, how, line = resumed(stored)
+    assert line == ("options from batch.json: --level --flagtune --libtuner-cache --backend --shapes --dtypes "
+                    "--ops-path --flaggems-dir --devices --op-timeout --replay-root --no-triage; from the command "
+                    "line: none")
+    assert run == RunOptions(backend="interpreter", dtypes=("fp16",), shapes=Path("/s.yaml"), ops_paths=("/ops",),
+                             flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user")
+    assert how == BatchOptions(devices="0,2", op_timeout=5.0, replay_root=Path("/earlier"), triage=False)
+    run, how, line = resumed(stored, "--backend", "cpu", "--op-timeout", "9", "--triage", "--ops", "add")
+    assert line == ("options from batch.json: --level --flagtune --libtuner-cache --shapes --dtypes --ops-path "
+                    "--flaggems-dir --devices --replay-root; from the command line: --backend --op-timeout --triage")
+    assert (run.backend, how.op_timeout, how.triage, run.level) == ("cpu", 9.0, True, "core")
+    # A batch.json written before the options took their fields' names.
+    old = {k: v for k, v in stored.items() if k not in ("ops_paths", "flaggems_dirs")}
+    old.update(ops_path=["/ops"], flaggems_dir=["flaggems=/fg"])
+    assert resumed({batch.RENAMED.get(k, k): v for k, v in old.items()}, "--ops", "add")[0] == resumed(stored)[0]
 
 
 def test_a_batch_records_each_op_measured_as_asked(tmp_path, launcher):
@@ -756,62 +764,58 @@ def test_a_batch_records_each_op_measured_as_asked(tmp_path, launcher):
     assert cmd[cmd.index("--timer") + 1] == "host" and cmd[cmd.index("--seed") + 1] == "0"
 
 
-def test_how_records_measure_is_passed_on_stored_and_kept_by_a_resume(tmp_path):
-    args = parse("--ops", "add", "--timer", "profiler", "--l2", "cold", "--seed", "0", "--warmup-ms", "2")
-    measurement = batch._measurement(args)
-    assert measurement == {"seed": 0, "timer": "profiler", "l2": "cold", "warmup_ms": 2.0}  # seed 0 was given
-    assert batch._measurement(parse("--ops", "add")) == {}  # nothing given: each record's own defaults
-    stored = batch._request(batch.Options("interpreter", [0], measurement=measurement), [ADD])
-    assert {k: stored[k] for k in measurement} == measurement
-    args = parse("--resume", "--batch-dir", tmp_path, "--l2", "warm")
-    assert batch._apply_stored(args, stored).endswith(
-        "options from batch.json: --backend --devices --op-timeout --seed --timer --warmup-ms; "
-        "from the command line: --l2")
-    assert batch._measurement(args) == {"seed": 0, "timer": "profiler", "l2": "warm", "warmup_ms": 2.0}
+def test_how_records_measure_is_passed_on_stored_and_kept_by_a_resume(tmp_path, launcher):
+    args = parse("--ops", "add", "--timer", "host", "--l2", "warm", "--seed", "0", "--warmup-ms", "2",
+                 "--backend", "interpreter", "--devices", "0", "--batch-dir", tmp_path / "b")
+    assert batch.run_from_args(args) == 0
+    stored = rundir.read_json(tmp_path / "b" / batchdir.BATCH_JSON)["request"]
+    assert {k: stored[k] for k in ("seed", "timer", "l2", "warmup_ms", "rep_ms")} == {
+        "seed": 0, "timer": "host", "l2": "warm", "warmup_ms": 2.0, "rep_ms": None}  # seed 0 was given
+    run, _, line = resumed(stored, "--warmup-ms", "3")
+    assert line == ("options from batch.json: --backend --seed --timer --l2 --devices --op-timeout; "
+                    "from the command line: --warmup-ms")
+    assert run.measurement() == RunOptions(seed=0, timer="host", l2="warm", warmup_ms=3.0)
     with pytest.raises(UsageError, match=r"--replay-root replays each op as it was recorded, measured the same way: "
                                          r"drop --timer --rep-ms$"):
-        batch._measurement(parse("--replay-root", tmp_path, "--timer", "direct", "--rep-ms", "3"))
+        batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--replay-root", tmp_path, "--timer",
+                                  "host", "--rep-ms", "3"))
 
 
-def test_apply_stored_names_the_selection_and_only_the_options_asked_for(tmp_path):
-    args = parse("--resume", "--batch-dir", tmp_path, "--no-triage")
-    assert batch._apply_stored(args, {"selection": [ADD.id], "backend": "interpreter", "devices": None}) == (
-        "resume: the selection stored in batch.json (1 op); options from batch.json: --backend; from the "
-        "command line: --no-triage")
-    assert args.devices is None
-    args = parse("--resume", "--batch-dir", tmp_path)
-    assert batch._apply_stored(args, {}, ("backend",)) == (
-        "resume: the selection stored in batch.json (0 ops); options from batch.json: none; from the command "
-        "line: none")
-    args = parse("--resume", "--batch-dir", tmp_path)
-    assert batch._apply_stored(args, {"backend": "cpu", "level": "core"}, ("level",)).endswith(
-        "options from batch.json: --level; from the command line: none")
-    assert (args.backend, args.level) == (None, "core")
+def test_a_resume_names_the_selection_and_only_the_options_it_was_given(tmp_path):
+    assert resumed({"selection": [ADD.id], "backend": "interpreter", "devices": None}, "--no-triage")[2] == (
+        "options from batch.json: --backend; from the command line: --no-triage")
+    assert resumed({})[2] == "options from batch.json: none; from the command line: none"
+    assert batch._stored_selection(parse("--resume"), {"selection": [ADD.id]}) == (
+        "the selection stored in batch.json (1 op)")
     for given in (["--all"], ["--ops-file", "f"], ["--repos", "builtin"]):
-        line = batch._apply_stored(parse("--resume", *given), {"selection": [ADD.id, MM.id, ADD.id]})
-        assert line.startswith("resume: the selection given on the command line (batch.json keeps its 3 ops"), given
+        line = batch._stored_selection(parse("--resume", *given), {"selection": [ADD.id, MM.id, ADD.id]})
+        assert line.startswith("the selection given on the command line (batch.json keeps its 3 ops"), given
 
 
 # --- where the ops run ---------------------------------------------------------------------------------------
-def test_where_resolves_backend_devices_checkouts_and_ops_paths(tmp_path, monkeypatch):
+def where(*argv):
+    args = parse(*argv)
+    return batch._where(RunOptions.from_namespace(args), BatchOptions.from_namespace(args))
+
+
+def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute_as_parsed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()
-    backend, devices, checkouts, ops_paths = batch._where(parse(
-        "--backend", "cpu", "--devices", " 0, 0,", "--flaggems-dir", f"fg={CHECKOUT}", "--ops-path", "mine",
-        "--ops-path", "some.module"))
+    backend, devices, checkouts = where("--backend", "cpu", "--devices", " 0, 0,", "--flaggems-dir", f"fg={CHECKOUT}")
     assert (backend.name, devices, checkouts) == ("interpreter", [0, 0], {"fg": CHECKOUT})
-    assert ops_paths == [str(tmp_path / "mine"), "some.module"]
-    backend, devices, checkouts, ops_paths = batch._where(parse("--backend", "interpreter"))
-    assert devices == backend.check_available(None) and (checkouts, ops_paths) == ({}, [])
+    parsed = RunOptions.from_namespace(parse("--ops-path", "mine", "--ops-path", "some.module"))
+    assert parsed.ops_paths == (str(tmp_path / "mine"), "some.module")
+    backend, devices, checkouts = where("--backend", "interpreter")
+    assert devices == backend.check_available(None) and checkouts == {}
     with pytest.raises(UsageError) as info:
-        batch._where(parse("--backend", "interpreter", "--devices", "0,x"))
+        where("--backend", "interpreter", "--devices", "0,x")
     assert str(info.value) == "--devices 0,x: expected comma-separated device indices, e.g. 0,1"
     with pytest.raises(UsageError, match=r"device\(s\) \[100000\] do not exist here"):
-        batch._where(parse("--backend", "interpreter", "--devices", "100000"))
+        where("--backend", "interpreter", "--devices", "100000")
     with pytest.raises(UsageError, match="--flaggems-dir 1x=/p: expected"):
-        batch._where(parse("--backend", "interpreter", "--flaggems-dir", "1x=/p"))
+        where("--backend", "interpreter", "--flaggems-dir", "1x=/p")
     with pytest.raises(UsageError, match="unknown backend 'nope'"):
-        batch._where(parse("--backend", "nope"))
+        where("--backend", "nope")
 
 
 # --- a whole batch, in process ---------------------------------------------------------------------------------
@@ -835,8 +839,8 @@ def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatc
     assert {k: v for k, v in stored.items() if k != "request"} == {
         "backend": "interpreter", "devices": [0], "flaggems_dirs": {}, "excluded": {}, "left_out_repos": {},
         "selected": ["path:fp32_op", "path:crash_op", "builtin:add"]}
-    assert stored["request"] == {**batch._request(batch.Options("interpreter", [0], dtypes=["fp32"],
-                                                                ops_paths=[str(OPS)]), []), "selection": ids}
+    assert stored["request"] == {**batch._request(options(dtypes=["fp32"], ops_paths=[str(OPS)]), []),
+                                 "selection": ids}
     assert [(x["op"], x["status"]) for x in status_rows(d)] == [("add", "PASS"), ("crash_op", "FAIL"),
                                                                 ("fp32_op", "PASS")]
     assert (d / "summary.csv").read_text().count("\n") == 3  # header, add's row, fp32_op's row
@@ -850,8 +854,8 @@ def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatc
     assert batch.run_from_args(parse("--resume", "--batch-dir", d)) == 0
     out = lines(capsys)
     assert out[:4] == [
-        "resume: the selection stored in batch.json (3 ops); options from batch.json: --backend --devices --dtypes "
-        "--ops-path --op-timeout; from the command line: none",
+        "resume: the selection stored in batch.json (3 ops); options from batch.json: --backend --dtypes --ops-path "
+        "--devices --op-timeout; from the command line: none",
         "resume: stopped ops/path__crash_op, still running from the dead batch pid 5 (process group 6), before "
         "reusing its device",
         f"batch dir: {d}", "3 selected, 2 already done, 0 excluded; devices [0]; backend interpreter"]
@@ -1061,7 +1065,7 @@ def test_a_resume_of_a_batch_json_without_a_request_takes_the_command_line(tmp_p
                                 "from the command line: --backend --devices")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class FlavourOptions(batch.Options):
     flavour: str = ""
 
@@ -1071,15 +1075,14 @@ class FlavourBatch(batch.Batch):
     options, dir prefix and request fields."""
 
     OPTIONS = FlavourOptions
-    STORED = ("backend", "devices")
 
     def __init__(self, *args):
         super().__init__(*args)
         type(self).last = self
 
     @classmethod
-    def prepare(cls, args, stored):
-        return {"flavour": stored.get("flavour", "plain") + "!"}
+    def prepare(cls, args, stored, run):
+        return {"flavour": stored.get("flavour", "plain") + "!"}, run, None
 
     @classmethod
     def dir_prefix(cls, extra):
@@ -1095,7 +1098,8 @@ def test_a_runner_class_brings_its_options_dir_prefix_and_stored_fields(tmp_path
     assert FlavourBatch.last.opts.flavour == "plain!"
     assert batch.run_from_args(parse("--resume", "--batch-dir", d, "--op-timeout", "9", "--ops", "mm"),
                                FlavourBatch) == 0
-    assert lines(capsys)[0].endswith("options from batch.json: --backend --devices; from the command line: none")
+    assert lines(capsys)[0].endswith("options from batch.json: --backend --devices; from the command line: "
+                                     "--op-timeout")
     assert rundir.read_json(d / batchdir.BATCH_JSON)["request"]["flavour"] == "plain!!"
 
 
@@ -1104,12 +1108,12 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
                 flagtune="1", libtuner_cache="user", flaggems_dirs={"flaggems": "/fg"})
     r = runner_for(tmp_path, **opts)
     ns = cli.build_parser().parse_args(r._command(ADD, 1, ["fp16"], tmp_path / "a1" / "run")[3:])
-    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.named_run_dir, ns.out,
+    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_paths, ns.named_run_dir, ns.out,
             ns.color) == ("record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"],
                           tmp_path / "a1" / "run", None, "never")
-    assert (ns.flaggems_dir, ns.level, ns.flagtune, ns.libtuner_cache) == (None, None, None, None)
+    assert (ns.flaggems_dirs, ns.level, ns.flagtune, ns.libtuner_cache) == (None, None, None, None)
     ns = cli.build_parser().parse_args(r._command(FG, 0, None, tmp_path / "a2")[3:])
-    assert (ns.op, ns.flaggems_dir, ns.level, ns.flagtune, ns.libtuner_cache, ns.dtypes, ns.shapes) == (
+    assert (ns.op, ns.flaggems_dirs, ns.level, ns.flagtune, ns.libtuner_cache, ns.dtypes, ns.shapes) == (
         "flaggems:broken_upstream@triage", ["flaggems=/fg"], "comprehensive", "1", "user", None, Path("/s.yaml"))
     r = runner_for(tmp_path, **{**opts, "shapes": None})
     assert cli.build_parser().parse_args(r._command(ADD, 1, None, tmp_path / "a1")[3:]).shapes is None
@@ -1117,7 +1121,7 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
     r = runner_for(tmp_path, **opts, replay_root=earlier)
     r.replay_sources = {FG.id: StatusRow(FG.op, FG.repo, FG.op_file, "PASS", run_dir="ops/x/attempt1/run")}
     ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3" / "run")[3:])
-    assert (ns.command, ns.run_dir, ns.device, ns.named_run_dir, ns.color, ns.ops_path, ns.flaggems_dir) == (
+    assert (ns.command, ns.run_dir, ns.device, ns.named_run_dir, ns.color, ns.ops_paths, ns.flaggems_dirs) == (
         "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3" / "run", "never", ["/ops"], ["flaggems=/fg"])
     assert (ns.backend, ns.dtypes, ns.level) == (None, None, None)  # a replay keeps the recorded ones
 
@@ -1150,7 +1154,7 @@ class HookBatch(batch.Batch):
 
 
 def test_a_jobs_hooks_decide_its_status_from_its_attempt_dirs(tmp_path, launcher, monkeypatch):
-    r = HookBatch(tmp_path, batch.Options("interpreter", [0], dtypes=["fp16"], op_timeout=20.0), {})
+    r = HookBatch(tmp_path, options(dtypes=["fp16"], op_timeout=20.0), {})
     launcher.runner = r
     op_dir = batchdir.op_dir(tmp_path, ADD.key)
 

@@ -18,6 +18,7 @@ from conftest import REPO, in_a_case, load, pids_mentioning, wait_for
 import backends
 from harness import cli
 from harness.core import batchdir
+from harness.core.options import RunOptions
 from harness.providers import catalog
 from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
 
@@ -154,6 +155,11 @@ def _args(*argv):
     return cli.build_parser().parse_args(["ab", *argv])
 
 
+def prepare(args, stored: dict):
+    """CorpusAB.prepare as the batch calls it: over the options the command line gives."""
+    return corpus_ab.CorpusAB.prepare(args, stored, RunOptions.from_namespace(args))
+
+
 def test_a_single_op_without_corpus_options_is_todays_ab():
     assert not corpus_ab.wanted(_args("--ops", "softmax"))
     assert not corpus_ab.wanted(_args("ops/ab_f32_ieee.yaml", "--device", "1", "--repeats", "5"))
@@ -165,8 +171,8 @@ def test_a_single_op_without_corpus_options_is_todays_ab():
 
 def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    plan.timer, plan.l2 = "profiler", "cold"
-    opts = corpus_ab.ABOptions(backend="interpreter", devices=[0, 1], plan=corpus_ab._plan_data(plan))
+    plan.options = dataclasses.replace(plan.options, timer="profiler", l2="cold")
+    opts = corpus_ab.ABOptions(RunOptions(backend="interpreter"), [0, 1], plan=plan.to_dict())
     runner = corpus_ab.CorpusAB(tmp_path, opts, {})
     op_dir = tmp_path / "ops" / "flaggems__mm"
     op_dir.mkdir(parents=True)
@@ -174,12 +180,12 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     ab_dir = runner._run_dir(entry, op_dir / "attempt1")
     assert ab_dir.parent == op_dir / "attempt1" and re.fullmatch(r"ab_f32-ieee_\d{8}-\d{6}", ab_dir.name)
     cmd = runner._command(entry, 1, ["fp32"], ab_dir)
-    assert cmd[1:] == ["-m", "harness", "ab", str(op_dir / "plan.yaml"), "--ops", "flaggems:mm@blas",
-                       "--device", "1", "--color", "never", "--run-dir", str(ab_dir), "--dtypes", "fp32"]
+    assert cmd[1:] == ["-m", "harness", "ab", str(op_dir / "plan.yaml"), "--ops", "flaggems:mm@blas", "--device", "1",
+                       "--color", "never", "--run-dir", str(ab_dir), "--dtypes", "fp32"]
     again = corpus_ab.ab.load_plan(op_dir / "plan.yaml")  # the plan each op's A/B reads back
-    assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.device is None
-    assert again.shapes == str(REPO / "shapes" / "default.yaml")
-    assert (again.timer, again.l2, again.seed) == ("profiler", "cold", None)  # how A records, with the plan
+    assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.options.device is None
+    assert again.options.shapes == REPO / "shapes" / "default.yaml"
+    assert again.options.measurement() == RunOptions(timer="profiler", l2="cold")  # how A records, with the plan
 
 
 def _run(run_dir: Path, observed: dict, rows: int = 0) -> str:
@@ -194,8 +200,8 @@ def test_an_ops_ab_is_read_back_from_the_dirs_it_named_never_a_stray_one(tmp_pat
     """The attempt's A/B dir is the one the batch named; its steps' run dirs are the ones its
     ab.json names (the running step's too): nothing else in the attempt dir is looked at."""
     plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    runner = corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(backend="interpreter", devices=[0],
-                                                              plan=corpus_ab._plan_data(plan)), {})
+    runner = corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(RunOptions(backend="interpreter"), [0],
+                                                              plan=plan.to_dict()), {})
     attempt = tmp_path / "ops" / "builtin__add" / "attempt1"
     stray = attempt / "ab_f32-ieee_19990101-000000"  # a passed A/B left in the attempt dir
     stray.mkdir(parents=True)
@@ -232,12 +238,12 @@ def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monke
                  "flaggems_checkout", "--a-python", os.path.relpath(sys.executable), "--libtuner-cache", "tuned.db")
     written = tmp_path / "ops" / "flaggems__abs" / "plan.yaml"
     written.parent.mkdir(parents=True)
-    written.write_text(corpus_ab.yaml.safe_dump(corpus_ab._plan_data(corpus_ab.ab.resolve_plan(args))))
+    written.write_text(corpus_ab.yaml.safe_dump(corpus_ab.ab.resolve_plan(args).to_dict()))
     monkeypatch.chdir(tmp_path)
     again = corpus_ab.ab.load_plan(written)
-    assert again.flaggems_dirs == [f"flaggems={resources / 'flaggems_checkout'}"]
+    assert again.options.flaggems_dirs == (f"flaggems={resources / 'flaggems_checkout'}",)
     assert again.a.python == os.path.abspath(sys.executable)  # a venv's python stays the venv's link
-    assert again.libtuner_cache == str(resources / "tuned.db")
+    assert again.options.libtuner_cache == str(resources / "tuned.db")
 
     (tmp_path / "envs" / "b" / "bin").mkdir(parents=True)
     (tmp_path / "envs" / "b" / "bin" / "python").touch()
@@ -247,26 +253,26 @@ def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monke
                     "b: {env: {X: '1'}, python: ../envs/b/bin/python}\n")
     monkeypatch.chdir(resources)
     loaded = corpus_ab.ab.load_plan(plan)
-    assert loaded.flaggems_dirs == [f"flaggems={tmp_path / 'checkout'}"]
+    assert loaded.options.flaggems_dirs == (f"flaggems={tmp_path / 'checkout'}",)
     assert loaded.b.python == str(tmp_path / "envs" / "b" / "bin" / "python")
-    assert loaded.libtuner_cache == str(tmp_path / "plans" / "tuned.db")
+    assert loaded.options.libtuner_cache == str(tmp_path / "plans" / "tuned.db")
 
 
 def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
-    stored = {"plan": corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))}
+    stored = {"plan": corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()}
     for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"]):
         args = _args("--resume", "--batch-dir", str(tmp_path), *flags)
         dropped = " ".join(f for f in flags if f.startswith("--"))
         with pytest.raises(batch.UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "
                                                    f"it keeps: drop {dropped}"):
-            corpus_ab.CorpusAB.prepare(args, stored)
+            prepare(args, stored)
 
 
 # --- a finished op's A/B, as the batch reads it ---------------------------------------------------------
 def _runner(tmp_path, backend="cuda"):
     plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    return corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(backend=backend, devices=[0],
-                                                            plan=corpus_ab._plan_data(plan)), {})
+    return corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(RunOptions(backend=backend), [0], plan=plan.to_dict()),
+                              {})
 
 
 def _finished(ab_dir: Path, report_rows: list | None, record_statuses=("SUCCESS",), complete=True) -> Path:
@@ -331,13 +337,15 @@ def test_an_op_passes_with_a_complete_report_over_rows_or_over_every_case_skippe
 def test_a_fresh_corpus_ab_takes_what_and_where_from_its_plan(tmp_path, capsys):
     args = _args(str(REPO / "ops" / "ab_f32_ieee.yaml"), "--devices", "0", "--backend", "interpreter",
                  "--batch-dir", str(tmp_path))
-    stored = corpus_ab.CorpusAB.prepare(args, {})
+    stored, run, ops = prepare(args, {})
     plan = corpus_ab._plan_of(stored["plan"])  # stored whole, as the ops' A/Bs will read it
-    assert (plan.name, plan.backend, plan.repeats, plan.b.env) == ("f32-ieee", "interpreter", 3,
-                                                                    {"TRITON_F32_DEFAULT": "ieee"})
-    # The batch runs what and where the plan says (the interpreter's tiny shapes in place of a GPU's).
-    assert (args.backend, args.ops, args.dtypes, args.shapes) == ("interpreter", ["mm"], ["fp32"], Path(plan.shapes))
-    assert args.shapes.name == "tiny.yaml" and (args.level, args.flagtune) == (plan.level, plan.flagtune)
+    assert (plan.name, plan.options.backend, plan.repeats, plan.b.env) == ("f32-ieee", "interpreter", 3,
+                                                                            {"TRITON_F32_DEFAULT": "ieee"})
+    # The batch runs what and where the plan says (the interpreter's tiny shapes in place of a GPU's), not how
+    # A records (each op's A/B reads that from the plan).
+    assert (run.backend, ops, run.dtypes, run.shapes) == ("interpreter", ["mm"], ("fp32",), plan.options.shapes)
+    assert run.shapes.name == "tiny.yaml"
+    assert run == dataclasses.replace(plan.options.without_measurement(), device=None)
     out = capsys.readouterr().out.splitlines()
     assert (f"A/B f32-ieee: A = {plan.a.describe()}; B = {plan.b.describe()}; 3 repeats interleaved; "
             "each op's whole A/B on one device") in out
@@ -345,8 +353,7 @@ def test_a_fresh_corpus_ab_takes_what_and_where_from_its_plan(tmp_path, capsys):
     assert corpus_ab.CorpusAB.dir_prefix(stored) == "ab-corpus_f32-ieee"
     # Ops named on the command line are the ones run, not the plan's.
     chosen = _args(str(REPO / "ops" / "ab_f32_ieee.yaml"), "--ops", "add", "--devices", "0", "--backend", "interpreter")
-    corpus_ab.CorpusAB.prepare(chosen, {})
-    assert chosen.ops == ["add"]
+    assert prepare(chosen, {})[2] == ["add"]
 
 
 def test_each_ops_ab_names_its_op_as_its_repo_does_and_every_dtype_asked(tmp_path):
@@ -406,22 +413,22 @@ def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
 
 def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, capsys):
     plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    stored = {"plan": {**corpus_ab._plan_data(plan), "backend": "interpreter", "repeats": 5}}
+    stored = {"plan": {**plan.to_dict(), "backend": "interpreter", "repeats": 5}}
     args = _args("--resume", "--batch-dir", str(tmp_path), "--backend", "interpreter")  # as the batch restores it
-    assert corpus_ab.CorpusAB.prepare(args, stored) == stored  # kept as it was, not resolved again
+    assert prepare(args, stored)[0] == stored  # kept as it was, not resolved again
     assert f"; B = {plan.b.describe()}; 5 repeats interleaved; " in capsys.readouterr().out
     # A plain batch's dir, or a plan the batch.json holds corrupt: one line saying which and what to do.
     with pytest.raises(batch.UsageError, match=re.escape(
             f"--resume --batch-dir {tmp_path}: a batch, not a corpus A/B: resume it with nox -s batch -- --resume "
             "--batch-dir DIR")):
-        corpus_ab.CorpusAB.prepare(args, {"backend": "interpreter"})
+        prepare(args, {"backend": "interpreter"})
     with pytest.raises(batch.UsageError, match=re.escape(f"stored in {tmp_path / batchdir.BATCH_JSON}") + ".*"
                        + re.escape("(a corrupt batch.json: start a new --batch-dir)")):
-        corpus_ab.CorpusAB.prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
+        prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
 
 
 def test_a_corrupt_stored_plan_is_one_line_naming_where_it_was_stored():
-    data = corpus_ab._plan_data(corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml"))
+    data = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()
     assert corpus_ab._plan_of(data) == corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
     with pytest.raises(batch.UsageError) as refused:
         corpus_ab._plan_of({**data, "repeats": 1})
@@ -436,11 +443,11 @@ def test_a_selection_on_the_command_line_replaces_the_plans_ops(tmp_path):
     ops_file.write_text("mm\n")
     for selection in (["--all"], ["--ops-file", str(ops_file)], ["--repos", "builtin"]):
         args = _args(str(plan_file), "--backend", "interpreter", "--devices", "0", *selection)
-        corpus_ab.CorpusAB.prepare(args, {})
-        assert args.ops is None and args.shapes is None, selection
+        _, run, ops = prepare(args, {})
+        # The plan's ops go to the batch, which selects them only when the command line names no selection.
+        assert run.shapes is None and ops == ["add"], selection
     args = _args(str(plan_file), "--backend", "interpreter", "--devices", "0")
-    corpus_ab.CorpusAB.prepare(args, {})
-    assert args.ops == ["add"]
+    assert prepare(args, {})[2] == ["add"]
 
 
 def test_a_sides_pip_env_is_built_once_before_any_op_runs(tmp_path, monkeypatch):
@@ -449,7 +456,7 @@ def test_a_sides_pip_env_is_built_once_before_any_op_runs(tmp_path, monkeypatch)
     built = []
     monkeypatch.setattr(corpus_ab.ab, "build_side_env", lambda side, log: built.append((side.name, side.requirements,
                                                                                          log)))
-    corpus_ab.CorpusAB.prepare(_args(str(plan_file), "--backend", "interpreter", "--devices", "0"), {})
+    prepare(_args(str(plan_file), "--backend", "interpreter", "--devices", "0"), {})
     assert built == [("B", ["tabulate==0.9.0"], sys.stdout)]  # A has no requirements: nothing to build
 
 
@@ -503,10 +510,10 @@ def test_the_remote_op_gets_its_device_from_the_runtime_context(monkeypatch, tmp
 
     monkeypatch.setitem(sys.modules, "ray", FakeRay)
     entry = {"repo": "builtin", "op": "add", "op_file": "add", "file": "ops/add.py"}
-    opts = {"backend": "ascend", "devices": [0], "replay_root": None}
-    row, payload, scratch = ray_executor._run_remote(Runner, batch.Options, entry, opts, {}, "NPU", 0, False)
+    opts = batch.Options(RunOptions(backend="ascend"), [0])
+    row, payload, scratch = ray_executor._run_remote(Runner, opts, entry, {}, "NPU", 0, False)
     assert seen["device"] == 5 and row == {"op": "add"} and payload
-    ray_executor._run_remote(Runner, batch.Options, entry, opts, {}, "NPU", 0, True)  # a local instance
+    ray_executor._run_remote(Runner, opts, entry, {}, "NPU", 0, True)  # a local instance
     assert seen["device"] == 0  # its own shard: --devices is the local instance's resources
     assert ray_executor._resources("NPU", 2, local=False) == {"resources": {"NPU": 1}}
     assert ray_executor._resources("GPU", 2, local=True) == {"num_cpus": 1, "resources": {"zl_device_2": 1}}

@@ -21,6 +21,7 @@ from conftest import REPO, load
 
 from harness import cli
 from harness.core import ir_index
+from harness.core.options import RunOptions
 from harness.measure import ir
 from harness.sessions import ab
 from reports import compare, corpus, corpus_html, stats
@@ -677,7 +678,7 @@ def test_a_corpus_ab_ends_with_the_verdicts_its_report_gives(tmp_path):
         writer.writeheader()
         writer.writerows(status)
     plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan=corpus_ab._plan_data(plan))
+    opts = corpus_ab.ABOptions(RunOptions(backend="cuda"), [0], plan=plan.to_dict())
     line = corpus_ab.CorpusAB(tmp_path, opts, {}).summarize()
     assert line.startswith(f"verdicts: {stats.NOISY} 9; report: ")
     data = json.loads((tmp_path / "report.json").read_text())
@@ -700,7 +701,7 @@ def test_a_corpus_ab_report_keys_ops_sharing_a_name_by_file_and_leaves_skipped_o
         writer.writeheader()
         writer.writerows(status)
     plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
-    opts = corpus_ab.ABOptions(backend="cuda", devices=[0], plan={**corpus_ab._plan_data(plan), "fdr": 0.2})
+    opts = corpus_ab.ABOptions(RunOptions(backend="cuda"), [0], plan={**plan.to_dict(), "fdr": 0.2})
     line = corpus_ab.CorpusAB(tmp_path, opts, {}).summarize()
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["fdr"] == 0.2  # the plan's

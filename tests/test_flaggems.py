@@ -15,6 +15,7 @@ from conftest import REPO, load, run_dir_of, run_harness
 import backends
 from harness.child import runner
 from harness.child.plugins import flaggems as flaggems_plugin
+from harness.core import options as run_options
 from harness.core.spec import FlagGemsOptions
 from harness.providers import flaggems
 
@@ -74,14 +75,14 @@ def test_bad_targets_fail_with_what_is_wrong(op, message):
 
 def test_paths_given_relative_become_absolute_and_the_rest_stays(tmp_path):
     # A value travels into specs and plans read from other directories: its path is made absolute now.
-    assert flaggems.absolute_dir("ck", tmp_path) == f"flaggems={tmp_path / 'ck'}"
-    assert flaggems.absolute_dir("v=../ck", tmp_path / "sub") == f"v={tmp_path / 'ck'}"
-    assert flaggems.absolute_dir("v=", tmp_path) == "v="  # left to parse_dirs, which says what is wrong
+    assert run_options.absolute_dir("ck", tmp_path) == f"flaggems={tmp_path / 'ck'}"
+    assert run_options.absolute_dir("v=../ck", tmp_path / "sub") == f"v={tmp_path / 'ck'}"
+    assert run_options.absolute_dir("v=", tmp_path) == "v="  # left to parse_dirs, which says what is wrong
     with pytest.raises(flaggems.FlagGemsError, match=r"v=: expected \[NAME=\]PATH"):
-        flaggems.parse_dirs([flaggems.absolute_dir("v=", tmp_path)])
+        flaggems.parse_dirs([run_options.absolute_dir("v=", tmp_path)])
     for choice in ("private", "user", "sqlite:///tuned.db", "postgresql://host/db"):
-        assert flaggems.absolute_libtuner_cache(choice, tmp_path) == choice
-    assert flaggems.absolute_libtuner_cache("tuned.db", tmp_path) == str(tmp_path / "tuned.db")
+        assert run_options.absolute_libtuner_cache(choice, tmp_path) == choice
+    assert run_options.absolute_libtuner_cache("tuned.db", tmp_path) == str(tmp_path / "tuned.db")
 
 
 def test_bad_checkouts_fail_before_anything_runs(tmp_path):

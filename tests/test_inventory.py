@@ -1,6 +1,7 @@
 """Inventories: the static scan of a FlagGems-style checkout, pytest's collection check, shape-file
 migration, and selection across repos. The checkout is our own fixture (no GPU needed)."""
 
+import dataclasses
 import re
 import shutil
 import textwrap
@@ -13,6 +14,7 @@ from conftest import REPO
 from harness import cli
 from harness.core import batchdir
 from harness.core.errors import UsageError
+from harness.core.options import RunOptions
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog, flaggems_scan, selection
 from harness.sessions import batch, inventory_regen
@@ -273,8 +275,8 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     # The checkout given is what runs: selection reads its scan, not the committed catalog.
     assert {e.op for e in entries if e.repo == "flaggems"} == {e.op for e in flaggems_scan.scan(CHECKOUT, "x")}
     assert "differs from a scan of" in capsys.readouterr().out
-    opts = batch.Options("interpreter", [0], flaggems_dirs={"flaggems": str(CHECKOUT)},
-                         level="comprehensive")
+    opts = batch.Options(RunOptions(backend="interpreter", flaggems_dirs=[f"flaggems={CHECKOUT}"],
+                                    level="comprehensive"), [0])
     runner = batch.Batch(tmp_path, opts, {})
     nested = next(e for e in entries if e.op == "scale_nested")
     cmd = runner._command(nested, 0, ["fp32"], tmp_path / "a1")
@@ -284,7 +286,7 @@ def test_batch_runs_flaggems_ops_with_their_checkout(tmp_path, capsys):
     earlier = tmp_path / "earlier"
     earlier_pass = batchdir.StatusRow(nested.op, nested.repo, nested.op_file, "PASS", run_dir="ops/x/attempt1/run")
     runner.replay_sources = {nested.id: earlier_pass}
-    runner.opts.replay_root = earlier
+    runner.opts = dataclasses.replace(runner.opts, replay_root=earlier)
     cmd = runner._command(nested, 0, None, tmp_path / "a1")
     assert cmd[3:5] == ["replay", str(earlier / "ops/x/attempt1/run")] and "--level" not in cmd
     assert cmd[cmd.index("--flaggems-dir") + 1] == f"flaggems={CHECKOUT}"

@@ -158,7 +158,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     ("op_timeout", -1, "a number of seconds > 0"),
     ("devices", 0, "comma-separated device indices"),
     ("dtypes", ["fp64"], "a non-empty list of distinct names"),
-    ("seed", "1", "an integer"),
+    ("seed", "1", "a non-negative integer"),
     ("triage", "no", "false (on is stored as null)"),
     ("selection", "add", "a list of [repo:]op[@op_file]"),
 ])

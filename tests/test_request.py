@@ -8,50 +8,46 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.core.request import RECORD_ONLY, RunRequest
+from harness.core.options import RunOptions, declared
+from harness.core.request import RunRequest
 from harness.providers.catalog import Entry
 from harness.sessions import ab, batch
 
-# Each request field and the argparse name it comes back as.
-DEST = {"command": "command", "target": None, "backend": "backend", "device": "device", "shapes": "shapes",
-        "dtypes": "dtypes", "ops_paths": "ops_path", "flaggems_dirs": "flaggems_dir", "level": "level",
-        "flagtune": "flagtune", "libtuner_cache": "libtuner_cache", "seed": "seed", "timer": "timer", "l2": "l2",
-        "warmup_ms": "warmup_ms", "rep_ms": "rep_ms", "sweep_devices": "sweep_devices", "ir": "ir",
-        "timing_only": "timing_only",
-        "color": "color", "out": "out", "run_dir": "named_run_dir", "precompile": "precompile",
-        "triton_cache": "triton_cache"}
+# Each request field beside its options and the argparse name it comes back as (an option's is its field's).
+DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
+        "timing_only": "timing_only", "color": "color", "out": "out", "run_dir": "named_run_dir",
+        "precompile": "precompile", "triton_cache": "triton_cache"}
 
-RECORD = RunRequest("record", "flaggems:mm@blas", backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"),
-                    dtypes=("fp16", "bf16"), ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "v=/other"),
-                    level="comprehensive", flagtune="1", libtuner_cache="user", seed=7, timer="direct", l2="cold",
-                    warmup_ms=2.5, rep_ms=10.0, sweep_devices=2, ir=False, timing_only=True, color="never",
-                    out=Path("/runs/x"),
-                    precompile=False, triton_cache=Path("/cache/a"))
-REPLAY = RunRequest("replay", "/runs/x/mm_1", backend="cuda", device=1, shapes=Path("/s/other.yaml"),
-                    dtypes=("fp32",), ops_paths=("/ops/a",), flaggems_dirs=("flaggems=/fg",), level="core",
-                    flagtune="0", libtuner_cache="private", ir=False, color="always", run_dir=Path("/runs/y/mm_2"),
-                    triton_cache=Path("/cache/b"))
-
-
-def parsed_value(request: RunRequest, field: str, ns):
-    """The value the parser gives for `field`, in the request's types."""
-    value = getattr(ns, DEST[field] or ("op" if request.command == "record" else "run_dir"))
-    if field == "target":
-        return str(value)
-    if field in ("dtypes", "ops_paths", "flaggems_dirs") and value is not None:
-        return tuple(value)
-    return value
+RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
+    backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"), dtypes=("fp16", "bf16"),
+    ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "v=/other"), level="comprehensive", flagtune="1",
+    libtuner_cache="user", seed=7, timer="direct", l2="cold", warmup_ms=2.5, rep_ms=10.0), sweep_devices=2, ir=False,
+    timing_only=True, color="never", out=Path("/runs/x"), precompile=False, triton_cache=Path("/cache/a"))
+REPLAY = RunRequest("replay", "/runs/x/mm_1", RunOptions(
+    backend="cuda", device=1, shapes=Path("/s/other.yaml"), dtypes=("fp32",), ops_paths=("/ops/a",),
+    flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, color="always",
+    run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"))
 
 
 @pytest.mark.parametrize("request_", [RECORD, REPLAY], ids=["record", "replay"])
 def test_every_field_round_trips_through_the_cli_parser(request_):
-    assert set(DEST) == {f.name for f in dataclasses.fields(RunRequest)}  # a new field needs its flag here
+    assert set(DEST) | {"options"} == {f.name for f in dataclasses.fields(RunRequest)}  # a new field needs its flag
     ns = cli.build_parser().parse_args(request_.to_argv())
+    assert RunOptions.from_namespace(ns) == request_.options  # every option, derived from its declaration
     for field in DEST:
-        if request_.command == "replay" and field in RECORD_ONLY:
+        if request_.command == "replay" and field == "sweep_devices":
             assert getattr(ns, field, None) is None  # replay refuses such an option, and the request renders none
             continue
-        assert parsed_value(request_, field, ns) == getattr(request_, field), field
+        value = getattr(ns, DEST[field] or ("op" if request_.command == "record" else "run_dir"))
+        assert (str(value) if field == "target" else value) == getattr(request_, field), field
+
+
+def test_a_replay_refuses_every_record_only_option_by_name(capsys):
+    for f, meta in declared(RunOptions):
+        if meta.record_only:
+            with pytest.raises(SystemExit):
+                cli.build_parser().parse_args(["replay", "/r", meta.flag, "1"])
+            assert f"{meta.flag} is record-only" in capsys.readouterr().err, f.name
 
 
 @pytest.mark.parametrize("command,target", [("record", "softmax"), ("replay", "/runs/x/softmax_1")])
@@ -61,21 +57,21 @@ def test_a_field_left_out_gives_the_childs_own_default(command, target):
     ns = cli.build_parser().parse_args(bare.to_argv())
     default = cli.build_parser().parse_args([command, target])
     assert vars(ns) == vars(default)
-    assert RunRequest("record", "add", ops_paths=[], flaggems_dirs=[]).to_argv() == ["record", "add"]
+    assert RunRequest("record", "add", RunOptions(ops_paths=[], flaggems_dirs=[])).to_argv() == ["record", "add"]
 
 
 def test_requests_are_frozen_and_refuse_what_the_child_would_refuse():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        RECORD.device = 0
+        RECORD.options.device = 0
     with pytest.raises(ValueError, match="replay takes no seed, timer"):
-        RunRequest("replay", "/r", seed=1, timer="direct")
+        RunRequest("replay", "/r", RunOptions(seed=1, timer="direct"))
     with pytest.raises(ValueError, match="not one of"):
         RunRequest("ab")
     with pytest.raises(ValueError, match="out and run_dir"):
         RunRequest("record", "add", out=Path("/runs"), run_dir=Path("/runs/add_1"))
     with pytest.raises(ValueError, match="dtypes: empty"):
-        RunRequest("record", "add", dtypes=())
-    assert RunRequest("record", "add", dtypes=["fp16"]).dtypes == ("fp16",)  # a list becomes a tuple
+        RunRequest("record", "add", RunOptions(dtypes=()))
+    assert RunOptions(dtypes=["fp16"]).dtypes == ("fp16",)  # a list becomes a tuple
 
 
 def test_command_line_runs_the_harness_with_a_given_interpreter():
@@ -84,10 +80,10 @@ def test_command_line_runs_the_harness_with_a_given_interpreter():
 
 
 def test_an_ab_plan_builds_its_record_and_replays_from_one_request_type(tmp_path):
-    plan = ab.Plan("p", ["mm"], ab.Side("A", ""), ab.Side("B", ""), shapes="/s.yaml", dtypes=["fp16"],
-                   backend="interpreter", device=2, ops_paths=["/ops"], flaggems_dirs=["flaggems=/fg"],
-                   level="comprehensive", flagtune="1", seed=5, timer="profiler", l2="cold", warmup_ms=1.5,
-                   rep_ms=20.0)
+    plan = ab.Plan("p", ["mm"], ab.Side("A", ""), ab.Side("B", ""), options=RunOptions(
+        shapes=Path("/s.yaml"), dtypes=["fp16"], backend="interpreter", device=2, ops_paths=["/ops"],
+        flaggems_dirs=["flaggems=/fg"], level="comprehensive", flagtune="1", seed=5, timer="profiler", l2="cold",
+        warmup_ms=1.5, rep_ms=20.0))
     record = cli.build_parser().parse_args(plan.request("record", "mm", tmp_path / "r").to_argv())
     assert (record.op, record.backend, record.device, record.dtypes, record.level, record.flagtune, record.color,
             record.named_run_dir, record.out) == ("mm", "interpreter", 2, ["fp16"], "comprehensive", "1", "never",
@@ -96,25 +92,25 @@ def test_an_ab_plan_builds_its_record_and_replays_from_one_request_type(tmp_path
     # A replay keeps the record's backend and FlagGems options: it is not given them again.
     replay = cli.build_parser().parse_args(plan.request("replay", "/runs/mm_1", tmp_path / "p").to_argv())
     assert (replay.run_dir, replay.backend, replay.level, replay.flagtune) == (Path("/runs/mm_1"), None, None, None)
-    assert (replay.shapes, replay.dtypes, replay.ops_path, replay.flaggems_dir, replay.device) == (
+    assert (replay.shapes, replay.dtypes, replay.ops_paths, replay.flaggems_dirs, replay.device) == (
         Path("/s.yaml"), ["fp16"], ["/ops"], ["flaggems=/fg"], 2)
 
 
 def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
-    opts = batch.Options("interpreter", [0, 1], dtypes=["fp16"], shapes="/s.yaml", ops_paths=["/ops"],
-                         flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="0")
+    opts = batch.Options(RunOptions(backend="interpreter", dtypes=["fp16"], shapes=Path("/s.yaml"), ops_paths=["/ops"],
+                                    flaggems_dirs=["flaggems=/fg"], level="core", flagtune="0"), [0, 1])
     runner = batch.Batch(tmp_path, opts, {})
     builtin = Entry(repo="builtin", op="add", op_file="", file="ops/add.py")
     cmd = runner._command(builtin, 1, ["fp16"], tmp_path / "a1" / "add_1")
     ns = cli.build_parser().parse_args(cmd[3:])
-    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_path, ns.named_run_dir,
+    assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_paths, ns.named_run_dir,
             ns.color) == ("record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"],
                           tmp_path / "a1" / "add_1", "never")
     # Only a FlagGems op gets its checkout and upstream's options.
-    assert (ns.flaggems_dir, ns.level, ns.flagtune) == (None, None, None)
+    assert (ns.flaggems_dirs, ns.level, ns.flagtune) == (None, None, None)
     assert (ns.seed, ns.timer, ns.l2) == (0, "auto", "warm")  # the record's own defaults
-    measured = batch.Batch(tmp_path, dataclasses.replace(opts, measurement={"timer": "profiler", "l2": "cold",
-                                                                            "seed": 4, "rep_ms": 5.0}), {})
+    measured = batch.Batch(tmp_path, dataclasses.replace(opts, run=dataclasses.replace(
+        opts.run, timer="profiler", l2="cold", seed=4, rep_ms=5.0)), {})
     ns = cli.build_parser().parse_args(measured._command(builtin, 1, None, tmp_path / "a1")[3:])
     assert (ns.seed, ns.timer, ns.l2, ns.warmup_ms, ns.rep_ms) == (4, "profiler", "cold", None, 5.0)
 
@@ -123,16 +119,15 @@ def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("ops: [add]\ntimer: profiler\nl2: cold\nseed: 3\nwarmup_ms: 5\n")
     plan = ab.load_plan(plan_file)
-    assert (plan.timer, plan.l2, plan.seed, plan.warmup_ms, plan.rep_ms) == ("profiler", "cold", 3, 5, None)
+    assert plan.options.measurement() == RunOptions(timer="profiler", l2="cold", seed=3, warmup_ms=5)
     # A backend with a device profiler (the interpreter refuses --timer profiler before anything runs).
     args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "cuda", "--l2", "warm", "--rep-ms", "7"])
     resolved = ab.resolve_plan(args)  # the command line over the plan, the rest kept
-    assert (resolved.timer, resolved.l2, resolved.seed, resolved.warmup_ms, resolved.rep_ms) == (
-        "profiler", "warm", 3, 5, 7.0)
+    assert resolved.options.measurement() == RunOptions(timer="profiler", l2="warm", seed=3, warmup_ms=5, rep_ms=7.0)
     for bad, message in (("timer: fast", "'timer' must be one of"), ("l2: lukewarm", "'l2' must be one of"),
-                         ("seed: -1", "'seed' must be a non-negative number"),
+                         ("seed: -1", "'seed' must be a non-negative integer"),
                          ("rep_ms: many", "'rep_ms' must be a non-negative number"),
-                         ("seed: true", "'seed' must be a non-negative number")):
+                         ("seed: true", "'seed' must be a non-negative integer")):
         plan_file.write_text(f"ops: [add]\n{bad}\n")
         with pytest.raises(ab.PlanError, match=message):
             ab.load_plan(plan_file)
@@ -179,7 +174,8 @@ def test_an_ab_reads_each_step_back_from_the_run_dir_it_named_never_a_stray_one(
 
     monkeypatch.setattr(ab.launch, "run", lambda argv, **kw: run(argv[3:], **kw))
     monkeypatch.setattr(ab, "side_compiler_key", unidentified)
-    plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", ""), b=ab.Side("B", ""), repeats=2, backend="interpreter")
+    plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", ""), b=ab.Side("B", ""), repeats=2,
+                   options=RunOptions(backend="interpreter"))
     runner = ab.Runner(plan, tmp_path)
     try:
         results = runner.run()

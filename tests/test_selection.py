@@ -74,6 +74,18 @@ def test_select_uses_the_stored_selection_only_when_none_is_given(tmp_path, caps
         selection.select(parse("--ops-file", tmp_path / "missing"), None, [], {})
 
 
+def test_ops_handed_in_are_selected_as_if_given_only_when_the_command_line_selects_nothing(tmp_path, capsys):
+    """A corpus A/B hands in its plan's ops: they are what `--ops` would select (sampled too),
+    unless the command line names a selection of its own."""
+    assert [e.op for e in selection.select(parse(), None, [], {}, ["mm", "add"])[0]] == ["mm", "add"]
+    assert [e.op for e in selection.select(parse("--ops", "softmax"), None, [], {}, ["mm"])[0]] == ["softmax"]
+    (tmp_path / "ops.txt").write_text("gelu\n")
+    assert [e.op for e in selection.select(parse("--ops-file", tmp_path / "ops.txt"), None, [], {}, ["mm"])[0]] == [
+        "gelu"]
+    assert len(selection.select(parse("--sample", "1"), None, [], {}, ["mm", "add", "gelu"])[0]) == 1
+    capsys.readouterr()
+
+
 def test_select_samples_a_fresh_selection_not_a_stored_one(capsys):
     five = ["add", "gelu", "mm", "rms_norm", "softmax"]
     full = selection.select(parse("--ops", *five), None, [], {})[0]

@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, pids_mentioning, wait_for
 
 from harness.core import batchdir
+from harness.core.options import RunOptions
 from harness.providers.catalog import Entry
 from harness.sessions import batch, slurm_executor
 
@@ -258,7 +259,7 @@ def test_tasks_sbatch_refuses_are_one_error_line(tmp_path, start):
 class Runner:
     def __init__(self, batch_dir):
         self.dir = batch_dir
-        self.opts = batch.Options(backend="interpreter", devices=[0, 1])
+        self.opts = batch.Options(RunOptions(backend="interpreter"), [0, 1])
 
 
 def tasks_of(tmp_path, *job_ids) -> slurm_executor._Tasks:

@@ -9,7 +9,7 @@ from conftest import REPO, load, run_dir_of
 
 from harness import cli
 from harness.core import spec as spec_mod
-from harness.core.request import MEASUREMENT
+from harness.core.options import RunOptions
 from harness.sessions import sweep
 
 RESOURCES = REPO / "tests" / "resources"
@@ -157,5 +157,6 @@ def test_shards_measure_as_the_run_does_l2_included_and_are_read_back_by_name(tm
     assert load(outcome.merged)["kernels"]["k"]["[16]"]["config"]["num_warps"] == 4
     for i, argv in enumerate(launched):
         ns = cli.build_parser().parse_args(argv[3:])
-        assert [getattr(ns, name) for name in MEASUREMENT] == [getattr(run_spec, name) for name in MEASUREMENT]
+        assert RunOptions.from_namespace(ns).measurement() == RunOptions(
+            seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
         assert ns.named_run_dir.parent == tmp_path / sweep.SWEEP_DIR / f"shard{i}" and ns.out is None

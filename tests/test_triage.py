@@ -67,7 +67,7 @@ def test_no_triage_is_plain_fail_and_a_resume_keeps_it(tmp_path, checkout):
     assert not (op_dir / "upstream").exists()
     assert load(d / "batch.json")["request"]["triage"] is False
     proc = batch("--resume", "--batch-dir", d)
-    assert "options from batch.json: --backend --devices --flaggems-dir --op-timeout --no-triage" in proc.stdout
+    assert "options from batch.json: --backend --flaggems-dir --devices --op-timeout --no-triage" in proc.stdout
     assert statuses(d)["broken_upstream"]["status"] == "FAIL" and not (op_dir / "upstream").exists()
     # Turned on again: its only non-passing op fails upstream too, which is not our failure.
     proc = batch("--resume", "--batch-dir", d, "--triage")

@@ -223,9 +223,9 @@ def write_batch_json(batch_dir: Path, facts: dict) -> None:
 
 
 def read_batch_json(batch_dir: Path, checks: Mapping[str, Check]) -> dict:
-    """batch.json, for a resume: each stored option is checked by `checks` (its command-line
-    flag's checks, since a stored value skips the parser; None is "not given" for every one, and
-    a name without a check is checked by whoever reads it)."""
+    """batch.json, for a resume: each stored name in `checks` is checked by it (a stored value skips
+    the parser; None is "not given" for every one); a name without a check is checked by whoever
+    reads it (the run options, by their declarations as they are read: harness.core.options)."""
     path = batch_dir / BATCH_JSON
     try:
         data = rundir.read_json(path)
@@ -239,9 +239,14 @@ def read_batch_json(batch_dir: Path, checks: Mapping[str, Check]) -> dict:
     for name, value in data.get("request", {}).items():
         check, what = checks.get(name, (lambda v: True, ""))
         if value is not None and not check(value):
-            raise UsageError(f"--resume: {path} is corrupt: request.{name} = {value!r:.60} is not {what}; the op "
-                             "dirs are intact: fix it, or start a new --batch-dir with the same selection and options")
+            raise corrupt_field(path, name, value, what)
     return data
+
+
+def corrupt_field(path: Path, name: str, value, what: str) -> UsageError:
+    """A stored option of batch.json (at `path`) that is not what its flag takes, said in one line."""
+    return UsageError(f"--resume: {path} is corrupt: request.{name} = {value!r:.60} is not {what}; the op dirs are "
+                      "intact: fix it, or start a new --batch-dir with the same selection and options")
 
 
 def is_strings(value) -> bool:

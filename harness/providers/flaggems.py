@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import os
 from pathlib import Path
 
+from harness.core.options import DEFAULT_REPO, UPSTREAM, split_dir  # what the parser checks
 from harness.core.spec import FlagGemsOptions
 from harness.providers import catalog
 
-DEFAULT_REPO = "flaggems"
 # Repo names of the other operator sources (harness.providers.catalog): the built-in corpus, --ops-path.
 RESERVED_REPOS = (catalog.BUILTIN, catalog.PATH_REPO)  # not checkout names
 PACKAGES = ("flag_gems", "flaggems_vllm")
-LEVELS = ("core", "comprehensive")
-# `--shapes upstream`: the checkout's own shapes (core_shapes.yaml at the level, plus what the
-# benchmark classes add), untouched.
-UPSTREAM = "upstream"
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -46,12 +41,6 @@ class Target:
     @property
     def node(self) -> str:
         return f"{self.test_file}::{self.function}"
-
-
-def split_dir(item: str) -> tuple[str, str]:
-    """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
-    name, sep, path = item.partition("=")
-    return (name, path) if sep else (DEFAULT_REPO, item)
 
 
 def parse_dirs(items: list[str] | None) -> dict[str, Path]:
@@ -147,20 +136,6 @@ def package_dir(root: Path) -> tuple[str, Path] | None:
 def shapes_source(options: FlagGemsOptions) -> str:
     """The spec's `shapes_source` of a FlagGems run: its shape file, or the checkout's own shapes."""
     return options.shapes_file or f"{UPSTREAM} (level {options.level})"
-
-
-def absolute_libtuner_cache(choice: str, base: Path) -> str:
-    """A `--libtuner-cache` value whose path is absolute (relative to `base`): the value travels in run
-    specs and plans that processes read from other directories."""
-    if choice in ("private", "user") or "://" in choice:
-        return choice
-    return os.path.abspath(base / Path(choice).expanduser())
-
-
-def absolute_dir(item: str, base: Path) -> str:
-    """A `[NAME=]PATH` value whose PATH is absolute (relative to `base`), for the same reason."""
-    name, path = split_dir(item)
-    return f"{name}={os.path.abspath(base / Path(path).expanduser())}" if path else item
 
 
 def libtuner_db_url(choice: str, run_dir: Path) -> str | None:

@@ -16,11 +16,11 @@ from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, pr
 from harness.providers.catalog import Entry
 
 
-def select(args, stored: list[str] | None, ops_paths: list[str],
-           checkouts: dict[str, Path]) -> tuple[list[Entry], list[tuple[Entry, str]], collections.Counter]:
+def select(args, stored: list[str] | None, ops_paths: list[str], checkouts: dict[str, Path],
+           ops: list[str] | None = None) -> tuple[list[Entry], list[tuple[Entry, str]], collections.Counter]:
     """(selected, excluded with reasons, ops per FlagGems repo --all left out), from the command
-    line's selection, else from the one a resumed batch stored. A bare op name means one of the
-    inventories that can run here."""
+    line's selection, else `ops` as if given with --ops (a corpus A/B's plan's), else the one a
+    resumed batch stored. A bare op name means one of the inventories that can run here."""
     try:
         entries = all_entries(ops_paths, checkouts)
         runnable = {e.repo for e in entries if not catalog.needs_checkout(e.repo) or e.repo in checkouts}
@@ -28,7 +28,10 @@ def select(args, stored: list[str] | None, ops_paths: list[str],
         if args.all and repos is None:
             left_out = collections.Counter(e.repo for e in entries if e.repo not in runnable)
             repos = sorted(runnable)
-        specs = list(args.ops or []) + (catalog.read_ops_file(args.ops_file) if args.ops_file else [])
+        if not (args.all or args.ops or args.ops_file or args.repos):
+            specs = list(ops or [])
+        else:
+            specs = list(args.ops or []) + (catalog.read_ops_file(args.ops_file) if args.ops_file else [])
         if stored is not None and not (args.all or specs or args.repos):
             specs = stored
         selected, excluded = catalog.select(entries, specs, args.all, repos, catalog.load_dismissed(), runnable)

@@ -23,17 +23,15 @@ import backends
 from harness.core import deps, forkserver, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.core.options import UPSTREAM, RunOptions
 from harness.core.outcome import Outcome
-from harness.core.request import MEASUREMENT, STEP_PASSES, STEP_STARTS, RunRequest
+from harness.core.request import STEP_PASSES, STEP_STARTS, RunRequest
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
-from ops import DTYPES_RULE, valid_dtype_list
 from reports import ab_report, compare, corpus, explain, stats, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
-PLAN_FIELDS = {"name", "ops", "shapes", "dtypes", "repeats", "fdr", "backend", "device", "ops_paths", "flaggems_dirs",
-               "level", "flagtune", "libtuner_cache", "a", "b", "step_start", "step_passes", *MEASUREMENT}
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
 STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
 LOG_FILE = "ab.log"
@@ -70,38 +68,25 @@ class Plan:
     repeats: int = 3
     # The false discovery rate of the report's FASTER/SLOWER calls (reports.stats.adjust).
     fdr: float = stats.FDR
-    shapes: str | None = None
-    dtypes: list[str] | None = None
-    backend: str | None = None
-    device: int | None = None
-    ops_paths: list[str] = dataclasses.field(default_factory=list)
-    # FlagGems checkouts ([NAME=]PATH), upstream level and FlagTune switch: A records with them and
-    # B replays A, so both sides run the same level, switch and tuning space.
-    flaggems_dirs: list[str] = dataclasses.field(default_factory=list)
-    level: str | None = None
-    flagtune: str | None = None
-    libtuner_cache: str | None = None  # each run's own private cache unless named
-    # How A's record measures (None: the record's default); every replay, of either side, keeps it.
-    seed: int | None = None
-    timer: str | None = None
-    l2: str | None = None
-    warmup_ms: float | None = None
-    rep_ms: float | None = None
+    # Where and what A's record runs and how it measures. Both sides' replays are given only what a
+    # replay takes (RunOptions.for_replay): the backend, FlagGems level, switch and cache and the
+    # measurement stay the record's, so both sides run the same level, switch and tuning space.
+    options: RunOptions = RunOptions()
     step_start: str = "fork"
     step_passes: str = "once"
 
     def request(self, command: str, target: str, run_dir: Path, timing_only: bool = False) -> RunRequest:
-        """One step of this plan, run in `run_dir`: A's record, or a replay of it, which keeps the
-        record's backend and FlagGems options."""
-        record = command == "record"
-        return RunRequest(command, target, backend=self.backend if record else None, device=self.device,
-                          shapes=Path(self.shapes) if self.shapes else None,
-                          dtypes=tuple(self.dtypes) if self.dtypes else None, ops_paths=tuple(self.ops_paths),
-                          flaggems_dirs=tuple(self.flaggems_dirs), level=self.level if record else None,
-                          flagtune=self.flagtune if record else None,
-                          libtuner_cache=self.libtuner_cache if record else None, color="never",
-                          run_dir=run_dir, timing_only=timing_only,
-                          **({name: getattr(self, name) for name in MEASUREMENT} if record else {}))
+        """One step of this plan, run in `run_dir`: A's record, or a replay of it."""
+        options = self.options if command == "record" else self.options.for_replay()
+        return RunRequest(command, target, options, color="never", run_dir=run_dir, timing_only=timing_only)
+
+    def to_dict(self) -> dict:
+        """The plan as the yaml `load_plan` reads (its paths absolute); no device: a corpus A/B gives
+        each op's A/B its own."""
+        sides = {s.name.lower(): {k: v for k, v in dataclasses.asdict(s).items() if k != "name"}
+                 for s in (self.a, self.b)}
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("a", "b", "options")}
+        return {**own, **sides, **self.options.to_dict()}
 
 
 def _side(data, name: str, where: str, base: Path) -> Side:
@@ -154,28 +139,6 @@ def load_plan(path: Path) -> Plan:
     return plan_from_data(rundir.read_yaml_mapping(path, PlanError, "plan"), path)
 
 
-def _check_fields(data: dict, path) -> None:
-    """The type and range of every field that load_plan passes on as it is."""
-    def wrong(name: str, what: str) -> PlanError:
-        return PlanError(f"plan {path}: '{name}' must be {what}, not {data[name]!r:.60}")
-
-    for name in ("name", "backend", "shapes", "libtuner_cache"):
-        if data.get(name) is not None and not isinstance(data[name], str):
-            raise wrong(name, "a string")
-    for name in ("ops_paths", "flaggems_dirs"):
-        value = data.get(name)
-        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            raise wrong(name, "a list of paths")
-    device = data.get("device")
-    if device is not None and (type(device) is not int or device < 0):
-        raise wrong("device", "a device index (an integer >= 0)")
-    if data.get("level") is not None and data["level"] not in flaggems.LEVELS:
-        raise wrong("level", f"one of {', '.join(flaggems.LEVELS)}")
-    flagtune = data.get("flagtune")
-    if flagtune is not None and (isinstance(flagtune, bool) or str(flagtune) not in ("0", "1")):
-        raise wrong("flagtune", "0 or 1")
-
-
 def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     """A plan from its mapping (a plan file's, or the one a corpus A/B stored in its batch.json),
     every field checked for type and range; relative paths are relative to `base` (default: the
@@ -183,10 +146,15 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     base = Path(path).parent if base is None else base
     if not isinstance(data, dict):
         raise PlanError(f"plan {path}: top level must be a mapping")
-    unknown = set(data) - PLAN_FIELDS
+    allowed = {f.name for f in dataclasses.fields(Plan) if f.name != "options"} | {
+        f.name for f in dataclasses.fields(RunOptions)}
+    unknown = set(data) - allowed
     if unknown:
-        raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(PLAN_FIELDS)})")
-    _check_fields(data, path)
+        raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(allowed)})")
+    if data.get("name") is not None and not isinstance(data["name"], str):
+        raise PlanError(f"plan {path}: 'name' must be a string, not {data['name']!r:.60}")
+    options = RunOptions.from_dict(
+        data, lambda name, value, what: PlanError(f"plan {path}: '{name}' must be {what}, not {value!r:.60}"), base)
     ops = data.get("ops")
     if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
         raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
@@ -196,32 +164,13 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     fdr = data.get("fdr", stats.FDR)
     if not valid_fdr(fdr):
         raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {fdr!r}")
-    shapes = data.get("shapes")
-    dtypes = data.get("dtypes")
-    if dtypes is not None and not valid_dtype_list(dtypes):
-        raise PlanError(f"plan {path}: 'dtypes' must be {DTYPES_RULE}, not {dtypes!r}")
-    measurement = {name: data[name] for name in MEASUREMENT if data.get(name) is not None}
     for name, choices in (("step_start", STEP_STARTS), ("step_passes", STEP_PASSES)):
         if data.get(name) is not None and data[name] not in choices:
             raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {data[name]!r}")
     steps = {name: data[name] for name in ("step_start", "step_passes") if data.get(name) is not None}
-    for name, choices in (("timer", spec_mod.TIMERS), ("l2", spec_mod.L2_MODES)):
-        if name in measurement and measurement[name] not in choices:
-            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {measurement[name]!r}")
-    for name, kind in (("seed", int), ("warmup_ms", (int, float)), ("rep_ms", (int, float))):
-        if name in measurement and (not isinstance(measurement[name], kind) or isinstance(measurement[name], bool)
-                                    or measurement[name] < 0):
-            raise PlanError(f"plan {path}: '{name}' must be a non-negative number, not {measurement[name]!r}")
     return Plan(name=str(data.get("name") or Path(path).stem), ops=ops, repeats=repeats, fdr=float(fdr),
-                shapes=None if shapes is None else _shape_file(shapes, base),
-                dtypes=dtypes, backend=data.get("backend"), device=data.get("device"),
-                ops_paths=[str((base / p).resolve()) for p in data.get("ops_paths") or []],
-                flaggems_dirs=[flaggems.absolute_dir(str(d), base) for d in data.get("flaggems_dirs") or []],
-                level=data.get("level"), flagtune=None if data.get("flagtune") is None else str(data["flagtune"]),
-                libtuner_cache=None if data.get("libtuner_cache") is None
-                else flaggems.absolute_libtuner_cache(str(data["libtuner_cache"]), base),
-                a=_side(data.get("a"), "A", str(path), base), b=_side(data.get("b"), "B", str(path), base),
-                **steps, **measurement)
+                options=options, a=_side(data.get("a"), "A", str(path), base),
+                b=_side(data.get("b"), "B", str(path), base), **steps)
 
 
 SIDE_ENVS = paths.REPO_ROOT / ".nox" / "ab-envs"
@@ -319,7 +268,7 @@ class Runner:
         self.plan = plan
         self.dir = ab_dir
         self.log = open(ab_dir / LOG_FILE, "a", encoding="utf-8")
-        self.state = {"plan": dataclasses.asdict(plan), "steps": [], "complete": False}
+        self.state = {"plan": {**plan.to_dict(), "device": plan.options.device}, "steps": [], "complete": False}
         # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
         # so an interrupted A/B still reports what completed.
         self.results: dict[str, dict[str, list[Path]]] = {}
@@ -402,7 +351,7 @@ class Runner:
         if worker is None:
             cache = self.caches.get(side.name)
             # The backend's child environment too: it can change what importing triton does (the interpreter).
-            env = {**side.env, **backends.get(self.plan.backend).child_env}
+            env = {**side.env, **backends.get(self.plan.options.backend).child_env}
             worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, env,
                                                                  pythonpath, str(cache) if cache else None)
         code, interrupted = self._forked(side, worker, request, how)
@@ -590,59 +539,53 @@ def resolve_plan(args) -> Plan:
             if not Path(python).is_file():
                 raise UsageError(f"--{key}-python {python} does not exist")
             side.python = os.path.abspath(python)
-    if args.backend:
-        plan.backend = args.backend
-    if args.shapes:
-        plan.shapes = _shape_file(args.shapes, Path.cwd())
-    if args.dtypes:
-        plan.dtypes = args.dtypes
-    if args.device is not None:
-        plan.device = args.device
-    plan.ops_paths += resolve.abs_ops_paths(args.ops_path)
-    plan.flaggems_dirs += args.flaggems_dir or []
-    plan.level = args.level or plan.level
-    plan.flagtune = args.flagtune or plan.flagtune
-    plan.libtuner_cache = args.libtuner_cache or plan.libtuner_cache
-    for name in MEASUREMENT:
-        if getattr(args, name, None) is not None:
-            setattr(plan, name, getattr(args, name))
+    given = RunOptions.from_namespace(args)
+    over = given.given()
+    if given.shapes is not None:
+        over["shapes"] = _shape_file(given.shapes, Path.cwd())
+    # Operator sources add to the plan's; every other option given replaces the plan's.
+    over.update(ops_paths=plan.options.ops_paths + given.ops_paths,
+                flaggems_dirs=plan.options.flaggems_dirs + given.flaggems_dirs)
+    options = dataclasses.replace(plan.options, **over)
     if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
-    backend = resolve.resolve_backend(plan.backend)
-    resolve.check_measurement(backend, plan.timer, plan.l2)
-    plan.backend = backend.name
+    backend = resolve.resolve_backend(options.backend)
+    resolve.check_measurement(backend, options.timer, options.l2)
+    options = dataclasses.replace(options, backend=backend.name)
     fitting = paths.SHAPES_DIR / backend.default_shapes
-    if (not args.shapes and not backend.runs_shipped_shapes and plan.shapes not in (None, flaggems.UPSTREAM)
-            and Path(plan.shapes).parent == paths.SHAPES_DIR and Path(plan.shapes) != fitting):
-        print(f"note: backend '{backend.name}' runs {fitting} instead of the plan's {plan.shapes} (sized for a GPU, "
+    if (given.shapes is None and not backend.runs_shipped_shapes and options.shapes is not None
+            and options.shapes.parent == paths.SHAPES_DIR and options.shapes != fitting):
+        print(f"note: backend '{backend.name}' runs {fitting} instead of the plan's {options.shapes} (sized for a GPU, "
               "far too slow here); --shapes picks another")
-        plan.shapes = str(fitting)
+        options = dataclasses.replace(options, shapes=fitting)
+    plan.options = options
     return plan
 
 
-def _shape_file(value, base: Path) -> str:
-    """A plan's shape file as an absolute path (relative to `base`), or `upstream` as it is."""
-    return flaggems.UPSTREAM if str(value) == flaggems.UPSTREAM else str((base / value).resolve())
+def _shape_file(value, base: Path) -> Path:
+    """A shape file given on the command line as an absolute path (relative to `base`), or `upstream` as it is."""
+    return Path(UPSTREAM) if str(value) == UPSTREAM else (base / value).resolve()
 
 
 def _check_plan(plan: Plan) -> None:
     """Every op of the plan resolves, and its shape file exists, before the first step: a typo would
     otherwise surface only after the A/Bs before it ran. Built-in and FlagGems names resolve without importing
     torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
-    if plan.shapes not in (None, flaggems.UPSTREAM) and not Path(plan.shapes).is_file():
-        raise UsageError(f"shape file {plan.shapes} does not exist")
+    shapes, ops_paths = plan.options.shapes, list(plan.options.ops_paths)
+    if shapes is not None and str(shapes) != UPSTREAM and not shapes.is_file():
+        raise UsageError(f"shape file {shapes} does not exist")
     try:
-        dirs = flaggems.parse_dirs(plan.flaggems_dirs)
+        dirs = flaggems.parse_dirs(plan.options.flaggems_dirs)
         for op in plan.ops:
             if flaggems.is_target(op):
                 flaggems.resolve_target(op, dirs)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
     ours = {text: catalog.Selection.parse(text).op for text in plan.ops if not flaggems.is_target(text)}
-    if plan.ops_paths and ours:
+    if ops_paths and ours:
         try:  # the user's modules import in a probe process, once for all the plan's ops
-            found, skipped = probe.load(sorted(set(ours.values())), plan.ops_paths)
+            found, skipped = probe.load(sorted(set(ours.values())), ops_paths)
         except registry.OperatorNotFound as exc:
             raise UsageError(str(exc)) from exc
         failed = next((found[op] for op in ours.values() if isinstance(found[op], registry.OperatorNotFound)), None)
@@ -686,8 +629,8 @@ def run_from_args(args) -> int:
         ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
           f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
-    if not backends.get(plan.backend).measures_performance:
-        print(table.not_performance_note(plan.backend))
+    if not backends.get(plan.options.backend).measures_performance:
+        print(table.not_performance_note(plan.options.backend))
     runner = Runner(plan, ab_dir)
     interrupted = None
     try:
@@ -716,6 +659,6 @@ def run_from_args(args) -> int:
         warnings.append(f"no rows to compare for {', '.join(unmeasured)}: a side has no completed run")
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
-    code = report(ab_dir, list(results.values()), context, warnings, {plan.backend},
+    code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
                   plan.repeats, plan.fdr)
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code

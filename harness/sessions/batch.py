@@ -45,40 +45,40 @@ from pathlib import Path
 
 import backends
 from harness.core import batchdir, launch, opguard, paths, rundir
-from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
+from harness.core.options import BatchOptions, RunOptions, declared, split_dir
 from harness.core.outcome import Outcome
-from harness.core.request import MEASUREMENT, RunRequest
+from harness.core.request import RunRequest
 from harness.providers import catalog, flaggems, selection
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve, slurm_executor
-from ops import DTYPES_RULE, valid_dtype_list
 
-# The options (argparse names) a batch stores in batch.json: `--resume` reuses each one that its
-# command line does not give, so `--resume --batch-dir D` alone reruns the same batch.
-STORED_OPTIONS = ("backend", "devices", "dtypes", "shapes", "ops_path", "flaggems_dir", "level", "flagtune",
-                  "libtuner_cache", "op_timeout", "replay_root", "triage", *MEASUREMENT)
 MAX_RETRIES = 2
 KILL_GRACE_S = 10
+# batch.json written before its options took their fields' names (2026-12): read under the new ones.
+RENAMED = {"ops_path": "ops_paths", "flaggems_dir": "flaggems_dirs"}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Options:
-    backend: str
+    """What a batch runs its ops with, resolved: the backend's name, absolute paths, each FlagGems
+    checkout as NAME=PATH. `run` is what each op's record is given (its device is the op's shard's);
+    a replay from --replay-root keeps its record's."""
+
+    run: RunOptions
     devices: list[int]
-    dtypes: list[str] | None = None
-    shapes: str | None = None
-    ops_paths: list[str] = dataclasses.field(default_factory=list)
-    flaggems_dirs: dict[str, str] = dataclasses.field(default_factory=dict)  # repo -> checkout
-    # Upstream level, FlagTune switch and LibTuner cache, for FlagGems records (their replays keep them).
-    level: str | None = None
-    flagtune: str | None = None
-    libtuner_cache: str | None = None
     op_timeout: float = batchdir.DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
     triage: bool = True  # rerun a failing FlagGems op as the bare upstream node
-    # How each record measures (None: the record's default); a replay keeps its record's.
-    measurement: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return self.run.backend
+
+    @property
+    def checkouts(self) -> dict[str, str]:
+        """The FlagGems checkouts given, repo -> checkout."""
+        return dict(split_dir(item) for item in self.run.flaggems_dirs)
 
 
 def shard(key: str, n: int) -> int:
@@ -111,7 +111,7 @@ class Batch:
 
     OPTIONS = Options
     COLUMNS = batchdir.STATUS_COLUMNS
-    STORED = STORED_OPTIONS
+    TRIAGE = True  # whether --triage applies to this job
     # The guard's file in an op dir while it runs; `--resume` stops what a dead batch left running by it.
     running_name = opguard.RUNNING
 
@@ -128,13 +128,14 @@ class Batch:
 
     # --- what a job and a batch are made of (overridden by a corpus A/B) -------------------------
     @classmethod
-    def prepare(cls, args, stored: dict) -> dict:
-        """Extra fields of this job's Options, from the command line or what a resumed batch stored
-        (stored with the request, so a resume gets them back)."""
+    def prepare(cls, args, stored: dict, run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
+        """(extra fields of this job's Options, from the command line or what a resumed batch stored
+        (stored with the request, so a resume gets them back); the run options its ops get; the ops
+        to select when the command line names none, None for the stored selection)."""
         if "plan" in stored:
             raise UsageError(f"--batch-dir {args.batch_dir} is a corpus A/B: resume it with nox -s ab -- --resume "
                              "--batch-dir DIR")
-        return {}
+        return {}, run, None
 
     @classmethod
     def dir_prefix(cls, extra: dict) -> str:
@@ -192,23 +193,24 @@ class Batch:
     def _command(self, entry: Entry, device: int, dtypes: list[str] | None, run_dir: Path) -> list[str] | None:
         """The op's `python -m harness record|replay` command line, run in `run_dir`; None when
         --replay-root has no PASSed run of it to replay."""
-        flaggems_dirs = ((f"{entry.repo}={self.opts.flaggems_dirs[entry.repo]}",)
-                         if entry.repo in self.opts.flaggems_dirs else ())
-        where = dict(ops_paths=self.opts.ops_paths, flaggems_dirs=flaggems_dirs, device=device, color="never",
-                     run_dir=run_dir)
+        checkout = self.opts.checkouts.get(entry.repo)
+        flaggems_dirs = (f"{entry.repo}={checkout}",) if checkout else ()
         if self.opts.replay_root is not None:
             earlier = self.replay_sources.get(entry.id)
             if earlier is None or earlier.status != "PASS" or not earlier.run_dir:
                 return None
-            return RunRequest("replay", str(self.opts.replay_root / earlier.run_dir), **where).command_line()
-        if flaggems_dirs:
+            where = RunOptions(ops_paths=self.opts.run.ops_paths, flaggems_dirs=flaggems_dirs, device=device)
+            return RunRequest("replay", str(self.opts.replay_root / earlier.run_dir), where, color="never",
+                              run_dir=run_dir).command_line()
+        options = dataclasses.replace(self.opts.run, device=device, dtypes=tuple(dtypes) if dtypes else None)
+        if checkout:
             target = f"{entry.repo}:{entry.op}@{entry.op_file}"
-            where.update(level=self.opts.level, flagtune=self.opts.flagtune, libtuner_cache=self.opts.libtuner_cache)
-        else:
+            options = dataclasses.replace(options, flaggems_dirs=flaggems_dirs)
+        else:  # only a FlagGems op gets its checkout and upstream's options
             target = entry.op
-        return RunRequest("record", target, backend=self.opts.backend, dtypes=dtypes,
-                          shapes=Path(self.opts.shapes) if self.opts.shapes else None, **self.opts.measurement,
-                          **where).command_line()
+            options = dataclasses.replace(options, **{f.name: f.default for f, meta in declared(options)
+                                                      if meta.group == "flaggems"})
+        return RunRequest("record", target, options, color="never", run_dir=run_dir).command_line()
 
     def _attempt(self, cmd: list[str], log_path: Path, **start_kw) -> tuple[int | None, float]:
         """(exit code or None on timeout, seconds).
@@ -247,7 +249,7 @@ class Batch:
         (op_dir / batchdir.COMPLETE).unlink(missing_ok=True)
         log_path = op_dir / "batch.log"
         notes, attempts, elapsed, codes = [], 0, 0.0, []
-        dtypes = self.opts.dtypes
+        dtypes = list(self.opts.run.dtypes) if self.opts.run.dtypes else None
         status, code, run_dirs = "FAIL", None, []
         while not self.stopping.is_set():
             run_dir = self._run_dir(entry, op_dir / f"attempt{attempts + 1}")
@@ -303,7 +305,7 @@ class Batch:
         if not attempts and self.stopping.is_set():
             status = "INTERRUPTED"  # stopped before its first attempt (a Slurm task cancelled as it started)
         ran = (status == "FAIL" and code is not None) or status == "TIMEOUT"
-        if ran and self.opts.triage and catalog.needs_checkout(entry.repo) and entry.repo in self.opts.flaggems_dirs:
+        if ran and self.opts.triage and catalog.needs_checkout(entry.repo) and entry.repo in self.opts.checkouts:
             status, note, seconds = self._triage(status, entry, device, dtypes, op_dir)
             notes.append(note)
             elapsed += seconds
@@ -352,18 +354,19 @@ class Batch:
         """The op as upstream's own pytest node (same checkout, level, dtypes and vendor; upstream's
         timing; the same --op-timeout) in the op's upstream/ dir: (exit code or None on a timeout,
         seconds, its log relative to the batch dir)."""
-        root = Path(self.opts.flaggems_dirs[entry.repo])
+        root = Path(self.opts.checkouts[entry.repo])
         out = op_dir / batchdir.UPSTREAM_DIR
         shutil.rmtree(out, ignore_errors=True)  # a resumed batch's earlier triage
         out.mkdir()
         log_path = out / "pytest.log"
-        cmd = [sys.executable, "-m", "pytest", f"{entry.file}::test_{entry.op}", "--level", self.opts.level or "core"]
+        cmd = [sys.executable, "-m", "pytest", f"{entry.file}::test_{entry.op}",
+               "--level", self.opts.run.level or "core"]
         for dtype in dtypes or ():
             cmd += ["--dtypes", flaggems.TORCH_DTYPES[dtype]]
         backend = backends.get(self.opts.backend)
         env = {"GEMS_VENDOR": backend.flaggems_vendor} if backend.flaggems_vendor else {}
-        if self.opts.flagtune is not None:
-            env["USE_FLAGTUNE"] = self.opts.flagtune
+        if self.opts.run.flagtune is not None:
+            env["USE_FLAGTUNE"] = self.opts.run.flagtune
         found = flaggems.package_dir(root)
         # The checkout's package first, as in our child; the harness after it for the op's guard only.
         pythonpath = os.pathsep.join([*([str(found[1])] if found else []),
@@ -507,32 +510,39 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {batchdir.BATCH_JSON})")
         print(f"summary: {batchdir.write_summary(args.summarize.resolve())}")
         return 0
+    given, given_batch = RunOptions.from_namespace(args), BatchOptions.from_namespace(args)
     with contextlib.ExitStack() as held:
         previous, stored, origin = {}, {}, ""
+        run, how = given, given_batch
         if args.resume:
             batch_dir = args.batch_dir.resolve()
             if not batchdir.is_batch_dir(batch_dir):
                 raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {batchdir.BATCH_JSON})")
             held.enter_context(batchdir.own(batch_dir))
             previous = batchdir.read_batch_json(batch_dir, STORED_CHECKS)
-            stored = previous.get("request", {})
-            origin = _apply_stored(args, stored, runner_cls.STORED)
+            stored = {RENAMED.get(k, k): v for k, v in previous.get("request", {}).items()}
+            run, how, origin = _resumed(stored, given, given_batch, batch_dir / batchdir.BATCH_JSON)
+            origin = f"resume: {_stored_selection(args, stored)}; {origin}"
         elif args.batch_dir is not None:
             batchdir.check_new(args.batch_dir.resolve())
-        extra = runner_cls.prepare(args, stored)
-        backend, devices, checkouts, ops_paths = _where(args)
-        selected, excluded, left_out = selection.select(args, stored.get("selection"), ops_paths, checkouts)
+        extra, run, ops = runner_cls.prepare(args, stored, run)
+        backend, devices, checkouts = _where(run, how)
+        # What each op's record is given: the backend found, paths absolute, each checkout NAME=PATH.
+        run = dataclasses.replace(run, backend=backend.name, device=None,
+                                  shapes=run.shapes.resolve() if run.shapes else None,
+                                  flaggems_dirs=tuple(f"{r}={p}" for r, p in checkouts.items()))
+        if how.replay_root is not None and run.measurement().given():
+            flags = " ".join(run.measurement().flags())
+            raise UsageError(f"--replay-root replays each op as it was recorded, measured the same way: drop {flags}")
+        selected, excluded, left_out = selection.select(args, stored.get("selection"), list(run.ops_paths), checkouts,
+                                                        ops)
         if args.resume:
             print(origin)
-        op_timeout = batchdir.DEFAULT_OP_TIMEOUT if args.op_timeout is None else args.op_timeout
-        op_dtypes = selection.op_dtypes(selected, ops_paths, op_timeout)
-        opts = runner_cls.OPTIONS(backend=backend.name, devices=devices, dtypes=args.dtypes,
-                       shapes=str(args.shapes.resolve()) if args.shapes else None, ops_paths=ops_paths,
-                       flaggems_dirs={r: str(p) for r, p in checkouts.items()},
-                       level=args.level, flagtune=args.flagtune, libtuner_cache=args.libtuner_cache,
-                       op_timeout=op_timeout,
-                       replay_root=args.replay_root.resolve() if args.replay_root else None,
-                       triage=args.triage is not False, measurement=_measurement(args), **extra)
+        op_timeout = batchdir.DEFAULT_OP_TIMEOUT if how.op_timeout is None else how.op_timeout
+        op_dtypes = selection.op_dtypes(selected, list(run.ops_paths), op_timeout)
+        opts = runner_cls.OPTIONS(run=run, devices=devices, op_timeout=op_timeout,
+                                  replay_root=how.replay_root.resolve() if how.replay_root else None,
+                                  triage=runner_cls.TRIAGE and how.triage is not False, **extra)
         if args.resume:
             for line in stop_leftovers(batch_dir):
                 print(line)
@@ -541,11 +551,11 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             held.enter_context(batchdir.own(batch_dir))
         # A resume given its own selection runs that, and the batch keeps every op it had: a later
         # plain --resume still owes the ones not run yet.
-        request = _request(opts, selected)
+        request = _request(opts, selected, runner_cls.TRIAGE)
         request["selection"] += [i for i in stored.get("selection") or [] if i not in request["selection"]]
         keys = [e.key for e in selected]
         batchdir.write_batch_json(batch_dir, {
-            "backend": backend.name, "devices": devices, "flaggems_dirs": opts.flaggems_dirs,
+            "backend": backend.name, "devices": devices, "flaggems_dirs": opts.checkouts,
             "selected": keys + [k for k in previous.get("selected") or [] if k not in keys],
             "excluded": {e.key: why for e, why in excluded},
             "left_out_repos": dict(left_out), "request": {**request, **extra}})
@@ -561,42 +571,32 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         return _run(runner, todo, selected, args)
 
 
-def _is_number(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+# What batch.json's request holds beside the options (which check themselves: harness.core.options).
+STORED_CHECKS = {"selection": (batchdir.is_strings, "a list of [repo:]op[@op_file]")}
 
 
-# What each option a batch stores must be, read back for a resume (None is "not given" for every
-# one): the checks its command-line flag makes, since a stored value skips the parser.
-STORED_CHECKS = {
-    "backend": (lambda v: isinstance(v, str), "a backend name"),
-    "devices": (lambda v: isinstance(v, str) and all(d.strip().isdigit() for d in v.split(",")),
-                "comma-separated device indices"),
-    "dtypes": (valid_dtype_list, DTYPES_RULE),
-    "shapes": (lambda v: isinstance(v, str), "a path"),
-    "ops_path": (batchdir.is_strings, "a list of paths"),
-    "flaggems_dir": (batchdir.is_strings, "a list of [NAME=]PATH"),
-    "level": (lambda v: v in flaggems.LEVELS, f"one of {', '.join(flaggems.LEVELS)}"),
-    "flagtune": (lambda v: v in ("0", "1"), "'0' or '1'"),
-    "libtuner_cache": (lambda v: isinstance(v, str), "a cache name, path or URL"),
-    "op_timeout": (lambda v: _is_number(v) and v > 0, "a number of seconds > 0"),
-    "replay_root": (lambda v: isinstance(v, str), "a path"),
-    "triage": (lambda v: v is False, "false (on is stored as null)"),
-    "seed": (lambda v: type(v) is int, "an integer"),
-    "timer": (lambda v: v in spec_mod.TIMERS, f"one of {', '.join(spec_mod.TIMERS)}"),
-    "l2": (lambda v: v in spec_mod.L2_MODES, f"one of {', '.join(spec_mod.L2_MODES)}"),
-    "warmup_ms": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "rep_ms": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "selection": (batchdir.is_strings, "a list of [repo:]op[@op_file]"),
-}
+def _resumed(stored: dict, given: RunOptions, given_batch: BatchOptions,
+             where: Path) -> tuple[RunOptions, BatchOptions, str]:
+    """The options a resume runs with: those stored in batch.json, with what the command line gives
+    over them; and the line saying which came from where."""
+    def refuse(name, value, what) -> UsageError:
+        return batchdir.corrupt_field(where, name, value, what)
+
+    kept, kept_batch = RunOptions.from_dict(stored, refuse), BatchOptions.from_dict(stored, refuse)
+    names = {**given.given(), **given_batch.given()}
+    from_file = kept.flags(but=names) + kept_batch.flags(but=names)
+    from_cli = given.flags() + given_batch.flags()
+    return (dataclasses.replace(kept, **given.given()), dataclasses.replace(kept_batch, **given_batch.given()),
+            f"options from {batchdir.BATCH_JSON}: {' '.join(from_file) or 'none'}; "
+            f"from the command line: {' '.join(from_cli) or 'none'}")
 
 
-def _measurement(args) -> dict:
-    """The measurement options given (or stored), for each op's record; a replay keeps its record's."""
-    given = {name: getattr(args, name) for name in MEASUREMENT if getattr(args, name) is not None}
-    if given and args.replay_root is not None:
-        flags = " ".join("--" + name.replace("_", "-") for name in given)
-        raise UsageError(f"--replay-root replays each op as it was recorded, measured the same way: drop {flags}")
-    return given
+def _stored_selection(args, stored: dict) -> str:
+    n = len(stored.get("selection") or [])
+    if args.all or args.ops or args.ops_file or args.repos:
+        return (f"the selection given on the command line ({batchdir.BATCH_JSON} keeps its {n} ops, and adds any "
+                "new: a plain --resume runs those not done)")
+    return f"the selection stored in {batchdir.BATCH_JSON} ({n} op{'s' * (n != 1)})"
 
 
 def _slurm_params(items: list[str] | None, op_timeout: float) -> dict:
@@ -611,24 +611,24 @@ def _slurm_params(items: list[str] | None, op_timeout: float) -> dict:
     return params
 
 
-def _where(args) -> tuple[backends.Backend, list[int], dict[str, Path], list[str]]:
-    """(backend, devices, FlagGems checkouts, --ops-path entries made absolute)."""
-    backend = resolve.resolve_backend(args.backend)
-    resolve.check_measurement(backend, args.timer, args.l2)
+def _where(run: RunOptions, how: BatchOptions) -> tuple[backends.Backend, list[int], dict[str, Path]]:
+    """(backend, devices, FlagGems checkouts)."""
+    backend = resolve.resolve_backend(run.backend)
+    resolve.check_measurement(backend, run.timer, run.l2)
     try:
-        wanted = None if args.devices is None else [int(d) for d in args.devices.split(",") if d.strip()]
+        wanted = None if how.devices is None else [int(d) for d in how.devices.split(",") if d.strip()]
     except ValueError:
-        raise UsageError(f"--devices {args.devices}: expected comma-separated device indices, "
+        raise UsageError(f"--devices {how.devices}: expected comma-separated device indices, "
                                  "e.g. 0,1") from None
     try:
         devices = backend.check_available(wanted)
     except backends.BackendUnavailable as exc:
         raise UsageError(str(exc)) from exc
     try:
-        checkouts = flaggems.parse_dirs(args.flaggems_dir)
+        checkouts = flaggems.parse_dirs(run.flaggems_dirs)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
-    return backend, devices, checkouts, resolve.abs_ops_paths(args.ops_path)
+    return backend, devices, checkouts
 
 
 # --- a dead batch's leftovers --------------------------------------------------------------------
@@ -645,37 +645,13 @@ def stop_leftovers(batch_dir: Path) -> list[str]:
 
 
 # --- what a batch stores for its resume -----------------------------------------------------------
-def _request(opts: Options, selected: list[Entry]) -> dict:
-    """The options and selection this batch ran with, as `_apply_stored` reads them back."""
-    return {"backend": opts.backend, "devices": ",".join(map(str, opts.devices)), "dtypes": opts.dtypes,
-            "shapes": opts.shapes, "ops_path": opts.ops_paths or None,
-            "flaggems_dir": [f"{r}={p}" for r, p in opts.flaggems_dirs.items()] or None,
-            "level": opts.level, "flagtune": opts.flagtune, "libtuner_cache": opts.libtuner_cache,
-            "op_timeout": opts.op_timeout, "replay_root": str(opts.replay_root) if opts.replay_root else None,
-            "triage": None if opts.triage else False,  # on is the default: stored only when turned off
-            **opts.measurement,
-            "selection": [e.id for e in selected]}
-
-
-def _apply_stored(args, stored: dict, names: tuple[str, ...] = STORED_OPTIONS) -> str:
-    """Fill in each stored option the command line does not give; the line saying what came from where."""
-    from_file, from_cli = [], []
-    for name in names:
-        value = getattr(args, name) if getattr(args, name) is not None else stored.get(name)
-        flag = ("--no-" if value is False else "--") + name.replace("_", "-")  # a switch turned off: --no-triage
-        if getattr(args, name) is not None:
-            from_cli.append(flag)
-        elif stored.get(name) is not None:
-            setattr(args, name, Path(stored[name]) if name in ("shapes", "replay_root") else stored[name])
-            from_file.append(flag)
-    n = len(stored.get("selection") or [])
-    if args.all or args.ops or args.ops_file or args.repos:
-        chosen = (f"the selection given on the command line ({batchdir.BATCH_JSON} keeps its {n} ops, and adds any "
-                  "new: a plain --resume runs those not done)")
-    else:
-        chosen = f"the selection stored in {batchdir.BATCH_JSON} ({n} op{'s' * (n != 1)})"
-    return (f"resume: {chosen}; options from {batchdir.BATCH_JSON}: {' '.join(from_file) or 'none'}; "
-            f"from the command line: {' '.join(from_cli) or 'none'}")
+def _request(opts: Options, selected: list[Entry], triages: bool = True) -> dict:
+    """The options and selection this batch ran with, as a resume reads them back (`_resumed`);
+    `triages`: whether the job takes --triage at all."""
+    how = BatchOptions(devices=",".join(map(str, opts.devices)), op_timeout=opts.op_timeout,
+                       replay_root=opts.replay_root,
+                       triage=False if triages and not opts.triage else None)  # on, the default, is stored as null
+    return {**opts.run.to_dict(), **how.to_dict(), "selection": [e.id for e in selected]}
 
 
 # --- running -------------------------------------------------------------------------------------

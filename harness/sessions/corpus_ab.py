@@ -25,21 +25,13 @@ import yaml
 import backends
 from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
-from harness.core.request import MEASUREMENT
+from harness.core.options import BatchOptions, RunOptions
 from harness.providers import catalog
 from harness.sessions import ab, batch, resolve
 from reports import corpus, table
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
-# `ab` options that make it a corpus A/B (anything a batch takes beyond the single-op A/B's own).
-CORPUS_FLAGS = {"all": "--all", "ops_file": "--ops-file", "repos": "--repos", "sample": "--sample",
-                "devices": "--devices", "op_timeout": "--op-timeout", "resume": "--resume", "batch_dir": "--batch-dir",
-                "ray_address": "--ray-address", "slurm_param": "--slurm-param"}
-PLAN_FLAGS = {"plan": "PLAN", "repeats": "--repeats", "a_env": "--a-env", "b_env": "--b-env",
-              "a_python": "--a-python", "b_python": "--b-python", "step_start": "--step-start",
-              "step_passes": "--step-passes",
-              **{name: "--" + name.replace("_", "-") for name in MEASUREMENT}}
 
 
 def wanted(args) -> bool:
@@ -47,22 +39,25 @@ def wanted(args) -> bool:
     plan, or --ops alone) it is today's A/B, in one process, op after op."""
     if args.compare is not None:
         return False
-    return args.executor != "local" or any(getattr(args, name) not in (None, False) for name in CORPUS_FLAGS)
+    batch_only = (args.all, args.ops_file, args.repos, args.sample, args.resume, args.batch_dir, args.ray_address,
+                  args.slurm_param)
+    return (args.executor != "local" or any(v not in (None, False) for v in batch_only)
+            or bool(BatchOptions.from_namespace(args).given()))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ABOptions(batch.Options):
-    plan: dict = dataclasses.field(default_factory=dict)  # the resolved plan, as its yaml
+    plan: dict = dataclasses.field(default_factory=dict)  # the resolved plan, as its yaml (ab.Plan.to_dict)
 
 
-def _plan_data(plan: ab.Plan) -> dict:
-    """The plan as the yaml `ab.load_plan` reads (paths already absolute); no device: each op's A/B
-    gets its own."""
-    data = dataclasses.asdict(plan)
-    for side in ("a", "b"):
-        del data[side]["name"]
-    del data["device"]
-    return data
+def _plan_flags(args) -> list[str]:
+    """The experiment's options given on the command line (the plan's, over its file): the `ab`
+    parser's experiment group, and how A records."""
+    given = [flag for flag, value in (("PLAN", args.plan), ("--repeats", args.repeats), ("--a-env", args.a_env),
+                                      ("--b-env", args.b_env), ("--a-python", args.a_python),
+                                      ("--b-python", args.b_python), ("--step-start", args.step_start),
+                                      ("--step-passes", args.step_passes)) if value is not None]
+    return given + RunOptions.from_namespace(args).measurement().flags()
 
 
 def _plan_of(data: dict, where: str = "stored in batch.json") -> ab.Plan:
@@ -101,13 +96,15 @@ class CorpusAB(batch.Batch):
 
     OPTIONS = ABOptions
     COLUMNS = (*batchdir.STATUS_COLUMNS, "verdicts")
-    # How A records is the plan's (stored with it), not the batch's.
-    STORED = tuple(n for n in batch.STORED_OPTIONS if n not in ("replay_root", "triage", *MEASUREMENT))
+    TRIAGE = False  # an op's A/B failing is not triaged against upstream
 
     @classmethod
-    def prepare(cls, args, stored: dict) -> dict:
+    def prepare(cls, args, stored: dict, run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
+        """The plan: resolved from the command line, or as a resume finds it stored. The batch runs what
+        and where the plan says; how A records is the plan's alone (each op's A/B reads it from the plan)."""
+        ops = None
         if args.resume and stored:
-            again = [flag for name, flag in PLAN_FLAGS.items() if getattr(args, name) is not None]
+            again = _plan_flags(args)
             if again:
                 raise UsageError(f"--resume continues the A/B stored in the batch dir, whose plan it keeps: drop "
                                  f"{' '.join(again)}")
@@ -117,20 +114,17 @@ class CorpusAB(batch.Batch):
             plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batchdir.BATCH_JSON}")
         else:
             plan = ab.resolve_plan(args)
-            # The plan says where and what; the batch machinery reads it from the options it knows.
-            args.backend, args.ops_path, args.flaggems_dir = plan.backend, plan.ops_paths, plan.flaggems_dirs
-            args.level, args.flagtune, args.libtuner_cache = plan.level, plan.flagtune, plan.libtuner_cache
-            args.dtypes, args.shapes = plan.dtypes, Path(plan.shapes) if plan.shapes else None
-            if not (args.all or args.ops or args.ops_file or args.repos):
-                args.ops = plan.ops
+            run, ops = plan.options, plan.ops
+        run = dataclasses.replace(run.without_measurement(), device=None)
         print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.repeats} repeats "
               "interleaved; each op's whole A/B on one device")
-        if not backends.get(resolve.resolve_backend(args.backend).name).measures_performance:
-            print(table.not_performance_note(args.backend))
+        backend = resolve.resolve_backend(run.backend).name
+        if not backends.get(backend).measures_performance:
+            print(table.not_performance_note(backend))
         for side in (plan.a, plan.b):
             if side.requirements:  # built once here, not by concurrent ops into the same env dir
                 ab.build_side_env(side, sys.stdout)
-        return {"plan": _plan_data(plan)}
+        return {"plan": plan.to_dict()}, run, ops
 
     @classmethod
     def dir_prefix(cls, extra: dict) -> str:
@@ -147,9 +141,9 @@ class CorpusAB(batch.Batch):
         plan_file = run_dir.parent.parent / PLAN_FILE
         rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
         target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
-        argv = [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--device", str(device),
-                "--color", "never", "--run-dir", str(run_dir)]
-        return argv + (["--dtypes", ",".join(dtypes)] if dtypes else [])
+        over = RunOptions(dtypes=tuple(dtypes) if dtypes else None)  # the batch's dtype fallback, over the plan's
+        return [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--device", str(device),
+                "--color", "never", "--run-dir", str(run_dir), *over.to_argv()]
 
     def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""

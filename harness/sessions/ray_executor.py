@@ -63,12 +63,11 @@ def task_device(ray_resource: str | None, sharded: int, context) -> int:
     return int(ids[0])
 
 
-def _run_remote(batch_cls, options_cls, entry: dict, opts: dict, op_dtypes: dict, ray_resource: str | None,
+def _run_remote(batch_cls, opts, entry: dict, op_dtypes: dict, ray_resource: str | None,
                 sharded: int, local: bool) -> tuple[batchdir.StatusRow, bytes, str]:
     """Runs on a Ray worker: one op in a scratch batch dir, returned as (status row, tar.gz, the
-    scratch dir, which the files' own paths name). The
-    batch's own classes are handed in (Ray pickles them by reference): this module stays below
-    harness.sessions.batch, which uses it."""
+    scratch dir, which the files' own paths name). The batch's own class and options are handed in
+    (Ray pickles the class by reference): this module stays below harness.sessions.batch, which uses it."""
     import ray
 
     entry_ = Entry(**entry)
@@ -76,8 +75,7 @@ def _run_remote(batch_cls, options_cls, entry: dict, opts: dict, op_dtypes: dict
     # A private dir (its owner named): one left by a task whose node died is removed by the next made there.
     scratch = paths.make_private_dir("ray_op")
     try:
-        opts_ = options_cls(**{**opts, "replay_root": Path(opts["replay_root"]) if opts["replay_root"] else None})
-        row = batch_cls(scratch, opts_, op_dtypes).measure_op(entry_, device)
+        row = batch_cls(scratch, opts, op_dtypes).measure_op(entry_, device)
         for log in (scratch / "ops").glob("*/batch.log"):
             with open(log, "a") as f:  # which node ran it: ops spread over a cluster's nodes
                 f.write(f"\nran on Ray node {ray.get_runtime_context().get_node_id()}\n")
@@ -124,15 +122,12 @@ def _run(runner, todo: list[Entry], on_done, address: str | None, shard, log) ->
                  **({"num_cpus": max(1, len(devices)), "resources": {DEVICE_RESOURCE.format(d): 1 for d in devices}}
                     if local else {}))
     try:
-        opts = dataclasses.asdict(runner.opts)
-        opts["replay_root"] = str(runner.opts.replay_root) if runner.opts.replay_root else None
-
         def submit(e: Entry):
             device = shard(e)
             # No retry by Ray: a task lost with its worker or node is resubmitted below, once, and said so.
             remote = ray.remote(**_resources(ray_resource, device, local), max_retries=0)(_run_remote)
-            return remote.remote(type(runner), type(runner.opts), dataclasses.asdict(e), opts, runner.op_dtypes,
-                                 ray_resource, device, local)
+            return remote.remote(type(runner), runner.opts, dataclasses.asdict(e), runner.op_dtypes, ray_resource,
+                                 device, local)
 
         pending = {submit(e): e for e in todo}
         lost: dict[str, str] = {}  # entry id -> why its first task was lost

@@ -117,14 +117,6 @@ def warn(lines: list[str]) -> None:
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
-def abs_ops_paths(paths: list[str] | None) -> list[str]:
-    # Files and dirs are stored absolute (the child runs from the repo root); module names as is.
-    out = []
-    for p in paths or []:
-        out.append(str(Path(p).resolve()) if Path(p).exists() else p)
-    return out
-
-
 def _flaggems_shapes(shape_arg: Path | None) -> str | None:
     """The shape yaml of a FlagGems run, or None for the checkout's own shapes."""
     if shape_arg is None or str(shape_arg) == flaggems.UPSTREAM:
@@ -138,7 +130,7 @@ def _flaggems_shapes(shape_arg: Path | None) -> str | None:
 
 def resolve_flaggems_record(args, backend) -> tuple[spec_mod.RunSpec, list, Path]:
     try:
-        target = flaggems.resolve_target(args.op, flaggems.parse_dirs(args.flaggems_dir))
+        target = flaggems.resolve_target(args.op, flaggems.parse_dirs(args.flaggems_dirs))
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
     if args.sweep_devices:
@@ -165,7 +157,7 @@ def _flaggems_replay(args, run_dir: Path, source: spec_mod.RunSpec) -> spec_mod.
             raise UsageError(f"cannot replay {run_dir}: it was recorded with {flag}={recorded}, this side has "
                              f"{value}; both sides of a comparison must match")
     try:
-        dirs = flaggems.parse_dirs(args.flaggems_dir)
+        dirs = flaggems.parse_dirs(args.flaggems_dirs)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
     root = str(dirs[options.repo]) if options.repo in dirs else options.root
@@ -199,7 +191,7 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     backend = resolve_backend(args.backend)
     if flaggems.is_target(args.op):
         return resolve_flaggems_record(args, backend)
-    ops_paths, warnings = abs_ops_paths(args.ops_path), []
+    ops_paths, warnings = list(args.ops_paths or ()), []
     op, provider = load_selected(args.op, ops_paths, warnings)
     shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
     key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
@@ -313,7 +305,7 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
     incomplete = None if recorded.complete else _describe_incomplete(recorded)
     _check_records(run_dir, source.op, incomplete)
     backend, device = _replay_backend(args, run_dir, source)
-    ops_paths = abs_ops_paths(args.ops_path) or source.ops_paths
+    ops_paths = list(args.ops_paths or ()) or source.ops_paths
     common, warnings = dict(device=device, replay_source_outcome=outcome), []
     if source.flaggems is not None:
         options = _flaggems_replay(args, run_dir, source)

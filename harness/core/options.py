@@ -1,0 +1,372 @@
+"""The options a session hands on to the record and replay runs it starts, each declared once.
+
+nox's `_options.py` is the model: a field of an option set (`RunOptions`, `BatchOptions`) carries
+its flag, help, group, parser type and stored-value check in its metadata (`option`), and the rest
+is derived from those declarations: the command line's argument groups (`add_arguments`), the argv
+a session gives a child (`to_argv`), the stored form an A/B plan and a batch's batch.json keep
+(`to_dict`, `from_dict`), and what a command line gave (`given`). A session holds one frozen set;
+what the command line gives over a stored one is `dataclasses.replace(stored, **given)`.
+
+None (or an empty tuple) leaves an option out: the child then applies its own default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import backends
+from harness.core.spec import L2_MODES, TIMERS
+from ops import DTYPES_RULE, valid_dtype_list
+
+# Option values with a meaning of their own (FlagGems checkouts), here because the parser checks them.
+DEFAULT_REPO = "flaggems"  # the NAME of a `--flaggems-dir PATH` given without one
+LEVELS = ("core", "comprehensive")
+# `--shapes upstream`: the checkout's own shapes (core_shapes.yaml at the level, plus what the
+# benchmark classes add), untouched.
+UPSTREAM = "upstream"
+
+# Argument group titles, by the key an option's `group` names.
+GROUPS = {
+    "where": "where to run",
+    "what": "what to run",
+    "flaggems": "FlagGems benchmark checkouts (operators named REPO:OP[@FILE] or a pytest node)",
+    "how": "how to measure",
+    "running": "running",
+}
+
+
+# --- parser types: each checks what its flag takes, so a parsed value is a valid one ---------------
+def dtype_list(text: str) -> list[str]:
+    items = [d.strip() for d in text.split(",") if d.strip()]
+    if not valid_dtype_list(items):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {DTYPES_RULE}, comma-separated")
+    return items
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def split_dir(item: str) -> tuple[str, str]:
+    """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
+    name, sep, path = item.partition("=")
+    return (name, path) if sep else (DEFAULT_REPO, item)
+
+
+def absolute_dir(item: str, base: Path) -> str:
+    """A `[NAME=]PATH` value whose PATH is absolute (relative to `base`): the value travels into run
+    specs and plans that processes read from other directories."""
+    name, path = split_dir(item)
+    return f"{name}={os.path.abspath(base / Path(path).expanduser())}" if path else item
+
+
+def absolute_libtuner_cache(choice: str, base: Path) -> str:
+    """A `--libtuner-cache` value whose path is absolute (relative to `base`), for the same reason."""
+    if choice in ("private", "user") or "://" in choice:
+        return choice
+    return os.path.abspath(base / Path(choice).expanduser())
+
+
+def absolute_ops_path(item: str) -> str:
+    """An `--ops-path` file or dir made absolute (the child runs from the repo root); a module name as is."""
+    return str(Path(item).resolve()) if Path(item).exists() else item
+
+
+def _is_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _is_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# --- the declaration ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """How one option is given, checked, passed on and stored."""
+
+    flag: str
+    help: str
+    group: str  # a GROUPS key
+    commands: tuple[str, ...]  # the `python -m harness` commands that take it
+    check: Callable[[Any], bool]  # a stored value (plan, batch.json), which skips the parser
+    what: str  # what `check` wants, said in its refusal
+    metavar: str | None = None
+    type: Callable | None = None
+    choices: tuple | None = None
+    repeat: bool = False  # repeatable; the value a tuple
+    switch: bool = False  # --X / --no-X
+    record_default: Any = None  # what `record` parses when it is not given (the others parse None)
+    record_only: bool = False  # a replay keeps the record's: `replay` refuses it by name
+    replay: bool = True  # an A/B gives it to its replays, not only to A's record
+    stored: bool = True  # in batch.json, for a resume
+    # A stored relative value made absolute against the folder of the file that holds it (a plan's).
+    rebase: Callable[[Any, Path], Any] | None = None
+    load: Callable[[Any], Any] | None = None  # a stored value (checked) in the field's own type
+
+
+def option(**declared) -> Any:
+    """A field declared as an option: None (or () when repeatable) until given."""
+    meta = Option(**declared)
+    return dataclasses.field(default=() if meta.repeat else None, metadata={"option": meta})
+
+
+def declared(cls_or_obj) -> list[tuple[dataclasses.Field, Option]]:
+    return [(f, f.metadata["option"]) for f in dataclasses.fields(cls_or_obj) if "option" in f.metadata]
+
+
+class OptionSet:
+    """What every declared option set derives from its declarations."""
+
+    def __post_init__(self) -> None:
+        # Lists handed in become tuples: a set stays hashable and unchangeable.
+        for field, _ in declared(self):
+            if isinstance(getattr(self, field.name), list):
+                object.__setattr__(self, field.name, tuple(getattr(self, field.name)))
+
+    @classmethod
+    def add_arguments(cls, groups: Mapping[str, Any], command: str, names: Iterable[str] | None = None) -> None:
+        """Each option `command` takes (of `names`, default all) into its group of `groups`. A
+        record-only option given to `replay` is refused by name; a session that starts records
+        (ab, batch) parses None for one not given, so that only what is given is passed on."""
+        wanted = None if names is None else set(names)
+        for field, meta in declared(cls):
+            if command not in meta.commands or (wanted is not None and field.name not in wanted):
+                continue
+            if command == "replay" and meta.record_only:
+                groups[meta.group].add_argument(meta.flag, action=RecordOnly)
+                continue
+            kw: dict[str, Any] = {"dest": field.name, "help": meta.help}
+            if meta.switch:
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                kw.update(metavar=meta.metavar, type=meta.type, choices=meta.choices)
+                if meta.repeat:
+                    kw["action"] = "append"
+            kw["default"] = meta.record_default if command == "record" else None
+            groups[meta.group].add_argument(meta.flag, **{k: v for k, v in kw.items() if v is not None
+                                                            or k == "default"})
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace):
+        """The options a parsed command line holds (one it does not take is None)."""
+        return cls(**{f.name: _frozen(getattr(ns, f.name, None), meta) for f, meta in declared(cls)})
+
+    def given(self) -> dict:
+        """The options set (not None, not empty), by field name: what overrides a stored set."""
+        return {f.name: getattr(self, f.name) for f, _ in declared(self) if getattr(self, f.name) not in (None, ())}
+
+    def flags(self, but: Iterable[str] = ()) -> list[str]:
+        """The flags of the stored options set, but those named (`--no-triage` for a switch turned off):
+        what a resume says it took from where."""
+        return [("--no-" + meta.flag[2:]) if getattr(self, f.name) is False else meta.flag
+                for f, meta in declared(self)
+                if meta.stored and getattr(self, f.name) not in (None, ()) and f.name not in but]
+
+    def to_argv(self) -> list[str]:
+        """The options set, as the command line that gives them; in declaration order (logs show it)."""
+        argv: list[str] = []
+        for field, meta in declared(self):
+            value = getattr(self, field.name)
+            if value is None or value == ():
+                continue
+            if meta.repeat:
+                for item in value:
+                    argv += [meta.flag, str(item)]
+            elif meta.switch:
+                argv.append(meta.flag if value else "--no-" + meta.flag[2:])
+            elif isinstance(value, tuple):  # a comma-separated list (--dtypes)
+                argv += [meta.flag, ",".join(value)]
+            else:
+                argv += [meta.flag, str(value)]
+        return argv
+
+    def to_dict(self) -> dict:
+        """The stored options (batch.json, a plan's yaml), JSON types, None included."""
+        out = {}
+        for field, meta in declared(self):
+            if meta.stored:
+                out[field.name] = _plain(getattr(self, field.name))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping, refuse: Callable[[str, Any, str], Exception], base: Path | None = None):
+        """The options a stored mapping holds (other keys are the caller's), each checked as its flag
+        would be (`refuse(name, value, what)` is raised); relative paths are relative to `base`
+        where one is given (a plan file's folder)."""
+        fields = {}
+        for field, meta in declared(cls):
+            value = data.get(field.name)
+            if value is None or (meta.repeat and value == []):
+                continue
+            if not meta.check(value):
+                raise refuse(field.name, value, meta.what)
+            if base is not None and meta.rebase is not None:
+                value = [meta.rebase(v, base) for v in value] if meta.repeat else meta.rebase(value, base)
+            fields[field.name] = _frozen(meta.load(value) if meta.load else value, meta)
+        return cls(**fields)
+
+
+def _frozen(value, meta: Option):
+    """A value in the field's own type: lists as tuples, paths as Path."""
+    if meta.repeat and value is None:  # an append argument not given
+        return ()
+    if isinstance(value, list):
+        return tuple(value)
+    if meta.type is Path and value is not None:
+        return Path(value)
+    return value
+
+
+def _plain(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+class RecordOnly(argparse.Action):
+    """A record's measurement option given to replay: refused by name, not as an unknown argument."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is record-only: a replay measures as its record did (run.json spec); "
+                     "record again to change it")
+
+
+RUNS = ("record", "replay", "ab", "batch")  # the commands that run operators
+STARTERS = ("ab", "batch")  # the commands that start batches of them
+
+
+def _plan_shapes(value: str, base: Path) -> str:
+    return UPSTREAM if str(value) == UPSTREAM else str((base / value).resolve())
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions(OptionSet):
+    """How a record or replay runs, as a session passes it on: where, what, the FlagGems checkouts,
+    and how A's record (or a batch's) measures. Declaration order is the argv's (FlagGems' options
+    lead, right after the target they qualify; the device last) and, within each group, the help's."""
+
+    level: str | None = option(
+        flag="--level", group="flaggems", commands=RUNS, choices=LEVELS, replay=False,
+        help="upstream --level, recorded; replays keep the recorded one (default: core)",
+        check=lambda v: v in LEVELS, what=f"one of {', '.join(LEVELS)}")
+    flagtune: str | None = option(
+        flag="--flagtune", group="flaggems", commands=RUNS, choices=("0", "1"), replay=False,
+        help="FlagGems' USE_FLAGTUNE switch, recorded; replays keep the recorded one (default: $USE_FLAGTUNE, else 0)",
+        check=lambda v: not isinstance(v, bool) and str(v) in ("0", "1"), what="0 or 1", load=str)  # yaml's 1: "1"
+    libtuner_cache: str | None = option(
+        flag="--libtuner-cache", group="flaggems", commands=RUNS, metavar="private|user|URL", replay=False,
+        type=lambda text: absolute_libtuner_cache(text, Path.cwd()),
+        rebase=lambda v, base: absolute_libtuner_cache(str(v), base),
+        help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), FlagGems' own "
+             "(user), or a sqlite path/URL; recorded in run.json",
+        check=lambda v: isinstance(v, str), what="a cache name, path or URL")
+    backend: str | None = option(
+        flag="--backend", group="where", commands=RUNS, metavar="NAME", replay=False,
+        help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; replay: the recorded one)",
+        check=lambda v: isinstance(v, str), what="a string (a backend name)")
+    shapes: Path | None = option(
+        flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, rebase=_plan_shapes,
+        help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems ops: `upstream`, "
+             "the checkout's own, by default)",
+        check=lambda v: isinstance(v, str), what="a path")
+    dtypes: tuple[str, ...] | None = option(
+        flag="--dtypes", group="what", commands=RUNS, metavar="LIST", type=dtype_list,
+        help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)",
+        check=valid_dtype_list, what=DTYPES_RULE)
+    ops_paths: tuple[str, ...] = option(
+        flag="--ops-path", group="what", commands=RUNS, metavar="PATH", type=absolute_ops_path, repeat=True,
+        rebase=lambda v, base: str((base / v).resolve()),
+        help="extra operator definitions: a directory of modules, a .py file or a module name (repeatable)",
+        check=_is_strings, what="a list of paths")
+    flaggems_dirs: tuple[str, ...] = option(
+        flag="--flaggems-dir", group="flaggems", commands=RUNS, metavar="[NAME=]PATH", repeat=True,
+        # Absolute as parsed: the value travels into run specs and plans that processes read from elsewhere.
+        type=lambda text: absolute_dir(text, Path.cwd()), rebase=lambda v, base: absolute_dir(str(v), base),
+        help="a FlagGems-style checkout (benchmark/ and src/); NAME is the repo prefix of its operators, `flaggems` "
+             "when omitted (repeatable)",
+        check=_is_strings, what="a list of [NAME=]PATH")
+    seed: int | None = option(
+        flag="--seed", group="how", commands=RUNS, metavar="N", type=int, record_default=0, record_only=True,
+        help="seed for random/numpy/torch (default: 0)",
+        check=lambda v: type(v) is int and v >= 0, what="a non-negative integer")
+    timer: str | None = option(
+        flag="--timer", group="how", commands=RUNS, choices=TIMERS, record_default="auto", record_only=True,
+        help="auto: graph where the backend can capture, else direct; profiler: the device profiler's summed kernel "
+             "time per call (default: auto)",
+        check=lambda v: v in TIMERS, what=f"one of {', '.join(TIMERS)}")
+    l2: str | None = option(
+        flag="--l2", group="how", commands=RUNS, choices=L2_MODES, record_default="warm", record_only=True,
+        help="warm: calls reuse what the last left in the device L2; cold: flush it before every call (default: warm)",
+        check=lambda v: v in L2_MODES, what=f"one of {', '.join(L2_MODES)}")
+    warmup_ms: float | None = option(
+        flag="--warmup-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
+        help="warmup budget per measurement (default: the backend's, 25 on GPUs)",
+        check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+    rep_ms: float | None = option(
+        flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
+        help="timing budget per measurement (default: the backend's, 100 on GPUs)",
+        check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+    # Each op's device is the batch's choice: not stored.
+    device: int | None = option(
+        flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,
+        help="device index (default: the first visible device)",
+        check=lambda v: type(v) is int and v >= 0, what="a device index (an integer >= 0)")
+
+    def for_replay(self) -> RunOptions:
+        """What a replay of a record made with these options is given: it keeps the rest as recorded."""
+        return dataclasses.replace(self, **{f.name: f.default for f, meta in declared(self) if not meta.replay
+                                            or meta.record_only})
+
+    def measurement(self) -> RunOptions:
+        """Only how a record measures (the record-only options), the rest left out."""
+        return RunOptions(**{f.name: getattr(self, f.name) for f, meta in declared(self) if meta.record_only})
+
+    def without_measurement(self) -> RunOptions:
+        return dataclasses.replace(self, **{f.name: None for f, meta in declared(self) if meta.record_only})
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchOptions(OptionSet):
+    """How a batch (or a corpus A/B) runs its ops, stored in its batch.json for a resume."""
+
+    devices: str | None = option(
+        flag="--devices", group="running", commands=STARTERS, metavar="LIST",
+        help="comma-separated device indices (default: the backend's visible devices)",
+        check=lambda v: isinstance(v, str) and all(d.strip().isdigit() for d in v.split(",")),
+        what="comma-separated device indices")
+    op_timeout: float | None = option(
+        flag="--op-timeout", group="running", commands=STARTERS, metavar="S", type=positive_float,
+        help="per-op timeout in seconds; the op's process group is killed (default: 1800; --resume: the batch's)",
+        check=lambda v: _is_number(v) and v > 0, what="a number of seconds > 0")
+    replay_root: Path | None = option(
+        flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path,
+        help="replay each op from this earlier batch dir",
+        check=lambda v: isinstance(v, str), what="a path")
+    triage: bool | None = option(
+        flag="--triage", group="running", commands=("batch",), switch=True,
+        help="rerun a FlagGems op that still fails or times out as the bare upstream pytest node: FAIL_UPSTREAM or "
+             "TIMEOUT_UPSTREAM when that fails or times out too (not counted as ours), FAIL or TIMEOUT otherwise "
+             "(default: on; --resume: the batch's)",
+        check=lambda v: v is False, what="false (on is stored as null)")

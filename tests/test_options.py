@@ -1,0 +1,54 @@
+"""The run options, declared once (harness.core.options): the parser, the argv, the stored form and
+its checks all come from one declaration per option."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.core.options import BatchOptions, RunOptions, declared
+
+FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/ops", "mod.x"),
+                  flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user", seed=3,
+                  timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
+
+
+def refuse(name, value, what):
+    return ValueError(f"{name} = {value!r} is not {what}")
+
+
+@pytest.mark.parametrize("command", ["record", "ab", "batch"])
+def test_every_option_parses_back_from_its_argv_on_every_command_that_takes_it(command):
+    argv = [command, *(["add"] if command == "record" else []), *FULL.to_argv()]
+    assert RunOptions.from_namespace(cli.build_parser().parse_args(argv)) == FULL
+
+
+def test_the_stored_form_round_trips_through_json_without_the_device_which_is_each_ops_own():
+    stored = json.loads(json.dumps(FULL.to_dict()))
+    assert "device" not in stored and set(stored) == {f.name for f, meta in declared(RunOptions) if meta.stored}
+    assert RunOptions.from_dict(stored, refuse) == dataclasses.replace(FULL, device=None)
+    how = BatchOptions(devices="0,1", op_timeout=5.0, replay_root=Path("/r"), triage=False)
+    assert BatchOptions.from_dict(json.loads(json.dumps(how.to_dict())), refuse) == how
+
+
+def test_a_stored_value_is_checked_as_its_flag_would_be_and_made_absolute_against_its_file(tmp_path):
+    for name, value in (("seed", -1), ("timer", "fast"), ("dtypes", ["fp64"]), ("flagtune", True), ("device", "0")):
+        with pytest.raises(ValueError, match=f"^{name} = "):
+            RunOptions.from_dict({name: value}, refuse)
+    loaded = RunOptions.from_dict({"shapes": "s.yaml", "ops_paths": ["ops"], "flaggems_dirs": ["ck"],
+                                   "libtuner_cache": "t.db", "flagtune": 1}, refuse, tmp_path)
+    assert loaded == RunOptions(shapes=tmp_path / "s.yaml", ops_paths=(str(tmp_path / "ops"),),
+                                flaggems_dirs=(f"flaggems={tmp_path / 'ck'}",), libtuner_cache=str(tmp_path / "t.db"),
+                                flagtune="1")
+    assert RunOptions.from_dict({"shapes": "upstream"}, refuse, tmp_path).shapes == Path("upstream")
+
+
+def test_a_replay_keeps_what_its_record_was_given_and_a_resume_is_the_stored_set_with_what_is_given():
+    assert FULL.for_replay() == RunOptions(device=2, shapes=Path("/s.yaml"), dtypes=("fp16",),
+                                           ops_paths=("/ops", "mod.x"), flaggems_dirs=("flaggems=/fg",))
+    assert FULL.measurement() == RunOptions(seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
+    given = RunOptions.from_namespace(cli.build_parser().parse_args(["batch", "--l2", "warm", "--seed", "0"]))
+    assert given.given() == {"l2": "warm", "seed": 0}  # seed 0 was given
+    assert given.flags() == ["--seed", "--l2"]
