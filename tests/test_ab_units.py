@@ -89,3 +89,106 @@ def test_a_failed_run_went_through_only_if_it_ran_every_case_and_wrote_its_resul
     corrupt = _run_dir(tmp_path / "corrupt", "COMPLETE")
     (corrupt / "run.json").write_text("{")
     assert not ab.went_through(corrupt)
+
+
+# --- the plan file: every field checked, each refusal one line naming the file and the field -------
+def _plan(tmp_path, text):
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("line,message", [
+    ("name: 5", "'name' must be a string, not 5"), ("backend: 1", "'backend' must be a string, not 1"),
+    ("shapes: [s.yaml]", "'shapes' must be a string, not ['s.yaml']"),
+    ("libtuner_cache: 3", "'libtuner_cache' must be a string, not 3"),
+    ("ops_paths: ops", "'ops_paths' must be a list of paths, not 'ops'"),
+    ("ops_paths: [1]", "'ops_paths' must be a list of paths, not [1]"),
+    ("flaggems_dirs: [1]", "'flaggems_dirs' must be a list of paths, not [1]"),
+    ("device: -1", "'device' must be a device index (an integer >= 0), not -1"),
+    ("device: 1.0", "'device' must be a device index (an integer >= 0), not 1.0"),
+    ("device: true", "'device' must be a device index (an integer >= 0), not True"),
+    ("level: all", "'level' must be one of core, comprehensive, not 'all'"),
+    ("flagtune: 2", "'flagtune' must be 0 or 1, not 2"), ("flagtune: true", "'flagtune' must be 0 or 1, not True"),
+    ("repeats: 2.5", "'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)"),
+    ("fdr: 0", "'fdr' must be a number between 0 and 1, not 0"),
+    ("step_start: warm", "'step_start' must be one of fork, fresh, not 'warm'"),
+    ("step_passes: twice", "'step_passes' must be one of once, every, not 'twice'"),
+    ("timer: fast", "'timer' must be one of auto, graph, direct, profiler, host, not 'fast'"),
+    ("l2: hot", "'l2' must be one of warm, cold, not 'hot'"),
+    ("warmup_ms: -1", "'warmup_ms' must be a non-negative number, not -1"),
+    ("rep_ms: '5'", "'rep_ms' must be a non-negative number, not '5'"),
+    ("seed: 1.5", "'seed' must be a non-negative number, not 1.5"),
+    ("- ops: [add]", "top level must be a mapping"),
+])
+def test_a_plan_field_no_step_could_take_is_refused_in_one_line_naming_the_file(tmp_path, line, message):
+    path = _plan(tmp_path, line if line.startswith("- ") else f"ops: [add]\n{line}\n")
+    with pytest.raises(ab.PlanError) as refused:
+        ab.load_plan(path)
+    assert str(refused.value) == f"plan {path}: {message}"
+
+
+def test_a_plan_that_is_not_a_mapping_is_refused_as_a_plan(tmp_path):
+    for text in ("- add\n", "ops: [add\n"):
+        with pytest.raises(ab.PlanError, match=f"^plan {_plan(tmp_path, text)}"):
+            ab.load_plan(tmp_path / "plan.yaml")
+    with pytest.raises(ab.PlanError, match=f"^plan {tmp_path / 'none.yaml'} does not exist$"):
+        ab.load_plan(tmp_path / "none.yaml")
+    # The mapping a corpus A/B stored, checked the same way.
+    with pytest.raises(ab.PlanError, match=r"^plan stored: top level must be a mapping$"):
+        ab.plan_from_data(["add"], "stored")
+
+
+def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(tmp_path):
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "py").write_text("")
+    (tmp_path / "reqs.txt").write_text("triton==3.1  # the build under test\n\n# nothing\nnumpy\n")
+    path = _plan(tmp_path, "ops: [add, mm]\nname: fast\ndevice: 0\nlevel: core\nflagtune: 1\nops_paths: [ops]\n"
+                           "step_start: fresh\nstep_passes: every\nwarmup_ms: 0\nrep_ms: 0.5\nseed: 0\n"
+                           "repeats: 2\nshapes: s.yaml\n"
+                           "a: {label: base, python: py}\nb: {label: new, env: {X: '1'}, requirements: reqs.txt}\n")
+    plan = ab.load_plan(path)
+    assert (plan.name, plan.ops, plan.device, plan.level, plan.flagtune, plan.repeats) == (
+        "fast", ["add", "mm"], 0, "core", "1", 2)
+    assert (plan.ops_paths, plan.shapes) == ([str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
+    assert (plan.step_start, plan.step_passes, plan.warmup_ms, plan.rep_ms, plan.seed) == ("fresh", "every", 0, 0.5, 0)
+    assert plan.a.describe() == f"base python={tmp_path / 'py'}"
+    assert plan.b.describe() == "new X=1 pip: triton==3.1 numpy"
+    assert ab.load_plan(_plan(tmp_path, "ops: [add]\nflagtune: '0'\n")).flagtune == "0"
+    # What a plan leaves out: three repeats, warm workers, the one-off passes once, sides as they are.
+    plain = ab.load_plan(_plan(tmp_path, "ops: [add]\n"))
+    assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.device, plain.level,
+            plain.flagtune, plain.ops_paths) == ("plan", 3, "fork", "once", None, None, None, [])
+    assert (plain.a.label, plain.b.label, plain.a.describe()) == ("", "", "as is")
+    # A stored plan's paths are relative to the base it is read with, not to where it was stored.
+    stored = ab.plan_from_data({"ops": ["add"], "ops_paths": ["ops"], "shapes": "s.yaml"}, "/elsewhere/p.yaml",
+                               tmp_path)
+    assert (stored.ops_paths, stored.shapes) == ([str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
+
+
+@pytest.mark.parametrize("side,message", [
+    ("[x]", "side 'B' must be a mapping"),
+    ("{labels: x}", "side 'B': unknown fields ['labels'] (allowed: ['env', 'label', 'python', 'requirements'])"),
+    ("{requirements: 5}", "side 'B': requirements must be a list of pip specifiers or a file name"),
+    ("{requirements: [1]}", "side 'B': requirements must be a list of pip specifiers or a file name"),
+    ("{env: [X]}", "side 'B': env must be a mapping of NAME: value"),
+    ("{env: {X: true}}", "side 'B': env X: True is not a string or a number (quote it: '1', 'true')"),
+    ("{label: 5}", "side 'B': label must be a string, not 5"),
+    ("{python: 5}", "side 'B': python must be a string, not 5"),
+])
+def test_a_side_no_step_could_run_is_refused_naming_the_plan_and_the_side(tmp_path, side, message):
+    path = _plan(tmp_path, f"ops: [add]\nb: {side}\n")
+    with pytest.raises(ab.PlanError) as refused:
+        ab.load_plan(path)
+    assert str(refused.value) == f"{path}: {message}"
+    with pytest.raises(ab.PlanError, match=f"^{path}: side 'A' must be a mapping$"):
+        ab.load_plan(_plan(tmp_path, "ops: [add]\na: x\n"))
+
+
+def test_a_sides_python_and_env_names_are_checked_before_anything_runs(tmp_path):
+    with pytest.raises(ab.PlanError, match=f"^{tmp_path / 'plan.yaml'}: side 'B': python {tmp_path / 'nope'} "
+                                           "does not exist$"):
+        ab.load_plan(_plan(tmp_path, "ops: [add]\nb: {python: nope}\n"))
+    # A NUL cannot be in a variable's name (the kernel would cut the name there).
+    with pytest.raises(ab.PlanError, match=r"^p: side 'A': env name 'X\\x00Y' is not a variable name$"):
+        ab.plan_from_data({"ops": ["add"], "a": {"env": {"X\0Y": "1"}}}, "p")
