@@ -1,0 +1,374 @@
+"""The single-op A/B in this process, from its command line (`ab.run_from_args`) to its exit code, with
+every step's process stood in for: the fake writes the run dir the step would have (run.json and one
+row in results.json) and records what the step was told. So the promises of the session itself are
+checked per step and fast: the schedule (A records, then A and B replay A's record interleaved), what
+each step is told (its run dir, its target, which steps carry the one-off passes, its side's
+interpreter, environment and cache), ab.json as the steps land, the warnings and the exit code of an
+A/B whose steps fail, die or are stopped. The real processes are in tests/test_ab.py (e2e)."""
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import load
+
+from harness import cli
+from harness.core import paths
+from harness.core.errors import UsageError
+from harness.core.spec import RunSpec
+from harness.sessions import ab
+
+
+class Steps:
+    """Stands in for launch.run (the step's process) and forkserver.Worker (a side's warm worker).
+    `fate(side_dir, attempt)` says how the step in the step dir named `side_dir` (`A-record`, `B-2`)
+    ends: ok, rows (went through, some rows failed), fails, dies (its worker died under it), lost (the
+    worker never came up), stopped (a SIGTERM went on to it) or ctrl_c (a Ctrl-C between steps)."""
+
+    def __init__(self, monkeypatch, fate=lambda side_dir, attempt: "ok", ms=None):
+        self.fate = fate
+        self.ms = ms or {"A": 2.0, "B": 2.0}
+        self.told: list[dict] = []
+        self.workers: list[FakeWorker] = []
+        monkeypatch.setattr(ab.launch, "run", self.run)
+        monkeypatch.setattr(ab.forkserver, "Worker", self.worker)
+        monkeypatch.setattr(ab, "side_compiler_key", self.key)
+        # Runner.close leaves ab.log open (the A/B's process ends right after); the suite runs many A/Bs.
+        close = ab.Runner.close
+        monkeypatch.setattr(ab.Runner, "close", lambda runner: (close(runner), runner.log.close()))
+
+    @staticmethod
+    def key(side):
+        if side.python == "/bin/false":
+            raise ab.SideUnidentified("/bin/false exited 1")
+        return {"python": side.python or sys.executable, "env": side.env, "digest": f"d{side.name.lower()}"}
+
+    def worker(self, python, log, env, pythonpath, cache):
+        made = FakeWorker(python, log, env, pythonpath, cache)
+        self.workers.append(made)
+        return made
+
+    def run(self, argv, **how):
+        python = None
+        if argv[1:3] == ["-m", "harness"]:  # a fresh process: the whole command line
+            python, argv = argv[0], argv[3:]
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        attempt = sum(1 for t in self.told if t["run_dir"] == run_dir) + 1
+        self.told.append({"python": python, "argv": argv, "run_dir": run_dir, "side": run_dir.parent.name[0],
+                          **how})
+        if "starter" in how:
+            how["starter"].__self__.died = False  # as a worker's start does for each step
+        fate = self.fate(run_dir.parent.name, attempt)
+        if fate == "ctrl_c":
+            raise KeyboardInterrupt
+        if fate == "lost":
+            raise ab.forkserver.WorkerDied("it never came up")
+        how["on_stdout"]("[1/1] add fp32-300 SUCCESS\n")
+        if fate == "stopped":
+            how["on_forward"](signal.SIGTERM)
+            return -signal.SIGTERM, signal.SIGTERM
+        if fate == "dies":
+            (run_dir / "half").mkdir(parents=True)  # what the dead attempt wrote
+            how["starter"].__self__.died = True
+            return -signal.SIGKILL, None
+        if fate == "fails":
+            return 3, None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = RunSpec("add", "interpreter", argv[0], 0, ["fp32"], "default").to_json()
+        (run_dir / "run.json").write_text(json.dumps({"spec": spec, "observed": {"outcome": {"status": "COMPLETE"}}}))
+        row = {"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
+               "candidate_ms": self.ms[run_dir.parent.name[0]], "timer": "graph", "markers": [], "configs": {}}
+        (run_dir / "results.json").write_text(json.dumps({"format": 1, "rows": [row]}))
+        return (1 if fate == "rows" else 0), None
+
+    def schedule(self):
+        return [t["run_dir"].parent.name for t in self.told]
+
+
+class FakeWorker:
+    def __init__(self, python, log, env, pythonpath, cache):
+        self.python, self.log, self.env, self.pythonpath, self.cache = python, log, env, pythonpath, cache
+        self.died = False
+        self.closed = False
+
+    def start(self, argv, **kw):  # launch.run is faked: it never starts anything
+        raise AssertionError("not reached")
+
+    def close(self):
+        self.closed = True
+
+
+def _ab(tmp_path, plan_text, *argv):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text)
+    out = [] if "--run-dir" in argv else ["--out", str(tmp_path / "runs")]
+    return cli.build_parser().parse_args(["ab", str(plan), "--backend", "interpreter", *out, *argv])
+
+
+def _ab_dir(out: str) -> Path:
+    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
+
+
+def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_passes(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    args = _ab(tmp_path, "name: t\nops: [builtin:add, mm@mm]\nrepeats: 2\nb: {label: new, env: {X: '1'}}\n")
+    assert ab.run_from_args(args) == 0
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert ab_dir.parent == tmp_path / "runs" and ab_dir.name.startswith("ab_t_")
+    assert out.startswith("A/B t: A = as is; B = new X=1; ops builtin:add mm@mm; 2 repeats interleaved\n"
+                          f"ab dir: {ab_dir}\n")
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2"] * 2
+    # Each op's steps in a dir of its own, named so a path can hold it; each step's run dir named there.
+    dirs = [t["run_dir"] for t in steps.told]
+    assert {d.parent.parent for d in dirs[:5]} == {ab_dir / "builtin-add"}
+    assert {d.parent.parent for d in dirs[5:]} == {ab_dir / "mm-mm"}
+    assert all(d.name.startswith(f"{d.parent.parent.name}_") for d in dirs)
+    # A's record measures the op; every replay replays that record, of that op.
+    argvs = [t["argv"] for t in steps.told]
+    assert argvs[0][:2] == ["record", "builtin:add"] and argvs[5][:2] == ["record", "mm@mm"]
+    assert [a[:2] for a in argvs[1:5]] == [["replay", str(dirs[0])]] * 4
+    assert [a[:2] for a in argvs[6:]] == [["replay", str(dirs[5])]] * 4
+    # The one-off passes (IR, attribution) run once per side and op: in its first replay, never the record.
+    assert ["--timing-only" in a for a in argvs[:5]] == [True, False, False, True, True]
+    lines = out.splitlines()
+    assert "[1/2 builtin:add] A records ... 1/1 ok (0 s)" in lines
+    assert "[2/2 mm@mm] repeat 2/2: B replays A ... 1/1 ok (0 s)" in lines
+    # ab.json: the plan, every step as it landed, complete.
+    state = load(ab_dir / "ab.json")
+    assert state["complete"] is True and "running" not in state and state["plan"]["name"] == "t"
+    assert [s["what"] for s in state["steps"][:3]] == ["[1/2 builtin:add] A records",
+                                                       "[1/2 builtin:add] repeat 1/2: A replays A",
+                                                       "[1/2 builtin:add] repeat 1/2: B replays A"]
+    first = state["steps"][1]
+    assert (first["side"], first["args"], first["exit"], first["usable"], first["run_dir"]) == (
+        "A", argvs[1], 0, True, str(dirs[1]))
+    assert 0 <= first["seconds"] < 60 and round(first["seconds"], 1) == first["seconds"]
+    report = load(ab_dir / "report.json")
+    assert report["context"]["name"] == "t" and report["context"]["repeats"] == 2
+    assert (report["context"]["a"], report["context"]["b"]) == ("as is", "new X=1")
+    assert len(report["rows"]) == 2 and all(len(r["a_ms"]) == 2 == len(r["b_ms"]) for r in report["rows"])
+    assert f"report: {ab_dir / 'report.md'}, {ab_dir / 'report.csv'}, {ab_dir / 'report.json'}, " in out
+
+
+def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_stop(tmp_path, monkeypatch, capsys):
+    """A side's steps are forked by its own warm worker, started with the side's interpreter and
+    environment (and the backend's) and the side's Triton cache; a Ctrl-C or SIGTERM goes on to the
+    running step, which has STEP_GRACE_S to write what it has."""
+    steps = Steps(monkeypatch)
+    args = _ab(tmp_path, f"ops: [add]\nrepeats: 2\nb: {{env: {{X: '1'}}, python: {sys.executable}}}\n")
+    assert ab.run_from_args(args) == 0
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    a, b = steps.workers
+    state = load(ab_dir / "ab.json")
+    caches = {name: state["triton_caches"][name]["dir"] for name in "AB"}
+    assert (a.python, a.env, a.pythonpath, a.cache) == (sys.executable, {"TRITON_INTERPRET": "1"}, None, caches["A"])
+    assert (b.python, b.env, b.pythonpath, b.cache) == (sys.executable, {"X": "1", "TRITON_INTERPRET": "1"}, None,
+                                                        caches["B"])
+    assert Path(caches["A"]).name == "A-da" and Path(caches["B"]).name == "B-db"
+    assert "ab_triton_cache" in Path(caches["A"]).parent.name
+    assert state["triton_caches"]["B"]["env"] == {"X": "1"}
+    assert state["triton_caches"]["A"]["removed"] == "as the A/B ends (if it died first: by the next run)"
+    # Ended with the A/B: the workers closed, the caches removed.
+    assert a.closed and b.closed and not Path(caches["A"]).parent.exists()
+    for told in steps.told:
+        worker = a if told["side"] == "A" else b
+        assert told["starter"] == worker.start and told["argv"][-2:] == ["--triton-cache", worker.cache]
+        assert (told["grace_s"], told["forward"], told["log"].name) == (
+            ab.STEP_GRACE_S, (signal.SIGINT, signal.SIGTERM), str(ab_dir / "ab.log"))
+        assert told["on_stdout"] is ab._case_progress
+
+
+def test_a_fresh_step_is_a_process_of_its_sides_interpreter_with_its_sides_environment(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    built = tmp_path / "env" / "bin" / "python"
+    logs = []
+
+    def build(side, log):  # only a side that names requirements gets an env of its own
+        logs.append((side.name, log.name))
+        return str(built)
+
+    monkeypatch.setattr(ab, "build_side_env", build)
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fresh\nb: {env: {X: '1'}, requirements: [triton]}\n")
+    assert ab.run_from_args(args) == 0
+    assert steps.workers == [] and logs == [("B", str(_ab_dir(capsys.readouterr().out) / "ab.log"))]
+    for told in steps.told:
+        if told["side"] == "A":
+            assert (told["python"], told["env"], told["pythonpath"]) == (sys.executable, {}, None)
+        else:  # a pip-built side sees its own packages first, then the base's: it gets the checkout alone
+            assert (told["python"], told["env"], told["pythonpath"]) == (str(built), {"X": "1"},
+                                                                        str(paths.REPO_ROOT))
+        assert told["argv"][-1].endswith(f"{told['side']}-d{told['side'].lower()}")  # its side's cache
+        assert "starter" not in told and told["grace_s"] == ab.STEP_GRACE_S
+
+
+def test_a_side_whose_env_does_not_build_stops_the_ab_before_any_step(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+
+    def build(side, log):
+        raise subprocess.CalledProcessError(1, ["pip", "install"])
+
+    monkeypatch.setattr(ab, "build_side_env", build)
+    args = _ab(tmp_path, "ops: [add]\nb: {requirements: [triton]}\n")
+    with pytest.raises(UsageError) as refused:
+        ab.run_from_args(args)
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    assert str(refused.value) == (f"side B: building its env failed (Command '['pip', 'install']' returned non-zero "
+                                  f"exit status 1.); see {ab_dir / 'ab.log'}")
+    assert steps.told == []
+
+
+def test_a_side_whose_triton_is_unidentified_compiles_into_its_steps_own_caches(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    plan = ab.plan_from_data({"ops": ["add"], "repeats": 2, "backend": "interpreter",
+                              "a": {"python": "/bin/false"}}, tmp_path / "p.yaml")
+    runner = ab.Runner(plan, tmp_path)
+    try:
+        runner.run()
+    finally:
+        runner.close()
+    assert set(runner.state["triton_caches"]) == {"B"}  # A's failure skips A only
+    assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, False, True, False, True]
+    assert "side A: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)\n" \
+        in (tmp_path / "ab.log").read_text()
+
+
+def test_a_failed_step_fails_the_ab_and_the_sides_next_step_carries_its_passes(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: {"A-1": "fails", "B-1": "rows"}.get(side_dir, "ok"))
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\n")
+    assert ab.run_from_args(args) == 1
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert "[1/1 add] repeat 1/2: A replays A ... 1/1 FAILED (exit 3) (0 s)" in out.splitlines()
+    assert "[1/1 add] repeat 1/2: B replays A ... 1/1 finished with failed rows (exit 1) (0 s)" in out.splitlines()
+    # A's first replay failed: its second carries the passes; B's went through (failed rows are results).
+    assert ["--timing-only" in t["argv"] for t in steps.told] == [True, False, False, False, True]
+    state = load(ab_dir / "ab.json")
+    assert [(s["exit"], s["usable"], s["run_dir"] is None) for s in state["steps"]] == [
+        (0, True, False), (3, False, True), (1, True, False), (0, True, False), (0, True, False)]
+    report = load(ab_dir / "report.json")
+    assert "1 step(s) failed (see ab.log): [1/1 add] repeat 1/2: A replays A" in report["warnings"]
+    assert not any(w.startswith("INCOMPLETE") for w in report["warnings"])
+    assert len(report["rows"][0]["a_ms"]) == 1 and len(report["rows"][0]["b_ms"]) == 2
+
+
+def test_an_op_whose_record_fails_has_no_rows_and_the_next_op_still_runs(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir == "A-record" and
+                  len(steps.told) == 1 else "ok")
+    args = _ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")
+    assert ab.run_from_args(args) == 1
+    report = load(_ab_dir(capsys.readouterr().out) / "report.json")
+    assert steps.schedule() == ["A-record", "A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.told[1]["argv"][:2] == ["record", "softmax"]
+    assert "no rows to compare for add: a side has no completed run" in report["warnings"]
+    assert "1 step(s) failed (see ab.log): [1/2 add] A records" in report["warnings"]
+
+
+def test_a_side_with_no_usable_replay_leaves_the_ab_failed_without_a_failed_step_being_hidden(tmp_path, monkeypatch,
+                                                                                               capsys):
+    Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir.startswith("B") else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 1
+    report = load(_ab_dir(capsys.readouterr().out) / "report.json")
+    assert report["warnings"][-2:] == [
+        "2 step(s) failed (see ab.log): [1/1 add] repeat 1/2: B replays A; [1/1 add] repeat 2/2: B replays A",
+        "no rows to compare for add: a side has no completed run"]
+
+
+def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "dies" if side_dir == "B-1" and attempt == 1 else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    retried = steps.told[3]
+    assert retried["argv"] == steps.told[2]["argv"] and retried["starter"] == steps.told[2]["starter"]
+    assert not (retried["run_dir"] / "half").exists()  # nothing of the dead attempt stays
+    assert "[1/1 add] repeat 1/2: B replays A ... 1/1 (its warm worker died: restarted, the step retried) 1/1 ok" \
+        in out
+    assert "side B: the warm worker died during the step: restarting it, retrying\n" in (ab_dir / "ab.log").read_text()
+    assert [s["usable"] for s in load(ab_dir / "ab.json")["steps"]] == [True] * 5
+
+
+def test_a_worker_that_never_comes_up_fails_the_step_after_one_retry(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "lost" if side_dir == "B-1" else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 1
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    step = load(ab_dir / "ab.json")["steps"][2]
+    assert (step["what"], step["exit"], step["usable"]) == ("[1/1 add] repeat 1/2: B replays A", 1, False)
+    assert (ab_dir / "ab.log").read_text().count("side B: it never came up\n") == 2
+
+
+def test_a_sigterm_during_a_step_stops_the_ab_and_reports_what_completed(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "stopped" if side_dir == "A-2" else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 3\n")) == 128 + signal.SIGTERM
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2"]
+    assert "\ninterrupted (SIGTERM): stopping the running side and reporting what completed\n" in out
+    assert "reporting what completed\n\ninterrupted" not in out  # said once, by the step
+    state = load(ab_dir / "ab.json")
+    assert state["complete"] is False and state["running"]["what"] == "[1/1 add] repeat 2/3: A replays A"
+    assert (state["running"]["side"], state["running"]["args"], state["running"]["run_dir"]) == (
+        "A", steps.told[3]["argv"], str(steps.told[3]["run_dir"]))
+    report = load(ab_dir / "report.json")
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 3 completed steps; rows below cover only those"
+    assert len(report["rows"][0]["a_ms"]) == 1 and not any("failed" in w for w in report["warnings"])
+    assert not Path(state["triton_caches"]["A"]["dir"]).parent.exists()
+
+
+def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, capsys):
+    Steps(monkeypatch, fate=lambda side_dir, attempt: "ctrl_c" if side_dir == "B-2" else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 128 + signal.SIGINT
+    out = capsys.readouterr().out
+    assert "\ninterrupted (SIGINT): reporting what completed\n" in out
+    report = load(_ab_dir(out) / "report.json")
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 4 completed steps; rows below cover only those"
+
+
+def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_path, monkeypatch, capsys):
+    Steps(monkeypatch)
+    named = tmp_path / "named"
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--run-dir", str(named))) == 0
+    out = capsys.readouterr().out
+    assert _ab_dir(out) == named and (named / "report.json").is_file() and not (tmp_path / "runs").exists()
+    assert out.startswith("note: sides A and B are identical: this is an A/A run (measures noise)\n")
+    assert ab.table.not_performance_note("interpreter") in out.split("ab dir:")[1]
+
+
+def _single_run(path: Path, candidate_ms: float) -> Path:
+    path.mkdir(parents=True)
+    spec = RunSpec("add", "interpreter", "record", 0, ["fp32"], "default").to_json()
+    (path / "run.json").write_text(json.dumps({"spec": spec, "observed": {"outcome": {"status": "COMPLETE"}}}))
+    row = {"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
+           "candidate_ms": candidate_ms, "timer": "graph", "markers": [], "configs": {}}
+    (path / "results.json").write_text(json.dumps({"format": 1, "rows": [row]}))
+    return path
+
+
+def test_compare_reports_two_single_runs_and_refuses_a_dir_that_is_no_run(tmp_path, capsys):
+    a, b = _single_run(tmp_path / "a", 2.0), _single_run(tmp_path / "b", 2.2)
+    parse = cli.build_parser().parse_args
+    assert ab.run_from_args(parse(["ab", "--compare", str(a), str(b), "--out", str(tmp_path / "out")])) == 0
+    (out_dir,) = (tmp_path / "out").iterdir()
+    assert out_dir.name.startswith("compare_")
+    report = load(out_dir / "report.json")
+    assert report["context"] == {"name": "a vs b", "a": str(a), "b": str(b),
+                                 "note": "single runs: each run's raw samples stand in for repeats"}
+    assert report["measures_performance"] is False
+    assert report["rows"][0]["a_ms"] and report["rows"][0]["b_ms"]
+    assert "IR was not collected on some ops" in " ".join(report["warnings"])
+    (b / "results.json").write_text('{"rows": [')
+    with pytest.raises(UsageError, match=rf"^--compare: {b / 'results.json'} does not read as results \("):
+        ab.run_from_args(parse(["ab", "--compare", str(a), str(b), "--out", str(tmp_path / "out2")]))
+    with pytest.raises(UsageError, match=r"^--compare: "):
+        ab.run_from_args(parse(["ab", "--compare", str(tmp_path / "none"), str(a), "--out", str(tmp_path / "out2")]))
+    assert ab.run_from_args(parse(["ab", "--compare", str(a), str(_single_run(tmp_path / "c", 2.2)), "--fdr", "0.2",
+                                   "--out", str(tmp_path / "out3")])) == 0
+    with pytest.raises(UsageError, match=r"^--fdr 2.0: must lie between 0 and 1"):
+        ab.run_from_args(parse(["ab", "--compare", str(a), str(tmp_path / "c"), "--fdr", "2", "--out",
+                                str(tmp_path / "out4")]))
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "out4").exists()
