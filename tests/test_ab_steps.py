@@ -372,3 +372,84 @@ def test_compare_reports_two_single_runs_and_refuses_a_dir_that_is_no_run(tmp_pa
         ab.run_from_args(parse(["ab", "--compare", str(a), str(tmp_path / "c"), "--fdr", "2", "--out",
                                 str(tmp_path / "out4")]))
     assert not (tmp_path / "out2").exists()  # refused before a report dir is claimed
+
+
+class Pip:
+    """Stands in for subprocess.run in build_side_env: `python -m venv`, the site-dir probes and pip
+    install, each as the real one would answer (output to the stream it was given, check raising)."""
+
+    def __init__(self, monkeypatch, tmp_path, pip_fails=False):
+        self.calls: list[list[str]] = []
+        self.base_site = tmp_path / "base" / "site-packages"
+        self.base_site.mkdir(parents=True)
+        self.pip_fails = pip_fails
+        monkeypatch.setattr(ab.subprocess, "run", self.run)
+
+    def run(self, argv, check=False, stdout=None, stderr=None, capture_output=False, text=False):
+        self.calls.append(argv)
+        code, said, err = 0, "", ""
+        if argv[1:3] == ["-m", "venv"]:
+            env = Path(argv[3])
+            (env / "bin").mkdir(parents=True)
+            (env / "bin" / "python").write_text("")
+            (env / "lib" / "site-packages").mkdir(parents=True)
+            err = "venv: made\n"
+        elif argv[1:] == ["-c", ab._SITE_DIRS]:
+            said = json.dumps([str(self.base_site), str(self.base_site.parent / "gone"), "/nonexistent/user"])
+        elif argv[1] == "-c":
+            said = str(Path(argv[0]).parent.parent / "lib" / "site-packages") + "\n"
+        else:
+            code, err = (1, "pip: no such package\n") if self.pip_fails else (0, "pip: installed\n")
+        if stdout is not None and not capture_output:
+            stdout.write(said + (err if stderr == subprocess.STDOUT else ""))
+        out = (said if text else said.encode()) if capture_output else None
+        if check and code:
+            raise subprocess.CalledProcessError(code, argv)
+        return subprocess.CompletedProcess(argv, code, out, None)
+
+
+def test_a_sides_requirements_build_one_env_over_the_base_envs_packages_once(tmp_path, monkeypatch, capsys):
+    pip = Pip(monkeypatch, tmp_path)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{extra}:{tmp_path / 'not_there'}")
+    monkeypatch.setattr(ab.deps, "DEPS_DIR", tmp_path / "no_deps")
+    side = ab.Side("B", "", python="/base/bin/python", requirements=["triton==3.1", "numpy"])
+    log = tmp_path / "ab.log"
+    with open(log, "w") as f:
+        python = ab.build_side_env(side, f, tmp_path / "envs")
+    env = Path(python).parent.parent
+    assert env.parent == tmp_path / "envs" and Path(python) == env / "bin" / "python"
+    assert capsys.readouterr().out == f"building side B's env (triton==3.1 numpy) in {env} ...\n"
+    assert pip.calls[0] == ["/base/bin/python", "-m", "venv", str(env)]  # over the side's own interpreter
+    assert pip.calls[-1] == [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                             "triton==3.1", "numpy"]
+    # The base's packages, then the PYTHONPATH the harness runs with, after the env's own; only dirs there are.
+    assert (env / "lib" / "site-packages" / "zz_zl_base_env.pth").read_text() == f"{pip.base_site}\n{extra}\n"
+    assert log.read_text() == "venv: made\npip: installed\n"  # what building said goes to ab.log
+    assert (env / ".complete").read_text() == "triton==3.1\nnumpy\n"
+    # Cached by interpreter and requirement set, in any order; another set or interpreter is another env.
+    pip.calls.clear()
+    with open(log, "a") as f:
+        again = ab.build_side_env(ab.Side("B", "", python="/base/bin/python", requirements=["numpy", "triton==3.1"]),
+                                  f, tmp_path / "envs")
+        assert again == python and pip.calls == []
+        other = ab.build_side_env(ab.Side("A", "", python="/base/bin/python", requirements=["numpy"]), f,
+                                  tmp_path / "envs")
+        base = ab.build_side_env(ab.Side("A", "", requirements=["numpy"]), f, tmp_path / "envs")
+    assert len({python, other, base}) == 3 and pip.calls[-4][:3] == [sys.executable, "-m", "venv"]
+
+
+def test_a_side_env_whose_install_failed_is_built_afresh_next_time(tmp_path, monkeypatch, capsys):
+    pip = Pip(monkeypatch, tmp_path, pip_fails=True)
+    side = ab.Side("B", "", requirements=["nonesuch"])
+    log = tmp_path / "ab.log"
+    with open(log, "w") as f, pytest.raises(subprocess.CalledProcessError):
+        ab.build_side_env(side, f, tmp_path / "envs")
+    (env,) = (tmp_path / "envs").iterdir()
+    assert not (env / ".complete").exists() and "pip: no such package\n" in log.read_text()
+    (env / "stale").write_text("")
+    pip.pip_fails = False
+    with open(log, "a") as f:
+        assert ab.build_side_env(side, f, tmp_path / "envs") == str(env / "bin" / "python")
+    assert not (env / "stale").exists() and (env / ".complete").is_file()
