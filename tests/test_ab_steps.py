@@ -453,3 +453,78 @@ def test_a_side_env_whose_install_failed_is_built_afresh_next_time(tmp_path, mon
     with open(log, "a") as f:
         assert ab.build_side_env(side, f, tmp_path / "envs") == str(env / "bin" / "python")
     assert not (env / "stale").exists() and (env / ".complete").is_file()
+
+
+def _refused(args) -> str:
+    with pytest.raises(UsageError) as refused:
+        ab.run_from_args(args)
+    return str(refused.value)
+
+
+def test_a_plan_whose_ops_or_shape_file_do_not_resolve_is_refused_before_any_step(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    assert _refused(_ab(tmp_path, "ops: [add]\nshapes: nowhere.yaml\n")) == \
+        f"shape file {tmp_path / 'nowhere.yaml'} does not exist"
+    assert _refused(_ab(tmp_path, "ops: [add, nonesuch]\n")) == (
+        "unknown operator 'nonesuch'; built-in: add, gelu, mm, rms_norm, softmax; add your own with --ops-path DIR")
+    assert _refused(_ab(tmp_path, "ops: [add, 'flaggems:mm']\n")) == (
+        "'flaggems:mm': no checkout for repo 'flaggems'; give --flaggems-dir flaggems=PATH (given: none)")
+    (tmp_path / "fg" / "benchmark").mkdir(parents=True)
+    assert _refused(_ab(tmp_path, "ops: ['flaggems:nope']\nflaggems_dirs: [fg]\n")) == (
+        f"'flaggems:nope': benchmark file {tmp_path / 'fg' / 'benchmark' / 'test_nope.py'} does not exist; if the "
+        "op lives in another file, give flaggems:nope@<file> or a pytest node")
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "scale.py").write_text((Path(__file__).parent / "resources" / "user_ops" / "scale.py")
+                                              .read_text())
+    assert _refused(_ab(tmp_path, "ops: [scale3, 'path:nonesuch']\nops_paths: [ops]\n")).startswith(
+        "unknown operator 'nonesuch'")
+    assert steps.told == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_record_takes_the_backend_and_flaggems_options_and_each_replay_keeps_them(tmp_path, monkeypatch, capsys):
+    """Both sides run the level, switch, tuning space and checkouts A recorded with: the replays get the
+    checkouts and op paths (to find the op again), never the record's choices."""
+    steps = Steps(monkeypatch)
+    (tmp_path / "fg" / "benchmark").mkdir(parents=True)
+    (tmp_path / "fg" / "benchmark" / "test_mm.py").write_text("def test_mm():\n    pass\n")
+    (tmp_path / "mine").mkdir()
+    args = _ab(tmp_path, "ops: ['flaggems:mm']\nrepeats: 2\nflaggems_dirs: [fg]\nops_paths: [mine]\nlevel: core\n"
+                         "flagtune: 1\nlibtuner_cache: user\ndtypes: [fp16]\n",
+               "--ops-path", str(tmp_path), "--flaggems-dir", f"other={tmp_path / 'fg'}")
+    assert ab.run_from_args(args) == 0
+    dirs = ["--flaggems-dir", f"flaggems={tmp_path / 'fg'}", "--flaggems-dir", f"other={tmp_path / 'fg'}"]
+    paths_ = ["--ops-path", str(tmp_path / "mine"), "--ops-path", str(tmp_path)]
+    record = steps.told[0]["argv"]
+    assert record[:12] == ["record", "flaggems:mm", "--level", "core", "--flagtune", "1", "--libtuner-cache", "user",
+                           "--backend", "interpreter", "--dtypes", "fp16"]
+    assert record[12:20] == paths_ + dirs
+    for told in steps.told[1:]:
+        assert told["argv"][2:12] == ["--dtypes", "fp16", *paths_, *dirs]
+        assert not {"--level", "--flagtune", "--libtuner-cache", "--backend"} & set(told["argv"])
+
+
+def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n", "--step-start", "fresh", "--step-passes",
+                                "every")) == 0
+    assert steps.workers == [] and not any("--timing-only" in t["argv"] for t in steps.told)
+    # An A/B without a plan file: its ops from the command line, A as is, B as switched there.
+    steps.told.clear()
+    args = cli.build_parser().parse_args(["ab", "--ops", "add", "--backend", "interpreter", "--b-env", "X=1",
+                                          "--repeats", "2", "--out", str(tmp_path / "adhoc")])
+    assert ab.run_from_args(args) == 0
+    out = capsys.readouterr().out
+    assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert [bool(w.env.get("X")) for w in steps.workers] == [False, True]
+    with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
+        ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))
+
+
+def test_a_timer_or_l2_mode_the_backend_lacks_is_refused_before_any_step(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    assert _refused(_ab(tmp_path, "ops: [add]\ntimer: profiler\n")) == (
+        "backend 'interpreter' has no device profiler for --timer profiler; use --timer auto or host")
+    assert _refused(_ab(tmp_path, "ops: [add]\nl2: cold\n")).startswith("--l2 cold: backend 'interpreter' has no "
+                                                                         "device cache")
+    assert steps.told == []
