@@ -5,12 +5,14 @@ case. The A/B's steps themselves are end to end in tests/test_ab.py."""
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from harness import cli
 from harness.core.errors import UsageError
 from harness.core.spec import RunSpec
+from harness.measure import ir
 from harness.sessions import ab
 
 
@@ -192,3 +194,66 @@ def test_a_sides_python_and_env_names_are_checked_before_anything_runs(tmp_path)
     # A NUL cannot be in a variable's name (the kernel would cut the name there).
     with pytest.raises(ab.PlanError, match=r"^p: side 'A': env name 'X\\x00Y' is not a variable name$"):
         ab.plan_from_data({"ops": ["add"], "a": {"env": {"X\0Y": "1"}}}, "p")
+
+
+# --- validity: what the A/B can conclude, from each op's first run of either side ------------------
+def _ir_index(run, *kernels):
+    """A run dir whose IR index lists each (kernel, hash) launched at shape 64."""
+    (run / "ttgir").mkdir(parents=True)
+    lines = ["\t".join(ir.INDEX_COLUMNS)]
+    for kernel, value in kernels:
+        row = {c: "x" for c in ir.INDEX_COLUMNS} | {"shape": "64", "kernel": kernel, "file": f"64/{kernel}/w4s3.ttgir"}
+        row |= {f"{s}_sha": value for s in ir.HASHED_STAGES}
+        lines.append("\t".join(row[c] for c in ir.INDEX_COLUMNS))
+    (run / "ttgir" / "index.tsv").write_text("\n".join(lines) + "\n")
+    return run
+
+
+NOTHING = ("the A/B axis changed NOTHING: both sides compiled byte-identical IR at every stage for every launched "
+           "kernel; a switch that no longer exists looks exactly like this")
+NOT_COLLECTED = ("IR was not collected on some ops (see run.json observed.ir): cannot tell whether the axis changed "
+                 "the generated code there")
+
+
+def test_validity_counts_each_ops_kernels_by_how_their_ir_compares(tmp_path):
+    a = _ir_index(tmp_path / "a", ("k", "1"), ("only_a", "1"), ("j", "1"))
+    b = _ir_index(tmp_path / "b", ("k", "1"), ("only_b", "1"), ("j", "2"))
+    same = _ir_index(tmp_path / "same", ("k", "1"))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    # An op a side has no run of is left out; one whose IR either side lacks is said; the ops after both still count.
+    warnings, per_op = ab.validity({"one_sided": {"A": [a], "B": []}, "half": {"A": [a], "B": [bare]},
+                                    "op": {"A": [a, bare], "B": [b]}, "same": {"A": [same], "B": [same]}})
+    assert per_op == {"half": "IR not collected",
+                      "op": {"identical": 1, "changed": 1, "only_in_a": 1, "only_in_b": 1},
+                      "same": {"identical": 1, "changed": 0, "only_in_a": 0, "only_in_b": 0}}
+    assert warnings == [NOT_COLLECTED]  # one op changed its IR: the axis did something
+    assert ab.validity({"none": {"A": [], "B": [b]}, "same": {"A": [same], "B": [same]}}) == (
+        [NOTHING], {"same": {"identical": 1, "changed": 0, "only_in_a": 0, "only_in_b": 0}})
+    # Runs that launched no kernel compared nothing: no claim that the axis changed nothing.
+    empty = _ir_index(tmp_path / "empty")
+    assert ab.validity({"op": {"A": [empty], "B": [empty]}})[0] == []
+    assert ab.validity({"op": {"A": [bare], "B": [b]}}) == ([NOT_COLLECTED], {"op": "IR not collected"})
+
+
+def _fake_python(tmp_path, script: str) -> str:
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_sides_compiler_key_names_its_interpreter_and_why_it_could_not_be_identified(tmp_path):
+    nowhere = str(tmp_path / "nowhere" / "python")
+    with pytest.raises(ab.SideUnidentified, match=f"^{nowhere}: "):
+        ab.side_compiler_key(ab.Side("B", "", python=nowhere))
+    broken = _fake_python(tmp_path, "echo 'Traceback' >&2\necho 'ImportError: no site' >&2\nexit 3")
+    with pytest.raises(ab.SideUnidentified, match=f"^{broken} exited 3: ImportError: no site$"):
+        ab.side_compiler_key(ab.Side("B", "", python=broken))
+    silent = _fake_python(tmp_path, "exit 4")
+    with pytest.raises(ab.SideUnidentified, match=f"^{silent} exited 4$"):
+        ab.side_compiler_key(ab.Side("B", "", python=silent))
+    # A Python without Triton is identified all the same, by its interpreter and switches.
+    bare = _fake_python(tmp_path, "echo")
+    key = ab.side_compiler_key(ab.Side("B", "", {"X": "1"}, python=bare))
+    assert (key["python"], key["triton"], key["env"]) == (str(Path(bare).resolve()), {"path": None}, {"X": "1"})
