@@ -253,6 +253,7 @@ def test_a_failed_step_fails_the_ab_and_the_sides_next_step_carries_its_passes(t
     assert "1 step(s) failed (see ab.log): [1/1 add] repeat 1/2: A replays A" in report["warnings"]
     assert not any(w.startswith("INCOMPLETE") for w in report["warnings"])
     assert len(report["rows"][0]["a_ms"]) == 1 and len(report["rows"][0]["b_ms"]) == 2
+    assert "incomplete_a(1/2)" in report["rows"][0]["flags"]  # short of the repeats planned, so flagged
 
 
 def test_an_op_whose_record_fails_has_no_rows_and_the_next_op_still_runs(tmp_path, monkeypatch, capsys):
@@ -275,6 +276,8 @@ def test_a_side_with_no_usable_replay_leaves_the_ab_failed_without_a_failed_step
     assert report["warnings"][-2:] == [
         "2 step(s) failed (see ab.log): [1/1 add] repeat 1/2: B replays A; [1/1 add] repeat 2/2: B replays A",
         "no rows to compare for add: a side has no completed run"]
+    (row,) = report["rows"]  # A's rows still shown, flagged
+    assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
 
 
 def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_path, monkeypatch, capsys):
