@@ -159,15 +159,19 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     environment (and the backend's) and the side's Triton cache; a Ctrl-C or SIGTERM goes on to the
     running step, which has STEP_GRACE_S to write what it has."""
     steps = Steps(monkeypatch)
-    args = _ab(tmp_path, f"ops: [add]\nrepeats: 2\nb: {{env: {{X: '1'}}, python: {sys.executable}}}\n")
+    built = str(tmp_path / "env" / "bin" / "python")
+    monkeypatch.setattr(ab, "build_side_env", lambda side, log: built)
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nb: {env: {X: '1'}, requirements: [triton]}\n")
     assert ab.run_from_args(args) == 0
     ab_dir = _ab_dir(capsys.readouterr().out)
     a, b = steps.workers
     state = load(ab_dir / "ab.json")
     caches = {name: state["triton_caches"][name]["dir"] for name in "AB"}
     assert (a.python, a.env, a.pythonpath, a.cache) == (sys.executable, {"TRITON_INTERPRET": "1"}, None, caches["A"])
-    assert (b.python, b.env, b.pythonpath, b.cache) == (sys.executable, {"X": "1", "TRITON_INTERPRET": "1"}, None,
-                                                        caches["B"])
+    # A pip-built side's worker runs its env's interpreter with the checkout alone on its path (build_side_env).
+    assert (b.python, b.env, b.pythonpath, b.cache) == (built, {"X": "1", "TRITON_INTERPRET": "1"},
+                                                        str(paths.REPO_ROOT), caches["B"])
+    assert a.log is b.log is steps.told[0]["log"]  # what the workers say goes to ab.log too
     assert Path(caches["A"]).name == "A-da" and Path(caches["B"]).name == "B-db"
     assert "ab_triton_cache" in Path(caches["A"]).parent.name
     assert state["triton_caches"]["B"]["env"] == {"X": "1"}
@@ -531,3 +535,14 @@ def test_a_timer_or_l2_mode_the_backend_lacks_is_refused_before_any_step(tmp_pat
     assert _refused(_ab(tmp_path, "ops: [add]\nl2: cold\n")).startswith("--l2 cold: backend 'interpreter' has no "
                                                                          "device cache")
     assert steps.told == []
+
+
+def test_an_op_named_by_its_pytest_node_keeps_its_steps_in_the_ab_dir(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    node = tmp_path / "fg" / "benchmark" / "test_mm.py"
+    node.parent.mkdir(parents=True)
+    node.write_text("def test_mm():\n    pass\n")
+    assert ab.run_from_args(_ab(tmp_path, f"ops: ['{node}::test_mm']\nflaggems_dirs: [fg]\n")) == 0
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    op_dir = ab_dir / f"{node}::test_mm".replace(":", "-").replace("/", "-")
+    assert {t["run_dir"].parent.parent for t in steps.told} == {op_dir} and op_dir.parent == ab_dir

@@ -31,7 +31,7 @@ def test_a_side_describes_its_label_switches_python_and_requirements():
 def test_env_pairs_are_key_value_split_at_the_first_equals_sign():
     assert ab._env_pairs(["A=1", "B=x=y", "C="], "--a-env") == {"A": "1", "B": "x=y", "C": ""}
     assert ab._env_pairs(None, "--a-env") == {}
-    for bad in ("novalue", "=1"):
+    for bad in ("novalue", "=1", "=x=y"):
         with pytest.raises(UsageError, match=f"^--b-env '{bad}': expected KEY=VAL$"):
             ab._env_pairs([bad], "--b-env")
 
@@ -157,6 +157,8 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     assert plan.a.describe() == f"base python={tmp_path / 'py'}"
     assert plan.b.describe() == "new X=1 pip: triton==3.1 numpy"
     assert ab.load_plan(_plan(tmp_path, "ops: [add]\nflagtune: '0'\n")).flagtune == "0"
+    # FlagGems' own shapes are named, not a file.
+    assert ab.load_plan(_plan(tmp_path, "ops: [add]\nshapes: upstream\n")).shapes == "upstream"
     # What a plan leaves out: three repeats, warm workers, the one-off passes once, sides as they are.
     plain = ab.load_plan(_plan(tmp_path, "ops: [add]\n"))
     assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.device, plain.level,
