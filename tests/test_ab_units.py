@@ -157,6 +157,7 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     assert plan.a.describe() == f"base python={tmp_path / 'py'}"
     assert plan.b.describe() == "new X=1 pip: triton==3.1 numpy"
     assert ab.load_plan(_plan(tmp_path, "ops: [add]\nflagtune: '0'\n")).flagtune == "0"
+    assert ab.load_plan(_plan(tmp_path, "ops: [add]\nb: {env: {X: '1'}}\n")).b.describe() == "X=1"  # no label
     # FlagGems' own shapes are named, not a file.
     assert ab.load_plan(_plan(tmp_path, "ops: [add]\nshapes: upstream\n")).shapes == "upstream"
     # What a plan leaves out: three repeats, warm workers, the one-off passes once, sides as they are.
