@@ -575,3 +575,12 @@ def test_a_side_env_a_step_of_whose_build_failed_is_not_used(tmp_path, monkeypat
     with open(tmp_path / "ab.log", "w") as f, pytest.raises(subprocess.CalledProcessError):
         ab.build_side_env(ab.Side("B", "", requirements=["triton"]), f, tmp_path / "envs")
     assert not list((tmp_path / "envs").glob("*/.complete"))
+
+
+def test_an_op_one_side_has_no_run_of_is_still_reported_with_a_verdict_backend(tmp_path, capsys):
+    """On a backend that measures (the identical-IR and what-changed passes run), an op whose B has no
+    run is reported from A's rows, flagged, and the report fails."""
+    a = [_single_run(tmp_path / f"a{i}", 2.0) for i in range(2)]
+    assert ab.report(tmp_path / "out", [(a, [])], {"name": "t"}, [], {"cuda"}, expected=2) == 1
+    (row,) = load(tmp_path / "out" / "report.json")["rows"]
+    assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
