@@ -584,3 +584,16 @@ def test_an_op_one_side_has_no_run_of_is_still_reported_with_a_verdict_backend(t
     assert ab.report(tmp_path / "out", [(a, [])], {"name": "t"}, [], {"cuda"}, expected=2) == 1
     (row,) = load(tmp_path / "out" / "report.json")["rows"]
     assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
+
+
+def test_an_ab_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_path, capsys):
+    # B 5% slower, 2% apart between repeats: called SLOWER at the default 0.05, its q (about 0.049) above 0.01.
+    a = [_single_run(tmp_path / f"a{i}", 2.0 * s) for i, s in enumerate((0.98, 1.0, 1.02))]
+    b = [_single_run(tmp_path / f"b{i}", 2.1 * s) for i, s in enumerate((1.02, 0.98, 1.0))]
+    verdicts = {}
+    for fdr in (0.05, 0.01):
+        ab.report(tmp_path / f"out{fdr}", [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3, fdr=fdr)
+        (row,) = load(tmp_path / f"out{fdr}" / "report.json")["rows"]
+        verdicts[fdr] = row["comparison"]["verdict"], row["comparison"]["q"]
+    assert verdicts[0.05][0] == "SLOWER" and 0.01 < verdicts[0.05][1] <= 0.05
+    assert verdicts[0.01][0] != "SLOWER"
