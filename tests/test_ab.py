@@ -582,7 +582,8 @@ def test_a_plan_of_gpu_sized_shipped_shapes_runs_the_backends_own_on_the_interpr
                                                           "--backend", "interpreter"]))
     assert plan.options.shapes == REPO / "shapes" / "tiny.yaml"
     assert capsys.readouterr().out.startswith(f"note: backend 'interpreter' runs {REPO / 'shapes' / 'tiny.yaml'} "
-                                              f"instead of the plan's {REPO / 'shapes' / 'default.yaml'}")
+                                              f"instead of the plan's {REPO / 'shapes' / 'default.yaml'} (sized for "
+                                              "a GPU, far too slow here); --shapes picks another\n")
     chosen = ab.resolve_plan(cli.build_parser().parse_args(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
                                                             "--backend", "interpreter", "--shapes",
                                                             str(REPO / "shapes" / "default.yaml")]))

@@ -408,17 +408,34 @@ def test_a_call_on_byte_identical_ir_is_listed_apart_in_every_report(tmp_path):
 
 def test_a_single_op_ab_names_its_calls_on_identical_ir_too(tmp_path, capsys):
     # mm under a switch that changes fp16's code only: both dtypes 10% faster in B, only bf16 on the same IR.
-    def runs(side, ms):
-        rows = [[_row("mm", d, (64, 1024), ms * (1 + i / 1000)) for d in ("fp16", "bf16")] for i in range(3)]
+    # As in an A/B whose one-off passes run once: only each side's first run holds IR.
+    def runs(side, ms, dtypes=("fp16", "bf16")):
+        rows = [[_row("mm", d, (64, 1024), ms * (1 + i / 1000)) for d in dtypes] for i in range(3)]
         ir = [("64x1024", "fp16", "w4s3__fp16", TTGIR_A if side == "A" else TTGIR_B, "l" * 16),
               ("64x1024", "bf16", "w4s3__bf16", TTGIR_A, "l" * 16)]
-        return [_run(tmp_path / f"{side}{i}", rows[i], ir) for i in range(3)]
+        return [_run(tmp_path / f"{side}{len(dtypes)}{i}", rows[i], ir if i == 0 else None) for i in range(3)]
 
     out = tmp_path / "report"
     out.mkdir()
     ab.report(out, [{"A": runs("A", 1.0), "B": runs("B", 0.9)}], {"name": "t"}, [], {"cuda"}, expected=3)
     line = f"WARNING: {corpus.IDENTICAL_IR_NOTE}: 1 (mm bf16 64x1024)"
     assert line in capsys.readouterr().out and line in (out / "report.md").read_text()
+    # Its identical-IR rows are its own A/A: 1 call of 2 is within what 2 calls at the FDR allow.
+    report = json.loads((out / "report.json").read_text())
+    assert report["context"]["calibration"] == ("rows whose IR is identical on both sides (the run's own A/A): 1, "
+                                                "called FASTER/SLOWER: 1")
+    # bf16 alone: its one call, on identical IR, is more than 1 call at 0.05 allows (none); at 0.2, one.
+    a, b = runs("A", 1.0, ("bf16",)), runs("B", 0.9, ("bf16",))
+    ab.report(out, [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3)
+    alarm = json.loads((out / "report.json").read_text())
+    assert "calibration" not in alarm["context"] and alarm["warnings"][-1] == (
+        "rows whose IR is identical on both sides (the run's own A/A): 1, called FASTER/SLOWER: 1: more than the "
+        "0.05 FDR allows of 1 calls (at most 0): the noise is larger than the model says (or the change lies below "
+        "the IR)")
+    ab.report(out, [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3, fdr=0.2)
+    lenient = json.loads((out / "report.json").read_text())
+    assert "calibration" in lenient["context"] and lenient["summary"]["fdr"] == 0.2
+    assert not any("FDR allows" in w for w in lenient["warnings"])
 
 
 def test_the_spread_of_identical_ir_rows_is_the_runs_own_a_a(tmp_path):

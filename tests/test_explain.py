@@ -160,6 +160,7 @@ def test_a_single_op_ab_report_has_a_what_changed_column_and_json_field(records,
     header = next(line for line in md.splitlines() if line.startswith("| op"))
     assert [h.strip() for h in header.strip("| ").split("|")][-2:] == ["what changed", "flags"]
     assert f"wgmma {records['dot']['wgmma']} -> 0" in md
+    assert f"wgmma {records['dot']['wgmma']} -> 0" in capsys.readouterr().out  # the terminal's report says it too
     row = json.loads((out / "report.json").read_text())["rows"][0]
     assert by_field(row["what_changed"]["variants"][0]["changes"])["mma.sync"] == (0, records["dot_v2"]["mma.sync"])
 

@@ -1,0 +1,599 @@
+"""The single-op A/B in this process, from its command line (`ab.run_from_args`) to its exit code, with
+every step's process stood in for: the fake writes the run dir the step would have (run.json and one
+row in results.json) and records what the step was told. So the promises of the session itself are
+checked per step and fast: the schedule (A records, then A and B replay A's record interleaved), what
+each step is told (its run dir, its target, which steps carry the one-off passes, its side's
+interpreter, environment and cache), ab.json as the steps land, the warnings and the exit code of an
+A/B whose steps fail, die or are stopped. The real processes are in tests/test_ab.py (e2e)."""
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import load
+
+from harness import cli
+from harness.core import paths
+from harness.core.errors import UsageError
+from harness.core.spec import RunSpec
+from harness.sessions import ab
+
+
+class Steps:
+    """Stands in for launch.run (the step's process) and forkserver.Worker (a side's warm worker).
+    `fate(side_dir, attempt)` says how the step in the step dir named `side_dir` (`A-record`, `B-2`)
+    ends: ok, rows (went through, some rows failed), fails, dies (its worker died under it), lost (the
+    worker never came up), stopped (a SIGTERM went on to it) or ctrl_c (a Ctrl-C between steps)."""
+
+    def __init__(self, monkeypatch, fate=lambda side_dir, attempt: "ok", ms=None):
+        self.fate = fate
+        self.ms = ms or {"A": 2.0, "B": 2.0}
+        self.told: list[dict] = []
+        self.workers: list[FakeWorker] = []
+        monkeypatch.setattr(ab.launch, "run", self.run)
+        monkeypatch.setattr(ab.forkserver, "Worker", self.worker)
+        monkeypatch.setattr(ab, "side_compiler_key", self.key)
+        # Runner.close leaves ab.log open (the A/B's process ends right after); the suite runs many A/Bs.
+        close = ab.Runner.close
+        monkeypatch.setattr(ab.Runner, "close", lambda runner: (close(runner), runner.log.close()))
+
+    @staticmethod
+    def key(side):
+        if side.python == "/bin/false":
+            raise ab.SideUnidentified("/bin/false exited 1")
+        return {"python": side.python or sys.executable, "env": side.env, "digest": f"d{side.name.lower()}"}
+
+    def worker(self, python, log, env, pythonpath, cache):
+        made = FakeWorker(python, log, env, pythonpath, cache)
+        self.workers.append(made)
+        return made
+
+    def run(self, argv, **how):
+        python = None
+        if argv[1:3] == ["-m", "harness"]:  # a fresh process: the whole command line
+            python, argv = argv[0], argv[3:]
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        attempt = sum(1 for t in self.told if t["run_dir"] == run_dir) + 1
+        self.told.append({"python": python, "argv": argv, "run_dir": run_dir, "side": run_dir.parent.name[0],
+                          **how})
+        if "starter" in how:
+            how["starter"].__self__.died = False  # as a worker's start does for each step
+        fate = self.fate(run_dir.parent.name, attempt)
+        if fate == "ctrl_c":
+            raise KeyboardInterrupt
+        if fate == "lost":
+            raise ab.forkserver.WorkerDied("it never came up")
+        how["on_stdout"]("[1/1] add fp32-300 SUCCESS\n")
+        if fate == "stopped":
+            how["on_forward"](signal.SIGTERM)
+            return -signal.SIGTERM, signal.SIGTERM
+        if fate == "dies":
+            (run_dir / "half").mkdir(parents=True)  # what the dead attempt wrote
+            how["starter"].__self__.died = True
+            return -signal.SIGKILL, None
+        if fate == "fails":
+            return 3, None
+        if fate == "broke":  # claimed its run dir, then stopped short of its cases
+            run_dir.mkdir(parents=True)
+            (run_dir / "run.json").write_text(json.dumps({"spec": {}, "observed": {"outcome": {"status": "FAILED"}}}))
+            return 3, None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = RunSpec("add", "interpreter", argv[0], 0, ["fp32"], "default").to_json()
+        (run_dir / "run.json").write_text(json.dumps({"spec": spec, "observed": {"outcome": {"status": "COMPLETE"}}}))
+        row = {"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
+               "candidate_ms": self.ms[run_dir.parent.name[0]], "timer": "graph", "markers": [], "configs": {}}
+        (run_dir / "results.json").write_text(json.dumps({"format": 1, "rows": [row]}))
+        return (1 if fate == "rows" else 0), None
+
+    def schedule(self):
+        return [t["run_dir"].parent.name for t in self.told]
+
+
+class FakeWorker:
+    def __init__(self, python, log, env, pythonpath, cache):
+        self.python, self.log, self.env, self.pythonpath, self.cache = python, log, env, pythonpath, cache
+        self.died = False
+        self.closed = False
+
+    def start(self, argv, **kw):  # launch.run is faked: it never starts anything
+        raise AssertionError("not reached")
+
+    def close(self):
+        self.closed = True
+
+
+def _ab(tmp_path, plan_text, *argv):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text)
+    out = [] if "--run-dir" in argv else ["--out", str(tmp_path / "runs")]
+    return cli.build_parser().parse_args(["ab", str(plan), "--backend", "interpreter", *out, *argv])
+
+
+def _ab_dir(out: str) -> Path:
+    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
+
+
+def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_passes(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    args = _ab(tmp_path, "name: t\nops: [builtin:add, mm@mm]\nrepeats: 2\nfdr: 0.2\nb: {label: new, env: {X: '1'}}\n")
+    assert ab.run_from_args(args) == 0
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert ab_dir.parent == tmp_path / "runs" and ab_dir.name.startswith("ab_t_")
+    assert out.startswith("A/B t: A = as is; B = new X=1; ops builtin:add mm@mm; 2 repeats interleaved\n"
+                          f"ab dir: {ab_dir}\n")
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2"] * 2
+    # Each op's steps in a dir of its own, named so a path can hold it; each step's run dir named there.
+    dirs = [t["run_dir"] for t in steps.told]
+    assert {d.parent.parent for d in dirs[:5]} == {ab_dir / "builtin-add"}
+    assert {d.parent.parent for d in dirs[5:]} == {ab_dir / "mm-mm"}
+    assert all(d.name.startswith(f"{d.parent.parent.name}_") for d in dirs)
+    # A's record measures the op; every replay replays that record, of that op.
+    argvs = [t["argv"] for t in steps.told]
+    assert argvs[0][:2] == ["record", "builtin:add"] and argvs[5][:2] == ["record", "mm@mm"]
+    assert [a[:2] for a in argvs[1:5]] == [["replay", str(dirs[0])]] * 4
+    assert [a[:2] for a in argvs[6:]] == [["replay", str(dirs[5])]] * 4
+    # The one-off passes (IR, attribution) run once per side and op: in its first replay, never the record.
+    assert ["--timing-only" in a for a in argvs[:5]] == [True, False, False, True, True]
+    lines = out.splitlines()
+    assert "[1/2 builtin:add] A records ... 1/1 ok (0 s)" in lines
+    assert "[2/2 mm@mm] repeat 2/2: B replays A ... 1/1 ok (0 s)" in lines
+    # ab.json: the plan, every step as it landed, complete.
+    state = load(ab_dir / "ab.json")
+    assert state["complete"] is True and "running" not in state and state["plan"]["name"] == "t"
+    assert [s["what"] for s in state["steps"][:3]] == ["[1/2 builtin:add] A records",
+                                                       "[1/2 builtin:add] repeat 1/2: A replays A",
+                                                       "[1/2 builtin:add] repeat 1/2: B replays A"]
+    first = state["steps"][1]
+    assert (first["side"], first["args"], first["exit"], first["usable"], first["run_dir"]) == (
+        "A", argvs[1], 0, True, str(dirs[1]))
+    assert 0 <= first["seconds"] < 0.5  # a stand-in step takes milliseconds
+    report = load(ab_dir / "report.json")
+    assert report["context"]["name"] == "t" and report["context"]["repeats"] == 2 and report["summary"]["fdr"] == 0.2
+    assert report["context"]["ir"] == {"builtin:add": "IR not collected", "mm@mm": "IR not collected"}
+    assert (report["context"]["a"], report["context"]["b"]) == ("as is", "new X=1")
+    assert len(report["rows"]) == 2 and all(len(r["a_ms"]) == 2 == len(r["b_ms"]) for r in report["rows"])
+    assert f"report: {ab_dir / 'report.md'}, {ab_dir / 'report.csv'}, {ab_dir / 'report.json'}, " in out
+
+
+def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_stop(tmp_path, monkeypatch, capsys):
+    """A side's steps are forked by its own warm worker, started with the side's interpreter and
+    environment (and the backend's) and the side's Triton cache; a Ctrl-C or SIGTERM goes on to the
+    running step, which has STEP_GRACE_S to write what it has."""
+    steps = Steps(monkeypatch)
+    built = str(tmp_path / "env" / "bin" / "python")
+    monkeypatch.setattr(ab, "build_side_env", lambda side, log: built)
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nb: {env: {X: '1'}, requirements: [triton]}\n")
+    assert ab.run_from_args(args) == 0
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    a, b = steps.workers
+    state = load(ab_dir / "ab.json")
+    caches = {name: state["triton_caches"][name]["dir"] for name in "AB"}
+    assert (a.python, a.env, a.pythonpath, a.cache) == (sys.executable, {"TRITON_INTERPRET": "1"}, None, caches["A"])
+    # A pip-built side's worker runs its env's interpreter with the checkout alone on its path (build_side_env).
+    assert (b.python, b.env, b.pythonpath, b.cache) == (built, {"X": "1", "TRITON_INTERPRET": "1"},
+                                                        str(paths.REPO_ROOT), caches["B"])
+    assert a.log is b.log is steps.told[0]["log"]  # what the workers say goes to ab.log too
+    assert Path(caches["A"]).name == "A-da" and Path(caches["B"]).name == "B-db"
+    assert "ab_triton_cache" in Path(caches["A"]).parent.name
+    assert state["triton_caches"]["B"]["env"] == {"X": "1"}
+    assert state["triton_caches"]["A"]["removed"] == "as the A/B ends (if it died first: by the next run)"
+    # Ended with the A/B: the workers closed, the caches removed.
+    assert a.closed and b.closed and not Path(caches["A"]).parent.exists()
+    for told in steps.told:
+        worker = a if told["side"] == "A" else b
+        assert told["starter"] == worker.start and told["argv"][-2:] == ["--triton-cache", worker.cache]
+        assert (told["grace_s"], told["forward"], told["log"].name) == (
+            ab.STEP_GRACE_S, (signal.SIGINT, signal.SIGTERM), str(ab_dir / "ab.log"))
+        assert told["on_stdout"] is ab._case_progress
+
+
+def test_a_fresh_step_is_a_process_of_its_sides_interpreter_with_its_sides_environment(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    built = tmp_path / "env" / "bin" / "python"
+    logs = []
+
+    def build(side, log):  # only a side that names requirements gets an env of its own
+        logs.append((side.name, log.name))
+        return str(built)
+
+    monkeypatch.setattr(ab, "build_side_env", build)
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fresh\nb: {env: {X: '1'}, requirements: [triton]}\n")
+    assert ab.run_from_args(args) == 0
+    assert steps.workers == [] and logs == [("B", str(_ab_dir(capsys.readouterr().out) / "ab.log"))]
+    for told in steps.told:
+        if told["side"] == "A":
+            assert (told["python"], told["env"], told["pythonpath"]) == (sys.executable, {}, None)
+        else:  # a pip-built side sees its own packages first, then the base's: it gets the checkout alone
+            assert (told["python"], told["env"], told["pythonpath"]) == (str(built), {"X": "1"},
+                                                                        str(paths.REPO_ROOT))
+        assert told["argv"][-1].endswith(f"{told['side']}-d{told['side'].lower()}")  # its side's cache
+        assert "starter" not in told and told["grace_s"] == ab.STEP_GRACE_S
+
+
+def test_a_side_whose_env_does_not_build_stops_the_ab_before_any_step(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+
+    def build(side, log):
+        raise subprocess.CalledProcessError(1, ["pip", "install"])
+
+    monkeypatch.setattr(ab, "build_side_env", build)
+    args = _ab(tmp_path, "ops: [add]\nb: {requirements: [triton]}\n")
+    with pytest.raises(UsageError) as refused:
+        ab.run_from_args(args)
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    assert str(refused.value) == (f"side B: building its env failed (Command '['pip', 'install']' returned non-zero "
+                                  f"exit status 1.); see {ab_dir / 'ab.log'}")
+    assert steps.told == []
+
+
+def test_a_side_whose_triton_is_unidentified_compiles_into_its_steps_own_caches(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    plan = ab.plan_from_data({"ops": ["add"], "repeats": 2, "backend": "interpreter",
+                              "a": {"python": "/bin/false"}}, tmp_path / "p.yaml")
+    runner = ab.Runner(plan, tmp_path)
+    try:
+        runner.run()
+    finally:
+        runner.close()
+    assert set(runner.state["triton_caches"]) == {"B"}  # A's failure skips A only
+    assert [w.cache is None for w in steps.workers] == [True, False]
+    assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, False, True, False, True]
+    assert "side A: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)\n" \
+        in (tmp_path / "ab.log").read_text()
+
+
+def test_a_failed_step_fails_the_ab_and_the_sides_next_step_carries_its_passes(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: {"A-1": "broke", "B-1": "rows"}.get(side_dir, "ok"))
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\n")
+    assert ab.run_from_args(args) == 1
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert "[1/1 add] repeat 1/2: A replays A ... 1/1 FAILED (exit 3) (0 s)" in out.splitlines()
+    assert "[1/1 add] repeat 1/2: B replays A ... 1/1 finished with failed rows (exit 1) (0 s)" in out.splitlines()
+    # A's first replay failed: its second carries the passes; B's went through (failed rows are results).
+    assert ["--timing-only" in t["argv"] for t in steps.told] == [True, False, False, False, True]
+    state = load(ab_dir / "ab.json")
+    assert [(s["exit"], s["usable"], s["run_dir"] is None) for s in state["steps"]] == [
+        (0, True, False), (3, False, False), (1, True, False), (0, True, False), (0, True, False)]
+    report = load(ab_dir / "report.json")
+    assert "1 step(s) failed (see ab.log): [1/1 add] repeat 1/2: A replays A" in report["warnings"]
+    assert not any(w.startswith("INCOMPLETE") for w in report["warnings"])
+    assert len(report["rows"][0]["a_ms"]) == 1 and len(report["rows"][0]["b_ms"]) == 2
+    assert "incomplete_a(1/2)" in report["rows"][0]["flags"]  # short of the repeats planned, so flagged
+
+
+def test_an_op_whose_record_fails_has_no_rows_and_the_next_op_still_runs(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir == "A-record" and
+                  len(steps.told) == 1 else "ok")
+    args = _ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")
+    assert ab.run_from_args(args) == 1
+    report = load(_ab_dir(capsys.readouterr().out) / "report.json")
+    assert steps.schedule() == ["A-record", "A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.told[1]["argv"][:2] == ["record", "softmax"]
+    assert "no rows to compare for add: a side has no completed run" in report["warnings"]
+    assert "1 step(s) failed (see ab.log): [1/2 add] A records" in report["warnings"]
+
+
+def test_a_side_with_no_usable_replay_leaves_the_ab_failed_without_a_failed_step_being_hidden(tmp_path, monkeypatch,
+                                                                                               capsys):
+    Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir.startswith("B") else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")) == 1
+    report = load(_ab_dir(capsys.readouterr().out) / "report.json")
+    assert report["warnings"][-2:] == [
+        "4 step(s) failed (see ab.log): [1/2 add] repeat 1/2: B replays A; [1/2 add] repeat 2/2: B replays A; "
+        "[2/2 softmax] repeat 1/2: B replays A; [2/2 softmax] repeat 2/2: B replays A",
+        "no rows to compare for add, softmax: a side has no completed run"]
+    row = report["rows"][0]  # A's rows still shown, flagged
+    assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
+
+
+def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "dies" if side_dir == "B-1" and attempt == 1 else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    retried = steps.told[3]
+    assert retried["argv"] == steps.told[2]["argv"] and retried["starter"] == steps.told[2]["starter"]
+    assert not (retried["run_dir"] / "half").exists()  # nothing of the dead attempt stays
+    assert "[1/1 add] repeat 1/2: B replays A ... 1/1 (its warm worker died: restarted, the step retried) 1/1 ok" \
+        in out
+    assert "side B: the warm worker died during the step: restarting it, retrying\n" in (ab_dir / "ab.log").read_text()
+    assert [s["usable"] for s in load(ab_dir / "ab.json")["steps"]] == [True] * 5
+
+
+def test_a_worker_that_never_comes_up_fails_the_step_after_one_retry(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "lost" if side_dir == "B-1" else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 1
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    step = load(ab_dir / "ab.json")["steps"][2]
+    assert (step["what"], step["exit"], step["usable"]) == ("[1/1 add] repeat 1/2: B replays A", 1, False)
+    assert (ab_dir / "ab.log").read_text().count("side B: it never came up\n") == 2
+
+
+def test_a_sigterm_during_a_step_stops_the_ab_and_reports_what_completed(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "stopped" if side_dir == "A-2" else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 3\n")) == 128 + signal.SIGTERM
+    out = capsys.readouterr().out
+    ab_dir = _ab_dir(out)
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2"]
+    assert "\ninterrupted (SIGTERM): stopping the running side and reporting what completed\n" in out
+    assert "reporting what completed\n\ninterrupted" not in out  # said once, by the step
+    state = load(ab_dir / "ab.json")
+    assert state["complete"] is False and state["running"]["what"] == "[1/1 add] repeat 2/3: A replays A"
+    assert (state["running"]["side"], state["running"]["args"], state["running"]["run_dir"]) == (
+        "A", steps.told[3]["argv"], str(steps.told[3]["run_dir"]))
+    report = load(ab_dir / "report.json")
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 3 completed steps; rows below cover only those"
+    assert len(report["rows"][0]["a_ms"]) == 1 and not any("failed" in w for w in report["warnings"])
+    assert not Path(state["triton_caches"]["A"]["dir"]).parent.exists()
+
+
+def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, capsys):
+    Steps(monkeypatch, fate=lambda side_dir, attempt: "ctrl_c" if side_dir == "B-2" else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 128 + signal.SIGINT
+    out = capsys.readouterr().out
+    assert "\ninterrupted (SIGINT): reporting what completed\n" in out
+    report = load(_ab_dir(out) / "report.json")
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 4 completed steps; rows below cover only those"
+
+
+def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_path, monkeypatch, capsys):
+    Steps(monkeypatch)
+    named = tmp_path / "named"
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--run-dir", str(named))) == 0
+    out = capsys.readouterr().out
+    assert _ab_dir(out) == named and (named / "report.json").is_file() and not (tmp_path / "runs").exists()
+    assert out.startswith("note: sides A and B are identical: this is an A/A run (measures noise)\n")
+    assert out.splitlines()[3] == ab.table.not_performance_note("interpreter")  # said before any step
+
+
+def _single_run(path: Path, candidate_ms: float) -> Path:
+    path.mkdir(parents=True)
+    spec = RunSpec("add", "interpreter", "record", 0, ["fp32"], "default").to_json()
+    (path / "run.json").write_text(json.dumps({"spec": spec, "observed": {"outcome": {"status": "COMPLETE"}}}))
+    row = {"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
+           "candidate_ms": candidate_ms, "timer": "graph", "markers": [], "configs": {}}
+    (path / "results.json").write_text(json.dumps({"format": 1, "rows": [row]}))
+    return path
+
+
+def test_compare_reports_two_single_runs_and_refuses_a_dir_that_is_no_run(tmp_path, capsys):
+    a, b = _single_run(tmp_path / "a", 2.0), _single_run(tmp_path / "b", 2.2)
+    parse = cli.build_parser().parse_args
+    assert ab.run_from_args(parse(["ab", "--compare", str(a), str(b), "--out", str(tmp_path / "out")])) == 0
+    (out_dir,) = (tmp_path / "out").iterdir()
+    assert out_dir.name.startswith("compare_")
+    report = load(out_dir / "report.json")
+    assert report["context"] == {"name": "a vs b", "a": str(a), "b": str(b),
+                                 "note": "single runs: each run's raw samples stand in for repeats"}
+    assert report["measures_performance"] is False
+    assert report["rows"][0]["a_ms"] and report["rows"][0]["b_ms"]
+    assert "IR was not collected on some ops" in " ".join(report["warnings"])
+    (b / "results.json").write_text('{"rows": [')
+    with pytest.raises(UsageError, match=rf"^--compare: {b / 'results.json'} does not read as results \("):
+        ab.run_from_args(parse(["ab", "--compare", str(a), str(b), "--out", str(tmp_path / "out2")]))
+    with pytest.raises(UsageError, match=r"^--compare: "):
+        ab.run_from_args(parse(["ab", "--compare", str(tmp_path / "none"), str(a), "--out", str(tmp_path / "out2")]))
+    assert ab.run_from_args(parse(["ab", "--compare", str(a), str(_single_run(tmp_path / "c", 2.2)), "--fdr", "0.2",
+                                   "--out", str(tmp_path / "out3")])) == 0
+    with pytest.raises(UsageError, match=r"^--fdr 2.0: must lie between 0 and 1"):
+        ab.run_from_args(parse(["ab", "--compare", str(a), str(tmp_path / "c"), "--fdr", "2", "--out",
+                                str(tmp_path / "out4")]))
+    assert not (tmp_path / "out2").exists()  # refused before a report dir is claimed
+
+
+class Pip:
+    """Stands in for subprocess.run in build_side_env: `python -m venv`, the site-dir probes and pip
+    install, each as the real one would answer (output to the stream it was given, check raising)."""
+
+    def __init__(self, monkeypatch, tmp_path, pip_fails=False, fails=None):
+        self.calls: list[list[str]] = []
+        self.fails = fails  # the stage that exits 1: venv, sites, own_site or pip
+        self.base_site = tmp_path / "base" / "site-packages"
+        self.base_site.mkdir(parents=True)
+        self.pip_fails = pip_fails
+        monkeypatch.setattr(ab.subprocess, "run", self.run)
+
+    def run(self, argv, check=False, stdout=None, stderr=None, capture_output=False, text=False):
+        self.calls.append(argv)
+        code, said, err = 0, "", ""
+        if argv[1] == "-c":
+            try:
+                compile(argv[2], "<string>", "exec")
+            except SyntaxError:
+                return self._end(argv, check, 1)
+        stage = ("venv" if argv[1:3] == ["-m", "venv"] else "sites" if argv[2:] == [ab._SITE_DIRS]
+                 else "own_site" if argv[1] == "-c" else "pip")
+        if stage == self.fails:
+            return self._end(argv, check, 1)
+        if argv[1:3] == ["-m", "venv"]:
+            env = Path(argv[3])
+            (env / "bin").mkdir(parents=True)
+            (env / "bin" / "python").write_text("")
+            (env / "lib" / "site-packages").mkdir(parents=True)
+            err = "venv: made\n"
+        elif argv[1:] == ["-c", ab._SITE_DIRS]:
+            said = json.dumps([str(self.base_site), str(self.base_site.parent / "gone"), "/nonexistent/user"])
+        elif argv[1] == "-c":
+            said = str(Path(argv[0]).parent.parent / "lib" / "site-packages") + "\n"
+        else:
+            code, err = (1, "pip: no such package\n") if self.pip_fails else (0, "pip: installed\n")
+        if stdout is not None and not capture_output:
+            stdout.write(said + (err if stderr == subprocess.STDOUT else ""))
+        out = (said if text else said.encode()) if capture_output else None
+        return self._end(argv, check, code, out)
+
+    @staticmethod
+    def _end(argv, check, code, out=""):
+        if check and code:
+            raise subprocess.CalledProcessError(code, argv)
+        return subprocess.CompletedProcess(argv, code, out, None)
+
+
+def test_a_sides_requirements_build_one_env_over_the_base_envs_packages_once(tmp_path, monkeypatch, capsys):
+    pip = Pip(monkeypatch, tmp_path)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{extra}:{tmp_path / 'not_there'}")
+    monkeypatch.setattr(ab.deps, "DEPS_DIR", tmp_path / "no_deps")
+    side = ab.Side("B", "", python="/base/bin/python", requirements=["triton==3.1", "numpy"])
+    log = tmp_path / "ab.log"
+    with open(log, "w") as f:
+        python = ab.build_side_env(side, f, tmp_path / "nox" / "envs")
+    env = Path(python).parent.parent
+    assert env.parent == tmp_path / "nox" / "envs" and Path(python) == env / "bin" / "python"
+    assert capsys.readouterr().out == f"building side B's env (triton==3.1 numpy) in {env} ...\n"
+    assert pip.calls[0] == ["/base/bin/python", "-m", "venv", str(env)]  # over the side's own interpreter
+    assert pip.calls[-1] == [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                             "triton==3.1", "numpy"]
+    # The base's packages, then the PYTHONPATH the harness runs with, after the env's own; only dirs there are.
+    assert (env / "lib" / "site-packages" / "zz_zl_base_env.pth").read_text() == f"{pip.base_site}\n{extra}\n"
+    assert log.read_text() == "venv: made\npip: installed\n"  # what building said goes to ab.log
+    assert (env / ".complete").read_text() == "triton==3.1\nnumpy\n"
+    # Cached by interpreter and requirement set, in any order; another set or interpreter is another env.
+    pip.calls.clear()
+    with open(log, "a") as f:
+        again = ab.build_side_env(ab.Side("B", "", python="/base/bin/python", requirements=["numpy", "triton==3.1"]),
+                                  f, tmp_path / "nox" / "envs")
+        assert again == python and pip.calls == []
+        other = ab.build_side_env(ab.Side("A", "", python="/base/bin/python", requirements=["numpy"]), f,
+                                  tmp_path / "nox" / "envs")
+        base = ab.build_side_env(ab.Side("A", "", requirements=["numpy"]), f, tmp_path / "nox" / "envs")
+    assert len({python, other, base}) == 3 and pip.calls[-4][:3] == [sys.executable, "-m", "venv"]
+
+
+def test_a_side_env_whose_install_failed_is_built_afresh_next_time(tmp_path, monkeypatch, capsys):
+    pip = Pip(monkeypatch, tmp_path, pip_fails=True)
+    side = ab.Side("B", "", requirements=["nonesuch"])
+    log = tmp_path / "ab.log"
+    with open(log, "w") as f, pytest.raises(subprocess.CalledProcessError):
+        ab.build_side_env(side, f, tmp_path / "envs")
+    (env,) = (tmp_path / "envs").iterdir()
+    assert not (env / ".complete").exists() and "pip: no such package\n" in log.read_text()
+    (env / "stale").write_text("")
+    pip.pip_fails = False
+    with open(log, "a") as f:
+        assert ab.build_side_env(side, f, tmp_path / "envs") == str(env / "bin" / "python")
+    assert not (env / "stale").exists() and (env / ".complete").is_file()
+
+
+def _refused(args) -> str:
+    with pytest.raises(UsageError) as refused:
+        ab.run_from_args(args)
+    return str(refused.value)
+
+
+def test_a_plan_whose_ops_or_shape_file_do_not_resolve_is_refused_before_any_step(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    assert _refused(_ab(tmp_path, "ops: [add]\nshapes: nowhere.yaml\n")) == \
+        f"shape file {tmp_path / 'nowhere.yaml'} does not exist"
+    assert _refused(_ab(tmp_path, "ops: [add, nonesuch]\n")) == (
+        "unknown operator 'nonesuch'; built-in: add, gelu, mm, rms_norm, softmax; add your own with --ops-path DIR")
+    assert _refused(_ab(tmp_path, "ops: [add, 'flaggems:mm']\n")) == (
+        "'flaggems:mm': no checkout for repo 'flaggems'; give --flaggems-dir flaggems=PATH (given: none)")
+    (tmp_path / "fg" / "benchmark").mkdir(parents=True)
+    assert _refused(_ab(tmp_path, "ops: ['flaggems:nope']\nflaggems_dirs: [fg]\n")) == (
+        f"'flaggems:nope': benchmark file {tmp_path / 'fg' / 'benchmark' / 'test_nope.py'} does not exist; if the "
+        "op lives in another file, give flaggems:nope@<file> or a pytest node")
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "scale.py").write_text((Path(__file__).parent / "resources" / "user_ops" / "scale.py")
+                                              .read_text())
+    assert _refused(_ab(tmp_path, "ops: [scale3, 'path:nonesuch']\nops_paths: [ops]\n")).startswith(
+        "unknown operator 'nonesuch'")
+    assert steps.told == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_record_takes_the_backend_and_flaggems_options_and_each_replay_keeps_them(tmp_path, monkeypatch, capsys):
+    """Both sides run the level, switch, tuning space and checkouts A recorded with: the replays get the
+    checkouts and op paths (to find the op again), never the record's choices."""
+    steps = Steps(monkeypatch)
+    (tmp_path / "fg" / "benchmark").mkdir(parents=True)
+    (tmp_path / "fg" / "benchmark" / "test_mm.py").write_text("def test_mm():\n    pass\n")
+    (tmp_path / "mine").mkdir()
+    args = _ab(tmp_path, "ops: ['flaggems:mm']\nrepeats: 2\nflaggems_dirs: [fg]\nops_paths: [mine]\nlevel: core\n"
+                         "flagtune: 1\nlibtuner_cache: user\ndtypes: [fp16]\n",
+               "--ops-path", str(tmp_path), "--flaggems-dir", f"other={tmp_path / 'fg'}")
+    assert ab.run_from_args(args) == 0
+    dirs = ["--flaggems-dir", f"flaggems={tmp_path / 'fg'}", "--flaggems-dir", f"other={tmp_path / 'fg'}"]
+    paths_ = ["--ops-path", str(tmp_path / "mine"), "--ops-path", str(tmp_path)]
+    record = steps.told[0]["argv"]
+    assert record[:12] == ["record", "flaggems:mm", "--level", "core", "--flagtune", "1", "--libtuner-cache", "user",
+                           "--backend", "interpreter", "--dtypes", "fp16"]
+    assert record[12:20] == paths_ + dirs
+    for told in steps.told[1:]:
+        assert told["argv"][2:12] == ["--dtypes", "fp16", *paths_, *dirs]
+        assert not {"--level", "--flagtune", "--libtuner-cache", "--backend"} & set(told["argv"])
+
+
+def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n", "--step-start", "fresh", "--step-passes",
+                                "every")) == 0
+    assert steps.workers == [] and not any("--timing-only" in t["argv"] for t in steps.told)
+    # An A/B without a plan file: its ops from the command line, A as is, B as switched there.
+    steps.told.clear()
+    args = cli.build_parser().parse_args(["ab", "--ops", "add", "--backend", "interpreter", "--b-env", "X=1",
+                                          "--repeats", "2", "--out", str(tmp_path / "adhoc")])
+    assert ab.run_from_args(args) == 0
+    out = capsys.readouterr().out
+    assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert [bool(w.env.get("X")) for w in steps.workers] == [False, True]
+    with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
+        ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))
+
+
+def test_a_timer_or_l2_mode_the_backend_lacks_is_refused_before_any_step(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    assert _refused(_ab(tmp_path, "ops: [add]\ntimer: profiler\n")) == (
+        "backend 'interpreter' has no device profiler for --timer profiler; use --timer auto or host")
+    assert _refused(_ab(tmp_path, "ops: [add]\nl2: cold\n")).startswith("--l2 cold: backend 'interpreter' has no "
+                                                                         "device cache")
+    assert steps.told == []
+
+
+def test_an_op_named_by_its_pytest_node_keeps_its_steps_in_the_ab_dir(tmp_path, monkeypatch, capsys):
+    steps = Steps(monkeypatch)
+    node = tmp_path / "fg" / "benchmark" / "test_mm.py"
+    node.parent.mkdir(parents=True)
+    node.write_text("def test_mm():\n    pass\n")
+    assert ab.run_from_args(_ab(tmp_path, f"ops: ['{node}::test_mm']\nflaggems_dirs: [fg]\n")) == 0
+    ab_dir = _ab_dir(capsys.readouterr().out)
+    op_dir = ab_dir / f"{node}::test_mm".replace(":", "-").replace("/", "-")
+    assert {t["run_dir"].parent.parent for t in steps.told} == {op_dir} and op_dir.parent == ab_dir
+
+
+@pytest.mark.parametrize("stage", ["venv", "sites", "own_site"])
+def test_a_side_env_a_step_of_whose_build_failed_is_not_used(tmp_path, monkeypatch, stage):
+    Pip(monkeypatch, tmp_path, fails=stage)
+    with open(tmp_path / "ab.log", "w") as f, pytest.raises(subprocess.CalledProcessError):
+        ab.build_side_env(ab.Side("B", "", requirements=["triton"]), f, tmp_path / "envs")
+    assert not list((tmp_path / "envs").glob("*/.complete"))
+
+
+def test_an_op_one_side_has_no_run_of_is_still_reported_with_a_verdict_backend(tmp_path, capsys):
+    """On a backend that measures (the identical-IR and what-changed passes run), an op whose B has no
+    run is reported from A's rows, flagged, and the report fails."""
+    a = [_single_run(tmp_path / f"a{i}", 2.0) for i in range(2)]
+    assert ab.report(tmp_path / "out", [(a, [])], {"name": "t"}, [], {"cuda"}, expected=2) == 1
+    (row,) = load(tmp_path / "out" / "report.json")["rows"]
+    assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
+
+
+def test_an_ab_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_path, capsys):
+    # B 5% slower, 2% apart between repeats: called SLOWER at the default 0.05, its q (about 0.049) above 0.01.
+    a = [_single_run(tmp_path / f"a{i}", 2.0 * s) for i, s in enumerate((0.98, 1.0, 1.02))]
+    b = [_single_run(tmp_path / f"b{i}", 2.1 * s) for i, s in enumerate((1.02, 0.98, 1.0))]
+    verdicts = {}
+    for fdr in (0.05, 0.01):
+        ab.report(tmp_path / f"out{fdr}", [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3, fdr=fdr)
+        (row,) = load(tmp_path / f"out{fdr}" / "report.json")["rows"]
+        verdicts[fdr] = row["comparison"]["verdict"], row["comparison"]["q"]
+    assert verdicts[0.05][0] == "SLOWER" and 0.01 < verdicts[0.05][1] <= 0.05
+    assert verdicts[0.01][0] != "SLOWER"
