@@ -1,7 +1,8 @@
 """The single-op A/B in this process, from its command line (`ab.run_from_args`) to its exit code, with
 every step's process stood in for: the fake writes the run dir the step would have (run.json and one
 row in results.json) and records what the step was told. So the promises of the session itself are
-checked per step and fast: the schedule (A records, then A and B replay A's record interleaved), what
+checked per step and fast: the schedule (A records, each side's untimed passes step, then A and B
+replay A's record interleaved), what
 each step is told (its run dir, its target, which steps carry the one-off passes, its side's
 interpreter, environment and cache), ab.json as the steps land, the warnings and the exit code of an
 A/B whose steps fail, die or are stopped. The real processes are in tests/test_ab.py (e2e)."""
@@ -125,31 +126,33 @@ def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_
     assert ab_dir.parent == tmp_path / "runs" and ab_dir.name.startswith("ab_t_")
     assert out.startswith("A/B t: A = as is; B = new X=1; ops builtin:add mm@mm; 2 repeats interleaved\n"
                           f"ab dir: {ab_dir}\n")
-    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2"] * 2
+    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"] * 2
     # Each op's steps in a dir of its own, named so a path can hold it; each step's run dir named there.
     dirs = [t["run_dir"] for t in steps.told]
-    assert {d.parent.parent for d in dirs[:5]} == {ab_dir / "builtin-add"}
-    assert {d.parent.parent for d in dirs[5:]} == {ab_dir / "mm-mm"}
+    assert {d.parent.parent for d in dirs[:7]} == {ab_dir / "builtin-add"}
+    assert {d.parent.parent for d in dirs[7:]} == {ab_dir / "mm-mm"}
     assert all(d.name.startswith(f"{d.parent.parent.name}_") for d in dirs)
     # A's record measures the op; every replay replays that record, of that op.
     argvs = [t["argv"] for t in steps.told]
-    assert argvs[0][:2] == ["record", "builtin:add"] and argvs[5][:2] == ["record", "mm@mm"]
-    assert [a[:2] for a in argvs[1:5]] == [["replay", str(dirs[0])]] * 4
-    assert [a[:2] for a in argvs[6:]] == [["replay", str(dirs[5])]] * 4
-    # The one-off passes (IR, attribution) run once per side and op: in its first replay, never the record.
-    assert ["--timing-only" in a for a in argvs[:5]] == [True, False, False, True, True]
+    assert argvs[0][:2] == ["record", "builtin:add"] and argvs[7][:2] == ["record", "mm@mm"]
+    assert [a[:2] for a in argvs[1:7]] == [["replay", str(dirs[0])]] * 6
+    assert [a[:2] for a in argvs[8:]] == [["replay", str(dirs[7])]] * 6
+    # The one-off passes (IR, attribution) run once per side and op, in its passes step; every timed step
+    # (the record, each repeat) times only.
+    assert ["--timing-only" in a for a in argvs[:7]] == [True, False, False, True, True, True, True]
     lines = out.splitlines()
     assert "[1/2 builtin:add] A records ... 1/1 ok (0 s)" in lines
     assert "[2/2 mm@mm] repeat 2/2: B replays A ... 1/1 ok (0 s)" in lines
     # ab.json: the plan, every step as it landed, complete.
     state = load(ab_dir / "ab.json")
     assert state["complete"] is True and "running" not in state and state["plan"]["name"] == "t"
-    assert [s["what"] for s in state["steps"][:3]] == ["[1/2 builtin:add] A records",
-                                                       "[1/2 builtin:add] repeat 1/2: A replays A",
-                                                       "[1/2 builtin:add] repeat 1/2: B replays A"]
-    first = state["steps"][1]
+    assert [s["what"] for s in state["steps"][:4]] == [
+        "[1/2 builtin:add] A records", "[1/2 builtin:add] A's IR and kernels (not timed for the verdict)",
+        "[1/2 builtin:add] B's IR and kernels (not timed for the verdict)", "[1/2 builtin:add] repeat 1/2: A replays A"]
+    assert [s.get("passes", False) for s in state["steps"][:7]] == [False, True, True, False, False, False, False]
+    first = state["steps"][3]
     assert (first["side"], first["args"], first["exit"], first["usable"], first["run_dir"]) == (
-        "A", argvs[1], 0, True, str(dirs[1]))
+        "A", argvs[3], 0, True, str(dirs[3]))
     assert 0 <= first["seconds"] < 0.5  # a stand-in step takes milliseconds
     report = load(ab_dir / "report.json")
     assert report["context"]["name"] == "t" and report["context"]["repeats"] == 2 and report["summary"]["fdr"] == 0.2
@@ -241,12 +244,12 @@ def test_a_side_whose_triton_is_unidentified_compiles_into_its_steps_own_caches(
         runner.close()
     assert set(runner.state["triton_caches"]) == {"B"}  # A's failure skips A only
     assert [w.cache is None for w in steps.workers] == [True, False]
-    assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, False, True, False, True]
+    assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, False, True, False, True, False, True]
     assert "side A: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)\n" \
         in (tmp_path / "ab.log").read_text()
 
 
-def test_a_failed_step_fails_the_ab_and_the_sides_next_step_carries_its_passes(tmp_path, monkeypatch, capsys):
+def test_a_failed_repeat_fails_the_ab_and_no_timed_step_takes_on_the_passes(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: {"A-1": "broke", "B-1": "rows"}.get(side_dir, "ok"))
     args = _ab(tmp_path, "ops: [add]\nrepeats: 2\n")
     assert ab.run_from_args(args) == 1
@@ -254,11 +257,13 @@ def test_a_failed_step_fails_the_ab_and_the_sides_next_step_carries_its_passes(t
     ab_dir = _ab_dir(out)
     assert "[1/1 add] repeat 1/2: A replays A ... 1/1 FAILED (exit 3) (0 s)" in out.splitlines()
     assert "[1/1 add] repeat 1/2: B replays A ... 1/1 finished with failed rows (exit 1) (0 s)" in out.splitlines()
-    # A's first replay failed: its second carries the passes; B's went through (failed rows are results).
-    assert ["--timing-only" in t["argv"] for t in steps.told] == [True, False, False, False, True]
+    # A's first repeat failed: its second still times only (the passes ran in A-passes); B's went through
+    # (failed rows are results).
+    assert ["--timing-only" in t["argv"] for t in steps.told] == [True, False, False, True, True, True, True]
     state = load(ab_dir / "ab.json")
     assert [(s["exit"], s["usable"], s["run_dir"] is None) for s in state["steps"]] == [
-        (0, True, False), (3, False, False), (1, True, False), (0, True, False), (0, True, False)]
+        (0, True, False), (0, True, False), (0, True, False), (3, False, False), (1, True, False), (0, True, False),
+        (0, True, False)]
     report = load(ab_dir / "report.json")
     assert "1 step(s) failed (see ab.log): [1/1 add] repeat 1/2: A replays A" in report["warnings"]
     assert not any(w.startswith("INCOMPLETE") for w in report["warnings"])
@@ -272,7 +277,7 @@ def test_an_op_whose_record_fails_has_no_rows_and_the_next_op_still_runs(tmp_pat
     args = _ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")
     assert ab.run_from_args(args) == 1
     report = load(_ab_dir(capsys.readouterr().out) / "report.json")
-    assert steps.schedule() == ["A-record", "A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.schedule() == ["A-record", "A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     assert steps.told[1]["argv"][:2] == ["record", "softmax"]
     assert "no rows to compare for add: a side has no completed run" in report["warnings"]
     assert "1 step(s) failed (see ab.log): [1/2 add] A records" in report["warnings"]
@@ -284,8 +289,9 @@ def test_a_side_with_no_usable_replay_leaves_the_ab_failed_without_a_failed_step
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")) == 1
     report = load(_ab_dir(capsys.readouterr().out) / "report.json")
     assert report["warnings"][-2:] == [
-        "4 step(s) failed (see ab.log): [1/2 add] repeat 1/2: B replays A; [1/2 add] repeat 2/2: B replays A; "
-        "[2/2 softmax] repeat 1/2: B replays A; [2/2 softmax] repeat 2/2: B replays A",
+        "6 step(s) failed (see ab.log): [1/2 add] B's IR and kernels (not timed for the verdict); [1/2 add] repeat "
+        "1/2: B replays A; [1/2 add] repeat 2/2: B replays A; [2/2 softmax] B's IR and kernels (not timed for the "
+        "verdict); [2/2 softmax] repeat 1/2: B replays A; [2/2 softmax] repeat 2/2: B replays A",
         "no rows to compare for add, softmax: a side has no completed run"]
     row = report["rows"][0]  # A's rows still shown, flagged
     assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
@@ -296,22 +302,22 @@ def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_pa
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
     out = capsys.readouterr().out
     ab_dir = _ab_dir(out)
-    assert steps.schedule() == ["A-record", "A-1", "B-1", "B-1", "A-2", "B-2"]
-    retried = steps.told[3]
-    assert retried["argv"] == steps.told[2]["argv"] and retried["starter"] == steps.told[2]["starter"]
+    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    retried = steps.told[5]
+    assert retried["argv"] == steps.told[4]["argv"] and retried["starter"] == steps.told[4]["starter"]
     assert not (retried["run_dir"] / "half").exists()  # nothing of the dead attempt stays
     assert "[1/1 add] repeat 1/2: B replays A ... 1/1 (its warm worker died: restarted, the step retried) 1/1 ok" \
         in out
     assert "side B: the warm worker died during the step: restarting it, retrying\n" in (ab_dir / "ab.log").read_text()
-    assert [s["usable"] for s in load(ab_dir / "ab.json")["steps"]] == [True] * 5
+    assert [s["usable"] for s in load(ab_dir / "ab.json")["steps"]] == [True] * 7
 
 
 def test_a_worker_that_never_comes_up_fails_the_step_after_one_retry(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "lost" if side_dir == "B-1" else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 1
     ab_dir = _ab_dir(capsys.readouterr().out)
-    assert steps.schedule() == ["A-record", "A-1", "B-1", "B-1", "A-2", "B-2"]
-    step = load(ab_dir / "ab.json")["steps"][2]
+    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    step = load(ab_dir / "ab.json")["steps"][4]
     assert (step["what"], step["exit"], step["usable"]) == ("[1/1 add] repeat 1/2: B replays A", 1, False)
     assert (ab_dir / "ab.log").read_text().count("side B: it never came up\n") == 2
 
@@ -321,15 +327,15 @@ def test_a_sigterm_during_a_step_stops_the_ab_and_reports_what_completed(tmp_pat
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 3\n")) == 128 + signal.SIGTERM
     out = capsys.readouterr().out
     ab_dir = _ab_dir(out)
-    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2"]
+    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2"]
     assert "\ninterrupted (SIGTERM): stopping the running side and reporting what completed\n" in out
     assert "reporting what completed\n\ninterrupted" not in out  # said once, by the step
     state = load(ab_dir / "ab.json")
     assert state["complete"] is False and state["running"]["what"] == "[1/1 add] repeat 2/3: A replays A"
     assert (state["running"]["side"], state["running"]["args"], state["running"]["run_dir"]) == (
-        "A", steps.told[3]["argv"], str(steps.told[3]["run_dir"]))
+        "A", steps.told[5]["argv"], str(steps.told[5]["run_dir"]))
     report = load(ab_dir / "report.json")
-    assert report["warnings"][0] == "INCOMPLETE: interrupted after 3 completed steps; rows below cover only those"
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 5 completed steps; rows below cover only those"
     assert len(report["rows"][0]["a_ms"]) == 1 and not any("failed" in w for w in report["warnings"])
     assert not Path(state["triton_caches"]["A"]["dir"]).parent.exists()
 
@@ -340,7 +346,7 @@ def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert "\ninterrupted (SIGINT): reporting what completed\n" in out
     report = load(_ab_dir(out) / "report.json")
-    assert report["warnings"][0] == "INCOMPLETE: interrupted after 4 completed steps; rows below cover only those"
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 6 completed steps; rows below cover only those"
 
 
 def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_path, monkeypatch, capsys):
@@ -543,7 +549,7 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     assert ab.run_from_args(args) == 0
     out = capsys.readouterr().out
     assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out
-    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     assert [bool(w.env.get("X")) for w in steps.workers] == [False, True]
     with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
         ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))
@@ -581,7 +587,7 @@ def test_an_op_one_side_has_no_run_of_is_still_reported_with_a_verdict_backend(t
     """On a backend that measures (the identical-IR and what-changed passes run), an op whose B has no
     run is reported from A's rows, flagged, and the report fails."""
     a = [_single_run(tmp_path / f"a{i}", 2.0) for i in range(2)]
-    assert ab.report(tmp_path / "out", [(a, [])], {"name": "t"}, [], {"cuda"}, expected=2) == 1
+    assert ab.report(tmp_path / "out", [{"A": a, "B": []}], {"name": "t"}, [], {"cuda"}, expected=2) == 1
     (row,) = load(tmp_path / "out" / "report.json")["rows"]
     assert len(row["a_ms"]) == 2 and row["b_ms"] == [] and "incomplete_b(0/2)" in row["flags"]
 
@@ -592,7 +598,7 @@ def test_an_ab_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_pat
     b = [_single_run(tmp_path / f"b{i}", 2.1 * s) for i, s in enumerate((1.02, 0.98, 1.0))]
     verdicts = {}
     for fdr in (0.05, 0.01):
-        ab.report(tmp_path / f"out{fdr}", [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3, fdr=fdr)
+        ab.report(tmp_path / f"out{fdr}", [{"A": a, "B": b}], {"name": "t"}, [], {"cuda"}, expected=3, fdr=fdr)
         (row,) = load(tmp_path / f"out{fdr}" / "report.json")["rows"]
         verdicts[fdr] = row["comparison"]["verdict"], row["comparison"]["q"]
     assert verdicts[0.05][0] == "SLOWER" and 0.01 < verdicts[0.05][1] <= 0.05

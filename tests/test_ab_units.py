@@ -103,12 +103,12 @@ def _plan(tmp_path, text):
 
 
 @pytest.mark.parametrize("line,message", [
-    ("name: 5", "'name' must be a string, not 5"), ("backend: 1", "'backend' must be a string, not 1"),
-    ("shapes: [s.yaml]", "'shapes' must be a string, not ['s.yaml']"),
-    ("libtuner_cache: 3", "'libtuner_cache' must be a string, not 3"),
+    ("name: 5", "'name' must be a string, not 5"), ("backend: 1", "'backend' must be a string (a backend name), not 1"),
+    ("shapes: [s.yaml]", "'shapes' must be a path, not ['s.yaml']"),
+    ("libtuner_cache: 3", "'libtuner_cache' must be a cache name, path or URL, not 3"),
     ("ops_paths: ops", "'ops_paths' must be a list of paths, not 'ops'"),
     ("ops_paths: [1]", "'ops_paths' must be a list of paths, not [1]"),
-    ("flaggems_dirs: [1]", "'flaggems_dirs' must be a list of paths, not [1]"),
+    ("flaggems_dirs: [1]", "'flaggems_dirs' must be a list of [NAME=]PATH, not [1]"),
     ("device: -1", "'device' must be a device index (an integer >= 0), not -1"),
     ("device: 1.0", "'device' must be a device index (an integer >= 0), not 1.0"),
     ("device: true", "'device' must be a device index (an integer >= 0), not True"),
@@ -122,7 +122,7 @@ def _plan(tmp_path, text):
     ("l2: hot", "'l2' must be one of warm, cold, not 'hot'"),
     ("warmup_ms: -1", "'warmup_ms' must be a non-negative number, not -1"),
     ("rep_ms: '5'", "'rep_ms' must be a non-negative number, not '5'"),
-    ("seed: 1.5", "'seed' must be a non-negative number, not 1.5"),
+    ("seed: 1.5", "'seed' must be a non-negative integer, not 1.5"),
     ("- ops: [add]", "top level must be a mapping"),
 ])
 def test_a_plan_field_no_step_could_take_is_refused_in_one_line_naming_the_file(tmp_path, line, message):
@@ -152,25 +152,27 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
                            "repeats: 2\nshapes: s.yaml\n"
                            "a: {label: base, python: py}\nb: {label: new, env: {X: '1'}, requirements: reqs.txt}\n")
     plan = ab.load_plan(path)
-    assert (plan.name, plan.ops, plan.device, plan.level, plan.flagtune, plan.repeats) == (
+    o = plan.options
+    assert (plan.name, plan.ops, o.device, o.level, o.flagtune, plan.repeats) == (
         "fast", ["add", "mm"], 0, "core", "1", 2)
-    assert (plan.ops_paths, plan.shapes) == ([str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
-    assert (plan.step_start, plan.step_passes, plan.warmup_ms, plan.rep_ms, plan.seed) == ("fresh", "every", 0, 0.5, 0)
+    assert (list(o.ops_paths), str(o.shapes)) == ([str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
+    assert (plan.step_start, plan.step_passes, o.warmup_ms, o.rep_ms, o.seed) == ("fresh", "every", 0, 0.5, 0)
     assert plan.a.describe() == f"base python={tmp_path / 'py'}"
     assert plan.b.describe() == "new X=1 pip: triton==3.1 numpy"
-    assert ab.load_plan(_plan(tmp_path, "ops: [add]\nflagtune: '0'\n")).flagtune == "0"
+    assert ab.load_plan(_plan(tmp_path, "ops: [add]\nflagtune: '0'\n")).options.flagtune == "0"
     assert ab.load_plan(_plan(tmp_path, "ops: [add]\nb: {env: {X: '1'}}\n")).b.describe() == "X=1"  # no label
     # FlagGems' own shapes are named, not a file.
-    assert ab.load_plan(_plan(tmp_path, "ops: [add]\nshapes: upstream\n")).shapes == "upstream"
+    assert str(ab.load_plan(_plan(tmp_path, "ops: [add]\nshapes: upstream\n")).options.shapes) == "upstream"
     # What a plan leaves out: three repeats, warm workers, the one-off passes once, sides as they are.
     plain = ab.load_plan(_plan(tmp_path, "ops: [add]\n"))
-    assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.device, plain.level,
-            plain.flagtune, plain.ops_paths) == ("plan", 3, "fork", "once", None, None, None, [])
+    assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.options.device, plain.options.level,
+            plain.options.flagtune, list(plain.options.ops_paths)) == ("plan", 3, "fork", "once", None, None, None, [])
     assert (plain.a.label, plain.b.label, plain.a.describe()) == ("", "", "as is")
     # A stored plan's paths are relative to the base it is read with, not to where it was stored.
     stored = ab.plan_from_data({"ops": ["add"], "ops_paths": ["ops"], "shapes": "s.yaml"}, "/elsewhere/p.yaml",
                                tmp_path)
-    assert (stored.ops_paths, stored.shapes) == ([str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
+    assert (list(stored.options.ops_paths), str(stored.options.shapes)) == (
+        [str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
 
 
 @pytest.mark.parametrize("side,message", [

@@ -426,13 +426,13 @@ def test_a_single_op_ab_names_its_calls_on_identical_ir_too(tmp_path, capsys):
                                                 "called FASTER/SLOWER: 1")
     # bf16 alone: its one call, on identical IR, is more than 1 call at 0.05 allows (none); at 0.2, one.
     a, b = runs("A", 1.0, ("bf16",)), runs("B", 0.9, ("bf16",))
-    ab.report(out, [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3)
+    ab.report(out, [{"A": a, "B": b}], {"name": "t"}, [], {"cuda"}, expected=3)
     alarm = json.loads((out / "report.json").read_text())
     assert "calibration" not in alarm["context"] and alarm["warnings"][-1] == (
         "rows whose IR is identical on both sides (the run's own A/A): 1, called FASTER/SLOWER: 1: more than the "
         "0.05 FDR allows of 1 calls (at most 0): the noise is larger than the model says (or the change lies below "
         "the IR)")
-    ab.report(out, [(a, b)], {"name": "t"}, [], {"cuda"}, expected=3, fdr=0.2)
+    ab.report(out, [{"A": a, "B": b}], {"name": "t"}, [], {"cuda"}, expected=3, fdr=0.2)
     lenient = json.loads((out / "report.json").read_text())
     assert "calibration" in lenient["context"] and lenient["summary"]["fdr"] == 0.2
     assert not any("FDR allows" in w for w in lenient["warnings"])
