@@ -310,6 +310,7 @@ class Runner:
         if self._cache_root is not None:
             shutil.rmtree(self._cache_root, ignore_errors=True)
             self._cache_root = None
+        self.log.close()
 
     def step(self, side: Side, request: RunRequest, what: str, passes: bool = False) -> Path | None:
         """One harness invocation; its run dir if it went through every case (rows that failed in it
@@ -616,12 +617,12 @@ def run_from_args(args) -> int:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 results = d / rundir.RESULTS_JSON
                 raise UsageError(f"--compare: {results} does not read as results ({exc!r:.120})") from exc
+        fdr = stats.FDR if args.fdr is None else checked_fdr(args.fdr)  # refused before a report dir is claimed
         out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
                    "note": "single runs: each run's raw samples stand in for repeats"}
-        return report(out, [{"A": [dir_a], "B": [dir_b]}], context, warnings, backend_names,
-                      fdr=stats.FDR if args.fdr is None else checked_fdr(args.fdr))
+        return report(out, [{"A": [dir_a], "B": [dir_b]}], context, warnings, backend_names, fdr=fdr)
     plan = resolve_plan(args)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     if args.named_run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
