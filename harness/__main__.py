@@ -28,6 +28,10 @@ def _run() -> int:
 
 
 def main() -> None:
+    # Handled whatever the process inherited: a job started with SIGINT ignored (nohup, a background
+    # job of a script) would ignore a Ctrl-C while starting up, yet answer it once launch.run, which
+    # installs its own handler, runs the child: one answer in every phase.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # Imported here, under the handler: a Ctrl-C while the harness imports is one line too.
         from harness.core import launch
