@@ -160,6 +160,11 @@ def profiled_run(runs: dict[str, list[Path]], side: str) -> Path | None:
     return next(iter(runs.get(passes_key(side)) or runs.get(side) or []), None)
 
 
+def profiled_runs(runs: dict[str, list[Path]]) -> tuple[Path | None, Path | None]:
+    """(A's, B's) profiled_run: the runs an op's IR and kernels are compared between."""
+    return profiled_run(runs, "A"), profiled_run(runs, "B")
+
+
 def _kernels(rows: list[dict | None]) -> list[dict] | None:
     """The per-kernel attribution of the first successful row that carries one."""
     return next((r["kernels"] for r in rows if r and r["status"] == "SUCCESS" and r.get("kernels")), None)

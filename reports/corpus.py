@@ -45,7 +45,7 @@ from reports.compare import (
     judge,
     pair,
     passes_key,
-    profiled_run,
+    profiled_runs,
     summarize,
 )
 
@@ -326,7 +326,7 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
     ops = []
     for key, runs, repeats, notes in found:
         single = len(runs["A"]) == 1 and len(runs["B"]) == 1
-        profiled = (profiled_run(runs, "A"), profiled_run(runs, "B"))
+        profiled = profiled_runs(runs)
         ops.append(_OpResult(key, pair(runs["A"], runs["B"], repeats, performance=note is None, profiled=profiled),
                              *profiled, notes, single))
     sources = {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}

@@ -439,7 +439,7 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
     for op, runs in results.items():
         if not runs["A"] or not runs["B"]:
             continue
-        a, b = compare.profiled_run(runs, "A"), compare.profiled_run(runs, "B")
+        a, b = compare.profiled_runs(runs)
         if not ir.index_path(a).is_file() or not ir.index_path(b).is_file():
             per_op[op] = "IR not collected"
             continue
@@ -470,7 +470,7 @@ def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, war
     paired = []
     for runs in groups:
         if runs["A"] or runs["B"]:
-            profiled = (compare.profiled_run(runs, "A"), compare.profiled_run(runs, "B"))
+            profiled = compare.profiled_runs(runs)
             paired.append((*profiled, compare.pair(runs["A"], runs["B"], expected, performance=note is None,
                                                    profiled=profiled)))
     rows = [row for *_, op_rows in paired for row in op_rows]
