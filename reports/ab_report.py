@@ -65,14 +65,14 @@ def _gm(gm: tuple[float, float, float], performance: bool) -> str:
 
 def throttled_lines(rows: list[PairedRow]) -> list[str]:
     """The rows a thermal or power slowdown hit, with the slowdowns per side: those it left out of
-    the headline, then those power-capped on every repeat of both sides (kept, like for like)."""
+    the headline, then those power-capped on every repeat of a side (kept, like for like)."""
     lines = []
     out = [r for r in rows if r.throttled and "clock_throttled" in r.flags]
     kept = [r for r in rows if r.throttled and "clock_throttled" not in r.flags]
     for title, hit in (
             ("CLOCK_THROTTLED rows (a thermal or power slowdown hit their measurement; out of the headline)", out),
-            ("CLOCK_THROTTLED rows kept in the headline (the board's power cap on every repeat of both sides: "
-             "how this kernel runs on this board)", kept)):
+            ("CLOCK_THROTTLED rows kept in the headline (the board's power cap on every repeat of the side it hit: "
+             "how that side's kernel runs on this board)", kept)):
         if hit:
             lines.append(f"{title}: {len(hit)}")
         for r in hit:

@@ -3,7 +3,7 @@ starts and as its row is written (right after its measurement), through the back
 (backends.monitor), into `row["gpu_state"] = {"before": ..., "after": ...}`. A row whose span a
 thermal or power slowdown hit carries CLOCK_THROTTLED: its numbers are the throttled GPU's. The
 marker's `kind` is `power_cap` when the only slowdowns were the board's power cap (a kernel's own
-steady state, which an A/B compares like for like when it hit every repeat of both sides), else
+steady state, which an A/B compares like for like when it hit every repeat of a side), else
 `slowdown`.
 
 Where the backend has no monitor, or its library is missing, rows carry no `gpu_state` and one
