@@ -123,6 +123,8 @@ def _plan(tmp_path, text):
     ("warmup_ms: -1", "'warmup_ms' must be a non-negative number, not -1"),
     ("rep_ms: '5'", "'rep_ms' must be a non-negative number, not '5'"),
     ("seed: 1.5", "'seed' must be a non-negative integer, not 1.5"),
+    ("windows: 0", "'windows' must be an integer >= 1, not 0"),
+    ("windows: 2.0", "'windows' must be an integer >= 1, not 2.0"),
     ("- ops: [add]", "top level must be a mapping"),
 ])
 def test_a_plan_field_no_step_could_take_is_refused_in_one_line_naming_the_file(tmp_path, line, message):
@@ -148,7 +150,7 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     (tmp_path / "py").write_text("")
     (tmp_path / "reqs.txt").write_text("triton==3.1  # the build under test\n\n# nothing\nnumpy\n")
     path = _plan(tmp_path, "ops: [add, mm]\nname: fast\ndevice: 0\nlevel: core\nflagtune: 1\nops_paths: [ops]\n"
-                           "step_start: fresh\nstep_passes: every\nwarmup_ms: 0\nrep_ms: 0.5\nseed: 0\n"
+                           "step_start: fresh\nstep_passes: every\nwarmup_ms: 0\nrep_ms: 0.5\nwindows: 2\nseed: 0\n"
                            "repeats: 2\nshapes: s.yaml\n"
                            "a: {label: base, python: py}\nb: {label: new, env: {X: '1'}, requirements: reqs.txt}\n")
     plan = ab.load_plan(path)
@@ -156,7 +158,8 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     assert (plan.name, plan.ops, o.device, o.level, o.flagtune, plan.repeats) == (
         "fast", ["add", "mm"], 0, "core", "1", 2)
     assert (list(o.ops_paths), str(o.shapes)) == ([str(tmp_path / "ops")], str(tmp_path / "s.yaml"))
-    assert (plan.step_start, plan.step_passes, o.warmup_ms, o.rep_ms, o.seed) == ("fresh", "every", 0, 0.5, 0)
+    assert (plan.step_start, plan.step_passes, o.warmup_ms, o.rep_ms, o.windows, o.seed) == (
+        "fresh", "every", 0, 0.5, 2, 0)
     assert plan.a.describe() == f"base python={tmp_path / 'py'}"
     assert plan.b.describe() == "new X=1 pip: triton==3.1 numpy"
     assert ab.load_plan(_plan(tmp_path, "ops: [add]\nflagtune: '0'\n")).options.flagtune == "0"

@@ -718,7 +718,7 @@ FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes=Path(
 
 
 def test_request_stores_options_as_the_command_line_gives_them():
-    unmeasured = {"seed": None, "timer": None, "l2": None, "warmup_ms": None, "rep_ms": None}
+    unmeasured = {"seed": None, "timer": None, "l2": None, "warmup_ms": None, "rep_ms": None, "windows": None}
     assert batch._request(options(**FULL), [ADD, MM]) == {
         "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_paths": ["/ops"],
         "flaggems_dirs": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
@@ -765,16 +765,16 @@ def test_a_batch_records_each_op_measured_as_asked(tmp_path, launcher):
 
 
 def test_how_records_measure_is_passed_on_stored_and_kept_by_a_resume(tmp_path, launcher):
-    args = parse("--ops", "add", "--timer", "host", "--l2", "warm", "--seed", "0", "--warmup-ms", "2",
+    args = parse("--ops", "add", "--timer", "host", "--l2", "warm", "--seed", "0", "--warmup-ms", "2", "--windows", "2",
                  "--backend", "interpreter", "--devices", "0", "--batch-dir", tmp_path / "b")
     assert batch.run_from_args(args) == 0
     stored = rundir.read_json(tmp_path / "b" / batchdir.BATCH_JSON)["request"]
-    assert {k: stored[k] for k in ("seed", "timer", "l2", "warmup_ms", "rep_ms")} == {
-        "seed": 0, "timer": "host", "l2": "warm", "warmup_ms": 2.0, "rep_ms": None}  # seed 0 was given
+    assert {k: stored[k] for k in ("seed", "timer", "l2", "warmup_ms", "rep_ms", "windows")} == {
+        "seed": 0, "timer": "host", "l2": "warm", "warmup_ms": 2.0, "rep_ms": None, "windows": 2}  # seed 0 was given
     run, _, line = resumed(stored, "--warmup-ms", "3")
-    assert line == ("options from batch.json: --backend --seed --timer --l2 --devices --op-timeout; "
+    assert line == ("options from batch.json: --backend --seed --timer --l2 --windows --devices --op-timeout; "
                     "from the command line: --warmup-ms")
-    assert run.measurement() == RunOptions(seed=0, timer="host", l2="warm", warmup_ms=3.0)
+    assert run.measurement() == RunOptions(seed=0, timer="host", l2="warm", warmup_ms=3.0, windows=2)
     with pytest.raises(UsageError, match=r"--replay-root replays each op as it was recorded, measured the same way: "
                                          r"drop --timer --rep-ms$"):
         batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "--replay-root", tmp_path, "--timer",

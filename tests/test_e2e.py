@@ -226,6 +226,24 @@ def test_options_shapes_dtypes_out(harness, tmp_path):
     assert row["input_sha256"] == digest_at(7) != digest_at(0)
 
 
+def test_windows_given_to_a_record_reach_the_childs_timer_and_its_replays(harness, tmp_path):
+    # tests/resources/window_ops: the direct timer's windows on the host clock, so a row's windows_ms
+    # counts the windows the child's Timer timed.
+    shapes = tmp_path / "one.yaml"
+    shapes.write_text("windowed:\n  shapes: [[64]]\n")
+    proc = harness("record", "windowed", "--backend", "interpreter", "--ops-path", RESOURCES / "window_ops",
+                   "--shapes", shapes, "--windows", "3", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = run_dir_of(proc)
+    proc = harness("replay", record)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for run_dir in (record, run_dir_of(proc)):
+        assert load(run_dir / "run.json")["spec"]["windows"] == 3
+        (row,) = load(run_dir / "results.json")["rows"]
+        assert row["status"] == "SUCCESS" and row["timer"] == "direct"
+        assert [len(row["samples"][side]["windows_ms"]) for side in ("baseline", "candidate")] == [3, 3]
+
+
 def _error(proc, code=2):
     assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

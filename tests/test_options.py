@@ -12,7 +12,7 @@ from harness.core.options import BatchOptions, RunOptions, declared
 
 FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/ops", "mod.x"),
                   flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user", seed=3,
-                  timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
+                  timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=3)
 
 
 def refuse(name, value, what):
@@ -34,7 +34,8 @@ def test_the_stored_form_round_trips_through_json_without_the_device_which_is_ea
 
 
 def test_a_stored_value_is_checked_as_its_flag_would_be_and_made_absolute_against_its_file(tmp_path):
-    for name, value in (("seed", -1), ("timer", "fast"), ("dtypes", ["fp64"]), ("flagtune", True), ("device", "0")):
+    for name, value in (("seed", -1), ("timer", "fast"), ("dtypes", ["fp64"]), ("flagtune", True), ("device", "0"),
+                        ("windows", 0), ("windows", 2.0), ("windows", True)):
         with pytest.raises(ValueError, match=f"^{name} = "):
             RunOptions.from_dict({name: value}, refuse)
     loaded = RunOptions.from_dict({"shapes": "s.yaml", "ops_paths": ["ops"], "flaggems_dirs": ["ck"],
@@ -45,10 +46,20 @@ def test_a_stored_value_is_checked_as_its_flag_would_be_and_made_absolute_agains
     assert RunOptions.from_dict({"shapes": "upstream"}, refuse, tmp_path).shapes == Path("upstream")
 
 
+@pytest.mark.parametrize("value", ["0", "-2", "1.5", "two"])
+def test_windows_that_are_not_a_positive_integer_are_refused_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(["record", "add", "--windows", value])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exc.value.code == 2 and len(errors) == 1
+    assert errors[0].endswith(f"error: argument --windows: must be an integer >= 1, not {value!r}")
+    assert cli.build_parser().parse_args(["record", "add", "--windows", "2"]).windows == 2
+
+
 def test_a_replay_keeps_what_its_record_was_given_and_a_resume_is_the_stored_set_with_what_is_given():
     assert FULL.for_replay() == RunOptions(device=2, shapes=Path("/s.yaml"), dtypes=("fp16",),
                                            ops_paths=("/ops", "mod.x"), flaggems_dirs=("flaggems=/fg",))
-    assert FULL.measurement() == RunOptions(seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0)
+    assert FULL.measurement() == RunOptions(seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=3)
     given = RunOptions.from_namespace(cli.build_parser().parse_args(["batch", "--l2", "warm", "--seed", "0"]))
     assert given.given() == {"l2": "warm", "seed": 0}  # seed 0 was given
     assert given.flags() == ["--seed", "--l2"]

@@ -83,12 +83,13 @@ def test_an_ab_plan_builds_its_record_and_replays_from_one_request_type(tmp_path
     plan = ab.Plan("p", ["mm"], ab.Side("A", ""), ab.Side("B", ""), options=RunOptions(
         shapes=Path("/s.yaml"), dtypes=["fp16"], backend="interpreter", device=2, ops_paths=["/ops"],
         flaggems_dirs=["flaggems=/fg"], level="comprehensive", flagtune="1", seed=5, timer="profiler", l2="cold",
-        warmup_ms=1.5, rep_ms=20.0))
+        warmup_ms=1.5, rep_ms=20.0, windows=4))
     record = cli.build_parser().parse_args(plan.request("record", "mm", tmp_path / "r").to_argv())
     assert (record.op, record.backend, record.device, record.dtypes, record.level, record.flagtune, record.color,
             record.named_run_dir, record.out) == ("mm", "interpreter", 2, ["fp16"], "comprehensive", "1", "never",
                                                   tmp_path / "r", None)
-    assert (record.seed, record.timer, record.l2, record.warmup_ms, record.rep_ms) == (5, "profiler", "cold", 1.5, 20.0)
+    assert (record.seed, record.timer, record.l2, record.warmup_ms, record.rep_ms, record.windows) == (
+        5, "profiler", "cold", 1.5, 20.0, 4)
     # A replay keeps the record's backend and FlagGems options: it is not given them again.
     replay = cli.build_parser().parse_args(plan.request("replay", "/runs/mm_1", tmp_path / "p").to_argv())
     assert (replay.run_dir, replay.backend, replay.level, replay.flagtune) == (Path("/runs/mm_1"), None, None, None)
@@ -110,23 +111,26 @@ def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
     assert (ns.flaggems_dirs, ns.level, ns.flagtune) == (None, None, None)
     assert (ns.seed, ns.timer, ns.l2) == (0, "auto", "warm")  # the record's own defaults
     measured = batch.Batch(tmp_path, dataclasses.replace(opts, run=dataclasses.replace(
-        opts.run, timer="profiler", l2="cold", seed=4, rep_ms=5.0)), {})
+        opts.run, timer="profiler", l2="cold", seed=4, rep_ms=5.0, windows=2)), {})
     ns = cli.build_parser().parse_args(measured._command(builtin, 1, None, tmp_path / "a1")[3:])
-    assert (ns.seed, ns.timer, ns.l2, ns.warmup_ms, ns.rep_ms) == (4, "profiler", "cold", None, 5.0)
+    assert (ns.seed, ns.timer, ns.l2, ns.warmup_ms, ns.rep_ms, ns.windows) == (4, "profiler", "cold", None, 5.0, 2)
 
 
 def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
     plan_file = tmp_path / "plan.yaml"
-    plan_file.write_text("ops: [add]\ntimer: profiler\nl2: cold\nseed: 3\nwarmup_ms: 5\n")
+    plan_file.write_text("ops: [add]\ntimer: profiler\nl2: cold\nseed: 3\nwarmup_ms: 5\nwindows: 2\n")
     plan = ab.load_plan(plan_file)
-    assert plan.options.measurement() == RunOptions(timer="profiler", l2="cold", seed=3, warmup_ms=5)
+    assert plan.options.measurement() == RunOptions(timer="profiler", l2="cold", seed=3, warmup_ms=5, windows=2)
     # A backend with a device profiler (the interpreter refuses --timer profiler before anything runs).
-    args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "cuda", "--l2", "warm", "--rep-ms", "7"])
+    args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "cuda", "--l2", "warm", "--rep-ms", "7",
+                                          "--windows", "3"])
     resolved = ab.resolve_plan(args)  # the command line over the plan, the rest kept
-    assert resolved.options.measurement() == RunOptions(timer="profiler", l2="warm", seed=3, warmup_ms=5, rep_ms=7.0)
+    assert resolved.options.measurement() == RunOptions(timer="profiler", l2="warm", seed=3, warmup_ms=5, rep_ms=7.0,
+                                                        windows=3)
     for bad, message in (("timer: fast", "'timer' must be one of"), ("l2: lukewarm", "'l2' must be one of"),
                          ("seed: -1", "'seed' must be a non-negative integer"),
                          ("rep_ms: many", "'rep_ms' must be a non-negative number"),
+                         ("windows: -1", "'windows' must be an integer >= 1"),
                          ("seed: true", "'seed' must be a non-negative integer")):
         plan_file.write_text(f"ops: [add]\n{bad}\n")
         with pytest.raises(ab.PlanError, match=message):

@@ -190,7 +190,8 @@ def test_incomplete_record_replays_end_to_end_and_its_run_json_says_so(harness, 
     assert run["observed"]["autotune"]["key_missing"] == 2  # nothing recorded: both cases swept live
 
 
-@pytest.mark.parametrize("flag", ["--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--sweep-devices"])
+@pytest.mark.parametrize("flag", ["--seed", "--timer", "--l2", "--warmup-ms", "--rep-ms", "--windows",
+                                  "--sweep-devices"])
 def test_a_record_option_given_to_replay_is_refused_by_name(flag, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.build_parser().parse_args(["replay", "some_run", flag, "3"])

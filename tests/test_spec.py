@@ -153,6 +153,7 @@ def test_replay_takes_no_l2_of_its_own():
     ("timer", "nope", "timer 'nope' not one of"), ("seed", "x", "seed is 'x', not of type int"),
     ("seed", True, "seed is True, not of type int"), ("device", 1.5, "device is 1.5, not of type int"),
     ("dtypes", "fp16", "dtypes is 'fp16', not of type list[str]"), ("rep_ms", None, "rep_ms is None, not of type"),
+    ("windows", 0, "windows 0 is not an integer >= 1"), ("windows", 2.0, "windows is 2.0, not of type int"),
     ("replay_from", 3, "replay_from is 3, not of type str | None")])
 def test_a_hand_edited_spec_value_is_refused_naming_the_field(tmp_path, field, value, message):
     spec = spec_mod.RunSpec(op="softmax", backend="interpreter", mode="record", device=0, dtypes=["fp32"],

@@ -48,7 +48,7 @@ class FakeGraphTimer(Timer):
         self.marks, self.mark = [], None
         self.mark = self.marks.append
         self._accel = None
-        self.l2 = "warm"
+        self.l2, self.windows = "warm", 1
         self.attribute = True
         self.error, self.alive, self.graph_calls = error, alive, 0
 
@@ -115,11 +115,12 @@ def test_denied_op_is_timed_directly_up_front(monkeypatch):
 
 
 class WindowRecorder(FakeGraphTimer):
-    """Records each window's side and budgets; side k's window w reads `level[k][w]` ms."""
+    """Four windows a side (--windows 4); records each window's side and budgets; side k's window w
+    reads `level[k][w]` ms."""
 
     def __init__(self, levels):
         super().__init__()
-        self.warmup_ms, self.rep_ms = 40.0, 100.0
+        self.warmup_ms, self.rep_ms, self.windows = 40.0, 100.0, 4
         self.levels, self.calls = levels, []
 
     def _graph(self, fn, warmup_ms=None, rep_ms=None):
@@ -129,30 +130,28 @@ class WindowRecorder(FakeGraphTimer):
         return Measurement([self.levels[side][window]] * 3, "graph")
 
 
-def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states(monkeypatch):
-    monkeypatch.setattr(timers, "TIMING_WINDOWS", 4)
+def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states():
     # Two states 8% apart, drawn per window: the row's latency is their geometric mean, not the
     # median of the pooled samples (which would take whichever state holds more windows).
     levels = {"baseline": [1.0, 1.0, 1.0, 1.0], "candidate": [2.0, 2.16, 2.0, 2.0]}
     t = WindowRecorder(levels)
     timed = t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"})
-    assert [s for s, *_ in t.calls] == ["baseline", "candidate"] * timers.TIMING_WINDOWS
-    assert [w for _, w, _ in t.calls] == [40.0, 40.0] + [40.0 / timers.TIMING_WINDOWS] * 2 * (timers.TIMING_WINDOWS - 1)
-    assert {r for *_, r in t.calls} == {100.0 / timers.TIMING_WINDOWS}
+    assert [s for s, *_ in t.calls] == ["baseline", "candidate"] * 4
+    assert [w for _, w, _ in t.calls] == [40.0, 40.0] + [40.0 / 4] * 2 * 3
+    assert {r for *_, r in t.calls} == {100.0 / 4}
     cand = timed.measurements["candidate"]
     assert cand.windows_ms == [2.0, 2.16, 2.0, 2.0] and cand.median_ms == 2.0
     assert cand.latency_ms == pytest.approx((2.0 ** 3 * 2.16) ** 0.25)
-    assert cand.summary()["latency"] == cand.latency_ms and len(cand.samples_ms) == 3 * timers.TIMING_WINDOWS
+    assert cand.summary()["latency"] == cand.latency_ms and len(cand.samples_ms) == 3 * 4
 
 
-def test_each_later_window_times_relocated_inputs(monkeypatch):
-    monkeypatch.setattr(timers, "TIMING_WINDOWS", 4)
+def test_each_later_window_times_relocated_inputs():
     t = WindowRecorder({"baseline": [1.0] * 4, "candidate": [1.0] * 4})
     t.calls, moves = [], []
     t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"},
                    relocate=lambda: moves.append(len(t.calls)))
     # Before windows 2..N, each time after both sides' previous window: never between the sides.
-    assert moves == [2 * w for w in range(1, timers.TIMING_WINDOWS)]
+    assert moves == [2 * w for w in range(1, 4)]
 
 
 def test_measurement_summary():
@@ -547,10 +546,10 @@ def test_cuda_has_both_and_resolves_them():
     assert resolve.resolve_timer(cuda, "profiler") == "profiler" and resolve.resolve_l2(cuda, "cold") == "cold"
 
 
-def timing_plugin(tmp_path, backend, timing_only=False):
+def timing_plugin(tmp_path, backend, timing_only=False, windows=1):
     said = []
     ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=0, rep_ms=0, l2="warm",
-                                                           timing_only=timing_only),
+                                                           windows=windows, timing_only=timing_only),
                                 backend=backends.get(backend), mark=lambda m: None, say=said.append,
                                 run_dir=tmp_path)
     plugin = TimingPlugin(ctx)
@@ -563,6 +562,10 @@ def test_a_timing_only_run_profiles_nothing_and_says_so_in_run_json(tmp_path):
     assert plugin.timer.attribute is False
     assert load(tmp_path / rundir.RUN_JSON)["observed"]["kernel_attribution"] == {
         "recorded": False, "reason": "a timing-only run (--timing-only)"}
+
+
+def test_the_timer_times_as_many_windows_as_the_run_spec_says(tmp_path):
+    assert timing_plugin(tmp_path, "cuda", windows=3)[0].timer.windows == 3
 
 
 def test_the_candidates_kernels_go_on_its_row_and_on_no_other(tmp_path):

@@ -4,13 +4,14 @@ repeats with known effects and the noise shapes seen on an H200, judged by the r
 
 Noise per repeat (one process): log-normal jitter of 0.2-0.5% on big kernels; on small ones a
 two-state mixture (a window sits in a fast or an 8% slower state, 40% slow), each repeat the
-geometric mean of its TIMING_WINDOWS windows; now and then (2%) a repeat 7% off."""
+geometric mean of its windows (as many as a run times by default); now and then (2%) a repeat 7% off."""
 
 import math
 
 import numpy as np
 import pytest
 
+from harness.core.spec import DEFAULT_WINDOWS
 from harness.measure import timers
 from reports import compare, stats
 
@@ -20,7 +21,7 @@ SLOW_STATE, SLOW_SHARE, OUTLIER, OUTLIER_RATE = 1.08, 0.4, 1.07, 0.02
 def _repeats(rng, latency, n, sd, two_state, effect=1.0):
     logs = np.log(latency * effect) + rng.normal(0.0, sd, n)
     if two_state:
-        states = rng.random((n, timers.TIMING_WINDOWS)) < SLOW_SHARE
+        states = rng.random((n, DEFAULT_WINDOWS)) < SLOW_SHARE
         logs += np.log(np.where(states, SLOW_STATE, 1.0)).mean(axis=1)
     logs += np.where(rng.random(n) < OUTLIER_RATE, math.log(OUTLIER), 0.0)
     return list(np.exp(logs))
@@ -104,9 +105,9 @@ class TwoStateTimer(timers.Timer):
     """A graph timer whose every measurement window draws a latency state (the H200's small-kernel
     behaviour), through the Timer's real window logic."""
 
-    def __init__(self, rng):
+    def __init__(self, rng, windows):
         self.backend = None
-        self.timer, self.warmup_ms, self.rep_ms, self.l2 = "graph", 25.0, 100.0, "warm"
+        self.timer, self.warmup_ms, self.rep_ms, self.l2, self.windows = "graph", 25.0, 100.0, "warm", windows
         self.rng = rng
 
     def _graph(self, fn, warmup_ms=None, rep_ms=None):
@@ -114,18 +115,17 @@ class TwoStateTimer(timers.Timer):
         return timers.Measurement(list(level * np.exp(self.rng.normal(0, 0.002, 20))), "graph")
 
 
-def _between_process_sd(windows, monkeypatch):
-    monkeypatch.setattr(timers, "TIMING_WINDOWS", windows)
+def _between_process_sd(windows):
     rng = np.random.default_rng(99)
-    timer = TwoStateTimer(rng)  # one per process: each draws its windows' states afresh
+    timer = TwoStateTimer(rng, windows)  # one per process: each draws its windows' states afresh
     latencies = [timer._windows({"candidate": lambda: None}, timer._graph)["candidate"].latency_ms
                  for _ in range(400)]
     return float(np.std(np.log(latencies), ddof=1))
 
 
-def test_spreading_a_row_over_windows_lowers_the_between_process_spread_of_two_state_rows(monkeypatch):
-    one = _between_process_sd(1, monkeypatch)
-    spread = _between_process_sd(4, monkeypatch)
+def test_spreading_a_row_over_windows_lowers_the_between_process_spread_of_two_state_rows():
+    one = _between_process_sd(1)
+    spread = _between_process_sd(4)
     assert one == pytest.approx(math.log(SLOW_STATE) * math.sqrt(SLOW_SHARE * (1 - SLOW_SHARE)), rel=0.15)
     assert spread < 0.6 * one
 

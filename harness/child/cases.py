@@ -8,7 +8,7 @@ from harness.child.context import DTYPE_MISCOMPUTED
 from harness.child.plugins.seeds import case_digest
 from ops import numel
 
-# Inputs up to this size are copied afresh for each timing window (harness.measure.timers.TIMING_WINDOWS).
+# Inputs up to this size are copied afresh for each timing window after the first (--windows).
 RELOCATE_MAX_BYTES = 64 << 20
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -63,6 +63,16 @@ def nonneg_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:  # said as the other refusals are, not as argparse's "invalid positive_int value"
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {text!r}")
+    return value
+
+
 def split_dir(item: str) -> tuple[str, str]:
     """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
     name, sep, path = item.partition("=")
@@ -328,6 +338,11 @@ class RunOptions(OptionSet):
         flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="timing budget per measurement (default: the backend's, 100 on GPUs)",
         check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+    windows: int | None = option(
+        flag="--windows", group="how", commands=RUNS, metavar="N", type=positive_int, record_only=True,
+        help="graph and direct timers: time each side in N windows, the sides alternating, sharing the timing "
+             "budget; a row's latency is the geometric mean of its windows' medians (default: 1)",
+        check=lambda v: type(v) is int and v >= 1, what="an integer >= 1")
     # Each op's device is the batch's choice: not stored.
     device: int | None = option(
         flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,

@@ -15,6 +15,12 @@ SPEC_VERSION = 1
 MODES = ("record", "replay")
 TIMERS = ("auto", "graph", "direct", "profiler", "host")
 L2_MODES = ("warm", "cold")
+# Timing windows a side (harness.measure.timers, Timer) where --windows is not given: one. The small
+# rows' spread between processes that windows were meant to average out was the profiler's lingering
+# cost in the processes that attributed (README, "Small kernels and the profiler"); without it, 1-5 us
+# rows spread 0.6% between processes on an H200, and 4 windows, over time or over fresh buffers
+# (tests/gpu/check_small_state.py), did not lower what remains.
+DEFAULT_WINDOWS = 1
 
 
 class SpecError(ValueError):
@@ -105,6 +111,7 @@ class RunSpec:
     l2: str = "warm"
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
+    windows: int = DEFAULT_WINDOWS  # what a run.json written before this field existed measured too
     ops_paths: list[str] = dataclasses.field(default_factory=list)
     provider: str = "builtin"
     replay_from: str | None = None
@@ -143,6 +150,8 @@ class RunSpec:
             raise SpecError(f"{where}: l2 {spec.l2!r} not one of {L2_MODES}")
         if spec.timer not in TIMERS:
             raise SpecError(f"{where}: timer {spec.timer!r} not one of {TIMERS}")
+        if spec.windows < 1:
+            raise SpecError(f"{where}: windows {spec.windows!r} is not an integer >= 1")
         return spec
 
 

@@ -50,16 +50,12 @@ ATTRIBUTION_CALLS = (3, 20)
 # Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
 # some of the op's lines in place.
 L2_FLUSH_FACTOR = 2
-# One window per side: the small rows' spread between processes that windows were meant to average
-# out was the profiler's lingering cost in the processes that attributed (README, "Small kernels and
-# the profiler"); without it, 1-5 us rows spread 0.6% between processes on an H200, and 4 windows,
-# over time or over fresh buffers (tests/gpu/check_small_state.py), did not lower what remains.
-# With more than one, the graph and direct timers spread each row over this many windows per side,
-# the sides alternating, each captured afresh; the row's latency is the geometric mean of its
-# windows' medians; the first window warms up for the whole warmup budget, the later ones for a
-# share of it, the windows share the rep budget, and where the caller can, each window after the
+# With more than one timing window a side (`windows`, the run's --windows; why the default is one:
+# harness.core.spec.DEFAULT_WINDOWS), the graph and direct timers spread each row over that many
+# windows per side, the sides alternating, each captured afresh; the row's latency is the geometric
+# mean of its windows' medians; the first window warms up for the whole warmup budget, the later ones
+# for a share of it, the windows share the rep budget, and where the caller can, each window after the
 # first times fresh copies of the inputs (`relocate`).
-TIMING_WINDOWS = 1
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
@@ -163,12 +159,13 @@ def _first_line(exc: BaseException) -> str:
 
 class Timer:
     def __init__(self, backend: backends.Backend, timer: str, warmup_ms: float, rep_ms: float,
-                 mark: Callable[[str], None], l2: str = "warm", attribute: bool = True):
+                 mark: Callable[[str], None], l2: str = "warm", windows: int = 1, attribute: bool = True):
         self.backend = backend
         self.attribute = attribute  # the profiler pass after timing (off: a timing-only run)
         self.timer = backend.default_timer if timer == "auto" else timer
         self.warmup_ms = warmup_ms
         self.rep_ms = rep_ms
+        self.windows = windows
         self.mark = mark
         self.l2 = l2
         self._flush_buffer = None
@@ -224,15 +221,15 @@ class Timer:
             return Timed(self._windows(fns, self._direct), "direct")
 
     def _windows(self, fns: dict[str, Callable[[], object]], timer) -> dict[str, Measurement]:
-        """Each side timed in TIMING_WINDOWS windows, the sides alternating window by window."""
+        """Each side timed in `self.windows` windows, the sides alternating window by window."""
         parts: dict[str, list[Measurement]] = {k: [] for k in fns}
         relocate = getattr(self, "_relocate", None)
-        for window in range(TIMING_WINDOWS):
+        for window in range(self.windows):
             if window and relocate is not None:
                 relocate()
-            warmup = self.warmup_ms if window == 0 else self.warmup_ms / TIMING_WINDOWS
+            warmup = self.warmup_ms if window == 0 else self.warmup_ms / self.windows
             for k, fn in fns.items():
-                parts[k].append(timer(fn, warmup, self.rep_ms / TIMING_WINDOWS))
+                parts[k].append(timer(fn, warmup, self.rep_ms / self.windows))
         return {k: Measurement.of_windows(ms) for k, ms in parts.items()}
 
     # --- timers ------------------------------------------------------------------------------

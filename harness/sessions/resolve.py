@@ -183,6 +183,7 @@ def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
         device=resolve_device(backend, args.device), seed=args.seed,
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
+        windows=spec_mod.DEFAULT_WINDOWS if args.windows is None else args.windows,
         color=color_enabled(args.color), ir=args.ir, timing_only=args.timing_only, precompile=args.precompile,
         **fields)
 

@@ -21,7 +21,7 @@ class TimingPlugin:
     def pytest_configure(self, config):
         spec, backend = self.ctx.spec, self.ctx.backend
         self.timer = Timer(backend, spec.timer, spec.warmup_ms, spec.rep_ms, self.ctx.mark, l2=spec.l2,
-                           attribute=not spec.timing_only)
+                           windows=spec.windows, attribute=not spec.timing_only)
         if spec.timing_only:
             facts = {"recorded": False, "reason": "a timing-only run (--timing-only)"}
         elif backend.profiler_activity:
