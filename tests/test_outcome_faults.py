@@ -34,10 +34,13 @@ def harness(*args, timeout=600, **extra) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def start(*args, **extra) -> subprocess.Popen:
-    """In its own session, as a terminal's foreground job is its own process group."""
+def start(*args, sigint_ignored: bool = False, **extra) -> subprocess.Popen:
+    """In its own session, as a terminal's foreground job is its own process group. `sigint_ignored`:
+    started as nohup or a script's background job start it, with SIGINT ignored (Python keeps that)."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen([sys.executable, "-m", "harness", *map(str, args)], cwd=REPO, env=env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=ignore)
 
 
 def _maps(pid: int) -> str:
@@ -139,8 +142,9 @@ def test_ctrl_c_while_a_module_imports_is_one_line(tmp_path):
     assert wait_gone(probe, 10) == []
 
 
-def test_ctrl_c_during_start_up_is_one_line(tmp_path):
-    proc = start("record", "add", "--backend", "interpreter", "--out", tmp_path / "runs")
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["inherited-default", "inherited-ignored"])
+def test_ctrl_c_during_start_up_is_one_line(tmp_path, sigint_ignored):
+    proc = start("record", "add", "--backend", "interpreter", "--out", tmp_path / "runs", sigint_ignored=sigint_ignored)
     # Once the harness is importing (launch, the first module its handler covers, loads ctypes), long
     # before any child or run dir. Not a fixed delay: on a loaded box 0.3 s can fall within Python's own
     # start-up, where a SIGINT ends any process outright before a line of ours has run.
