@@ -244,6 +244,21 @@ def test_windows_given_to_a_record_reach_the_childs_timer_and_its_replays(harnes
         assert [len(row["samples"][side]["windows_ms"]) for side in ("baseline", "candidate")] == [3, 3]
 
 
+def test_windows_a_timer_cannot_take_are_said_in_one_line_and_in_run_json(harness, tmp_path):
+    shapes = tmp_path / "one.yaml"
+    shapes.write_text("pointwise:\n  shapes: [[64]]\n")
+    proc = harness("record", "add", "--backend", "interpreter", "--shapes", shapes, "--windows", "2",
+                   "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("--windows 2 not applied: the host timer takes no windows; each side timed in one window"
+            in proc.stdout + proc.stderr)
+    run_dir = run_dir_of(proc)
+    assert load(run_dir / "run.json")["observed"]["windows"] == {"applied": False,
+                                                                 "reason": "the host timer takes no windows"}
+    rows = load(run_dir / "results.json")["rows"]
+    assert rows and all("windows_ms" not in json.dumps(row) for row in rows)
+
+
 def _error(proc, code=2):
     assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -10,6 +10,8 @@ import pytest
 from harness.core import rundir
 from harness.measure.timers import CapturePoisoned, Timer
 
+WINDOWED_TIMERS = ("graph", "direct")
+
 
 class TimingPlugin:
     def __init__(self, ctx):
@@ -30,7 +32,13 @@ class TimingPlugin:
             reason = f"backend '{backend.name}' has no device profiler"
             self.ctx.say(f"per-kernel attribution not recorded: {reason}; rows carry no 'kernels'")
             facts = {"recorded": False, "reason": reason}
-        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"kernel_attribution": facts}})
+        observed = {"kernel_attribution": facts}
+        if spec.windows > 1 and self.timer.timer not in WINDOWED_TIMERS:
+            # Said, not silently dropped: the profiler and host timers time each side in one go.
+            reason = f"the {self.timer.timer} timer takes no windows"
+            self.ctx.say(f"--windows {spec.windows} not applied: {reason}; each side timed in one window")
+            observed["windows"] = {"applied": False, "reason": reason}
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": observed})
 
     def measure(self, test_name, fns, relocate=None):
         """(test name, {side: fn}[, relocate]) -> Timed: the test's `measure_pair`, and what the runner
