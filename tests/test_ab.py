@@ -383,7 +383,8 @@ FALLBACK_DENY = "TIMER_FALLBACK phase=deny reason=capture_denied"
 KEY_MISSING = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=key_missing"
 COMPILE_FAILED = "AUTOTUNE_REPLAY_FALLBACK kernel=ops.add.add_kernel key=(300,) reason=compile_failed"
 MIXED = "TIMER_MIXED baseline=graph candidate=direct"
-THROTTLED = "CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap sm_clock_mhz=1980->1755"
+# A thermal slowdown on B alone: unlike sides (a power cap on every repeat of a side would stay in).
+THROTTLED = "CLOCK_THROTTLED reasons=hw_thermal_slowdown kind=slowdown sm_clock_mhz=1980->1500"
 # shape -> (flags it must carry, comma-joined, A's row fields, B's row fields, repeats in which the row is absent
 # from B's run, repeats in which B's row FAILED)
 DEGRADED = {
@@ -453,7 +454,7 @@ def test_headline_counts_clean_rows_only_with_geomeans_per_op_overall_and_contro
     assert ("excluded from the headline: clock_throttled 1, failed_b 1, incomplete_b 2, replay_fallback 2, "
             "timer_fallback 2, timer_mismatch 1, timer_mixed 1, unpaired 1") in out
     assert ("CLOCK_THROTTLED rows (a thermal or power slowdown hit their measurement; out of the headline): 1\n"
-            "  add fp32 18: B sw_power_cap\n") in out
+            "  add fp32 18: B hw_thermal_slowdown\n") in out
     # Per operator and overall: geometric mean of the rows' B/A with a 95% t interval over rows.
     assert summary["per_op"]["add"][0] == pytest.approx(math.sqrt(1.1 * 0.9))
     assert summary["per_op"]["mm"][0] == pytest.approx(1.0)
