@@ -305,8 +305,7 @@ def test_ctrl_c_or_sigterm_stops_the_running_side_and_reports_what_completed(tmp
 
 def _fake_run(path, candidate_ms):
     path.mkdir(parents=True)
-    rows = [{"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
-             "candidate_ms": candidate_ms, "timer": "graph", "markers": [], "configs": {}}]
+    rows = [result_row(shape=[300], baseline_ms=1.0, candidate_ms=candidate_ms, timer="graph")]
     (path / "results.json").write_text(json.dumps({"format": 1, "rows": rows}))
     return path
 
