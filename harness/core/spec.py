@@ -5,6 +5,7 @@ under run.json's "observed" key."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from pathlib import Path
@@ -51,11 +52,18 @@ def _is(value, kind) -> bool:
     return isinstance(value, kind)
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    # Resolving a class's string annotations costs more than checking a row against them, and the
+    # child checks every row each time it rewrites results.json (harness.core.results).
+    return typing.get_type_hints(cls)
+
+
 def check_types(cls, fields: dict, where: str, error: type[ValueError] = SpecError) -> None:
     """`error` naming the first field whose value is not of the field's type: a hand-edited
     run.json is refused here, not found out by each row failing in the child (harness.core.results
     checks a results.json row the same way)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for name, value in fields.items():
         hint = hints[name]
         kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
