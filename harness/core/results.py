@@ -18,6 +18,11 @@ STATUSES = ("SUCCESS", "FAILED", "ERROR", "SKIPPED")
 METRICS = ("gbps", "tflops", "numel")
 # The fields written only when they hold something (absent on disk, None here).
 _ABSENT_WHEN_NONE = ("samples", "benchmark", "error", "kernels", "gpu_state")
+# The order the child has always written a row's keys in: no reader depends on it, a diff of two
+# results.json files does.
+_ORDER = ("op", "dtype", "shape", "params", "case", "status", "baseline_ms", "candidate_ms", "speedup", "timer",
+          "input_sha256", "samples", "markers", "configs", "nodeid")
+_AFTER_METRICS = ("benchmark", "error", "kernels", "gpu_state")
 
 
 class ResultsError(ValueError):
@@ -26,6 +31,8 @@ class ResultsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ResultRow:
+    """One case's row, as read back: frozen, since it is a record of what the child measured."""
+
     op: str
     dtype: str | None  # None: a FlagGems node that failed as a whole
     shape: list | None  # ints; a FlagGems case's one label; None where the case is not known
@@ -55,11 +62,9 @@ class ResultRow:
 
     def to_dict(self) -> dict:
         """The row as results.json holds it."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "metrics"}
-        for name in _ABSENT_WHEN_NONE:
-            if out[name] is None:
-                del out[name]
-        return {**out, **self.metrics}
+        out = {**{name: getattr(self, name) for name in _ORDER}, **self.metrics,
+               **{name: getattr(self, name) for name in _AFTER_METRICS}}
+        return {k: v for k, v in out.items() if v is not None or k not in _ABSENT_WHEN_NONE}
 
     @classmethod
     def from_dict(cls, data, where: str) -> ResultRow:
