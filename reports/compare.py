@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 from scipy import stats as sps
 
 from backends.monitor import POWER_CAP, THROTTLE_MARKER
+from harness.core.results import ResultRow, read_results
 from reports import stats
 
 TIMER_FALLBACK = "TIMER_FALLBACK"
@@ -94,15 +94,15 @@ class PairedRow:
         return bool(self.configs_a) and bool(self.configs_b) and self.configs_a != self.configs_b
 
 
-def load_rows(run_dir: Path) -> dict[tuple, dict]:
-    data = json.loads((Path(run_dir) / "results.json").read_text())
-    return {(r["op"], r["dtype"], tuple(r["shape"] or ())): r for r in data["rows"]}
+def load_rows(run_dir: Path) -> dict[tuple, ResultRow]:
+    """A run's rows by key (ResultRow.key); ResultsError where its results.json does not read."""
+    return {r.key: r for r in read_results(run_dir)}
 
 
-def _flags(rows: list[dict]) -> list[str]:
+def _flags(rows: list[ResultRow]) -> list[str]:
     flags = set()
     for r in rows:
-        markers = r.get("markers") or []
+        markers = r.markers
         if any(m.startswith(TIMER_FALLBACK) for m in markers):
             flags.add("timer_fallback")
         if any(m.startswith(REPLAY_FALLBACK) for m in markers):
@@ -116,19 +116,19 @@ def _flags(rows: list[dict]) -> list[str]:
     return sorted(flags)
 
 
-def _throttles(row: dict) -> list[dict]:
+def _throttles(row: ResultRow) -> list[dict]:
     """The fields of a row's CLOCK_THROTTLED markers ("CLOCK_THROTTLED reasons=a,b kind=k ...")."""
     return [dict(f.split("=", 1) for f in m.split()[1:] if "=" in f)
-            for m in row.get("markers") or [] if m.startswith(THROTTLE_MARKER)]
+            for m in row.markers if m.startswith(THROTTLE_MARKER)]
 
 
-def _slowdowns(rows: list[dict]) -> list[str]:
+def _slowdowns(rows: list[ResultRow]) -> list[str]:
     """The reasons of a side's CLOCK_THROTTLED markers."""
     return sorted({reason for r in rows for fields in _throttles(r)
                    for reason in fields.get("reasons", "?").split(",")})
 
 
-def _throttled_unlike(sides: list[list[dict]]) -> bool:
+def _throttled_unlike(sides: list[list[ResultRow]]) -> bool:
     """Whether slowdowns make a row's repeats unlike: any slowdown but the power cap (or a marker
     without a kind), or a power cap that hit some repeats of a side and spared others of it."""
     for rows in sides:
@@ -145,11 +145,11 @@ def _first_line(error: str | None) -> str:
     return lines[0][:200] if lines else "no error text recorded"
 
 
-def _latencies(rows: list[dict], side: str, single: bool) -> list[float]:
+def _latencies(rows: list[ResultRow], side: str, single: bool) -> list[float]:
     """Per-repeat medians; a single run's raw samples when there is only one run per side."""
-    if single and rows and rows[0].get("samples"):
-        return list(rows[0]["samples"][side]["raw"])
-    return [r[f"{side}_ms"] for r in rows]
+    if single and rows and rows[0].samples:
+        return list(rows[0].samples[side]["raw"])
+    return [r.candidate_ms if side == "candidate" else r.baseline_ms for r in rows]
 
 
 def passes_key(side: str) -> str:
@@ -169,9 +169,9 @@ def profiled_runs(runs: dict[str, list[Path]]) -> tuple[Path | None, Path | None
     return profiled_run(runs, "A"), profiled_run(runs, "B")
 
 
-def _kernels(rows: list[dict | None]) -> list[dict] | None:
+def _kernels(rows: list[ResultRow | None]) -> list[dict] | None:
     """The per-kernel attribution of the first successful row that carries one."""
-    return next((r["kernels"] for r in rows if r and r["status"] == "SUCCESS" and r.get("kernels")), None)
+    return next((r.kernels for r in rows if r and r.status == "SUCCESS" and r.kernels), None)
 
 
 def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
@@ -188,15 +188,15 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
     paired = []
     for key in keys:
         got = {s: [rows[key] for _, rows in runs if key in rows] for s, runs in side_rows.items()}
-        procs = {s: [d for d, rows in runs if key in rows and rows[key]["status"] == "SUCCESS"]
+        procs = {s: [d for d, rows in runs if key in rows and rows[key].status == "SUCCESS"]
                  for s, runs in side_rows.items()}
         want = {"a": expected or len(a_runs), "b": expected or len(b_runs)}
-        if all(len(rs) == want[s] and all(r["status"] == "SKIPPED" for r in rs) for s, rs in got.items()):
+        if all(len(rs) == want[s] and all(r.status == "SKIPPED" for r in rs) for s, rs in got.items()):
             # Declined by the op (or the backend) in every run of both sides: nothing was measured to
             # compare, and nothing is missing from the pairing.
             continue
-        ok = {s: [r for r in rs if r["status"] == "SUCCESS"] for s, rs in got.items()}
-        failed = {s: [r for r in rs if r["status"] in FAILED_STATUSES] for s, rs in got.items()}
+        ok = {s: [r for r in rs if r.status == "SUCCESS"] for s, rs in got.items()}
+        failed = {s: [r for r in rs if r.status in FAILED_STATUSES] for s, rs in got.items()}
 
         flags = _flags(ok["a"] + ok["b"])
         if _throttled_unlike([ok["a"], ok["b"]]):
@@ -206,7 +206,7 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
                 flags.append(f"failed_{side}({len(failed[side])}/{want[side]})")
             if len(ok[side]) < want[side]:
                 flags.append(f"incomplete_{side}({len(ok[side])}/{want[side]})")
-        timers = {r["timer"] for r in ok["a"] + ok["b"]}
+        timers = {r.timer for r in ok["a"] + ok["b"]}
         if len(timers) > 1:
             flags.append("timer_mismatch")
         row = PairedRow(
@@ -215,11 +215,11 @@ def pair(a_runs: list[Path], b_runs: list[Path], expected: int | None = None,
             a_control_ms=_latencies(ok["a"], "baseline", single),
             b_control_ms=_latencies(ok["b"], "baseline", single),
             timers=timers, flags=flags,
-            configs_a=ok["a"][0]["configs"] if ok["a"] else {}, configs_b=ok["b"][0]["configs"] if ok["b"] else {},
+            configs_a=ok["a"][0].configs if ok["a"] else {}, configs_b=ok["b"][0].configs if ok["b"] else {},
             throttled={s: _slowdowns(rs) for s, rs in ok.items() if _slowdowns(rs)},
             # The side's passes run first, then its timed runs: an A/B's timing-only repeats carry none.
             kernels={s: found for s in ok if (found := _kernels([profiled_rows[s].get(key), *ok[s]]))},
-            errors={s: _first_line(rs[0].get("error")) for s, rs in failed.items() if rs}, single=single,
+            errors={s: _first_line(rs[0].error) for s, rs in failed.items() if rs}, single=single,
             a_procs=[] if single else procs["a"], b_procs=[] if single else procs["b"])
         if row.a_ms and row.b_ms:
             row.comparison = stats.compare(row.a_ms, row.b_ms, margin=SINGLE_RUN_MARGIN if single else stats.MARGIN)

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from conftest import REPO
+from result_rows import result_row
 
 from harness import cli
 from harness.core import batchdir, launch, opguard, rundir
@@ -60,9 +61,8 @@ class Step:
     running_left: bool = True  # its guard's .running is still there when it ends
 
 
-def row(status="PASS", timer="direct", markers=(), **kw) -> dict:
-    return {"op": "add", "dtype": "fp32", "shape": [8], "status": status, "timer": timer, "markers": list(markers),
-            **kw}
+def row(status="SUCCESS", timer="direct", markers=(), **kw) -> dict:
+    return result_row(status=status, timer=timer, markers=list(markers), **kw)
 
 
 def write_run(out: Path, rows: list[dict] | None, observed: dict | None = None, name: str = "run") -> Path:
@@ -70,7 +70,7 @@ def write_run(out: Path, rows: list[dict] | None, observed: dict | None = None, 
     run.mkdir(parents=True, exist_ok=True)
     (run / rundir.RUN_JSON).write_text(json.dumps({"observed": observed or {}}))
     if rows is not None:
-        (run / rundir.RESULTS_JSON).write_text(json.dumps({"rows": rows}))
+        (run / rundir.RESULTS_JSON).write_text(json.dumps({"format": 1, "rows": rows}))
     (run / rundir.RUN_LOG).write_text("run log\n")
     return run
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, load
+from result_rows import result_row
 
 from harness import cli
 from harness.core.options import RunOptions
@@ -145,7 +146,7 @@ def test_compare_two_records_shows_config_drift(harness, tmp_path):
     (runs[1] / "results.json").write_text('{"rows": [')
     proc = harness("ab", "--compare", runs[0], runs[1], "--out", tmp_path / "cmp2")
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: --compare: {runs[1] / 'results.json'} does not "
-                                                           "read as results"), proc.stderr
+                                                           "read as results: not JSON"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and not (tmp_path / "cmp2").exists()
 
 
@@ -304,8 +305,7 @@ def test_ctrl_c_or_sigterm_stops_the_running_side_and_reports_what_completed(tmp
 
 def _fake_run(path, candidate_ms):
     path.mkdir(parents=True)
-    rows = [{"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
-             "candidate_ms": candidate_ms, "timer": "graph", "markers": [], "configs": {}}]
+    rows = [result_row(shape=[300], baseline_ms=1.0, candidate_ms=candidate_ms, timer="graph")]
     (path / "results.json").write_text(json.dumps({"format": 1, "rows": rows}))
     return path
 
@@ -360,8 +360,8 @@ JITTER = (1.0, 1.001, 0.999)
 
 
 def _row(op, shape, ms, baseline_ms, timer="graph", markers=(), status="SUCCESS"):
-    return {"op": op, "dtype": "fp32", "shape": list(shape), "status": status, "baseline_ms": baseline_ms,
-            "candidate_ms": ms, "timer": timer, "markers": list(markers), "configs": {}}
+    return result_row(op, "fp32", shape, status, baseline_ms=baseline_ms, candidate_ms=ms, timer=timer,
+                      markers=list(markers))
 
 
 def _side_runs(root, side, rows_of_repeat):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load
+from result_rows import result_row
 
 from harness import cli
 from harness.core import paths
@@ -81,8 +82,7 @@ class Steps:
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = RunSpec("add", "interpreter", argv[0], 0, ["fp32"], "default").to_json()
         (run_dir / "run.json").write_text(json.dumps({"spec": spec, "observed": {"outcome": {"status": "COMPLETE"}}}))
-        row = {"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
-               "candidate_ms": self.ms[run_dir.parent.name[0]], "timer": "graph", "markers": [], "configs": {}}
+        row = result_row(shape=[300], baseline_ms=1.0, candidate_ms=self.ms[run_dir.parent.name[0]], timer="graph")
         (run_dir / "results.json").write_text(json.dumps({"format": 1, "rows": [row]}))
         return (1 if fate == "rows" else 0), None
 
@@ -360,8 +360,7 @@ def _single_run(path: Path, candidate_ms: float) -> Path:
     path.mkdir(parents=True)
     spec = RunSpec("add", "interpreter", "record", 0, ["fp32"], "default").to_json()
     (path / "run.json").write_text(json.dumps({"spec": spec, "observed": {"outcome": {"status": "COMPLETE"}}}))
-    row = {"op": "add", "dtype": "fp32", "shape": [300], "status": "SUCCESS", "baseline_ms": 1.0,
-           "candidate_ms": candidate_ms, "timer": "graph", "markers": [], "configs": {}}
+    row = result_row(shape=[300], baseline_ms=1.0, candidate_ms=candidate_ms, timer="graph")
     (path / "results.json").write_text(json.dumps({"format": 1, "rows": [row]}))
     return path
 
@@ -379,7 +378,7 @@ def test_compare_reports_two_single_runs_and_refuses_a_dir_that_is_no_run(tmp_pa
     assert report["rows"][0]["a_ms"] and report["rows"][0]["b_ms"]
     assert "IR was not collected on some ops" in " ".join(report["warnings"])
     (b / "results.json").write_text('{"rows": [')
-    with pytest.raises(UsageError, match=rf"^--compare: {b / 'results.json'} does not read as results \("):
+    with pytest.raises(UsageError, match=rf"^--compare: {b / 'results.json'} does not read as results: not JSON"):
         ab.run_from_args(parse(["ab", "--compare", str(a), str(b), "--out", str(tmp_path / "out2")]))
     with pytest.raises(UsageError, match=r"^--compare: "):
         ab.run_from_args(parse(["ab", "--compare", str(tmp_path / "none"), str(a), "--out", str(tmp_path / "out2")]))

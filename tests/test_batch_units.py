@@ -92,10 +92,10 @@ def test_run_facts_counts_rows_timers_fallbacks_and_the_skip_reason(tmp_path):
         row(status="SKIPPED", timer=None, markers=[], error=""),
         row(status="SKIPPED", timer="", markers=["NOT_TIMER_FALLBACK"], error="no fp16 here"),
         row(status="SKIPPED", error="second reason"),
-        row(status="FAIL", markers=["xAUTOTUNE_REPLAY_FALLBACK"])])
+        row(status="FAILED", markers=["xAUTOTUNE_REPLAY_FALLBACK"])])
     assert batch._run_facts(run) == {"rows": 6, "timer": "direct+graph", "timer_fallback_rows": 2,
-                                     "replay_fallback_rows": 1,
-                                     "statuses": {"PASS": 2, "SKIPPED": 3, "FAIL": 1}, "skip_reason": "no fp16 here"}
+                                     "replay_fallback_rows": 1, "statuses": {"SUCCESS": 2, "SKIPPED": 3, "FAILED": 1},
+                                     "skip_reason": "no fp16 here"}
     run = write_run(tmp_path, [row(status="SKIPPED"), {**row(), "timer": None}], name="r2")
     assert batch._run_facts(run)["skip_reason"] == "" and batch._run_facts(run)["timer"] == "direct"
 

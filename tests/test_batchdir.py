@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from batch_fakes import ADD
+from result_rows import result_row
 
 from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
@@ -79,14 +80,13 @@ def test_a_status_row_reads_back_as_written(tmp_path):
 
 def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsys):
     (tmp_path / "ops" / "b" / "run").mkdir(parents=True)
-    (tmp_path / "ops" / "b" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"rows": [
-        {"op": "mm", "dtype": "fp16", "shape": [2, 3, 4], "status": "PASS", "baseline_ms": 1.5,
-         "candidate_ms": 1.0, "speedup": 1.5, "gbps": 10.0, "tflops": 0.5, "timer": "graph",
-         "markers": ["TIMER_FALLBACK a", "B"]},
-        {"op": "mm", "dtype": "fp32", "shape": None, "status": "SKIPPED"}]}))
+    (tmp_path / "ops" / "b" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"format": 1, "rows": [
+        result_row("mm", "fp16", (2, 3, 4), baseline_ms=1.5, candidate_ms=1.0, speedup=1.5,
+                   metrics={"gbps": 10.0, "tflops": 0.5}, timer="graph", markers=["TIMER_FALLBACK a", "B"]),
+        result_row("mm", "fp32", None, "SKIPPED")]}))
     (tmp_path / "ops" / "a" / "run").mkdir(parents=True)
-    (tmp_path / "ops" / "a" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"rows": [
-        {"op": "add", "dtype": "fp32", "shape": [8], "status": "FAIL", "markers": []}]}))
+    (tmp_path / "ops" / "a" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"format": 1, "rows": [
+        result_row("add", "fp32", (8,), "FAILED")]}))
     with open(tmp_path / "ops_status.csv", "w") as f:
         f.write("op,repo,op_file,status,run_dir\n")
         f.write("mm,zz,mm,PASS,ops/b/run\n")
@@ -97,8 +97,8 @@ def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsy
     assert path == tmp_path / "summary.csv"
     assert path.read_bytes().decode() == (
         "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n"
-        "aa,add,fp32,8,FAIL,,,,,,,,ops/a/run\n"
-        "zz,mm,fp16,2x3x4,PASS,1.5,1.0,1.5,10.0,0.5,graph,TIMER_FALLBACK a | B,ops/b/run\n"
+        "aa,add,fp32,8,FAILED,,,,,,,,ops/a/run\n"
+        "zz,mm,fp16,2x3x4,SUCCESS,1.5,1.0,1.5,10.0,0.5,graph,TIMER_FALLBACK a | B,ops/b/run\n"
         "zz,mm,fp32,,SKIPPED,,,,,,,,ops/b/run\n")
     (tmp_path / "ops_status.csv").unlink()
     assert batchdir.write_summary(tmp_path).read_text() == (

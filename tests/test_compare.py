@@ -6,25 +6,23 @@ import math
 
 import numpy as np
 import pytest
+from result_rows import result_row
 
+from harness.core.results import ResultRow
 from reports import ab_report, compare, stats
 
 
 def row(op="softmax", dtype="fp16", shape=(4, 16), status="SUCCESS", cand=1.0, base=2.0, timer="graph",
         markers=None, configs=None, raw=None, error=None):
-    r = {"op": op, "dtype": dtype, "shape": list(shape) if shape is not None else None, "status": status,
-         "candidate_ms": cand, "baseline_ms": base, "timer": timer, "markers": markers, "configs": configs or {}}
-    if error is not None:
-        r["error"] = error
-    if raw is not None:
-        r["samples"] = {"candidate": {"raw": raw[0]}, "baseline": {"raw": raw[1]}}
-    return r
+    return result_row(op, dtype, shape, status, baseline_ms=base, candidate_ms=cand, timer=timer, markers=markers or [],
+                      configs=configs or {}, error=error,
+                      samples=None if raw is None else {"candidate": {"raw": raw[0]}, "baseline": {"raw": raw[1]}})
 
 
 def run_dir(tmp_path, name, *rows):
     d = tmp_path / name
     d.mkdir()
-    (d / "results.json").write_text(json.dumps({"rows": list(rows)}))
+    (d / "results.json").write_text(json.dumps({"format": 1, "rows": list(rows)}))
     return d
 
 
@@ -363,8 +361,8 @@ def test_clock_throttled_rows_leave_the_headline_naming_their_slowdowns_per_side
     assert throttled.flags == ["clock_throttled"] and not throttled.in_headline
     assert throttled.throttled == {"a": ["hw_slowdown", "sw_power_cap"], "b": ["hw_thermal_slowdown"]}
     # Fields are split at their first "=" only (a value may hold one); a marker without reasons says "?".
-    odd = [{"markers": ["CLOCK_THROTTLED detail=clocks=low reasons=hw_slowdown"]},
-           {"markers": ["CLOCK_THROTTLED sm_clock_mhz=1980->1500"]}]
+    odd = [ResultRow.from_dict(row(markers=[m]), "test") for m in
+           ("CLOCK_THROTTLED detail=clocks=low reasons=hw_slowdown", "CLOCK_THROTTLED sm_clock_mhz=1980->1500")]
     assert compare._slowdowns(odd) == ["?", "hw_slowdown"]
     assert clean.throttled == {} and clean.in_headline
     s = compare.summarize([throttled, clean])

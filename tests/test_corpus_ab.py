@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, in_a_case, load, pids_mentioning, wait_for
+from result_rows import result_row
 
 import backends
 from harness import cli
@@ -191,8 +192,7 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
 def _run(run_dir: Path, observed: dict, rows: int = 0) -> str:
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({"observed": observed}))
-    (run_dir / "results.json").write_text(json.dumps({"rows": [
-        {"status": "SUCCESS", "timer": "host", "markers": []}] * rows}))
+    (run_dir / "results.json").write_text(json.dumps({"format": 1, "rows": [result_row(timer="host")] * rows}))
     return str(run_dir)
 
 
@@ -279,8 +279,8 @@ def _finished(ab_dir: Path, report_rows: list | None, record_statuses=("SUCCESS"
     """An op's A/B dir: A's record step (its run's rows of these statuses), ab.json, and its report.json."""
     record = ab_dir / "add" / "A-record" / "add_1"
     record.mkdir(parents=True)
-    (record / "results.json").write_text(json.dumps({"rows": [
-        {"status": s, "timer": "graph", "markers": []} for s in record_statuses]}))
+    (record / "results.json").write_text(json.dumps({"format": 1, "rows": [
+        result_row(status=s, timer="graph") for s in record_statuses]}))
     steps = [{"what": "A records", "args": ["record", "add"], "exit": 0, "run_dir": str(record)}]
     (ab_dir / "ab.json").write_text(json.dumps({"steps": steps, "complete": complete}))
     if report_rows is not None:

@@ -18,6 +18,7 @@ import markupsafe
 import numpy as np
 import pytest
 from conftest import REPO, load
+from result_rows import result_row
 
 from harness import cli
 from harness.core import ir_index
@@ -36,11 +37,10 @@ TTGIR_B = TTGIR_A.replace("sizePerThread = [4]", "sizePerThread = [8]").replace(
 
 def _row(op, dtype, shape, cand, base=1.0, markers=(), timer="graph", configs=None, status="SUCCESS"):
     """A results.json row as the harness writes it (harness.child.plugins.results.make_row)."""
-    return {"op": op, "dtype": dtype, "shape": list(shape), "params": {}, "case": f"{dtype}-x", "status": status,
-            "baseline_ms": base, "candidate_ms": cand, "speedup": base / cand, "timer": timer,
-            "input_sha256": "0" * 64, "markers": list(markers), "configs": configs or {"k": "BLOCK=64"},
-            "samples": {"candidate": {"median_ms": cand, "raw": list(cand * (1 + JITTER))},
-                        "baseline": {"median_ms": base, "raw": list(base * (1 + JITTER))}}}
+    return result_row(op, dtype, shape, status, baseline_ms=base, candidate_ms=cand, speedup=base / cand, timer=timer,
+                      input_sha256="0" * 64, markers=list(markers), configs=configs or {"k": "BLOCK=64"},
+                      samples={"candidate": {"median_ms": cand, "raw": list(cand * (1 + JITTER))},
+                               "baseline": {"median_ms": base, "raw": list(base * (1 + JITTER))}})
 
 
 def _ir(run_dir, variants):

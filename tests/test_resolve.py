@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load, run_dir_of
+from result_rows import result_row
 
 import backends
 from harness import cli
@@ -37,7 +38,7 @@ def record_dir(tmp_path, outcome=COMPLETE, backend="interpreter", kernels=None, 
     (d / rundir.RECORDS_DIR).mkdir()
     rundir.atomic_write_json(d / rundir.RECORDS_DIR / "softmax.json",
                              {"format": 1, "op": "softmax", "kernels": kernels or {}})
-    rundir.atomic_write_json(d / rundir.RESULTS_JSON, {"format": 1, "rows": [{"case": "fp32-2x8"}]})
+    rundir.atomic_write_json(d / rundir.RESULTS_JSON, {"format": 1, "rows": [result_row("softmax", shape=(2, 8))]})
     return d
 
 
@@ -91,8 +92,9 @@ def test_incomplete_record_that_chose_nothing_is_refused_saying_why(tmp_path):
 
 
 @pytest.mark.parametrize("name,text,match", [
-    (rundir.RESULTS_JSON, '{"format": 1, "rows": [{"ca', "results.json is corrupt: Unterminated string"),
-    (rundir.RESULTS_JSON, '{"format": 1}', "results.json is corrupt: it holds no 'rows' list"),
+    (rundir.RESULTS_JSON, '{"format": 1, "rows": [{"ca',
+     "results.json does not read as results: not JSON \\(Unterminated string"),
+    (rundir.RESULTS_JSON, '{"format": 1}', "results.json does not read as results: it holds no 'rows' list"),
     (rundir.SHAPES_YAML, "softmax:\n  shapes: [[2, 8]\n  dtypes: [fp32]\n", "shapes.yaml:3:3: not valid yaml: "),
     (f"{rundir.RECORDS_DIR}/softmax.json", '{"format": 1, "kern', "softmax.json are corrupt"),
     (f"{rundir.RECORDS_DIR}/softmax.json", json.dumps({"format": 1, "kernels": {KERNEL: {"[8]": {"key": [8]}}}}),

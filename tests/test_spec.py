@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import REPO, load
+from result_rows import result_row
 
 import backends
 from harness import cli
@@ -84,7 +85,7 @@ def flaggems_record(tmp_path, root: str):
     rundir.merge_json(rec / rundir.RUN_JSON, {"observed": {"outcome": COMPLETE}})
     (rec / rundir.RECORDS_DIR).mkdir()
     rundir.atomic_write_json(rec / rundir.RECORDS_DIR / "mm.json", {"format": 1, "op": "mm", "kernels": {}})
-    rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [{"case": "fp32-4x4,4x8"}]})
+    rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [result_row(case="fp32-4x4,4x8")]})
     return rec
 
 
@@ -138,7 +139,7 @@ def test_a_replay_keeps_the_recorded_l2_and_timer(tmp_path, monkeypatch):
     rundir.merge_json(rec / rundir.RUN_JSON, {"observed": {"outcome": COMPLETE}})
     (rec / rundir.RECORDS_DIR).mkdir()
     rundir.atomic_write_json(rec / rundir.RECORDS_DIR / "softmax.json", {"format": 1, "op": "softmax", "kernels": {}})
-    rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [{"case": "fp32-4x16"}]})
+    rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [result_row(case="fp32-4x16")]})
     monkeypatch.setattr(backends.Backend, "enumerate_devices", lambda self, *a, **k: [0])  # a cuda host
     replay, _, _ = resolve.resolve_replay(cli.build_parser().parse_args(["replay", str(rec)]))
     assert replay.mode == "replay" and (replay.timer, replay.l2) == ("profiler", "cold")

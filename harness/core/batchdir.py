@@ -13,13 +13,13 @@ import csv
 import dataclasses
 import fcntl
 import io
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from harness.core import paths, rundir
 from harness.core.errors import UsageError
+from harness.core.results import read_results
 
 DONE = ("PASS", "SKIP")
 FAIL_UPSTREAM = "FAIL_UPSTREAM"  # fails as the bare upstream node too: listed, not counted as ours
@@ -137,13 +137,13 @@ def write_summary(batch_dir: Path) -> Path:
         st = status[key]
         if not st.run_dir:
             continue
-        results = batch_dir / st.run_dir / rundir.RESULTS_JSON
-        if not results.is_file():
+        run_dir = batch_dir / st.run_dir
+        if not (run_dir / rundir.RESULTS_JSON).is_file():
             continue
-        for r in json.loads(results.read_text())["rows"]:
-            w.writerow([st.repo, r["op"], r["dtype"], "x".join(map(str, r["shape"] or [])), r["status"],
-                        r.get("baseline_ms"), r.get("candidate_ms"), r.get("speedup"), r.get("gbps"),
-                        r.get("tflops"), r.get("timer"), " | ".join(r.get("markers") or []), st.run_dir])
+        for r in read_results(run_dir):
+            w.writerow([st.repo, r.op, r.dtype, "x".join(map(str, r.shape or [])), r.status, r.baseline_ms,
+                        r.candidate_ms, r.speedup, r.metrics.get("gbps"), r.metrics.get("tflops"), r.timer,
+                        " | ".join(r.markers), st.run_dir])
     path = batch_dir / SUMMARY_CSV
     rundir.atomic_write_text(path, out.getvalue())
     return path

@@ -5,6 +5,7 @@ under run.json's "observed" key."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from pathlib import Path
@@ -51,16 +52,24 @@ def _is(value, kind) -> bool:
     return isinstance(value, kind)
 
 
-def _check_types(cls, fields: dict, where: str) -> None:
-    """SpecError naming the first field whose value is not of the field's type: a hand-edited
-    run.json is refused here, not found out by each row failing in the child."""
-    hints = typing.get_type_hints(cls)
+@functools.cache
+def _hints(cls) -> dict:
+    # Resolving a class's string annotations costs more than checking a row against them, and the
+    # child checks every row each time it rewrites results.json (harness.core.results).
+    return typing.get_type_hints(cls)
+
+
+def check_types(cls, fields: dict, where: str, error: type[ValueError] = SpecError) -> None:
+    """`error` naming the first field whose value is not of the field's type: a hand-edited
+    run.json is refused here, not found out by each row failing in the child (harness.core.results
+    checks a results.json row the same way)."""
+    hints = _hints(cls)
     for name, value in fields.items():
         hint = hints[name]
         kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         if not any(_is(value, kind) for kind in kinds):
             named = hint.__name__ if isinstance(hint, type) else hint
-            raise SpecError(f"{where}: {name} is {value!r:.60}, not of type {named}")
+            raise error(f"{where}: {name} is {value!r:.60}, not of type {named}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +97,7 @@ class FlagGemsOptions:
     @classmethod
     def from_json(cls, data, where: str) -> FlagGemsOptions:
         fields = _fields(cls, data, "flaggems", where)
-        _check_types(cls, fields, where)
+        check_types(cls, fields, where)
         return cls(**fields)
 
 
@@ -140,7 +149,7 @@ class RunSpec:
         if isinstance(data, dict) and data.get("version") != SPEC_VERSION:
             raise SpecError(f"{where}: spec version {data.get('version')!r}, expected {SPEC_VERSION}")
         fields = _fields(cls, data, "spec", where)
-        _check_types(cls, fields, where)
+        check_types(cls, fields, where)
         if fields.get("flaggems") is not None:
             fields["flaggems"] = FlagGemsOptions.from_json(fields["flaggems"], where)
         spec = cls(**fields)

@@ -27,6 +27,7 @@ from harness.core.errors import UsageError
 from harness.core.options import UPSTREAM, RunOptions
 from harness.core.outcome import Outcome
 from harness.core.request import STEP_PASSES, STEP_STARTS, RunRequest
+from harness.core.results import ResultsError
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
@@ -612,11 +613,8 @@ def run_from_args(args) -> int:
             try:
                 backend_names.add(spec_mod.read(d).backend)
                 compare.load_rows(d)
-            except spec_mod.SpecError as exc:
+            except (spec_mod.SpecError, ResultsError) as exc:
                 raise UsageError(f"--compare: {exc}") from exc
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                results = d / rundir.RESULTS_JSON
-                raise UsageError(f"--compare: {results} does not read as results ({exc!r:.120})") from exc
         fdr = stats.FDR if args.fdr is None else checked_fdr(args.fdr)  # refused before a report dir is claimed
         out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})

@@ -49,6 +49,7 @@ from harness.core.errors import DtypeRejected, UsageError
 from harness.core.options import BatchOptions, RunOptions, declared, split_dir
 from harness.core.outcome import Outcome
 from harness.core.request import RunRequest
+from harness.core.results import read_results
 from harness.providers import catalog, flaggems, selection
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve, slurm_executor
@@ -90,17 +91,17 @@ def _run_facts(run_dir: Path | None) -> dict:
     if run_dir is None or not (run_dir / rundir.RESULTS_JSON).is_file():
         return {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {},
                 "skip_reason": ""}
-    rows = rundir.read_json(run_dir / rundir.RESULTS_JSON)["rows"]
-    timers = sorted({r["timer"] for r in rows if r.get("timer")})
+    rows = read_results(run_dir)
+    timers = sorted({r.timer for r in rows if r.timer})
     statuses: dict[str, int] = {}
     for r in rows:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+        statuses[r.status] = statuses.get(r.status, 0) + 1
     return {"rows": len(rows), "timer": "+".join(timers),
-            "timer_fallback_rows": sum(1 for r in rows if any(m.startswith("TIMER_FALLBACK") for m in r["markers"])),
+            "timer_fallback_rows": sum(1 for r in rows if any(m.startswith("TIMER_FALLBACK") for m in r.markers)),
             "replay_fallback_rows": sum(1 for r in rows
-                                        if any(m.startswith("AUTOTUNE_REPLAY_FALLBACK") for m in r["markers"])),
+                                        if any(m.startswith("AUTOTUNE_REPLAY_FALLBACK") for m in r.markers)),
             "statuses": statuses,
-            "skip_reason": next((r.get("error") for r in rows if r["status"] == "SKIPPED" and r.get("error")), "")}
+            "skip_reason": next((r.error for r in rows if r.status == "SKIPPED" and r.error), "")}
 
 
 class Batch:

@@ -17,6 +17,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.outcome import Outcome
 from harness.core.paths import SHAPES_DIR, runs_root
+from harness.core.results import ResultsError, read_results
 from harness.measure import tuning
 from harness.providers import catalog, flaggems, probe, registry, shapes
 
@@ -259,16 +260,12 @@ def _check_records(run_dir: Path, op: str, incomplete: str | None) -> None:
 def _check_results(run_dir: Path) -> int:
     """Rows in the record's results.json (0 when it has none: a record that died before its first
     row); a file that does not read as results refuses the replay."""
-    path = Path(run_dir) / rundir.RESULTS_JSON
-    if not path.exists():
+    if not (Path(run_dir) / rundir.RESULTS_JSON).exists():
         return 0
     try:
-        data = rundir.read_json(path)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot replay {run_dir}: {path} is corrupt: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise UsageError(f"cannot replay {run_dir}: {path} is corrupt: it holds no 'rows' list")
-    return len(data["rows"])
+        return len(read_results(run_dir))
+    except ResultsError as exc:
+        raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
 
 
 def _replay_backend(args, run_dir: Path, source: spec_mod.RunSpec) -> tuple[backends.Backend, int]:

@@ -17,6 +17,7 @@ from harness.core import launch, rundir
 from harness.core import spec as spec_mod
 from harness.core.outcome import INCOMPLETE, Outcome
 from harness.core.paths import private_dir, runs_root
+from harness.core.results import ResultsError, read_results
 from harness.core.rundir import EXIT_INCOMPLETE
 from harness.providers import shapes
 from harness.sessions import sweep
@@ -111,8 +112,8 @@ def _forked_child(run_dir: Path):
 
 def _rows_done(run_dir: Path) -> int:
     try:
-        return len(rundir.read_json(run_dir / rundir.RESULTS_JSON)["rows"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return len(read_results(run_dir))
+    except ResultsError:
         return 0
 
 

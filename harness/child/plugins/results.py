@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core import rundir
+from harness.core.results import ResultRow, write_results
 from harness.providers import shapes
 from reports import table
 
-RESULTS_FORMAT = 1
 MAX_RAW_SAMPLES = 1000
 
 
@@ -134,8 +133,11 @@ class ResultsPlugin:
         return str(report.longrepr)[-2000:]
 
     def _flush(self) -> None:
-        rundir.atomic_write_json(self.ctx.run_dir / rundir.RESULTS_JSON,
-                                 {"format": RESULTS_FORMAT, "rows": self.ctx.rows})
+        # Typed on the way out, so a row a plugin got wrong stops the run here rather than every
+        # report that reads it later. The rows stay dicts until then: plugins add to a row while
+        # it lands (pytest_zl_row_ready) and FlagGems after it (update_rows).
+        write_results(self.ctx.run_dir, [ResultRow.from_dict(r, f"writing results.json: row {i}")
+                                          for i, r in enumerate(self.ctx.rows)])
 
     def _print_row(self, row) -> None:
         n, total = len(self.ctx.rows), len(self.ctx.cases) or "?"
