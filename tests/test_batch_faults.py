@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, alive, load, wait_for
+from result_rows import result_row
 
 import backends
 from harness.core import opguard, rundir
@@ -144,8 +145,8 @@ def test_a_timeout_says_when_no_case_was_running(tmp_path):
     run_dir.mkdir(parents=True)
     rundir.atomic_write_json(run_dir / "run.json", {"observed": {"running_case": None}})
     assert batch._killed_during(run_dir) == "before its first case started"
-    row = {"status": "SUCCESS", "timer": "host", "markers": []}
-    rundir.atomic_write_json(run_dir / "results.json", {"rows": [row, row]})
+    row = result_row(timer="host")
+    rundir.atomic_write_json(run_dir / "results.json", {"format": 1, "rows": [row, row]})
     assert batch._killed_during(run_dir) == "with no case running (2 rows done)"
     rundir.atomic_write_json(run_dir / "run.json", {"observed": {"running_case": "fp16-4x16"}})
     assert batch._killed_during(run_dir) == "during case fp16-4x16"
