@@ -1101,3 +1101,38 @@ def test_a_batch_pair_names_its_two_dirs_and_every_op_that_moved_device(batches)
     data = corpus.from_batch_pair(*batches, {})
     assert data["sources"] == {"a": str(batches[0]), "b": str(batches[1]), "ab_dirs": None}
     assert "2 op(s) ran on another device in B than in A: builtin:mm, builtin:gelu" in data["warnings"]
+
+
+def _md_header(md: str, title: str) -> list[str]:
+    """The header row of the markdown table under `## title`."""
+    line = md.split(f"## {title}\n\n", 1)[1].splitlines()[0]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_the_markdown_tables_name_their_columns(batches):
+    md = corpus.markdown(corpus.from_batch_pair(*batches, {}))
+    assert _md_header(md, "Operators (worst B/A first)") == [
+        "op", "rows in headline", "geomean B/A", "verdicts", "worst B/A", "IR changed", "flagged", "control B/A"]
+    assert _md_header(md, "FASTER and SLOWER rows: what changed in their compiled code") == [
+        "op", "dtype", "shape", "verdict", "B/A", "what changed"]
+    assert _md_header(md, "Flagged and excluded rows") == ["op", "dtype", "shape", "verdict", "flags"]
+
+
+def test_a_headline_with_no_verdicts_and_unnamed_sides_says_so(tmp_path):
+    # Nothing compared: no verdict to count; every op not compared is named; no context names the sides.
+    lines = corpus.headline(corpus.from_ab_dirs([("builtin:gelu", tmp_path / "g"), ("builtin:add", tmp_path / "a")],
+                                                {}))
+    assert lines[0] == "corpus A/B: A = A, B = B; ratio = B latency / A latency (below 1: B faster)"
+    assert "ops: 0 of 2 compared; rows: 0 of 0 in the headline; verdicts: none" in lines
+    assert "ops not compared: builtin:gelu, builtin:add" in lines
+
+
+def test_the_headline_counts_the_rows_whose_sides_ran_different_configs(batches):
+    results = batches[1] / "ops/builtin__gelu/attempt1/gelu_20250101-000000/results.json"
+    data = json.loads(results.read_text())
+    data["rows"][0]["configs"] = {"k": "BLOCK=128"}
+    results.write_text(json.dumps(data))
+    lines = corpus.headline(corpus.from_batch_pair(*batches, {}))
+    assert "rows whose sides ran different autotune configs: 1" in lines
+    same = corpus.headline(corpus.from_batch_pair(batches[0], batches[0], {}))  # A against itself
+    assert not [line for line in same if "autotune configs" in line]
