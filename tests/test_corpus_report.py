@@ -801,6 +801,7 @@ def test_the_csv_carries_every_row_of_the_json_column_by_column(batches, tmp_pat
         reader = csv.DictReader(f)
         table_rows = list(reader)
     assert tuple(reader.fieldnames) == corpus.CSV_COLUMNS
+    assert b"\r" not in (tmp_path / "report.csv").read_bytes()  # lines end in \n, as the other files' do
     assert [r["op_key"] for r in table_rows] == [r["op_key"] for r in report["rows"]]
     for got, r in zip(table_rows, report["rows"], strict=True):
         want = {"op_key": r["op_key"], "op": r["op"], "dtype": r["dtype"], "shape": "x".join(map(str, r["shape"])),
@@ -873,7 +874,8 @@ def test_the_headline_says_who_a_and_b_are_counts_and_every_warning(batches):
                          "ops: 3 of 4 compared; rows: 4 of 5 in the headline; verdicts: FASTER 1, SAME 2, SLOWER 1"]
     assert "excluded from the headline: timer_fallback 1, timer_mismatch 1" in lines
     assert "ops not compared: builtin:add" in lines and "rows whose IR changed: 1; IR not collected: 1" in lines
-    assert lines[-1].startswith("control (torch baseline) geomean B/A: 1.0000 [1.0000, 1.0000] over 3 ops (no change)")
+    assert lines[-1] == ("control (torch baseline) geomean B/A: 1.0000 [1.0000, 1.0000] over 3 ops (no change) -- "
+                         "should be ~1: it does not depend on the compiler under test")
     overall = data["summary"]["overall"]
     assert lines[-2] == (f"overall geomean B/A: {overall['ratio']:.4f} [{overall['lo']:.4f}, {overall['hi']:.4f}] "
                          f"over 3 ops ({stats.describe(overall['ratio'])})")
@@ -1101,3 +1103,138 @@ def test_a_batch_pair_names_its_two_dirs_and_every_op_that_moved_device(batches)
     data = corpus.from_batch_pair(*batches, {})
     assert data["sources"] == {"a": str(batches[0]), "b": str(batches[1]), "ab_dirs": None}
     assert "2 op(s) ran on another device in B than in A: builtin:mm, builtin:gelu" in data["warnings"]
+
+
+def _md_header(md: str, title: str) -> list[str]:
+    """The header row of the markdown table under `## title`."""
+    line = md.split(f"## {title}\n\n", 1)[1].splitlines()[0]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_the_markdown_tables_name_their_columns(batches):
+    md = corpus.markdown(corpus.from_batch_pair(*batches, {}))
+    assert _md_header(md, "Operators (worst B/A first)") == [
+        "op", "rows in headline", "geomean B/A", "verdicts", "worst B/A", "IR changed", "flagged", "control B/A"]
+    assert _md_header(md, "FASTER and SLOWER rows: what changed in their compiled code") == [
+        "op", "dtype", "shape", "verdict", "B/A", "what changed"]
+    assert _md_header(md, "Flagged and excluded rows") == ["op", "dtype", "shape", "verdict", "flags"]
+
+
+def test_a_headline_with_no_verdicts_and_unnamed_sides_says_so(tmp_path):
+    # Nothing compared: no verdict to count; every op not compared is named; no context names the sides.
+    lines = corpus.headline(corpus.from_ab_dirs([("builtin:gelu", tmp_path / "g"), ("builtin:add", tmp_path / "a")],
+                                                {}))
+    assert lines[0] == "corpus A/B: A = A, B = B; ratio = B latency / A latency (below 1: B faster)"
+    assert "ops: 0 of 2 compared; rows: 0 of 0 in the headline; verdicts: none" in lines
+    assert "ops not compared: builtin:gelu, builtin:add" in lines
+
+
+def test_the_headline_and_each_op_count_the_rows_whose_sides_ran_different_configs(batches):
+    results = batches[1] / "ops/builtin__gelu/attempt1/gelu_20250101-000000/results.json"
+    data = json.loads(results.read_text())
+    data["rows"][0]["configs"] = {"k": "BLOCK=128"}
+    results.write_text(json.dumps(data))
+    data = corpus.from_batch_pair(*batches, {})
+    assert "rows whose sides ran different autotune configs: 1" in corpus.headline(data)
+    assert {o["op"]: o["config_differs"] for o in data["ops"]} == {"builtin:gelu": 1, "builtin:softmax": 0,
+                                                                   "builtin:mm": 0}
+    same = corpus.headline(corpus.from_batch_pair(batches[0], batches[0], {}))  # A against itself
+    assert not [line for line in same if "autotune configs" in line]
+
+
+def test_the_report_is_written_into_an_out_dir_made_with_its_parents(batches, tmp_path):
+    out = tmp_path / "reports" / "corpus"  # neither exists yet
+    paths = corpus.write(out, corpus.from_batch_pair(*batches, {}))
+    assert [p.name for p in paths] == ["report.json", "report.csv", "report.md", "report.html"]
+    assert all(p.parent == out and p.is_file() for p in paths)
+
+
+def test_a_row_is_keyed_by_op_dtype_and_shape_and_lists_its_latencies_only_as_independent_repeats(batches, tmp_path):
+    rows = _rows(corpus.from_batch_pair(*batches, {}))
+    softmax = rows["softmax", "fp16"]
+    assert softmax["id"] == "builtin:softmax|fp16|64x1024"
+    assert rows["mm", "fp16"]["ir"] == {"status": "none_launched", "identical": 0, "variants": []}  # IR, no kernel
+    # One run a side: its samples come from one process, no repeats to list.
+    assert (softmax["basis"], softmax["a_repeats_ms"], softmax["b_repeats_ms"]) == (corpus.SINGLE_RUN, None, None)
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.98, 0.982, 0.978])
+    (row,) = corpus.from_ab_dirs([("builtin:mm", d)], {})["rows"]
+    assert (row["basis"], row["a_repeats_ms"], row["b_repeats_ms"]) == (corpus.REPEATS, [1.0, 1.002, 0.998],
+                                                                        [0.98, 0.982, 0.978])
+
+
+def test_a_row_whose_processes_factor_was_taken_out_carries_it(tmp_path):
+    # Four rows of one latency band in three processes a side, every kernel of a process (baseline
+    # and candidate) as much faster or slower as the process: that factor is fitted and taken out.
+    factors = {"A": (1.0, 1.02, 0.98), "B": (1.01, 0.99, 1.0)}
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0] * 3, [1.0] * 3)
+    for side, side_factors in factors.items():
+        for i, f in enumerate(side_factors, 1):
+            rows = [_row("mm", "fp16", (64 * k,), f * (1 + k / 100), base=f * (1 + k / 50)) for k in range(1, 5)]
+            (d / "mm" / f"{side}-{i}" / "r" / "results.json").write_text(json.dumps({"format": 1, "rows": rows}))
+    rows = corpus.from_ab_dirs([("builtin:mm", d)], {})["rows"]
+    assert len(rows) == 4 and all(r["process_factor"] == pytest.approx(1.0, abs=0.05) for r in rows)
+
+
+def test_an_op_entry_counts_each_verdict_over_its_rows(batches):
+    results = batches[1] / "ops/builtin__softmax/attempt1/softmax_20250101-000000/results.json"
+    data = json.loads(results.read_text())
+    data["rows"][0] = _row("softmax", "fp16", (64, 1024), 2.0)  # B's fp16 row as fast as A's, as its bf16 is
+    results.write_text(json.dumps(data))
+    ops = {o["op"]: o for o in corpus.from_batch_pair(*batches, {})["ops"]}
+    assert ops["builtin:softmax"]["verdicts"] == {"SAME": 2}
+
+
+def test_an_interval_has_both_bounds_finite_and_positive_or_none():
+    assert corpus._bounds(0.9, 1.1) == (0.9, 1.1)
+    for lo, hi in ((None, 1.1), (0.9, None), (0.0, math.inf), (0.0, 1.1), (0.9, math.inf), (math.nan, 1.1),
+                   (-0.1, 1.1)):
+        assert corpus._bounds(lo, hi) == (None, None), (lo, hi)
+
+
+def test_a_corpus_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_path):
+    items = [("builtin:mm", _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [0.98, 0.982, 0.978]))]
+    data = corpus.from_ab_dirs(items, {})
+    (row,) = data["rows"]
+    assert row["verdict"] == stats.FASTER and 0 < row["q"] < stats.FDR
+    # Repeats: the headline's intervals are over rows.
+    assert data["basis"] == corpus.REPEATS and data["basis_note"] == corpus.BASIS_NOTES[corpus.REPEATS]
+    assert data["summary"]["overall"]["over"] == data["summary"]["control"]["over"] == "1 rows"
+    strict = corpus.from_ab_dirs(items, {}, fdr=row["q"] / 2)
+    assert strict["fdr"] == row["q"] / 2 and strict["rows"][0]["verdict"] != stats.FASTER
+    fdr_line = f"FASTER/SLOWER calls: 0, at a false discovery rate of {row['q'] / 2:g} "
+    assert strict["summary"]["fdr_line"].startswith(fdr_line)
+
+
+def test_interpreter_timings_on_identical_ir_are_no_a_a_to_calibrate_against(tmp_path):
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [1.0, 1.002, 0.998], backend="interpreter",
+                ttgir=(TTGIR_A, TTGIR_A))
+    data = corpus.from_ab_dirs([("builtin:mm", d)], {})
+    assert data["rows"][0]["ir"]["status"] == "identical" and data["rows"][0]["in_headline"]
+    assert data["summary"]["calibration"] is None
+
+
+def test_the_rows_run_from_the_largest_b_a_down_and_those_without_a_ratio_come_last(batches):
+    def results(op):
+        return batches[1] / f"ops/builtin__{op}/attempt1/{op}_20250101-000000/results.json"
+
+    softmax = json.loads(results("softmax").read_text())
+    softmax["rows"][0] = _row("softmax", "fp16", (64, 1024), 1.4)  # now B's fastest row, its first op's
+    results("softmax").write_text(json.dumps(softmax))
+    mm = json.loads(results("mm").read_text())
+    mm["rows"][0]["status"] = "FAILED"  # no ratio: out of the headline, after the flagged row that has one
+    results("mm").write_text(json.dumps(mm))
+    rows = corpus.from_batch_pair(*batches, {})["rows"]
+    assert [(r["op"], r["dtype"]) for r in rows] == [("softmax", "bf16"), ("gelu", "fp32"), ("softmax", "fp16"),
+                                                     ("mm", "bf16"), ("mm", "fp16")]
+    assert [r["in_headline"] for r in rows] == [True, True, True, False, False] and rows[-1]["ratio"] is None
+
+
+def test_a_row_whose_ir_a_side_did_not_collect_is_not_compared(tmp_path):
+    variants = [("8", "fp16", "w4s3", "x\n", "l")]
+    a = _run(tmp_path / "a", [_row("softmax", "fp16", (8,), 1.0)], variants)
+    b = _run(tmp_path / "b", [_row("softmax", "fp16", (8,), 1.0)], [("8", "fp16", "w4s3", "y\n", "l")])
+    indexes = (ir_index.launched(a), ir_index.launched(b))
+    assert corpus.row_ir(indexes, a, b, "fp16", (8,))["status"] == "changed"
+    not_collected = {"status": "not_collected", "identical": 0, "variants": []}
+    for args in (((indexes[0], None), a, b), ((None, indexes[1]), a, b), (indexes, None, b), (indexes, a, None)):
+        assert corpus.row_ir(*args, "fp16", (8,)) == not_collected
