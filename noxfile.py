@@ -41,10 +41,20 @@ MUTANTS_DIR = HERE / "mutants"
 logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
 
 
+def _python() -> str:
+    """The interpreter the sessions' commands run: the one nox runs in, whose compiler _require_compiler
+    checked. Named `python` where that is what PATH finds first (the usual activated environment), else
+    by its path: nox started as `/path/to/env/bin/nox` from another environment must not measure that
+    other environment's compiler."""
+    found = shutil.which("python")
+    same = found is not None and os.path.dirname(os.path.abspath(found)) == os.path.dirname(sys.executable)
+    return "python" if same else sys.executable
+
+
 def _check(session: nox.Session, *args: str) -> str:
     """The last line `python -m harness.core.deps ARGS` prints in the session's Python; not echoed, it
     is bookkeeping (a failure still shows the command and its output)."""
-    lines = session.run("python", "-m", "harness.core.deps", *args, silent=True, log=False).splitlines()
+    lines = session.run(_python(), "-m", "harness.core.deps", *args, silent=True, log=False).splitlines()
     return lines[-1] if lines else ""
 
 
@@ -63,7 +73,7 @@ def _light_deps(session: nox.Session, command: str, *extra: str) -> None:
     if not missing:
         return
     session.log(f"installing missing packages into {DEPS_DIR}: {' '.join(missing)}")
-    session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+    session.run(_python(), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                 "--target", str(DEPS_DIR), "--upgrade", *missing)
     session.env.pop("PYTHONPATH", None)
     _drop_shadowing(DEPS_DIR, set(_check(session, "present", *_dist_names(DEPS_DIR)).split()))
@@ -113,7 +123,7 @@ def _run_harness(session: nox.Session, command: str) -> None:
     nox ends with 1 for any failed session; the harness's exit codes mean more (README, When things
     go wrong), so a failure ends nox with the harness's own code, after nox's line naming it."""
     try:
-        session.run("python", "-m", "harness", command, *session.posargs,
+        session.run(_python(), "-m", "harness", command, *session.posargs,
                     env={"ZL_BENCH_END_WITH_PID": str(os.getpid())}, interrupt_timeout=None, terminate_timeout=None)
     except nox.command.CommandFailed as failed:
         # A child killed by signal N reads -N here; a shell would say 128+N.
@@ -165,7 +175,7 @@ def tests(session: nox.Session) -> None:
     """The project's own tests (CPU only, interpreter backend)."""
     _require_compiler(session)
     _light_deps(session, "tests", *TEST_EXTRAS)
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run(_python(), "-m", "pytest", *session.posargs)
 
 
 @nox.session(venv_backend="virtualenv", tags=["ci"])
@@ -186,8 +196,8 @@ def mutants(session: nox.Session) -> None:
     # mutmut keeps verdicts between runs and retests a survivor only when it is named: a fresh
     # tree makes the score that of the tests as they are now.
     shutil.rmtree(MUTANTS_DIR, ignore_errors=True)
-    session.run("python", "-m", "mutmut", "run", *session.posargs)
-    results = session.run("python", "-m", "mutmut", "results", "--all", "true", silent=True, log=False)
+    session.run(_python(), "-m", "mutmut", "run", *session.posargs)
+    results = session.run(_python(), "-m", "mutmut", "results", "--all", "true", silent=True, log=False)
     _print_mutation_scores(results)
 
 

@@ -17,11 +17,12 @@ from conftest import REPO, in_a_case, wait_for, wait_gone
 NOX = [sys.executable, "-m", "nox"]
 
 
-def nox(*args):
+def nox(*args, **extra_env):
     # UV names a binary that does not exist: nox's uv probe fails on any machine, as it does
     # where uv is not installed.
+    # PATH finds this interpreter's `python` first, as in the environment nox is meant to run from.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
-        "UV": "zl-no-such-uv"}
+        "UV": "zl-no-such-uv", "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"} | extra_env
     return subprocess.run([*NOX, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -53,6 +54,19 @@ def test_a_bare_nox_runs_the_checks_and_a_listing_shows_every_session(argv, sele
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(selected)
+
+
+def test_a_session_runs_the_python_nox_runs_in_not_the_first_python_on_path(tmp_path):
+    # nox started by its path from another environment: PATH's `python` is not the one whose compiler
+    # the session checked, and must not be the one that runs.
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python").write_text("#!/bin/sh\necho 'the wrong python ran' >&2\nexit 3\n")
+    (other / "python").chmod(0o755)
+    proc = nox("-s", "record", "--", "--help", PATH=f"{other}{os.pathsep}{os.environ['PATH']}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"nox > {sys.executable} -m harness record --help" in proc.stderr.splitlines()
+    assert "the wrong python ran" not in proc.stdout + proc.stderr
 
 
 def test_a_session_ends_with_the_harness_s_own_exit_code():
