@@ -56,6 +56,8 @@ L2_FLUSH_FACTOR = 2
 # mean of its windows' medians; the first window warms up for the whole warmup budget, the later ones
 # for a share of it, the windows share the rep budget, and where the caller can, each window after the
 # first times fresh copies of the inputs (`relocate`).
+# The timers that take windows; the profiler and host timers time each side in one go.
+WINDOWED_TIMERS = ("graph", "direct")
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:

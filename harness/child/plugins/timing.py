@@ -8,9 +8,7 @@ Where the backend has no device profiler, rows carry no `kernels` and one line p
 import pytest
 
 from harness.core import rundir
-from harness.measure.timers import CapturePoisoned, Timer
-
-WINDOWED_TIMERS = ("graph", "direct")
+from harness.measure.timers import WINDOWED_TIMERS, CapturePoisoned, Timer
 
 
 class TimingPlugin:
@@ -34,7 +32,7 @@ class TimingPlugin:
             facts = {"recorded": False, "reason": reason}
         observed = {"kernel_attribution": facts}
         if spec.windows > 1 and self.timer.timer not in WINDOWED_TIMERS:
-            # Said, not silently dropped: the profiler and host timers time each side in one go.
+            # Said, not silently dropped.
             reason = f"the {self.timer.timer} timer takes no windows"
             self.ctx.say(f"--windows {spec.windows} not applied: {reason}; each side timed in one window")
             observed["windows"] = {"applied": False, "reason": reason}
