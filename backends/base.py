@@ -221,6 +221,14 @@ class Backend:
                 return cls
         return FATAL
 
+    def device_touched(self) -> bool:
+        """Whether this process has initialized its device (torch's flag, no device call): a fork
+        from here would copy the context and its threads. True where torch cannot say."""
+        import torch
+
+        check = getattr(getattr(torch, self.torch_device_type, None), "is_initialized", None)
+        return True if check is None else bool(check())
+
     def torch_device(self) -> str:
         """Inside the child exactly one device is visible, so it is always index 0."""
         return "cpu" if self.torch_device_type == "cpu" else f"{self.torch_device_type}:0"

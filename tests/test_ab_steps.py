@@ -57,7 +57,7 @@ class Steps:
         run_dir = Path(argv[argv.index("--run-dir") + 1])
         attempt = sum(1 for t in self.told if t["run_dir"] == run_dir) + 1
         self.told.append({"python": python, "argv": argv, "run_dir": run_dir, "side": run_dir.parent.name[0],
-                          **how})
+                          "begun": [w.begun for w in self.workers], **how})
         if "starter" in how:
             how["starter"].__self__.died = False  # as a worker's start does for each step
         fate = self.fate(run_dir.parent.name, attempt)
@@ -96,11 +96,21 @@ class FakeWorker:
         self.died = False
         self.closed = False
 
+        self.begun = False
+        self.reaped = False
+
+    def begin(self):
+        self.begun = True
+
     def start(self, argv, **kw):  # launch.run is faked: it never starts anything
         raise AssertionError("not reached")
 
-    def close(self):
+    def release(self):
         self.closed = True
+
+    def reap(self):
+        assert self.closed, "reaped before it was told to end"
+        self.reaped = True
 
 
 def _ab(tmp_path, plan_text, *argv):
@@ -181,8 +191,10 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     assert "ab_triton_cache" in Path(caches["A"]).parent.name
     assert state["triton_caches"]["B"]["env"] == {"X": "1"}
     assert state["triton_caches"]["A"]["removed"] == "as the A/B ends (if it died first: by the next run)"
-    # Ended with the A/B: the workers closed, the caches removed.
-    assert a.closed and b.closed and not Path(caches["A"]).parent.exists()
+    # Both workers were started before A's record (B's imports while A records).
+    assert steps.told[0]["begun"] == [True, True]
+    # Ended with the A/B: the workers closed (both told before either is waited for), the caches removed.
+    assert a.reaped and b.reaped and not Path(caches["A"]).parent.exists()
     for told in steps.told:
         worker = a if told["side"] == "A" else b
         assert told["starter"] == worker.start and told["argv"][-2:] == ["--triton-cache", worker.cache]

@@ -137,3 +137,24 @@ def test_a_worker_restart_lets_the_step_through(tmp_path):
     # The retry claimed the record's run dir afresh: one run in it, complete.
     assert len(list((d / "slow_op" / "A-record").iterdir())) == 1
     assert _leftovers(d) == []
+
+
+def test_a_worker_begun_early_that_dies_while_importing_says_so_at_its_first_step_once(tmp_path):
+    """`begin` starts the worker without waiting (the A/B starts both sides' at once); one that died
+    during its imports is not started again behind the step's back: the step is told it did not start,
+    and the A/B's one retry is what starts it again."""
+    from harness.core import forkserver
+
+    with open(tmp_path / "ab.log", "w+") as log:
+        worker = forkserver.Worker("/bin/false", log, {}, None, None)
+        worker.begin()
+        first = worker.child.pid
+        worker.begin()  # begun already: nothing more starts
+        assert worker.child.pid == first
+        assert wait_for(lambda: worker.child.proc.poll() is not None, 30)
+        with pytest.raises(forkserver.WorkerDied, match="did not start"):
+            worker.start(["replay", "x"], log=log, on_stdout=print)
+        assert worker.child is None and worker.sock is None
+        with pytest.raises(forkserver.WorkerDied, match="did not start"):  # the retry starts a new one
+            worker.start(["replay", "x"], log=log, on_stdout=print)
+        assert worker.child is None

@@ -6,6 +6,7 @@ its cache lookups and its sweep are Triton's own."""
 
 import concurrent.futures
 import dataclasses
+import json
 import signal
 import sys
 import time
@@ -47,8 +48,9 @@ def call(kernel, n):
 class Inline(concurrent.futures.Executor):
     """Runs each compile at submit: the fake compile function need not be picklable."""
 
-    def __init__(self, workers):
+    def __init__(self, workers, method):
         self.workers = workers
+        self.method = method
 
     def submit(self, fn, *args):
         future = concurrent.futures.Future()
@@ -139,7 +141,8 @@ def test_a_worker_ignores_the_terminals_ctrl_c(monkeypatch):
     monkeypatch.setattr(precompile.signal, "signal", lambda signum, handler: seen.append((signum, handler)))
     seen = []
     precompile._worker_init()
-    assert seen == [(signal.SIGINT, signal.SIG_IGN)]
+    # A forked worker drops the child's SIGTERM handler too (it would write the run's outcome).
+    assert seen == [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL)]
 
 
 def test_sweep_configs_are_the_tuners_pruned_space():
@@ -385,21 +388,31 @@ def test_a_libtuner_style_tuner_is_precompiled_too(patched):
     assert sorted(boundary.compiled) == sorted((c.kwargs["BLOCK"], c.num_warps) for c in CONFIGS)
 
 
+# Python 3.12 warns of any fork from a process with threads (this test process may have some).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize("started", ["spawn", "fork"])
 def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(load_through_standin, tmp_path,
-                                                                            monkeypatch):
+                                                                            monkeypatch, started):
     # Real requests, compiled for sm_90 by the real worker pool into an empty cache; then the sweep of
     # Triton's own autotuner, through the stand-in driver, must find every config there: same hashes,
-    # nothing compiled anew (this process could not: Triton runs interpreted here).
+    # nothing compiled anew (this process could not: Triton runs interpreted here). The pool either
+    # spawned at the sweep, or forked before it (`start`, a record's child before it touches its device).
     cache = tmp_path / "triton_cache"
     tuned, driver = load_through_standin("tuned", cache)
     tuner = tuned.double_kernel
     args, kwargs = tuned.arguments(), {"grid": (16,)}
     pre = precompile.Precompiler(cpus=1)  # a pool of one, where the host (2 CPUs or more) would allow more
     try:
+        if started == "fork":
+            pre.start()
+            early = list(pre.executor._processes)
+            assert early and all(alive(pid) for pid in early)  # there before the sweep asks
         outcome = pre.run(tuner, args, kwargs)
         workers = list(pre.executor._processes)
-        # Spawned, not forked from a process that holds an accelerator context; deaf to a terminal's Ctrl-C.
-        assert pre.executor._mp_context.get_start_method() == "spawn"
+        assert started == "spawn" or workers == early
+        # Spawned at the sweep (the device may hold a context and threads by then), or forked before; deaf
+        # to a terminal's Ctrl-C.
+        assert pre.executor._mp_context.get_start_method() == pre.method == started
         assert pre.executor._initializer is precompile._worker_init
         assert pre.executor._max_workers == 1
     finally:
@@ -444,3 +457,50 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
 def test_a_fallbacks_reason_is_the_errors_type_and_first_line_cut():
     assert precompile._first_line(ValueError("x" * 300 + "\nsecond")) == "ValueError: " + "x" * 200
     assert precompile._first_line(RuntimeError("  ")) == "RuntimeError"
+
+
+@pytest.mark.parametrize("mode,touched,forked", [("record", False, True), ("record", True, False),
+                                                 ("replay", False, False)])
+def test_a_records_pool_is_forked_at_configure_only_while_its_device_is_untouched(tmp_path, monkeypatch, mode,
+                                                                                  touched, forked):
+    """Forked before any other plugin's configure (tryfirst) touches the device, for a record, which
+    sweeps; a replay injects, and where the device is initialized already (FlagGems' conftest may
+    do it) the pool is spawned at the first sweep instead."""
+    started = []
+
+    class Pool(precompile.Precompiler):
+        def start(self):
+            started.append(self)
+            self.method = "fork"
+
+    monkeypatch.setattr(autotune.precompile, "Precompiler", Pool)
+    spec = types.SimpleNamespace(mode=mode, precompile=True, replay_from=str(tmp_path), op="op",
+                                 preset_records=None, backend="cuda")
+    records = tmp_path / "autotune_records"
+    records.mkdir()
+    (records / "op.json").write_text('{"format": 1, "op": "op", "kernels": {}}')
+    (tmp_path / "run.json").write_text("{}")
+    backend = types.SimpleNamespace(name="cuda", compiles_kernels=True, triton_driver=True,
+                                    device_touched=lambda: touched)
+    ctx = types.SimpleNamespace(spec=spec, run_dir=tmp_path, backend=backend, say=[].append,
+                                mark=lambda m: None, case_id="", configs={})
+    plugin = autotune.AutotunePlugin(ctx)
+    assert getattr(autotune.AutotunePlugin.pytest_configure, "pytest_impl", {}).get("tryfirst") is True
+    plugin.pytest_configure(None)
+    try:
+        assert started == ([plugin.precompiler] if forked else [])
+    finally:
+        plugin.pytest_sessionfinish(None)
+    facts = json.loads((tmp_path / "run.json").read_text())["observed"]["autotune"]["precompile"]
+    assert facts["pool"] == ("fork" if forked else None)
+
+
+def test_device_touched_is_torchs_flag_and_true_where_torch_cannot_say(monkeypatch):
+    import torch
+
+    cuda = backends.get("cuda")
+    for flag in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda flag=flag: flag)
+        assert cuda.device_touched() is flag
+    assert backends.get("interpreter").device_touched() is True  # torch counts the CPU as initialized
+    assert dataclasses.replace(cuda, torch_device_type="zl_none").device_touched() is True

@@ -128,7 +128,7 @@ class _Step:
 
 
 class Worker:
-    """The parent's handle on one side's warm worker, started on first use and again after it died."""
+    """The parent's handle on one side's warm worker, started by `begin` or on first use, and again after it died."""
 
     def __init__(self, python: str, log: IO[str], env: Mapping[str, str], pythonpath: str | None,
                  cache: str | None):
@@ -139,9 +139,16 @@ class Worker:
         self.pythonpath = pythonpath
         self.child: launch.Child | None = None
         self.sock: socket.socket | None = None
+        self.ready = False  # it said so: its imports are done
         self.died = False  # during the last step: the step was killed with it
 
-    def _start(self) -> None:
+    def begin(self) -> None:
+        """Start the worker without waiting for its imports (the A/B starts both sides' at once,
+        B's importing while A records); its first step waits for it."""
+        if self.child is None:
+            self._spawn()
+
+    def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), *([self.cache] if self.cache else [])]
@@ -151,24 +158,31 @@ class Worker:
         finally:
             theirs.close()
         self.sock = ours
-        ours.settimeout(START_TIMEOUT_S)
+        self.ready = False
+
+    def _await_ready(self) -> None:
+        self.sock.settimeout(START_TIMEOUT_S)
         try:
-            ready, _ = _recv(ours)
+            ready, _ = _recv(self.sock)
         except OSError as exc:  # TimeoutError included
             ready = None
             self.log.write(f"worker: no word from it ({exc})\n")
-        ours.settimeout(None)
+        self.sock.settimeout(None)
         if ready is None:
             code = self.close()
             raise WorkerDied(f"the warm worker of {self.python} did not start ({launch.describe_exit(code)}; "
                              "see the log)")
+        self.ready = True
 
     def start(self, argv: list[str], log: IO[str], on_stdout: Callable[[str], None]) -> launch.Child:
         """Fork a step running `python -m harness ARGV`: its stdout to `on_stdout` and `log`, its
         stderr to `log`. WorkerDied when there is no live worker to fork it."""
-        if self.child is None or self.child.proc.poll() is not None:
+        # One that died while importing is not started again here: it says why below, once.
+        if self.child is None or (self.ready and self.child.proc.poll() is not None):
             self.close()
-            self._start()
+            self._spawn()
+        if not self.ready:
+            self._await_ready()
         self.died = False
         log.write(f"\n$ (forked by worker {self.child.pid}) {' '.join(argv)}\n")
         log.flush()
@@ -213,9 +227,18 @@ class Worker:
     def close(self) -> int | None:
         """End the worker (its socket closed: it exits; SIGTERM, then SIGKILL, if it does not); its
         exit code."""
+        self.release()
+        return self.reap()
+
+    def release(self) -> None:
+        """Tell it to exit (its socket closed), without waiting: `reap` waits. Both sides' workers
+        then end at once."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+    def reap(self) -> int | None:
+        """Wait for a released worker to end (SIGTERM, then SIGKILL, if it does not); its exit code."""
         child, self.child = self.child, None
         if child is None:
             return None

@@ -3,6 +3,7 @@ runs can tell whether they used the same Triton (a FlagTree rebuild keeps its ve
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -46,6 +47,11 @@ def files_digest(root: Path) -> str:
 
 
 def compiler_identity() -> dict:
+    return dict(_compiler_identity())
+
+
+@functools.cache  # a process imports one Triton; a warm worker computes it once for all its steps
+def _compiler_identity() -> dict:
     import triton
 
     root = Path(triton.__file__).resolve().parent

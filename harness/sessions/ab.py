@@ -306,7 +306,9 @@ class Runner:
 
     def close(self) -> None:
         for worker in self.workers.values():
-            worker.close()
+            worker.release()  # all told first: they end together
+        for worker in self.workers.values():
+            worker.reap()
         self.workers.clear()
         if self._cache_root is not None:
             shutil.rmtree(self._cache_root, ignore_errors=True)
@@ -341,22 +343,13 @@ class Runner:
 
     def _launch(self, side: Side, request: RunRequest) -> tuple[int, int | None]:
         """(the step's exit code, the signal forwarded to it or None)."""
-        # A pip-built side already sees the base env's paths and .nox/deps, after its own (see
-        # build_side_env): it gets the checkout alone.
-        pythonpath = str(paths.REPO_ROOT) if side.requirements else None
         how = {"grace_s": STEP_GRACE_S, "forward": (signal.SIGINT, signal.SIGTERM), "log": self.log,
                "on_stdout": _case_progress,
                "on_forward": lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side "
                                              "and reporting what completed", flush=True)}
         if self.plan.step_start == "fresh":
-            return launch.run(request.command_line(side.python), env=side.env, pythonpath=pythonpath, **how)
-        worker = self.workers.get(side.name)
-        if worker is None:
-            cache = self.caches.get(side.name)
-            # The backend's child environment too: it can change what importing triton does (the interpreter).
-            env = {**side.env, **backends.get(self.plan.options.backend).child_env}
-            worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, env,
-                                                                 pythonpath, str(cache) if cache else None)
+            return launch.run(request.command_line(side.python), env=side.env, pythonpath=_pythonpath(side), **how)
+        worker = self._worker(side)
         code, interrupted = self._forked(side, worker, request, how)
         if interrupted is None and worker.died:
             print(" (its warm worker died: restarted, the step retried)", end="", flush=True)
@@ -365,6 +358,16 @@ class Runner:
             shutil.rmtree(request.run_dir, ignore_errors=True)
             code, interrupted = self._forked(side, worker, request, how)
         return code, interrupted
+
+    def _worker(self, side: Side) -> forkserver.Worker:
+        worker = self.workers.get(side.name)
+        if worker is None:
+            cache = self.caches.get(side.name)
+            # The backend's child environment too: it can change what importing triton does (the interpreter).
+            env = {**side.env, **backends.get(self.plan.options.backend).child_env}
+            worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, env,
+                                                                 _pythonpath(side), str(cache) if cache else None)
+        return worker
 
     def _forked(self, side: Side, worker: forkserver.Worker, request: RunRequest, how: dict) -> tuple[int, int | None]:
         try:
@@ -386,6 +389,9 @@ class Runner:
                                     f"see {self.dir / 'ab.log'}") from exc
                 self.log.flush()
         self._open_caches()
+        if plan.step_start == "fork":
+            for side in (plan.a, plan.b):  # both import at once, B's while A records
+                self._worker(side).begin()
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
@@ -422,6 +428,12 @@ class Runner:
         self.state["complete"] = True
         self._save()
         return results
+
+
+def _pythonpath(side: Side) -> str | None:
+    """A pip-built side already sees the base env's paths and .nox/deps, after its own (see
+    build_side_env): it gets the checkout alone."""
+    return str(paths.REPO_ROOT) if side.requirements else None
 
 
 def went_through(run_dir: Path) -> bool:

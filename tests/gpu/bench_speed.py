@@ -121,13 +121,18 @@ def measure(out: Path, shapes: Path, backend: str) -> dict:
         replays = timing_only_replays(d)
         mean_replay = statistics.mean(s["seconds"] for s in replays)
         fixed = fixed_costs(d)
+        record = next(s for s in steps(d) if s["args"][0] == "record")
+        observed = json.loads((Path(record["run_dir"]) / "run.json").read_text())["observed"]
         figures[start].update(
+            # how A's record precompiled its sweeps: the pool's start (fork or spawn), workers, seconds
+            record_precompile=observed.get("autotune", {}).get("precompile"),
             op_ab_s=wall, steps_s={s["what"].split("] ", 1)[1]: s["seconds"] for s in steps(d)},
             fixed_s=statistics.median(fixed), fixed_all_s=fixed,
             op_ab_5_repeats_s=wall + 4 * mean_replay,
             corpus_h=(wall + 4 * mean_replay) * CORPUS_OPS / 3600)
         print(f"{start:5s} op A/B (2 rows, 3 repeats): {wall:.1f} s; steps "
               + ", ".join(f"{w} {t:.1f}" for w, t in figures[start]["steps_s"].items())
+              + f"; record's precompile {figures[start]['record_precompile']}"
               + f"; fixed cost per repeat {figures[start]['fixed_s']:.2f} s (median of {len(fixed)}); corpus "
               f"{figures[start]['corpus_h']:.1f} h", flush=True)
     spread = {}

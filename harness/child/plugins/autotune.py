@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from harness.core import identity, rundir
 from harness.measure import precompile, tuning
 
@@ -18,6 +20,8 @@ class AutotunePlugin:
         self.precompiler: precompile.Precompiler | None = None
         self.off: str | None = None  # why there is no precompile
 
+    # First: its pool is forked before any other plugin's configure touches the device.
+    @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config):
         spec = self.ctx.spec
         records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
@@ -27,6 +31,10 @@ class AutotunePlugin:
             self.off = f"backend '{self.ctx.backend.name}' compiles no kernels"
         else:
             self.precompiler = precompile.Precompiler()
+            # A record sweeps; a replay injects (its pool, for a key the record lacks, is spawned then).
+            # FlagGems' conftest may have initialized the device already: spawned too.
+            if spec.mode == "record" and not self.ctx.backend.device_touched():
+                self.precompiler.start()
         if self.off:
             self.ctx.say(f"precompile off: {self.off}")
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
@@ -74,7 +82,8 @@ class AutotunePlugin:
         self.patch.uninstall()
         if self.precompiler is not None:
             self.precompiler.close()
-            facts = {**self.precompiler.totals, "workers": self.precompiler.workers}
+            facts = {**self.precompiler.totals, "workers": self.precompiler.workers,
+                     "pool": self.precompiler.method}
         else:
             facts = {"off": self.off}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,

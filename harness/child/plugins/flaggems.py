@@ -329,7 +329,7 @@ class FlagGemsPlugin:
 def child_args(options: FlagGemsOptions, dtypes: list[str], color: bool) -> list[str]:
     """pytest arguments for the upstream node: the checkout's own pytest config and options."""
     args = [str(Path(options.root) / options.node), "--rootdir", options.root,
-            "-p", "no:cacheprovider", "--level", options.level,
+            "-p", "no:cacheprovider", "-p", "no:unraisableexception", "--level", options.level,  # child.ini says why
             "-o", "console_output_style=classic", f"--color={'yes' if color else 'no'}",
             "-q", "--tb=short", "-rfE"]
     for dtype in dtypes:
