@@ -11,7 +11,6 @@ from pathlib import Path
 
 from harness.core import options, rundir
 from harness.core.errors import UsageError
-from harness.core.request import STEP_PASSES, STEP_STARTS
 from harness.sessions import resolve
 
 DEFAULT_OP = "softmax"
@@ -129,24 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     ab = command("ab")
     ab.add_argument("plan", type=Path, nargs="?", default=None,
                     help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
-    side = ab.add_argument_group("the experiment (override the plan)")
+    side = ab.add_argument_group(options.GROUPS["experiment"])
     side.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
                       help="operators to compare (with a corpus option below: a batch selection)")
-    side.add_argument("--repeats", type=int, metavar="N", default=None, help="replays per side (>= 2; default 3)")
-    side.add_argument("--fdr", type=float, metavar="Q", default=None,
-                      help="false discovery rate of the report's FASTER/SLOWER calls (default 0.05)")
-    for s_ in ("a", "b"):
-        side.add_argument(f"--{s_}-env", action="append", metavar="KEY=VAL", default=None,
-                          help=f"environment variable for side {s_.upper()} (repeatable)")
-        side.add_argument(f"--{s_}-python", metavar="PATH", default=None,
-                          help=f"Python interpreter of side {s_.upper()} (a second compiler build)")
-    side.add_argument("--step-start", choices=STEP_STARTS, default=None,
-                      help="how each step starts: fork (a warm worker per side, with torch, triton and pytest "
-                           "imported once, forks every step) or fresh (a new process per step) (default: fork)")
-    side.add_argument("--step-passes", choices=STEP_PASSES, default=None,
-                      help="where IR collection and per-kernel attribution run: once (a step of their own per "
-                           "side, A-passes and B-passes, whose timings no verdict uses; the record and every repeat "
-                           "time only) or every (every step) (default: once)")
+    options.ExperimentOptions.add_arguments({"experiment": side}, "ab")
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")

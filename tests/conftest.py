@@ -87,6 +87,19 @@ def leaves_no_process():
     assert not named, f"processes left running: {named}"
 
 
+@pytest.fixture(autouse=True)
+def leaves_no_private_dir():
+    """Every test: no private dir this process made (paths.make_private_dir: an A/B's side caches, a run's
+    Triton cache) is left after it: what opens one must remove it (ab.Runner.close), not the next run."""
+    ours = f"zl_*.{os.getpid()}.*"
+    before = set(Path(tempfile.gettempdir()).glob(ours))
+    yield
+    left = sorted(str(p) for p in set(Path(tempfile.gettempdir()).glob(ours)) - before)
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"private dirs left behind: {left}"
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()

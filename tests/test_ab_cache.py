@@ -28,6 +28,8 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
         return 0, None
 
     monkeypatch.setattr(ab.launch, "run", run)
+    begun = []  # launch.run is faked: no worker need run (the A/B begins both as it starts)
+    monkeypatch.setattr(ab.forkserver.Worker, "begin", lambda worker: begun.append(worker.env))
     plan = ab.Plan(name="t", ops=["softmax"], a=ab.Side("A", "a"), b=ab.Side("B", "b", env={"SWITCH": "1"}),
                    repeats=2, options=RunOptions(backend="interpreter"), step_start=step_start)
     runner = ab.Runner(plan, tmp_path)
@@ -36,6 +38,7 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
     for env, argv in steps:
         by_side.setdefault("B" if env.get("SWITCH") else "A", set()).add(argv_cache(argv))
     assert len(steps) == 7  # A records, A's and B's passes, then A B A B
+    assert len(begun) == (2 if step_start == "fork" else 0)  # both sides' workers, as the A/B starts
     (cache_a,), (cache_b,) = by_side["A"], by_side["B"]
     assert cache_a != cache_b and None not in (cache_a, cache_b)
     keys = runner.state["triton_caches"]

@@ -176,7 +176,7 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     steps = Steps(monkeypatch)
     built = str(tmp_path / "env" / "bin" / "python")
     monkeypatch.setattr(ab, "build_side_env", lambda side, log: built)
-    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nb: {env: {X: '1'}, requirements: [triton]}\n")
+    args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\nb: {env: {X: '1'}, requirements: [triton]}\n")
     assert ab.run_from_args(args) == 0
     ab_dir = _ab_dir(capsys.readouterr().out)
     a, b = steps.workers
@@ -244,7 +244,7 @@ def test_a_side_whose_env_does_not_build_stops_the_ab_before_any_step(tmp_path, 
 
 def test_a_side_whose_triton_is_unidentified_compiles_into_its_steps_own_caches(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch)
-    plan = ab.plan_from_data({"ops": ["add"], "repeats": 2, "backend": "interpreter",
+    plan = ab.plan_from_data({"ops": ["add"], "repeats": 2, "backend": "interpreter", "step_start": "fork",
                               "a": {"python": "/bin/false"}}, tmp_path / "p.yaml")
     runner = ab.Runner(plan, tmp_path)
     try:
@@ -308,7 +308,7 @@ def test_a_side_with_no_usable_replay_leaves_the_ab_failed_without_a_failed_step
 
 def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "dies" if side_dir == "B-1" and attempt == 1 else "ok")
-    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 0
     out = capsys.readouterr().out
     ab_dir = _ab_dir(out)
     assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
@@ -323,7 +323,7 @@ def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_pa
 
 def test_a_worker_that_never_comes_up_fails_the_step_after_one_retry(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "lost" if side_dir == "B-1" else "ok")
-    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 1
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 1
     ab_dir = _ab_dir(capsys.readouterr().out)
     assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
     step = load(ab_dir / "ab.json")["steps"][4]
@@ -351,7 +351,7 @@ def test_a_sigterm_during_a_step_stops_the_ab_and_reports_what_completed(tmp_pat
 
 def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, capsys):
     Steps(monkeypatch, fate=lambda side_dir, attempt: "ctrl_c" if side_dir == "B-2" else "ok")
-    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 128 + signal.SIGINT
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 128 + signal.SIGINT
     out = capsys.readouterr().out
     assert "\ninterrupted (SIGINT): reporting what completed\n" in out
     report = load(_ab_dir(out) / "report.json")
@@ -547,9 +547,10 @@ def test_a_record_takes_the_backend_and_flaggems_options_and_each_replay_keeps_t
 
 def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch)
-    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n", "--step-start", "fresh", "--step-passes",
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n", "--step-start", "fork", "--step-passes",
                                 "every")) == 0
-    assert steps.workers == [] and not any("--timing-only" in t["argv"] for t in steps.told)
+    assert len(steps.workers) == 2 and not any("--timing-only" in t["argv"] for t in steps.told)
+    assert all(t["python"] is None for t in steps.told)  # each forked by its side's worker
     # An A/B without a plan file: its ops from the command line, A as is, B as switched there.
     steps.told.clear()
     args = cli.build_parser().parse_args(["ab", "--ops", "add", "--backend", "interpreter", "--b-env", "X=1",
@@ -558,7 +559,9 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     out = capsys.readouterr().out
     assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out
     assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
-    assert [bool(w.env.get("X")) for w in steps.workers] == [False, True]
+    # Fresh by default: no worker; each step a whole command line, B's in B's environment.
+    assert len(steps.workers) == 2 and all(t["python"] == sys.executable for t in steps.told)
+    assert [bool(t["env"].get("X")) for t in steps.told] == [False, False, True, False, True, False, True]
     with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
         ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))
 

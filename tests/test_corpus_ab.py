@@ -260,7 +260,10 @@ def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monke
 
 def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
     stored = {"plan": corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()}
-    for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"]):
+    # Every experiment option (harness.core.options.ExperimentOptions): --fdr was once taken and ignored.
+    for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"], ["--fdr", "0.1"],
+                  ["--a-env", "X=1", "--step-start", "fork"], ["--b-python", "/x", "--step-passes", "every"],
+                  ["--a-python", "/y", "--b-env", "Y=2"]):
         args = _args("--resume", "--batch-dir", str(tmp_path), *flags)
         dropped = " ".join(f for f in flags if f.startswith("--"))
         with pytest.raises(batch.UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "

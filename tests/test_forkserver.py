@@ -21,7 +21,10 @@ STEPS = ("A-record", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in the 
 
 
 def _ab(tmp_path: Path, *args, slow_s: float | None = None) -> subprocess.Popen:
-    """`python -m harness ab ARGS --repeats 2` on the interpreter, in its own session."""
+    """`python -m harness ab ARGS --repeats 2` on the interpreter, in its own session; its steps forked
+    by warm workers unless ARGS say otherwise (fresh is the default)."""
+    if "--step-start" not in args:
+        args = (*args, "--step-start", "fork")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["ZL_TEST_STATE_DIR"] = str(tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.core.options import BatchOptions, RunOptions, declared
+from harness.core.options import BatchOptions, ExperimentOptions, RunOptions, declared
 
 FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/ops", "mod.x"),
                   flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user", seed=3,
@@ -23,6 +23,22 @@ def refuse(name, value, what):
 def test_every_option_parses_back_from_its_argv_on_every_command_that_takes_it(command):
     argv = [command, *(["add"] if command == "record" else []), *FULL.to_argv()]
     assert RunOptions.from_namespace(cli.build_parser().parse_args(argv)) == FULL
+
+
+def test_the_experiment_options_parse_back_from_their_argv_and_are_what_a_resume_names():
+    """`ab`'s experiment group is derived from ExperimentOptions: each option parses back from the argv
+    the set writes, and `flags` names each one given (a corpus A/B's resume refuses them by these)."""
+    given = ExperimentOptions(repeats=5, fdr=0.1, a_env=("X=1", "Y=2"), a_python="/a/python", b_env=("Z=3",),
+                              b_python="/b/python", step_start="fork", step_passes="every")
+    parsed = cli.build_parser().parse_args(["ab", *given.to_argv()])
+    assert ExperimentOptions.from_namespace(parsed) == given
+    assert given.flags() == ["--repeats", "--fdr", "--a-env", "--a-python", "--b-env", "--b-python", "--step-start",
+                             "--step-passes"]
+    assert ExperimentOptions.from_namespace(cli.build_parser().parse_args(["ab"])).given() == {}
+    with pytest.raises(ValueError, match="repeats = 1 is not an integer >= 2"):
+        ExperimentOptions.from_dict({"repeats": 1}, refuse)
+    with pytest.raises(ValueError, match="a_env = \\['X'\\] is not a list of KEY=VAL"):
+        ExperimentOptions.from_dict({"a_env": ["X"]}, refuse)
 
 
 def test_the_stored_form_round_trips_through_json_without_the_device_which_is_each_ops_own():

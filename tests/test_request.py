@@ -184,7 +184,7 @@ def test_an_ab_reads_each_step_back_from_the_run_dir_it_named_never_a_stray_one(
     try:
         results = runner.run()
     finally:
-        runner.log.close()
+        runner.close()  # its cache root removed: none left in the temp dir
     assert [d.parent.name for d in named] == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     assert all(d.parent.parent == tmp_path / "add" and d.name.startswith("add_2") for d in named)
     assert results["add"] == {"record": [named[0]], "A-passes": [named[1]], "B-passes": [named[2]],

@@ -31,6 +31,11 @@ LEVELS = ("core", "comprehensive")
 # benchmark classes add), untouched.
 UPSTREAM = "upstream"
 
+# How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), or fresh.
+STEP_STARTS = ("fork", "fresh")
+# Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
+STEP_PASSES = ("once", "every")
+
 # Argument group titles, by the key an option's `group` names.
 GROUPS = {
     "where": "where to run",
@@ -38,6 +43,7 @@ GROUPS = {
     "flaggems": "FlagGems benchmark checkouts (operators named REPO:OP[@FILE] or a pytest node)",
     "how": "how to measure",
     "running": "running",
+    "experiment": "the experiment (override the plan)",
 }
 
 
@@ -385,3 +391,48 @@ class BatchOptions(OptionSet):
              "TIMEOUT_UPSTREAM when that fails or times out too (not counted as ours), FAIL or TIMEOUT otherwise "
              "(default: on; --resume: the batch's)",
         check=lambda v: v is False, what="false (on is stored as null)")
+
+
+def _is_env_list(value) -> bool:
+    return _is_strings(value) and all("=" in item for item in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentOptions(OptionSet):
+    """What an A/B compares and how often, given over its plan (`python -m harness ab`). Its plan keeps
+    them (ab.Plan, its yaml): a corpus A/B's resume, which runs the stored plan, refuses any given."""
+
+    repeats: int | None = option(
+        flag="--repeats", group="experiment", commands=("ab",), metavar="N", type=int,
+        help="replays per side (>= 2; default 3)",
+        check=lambda v: type(v) is int and v >= 2, what="an integer >= 2")
+    fdr: float | None = option(
+        flag="--fdr", group="experiment", commands=("ab",), metavar="Q", type=float,
+        help="false discovery rate of the report's FASTER/SLOWER calls (default 0.05)",
+        check=lambda v: _is_number(v) and 0 < v < 1, what="a number between 0 and 1")
+    a_env: tuple[str, ...] = option(
+        flag="--a-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
+        help="environment variable for side A (repeatable)", check=_is_env_list, what="a list of KEY=VAL")
+    a_python: str | None = option(
+        flag="--a-python", group="experiment", commands=("ab",), metavar="PATH",
+        help="Python interpreter of side A (a second compiler build)",
+        check=lambda v: isinstance(v, str), what="a path")
+    b_env: tuple[str, ...] = option(
+        flag="--b-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
+        help="environment variable for side B (repeatable)", check=_is_env_list, what="a list of KEY=VAL")
+    b_python: str | None = option(
+        flag="--b-python", group="experiment", commands=("ab",), metavar="PATH",
+        help="Python interpreter of side B (a second compiler build)",
+        check=lambda v: isinstance(v, str), what="a path")
+    step_start: str | None = option(
+        flag="--step-start", group="experiment", commands=("ab",), choices=STEP_STARTS,
+        help="how each step starts: fork (a warm worker per side, with torch, triton and pytest imported once, "
+             "forks every step: faster, but its repeats came out measurably more alike than fresh ones on an "
+             "H200) or fresh (a new process per step) (default: fresh)",
+        check=lambda v: v in STEP_STARTS, what=f"one of {', '.join(STEP_STARTS)}")
+    step_passes: str | None = option(
+        flag="--step-passes", group="experiment", commands=("ab",), choices=STEP_PASSES,
+        help="where IR collection and per-kernel attribution run: once (a step of their own per side, A-passes "
+             "and B-passes, whose timings no verdict uses; the record and every repeat time only) or every "
+             "(every step) (default: once)",
+        check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")

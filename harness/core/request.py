@@ -12,10 +12,6 @@ from pathlib import Path
 from harness.core.options import RunOptions, declared
 
 COMMANDS = ("record", "replay")
-# How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), or fresh.
-STEP_STARTS = ("fork", "fresh")
-# Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
-STEP_PASSES = ("once", "every")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,9 +24,9 @@ import backends
 from harness.core import deps, forkserver, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
-from harness.core.options import UPSTREAM, RunOptions
+from harness.core.options import STEP_PASSES, STEP_STARTS, UPSTREAM, ExperimentOptions, RunOptions
 from harness.core.outcome import Outcome
-from harness.core.request import STEP_PASSES, STEP_STARTS, RunRequest
+from harness.core.request import RunRequest
 from harness.core.results import ResultsError
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
@@ -74,7 +74,7 @@ class Plan:
     # replay takes (RunOptions.for_replay): the backend, FlagGems level, switch and cache and the
     # measurement stay the record's, so both sides run the same level, switch and tuning space.
     options: RunOptions = RunOptions()
-    step_start: str = "fork"
+    step_start: str = "fresh"  # fork: faster, but its repeats came out more alike on an H200 (README)
     step_passes: str = "once"
 
     def request(self, command: str, target: str, run_dir: Path, timing_only: bool = False) -> RunRequest:
@@ -538,18 +538,18 @@ def resolve_plan(args) -> Plan:
         raise UsageError(str(exc)) from exc
     if args.ops:
         plan.ops = args.ops
-    if args.repeats is not None:
-        if args.repeats < 2:
+    experiment = ExperimentOptions.from_namespace(args)
+    if experiment.repeats is not None:
+        if experiment.repeats < 2:
             raise UsageError("--repeats must be >= 2: a row's spread between repeats is its noise")
-        plan.repeats = args.repeats
-    if args.fdr is not None:
-        plan.fdr = checked_fdr(args.fdr)
-    plan.step_start = args.step_start or plan.step_start
-    plan.step_passes = args.step_passes or plan.step_passes
-    for side in (plan.a, plan.b):
-        key = side.name.lower()
-        side.env.update(_env_pairs(getattr(args, f"{key}_env"), f"--{key}-env"))
-        python = getattr(args, f"{key}_python")
+        plan.repeats = experiment.repeats
+    if experiment.fdr is not None:
+        plan.fdr = checked_fdr(experiment.fdr)
+    plan.step_start = experiment.step_start or plan.step_start
+    plan.step_passes = experiment.step_passes or plan.step_passes
+    for side, env, python, key in ((plan.a, experiment.a_env, experiment.a_python, "a"),
+                                   (plan.b, experiment.b_env, experiment.b_python, "b")):
+        side.env.update(_env_pairs(list(env), f"--{key}-env"))
         if python:
             if not Path(python).is_file():
                 raise UsageError(f"--{key}-python {python} does not exist")

@@ -25,7 +25,7 @@ import yaml
 import backends
 from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
-from harness.core.options import BatchOptions, RunOptions
+from harness.core.options import BatchOptions, ExperimentOptions, RunOptions
 from harness.providers import catalog
 from harness.sessions import ab, batch, resolve
 from reports import corpus, table
@@ -53,10 +53,8 @@ class ABOptions(batch.Options):
 def _plan_flags(args) -> list[str]:
     """The experiment's options given on the command line (the plan's, over its file): the `ab`
     parser's experiment group, and how A records."""
-    given = [flag for flag, value in (("PLAN", args.plan), ("--repeats", args.repeats), ("--a-env", args.a_env),
-                                      ("--b-env", args.b_env), ("--a-python", args.a_python),
-                                      ("--b-python", args.b_python), ("--step-start", args.step_start),
-                                      ("--step-passes", args.step_passes)) if value is not None]
+    given = ["PLAN"] if args.plan is not None else []
+    given += ExperimentOptions.from_namespace(args).flags()
     return given + RunOptions.from_namespace(args).measurement().flags()
 
 
