@@ -57,7 +57,8 @@ class Steps:
         run_dir = Path(argv[argv.index("--run-dir") + 1])
         attempt = sum(1 for t in self.told if t["run_dir"] == run_dir) + 1
         self.told.append({"python": python, "argv": argv, "run_dir": run_dir, "side": run_dir.parent.name[0],
-                          "begun": [w.begun for w in self.workers], **how})
+                          "begun": [w.begun for w in self.workers],
+                          "closed": {id(w) for w in self.workers if w.closed}, **how})
         if "starter" in how:
             how["starter"].__self__.died = False  # as a worker's start does for each step
         fate = self.fate(run_dir.parent.name, attempt)
@@ -107,6 +108,9 @@ class FakeWorker:
 
     def release(self):
         self.closed = True
+
+    def ended(self):
+        return self.closed
 
     def reap(self):
         assert self.closed, "reaped before it was told to end"
@@ -614,3 +618,24 @@ def test_an_ab_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_pat
         verdicts[fdr] = row["comparison"]["verdict"], row["comparison"]["q"]
     assert verdicts[0.05][0] == "SLOWER" and 0.01 < verdicts[0.05][1] <= 0.05
     assert verdicts[0.01][0] != "SLOWER"
+
+
+def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_ops_first_step(tmp_path, monkeypatch):
+    """prewarmed: a fresh interpreter per step, as fresh, without its imports on the step's clock: every
+    worker the op needs (A: record, passes, repeats; B: passes, repeats) begun before A records, each
+    forking one step and told to end right after it; the rest ended with the A/B."""
+    steps = Steps(monkeypatch)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\nstep_start: prewarmed\n")) == 0
+    per_op = 7  # A: record, passes, 2 repeats; B: passes, 2 repeats
+    assert len(steps.told) == 2 * per_op
+    starters = [t["starter"].__self__ for t in steps.told]
+    assert len({id(w) for w in starters}) == len(steps.told)  # no worker forks two steps
+    # The first op's workers were all begun before its record; the second op's before its own.
+    assert steps.told[0]["begun"] == [True] * per_op
+    assert steps.told[per_op]["begun"][:2 * per_op] == [True] * (2 * per_op)
+    # Each step's worker was told to end as its step did: before the next step started.
+    assert all(id(before) in told["closed"] for before, told in zip(starters[:-1], steps.told[1:], strict=True))
+    # Each step ran on its own side's worker (the side's environment and cache).
+    for told, worker in zip(steps.told, starters, strict=True):
+        assert worker.cache.endswith(f"{told['side']}-d{told['side'].lower()}")
+    assert all(w.closed for w in steps.workers)

@@ -116,7 +116,7 @@ def _plan(tmp_path, text):
     ("flagtune: 2", "'flagtune' must be 0 or 1, not 2"), ("flagtune: true", "'flagtune' must be 0 or 1, not True"),
     ("repeats: 2.5", "'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)"),
     ("fdr: 0", "'fdr' must be a number between 0 and 1, not 0"),
-    ("step_start: warm", "'step_start' must be one of fork, fresh, not 'warm'"),
+    ("step_start: warm", "'step_start' must be one of fork, fresh, prewarmed, not 'warm'"),
     ("step_passes: twice", "'step_passes' must be one of once, every, not 'twice'"),
     ("timer: fast", "'timer' must be one of auto, graph, direct, profiler, host, not 'fast'"),
     ("l2: hot", "'l2' must be one of warm, cold, not 'hot'"),

@@ -61,7 +61,7 @@ def _leftovers(ab_dir: Path) -> list[int]:
     return sorted({pid for text in [str(ab_dir), *caches] for pid in pids_mentioning(text)})
 
 
-@pytest.mark.parametrize("start, passes", [("fork", "once"), ("fresh", "every")])
+@pytest.mark.parametrize("start, passes", [("fork", "once"), ("fresh", "every"), ("prewarmed", "once")])
 def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start, passes):
     proc = _ab(tmp_path, "--ops", "add", "--step-start", start, "--step-passes", passes)
     out, _ = proc.communicate(timeout=600)
@@ -70,9 +70,12 @@ def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start
     log = (d / "ab.log").read_text()
     steps = ("A-record", "A-passes", "B-passes", *STEPS[1:]) if passes == "once" else STEPS
     assert sorted(p.name for p in (d / "add").iterdir()) == sorted(steps)
-    # fork: one worker per side forks every step; fresh: a process per step, no worker.
-    assert log.count("(forked by worker ") == (len(steps) if start == "fork" else 0)
-    assert log.count("-m harness.worker ") == (2 if start == "fork" else 0)
+    # fork: one worker per side forks every step; prewarmed: a worker of its own forks each step (all
+    # begun as the op starts); fresh: a process per step, no worker.
+    forked_by = re.findall(r"\(forked by worker (\d+)\)", log)
+    assert len(forked_by) == (0 if start == "fresh" else len(steps))
+    assert len(set(forked_by)) == {"fork": 2, "fresh": 0, "prewarmed": len(steps)}[start]
+    assert log.count("-m harness.worker ") == len(set(forked_by))
     timing_only = {step: _spec(d / "add" / step)["timing_only"] for step in steps}
     # once: each side's passes step, before the repeats, carries IR and attribution (what the reports
     # read) and no verdict uses its timings; every timed step times only.
@@ -89,13 +92,14 @@ def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start
 
 
 def test_a_plan_refuses_an_unknown_step_start():
-    with pytest.raises(ab.PlanError, match="'step_start' must be one of fork, fresh"):
+    with pytest.raises(ab.PlanError, match="'step_start' must be one of fork, fresh, prewarmed"):
         ab.plan_from_data({"ops": ["add"], "step_start": "spawn"}, "plan.yaml")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_or_killed_ab_leaves_no_worker_step_or_cache(tmp_path, signum):
-    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, slow_s=60)
+@pytest.mark.parametrize("signum, start", [(signal.SIGINT, "fork"), (signal.SIGTERM, "fork"), (signal.SIGKILL, "fork"),
+                                           (signal.SIGKILL, "prewarmed")])
+def test_a_stopped_or_killed_ab_leaves_no_worker_step_or_cache(tmp_path, signum, start):
+    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, "--step-start", start, slow_s=60)
     d = _ab_dir(tmp_path)
     _started(tmp_path)  # A's record is in its first case, forked by A's worker
     caches = load(d / "ab.json")["triton_caches"]

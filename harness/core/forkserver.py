@@ -68,7 +68,10 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGALRM, lambda signum, frame: running and launch.signal_group(running[0], signal.SIGKILL))
-    _send(sock, {"ready": os.getpid()})
+    try:
+        _send(sock, {"ready": os.getpid()})
+    except OSError:  # released while it imported (an A/B that ended, or a spare never needed)
+        return 0
     while not stopping:
         try:
             idle[0] = True
@@ -236,6 +239,10 @@ class Worker:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+    def ended(self) -> bool:
+        """Whether it has exited (collected, so no zombie is left of it)."""
+        return self.child is None or self.child.proc.poll() is not None
 
     def reap(self) -> int | None:
         """Wait for a released worker to end (SIGTERM, then SIGKILL, if it does not); its exit code."""

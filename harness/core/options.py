@@ -31,8 +31,9 @@ LEVELS = ("core", "comprehensive")
 # benchmark classes add), untouched.
 UPSTREAM = "upstream"
 
-# How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), or fresh.
-STEP_STARTS = ("fork", "fresh")
+# How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), fresh, or
+# forked by a warm worker of its own, begun with the op's others before its first step.
+STEP_STARTS = ("fork", "fresh", "prewarmed")
 # Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
 STEP_PASSES = ("once", "every")
 
@@ -426,9 +427,11 @@ class ExperimentOptions(OptionSet):
         check=lambda v: isinstance(v, str), what="a path")
     step_start: str | None = option(
         flag="--step-start", group="experiment", commands=("ab",), choices=STEP_STARTS,
-        help="how each step starts: fork (a warm worker per side, with torch, triton and pytest imported once, "
-             "forks every step: faster, but its repeats came out measurably more alike than fresh ones on an "
-             "H200) or fresh (a new process per step) (default: fresh)",
+        help="how each step starts: fresh (a new process per step); fork (a warm worker per side, with torch, "
+             "triton and pytest imported once, forks every step: faster, but its repeats came out measurably more "
+             "alike than fresh ones on an H200); prewarmed (each step forked by a warm worker of its own, all of an "
+             "op's begun before its first step: fresh processes at fork's pace; not yet measured on a GPU) "
+             "(default: fresh)",
         check=lambda v: v in STEP_STARTS, what=f"one of {', '.join(STEP_STARTS)}")
     step_passes: str | None = option(
         flag="--step-passes", group="experiment", commands=("ab",), choices=STEP_PASSES,

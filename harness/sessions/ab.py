@@ -261,8 +261,9 @@ def _case_progress(line: str) -> None:
 
 class Runner:
     """Runs the steps of one A/B in subprocesses and keeps ab.json current. Each step is a process
-    of its own: forked by its side's warm worker (step_start fork: the worker imported torch, triton
-    and pytest once, a step pays only for its device and its work), or started fresh. A worker that
+    of its own: started fresh, forked by its side's warm worker (step_start fork: the worker imported
+    torch, triton and pytest once, a step pays only for its device and its work), or forked by a warm
+    worker of its own begun before the op's first step (prewarmed). A worker that
     dies is restarted once for the step, which is retried in a new run dir; after that the step
     fails."""
 
@@ -277,7 +278,10 @@ class Runner:
         # Side name -> its Triton cache for this A/B (see run): removed when the A/B ends.
         self.caches: dict[str, Path] = {}
         self._cache_root: Path | None = None
-        self.workers: dict[str, forkserver.Worker] = {}
+        self.workers: dict[str, forkserver.Worker] = {}  # fork: each side's one worker
+        # prewarmed: each side's workers begun for the op's steps to come, one a step, and those used
+        self.spares: dict[str, list[forkserver.Worker]] = {}
+        self.used: list[forkserver.Worker] = []
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
@@ -305,11 +309,14 @@ class Runner:
                                        for name, key in keys.items()}
 
     def close(self) -> None:
-        for worker in self.workers.values():
+        every = [*self.workers.values(), *(w for spare in self.spares.values() for w in spare), *self.used]
+        for worker in every:
             worker.release()  # all told first: they end together
-        for worker in self.workers.values():
+        for worker in every:
             worker.reap()
         self.workers.clear()
+        self.spares.clear()
+        self.used.clear()
         if self._cache_root is not None:
             shutil.rmtree(self._cache_root, ignore_errors=True)
             self._cache_root = None
@@ -350,24 +357,49 @@ class Runner:
         if self.plan.step_start == "fresh":
             return launch.run(request.command_line(side.python), env=side.env, pythonpath=_pythonpath(side), **how)
         worker = self._worker(side)
-        code, interrupted = self._forked(side, worker, request, how)
-        if interrupted is None and worker.died:
-            print(" (its warm worker died: restarted, the step retried)", end="", flush=True)
-            self.log.write(f"side {side.name}: the warm worker died during the step: restarting it, retrying\n")
-            # The retry claims the same run dir afresh: nothing the dead attempt wrote stays in it.
-            shutil.rmtree(request.run_dir, ignore_errors=True)
+        try:
             code, interrupted = self._forked(side, worker, request, how)
+            if interrupted is None and worker.died:
+                print(" (its warm worker died: restarted, the step retried)", end="", flush=True)
+                self.log.write(f"side {side.name}: the warm worker died during the step: restarting it, retrying\n")
+                # The retry claims the same run dir afresh: nothing the dead attempt wrote stays in it.
+                shutil.rmtree(request.run_dir, ignore_errors=True)
+                code, interrupted = self._forked(side, worker, request, how)
+        finally:
+            if self.plan.step_start == "prewarmed":  # one step a worker: it ends now
+                worker.release()
+                # Those that exited are collected as they go, the rest (still exiting) at close.
+                self.used = [w for w in (*self.used, worker) if not w.ended()]
         return code, interrupted
 
     def _worker(self, side: Side) -> forkserver.Worker:
+        """The worker to fork the side's next step: fork, the side's one; prewarmed, its next spare
+        (a new one where none is left, e.g. after an interrupted op)."""
+        if self.plan.step_start == "prewarmed":
+            spare = self.spares.get(side.name)
+            return spare.pop(0) if spare else self._new_worker(side)
         worker = self.workers.get(side.name)
         if worker is None:
-            cache = self.caches.get(side.name)
-            # The backend's child environment too: it can change what importing triton does (the interpreter).
-            env = {**side.env, **backends.get(self.plan.options.backend).child_env}
-            worker = self.workers[side.name] = forkserver.Worker(side.python or sys.executable, self.log, env,
-                                                                 _pythonpath(side), str(cache) if cache else None)
+            worker = self.workers[side.name] = self._new_worker(side)
         return worker
+
+    def _new_worker(self, side: Side) -> forkserver.Worker:
+        cache = self.caches.get(side.name)
+        # The backend's child environment too: it can change what importing triton does (the interpreter).
+        env = {**side.env, **backends.get(self.plan.options.backend).child_env}
+        return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
+                                 str(cache) if cache else None)
+
+    def _prewarm(self) -> None:
+        """prewarmed: a worker begun for each step of the op to come, all importing at once before its
+        first step (none while a step measures): A's record, each side's passes step, each repeat."""
+        plan = self.plan
+        passes = 1 if plan.step_passes == "once" else 0
+        for side, steps in ((plan.a, 1 + passes + plan.repeats), (plan.b, passes + plan.repeats)):
+            spare = self.spares.setdefault(side.name, [])
+            while len(spare) < steps:
+                spare.append(self._new_worker(side))
+                spare[-1].begin()
 
     def _forked(self, side: Side, worker: forkserver.Worker, request: RunRequest, how: dict) -> tuple[int, int | None]:
         try:
@@ -396,6 +428,8 @@ class Runner:
         self._save()
         for i, op in enumerate(plan.ops, 1):
             tag = f"[{i}/{len(plan.ops)} {op}]"
+            if plan.step_start == "prewarmed":
+                self._prewarm()
             runs = results.setdefault(op, {"record": [], "A": [], "B": []})
             op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
             # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
