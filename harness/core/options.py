@@ -398,6 +398,22 @@ def _is_env_list(value) -> bool:
     return _is_strings(value) and all("=" in item for item in value)
 
 
+def valid_fdr(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
+
+
+def _side_env(side: str):
+    return option(flag=f"--{side}-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
+                  help=f"environment variable for side {side.upper()} (repeatable)", check=_is_env_list,
+                  what="a list of KEY=VAL")
+
+
+def _side_python(side: str):
+    return option(flag=f"--{side}-python", group="experiment", commands=("ab",), metavar="PATH",
+                  help=f"Python interpreter of side {side.upper()} (a second compiler build)",
+                  check=lambda v: isinstance(v, str), what="a path")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentOptions(OptionSet):
     """What an A/B compares and how often, given over its plan (`python -m harness ab`). Its plan keeps
@@ -410,21 +426,11 @@ class ExperimentOptions(OptionSet):
     fdr: float | None = option(
         flag="--fdr", group="experiment", commands=("ab",), metavar="Q", type=float,
         help="false discovery rate of the report's FASTER/SLOWER calls (default 0.05)",
-        check=lambda v: _is_number(v) and 0 < v < 1, what="a number between 0 and 1")
-    a_env: tuple[str, ...] = option(
-        flag="--a-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
-        help="environment variable for side A (repeatable)", check=_is_env_list, what="a list of KEY=VAL")
-    a_python: str | None = option(
-        flag="--a-python", group="experiment", commands=("ab",), metavar="PATH",
-        help="Python interpreter of side A (a second compiler build)",
-        check=lambda v: isinstance(v, str), what="a path")
-    b_env: tuple[str, ...] = option(
-        flag="--b-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
-        help="environment variable for side B (repeatable)", check=_is_env_list, what="a list of KEY=VAL")
-    b_python: str | None = option(
-        flag="--b-python", group="experiment", commands=("ab",), metavar="PATH",
-        help="Python interpreter of side B (a second compiler build)",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=valid_fdr, what="a number between 0 and 1")
+    a_env: tuple[str, ...] = _side_env("a")
+    a_python: str | None = _side_python("a")
+    b_env: tuple[str, ...] = _side_env("b")
+    b_python: str | None = _side_python("b")
     step_start: str | None = option(
         flag="--step-start", group="experiment", commands=("ab",), choices=STEP_STARTS,
         help="how each step starts: fresh (a new process per step); fork (a warm worker per side, with torch, "

@@ -24,7 +24,7 @@ import backends
 from harness.core import deps, forkserver, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
-from harness.core.options import STEP_PASSES, STEP_STARTS, UPSTREAM, ExperimentOptions, RunOptions
+from harness.core.options import STEP_PASSES, STEP_STARTS, UPSTREAM, ExperimentOptions, RunOptions, valid_fdr
 from harness.core.outcome import Outcome
 from harness.core.request import RunRequest
 from harness.core.results import ResultsError
@@ -130,10 +130,6 @@ def _side(data, name: str, where: str, base: Path) -> Side:
             raise PlanError(f"{where}: side '{name}': python {python} does not exist")
     return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python,
                 requirements)
-
-
-def valid_fdr(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
 
 
 def load_plan(path: Path) -> Plan:

@@ -148,7 +148,8 @@ def measure(out: Path, shapes: Path, backend: str, spread_only: bool = False) ->
     spread = {}
     for start in STARTS[::-1]:  # the A/A, the other order: no path always runs first
         wall, d = ab(out / f"aa-{start}", shapes, backend, start, AA_REPEATS[backend], "softmax", "add")
-        spread[start] = (*pooled(log_latencies(d)), log_latencies(d))
+        latencies = log_latencies(d)
+        spread[start] = (*pooled(latencies), latencies)
         figures[start].update(aa_wall_s=wall, aa_pooled_var_log=spread[start][0], aa_df=spread[start][1])
         print(f"{start:5s} A/A ({len(spread[start][2])} row-sides, {AA_REPEATS[backend]} repeats): {wall:.1f} s; "
               "between-process sd of log "
