@@ -20,7 +20,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as sps
 
 from backends.monitor import POWER_CAP, THROTTLE_MARKER
 from harness.core.results import ResultRow, read_results
@@ -323,10 +322,12 @@ def _baseline_moved(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether the sides' processes' baseline offsets differ by more than their spread within a side
     explains (t test at BASELINE_MOVED_P): a side with its own torch (its own `python:`), or an
     environment that torch reads, moved the baseline itself, and then its move is no process's."""
+    from scipy.stats import ttest_ind  # on first use, as reports.stats imports scipy
+
     spread = float(np.square(a - a.mean()).sum() + np.square(b - b.mean()).sum()) / (a.size + b.size - 2)
     if spread <= stats.MIN_VARIANCE:
         return abs(float(b.mean() - a.mean())) > math.sqrt(stats.MIN_VARIANCE)  # no spread to explain it
-    return float(sps.ttest_ind(b, a).pvalue) < BASELINE_MOVED_P
+    return float(ttest_ind(b, a).pvalue) < BASELINE_MOVED_P
 
 
 def _fit_factor(full: list[PairedRow], a_procs: list[str], b_procs: list[str]) -> tuple[float, np.ndarray]:
@@ -488,10 +489,12 @@ def calibration(identical: list[PairedRow], calls: int, fdr: float) -> tuple[str
     """The run's own A/A: the headline rows whose IR is byte-identical on both sides, and the calls
     among them. (line, alarming): alarming when more of them were called than the FDR lets a report
     of `calls` calls get wrong (the 95% point of Binomial(calls, fdr)). None without such rows."""
+    from scipy.stats import binom  # on first use, as reports.stats imports scipy
+
     if not identical:
         return None
     wrong = sum(1 for r in identical if r.verdict in (stats.FASTER, stats.SLOWER))
-    allowed = int(sps.binom.ppf(0.95, calls, fdr)) if calls else 0
+    allowed = int(binom.ppf(0.95, calls, fdr)) if calls else 0
     line = (f"rows whose IR is identical on both sides (the run's own A/A): {len(identical)}, called "
             f"FASTER/SLOWER: {wrong}")
     if wrong > allowed:

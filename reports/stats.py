@@ -30,8 +30,9 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import special
-from scipy import stats as sps
+
+# scipy is imported where it is used, not with this module: its 1-2.5 s would otherwise come before an
+# A/B's first step (the A/B imports it beside its steps instead: harness.sessions.ab.preload_reports).
 
 CONFIDENCE = 0.95
 # The practical margin (0.3%): the smallest change a FASTER/SLOWER verdict claims. It guards against
@@ -111,12 +112,21 @@ def residual(a, b) -> tuple[float, float]:
     return max(ss / dof, MIN_VARIANCE), float(dof)
 
 
+def _t():
+    """Student's t distribution (scipy.stats.t), imported on first use (see the imports)."""
+    from scipy.stats import t
+
+    return t
+
+
 def _trigamma_inverse(x: float) -> float:
     """y with trigamma(y) = x (Newton's method on 1/y, as limma's trigammaInverse)."""
     if x > 1e7:
         return 1.0 / math.sqrt(x)
     if x < 1e-6:
         return 1.0 / x
+    from scipy import special
+
     y = 0.5 + 1.0 / x
     for _ in range(50):
         tri = float(special.polygamma(1, y))
@@ -151,6 +161,8 @@ class PriorModel:
         self.rows, self.outliers = int(usable.sum()), 0
         if self.rows < MIN_PRIOR_ROWS:
             return
+        from scipy import special
+
         half = d[usable] / 2
         self._s2 = s2[usable]
         self._e = np.log(self._s2) - special.digamma(half) + np.log(half)
@@ -220,7 +232,7 @@ def compare(a, b, prior: Prior = NO_PRIOR, margin: float = MARGIN) -> Comparison
     if dof == 0:  # nothing says how much a repeat varies: an unbounded interval, the verdict NOISY
         return Comparison(ratio, 0.0, math.inf, margin, NOISY, int(la.size), int(lb.size))
     se = math.sqrt(variance * (1 / la.size + 1 / lb.size))
-    t = float(sps.t.ppf(0.5 + CONFIDENCE / 2, dof))
+    t = float(_t().ppf(0.5 + CONFIDENCE / 2, dof))
     lo, hi = math.exp(diff - t * se), math.exp(diff + t * se)
     p = p_beyond_margin(diff, se, dof, margin)
     return Comparison(ratio, lo, hi, margin, verdict(lo, hi, margin), int(la.size), int(lb.size),
@@ -232,8 +244,8 @@ def p_beyond_margin(diff: float, se: float, dof: float, margin: float) -> float:
     below CONFIDENCE's alpha exactly when the interval clears the margin on one side."""
     if se == 0:
         return 0.0 if diff > math.log1p(margin) or diff < math.log1p(-margin) else 1.0
-    up = float(sps.t.sf((diff - math.log1p(margin)) / se, dof))
-    down = float(sps.t.cdf((diff - math.log1p(-margin)) / se, dof))
+    up = float(_t().sf((diff - math.log1p(margin)) / se, dof))
+    down = float(_t().cdf((diff - math.log1p(-margin)) / se, dof))
     return min(1.0, 2 * min(up, down))
 
 
@@ -282,7 +294,7 @@ def detectable(c: Comparison, alpha: float) -> float:
     if c.dof == 0 or not math.isfinite(c.sd):
         return math.inf
     se = c.sd * math.sqrt(1 / c.n_a + 1 / c.n_b)
-    return math.expm1(math.log1p(c.margin) + float(sps.t.isf(alpha / 2, c.dof)) * se)
+    return math.expm1(math.log1p(c.margin) + float(_t().isf(alpha / 2, c.dof)) * se)
 
 
 def geomean(ratios) -> tuple[float, float, float]:
@@ -296,7 +308,7 @@ def geomean(ratios) -> tuple[float, float, float]:
     se = float(logs.std(ddof=1)) / math.sqrt(logs.size)
     if se == 0.0:
         return math.exp(mean), math.exp(mean), math.exp(mean)
-    t = float(sps.t.ppf(0.5 + CONFIDENCE / 2, logs.size - 1))
+    t = float(_t().ppf(0.5 + CONFIDENCE / 2, logs.size - 1))
     return math.exp(mean), math.exp(mean - t * se), math.exp(mean + t * se)
 
 

@@ -14,7 +14,7 @@ def argv_cache(argv):
     return argv[argv.index("--triton-cache") + 1] if "--triton-cache" in argv else None
 
 
-@pytest.mark.parametrize("step_start", ["fork", "fresh"])
+@pytest.mark.parametrize("step_start", ["fork", "prewarmed", "fresh"])
 def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tmp_path, monkeypatch, step_start):
     steps = []
 
@@ -22,7 +22,7 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
         named = Path(argv[argv.index("--run-dir") + 1])
         named.mkdir(parents=True)
         (named / "run.json").write_text("{}")
-        # fork: the side's environment is its warm worker's, which forks the step.
+        # fork, prewarmed: the side's environment is its warm worker's, which forks the step.
         env = kwargs["env"] if step_start == "fresh" else kwargs["starter"].__self__.env
         steps.append((env, argv))
         return 0, None
@@ -38,7 +38,8 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
     for env, argv in steps:
         by_side.setdefault("B" if env.get("SWITCH") else "A", set()).add(argv_cache(argv))
     assert len(steps) == 7  # A records, A's and B's passes, then A B A B
-    assert len(begun) == (2 if step_start == "fork" else 0)  # both sides' workers, as the A/B starts
+    # fork: both sides' workers, as the A/B starts; prewarmed: one a step, all before the first
+    assert len(begun) == {"fork": 2, "prewarmed": 7, "fresh": 0}[step_start]
     (cache_a,), (cache_b,) = by_side["A"], by_side["B"]
     assert cache_a != cache_b and None not in (cache_a, cache_b)
     keys = runner.state["triton_caches"]

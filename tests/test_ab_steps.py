@@ -563,9 +563,10 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     out = capsys.readouterr().out
     assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out
     assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
-    # Fresh by default: no worker; each step a whole command line, B's in B's environment.
-    assert len(steps.workers) == 2 and all(t["python"] == sys.executable for t in steps.told)
-    assert [bool(t["env"].get("X")) for t in steps.told] == [False, False, True, False, True, False, True]
+    # Prewarmed by default: a worker of its own a step (7 more), B's in B's environment.
+    mine = [t["starter"].__self__ for t in steps.told]
+    assert len(steps.workers) == 2 + 7 and len({id(w) for w in mine}) == 7 and all(t["python"] is None for t in steps.told)
+    assert [bool(w.env.get("X")) for w in mine] == [False, False, True, False, True, False, True]
     with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
         ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))
 
@@ -639,3 +640,25 @@ def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_ops_fir
     for told, worker in zip(steps.told, starters, strict=True):
         assert worker.cache.endswith(f"{told['side']}-d{told['side'].lower()}")
     assert all(w.closed for w in steps.workers)
+
+
+def test_the_reports_scipy_is_imported_beside_the_first_steps_and_done_before_any_timed_one(tmp_path, monkeypatch):
+    """The A/B's parent imports no scipy before its first step (1-2.5 s on an H200 host); a thread imports it
+    as the steps begin, joined before the first timed repeat (no import of ours beside a measuring step)."""
+    probe = ("import sys, harness.sessions.ab as ab; before = 'scipy.stats' in sys.modules; "
+             "ab.preload_reports().join(); print(before, 'scipy.stats' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.split() == ["False", "True"]
+    steps = Steps(monkeypatch)
+    events = []
+
+    class Preload:
+        def join(self):
+            events.append(("joined", len(steps.told)))
+
+    monkeypatch.setattr(ab, "preload_reports", lambda: events.append(("begun", len(steps.told))) or Preload())
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\n")) == 0
+    # Begun before A's record; joined after each op's passes steps (A-record, A-passes, B-passes), before A-1.
+    assert events == [("begun", 0), ("joined", 3), ("joined", 10)]
+    assert [t["run_dir"].parent.name for t in steps.told][3] == "A-1"

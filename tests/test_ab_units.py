@@ -166,11 +166,11 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     assert ab.load_plan(_plan(tmp_path, "ops: [add]\nb: {env: {X: '1'}}\n")).b.describe() == "X=1"  # no label
     # FlagGems' own shapes are named, not a file.
     assert str(ab.load_plan(_plan(tmp_path, "ops: [add]\nshapes: upstream\n")).options.shapes) == "upstream"
-    # What a plan leaves out: three repeats, fresh steps (forked ones came out more alike on an H200, README),
-    # the one-off passes once, sides as they are.
+    # What a plan leaves out: three repeats, prewarmed steps (new interpreters at fork's pace: forked ones
+    # came out more alike on an H200, README), the one-off passes once, sides as they are.
     plain = ab.load_plan(_plan(tmp_path, "ops: [add]\n"))
     assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.options.device, plain.options.level,
-            plain.options.flagtune, list(plain.options.ops_paths)) == ("plan", 3, "fresh", "once", None, None, None, [])
+            plain.options.flagtune, list(plain.options.ops_paths)) == ("plan", 3, "prewarmed", "once", None, None, None, [])
     assert (plain.a.label, plain.b.label, plain.a.describe()) == ("", "", "as is")
     # A stored plan's paths are relative to the base it is read with, not to where it was stored.
     stored = ab.plan_from_data({"ops": ["add"], "ops_paths": ["ops"], "shapes": "s.yaml"}, "/elsewhere/p.yaml",

@@ -22,7 +22,7 @@ STEPS = ("A-record", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in the 
 
 def _ab(tmp_path: Path, *args, slow_s: float | None = None) -> subprocess.Popen:
     """`python -m harness ab ARGS --repeats 2` on the interpreter, in its own session; its steps forked
-    by warm workers unless ARGS say otherwise (fresh is the default)."""
+    by one warm worker a side unless ARGS say otherwise (prewarmed is the default)."""
     if "--step-start" not in args:
         args = (*args, "--step-start", "fork")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

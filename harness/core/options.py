@@ -433,11 +433,11 @@ class ExperimentOptions(OptionSet):
     b_python: str | None = _side_python("b")
     step_start: str | None = option(
         flag="--step-start", group="experiment", commands=("ab",), choices=STEP_STARTS,
-        help="how each step starts: fresh (a new process per step); fork (a warm worker per side, with torch, "
-             "triton and pytest imported once, forks every step: faster, but its repeats came out measurably more "
-             "alike than fresh ones on an H200); prewarmed (each step forked by a warm worker of its own, all of an "
-             "op's begun before its first step: fresh processes at fork's pace; not yet measured on a GPU) "
-             "(default: fresh)",
+        help="how each step starts: prewarmed (each step forked by a warm worker of its own, with torch, triton "
+             "and pytest imported, all of an op's begun before its first step: a new interpreter per step at "
+             "fork's pace); fresh (a new process per step, imports included: slowest); fork (one warm worker per "
+             "side forks every step: its repeats came out measurably more alike than fresh ones on an H200, "
+             "noise understated) (default: prewarmed)",
         check=lambda v: v in STEP_STARTS, what=f"one of {', '.join(STEP_STARTS)}")
     step_passes: str | None = option(
         flag="--step-passes", group="experiment", commands=("ab",), choices=STEP_PASSES,

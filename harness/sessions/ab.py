@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,7 +76,8 @@ class Plan:
     # replay takes (RunOptions.for_replay): the backend, FlagGems level, switch and cache and the
     # measurement stay the record's, so both sides run the same level, switch and tuning space.
     options: RunOptions = RunOptions()
-    step_start: str = "fresh"  # fork: faster, but its repeats came out more alike on an H200 (README)
+    # prewarmed: fresh processes at fork's pace; fork's repeats came out more alike on an H200 (README)
+    step_start: str = "prewarmed"
     step_passes: str = "once"
 
     def request(self, command: str, target: str, run_dir: Path, timing_only: bool = False) -> RunRequest:
@@ -420,6 +423,9 @@ class Runner:
         if plan.step_start == "fork":
             for side in (plan.a, plan.b):  # both import at once, B's while A records
                 self._worker(side).begin()
+        elif plan.step_start == "prewarmed":
+            self._prewarm()  # the first op's workers; each later op's as it starts
+        preload = preload_reports()
         results = self.results
         self._save()
         for i, op in enumerate(plan.ops, 1):
@@ -448,6 +454,7 @@ class Runner:
                                        f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
                     if passed is not None:
                         runs.setdefault(compare.passes_key(side.name), []).append(passed)
+            preload.join()  # before any timed step: no import of the parent's beside one
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
                     replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
@@ -458,6 +465,22 @@ class Runner:
         self.state["complete"] = True
         self._save()
         return results
+
+
+def preload_reports() -> threading.Thread:
+    """The report's scipy.stats, imported in a thread beside the A/B's first steps (its record waits for
+    a worker's imports anyway), not before them: 1-2.5 s off every A/B. Joined before the first timed
+    step. A failed import here is the report's to raise when it imports scipy itself."""
+    thread = threading.Thread(target=_import_quietly, args=("scipy.stats",), name="preload-reports", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_quietly(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except ImportError:  # the report's own import raises it, where it is read
+        pass
 
 
 def _pythonpath(side: Side) -> str | None:

@@ -12,14 +12,15 @@ start differs), two A/Bs of identical sides, every step in ab.json:
              process start, imports, device init, collection and writing (target <= 1.5 s);
   corpus     the op A/B's wall at 5 repeats (its wall at 3 plus 4 timing-only replays) x 1,124 ops,
              on one GPU, at this op's size (target <= 8 h);
-  spread     an A/A of softmax and add, 2 rows each, 5 repeats (3 on the interpreter): per row and
+  spread     an A/A of softmax and add, 4 rows each, 5 repeats (3 on the interpreter): per row and
              side, the variance of log latency between repeats, pooled over rows and sides (df = sum
              of n - 1); F = pooled variance fresh / fork (and fresh / prewarmed), one-sided p =
              P(F' >= F) for F' ~ F(df fresh, df fork): a small p (< 0.05) says forked repeats are
              measurably more alike than fresh ones (noise understated), and then that path must not
              be the default. A Brown-Forsythe companion (Mann-Whitney) is printed beside it.
 Prints the figures and a table against the targets; writes them as JSON to --json. About 7
-minutes on an H200 (`--spread-only`: about 5). Exit 0 once everything ran.
+minutes on an H200 (`--only spread`: about 5; `--starts prewarmed,fresh`: about 6; `--only ab`: about 2).
+A discarded warm-up A/B runs first. Exit 0 once everything ran.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CORPUS_OPS = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
 TARGETS = {"fixed_s": 1.5, "op_ab_s": 20.0, "corpus_h": 8.0}
-STARTS = ("fork", "prewarmed", "fresh")
-WARM = ("fork", "prewarmed")  # each tested against fresh
+STARTS = ("fork", "prewarmed", "fresh")  # fresh last: each of the others is tested against it
+PARTS = ("ab", "spread")
 AA_REPEATS = {"cuda": 5, "interpreter": 3}  # the interpreter checks the pipeline: fewer, slow, steps
 SHAPES = {  # two rows per op
     "cuda": "softmax:\n  shapes: [[64, 512], [1024, 4096]]\n  dtypes: [fp16]\n"
@@ -116,7 +117,7 @@ def f_test(fresh: tuple[float, int], fork: tuple[float, int]) -> dict:
             "fork_more_alike": one < 0.05}
 
 
-# --spread-only: the independence check alone, on more rows (4 shapes an op: 16 row-sides, df 64 a path).
+# The A/A's rows: 4 shapes an op (16 row-sides, df 64 a path at 5 repeats).
 SPREAD_SHAPES = {
     "cuda": "softmax:\n  shapes: [[64, 512], [256, 1024], [1024, 4096], [4096, 1024]]\n  dtypes: [fp16]\n"
             "pointwise:\n  shapes: [[65536], [1048576], [4096, 4096], [8192, 2048]]\n  dtypes: [fp16]\n",
@@ -124,9 +125,18 @@ SPREAD_SHAPES = {
 }
 
 
-def measure(out: Path, shapes: Path, backend: str, spread_only: bool = False) -> dict:
-    figures: dict = {start: {} for start in STARTS}
-    for start in () if spread_only else STARTS:  # the op A/B, fork then fresh
+def measure(out: Path, backend: str, starts: tuple[str, ...], parts: tuple[str, ...]) -> dict:
+    shapes, spread_shapes = out / "two_rows.yaml", out / "spread_rows.yaml"
+    shapes.write_text(SHAPES[backend])
+    spread_shapes.write_text(SPREAD_SHAPES[backend])
+    figures: dict = {start: {} for start in starts}
+    # A first A/B on a fresh machine pays for a cold page cache (torch's libraries read from disk by many
+    # processes at once): 12 s against 6.6 s for the same record on an H200. Whichever path ran first paid
+    # it; a corpus A/B pays it once. Discarded.
+    wall, _ = ab(out / "warm-up", shapes, backend, starts[0], 2, "softmax")
+    figures["warm_up_s"] = wall
+    print(f"warm-up A/B ({starts[0]}, discarded): {wall:.1f} s", flush=True)
+    for start in starts if "ab" in parts else ():  # the op A/B
         wall, d = ab(out / f"op-{start}", shapes, backend, start, 3, "softmax")
         replays = timing_only_replays(d)
         mean_replay = statistics.mean(s["seconds"] for s in replays)
@@ -146,8 +156,10 @@ def measure(out: Path, shapes: Path, backend: str, spread_only: bool = False) ->
               + f"; fixed cost per repeat {figures[start]['fixed_s']:.2f} s (median of {len(fixed)}); corpus "
               f"{figures[start]['corpus_h']:.1f} h", flush=True)
     spread = {}
-    for start in STARTS[::-1]:  # the A/A, the other order: no path always runs first
-        wall, d = ab(out / f"aa-{start}", shapes, backend, start, AA_REPEATS[backend], "softmax", "add")
+    if "spread" not in parts:
+        return figures
+    for start in starts[::-1]:  # the A/A, the other order: no path always runs first
+        wall, d = ab(out / f"aa-{start}", spread_shapes, backend, start, AA_REPEATS[backend], "softmax", "add")
         latencies = log_latencies(d)
         spread[start] = (*pooled(latencies), latencies)
         figures[start].update(aa_wall_s=wall, aa_pooled_var_log=spread[start][0], aa_df=spread[start][1])
@@ -156,7 +168,7 @@ def measure(out: Path, shapes: Path, backend: str, spread_only: bool = False) ->
               f"latency {math.sqrt(spread[start][0]):.4f} (df {spread[start][1]})", flush=True)
     figures["spread_tests"] = {start: {"F": f_test(spread["fresh"][:2], spread[start][:2]),
                                        "robust": brown_forsythe(spread["fresh"][2], spread[start][2])}
-                               for start in WARM}
+                               for start in starts if start != "fresh"}
     return figures
 
 
@@ -175,27 +187,34 @@ def brown_forsythe(fresh: dict[tuple, list[float]], fork: dict[tuple, list[float
             "median_dev_fork": statistics.median(b), "p_fork_more_alike": float(test.pvalue)}
 
 
+def _starts(text: str) -> tuple[str, ...]:
+    starts = tuple(s for s in STARTS if s in text.split(","))  # fresh last, whatever the order given
+    if "fresh" not in starts or len(starts) < 2 or set(text.split(",")) - set(STARTS):
+        raise argparse.ArgumentTypeError(f"a comma list of {', '.join(STARTS)}: fresh and at least one other")
+    return starts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=Path("bench_speed.json"), metavar="PATH",
                         help="where the figures go (default: bench_speed.json)")
     parser.add_argument("--backend", choices=tuple(SHAPES), default="cuda",
                         help="cuda (the H200), or interpreter to run the whole script on a CPU (default: cuda)")
-    parser.add_argument("--spread-only", action="store_true",
-                        help="only the A/A spread, fork against fresh, on 4 shapes an op (SPREAD_SHAPES)")
+    parser.add_argument("--only", choices=PARTS, default=None,
+                        help="ab: the op A/B's figures alone; spread: the A/A spread alone (default: both)")
+    parser.add_argument("--starts", default=",".join(STARTS), type=_starts, metavar="LIST",
+                        help=f"the step starts compared, fresh among them (default: {','.join(STARTS)})")
     parser.add_argument("--out", type=Path, default=None, help="keep the A/B dirs here (default: a temp dir, removed)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="zl_bench_speed_") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        shapes = out / "two_rows.yaml"
-        shapes.write_text((SPREAD_SHAPES if args.spread_only else SHAPES)[args.backend])
         began = time.monotonic()
-        figures = measure(out, shapes, args.backend, args.spread_only)
+        figures = measure(out, args.backend, args.starts, (args.only,) if args.only else PARTS)
         figures["total_s"] = time.monotonic() - began
     figures["backend"] = args.backend
     figures["targets"] = TARGETS
-    for start in WARM:
+    for start in figures.get("spread_tests", ()):
         test, robust = figures["spread_tests"][start]["F"], figures["spread_tests"][start]["robust"]
         print(f"\nspread, {start}: F = var fresh / var {start} = {test['F']:.2f} (df {test['df_fresh']}, "
               f"{test['df_fork']}); p({start} more alike) = {test['p_fork_more_alike']:.3f}, two-sided p = "
@@ -204,10 +223,10 @@ def main() -> int:
                  if test["fork_more_alike"] else f"no evidence {start} repeats are more alike (independence holds)"))
         print(f"robust (Brown-Forsythe, Mann-Whitney): median |deviation| fresh {robust['median_dev_fresh']:.4f}, "
               f"{start} {robust['median_dev_fork']:.4f}; p({start} more alike) = {robust['p_fork_more_alike']:.3f}")
-    print(f"\n{'figure':10s} " + " ".join(f"{start:>10s}" for start in STARTS) + "  target")
-    for name, unit in () if args.spread_only else (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h")):
-        cells = " ".join(f"{figures[start][name]:9.2f}{unit}" for start in STARTS)
-        meets = [start for start in STARTS if figures[start][name] <= TARGETS[name]]
+    print(f"\n{'figure':10s} " + " ".join(f"{start:>10s}" for start in args.starts) + "  target")
+    for name, unit in () if args.only == "spread" else (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h")):
+        cells = " ".join(f"{figures[start][name]:9.2f}{unit}" for start in args.starts)
+        meets = [start for start in args.starts if figures[start][name] <= TARGETS[name]]
         print(f"{name:10s} {cells}  <= {TARGETS[name]}{unit}: met by {', '.join(meets) or 'none'}")
     print(f"total {figures['total_s']:.0f} s; figures in {args.json}")
     args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
