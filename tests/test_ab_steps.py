@@ -565,7 +565,8 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     # Prewarmed by default: a worker of its own a step (7 more), B's in B's environment.
     mine = [t["starter"].__self__ for t in steps.told]
-    assert len(steps.workers) == 2 + 7 and len({id(w) for w in mine}) == 7 and all(t["python"] is None for t in steps.told)
+    assert len(steps.workers) == 2 + 7 and len({id(w) for w in mine}) == 7
+    assert all(t["python"] is None for t in steps.told)
     assert [bool(w.env.get("X")) for w in mine] == [False, False, True, False, True, False, True]
     with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
         ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))

@@ -170,7 +170,8 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     # came out more alike on an H200, README), the one-off passes once, sides as they are.
     plain = ab.load_plan(_plan(tmp_path, "ops: [add]\n"))
     assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.options.device, plain.options.level,
-            plain.options.flagtune, list(plain.options.ops_paths)) == ("plan", 3, "prewarmed", "once", None, None, None, [])
+            plain.options.flagtune, list(plain.options.ops_paths)) == (
+        "plan", 3, "prewarmed", "once", None, None, None, [])
     assert (plain.a.label, plain.b.label, plain.a.describe()) == ("", "", "as is")
     # A stored plan's paths are relative to the base it is read with, not to where it was stored.
     stored = ab.plan_from_data({"ops": ["add"], "ops_paths": ["ops"], "shapes": "s.yaml"}, "/elsewhere/p.yaml",
