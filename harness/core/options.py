@@ -402,6 +402,11 @@ def valid_fdr(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
 
 
+def valid_repeats(value) -> bool:
+    """At least two: a row's spread between its repeats is its noise."""
+    return type(value) is int and value >= 2
+
+
 def _side_env(side: str):
     return option(flag=f"--{side}-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
                   help=f"environment variable for side {side.upper()} (repeatable)", check=_is_env_list,
@@ -422,7 +427,7 @@ class ExperimentOptions(OptionSet):
     repeats: int | None = option(
         flag="--repeats", group="experiment", commands=("ab",), metavar="N", type=int,
         help="replays per side (>= 2; default 3)",
-        check=lambda v: type(v) is int and v >= 2, what="an integer >= 2")
+        check=valid_repeats, what="an integer >= 2")
     fdr: float | None = option(
         flag="--fdr", group="experiment", commands=("ab",), metavar="Q", type=float,
         help="false discovery rate of the report's FASTER/SLOWER calls (default 0.05)",

@@ -26,7 +26,15 @@ import backends
 from harness.core import deps, forkserver, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
-from harness.core.options import STEP_PASSES, STEP_STARTS, UPSTREAM, ExperimentOptions, RunOptions, valid_fdr
+from harness.core.options import (
+    STEP_PASSES,
+    STEP_STARTS,
+    UPSTREAM,
+    ExperimentOptions,
+    RunOptions,
+    valid_fdr,
+    valid_repeats,
+)
 from harness.core.outcome import Outcome
 from harness.core.request import RunRequest
 from harness.core.results import ResultsError
@@ -160,7 +168,7 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
         raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
     repeats = data.get("repeats", 3)
-    if type(repeats) is not int or repeats < 2:
+    if not valid_repeats(repeats):
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)")
     fdr = data.get("fdr", stats.FDR)
     if not valid_fdr(fdr):
@@ -593,7 +601,7 @@ def resolve_plan(args) -> Plan:
         plan.ops = args.ops
     experiment = ExperimentOptions.from_namespace(args)
     if experiment.repeats is not None:
-        if experiment.repeats < 2:
+        if not valid_repeats(experiment.repeats):
             raise UsageError("--repeats must be >= 2: a row's spread between repeats is its noise")
         plan.repeats = experiment.repeats
     if experiment.fdr is not None:
