@@ -663,3 +663,13 @@ def test_the_reports_scipy_is_imported_beside_the_first_steps_and_done_before_an
     # Begun before A's record; joined after each op's passes steps (A-record, A-passes, B-passes), before A-1.
     assert events == [("begun", 0), ("joined", 3), ("joined", 10)]
     assert [t["run_dir"].parent.name for t in steps.told][3] == "A-1"
+
+
+def test_prewarmed_steps_that_all_carry_the_passes_begin_no_worker_for_a_passes_step(tmp_path, monkeypatch):
+    """--step-passes every: no passes steps, so an op's workers are A's record and repeats, B's repeats: none
+    begun and left unused."""
+    steps = Steps(monkeypatch)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 3\nstep_start: prewarmed\nstep_passes: every\n")) == 0
+    assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2", "A-3", "B-3"]
+    assert len(steps.workers) == 7 and steps.told[0]["begun"] == [True] * 7
+    assert {id(t["starter"].__self__) for t in steps.told} == {id(w) for w in steps.workers}

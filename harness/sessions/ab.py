@@ -431,8 +431,6 @@ class Runner:
         if plan.step_start == "fork":
             for side in (plan.a, plan.b):  # both import at once, B's while A records
                 self._worker(side).begin()
-        elif plan.step_start == "prewarmed":
-            self._prewarm()  # the first op's workers; each later op's as it starts
         preload = preload_reports()
         results = self.results
         self._save()
