@@ -1,8 +1,8 @@
 """`python -m harness.worker FD [CACHE]`: an A/B side's warm worker (harness.core.forkserver), started
 by the A/B with the side's interpreter and environment; FD is its end of the socket to the A/B, CACHE
-the side's Triton cache (removed here when a SIGTERM stops the worker: its A/B died). It imports
-what every step imports, once, touching no device, then forks each step as `python -m harness ARGS`
-would run it (its own pytest child forked in turn: harness.sessions.run)."""
+the side's Triton cache (the A/B's cache root, both sides', is removed here if the A/B died first).
+It imports what every step imports, once, touching no device, then forks each step as
+`python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run)."""
 
 import os
 import shutil
@@ -59,6 +59,7 @@ def _warm() -> None:
 
 
 def main() -> int:
+    started_by = os.getppid()  # the A/B
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the A/B forwards a Ctrl-C to the step, not here
     sock = socket.socket(fileno=int(sys.argv[1]))
     from harness.core import deps, forkserver, launch
@@ -83,14 +84,11 @@ def main() -> int:
               file=sys.stderr)
         return 1
     code = forkserver.serve(sock, _step)
-    if code and len(sys.argv) > 2:
-        # Stopped, not released: the A/B that would remove the side's cache may be gone (kill -9).
-        cache = sys.argv[2]
-        shutil.rmtree(cache, ignore_errors=True)
-        try:
-            os.rmdir(os.path.dirname(cache))  # the A/B's cache root, once the other side's is gone too
-        except OSError:
-            pass
+    if code and len(sys.argv) > 2 and os.getppid() != started_by:
+        # Stopped as its A/B died (kill -9: it was reparented before the death signal came), its own
+        # step ended: the A/B's cache root goes whole, both sides'. Every worker of the A/B removes it
+        # once its step ended, so the last one to end leaves nothing, whatever the order.
+        shutil.rmtree(os.path.dirname(sys.argv[2]), ignore_errors=True)
     return code
 
 

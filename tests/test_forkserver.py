@@ -111,7 +111,7 @@ def test_a_stopped_or_killed_ab_leaves_no_worker_step_or_cache(tmp_path, signum,
         assert proc.returncode == 128 + signum, out
         assert f"interrupted ({signal.Signals(signum).name})" in out
     # kill -9: each worker got SIGTERM as its parent died, stopped its step (SIGTERM, then SIGKILL
-    # after its grace) and removed its side's cache.
+    # after its grace) and removed the A/B's cache root: whichever ends last, nothing is left.
     assert wait_for(lambda: not _leftovers(d), 60), _leftovers(d)
     assert wait_for(lambda: not root.exists(), 10), list(root.rglob("*"))
 

@@ -100,8 +100,9 @@ def test_the_cache_of_a_record_killed_outright_goes_with_the_next_run(tmp_path):
 
 
 def test_the_caches_of_an_ab_killed_outright_go_with_the_next_run(tmp_path):
+    # Fresh steps: no warm worker is left to remove them as the A/B dies (test_forkserver: they do).
     proc = _start(tmp_path, "ab", "--ops", "slow_op", "--ops-path", FAULT_OPS, "--backend", "interpreter",
-                  "--repeats", "2", "--out", tmp_path / "ab")
+                  "--repeats", "2", "--step-start", "fresh", "--out", tmp_path / "ab")
     assert wait_for(lambda: list((tmp_path / "ab").glob("ab_*/*/A-record/*/results.json")) or proc.poll() is not None,
                     240)
     state = load(next((tmp_path / "ab").glob("ab_*/ab.json")))
