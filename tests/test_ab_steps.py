@@ -643,14 +643,29 @@ def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_ops_fir
     assert all(w.closed for w in steps.workers)
 
 
-def test_the_reports_scipy_is_imported_beside_the_first_steps_and_done_before_any_timed_one(tmp_path, monkeypatch):
-    """The A/B's parent imports no scipy before its first step (1-2.5 s on an H200 host); a thread imports it
-    as the steps begin, joined before the first timed repeat (no import of ours beside a measuring step)."""
-    probe = ("import sys, harness.sessions.ab as ab; before = 'scipy.stats' in sys.modules; "
-             "ab.preload_reports().join(); print(before, 'scipy.stats' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=paths.REPO_ROOT, capture_output=True, text=True,
-                          timeout=120, check=True)
-    assert done.stdout.split() == ["False", "True"]
+def test_the_reports_modules_are_imported_beside_the_first_steps_and_done_before_any_timed_one(tmp_path, monkeypatch):
+    """The A/B's parent imports neither scipy nor matplotlib before its first step (1-2.5 s and 0.3-1 s on an
+    H200 host); a thread imports them as the steps begin, joined before the first timed repeat (no import of
+    ours beside a measuring step), and the report then imports nothing more of them."""
+    probe = ("import sys, harness.sessions.ab as ab\n"
+             "heavy = lambda: sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'matplotlib'))\n"
+             "print(heavy() == [])\n"
+             "ab.preload_reports().join()\n"
+             "print(all(m in sys.modules for m in ('scipy.stats', 'matplotlib.figure', 'matplotlib.ticker')))\n"
+             "preloaded = set(heavy())\n"
+             "import pathlib\n"
+             "from reports import ab_report, compare, stats\n"
+             "a, b = [1.0, 1.01, 0.99], [[1.0, 1.02, 0.98], [0.8, 0.81, 0.79]]\n"
+             "rows = [compare.PairedRow(op='op', dtype='fp32', shape=(i,), a_ms=a, b_ms=bi, a_control_ms=[],\n"
+             "                          b_control_ms=[], timers={'graph'}, flags=[], configs_a={}, configs_b={},\n"
+             "                          comparison=stats.compare(a, bi)) for i, bi in enumerate(b)]\n"
+             "compare.judge(rows, 0.05)\n"
+             "files = ab_report.write(pathlib.Path(sys.argv[1]), rows, compare.summarize(rows, 0.05), [], {})\n"
+             "print(sorted(set(heavy()) - preloaded), [f.name for f in files][-1])\n")
+    done = subprocess.run([sys.executable, "-c", probe, tmp_path / "report"], cwd=paths.REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True", "True", "[] ratios.png"], done.stdout
     steps = Steps(monkeypatch)
     events = []
 
