@@ -170,18 +170,21 @@ def test_a_worker_begun_early_that_dies_while_importing_says_so_at_its_first_ste
 def test_the_worker_computes_once_what_every_step_would_and_touches_no_device():
     """harness.worker._warm, in a process of its own as a worker is: Triton's cache key computed (its
     lru cache filled, so a forked step's first compile or cache hit does not hash Triton again), the
-    compiler identity cached, the step's modules imported, and the device untouched."""
+    compiler identity cached, the step's modules imported (a correctness check imports nothing more), and the
+    device untouched."""
     probe = (
         "import sys, torch, triton\n"
         "from triton.runtime import cache\n"
         "from harness import worker\n"
         "from harness.core import identity\n"
         "worker._warm()\n"
+        "warmed = set(sys.modules)\n"
+        "torch.testing.assert_close(torch.ones(3, dtype=torch.float16), torch.ones(3, dtype=torch.float16))\n"
         "print(cache.triton_key.cache_info().currsize, identity._compiler_identity.cache_info().currsize,\n"
         "      all(m in sys.modules for m in worker.STEP_MODULES), '_pytest.junitxml' in sys.modules,\n"
-        "      torch.cuda.is_initialized())\n")
+        "      sorted(set(sys.modules) - warmed), torch.cuda.is_initialized())\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "1", "True", "True", "False"]
+    assert done.stdout.split() == ["1", "1", "True", "True", "[]", "False"]
