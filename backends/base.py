@@ -115,6 +115,10 @@ class Backend:
     # smem_per_sm), read in the child; None where the device reports none, or where the compiler
     # states the occupancy itself (AMDGCN's `; Occupancy:`).
     occupancy_limits: Callable[[], dict | None] | None = None
+    # What every process does on the CPU before or as it first touches the device, which a warm worker
+    # (harness.worker) does once for all the steps it forks: it must touch no device (a forked step
+    # could not initialize one). None: nothing beyond the imports.
+    warm_fork: Callable[[], None] | None = None
 
     @property
     def default_timer(self) -> str:

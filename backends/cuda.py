@@ -21,6 +21,25 @@ def l2_cache_bytes() -> int:
     return int(torch.cuda.get_device_properties(0).L2_cache_size)
 
 
+def warm_fork() -> None:
+    """A warm worker's once for all its steps (Backend.warm_fork): torch's registration of its Triton
+    sparse ops, queued for the device's lazy init (0.25 s of a forked replay's child on an H200 host,
+    under cProfile; the queued call then finds them registered), and Triton's `ldconfig -p` for
+    libcuda (lru-cached). Neither touches the device."""
+    import subprocess
+
+    import torch
+
+    register = getattr(torch.cuda, "_register_triton_kernels", None)  # private: another torch may lack it
+    if register is not None:
+        register()
+    try:
+        from triton.backends.nvidia.driver import libcuda_dirs
+        libcuda_dirs()
+    except (ImportError, AssertionError, OSError, subprocess.SubprocessError):  # another Triton, no libcuda:
+        pass  # the step meets it again and says so itself
+
+
 def occupancy_limits() -> dict | None:
     import torch
 
@@ -67,6 +86,7 @@ BACKEND = Backend(
     torch_build=lambda torch: torch.version.hip is None,
     l2_cache_bytes=l2_cache_bytes,
     occupancy_limits=occupancy_limits,
+    warm_fork=warm_fork,
     # Kineto over CUPTI: kernels, memcpy and memset activities, each with device timestamps.
     profiler_activity="CUDA",
 )

@@ -1,6 +1,7 @@
-"""`python -m harness.worker FD [CACHE]`: an A/B side's warm worker (harness.core.forkserver), started
-by the A/B with the side's interpreter and environment; FD is its end of the socket to the A/B, CACHE
-the side's Triton cache (the A/B's cache root, both sides', is removed here if the A/B died first).
+"""`python -m harness.worker FD BACKEND [CACHE]`: an A/B side's warm worker (harness.core.forkserver),
+started by the A/B with the side's interpreter and environment; FD is its end of the socket to the A/B,
+BACKEND the run's backend (its CPU-side set-up is done here once), CACHE the side's Triton cache (the
+A/B's cache root, both sides', is removed here if the A/B died first).
 It imports what every step imports, once, touching no device, then forks each step as
 `python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run)."""
 
@@ -35,18 +36,19 @@ def _step(argv: list[str]) -> int:
 STEP_MODULES = ("triton.compiler.compiler", "triton.experimental.gluon", "numpy.ma", "numpy.random")
 
 
-def _warm() -> None:
+def _warm(backend: str) -> None:
     """Done once here instead of in every step: what depends only on the installed packages and
     touches no device. Triton's cache key (a hash over its sources and libtriton, which every
     step's first compile or cache lookup computes: 0.37 s on an H200 host), the compiler identity
-    each run records, and the modules a step imports (pytest's built-in plugins among them, and those
-    torch's assert_close imports at its first call)."""
+    each run records, the modules a step imports (pytest's built-in plugins among them, and those
+    torch's assert_close imports at its first call), and the backend's own (Backend.warm_fork)."""
     import importlib
 
     import torch
     from _pytest.config import default_plugins
     from triton.runtime import cache
 
+    import backends
     from harness.core import identity
 
     triton_key = getattr(cache, "triton_key", None)  # Triton's own, lru-cached; a fork may not have it
@@ -57,6 +59,9 @@ def _warm() -> None:
     # first call (torch 2.13: torch.distributed.tensor, sympy, torch.fx; 2.6 s of a 4.3 s forked step on
     # a loaded 2-core host). On CPU tensors: the device stays untouched.
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+    warm_fork = backends.get(backend).warm_fork
+    if warm_fork is not None:
+        warm_fork()
     for name in (*STEP_MODULES, *(f"_pytest.{plugin}" for plugin in default_plugins)):
         try:
             importlib.import_module(name)
@@ -84,17 +89,17 @@ def main() -> int:
     import harness.cli  # noqa: F401
     import harness.sessions.run  # noqa: F401
 
-    _warm()
+    _warm(sys.argv[2])
     if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
         print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
               file=sys.stderr)
         return 1
     code = forkserver.serve(sock, _step)
-    if code and len(sys.argv) > 2 and os.getppid() != started_by:
+    if code and len(sys.argv) > 3 and os.getppid() != started_by:
         # Stopped as its A/B died (kill -9: it was reparented before the death signal came), its own
         # step ended: the A/B's cache root goes whole, both sides'. Every worker of the A/B removes it
         # once its step ended, so the last one to end leaves nothing, whatever the order.
-        shutil.rmtree(os.path.dirname(sys.argv[2]), ignore_errors=True)
+        shutil.rmtree(os.path.dirname(sys.argv[3]), ignore_errors=True)
     return code
 
 

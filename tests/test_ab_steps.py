@@ -45,8 +45,8 @@ class Steps:
             raise ab.SideUnidentified("/bin/false exited 1")
         return {"python": side.python or sys.executable, "env": side.env, "digest": f"d{side.name.lower()}"}
 
-    def worker(self, python, log, env, pythonpath, cache):
-        made = FakeWorker(python, log, env, pythonpath, cache)
+    def worker(self, python, log, env, pythonpath, cache, backend):
+        made = FakeWorker(python, log, env, pythonpath, cache, backend)
         self.workers.append(made)
         return made
 
@@ -92,8 +92,9 @@ class Steps:
 
 
 class FakeWorker:
-    def __init__(self, python, log, env, pythonpath, cache):
+    def __init__(self, python, log, env, pythonpath, cache, backend):
         self.python, self.log, self.env, self.pythonpath, self.cache = python, log, env, pythonpath, cache
+        self.backend = backend
         self.died = False
         self.closed = False
 
@@ -191,6 +192,7 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     assert (b.python, b.env, b.pythonpath, b.cache) == (built, {"X": "1", "TRITON_INTERPRET": "1"},
                                                         str(paths.REPO_ROOT), caches["B"])
     assert a.log is b.log is steps.told[0]["log"]  # what the workers say goes to ab.log too
+    assert a.backend == b.backend == "interpreter"  # whose warm_fork they do
     assert Path(caches["A"]).name == "A-da" and Path(caches["B"]).name == "B-db"
     assert "ab_triton_cache" in Path(caches["A"]).parent.name
     assert state["triton_caches"]["B"]["env"] == {"X": "1"}

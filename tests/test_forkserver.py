@@ -153,7 +153,7 @@ def test_a_worker_begun_early_that_dies_while_importing_says_so_at_its_first_ste
     from harness.core import forkserver
 
     with open(tmp_path / "ab.log", "w+") as log:
-        worker = forkserver.Worker("/bin/false", log, {}, None, None)
+        worker = forkserver.Worker("/bin/false", log, {}, None, None, "interpreter")
         worker.begin()
         first = worker.child.pid
         worker.begin()  # begun already: nothing more starts
@@ -170,21 +170,22 @@ def test_a_worker_begun_early_that_dies_while_importing_says_so_at_its_first_ste
 def test_the_worker_computes_once_what_every_step_would_and_touches_no_device():
     """harness.worker._warm, in a process of its own as a worker is: Triton's cache key computed (its
     lru cache filled, so a forked step's first compile or cache hit does not hash Triton again), the
-    compiler identity cached, the step's modules imported (a correctness check imports nothing more), and the
-    device untouched."""
+    compiler identity cached, the step's modules imported (a correctness check imports nothing more), the
+    backend's warm_fork done, and the device untouched."""
     probe = (
         "import sys, torch, triton\n"
         "from triton.runtime import cache\n"
         "from harness import worker\n"
         "from harness.core import identity\n"
-        "worker._warm()\n"
+        "worker._warm('cuda')\n"
         "warmed = set(sys.modules)\n"
         "torch.testing.assert_close(torch.ones(3, dtype=torch.float16), torch.ones(3, dtype=torch.float16))\n"
         "print(cache.triton_key.cache_info().currsize, identity._compiler_identity.cache_info().currsize,\n"
         "      all(m in sys.modules for m in worker.STEP_MODULES), '_pytest.junitxml' in sys.modules,\n"
-        "      sorted(set(sys.modules) - warmed), torch.cuda.is_initialized())\n")
+        "      sorted(set(sys.modules) - warmed), len(torch._TritonLibrary.ops_table), torch.cuda.is_initialized())\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "1", "True", "True", "[]", "False"]
+    # cuda's warm_fork: torch's Triton ops registered (queued for the device's lazy init), no device touched.
+    assert done.stdout.split() == ["1", "1", "True", "True", "[]", "2", "False"]

@@ -134,9 +134,10 @@ class Worker:
     """The parent's handle on one side's warm worker, started by `begin` or on first use, and again after it died."""
 
     def __init__(self, python: str, log: IO[str], env: Mapping[str, str], pythonpath: str | None,
-                 cache: str | None):
+                 cache: str | None, backend: str):
         self.python = python
         self.cache = cache
+        self.backend = backend  # whose CPU-side set-up the worker does once (backends.Backend.warm_fork)
         self.log = log
         self.env = dict(env)
         self.pythonpath = pythonpath
@@ -154,7 +155,8 @@ class Worker:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), *([self.cache] if self.cache else [])]
+            argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), self.backend,
+                    *([self.cache] if self.cache else [])]
             # In our group: a group kill from outside (a batch's op timeout) takes the worker too.
             self.child = launch.start(argv, log=self.log, env=self.env, pythonpath=self.pythonpath,
                                       pass_fds=(theirs.fileno(),), own_group=False)

@@ -395,7 +395,7 @@ class Runner:
         # The backend's child environment too: it can change what importing triton does (the interpreter).
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
         return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
-                                 str(cache) if cache else None)
+                                 str(cache) if cache else None, self.plan.options.backend)
 
     def _prewarm(self) -> None:
         """prewarmed: a worker begun for each step of the op to come, all importing at once before its
