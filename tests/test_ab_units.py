@@ -54,6 +54,14 @@ def test_the_command_line_overrides_the_plan_side_by_side(tmp_path, capsys):
     assert (again.ops, again.repeats, again.fdr, again.a.env, again.b.python) == (["mm"], 2, 0.2, {}, None)
 
 
+def test_shapes_given_on_the_command_line_are_a_file_from_here_or_flaggems_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    given = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter", "--shapes", "mine.yaml"))
+    assert given.options.shapes == tmp_path / "mine.yaml"  # relative to where the A/B was started
+    upstream = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter", "--shapes", "upstream"))
+    assert upstream.options.shapes == Path("upstream")  # FlagGems' own shapes: a name, not a file here
+
+
 def test_an_ab_whose_sides_do_not_differ_says_it_is_an_a_a_run(capsys):
     plan = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter"))
     assert (plan.name, plan.ops, plan.a.describe(), plan.b.describe()) == ("adhoc", ["add"], "as is", "as is")
