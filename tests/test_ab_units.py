@@ -62,6 +62,11 @@ def test_shapes_given_on_the_command_line_are_a_file_from_here_or_flaggems_own(t
     assert upstream.options.shapes == Path("upstream")  # FlagGems' own shapes: a name, not a file here
 
 
+def test_a_backend_named_by_an_alias_is_planned_under_its_own_name():
+    # Every step and the report read the plan's backend by its name.
+    assert ab.resolve_plan(_args("--ops", "add", "--backend", "cpu")).options.backend == "interpreter"
+
+
 def test_an_ab_whose_sides_do_not_differ_says_it_is_an_a_a_run(capsys):
     plan = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter"))
     assert (plan.name, plan.ops, plan.a.describe(), plan.b.describe()) == ("adhoc", ["add"], "as is", "as is")
