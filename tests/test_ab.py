@@ -15,7 +15,7 @@ from harness import cli
 from harness.core.options import RunOptions
 from harness.measure import ir
 from harness.sessions import ab
-from reports import table
+from reports import compare, table
 
 # A user operator that writes the ZL_TEST_SWITCH its run saw into its run dir.
 PROBE = REPO / "tests" / "resources" / "user_ops" / "switch_probe.py"
@@ -517,6 +517,22 @@ def test_profiled_rows_show_each_sides_top_kernels(tmp_path, capsys):
     assert "rms_kernel_v2 100%" in (tmp_path / "out" / "report.md").read_text()
     report = load(tmp_path / "out" / "report.json")
     assert report["rows"][0]["kernels"] == {"a": ka, "b": kb}
+
+
+def test_an_ab_whose_passes_ran_once_takes_each_sides_kernels_from_its_passes_run(tmp_path, capsys):
+    # Timing-only repeats carry no kernels; each side's passes step (20% slow: the profiler ran there) does.
+    ka = [{"name": "rms_kernel", "launches_per_call": 1, "time_ms": 0.01, "share": 1.0}]
+    kb = [{"name": "rms_kernel_v2", "launches_per_call": 1, "time_ms": 0.01, "share": 1.0}]
+    a = _runs(tmp_path, "a", [[_row("rms_norm", [4], 1.0 * j, 1.0)] for j in JITTER])
+    b = _runs(tmp_path, "b", [[_row("rms_norm", [4], 1.1 * j, 1.0)] for j in JITTER])
+    (passes_a,) = _runs(tmp_path, "pa", [[dict(_row("rms_norm", [4], 1.2, 1.0), kernels=ka)]])
+    (passes_b,) = _runs(tmp_path, "pb", [[dict(_row("rms_norm", [4], 1.3, 1.0), kernels=kb)]])
+    groups = [{"A": a, "B": b, compare.passes_key("A"): [passes_a], compare.passes_key("B"): [passes_b]}]
+    ab.report(tmp_path / "out", groups, {"name": "t"}, [], {"cuda"}, expected=3)
+    assert "rms_kernel 100%" in capsys.readouterr().out
+    (row,) = load(tmp_path / "out" / "report.json")["rows"]
+    assert row["kernels"] == {"a": ka, "b": kb}
+    assert row["comparison"]["ratio"] == pytest.approx(1.1)  # the passes runs' timings reach no verdict
 
 
 def _paired(n: int, a_ms=(1.0, 1.01), b_ms=(1.1, 1.11)):
