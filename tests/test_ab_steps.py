@@ -8,6 +8,7 @@ interpreter, environment and cache), ab.json as the steps land, the warnings and
 A/B whose steps fail, die or are stopped. The real processes are in tests/test_ab.py (e2e)."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -194,7 +195,8 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     assert a.log is b.log is steps.told[0]["log"]  # what the workers say goes to ab.log too
     assert a.backend == b.backend == "interpreter"  # whose warm_fork they do
     assert Path(caches["A"]).name == "A-da" and Path(caches["B"]).name == "B-db"
-    assert "ab_triton_cache" in Path(caches["A"]).parent.name
+    # A private dir of this process, which the next run removes if the A/B dies first (paths.remove_abandoned).
+    assert Path(caches["A"]).parent.name.startswith(f"zl_ab_triton_cache.{os.getpid()}.")
     assert state["triton_caches"]["B"]["env"] == {"X": "1"}
     assert state["triton_caches"]["A"]["removed"] == "as the A/B ends (if it died first: by the next run)"
     # Both workers were started before A's record (B's imports while A records).
