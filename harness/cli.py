@@ -69,9 +69,14 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
     if command in ("record", "replay"):
-        parser.add_argument("--timing-only", action="store_true",
+        passes = parser.add_mutually_exclusive_group()
+        passes.add_argument("--timing-only", action="store_true",
                             help="time the rows only: no IR, no per-kernel attribution (the profiler pass); for a "
                                  "repeat whose one-off passes another run of the same compiler carried (default: off)")
+        passes.add_argument("--passes-only", action="store_true",
+                            help="the one-off passes only (IR, per-kernel attribution), the rows timed at a token "
+                                 "budget that only sizes the profiler pass: their timings are for no comparison; "
+                                 "for the run that carries the passes of repeats timed elsewhere (default: off)")
     how = options.GROUPS["how"] + (f" ({records})" if records else "")
     # A replay's record-only options are refused by name: they need no group of their own in its help.
     groups["how"] = parser.add_argument_group(how) if command != "replay" else parser

@@ -153,6 +153,8 @@ def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_
     # The one-off passes (IR, attribution) run once per side and op, in its passes step; every timed step
     # (the record, each repeat) times only.
     assert ["--timing-only" in a for a in argvs[:7]] == [True, False, False, True, True, True, True]
+    # The passes steps time at a token budget: no verdict reads their timings.
+    assert ["--passes-only" in a for a in argvs[:7]] == [False, True, True, False, False, False, False]
     lines = out.splitlines()
     assert "[1/2 builtin:add] A records ... 1/1 ok (0 s)" in lines
     assert "[2/2 mm@mm] repeat 2/2: B replays A ... 1/1 ok (0 s)" in lines

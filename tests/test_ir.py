@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 import types
 
 import pytest
@@ -123,6 +124,35 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     assert collector.unreadable == 1
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_a_cases_statistics_are_waited_for_unless_they_may_run_beside_the_next_cases(
+        hopper_kernels, tmp_path, monkeypatch, background):
+    release, started = threading.Event(), []
+
+    def extract(asm, meta, tools, limits, loaded):  # a disassembly that takes until released
+        started.append(threading.current_thread().name)
+        release.wait(30)
+        return {"warps": meta["num_warps"]}
+
+    monkeypatch.setattr(ir.kernel_stats, "extract", extract)
+    collector = ir.IRCollector(tmp_path, background_stats=background)
+    hopper_kernels[0].function, hopper_kernels[1].function = 4000, 4001
+    collector.shape = "64"
+    launch(collector, 4000)
+    launch(collector, 4001)
+    if not background:  # a case's write waits for its variants' statistics, extracted at once
+        threading.Timer(0.5, release.set).start()
+        collector.write(final=False)
+        assert len(ir_index.read_stats(tmp_path)) == 2 and len(started) == 2
+        assert all(name.startswith("zl_kernel_stats") for name in started)
+        return
+    collector.write(final=False)  # returns while both are still being extracted: written without them
+    assert ir_index.read_stats(tmp_path) == {} and len(ir_index.launched(tmp_path)) == 2
+    release.set()
+    collector.write()  # the final write waits for every launched variant's
+    assert {r["warps"] for r in ir_index.read_stats(tmp_path).values()} == {4} and len(started) == 2
+
+
 def test_statistics_that_cannot_be_read_are_said_and_the_ir_is_still_written(hopper_kernels, tmp_path):
     collector = ir.IRCollector(tmp_path, limits={"regs_per_sm": 65536})  # a device limit missing
     hopper_kernels[0].function = 3000
@@ -164,9 +194,10 @@ def test_compare_reports_identical_changed_and_only_in_one(hopper_kernels, tmp_p
 
 # --- the live plugin: Triton's own autotuner and launch path, through a stand-in driver ---------------
 @pytest.fixture
-def live_plugin(monkeypatch, tmp_path, load_through_standin):
+def live_plugin(monkeypatch, tmp_path, load_through_standin, request):
     """The IR plugin configured on cuda against the real launch hook and autotuner (both put back
-    after the test), and the tuned kernel of resources/ir_kernels/tuned.py compiled for sm_90."""
+    after the test), and the tuned kernel of resources/ir_kernels/tuned.py compiled for sm_90; for a
+    passes-only run where the test's param says so."""
     from triton import knobs
     from triton.knobs import HookChain
     from triton.runtime.autotuner import Autotuner
@@ -175,14 +206,20 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin):
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=True, timing_only=False), backend=backends.get("cuda"),
-                                run_dir=tmp_path, say=said.append)
+    spec = types.SimpleNamespace(ir=True, timing_only=False, passes_only=getattr(request, "param", False))
+    ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), run_dir=tmp_path, say=said.append)
     plugin = IRPlugin(ctx)
     exit_hooks = atexit._ncallbacks()
     plugin.pytest_configure(None)
     assert atexit._ncallbacks() == exit_hooks + 1  # a crash in a later case still writes the IR
     yield plugin, tuned, driver, said
     atexit.unregister(plugin.collector.write)  # where the test did not get to the session's end
+
+
+@pytest.mark.parametrize("live_plugin", [False, True], indirect=True, ids=["timed", "passes-only"])
+def test_only_a_passes_only_run_extracts_statistics_beside_its_next_cases(live_plugin, request):
+    plugin = live_plugin[0]
+    assert plugin.collector.background_stats is ("passes-only" in request.node.name)
 
 
 def exit_hooks_left(plugin) -> int:
@@ -224,7 +261,7 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
 
 def ir_plugin(tmp_path, ir_on=True, backend="cuda", timing_only=False):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on, timing_only=timing_only),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on, timing_only=timing_only, passes_only=False),
                                 backend=backends.get(backend),
                                 run_dir=tmp_path, say=said.append)
     return IRPlugin(ctx), said

@@ -15,8 +15,8 @@ from harness.sessions import ab, batch
 
 # Each request field beside its options and the argparse name it comes back as (an option's is its field's).
 DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
-        "timing_only": "timing_only", "color": "color", "out": "out", "run_dir": "named_run_dir",
-        "precompile": "precompile", "triton_cache": "triton_cache"}
+        "timing_only": "timing_only", "passes_only": "passes_only", "color": "color", "out": "out",
+        "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
     backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"), dtypes=("fp16", "bf16"),
@@ -25,7 +25,8 @@ RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
     timing_only=True, color="never", out=Path("/runs/x"), precompile=False, triton_cache=Path("/cache/a"))
 REPLAY = RunRequest("replay", "/runs/x/mm_1", RunOptions(
     backend="cuda", device=1, shapes=Path("/s/other.yaml"), dtypes=("fp32",), ops_paths=("/ops/a",),
-    flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, color="always",
+    flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, passes_only=True,
+    color="always",
     run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"))
 
 

@@ -18,7 +18,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.spec import FlagGemsOptions
 from harness.measure import profile, timers
-from harness.measure.timers import Measurement, Timer, _CaptureFailed
+from harness.measure.timers import PASSES_ONLY_BUDGET_MS, Measurement, Timer, _CaptureFailed
 from harness.sessions import resolve
 
 
@@ -546,10 +546,11 @@ def test_cuda_has_both_and_resolves_them():
     assert resolve.resolve_timer(cuda, "profiler") == "profiler" and resolve.resolve_l2(cuda, "cold") == "cold"
 
 
-def timing_plugin(tmp_path, backend, timing_only=False, windows=1):
+def timing_plugin(tmp_path, backend, timing_only=False, windows=1, passes_only=False):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=0, rep_ms=0, l2="warm",
-                                                           windows=windows, timing_only=timing_only),
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=25.0, rep_ms=100.0, l2="warm",
+                                                           windows=windows, timing_only=timing_only,
+                                                           passes_only=passes_only),
                                 backend=backends.get(backend), mark=lambda m: None, say=said.append,
                                 run_dir=tmp_path)
     plugin = TimingPlugin(ctx)
@@ -562,6 +563,20 @@ def test_a_timing_only_run_profiles_nothing_and_says_so_in_run_json(tmp_path):
     assert plugin.timer.attribute is False
     assert load(tmp_path / rundir.RUN_JSON)["observed"]["kernel_attribution"] == {
         "recorded": False, "reason": "a timing-only run (--timing-only)"}
+
+
+def test_a_passes_only_run_profiles_after_timing_at_the_token_budget_and_says_so(tmp_path):
+    (tmp_path / "full").mkdir()
+    full = timing_plugin(tmp_path / "full", "cuda")[0].timer
+    assert (full.warmup_ms, full.rep_ms) == (25.0, 100.0) and "timing" not in load(
+        tmp_path / "full" / rundir.RUN_JSON)["observed"]
+    plugin, said = timing_plugin(tmp_path, "cuda", passes_only=True)
+    assert plugin.timer.attribute is True and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == PASSES_ONLY_BUDGET_MS
+    observed = load(tmp_path / rundir.RUN_JSON)["observed"]
+    assert observed["kernel_attribution"]["recorded"] is True
+    assert observed["timing"] == {"warmup_ms": 0.0, "rep_ms": 0.0, "reason": "a passes-only run (--passes-only): "
+                                  "its timings only size the profiler pass"}
+    # (Each timer still takes its fewest calls on it: test_the_graph_timers_replays_are_clamped.)
 
 
 def test_the_timer_times_as_many_windows_as_the_run_spec_says(tmp_path):

@@ -24,6 +24,7 @@ class RunRequest:
     sweep_devices: int | None = None  # record only
     ir: bool = True
     timing_only: bool = False
+    passes_only: bool = False
     precompile: bool = True
     color: str | None = None
     out: Path | None = None
@@ -40,6 +41,8 @@ class RunRequest:
             given += ["sweep_devices"] if self.sweep_devices is not None else []
             if given:
                 raise ValueError(f"replay takes no {', '.join(given)}: it keeps the recorded ones")
+        if self.timing_only and self.passes_only:
+            raise ValueError("timing_only and passes_only: a run times for comparison or carries the passes, not both")
         if self.out is not None and self.run_dir is not None:
             raise ValueError("out and run_dir: the run dir is named either under out or exactly, not both")
         if self.options.dtypes is not None and not self.options.dtypes:
@@ -55,6 +58,8 @@ class RunRequest:
             argv.append("--no-ir")
         if self.timing_only:
             argv.append("--timing-only")
+        if self.passes_only:
+            argv.append("--passes-only")
         if not self.precompile:
             argv.append("--no-precompile")
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),

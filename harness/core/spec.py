@@ -132,6 +132,9 @@ class RunSpec:
     ir: bool = True
     # Timing only: no IR and no per-kernel attribution (an A/B's repeats after each side's first).
     timing_only: bool = False
+    # The passes only, the rows timed at timers.PASSES_ONLY_BUDGET_MS (an A/B's passes step: no verdict
+    # reads its timings).
+    passes_only: bool = False
     # Compile an autotune sweep's configs in parallel before it (harness.measure.precompile).
     precompile: bool = True
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.

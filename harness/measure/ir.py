@@ -17,6 +17,7 @@ that still collide are told apart by dtype, then alignment specialization, then 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -142,20 +143,33 @@ def variant_of(compiled) -> Variant:
                    dtype=_dtype(src.signature), align=_align(src), stage_sha=tuple(stage_sha))
 
 
+# Launched variants whose statistics are extracted at once (each runs a disassembler process).
+STATS_THREADS = 4
+
+
 class IRCollector:
     """Counts launches per (shape, compiled kernel) outside autotune sweeps and writes the IR.
 
-    `write()` is called after every case and again at exit, so a run that crashes leaves the IR
-    of every case finished before the crash.
+    `write(final=False)` is called after every case and `write()` at the end (or at exit), so a run
+    that crashes leaves the IR of every case finished before the crash. The launched variants'
+    statistics (a disassembly each: ~0.3 s a variant on an H200 host) are extracted in threads, a
+    case's new variants at once. With `background_stats` (a run whose timings are for no comparison)
+    they are left running while the next cases run, a case's write taking those done and the final
+    write waiting for the rest; otherwise each case's write waits for its own, so no extraction runs
+    beside a measurement (its threads would delay the timer's launches).
     """
 
-    def __init__(self, run_dir: Path, tools: Mapping[str, str | None] | None = None, limits: Mapping | None = None):
+    def __init__(self, run_dir: Path, tools: Mapping[str, str | None] | None = None, limits: Mapping | None = None,
+                 background_stats: bool = False):
         self.root = run_dir / IR_DIR
         # For the statistics of launched variants (kernel_stats.extract); computed once per variant.
         self.tools = kernel_stats.find_tools() if tools is None else tools
         self.limits = limits
+        self.background_stats = background_stats
         self.compiled: dict[str, object] = {}
         self.stats: dict[str, dict] = {}
+        self._extracting: dict[str, concurrent.futures.Future] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.shape = "unknown"
         self.sweeping = 0
         self.launches: collections.Counter = collections.Counter()  # (shape, function handle)
@@ -210,14 +224,15 @@ class IRCollector:
             groups[(shape, v.kernel)][h] = groups[(shape, v.kernel)].get(h, 0) + n
         return groups
 
-    def write(self) -> None:
+    def write(self, final: bool = True) -> None:
         """Rewrite ttgir/ whole: built in a staging dir and renamed into place, so a failure (a full
-        disk) leaves the previous ttgir/ and no staging litter."""
+        disk) leaves the previous ttgir/ and no staging litter. `final`: with every launched
+        variant's statistics (waited for); otherwise (background_stats) with those extracted so far."""
         self.scan()
         staging = self.root.with_name(f".{IR_DIR}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            self._write_into(staging)
+            self._write_into(staging, final)
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
             full = rundir.disk_full(exc, self.root)
@@ -227,7 +242,7 @@ class IRCollector:
         shutil.rmtree(self.root, ignore_errors=True)
         staging.rename(self.root)
 
-    def _write_into(self, staging: Path) -> None:
+    def _write_into(self, staging: Path, final: bool) -> None:
         groups = self.used()
         staging.mkdir(parents=True)
         rows, abbrs = [], {}
@@ -248,22 +263,34 @@ class IRCollector:
         (staging / INDEX_FILE).write_text(
             "\t".join(INDEX_COLUMNS) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
         (staging / "naming.md").write_text(_legend(abbrs))
-        stats = {h: self._stats(h) for h in sorted(launched)}
+        for h in sorted(launched):
+            self._extract(h)
+        for h, extracting in list(self._extracting.items()):
+            if final or not self.background_stats or extracting.done():
+                self.stats[h] = extracting.result()
+                del self._extracting[h]
+        stats = {h: self.stats[h] for h in sorted(launched) if h in self.stats}
         (staging / STATS_FILE).write_text(json.dumps({"format": kernel_stats.FORMAT, "tools": self.tools,
                                                       "variants": stats}, indent=1) + "\n")
 
-    def _stats(self, h: str) -> dict:
-        if h not in self.stats:
-            obj = self.compiled[h]
-            meta = obj.metadata._asdict() if hasattr(obj.metadata, "_asdict") else dict(obj.metadata)
-            # The driver's own counts, set once the kernel was loaded (it was: it launched).
-            loaded = {k: getattr(obj, k, None) for k in ("n_regs", "n_spills")}
-            try:
-                self.stats[h] = kernel_stats.extract(obj.asm, meta, self.tools, self.limits, loaded)
-            except (KeyError, TypeError, ValueError, ZeroDivisionError, UnicodeDecodeError) as exc:
-                # An artifact the parsers did not expect must not cost the run its IR: said in the record.
-                self.stats[h] = {"stats error": f"{type(exc).__name__}: {exc}"}
-        return self.stats[h]
+    def _extract(self, h: str) -> None:
+        """Start extracting a variant's statistics, once, in a thread (the disassembler is a process)."""
+        if h in self.stats or h in self._extracting:
+            return
+        obj = self.compiled[h]
+        meta = obj.metadata._asdict() if hasattr(obj.metadata, "_asdict") else dict(obj.metadata)
+        # The driver's own counts, set once the kernel was loaded (it was: it launched).
+        loaded = {k: getattr(obj, k, None) for k in ("n_regs", "n_spills")}
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(STATS_THREADS, thread_name_prefix="zl_kernel_stats")
+        self._extracting[h] = self._pool.submit(self._variant_stats, obj.asm, meta, loaded)
+
+    def _variant_stats(self, asm: Mapping, meta: dict, loaded: dict) -> dict:
+        try:
+            return kernel_stats.extract(asm, meta, self.tools, self.limits, loaded)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, UnicodeDecodeError) as exc:
+            # An artifact the parsers did not expect must not cost the run its IR: said in the record.
+            return {"stats error": f"{type(exc).__name__}: {exc}"}
 
     @staticmethod
     def _row(shape: str, v: Variant, file: str, launches: int) -> tuple:

@@ -88,10 +88,12 @@ class Plan:
     step_start: str = "prewarmed"
     step_passes: str = "once"
 
-    def request(self, command: str, target: str, run_dir: Path, timing_only: bool = False) -> RunRequest:
+    def request(self, command: str, target: str, run_dir: Path, timing_only: bool = False,
+                passes_only: bool = False) -> RunRequest:
         """One step of this plan, run in `run_dir`: A's record, or a replay of it."""
         options = self.options if command == "record" else self.options.for_replay()
-        return RunRequest(command, target, options, color="never", run_dir=run_dir, timing_only=timing_only)
+        return RunRequest(command, target, options, color="never", run_dir=run_dir, timing_only=timing_only,
+                          passes_only=passes_only)
 
     def to_dict(self) -> dict:
         """The plan as the yaml `load_plan` reads (its paths absolute); no device: a corpus A/B gives
@@ -451,12 +453,13 @@ class Runner:
             once = plan.step_passes == "once"
             if once:
                 # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
-                # timings no verdict uses: a kernel timed in a process after the profiler ran in it is
-                # slower (on an H200, 1-2 us kernels by 10-20%, for the rest of the process), so the
-                # repeats never profile. It also compiles B's kernels before any repeat times them.
+                # timings no verdict uses (so it times at a token budget): a kernel timed in a process
+                # after the profiler ran in it is slower (on an H200, 1-2 us kernels by 10-20%, for the
+                # rest of the process), so the repeats never profile. It also compiles B's kernels
+                # before any repeat times them.
                 for side in (plan.a, plan.b):
                     passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
-                    passed = self.step(side, plan.request("replay", str(record), passes_dir),
+                    passed = self.step(side, plan.request("replay", str(record), passes_dir, passes_only=True),
                                        f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
                     if passed is not None:
                         runs.setdefault(compare.passes_key(side.name), []).append(passed)

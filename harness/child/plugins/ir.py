@@ -48,7 +48,8 @@ class IRPlugin:
         if not self.ctx.backend.triton_driver:
             return self._off(f"backend '{self.ctx.backend.name}' compiles no kernels")
         limits = self.ctx.backend.occupancy_limits() if self.ctx.backend.occupancy_limits else None
-        collector = ir.IRCollector(self.ctx.run_dir, limits=limits)
+        # A passes-only run's timings are for no comparison: its statistics may be extracted beside them.
+        collector = ir.IRCollector(self.ctx.run_dir, limits=limits, background_stats=self.ctx.spec.passes_only)
         reason = _install_launch_hook(collector.on_launch)
         if reason is not None:
             return self._off(reason)
@@ -83,7 +84,7 @@ class IRPlugin:
 
     def pytest_runtest_teardown(self, item):
         if self.collector is not None:
-            self.collector.write()
+            self.collector.write(final=False)
 
     def pytest_sessionfinish(self, session):
         if self.collector is None:
