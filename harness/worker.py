@@ -1,7 +1,7 @@
-"""`python -m harness.worker FD BACKEND [CACHE]`: an A/B side's warm worker (harness.core.forkserver),
+"""`python -m harness.worker FD BACKEND [CACHE_ROOT]`: an A/B side's warm worker (harness.core.forkserver),
 started by the A/B with the side's interpreter and environment; FD is its end of the socket to the A/B,
-BACKEND the run's backend (its CPU-side set-up is done here once), CACHE the side's Triton cache (the
-A/B's cache root, both sides', is removed here if the A/B died first).
+BACKEND the run's backend (its CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side
+Triton caches (removed here if the A/B died first).
 It imports what every step imports, once, touching no device, then forks each step as
 `python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run)."""
 
@@ -99,7 +99,7 @@ def main() -> int:
         # Stopped as its A/B died (kill -9: it was reparented before the death signal came), its own
         # step ended: the A/B's cache root goes whole, both sides'. Every worker of the A/B removes it
         # once its step ended, so the last one to end leaves nothing, whatever the order.
-        shutil.rmtree(os.path.dirname(sys.argv[3]), ignore_errors=True)
+        shutil.rmtree(sys.argv[3], ignore_errors=True)
     return code
 
 

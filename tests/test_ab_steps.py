@@ -36,18 +36,19 @@ class Steps:
         self.ms = ms or {"A": 2.0, "B": 2.0}
         self.told: list[dict] = []
         self.workers: list[FakeWorker] = []
+        self.begun_when_identified: list[list[bool]] = []  # the workers begun as each side's Triton was identified
         monkeypatch.setattr(ab.launch, "run", self.run)
         monkeypatch.setattr(ab.forkserver, "Worker", self.worker)
         monkeypatch.setattr(ab, "side_compiler_key", self.key)
 
-    @staticmethod
-    def key(side):
+    def key(self, side):
+        self.begun_when_identified.append([w.begun for w in self.workers])
         if side.python == "/bin/false":
             raise ab.SideUnidentified("/bin/false exited 1")
         return {"python": side.python or sys.executable, "env": side.env, "digest": f"d{side.name.lower()}"}
 
-    def worker(self, python, log, env, pythonpath, cache, backend):
-        made = FakeWorker(python, log, env, pythonpath, cache, backend)
+    def worker(self, python, log, env, pythonpath, cache_root, backend):
+        made = FakeWorker(python, log, env, pythonpath, cache_root, backend)
         self.workers.append(made)
         return made
 
@@ -93,8 +94,9 @@ class Steps:
 
 
 class FakeWorker:
-    def __init__(self, python, log, env, pythonpath, cache, backend):
-        self.python, self.log, self.env, self.pythonpath, self.cache = python, log, env, pythonpath, cache
+    def __init__(self, python, log, env, pythonpath, cache_root, backend):
+        self.python, self.log, self.env, self.pythonpath = python, log, env, pythonpath
+        self.cache_root = cache_root
         self.backend = backend
         self.died = False
         self.closed = False
@@ -190,10 +192,12 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     a, b = steps.workers
     state = load(ab_dir / "ab.json")
     caches = {name: state["triton_caches"][name]["dir"] for name in "AB"}
-    assert (a.python, a.env, a.pythonpath, a.cache) == (sys.executable, {"TRITON_INTERPRET": "1"}, None, caches["A"])
+    # Each worker knows the side caches' root, which it removes if the A/B dies before it.
+    root = str(Path(caches["A"]).parent)
+    assert (a.python, a.env, a.pythonpath, a.cache_root) == (sys.executable, {"TRITON_INTERPRET": "1"}, None, root)
     # A pip-built side's worker runs its env's interpreter with the checkout alone on its path (build_side_env).
-    assert (b.python, b.env, b.pythonpath, b.cache) == (built, {"X": "1", "TRITON_INTERPRET": "1"},
-                                                        str(paths.REPO_ROOT), caches["B"])
+    assert (b.python, b.env, b.pythonpath, b.cache_root) == (built, {"X": "1", "TRITON_INTERPRET": "1"},
+                                                             str(paths.REPO_ROOT), root)
     assert a.log is b.log is steps.told[0]["log"]  # what the workers say goes to ab.log too
     assert a.backend == b.backend == "interpreter"  # whose warm_fork they do
     assert Path(caches["A"]).name == "A-da" and Path(caches["B"]).name == "B-db"
@@ -207,7 +211,7 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     assert a.reaped and b.reaped and not Path(caches["A"]).parent.exists()
     for told in steps.told:
         worker = a if told["side"] == "A" else b
-        assert told["starter"] == worker.start and told["argv"][-2:] == ["--triton-cache", worker.cache]
+        assert told["starter"] == worker.start and told["argv"][-2:] == ["--triton-cache", caches[told["side"]]]
         assert (told["grace_s"], told["forward"], told["log"].name) == (
             ab.STEP_GRACE_S, (signal.SIGINT, signal.SIGTERM), str(ab_dir / "ab.log"))
         assert told["on_stdout"] is ab._case_progress
@@ -262,7 +266,7 @@ def test_a_side_whose_triton_is_unidentified_compiles_into_its_steps_own_caches(
     finally:
         runner.close()
     assert set(runner.state["triton_caches"]) == {"B"}  # A's failure skips A only
-    assert [w.cache is None for w in steps.workers] == [True, False]
+    assert all(w.cache_root == str(runner.caches["B"].parent) for w in steps.workers)
     assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, False, True, False, True, False, True]
     assert "side A: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)\n" \
         in (tmp_path / "ab.log").read_text()
@@ -646,7 +650,10 @@ def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_ops_fir
     assert all(id(before) in told["closed"] for before, told in zip(starters[:-1], steps.told[1:], strict=True))
     # Each step ran on its own side's worker (the side's environment and cache).
     for told, worker in zip(steps.told, starters, strict=True):
-        assert worker.cache.endswith(f"{told['side']}-d{told['side'].lower()}")
+        assert told["argv"][-1].endswith(f"{told['side']}-d{told['side'].lower()}")
+        assert worker.cache_root == str(Path(told["argv"][-1]).parent)
+    # The first op's workers import while the sides' Triton is identified (a subprocess each), not after.
+    assert steps.begun_when_identified == [[True] * per_op] * 2
     assert all(w.closed for w in steps.workers)
 
 

@@ -56,9 +56,9 @@ def _parent(pid: int) -> int:
 
 
 def _leftovers(ab_dir: Path) -> list[int]:
-    """Processes of this A/B: its steps name its dir, its workers its side caches."""
-    caches = [c["dir"] for c in load(ab_dir / "ab.json").get("triton_caches", {}).values()]
-    return sorted({pid for text in [str(ab_dir), *caches] for pid in pids_mentioning(text)})
+    """Processes of this A/B: its steps name its dir, its workers the root of its side caches."""
+    roots = {str(Path(c["dir"]).parent) for c in load(ab_dir / "ab.json").get("triton_caches", {}).values()}
+    return sorted({pid for text in [str(ab_dir), *roots] for pid in pids_mentioning(text)})
 
 
 @pytest.mark.parametrize("start, passes", [("fork", "once"), ("fresh", "every"), ("prewarmed", "once")])

@@ -134,9 +134,9 @@ class Worker:
     """The parent's handle on one side's warm worker, started by `begin` or on first use, and again after it died."""
 
     def __init__(self, python: str, log: IO[str], env: Mapping[str, str], pythonpath: str | None,
-                 cache: str | None, backend: str):
+                 cache_root: str | None, backend: str):
         self.python = python
-        self.cache = cache
+        self.cache_root = cache_root  # the A/B's side caches: removed by the worker if the A/B dies first
         self.backend = backend  # whose CPU-side set-up the worker does once (backends.Backend.warm_fork)
         self.log = log
         self.env = dict(env)
@@ -156,7 +156,7 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), self.backend,
-                    *([self.cache] if self.cache else [])]
+                    *([self.cache_root] if self.cache_root else [])]
             # In our group: a group kill from outside (a batch's op timeout) takes the worker too.
             self.child = launch.start(argv, log=self.log, env=self.env, pythonpath=self.pythonpath,
                                       pass_fds=(theirs.fileno(),), own_group=False)

@@ -296,12 +296,11 @@ class Runner:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
 
     def _open_caches(self) -> None:
-        """One Triton cache per side, keyed by that side's compiler identity and environment: A's
-        record feeds A's replays, B's passes step B's repeats, and no kernel crosses sides.
-        Every step still runs in a fresh process and its IR is what its own compiler built: a
+        """One Triton cache per side under the cache root, keyed by that side's compiler identity and
+        environment: A's record feeds A's replays, B's passes step B's repeats, and no kernel crosses
+        sides. Every step still runs in a fresh process and its IR is what its own compiler built: a
         cache hit loads the kernel this same build compiled for the same source, options and
         switches (Triton keys its cache by those too), and the IR plugin reads what was launched."""
-        self._cache_root = paths.make_private_dir("ab_triton_cache")
         keys = {}
         for side in (self.plan.a, self.plan.b):
             try:
@@ -393,11 +392,10 @@ class Runner:
         return worker
 
     def _new_worker(self, side: Side) -> forkserver.Worker:
-        cache = self.caches.get(side.name)
         # The backend's child environment too: it can change what importing triton does (the interpreter).
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
         return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
-                                 str(cache) if cache else None, self.plan.options.backend)
+                                 str(self._cache_root), self.plan.options.backend)
 
     def _prewarm(self) -> None:
         """prewarmed: a worker begun for each step of the op to come, all importing at once before its
@@ -429,6 +427,9 @@ class Runner:
                     raise PlanError(f"side {side.name}: building its env failed ({exc}); "
                                     f"see {self.dir / 'ab.log'}") from exc
                 self.log.flush()
+        self._cache_root = paths.make_private_dir("ab_triton_cache")
+        if plan.step_start == "prewarmed":
+            self._prewarm()  # the first op's workers import while the sides are identified
         self._open_caches()
         if plan.step_start == "fork":
             for side in (plan.a, plan.b):  # both import at once, B's while A records
