@@ -163,6 +163,7 @@ def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_
     # ab.json: the plan, every step as it landed, complete.
     state = load(ab_dir / "ab.json")
     assert state["complete"] is True and "running" not in state and state["plan"]["name"] == "t"
+    assert state["plan"]["device"] is None  # where it ran: the plan's yaml has no device (a corpus A/B sets one)
     assert [s["what"] for s in state["steps"][:4]] == [
         "[1/2 builtin:add] A records", "[1/2 builtin:add] A's IR and kernels (not timed for the verdict)",
         "[1/2 builtin:add] B's IR and kernels (not timed for the verdict)", "[1/2 builtin:add] repeat 1/2: A replays A"]
