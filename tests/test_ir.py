@@ -1,7 +1,7 @@
 """IR naming rules on synthetic variant tables, and the dump path on kernels really compiled for a
 Hopper target on the CPU (Triton compiles for an explicit GPUTarget without a GPU)."""
 
-import atexit
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, load
 
 import backends
+from harness.child.plugins import ir as ir_plugin_module
 from harness.child.plugins.ir import IRPlugin
 from harness.core import ir_index, rundir
 from harness.measure import ir
@@ -207,26 +208,48 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin, request):
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
     spec = types.SimpleNamespace(ir=True, timing_only=False, passes_only=getattr(request, "param", False))
-    ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), run_dir=tmp_path, say=said.append)
+    # The device's occupancy limits, as the cuda backend reads them on a GPU (None on this CPU host).
+    backend = dataclasses.replace(backends.get("cuda"), occupancy_limits=lambda: dict(H200_LIMITS))
+    ctx = types.SimpleNamespace(spec=spec, backend=backend, run_dir=tmp_path, say=said.append)
+    monkeypatch.setattr(ir_plugin_module, "atexit", ExitHooks())
     plugin = IRPlugin(ctx)
-    exit_hooks = atexit._ncallbacks()
     plugin.pytest_configure(None)
-    assert atexit._ncallbacks() == exit_hooks + 1  # a crash in a later case still writes the IR
+    assert ir_plugin_module.atexit.hooks == [plugin.collector.write]  # a crash in a later case still writes the IR
+    # Added to Triton's own chain of launch hooks, which stays a chain (other tools add theirs to it).
+    assert knobs.runtime.launch_enter_hook.calls == [plugin.collector.on_launch]
     yield plugin, tuned, driver, said
-    atexit.unregister(plugin.collector.write)  # where the test did not get to the session's end
 
 
 @pytest.mark.parametrize("live_plugin", [False, True], indirect=True, ids=["timed", "passes-only"])
 def test_only_a_passes_only_run_extracts_statistics_beside_its_next_cases(live_plugin, request):
     plugin = live_plugin[0]
     assert plugin.collector.background_stats is ("passes-only" in request.node.name)
+    finals = []
+    plugin.collector.write = lambda final=True: finals.append(final)
+    plugin.pytest_runtest_teardown(None)  # a case's write: what is still extracting is not waited for here
+    assert finals == [False]
+
+
+H200_LIMITS = {"regs_per_sm": 65536, "threads_per_sm": 2048, "smem_per_sm": 233472}
+
+
+class ExitHooks:
+    """Stands in for atexit in the plugin's module: what is registered now (atexit itself cannot say:
+    its count keeps an unregistered hook's slot)."""
+
+    def __init__(self):
+        self.hooks = []
+
+    def register(self, fn):
+        self.hooks.append(fn)
+
+    def unregister(self, fn):
+        self.hooks = [h for h in self.hooks if h != fn]
 
 
 def exit_hooks_left(plugin) -> int:
-    """The exit-time writes still registered once the session finished (atexit has no lookup)."""
-    before = atexit._ncallbacks()
-    atexit.unregister(plugin.collector.write)
-    return before - atexit._ncallbacks()
+    """The exit-time writes still registered once the session finished."""
+    return sum(1 for h in ir_plugin_module.atexit.hooks if h == plugin.collector.write)
 
 
 def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(live_plugin, tmp_path):
@@ -251,7 +274,8 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
     (written,) = (tmp_path / "ttgir" / "1024" / "double_kernel").iterdir()
     assert "ttg." in written.read_text()
     observed = load(tmp_path / "run.json")["observed"]["ir"]
-    assert observed.pop("kernel_stats")["occupancy_limits"] is None  # no device to read them from
+    # What the kernel statistics could use: the tools found, the device's limits.
+    assert observed.pop("kernel_stats") == {"tools": ir.kernel_stats.find_tools(), "occupancy_limits": H200_LIMITS}
     assert observed == {
         "collected": True, "reason": "launch hook + compiled-kernel scan", "variants_compiled": 2,
         "files_written": 1, "unreadable_launches": 0}
