@@ -143,6 +143,13 @@ def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states
     assert cand.windows_ms == [2.0, 2.16, 2.0, 2.0] and cand.median_ms == 2.0
     assert cand.latency_ms == pytest.approx((2.0 ** 3 * 2.16) ** 0.25)
     assert cand.summary()["latency"] == cand.latency_ms and len(cand.samples_ms) == 3 * 4
+    assert cand.summary()["windows_ms"] == [2.0, 2.16, 2.0, 2.0]  # on the row, each window's median
+    # One window (the default): no windows on the measurement or its row.
+    t = WindowRecorder({"baseline": [1.0], "candidate": [2.0]})
+    t.windows = 1
+    one = t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"})
+    assert one.measurements["candidate"].windows_ms is None and "windows_ms" not in one.measurements[
+        "candidate"].summary()
 
 
 def test_each_later_window_times_relocated_inputs():
@@ -767,6 +774,20 @@ def test_the_direct_timers_calls_are_clamped(monkeypatch, rep_ms, reps):
     t, accel, _ = standin_timer(monkeypatch, warmup_ms=0.0, rep_ms=rep_ms)
     t.timer = "direct"
     assert len(t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms) == reps
+
+
+@pytest.mark.parametrize("timer", ["graph", "direct"])
+def test_a_windows_own_budgets_replace_the_timers(monkeypatch, timer):
+    # A later window (--windows) warms up and samples on its share: 1/128 ms and no rep budget here, against
+    # the timer's own 4 ms (512 warmups) and 100 ms: one warmup call and each timer's fewest samples.
+    t, accel, _ = standin_timer(monkeypatch, warmup_ms=4.0, rep_ms=100.0)
+    m = getattr(t, f"_{timer}")(accel.op(CALL_MS), CALL_MS, 0.0)
+    assert len(m.samples_ms) == timers.REPS_RANGE[0]
+    warmups = timers.WARMUP_RANGE[0]
+    if timer == "graph":
+        assert accel.launches_before_first_capture() == 1 + 3 + warmups
+    else:
+        assert sum(1 for step in accel.log if step == ("launch", "kernel")) == 1 + 3 + warmups + timers.REPS_RANGE[0]
 
 
 def test_the_host_timer_estimates_from_one_call_warms_up_and_samples_within_its_range(monkeypatch):
