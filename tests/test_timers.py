@@ -150,6 +150,10 @@ def test_windows_alternate_the_sides_share_the_rep_budget_and_average_the_states
     one = t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"})
     assert one.measurements["candidate"].windows_ms is None and "windows_ms" not in one.measurements[
         "candidate"].summary()
+    t = WindowRecorder({"baseline": [1.0, 1.0], "candidate": [2.0, 2.16]})
+    t.windows = 2
+    two = t.measure_pair("op", {"baseline": lambda: "baseline", "candidate": lambda: "candidate"})
+    assert two.measurements["candidate"].windows_ms == [2.0, 2.16]
 
 
 def test_each_later_window_times_relocated_inputs():
