@@ -7,6 +7,7 @@ its cache lookups and its sweep are Triton's own."""
 import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
 import signal
 import sys
 import time
@@ -413,6 +414,8 @@ def test_the_precompiled_kernels_are_the_ones_the_jit_compiles_for_its_sweep(loa
         # Spawned at the sweep (the device may hold a context and threads by then), or forked before; deaf
         # to a terminal's Ctrl-C.
         assert pre.executor._mp_context.get_start_method() == pre.method == started
+        # Asked for by name, not the platform's default (forkserver from Python 3.14 on Linux).
+        assert pre.executor._mp_context is multiprocessing.get_context(started)
         assert pre.executor._initializer is precompile._worker_init
         assert pre.executor._max_workers == 1
     finally:
