@@ -301,6 +301,7 @@ class Runner:
         sides. Every step still runs in a fresh process and its IR is what its own compiler built: a
         cache hit loads the kernel this same build compiled for the same source, options and
         switches (Triton keys its cache by those too), and the IR plugin reads what was launched."""
+        root = self._open_cache_root()
         keys = {}
         for side in (self.plan.a, self.plan.b):
             try:
@@ -311,10 +312,17 @@ class Runner:
                       f"identified ({exc})", file=self.log, flush=True)
                 continue
             keys[side.name] = key
-            self.caches[side.name] = self._cache_root / f"{side.name}-{key['digest']}"
+            self.caches[side.name] = root / f"{side.name}-{key['digest']}"
         self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]),
                                               "removed": "as the A/B ends (if it died first: by the next run)"}
                                        for name, key in keys.items()}
+
+    def _open_cache_root(self) -> Path:
+        """The dir of both sides' caches, this process's private dir (the next run removes it if the
+        A/B dies first), made once."""
+        if self._cache_root is None:
+            self._cache_root = paths.make_private_dir("ab_triton_cache")
+        return self._cache_root
 
     def close(self) -> None:
         every = [*self.workers.values(), *(w for spare in self.spares.values() for w in spare), *self.used]
@@ -395,7 +403,7 @@ class Runner:
         # The backend's child environment too: it can change what importing triton does (the interpreter).
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
         return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
-                                 str(self._cache_root), self.plan.options.backend)
+                                 str(self._open_cache_root()), self.plan.options.backend)
 
     def _prewarm(self) -> None:
         """prewarmed: a worker begun for each step of the op to come, all importing at once before its
@@ -427,7 +435,7 @@ class Runner:
                     raise PlanError(f"side {side.name}: building its env failed ({exc}); "
                                     f"see {self.dir / 'ab.log'}") from exc
                 self.log.flush()
-        self._cache_root = paths.make_private_dir("ab_triton_cache")
+        self._open_cache_root()
         if plan.step_start == "prewarmed":
             self._prewarm()  # the first op's workers import while the sides are identified
         self._open_caches()
