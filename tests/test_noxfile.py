@@ -106,12 +106,12 @@ FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
 BATCH_OPS = REPO / "tests" / "resources" / "batch_ops"
 
 
-def start_nox(tmp_path, session, *posargs):
+def start_nox(tmp_path, session, *posargs, env=None):
     """`nox -s SESSION -- POSARGS` in a session of its own, as a terminal's foreground job is its
-    own group; private dirs go to tmp_path/tmp."""
+    own group; private dirs go to tmp_path/tmp; `env` added to the environment."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
-        "UV": "zl-no-such-uv", "TMPDIR": str(tmp_path / "tmp")}
+        "UV": "zl-no-such-uv", "TMPDIR": str(tmp_path / "tmp")} | (env or {})
     return subprocess.Popen([*NOX, "-s", session, "--", *map(str, posargs)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -141,8 +141,13 @@ def test_ctrl_c_of_a_record_through_nox_says_where_it_stopped_and_removes_its_ca
 
 
 def test_ctrl_c_of_an_ab_through_nox_reports_what_completed(tmp_path):
-    proc = start_nox(tmp_path, "ab", "--ops", "add", "--backend", "interpreter", "--repeats", "3",
-                     "--out", tmp_path / "ab")
+    # Each step of slow_op takes 2 s more (its first call sleeps): the A/B is still running when the Ctrl-C
+    # lands. With `add`, a forked interpreter step takes well under a second, and on a loaded CI box all 7
+    # steps were over before the signal.
+    (tmp_path / "state").mkdir()
+    proc = start_nox(tmp_path, "ab", "--ops", "slow_op", "--ops-path", BATCH_OPS, "--backend", "interpreter",
+                     "--repeats", "3", "--shapes", slow_shapes(tmp_path), "--out", tmp_path / "ab",
+                     env={"ZL_TEST_STATE_DIR": str(tmp_path / "state"), "ZL_TEST_SLOW_S": "2"})
 
     def replayed_once():  # A recorded, and each side replayed once
         found = list((tmp_path / "ab").glob("ab_*/ab.json"))
