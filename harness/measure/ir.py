@@ -269,6 +269,9 @@ class IRCollector:
             if final or not self.background_stats or extracting.done():
                 self.stats[h] = extracting.result()
                 del self._extracting[h]
+        if final and self._pool is not None:  # nothing left extracting: its threads end with it
+            self._pool.shutdown()
+            self._pool = None
         stats = {h: self.stats[h] for h in sorted(launched) if h in self.stats}
         (staging / STATS_FILE).write_text(json.dumps({"format": kernel_stats.FORMAT, "tools": self.tools,
                                                       "variants": stats}, indent=1) + "\n")

@@ -435,7 +435,6 @@ class Runner:
                     raise PlanError(f"side {side.name}: building its env failed ({exc}); "
                                     f"see {self.dir / 'ab.log'}") from exc
                 self.log.flush()
-        self._open_cache_root()
         if plan.step_start == "prewarmed":
             self._prewarm()  # the first op's workers import while the sides are identified
         self._open_caches()
