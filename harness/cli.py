@@ -69,14 +69,19 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
     if command in ("record", "replay"):
-        passes = parser.add_mutually_exclusive_group()
-        passes.add_argument("--timing-only", action="store_true",
-                            help="time the rows only: no IR, no per-kernel attribution (the profiler pass); for a "
-                                 "repeat whose one-off passes another run of the same compiler carried (default: off)")
-        passes.add_argument("--passes-only", action="store_true",
-                            help="the one-off passes only (IR, per-kernel attribution), the rows timed at a token "
-                                 "budget that only sizes the profiler pass: their timings are for no comparison; "
-                                 "for the run that carries the passes of repeats timed elsewhere (default: off)")
+        only = parser.add_mutually_exclusive_group()  # RunSpec.only: one of them, or everything
+        only.add_argument("--timing-only", dest="only", action="store_const", const="timing",
+                          help="time the rows only: no IR, no per-kernel attribution (the profiler pass); for a "
+                               "repeat whose one-off passes another run of the same compiler carried (default: off)")
+        only.add_argument("--passes-only", dest="only", action="store_const", const="passes",
+                          help="the one-off passes only (IR, per-kernel attribution), the rows timed at a token "
+                               "budget that only sizes the profiler pass: their timings are for no comparison; "
+                               "for the run that carries the passes of repeats timed elsewhere (default: off)")
+        if command == "record":
+            only.add_argument("--configs-only", dest="only", action="store_const", const="configs",
+                              help="the autotune picks only: no IR, no attribution, the rows timed at the token "
+                                   "budget (their timings are for no comparison); for a record whose configs "
+                                   "replays time elsewhere, as an A/B's (default: off)")
     how = options.GROUPS["how"] + (f" ({records})" if records else "")
     # A replay's record-only options are refused by name: they need no group of their own in its help.
     groups["how"] = parser.add_argument_group(how) if command != "replay" else parser

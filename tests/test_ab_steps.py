@@ -25,6 +25,11 @@ from harness.core.spec import RunSpec
 from harness.sessions import ab
 
 
+def _only(argv: list[str]) -> list[str]:
+    """What the step is for, where not everything: its --*-only flags."""
+    return [a for a in argv if a.startswith("--") and a.endswith("-only")]
+
+
 class Steps:
     """Stands in for launch.run (the step's process) and forkserver.Worker (a side's warm worker).
     `fate(side_dir, attempt)` says how the step in the step dir named `side_dir` (`A-record`, `B-2`)
@@ -152,11 +157,12 @@ def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_
     assert argvs[0][:2] == ["record", "builtin:add"] and argvs[7][:2] == ["record", "mm@mm"]
     assert [a[:2] for a in argvs[1:7]] == [["replay", str(dirs[0])]] * 6
     assert [a[:2] for a in argvs[8:]] == [["replay", str(dirs[7])]] * 6
-    # The one-off passes (IR, attribution) run once per side and op, in its passes step; every timed step
-    # (the record, each repeat) times only.
-    assert ["--timing-only" in a for a in argvs[:7]] == [True, False, False, True, True, True, True]
-    # The passes steps time at a token budget: no verdict reads their timings.
-    assert ["--passes-only" in a for a in argvs[:7]] == [False, True, True, False, False, False, False]
+    # The one-off passes (IR, attribution) run once per side and op, in its passes step, timed at a token
+    # budget (no verdict reads their timings); every repeat times only; A's record leaves both out, its
+    # configs all that is read.
+    assert [a[-1] for a in (_only(argv) for argv in argvs[:7])] == [
+        "--configs-only", "--passes-only", "--passes-only", "--timing-only", "--timing-only", "--timing-only",
+        "--timing-only"]
     lines = out.splitlines()
     assert "[1/2 builtin:add] A records ... 1/1 ok (0 s)" in lines
     assert "[2/2 mm@mm] repeat 2/2: B replays A ... 1/1 ok (0 s)" in lines
@@ -283,7 +289,8 @@ def test_a_failed_repeat_fails_the_ab_and_no_timed_step_takes_on_the_passes(tmp_
     assert "[1/1 add] repeat 1/2: B replays A ... 1/1 finished with failed rows (exit 1) (0 s)" in out.splitlines()
     # A's first repeat failed: its second still times only (the passes ran in A-passes); B's went through
     # (failed rows are results).
-    assert ["--timing-only" in t["argv"] for t in steps.told] == [True, False, False, True, True, True, True]
+    assert [_only(t["argv"]) for t in steps.told] == [["--configs-only"], ["--passes-only"], ["--passes-only"],
+                                                     *[["--timing-only"]] * 4]
     state = load(ab_dir / "ab.json")
     assert [(s["exit"], s["usable"], s["run_dir"] is None) for s in state["steps"]] == [
         (0, True, False), (0, True, False), (0, True, False), (3, False, False), (1, True, False), (0, True, False),
@@ -565,7 +572,7 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     steps = Steps(monkeypatch)
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n", "--step-start", "fork", "--step-passes",
                                 "every")) == 0
-    assert len(steps.workers) == 2 and not any("--timing-only" in t["argv"] for t in steps.told)
+    assert len(steps.workers) == 2 and not any(_only(t["argv"]) for t in steps.told)
     assert all(t["python"] is None for t in steps.told)  # each forked by its side's worker
     # An A/B without a plan file: its ops from the command line, A as is, B as switched there.
     steps.told.clear()
@@ -634,28 +641,44 @@ def test_an_ab_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_pat
     assert verdicts[0.01][0] != "SLOWER"
 
 
-def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_ops_first_step(tmp_path, monkeypatch):
-    """prewarmed: a fresh interpreter per step, as fresh, without its imports on the step's clock: every
-    worker the op needs (A: record, passes, repeats; B: passes, repeats) begun before A records, each
-    forking one step and told to end right after it; the rest ended with the A/B."""
+def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_step_before_theirs(tmp_path, monkeypatch):
+    """prewarmed: a fresh interpreter per step, as fresh, without its imports on the step's clock: the
+    workers of A's record and each side's passes step begun before A records, the repeats' as the record
+    ends (importing beside the untimed passes steps), each forking one step and told to end right after
+    it; the rest ended with the A/B."""
     steps = Steps(monkeypatch)
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\nstep_start: prewarmed\n")) == 0
     per_op = 7  # A: record, passes, 2 repeats; B: passes, 2 repeats
     assert len(steps.told) == 2 * per_op
+    assert steps.schedule()[:per_op] == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     starters = [t["starter"].__self__ for t in steps.told]
     assert len({id(w) for w in starters}) == len(steps.told)  # no worker forks two steps
-    # The first op's workers were all begun before its record; the second op's before its own.
-    assert steps.told[0]["begun"] == [True] * per_op
-    assert steps.told[per_op]["begun"][:2 * per_op] == [True] * (2 * per_op)
+    # Before each op's record: its record's and passes steps' workers, begun; no repeat's yet.
+    for first in (0, per_op):
+        assert steps.told[first]["begun"] == [True] * (first + 3)
+    # Before A's passes step (the record done): every repeat's too, all begun.
+    for passes in (1, per_op + 1):
+        assert steps.told[passes]["begun"] == [True] * (passes - 1 + per_op)
     # Each step's worker was told to end as its step did: before the next step started.
     assert all(id(before) in told["closed"] for before, told in zip(starters[:-1], steps.told[1:], strict=True))
     # Each step ran on its own side's worker (the side's environment and cache).
     for told, worker in zip(steps.told, starters, strict=True):
         assert told["argv"][-1].endswith(f"{told['side']}-d{told['side'].lower()}")
         assert worker.cache_root == str(Path(told["argv"][-1]).parent)
-    # The first op's workers import while the sides' Triton is identified (a subprocess each), not after.
-    assert steps.begun_when_identified == [[True] * per_op] * 2
+    # The first op's first workers import while the sides' Triton is identified (a subprocess each), not after.
+    assert steps.begun_when_identified == [[True] * 3] * 2
     assert all(w.closed for w in steps.workers)
+
+
+def test_prewarmed_workers_of_an_op_whose_record_failed_serve_the_next_op(tmp_path, monkeypatch):
+    """A record that failed leaves its op's passes workers unused: the next op's record and passes take
+    them (no more begun than its steps need), its repeats' come as its record ends."""
+    steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir == "A-record" and
+                  not any(t["run_dir"].parent.name == "A-record" for t in steps.told[:-1]) else "ok")
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\nstep_start: prewarmed\n")) == 1
+    assert steps.schedule() == ["A-record", "A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    assert len(steps.workers) == 8  # the failed record's, then the 7 of the second op's steps
+    assert steps.told[1]["begun"] == [True] * 4
 
 
 def test_the_reports_modules_are_imported_beside_the_first_steps_and_done_before_any_timed_one(tmp_path, monkeypatch):

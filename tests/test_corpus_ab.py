@@ -269,6 +269,11 @@ def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
         with pytest.raises(batch.UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "
                                                    f"it keeps: drop {dropped}"):
             prepare(args, stored)
+    # A plan file given again is refused by its place, PLAN, alone or beside an option.
+    plan = str(REPO / "ops" / "ab_default.yaml")
+    for flags, dropped in (([], "PLAN"), (["--repeats", "4"], "PLAN --repeats")):
+        with pytest.raises(batch.UsageError, match=f"whose plan it keeps: drop {dropped}$"):
+            prepare(_args(plan, "--resume", "--batch-dir", str(tmp_path), *flags), stored)
 
 
 # --- a finished op's A/B, as the batch reads it ---------------------------------------------------------

@@ -76,13 +76,13 @@ def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start
     assert len(forked_by) == (0 if start == "fresh" else len(steps))
     assert len(set(forked_by)) == {"fork": 2, "fresh": 0, "prewarmed": len(steps)}[start]
     assert log.count("-m harness.worker ") == len(set(forked_by))
-    kinds = {step: (_spec(d / "add" / step)["timing_only"], _spec(d / "add" / step)["passes_only"]) for step in steps}
+    kinds = {step: _spec(d / "add" / step)["only"] for step in steps}
     # once: each side's passes step, before the repeats, carries IR and attribution (what the reports
-    # read) and times at a token budget (no verdict uses its timings); every timed step times only.
-    timed, passes_only = (True, False), (False, True)
-    assert kinds == ({"A-record": timed, "A-passes": passes_only, "B-passes": passes_only, "A-1": timed,
-                      "B-1": timed, "A-2": timed, "B-2": timed} if passes == "once"
-                     else dict.fromkeys(STEPS, (False, False)))
+    # read) and times at a token budget (no verdict uses its timings); every repeat times only; A's
+    # record leaves both out (its configs are what the A/B reads).
+    assert kinds == ({"A-record": "configs", "A-passes": "passes", "B-passes": "passes", "A-1": "timing",
+                      "B-1": "timing", "A-2": "timing", "B-2": "timing"} if passes == "once"
+                     else dict.fromkeys(STEPS))
     recorded = [(s["side"], s.get("passes", False)) for s in load(d / "ab.json")["steps"]]
     assert recorded == ([("A", False), ("A", True), ("B", True), ("A", False), ("B", False), ("A", False),
                          ("B", False)] if passes == "once" else [("A", False)] + [("A", False), ("B", False)] * 2)

@@ -17,6 +17,7 @@ from harness.child.plugins import ir as ir_plugin_module
 from harness.child.plugins.ir import IRPlugin
 from harness.core import ir_index, rundir
 from harness.measure import ir
+from harness.core.spec import ONLY, RunSpec
 from harness.measure.ir import Variant
 
 KERNELS = REPO / "tests" / "resources" / "ir_kernels"
@@ -207,7 +208,7 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin, request):
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
     monkeypatch.setattr(Autotuner, "_bench", Autotuner._bench)
     said = []
-    spec = types.SimpleNamespace(ir=True, timing_only=False, passes_only=getattr(request, "param", False))
+    spec = RunSpec("tuned", "cuda", "replay", 0, ["fp32"], "default", only=getattr(request, "param", None))
     # The device's occupancy limits, as the cuda backend reads them on a GPU (None on this CPU host).
     backend = dataclasses.replace(backends.get("cuda"), occupancy_limits=lambda: dict(H200_LIMITS))
     ctx = types.SimpleNamespace(spec=spec, backend=backend, run_dir=tmp_path, say=said.append)
@@ -220,7 +221,7 @@ def live_plugin(monkeypatch, tmp_path, load_through_standin, request):
     yield plugin, tuned, driver, said
 
 
-@pytest.mark.parametrize("live_plugin", [False, True], indirect=True, ids=["timed", "passes-only"])
+@pytest.mark.parametrize("live_plugin", [None, "passes"], indirect=True, ids=["timed", "passes-only"])
 def test_only_a_passes_only_run_extracts_statistics_beside_its_next_cases(live_plugin, request):
     plugin = live_plugin[0]
     assert plugin.collector.background_stats is ("passes-only" in request.node.name)
@@ -283,21 +284,22 @@ def test_a_launch_inside_an_autotune_sweep_is_not_counted_and_one_outside_it_is(
     assert exit_hooks_left(plugin) == 0  # the exit-time dump is for crashes only
 
 
-def ir_plugin(tmp_path, ir_on=True, backend="cuda", timing_only=False):
+def ir_plugin(tmp_path, ir_on=True, backend="cuda", only=None):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(ir=ir_on, timing_only=timing_only, passes_only=False),
+    ctx = types.SimpleNamespace(spec=RunSpec("add", backend, "record", 0, ["fp32"], "default", ir=ir_on, only=only),
                                 backend=backends.get(backend),
                                 run_dir=tmp_path, say=said.append)
     return IRPlugin(ctx), said
 
 
-@pytest.mark.parametrize(("ir_on", "backend", "timing_only", "reason"), [
-    (False, "cuda", False, "turned off (--no-ir)"),
-    (True, "cuda", True, "a timing-only run (--timing-only)"),
-    (True, "interpreter", False, "backend 'interpreter' compiles no kernels"),
+@pytest.mark.parametrize(("ir_on", "backend", "only", "reason"), [
+    (False, "cuda", None, "turned off (--no-ir)"),
+    (True, "cuda", "timing", "a timing-only run (--timing-only)"),
+    (True, "cuda", "configs", "a configs-only run (--configs-only)"),
+    (True, "interpreter", None, "backend 'interpreter' compiles no kernels"),
 ])
-def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, timing_only, reason):
-    plugin, said = ir_plugin(tmp_path, ir_on, backend, timing_only)
+def test_a_run_without_ir_says_why_and_collects_nothing(tmp_path, ir_on, backend, only, reason):
+    plugin, said = ir_plugin(tmp_path, ir_on, backend, only)
     plugin.pytest_configure(None)
     assert plugin.collector is None and said == [f"IR collection off: {reason}"]
     assert load(tmp_path / "run.json")["observed"]["ir"] == {"collected": False, "reason": reason}
@@ -351,14 +353,16 @@ def test_unreadable_launches_are_counted_and_said(live_plugin, tmp_path):
     assert load(tmp_path / "run.json")["observed"]["ir"]["unreadable_launches"] == 1
 
 
-def test_compare_ir_of_a_timing_only_run_points_to_the_run_that_has_its_ir(tmp_path, capsys):
+@pytest.mark.parametrize("only", ["timing", "configs"])
+def test_compare_ir_of_an_ab_step_without_ir_points_to_the_run_that_has_it(tmp_path, capsys, only):
+    """An A/B's repeat (timing-only) or its record (configs-only)."""
     from harness import cli
 
     for side in ("a", "b"):
         (tmp_path / side).mkdir()
         rundir.merge_json(tmp_path / side / rundir.RUN_JSON, {"observed": {"ir": {"collected": False,
-                                                                                  "reason": ir.TIMING_ONLY}}})
+                                                                                  "reason": ONLY[only]}}})
     assert cli.main(["compare-ir", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert capsys.readouterr().err == (
-        f"error: {tmp_path / 'a'} has no ttgir/index.tsv (a timing-only run (--timing-only): an A/B collects IR in "
+        f"error: {tmp_path / 'a'} has no ttgir/index.tsv ({ONLY[only]}: an A/B collects IR in "
         "each side's passes step (A-passes and B-passes))\n")

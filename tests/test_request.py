@@ -15,17 +15,17 @@ from harness.sessions import ab, batch
 
 # Each request field beside its options and the argparse name it comes back as (an option's is its field's).
 DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
-        "timing_only": "timing_only", "passes_only": "passes_only", "color": "color", "out": "out",
+        "only": "only", "color": "color", "out": "out",
         "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
     backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"), dtypes=("fp16", "bf16"),
     ops_paths=("/ops/a", "mod.b"), flaggems_dirs=("flaggems=/fg", "v=/other"), level="comprehensive", flagtune="1",
     libtuner_cache="user", seed=7, timer="direct", l2="cold", warmup_ms=2.5, rep_ms=10.0), sweep_devices=2, ir=False,
-    timing_only=True, color="never", out=Path("/runs/x"), precompile=False, triton_cache=Path("/cache/a"))
+    only="configs", color="never", out=Path("/runs/x"), precompile=False, triton_cache=Path("/cache/a"))
 REPLAY = RunRequest("replay", "/runs/x/mm_1", RunOptions(
     backend="cuda", device=1, shapes=Path("/s/other.yaml"), dtypes=("fp32",), ops_paths=("/ops/a",),
-    flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, passes_only=True,
+    flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, only="passes",
     color="always",
     run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"))
 
@@ -199,3 +199,23 @@ def write_complete_run(run_dir: Path) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({"spec": {}, "observed": {"outcome": {"status": "COMPLETE"}}}))
     (run_dir / "results.json").write_text('{"rows": []}')
+
+
+@pytest.mark.parametrize("only", ["timing", "passes", "configs"])
+def test_what_a_record_is_for_round_trips_and_two_purposes_are_refused(only, capsys):
+    request = RunRequest("record", "softmax", only=only)
+    assert request.to_argv() == ["record", "softmax", f"--{only}-only"]
+    assert cli.build_parser().parse_args(request.to_argv()).only == only
+    other = next(o for o in ("timing", "passes", "configs") if o != only)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["record", "softmax", f"--{only}-only", f"--{other}-only"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_replay_is_never_configs_only_its_configs_are_its_records():
+    with pytest.raises(ValueError, match="its configs are its record's"):
+        RunRequest("replay", "/runs/x/mm_1", only="configs")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["replay", "/runs/x/mm_1", "--configs-only"])
+    with pytest.raises(ValueError, match="is not one of"):
+        RunRequest("record", "mm", only="everything")

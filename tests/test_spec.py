@@ -129,6 +129,26 @@ def test_an_unknown_l2_in_run_json_says_what_is_wrong_in_one_line(tmp_path):
     assert str(info.value) == f"{tmp_path / rundir.RUN_JSON}: l2 'tepid' not one of ('warm', 'cold')"
 
 
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"only": "timings"}, "only 'timings' not one of ('timing', 'passes', 'configs')"),
+    ({"only": "configs", "mode": "replay"}, "a configs-only replay (only a record has configs of its own)"),
+])
+def test_what_a_run_is_for_is_checked_as_run_json_is_read(tmp_path, fields, message):
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps({"spec": {**flaggems_spec().to_json(), **fields}}))
+    with pytest.raises(spec_mod.SpecError) as info:
+        spec_mod.read(tmp_path)
+    assert str(info.value) == f"{tmp_path / rundir.RUN_JSON}: {message}"
+
+
+@pytest.mark.parametrize(("only", "passes", "token"), [
+    (None, True, False), ("timing", False, False), ("passes", True, True), ("configs", False, True)])
+def test_what_a_run_is_for_says_whether_it_carries_the_passes_and_how_it_times(tmp_path, only, passes, token):
+    spec = dataclasses.replace(flaggems_spec(), only=only)
+    spec_mod.write(tmp_path, spec)
+    assert spec_mod.read(tmp_path) == spec
+    assert (spec.passes, spec.token_timing) == (passes, token)
+
+
 def test_a_replay_keeps_the_recorded_l2_and_timer(tmp_path, monkeypatch):
     rec = tmp_path / "runs" / "softmax_rec"
     rec.mkdir(parents=True)

@@ -18,7 +18,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.spec import FlagGemsOptions
 from harness.measure import profile, timers
-from harness.measure.timers import PASSES_ONLY_BUDGET_MS, Measurement, Timer, _CaptureFailed
+from harness.measure.timers import TOKEN_BUDGET_MS, Measurement, Timer, _CaptureFailed
 from harness.sessions import resolve
 
 
@@ -557,11 +557,11 @@ def test_cuda_has_both_and_resolves_them():
     assert resolve.resolve_timer(cuda, "profiler") == "profiler" and resolve.resolve_l2(cuda, "cold") == "cold"
 
 
-def timing_plugin(tmp_path, backend, timing_only=False, windows=1, passes_only=False):
+def timing_plugin(tmp_path, backend, only=None, windows=1):
     said = []
-    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(timer="auto", warmup_ms=25.0, rep_ms=100.0, l2="warm",
-                                                           windows=windows, timing_only=timing_only,
-                                                           passes_only=passes_only),
+    spec = spec_mod.RunSpec("add", backend, "record", 0, ["fp32"], "default", warmup_ms=25.0, rep_ms=100.0,
+                            windows=windows, only=only)
+    ctx = types.SimpleNamespace(spec=spec,
                                 backend=backends.get(backend), mark=lambda m: None, say=said.append,
                                 run_dir=tmp_path)
     plugin = TimingPlugin(ctx)
@@ -570,10 +570,22 @@ def timing_plugin(tmp_path, backend, timing_only=False, windows=1, passes_only=F
 
 
 def test_a_timing_only_run_profiles_nothing_and_says_so_in_run_json(tmp_path):
-    plugin, said = timing_plugin(tmp_path, "cuda", timing_only=True)
-    assert plugin.timer.attribute is False
-    assert load(tmp_path / rundir.RUN_JSON)["observed"]["kernel_attribution"] == {
-        "recorded": False, "reason": "a timing-only run (--timing-only)"}
+    plugin, said = timing_plugin(tmp_path, "cuda", only="timing")
+    assert plugin.timer.attribute is False and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == (25.0, 100.0)
+    observed = load(tmp_path / rundir.RUN_JSON)["observed"]
+    assert observed["kernel_attribution"] == {"recorded": False, "reason": "a timing-only run (--timing-only)"}
+    assert "timing" not in observed
+
+
+def test_a_configs_only_record_profiles_nothing_and_times_at_the_token_budget(tmp_path):
+    """An A/B's record: its autotune picks are all that is read, so its rows neither profile nor time at
+    the full budget, and run.json says why."""
+    plugin, said = timing_plugin(tmp_path, "cuda", only="configs")
+    assert plugin.timer.attribute is False and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == TOKEN_BUDGET_MS
+    observed = load(tmp_path / rundir.RUN_JSON)["observed"]
+    assert observed["kernel_attribution"] == {"recorded": False, "reason": "a configs-only run (--configs-only)"}
+    assert observed["timing"] == {"warmup_ms": 0.0, "rep_ms": 0.0, "reason": "a configs-only run (--configs-only): "
+                                  "its timings are for no comparison"}
 
 
 def test_a_passes_only_run_profiles_after_timing_at_the_token_budget_and_says_so(tmp_path):
@@ -581,12 +593,12 @@ def test_a_passes_only_run_profiles_after_timing_at_the_token_budget_and_says_so
     full = timing_plugin(tmp_path / "full", "cuda")[0].timer
     assert (full.warmup_ms, full.rep_ms) == (25.0, 100.0) and "timing" not in load(
         tmp_path / "full" / rundir.RUN_JSON)["observed"]
-    plugin, said = timing_plugin(tmp_path, "cuda", passes_only=True)
-    assert plugin.timer.attribute is True and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == PASSES_ONLY_BUDGET_MS
+    plugin, said = timing_plugin(tmp_path, "cuda", only="passes")
+    assert plugin.timer.attribute is True and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == TOKEN_BUDGET_MS
     observed = load(tmp_path / rundir.RUN_JSON)["observed"]
     assert observed["kernel_attribution"]["recorded"] is True
     assert observed["timing"] == {"warmup_ms": 0.0, "rep_ms": 0.0, "reason": "a passes-only run (--passes-only): "
-                                  "its timings only size the profiler pass"}
+                                  "its timings are for no comparison"}
     # (Each timer still takes its fewest calls on it: test_the_graph_timers_replays_are_clamped.)
 
 

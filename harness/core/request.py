@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.core.options import RunOptions, declared
+from harness.core.spec import ONLY
 
 COMMANDS = ("record", "replay")
 
@@ -23,8 +24,7 @@ class RunRequest:
     options: RunOptions = RunOptions()
     sweep_devices: int | None = None  # record only
     ir: bool = True
-    timing_only: bool = False
-    passes_only: bool = False
+    only: str | None = None  # a key of spec.ONLY: what the run is for, where not everything
     precompile: bool = True
     color: str | None = None
     out: Path | None = None
@@ -41,8 +41,10 @@ class RunRequest:
             given += ["sweep_devices"] if self.sweep_devices is not None else []
             if given:
                 raise ValueError(f"replay takes no {', '.join(given)}: it keeps the recorded ones")
-        if self.timing_only and self.passes_only:
-            raise ValueError("timing_only and passes_only: a run times for comparison or carries the passes, not both")
+        if self.only is not None and self.only not in ONLY:
+            raise ValueError(f"only {self.only!r} is not one of {tuple(ONLY)}")
+        if self.only == "configs" and self.command != "record":
+            raise ValueError("only 'configs' on a replay: its configs are its record's")
         if self.out is not None and self.run_dir is not None:
             raise ValueError("out and run_dir: the run dir is named either under out or exactly, not both")
         if self.options.dtypes is not None and not self.options.dtypes:
@@ -56,10 +58,8 @@ class RunRequest:
             argv += ["--sweep-devices", str(self.sweep_devices)]
         if not self.ir:
             argv.append("--no-ir")
-        if self.timing_only:
-            argv.append("--timing-only")
-        if self.passes_only:
-            argv.append("--passes-only")
+        if self.only is not None:
+            argv.append(f"--{self.only}-only")
         if not self.precompile:
             argv.append("--no-precompile")
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),

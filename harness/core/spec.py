@@ -22,6 +22,14 @@ L2_MODES = ("warm", "cold")
 # rows spread 0.6% between processes on an H200, and 4 windows, over time or over fresh buffers
 # (tests/gpu/check_small_state.py), did not lower what remains.
 DEFAULT_WINDOWS = 1
+# A run that does part of the work (`--timing-only`, `--passes-only`, `--configs-only`: RunSpec.only),
+# each as its run.json says why it left the rest out. "timing": no IR, no per-kernel attribution (an
+# A/B's repeats). "passes": those one-off passes, its rows timed at timers.TOKEN_BUDGET_MS, for no
+# comparison (an A/B's passes steps). "configs": a record whose autotune picks alone are read, rows
+# timed at the token budget, no passes (an A/B's record: each side replays its configs).
+ONLY = {"timing": "a timing-only run (--timing-only)",
+        "passes": "a passes-only run (--passes-only)",
+        "configs": "a configs-only run (--configs-only)"}
 
 
 class SpecError(ValueError):
@@ -130,11 +138,8 @@ class RunSpec:
     replay_source_outcome: dict | None = None
     color: bool = False
     ir: bool = True
-    # Timing only: no IR and no per-kernel attribution (an A/B's repeats after each side's first).
-    timing_only: bool = False
-    # The passes only, the rows timed at timers.PASSES_ONLY_BUDGET_MS (an A/B's passes step: no verdict
-    # reads its timings).
-    passes_only: bool = False
+    # What the run is for, where not everything (None): a key of ONLY.
+    only: str | None = None
     # Compile an autotune sweep's configs in parallel before it (harness.measure.precompile).
     precompile: bool = True
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
@@ -143,6 +148,16 @@ class RunSpec:
     # A FlagGems-style benchmark; None for built-in ops. In run.json, its fields as an object.
     flaggems: FlagGemsOptions | None = None
     version: int = SPEC_VERSION
+
+    @property
+    def passes(self) -> bool:
+        """Whether the run carries the one-off passes: IR collection, per-kernel attribution."""
+        return self.only in (None, "passes")
+
+    @property
+    def token_timing(self) -> bool:
+        """Whether its rows are timed at the token budget: its timings are for no comparison."""
+        return self.only in ("passes", "configs")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -162,6 +177,10 @@ class RunSpec:
             raise SpecError(f"{where}: l2 {spec.l2!r} not one of {L2_MODES}")
         if spec.timer not in TIMERS:
             raise SpecError(f"{where}: timer {spec.timer!r} not one of {TIMERS}")
+        if spec.only is not None and spec.only not in ONLY:
+            raise SpecError(f"{where}: only {spec.only!r} not one of {tuple(ONLY)}")
+        if spec.only == "configs" and spec.mode != "record":
+            raise SpecError(f"{where}: a configs-only {spec.mode} (only a record has configs of its own)")
         if spec.windows < 1:
             raise SpecError(f"{where}: windows {spec.windows!r} is not an integer >= 1")
         return spec

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from harness.core import rundir
 from harness.core.errors import UsageError
+from harness.core.spec import ONLY
 from harness.core.ir_index import (
     HASHED_STAGES,
     INDEX_COLUMNS,
@@ -332,8 +333,8 @@ def compare(run_a: Path, run_b: Path) -> list[dict]:
     return out
 
 
-# Why a run collected no IR where it timed only (an A/B's record and its repeats past each side's first).
-TIMING_ONLY = "a timing-only run (--timing-only)"
+# Why a run collected no IR where an A/B's passes steps carry it: its repeats and its record.
+LEFT_TO_PASSES_STEPS = (ONLY["timing"], ONLY["configs"])
 
 
 def write_status(run_dir: Path, enabled: bool, reason: str) -> None:
@@ -347,7 +348,7 @@ def _why_no_ir(run: Path) -> str:
         reason = rundir.read_json(Path(run) / rundir.RUN_JSON)["observed"]["ir"]["reason"]
     except (OSError, ValueError, KeyError, TypeError):
         return "IR collection was off or it is not a run dir"
-    if reason == TIMING_ONLY:
+    if reason in LEFT_TO_PASSES_STEPS:
         return f"{reason}: an A/B collects IR in each side's passes step (A-passes and B-passes)"
     return f"IR collection off: {reason}"
 

@@ -47,10 +47,11 @@ PROFILER_CALLS_PER_SAMPLE = (1, 20)
 PROFILER_SAMPLES_RANGE = (10, 100)
 ATTRIBUTION_MS = 5.0
 ATTRIBUTION_CALLS = (3, 20)
-# A passes-only run's (warmup, rep) budget: the fewest calls each timer takes (its ranges' lower
-# bounds), enough to size the profiler pass. In an A/B's passes steps the full budget was ~0.25 s a
-# row on an H200 for numbers no verdict reads.
-PASSES_ONLY_BUDGET_MS = (0.0, 0.0)
+# The (warmup, rep) budget of a run whose timings are for no comparison (spec.RunSpec.token_timing: an
+# A/B's record and passes steps): the fewest calls each timer takes (its ranges' lower bounds), enough
+# to size the profiler pass. In an A/B's passes steps the full budget was ~0.25 s a row on an H200 for
+# numbers no verdict reads.
+TOKEN_BUDGET_MS = (0.0, 0.0)
 # Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
 # some of the op's lines in place.
 L2_FLUSH_FACTOR = 2

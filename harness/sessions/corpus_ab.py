@@ -113,7 +113,7 @@ class CorpusAB(batch.Batch):
         else:
             plan = ab.resolve_plan(args)
             run, ops = plan.options, plan.ops
-        run = dataclasses.replace(run.without_measurement(), device=None)
+        run = run.without_measurement()  # (the batch drops the device: each op is given its own)
         print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.repeats} repeats "
               "interleaved; each op's whole A/B on one device")
         backend = resolve.resolve_backend(run.backend).name

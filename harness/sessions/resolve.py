@@ -185,7 +185,7 @@ def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
         windows=spec_mod.DEFAULT_WINDOWS if args.windows is None else args.windows,
-        color=color_enabled(args.color), ir=args.ir, timing_only=args.timing_only, passes_only=args.passes_only,
+        color=color_enabled(args.color), ir=args.ir, only=args.only,
         precompile=args.precompile,
         **fields)
 
@@ -340,7 +340,7 @@ def _replay_spec(args, run_dir: Path, source: spec_mod.RunSpec, backend, **field
     """The record's spec (op, seed, timer, l2, budgets...) as a replay of it, with what this run sets."""
     return dataclasses.replace(
         source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
-        color=color_enabled(args.color), ir=args.ir, timing_only=args.timing_only, passes_only=args.passes_only,
+        color=color_enabled(args.color), ir=args.ir, only=args.only,
         precompile=args.precompile,
         sweep_devices=0,
         preset_records=None, **fields)

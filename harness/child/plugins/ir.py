@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 
 from harness.core import rundir
+from harness.core.spec import ONLY
 from harness.measure import ir
 
 
@@ -43,13 +44,13 @@ class IRPlugin:
     def pytest_configure(self, config):
         if not self.ctx.spec.ir:
             return self._off("turned off (--no-ir)")
-        if self.ctx.spec.timing_only:
-            return self._off(ir.TIMING_ONLY)
+        if not self.ctx.spec.passes:
+            return self._off(ONLY[self.ctx.spec.only])
         if not self.ctx.backend.triton_driver:
             return self._off(f"backend '{self.ctx.backend.name}' compiles no kernels")
         limits = self.ctx.backend.occupancy_limits() if self.ctx.backend.occupancy_limits else None
         # A passes-only run's timings are for no comparison: its statistics may be extracted beside them.
-        collector = ir.IRCollector(self.ctx.run_dir, limits=limits, background_stats=self.ctx.spec.passes_only)
+        collector = ir.IRCollector(self.ctx.run_dir, limits=limits, background_stats=self.ctx.spec.token_timing)
         reason = _install_launch_hook(collector.on_launch)
         if reason is not None:
             return self._off(reason)

@@ -8,7 +8,8 @@ Where the backend has no device profiler, rows carry no `kernels` and one line p
 import pytest
 
 from harness.core import rundir
-from harness.measure.timers import PASSES_ONLY_BUDGET_MS, WINDOWED_TIMERS, CapturePoisoned, Timer
+from harness.core.spec import ONLY
+from harness.measure.timers import TOKEN_BUDGET_MS, WINDOWED_TIMERS, CapturePoisoned, Timer
 
 
 class TimingPlugin:
@@ -20,11 +21,11 @@ class TimingPlugin:
 
     def pytest_configure(self, config):
         spec, backend = self.ctx.spec, self.ctx.backend
-        warmup_ms, rep_ms = PASSES_ONLY_BUDGET_MS if spec.passes_only else (spec.warmup_ms, spec.rep_ms)
+        warmup_ms, rep_ms = TOKEN_BUDGET_MS if spec.token_timing else (spec.warmup_ms, spec.rep_ms)
         self.timer = Timer(backend, spec.timer, warmup_ms, rep_ms, self.ctx.mark, l2=spec.l2,
-                           windows=spec.windows, attribute=not spec.timing_only)
-        if spec.timing_only:
-            facts = {"recorded": False, "reason": "a timing-only run (--timing-only)"}
+                           windows=spec.windows, attribute=spec.passes)
+        if not spec.passes:
+            facts = {"recorded": False, "reason": ONLY[spec.only]}
         elif backend.profiler_activity:
             facts = {"recorded": True, "source": f"torch.profiler ({backend.profiler_activity})"}
         else:
@@ -32,11 +33,10 @@ class TimingPlugin:
             self.ctx.say(f"per-kernel attribution not recorded: {reason}; rows carry no 'kernels'")
             facts = {"recorded": False, "reason": reason}
         observed = {"kernel_attribution": facts}
-        if spec.passes_only:
+        if spec.token_timing:
             # Said where the rows are read: their timings are the token budget's, for no comparison.
-            observed["timing"] = {
-                "warmup_ms": warmup_ms, "rep_ms": rep_ms,
-                "reason": "a passes-only run (--passes-only): its timings only size the profiler pass"}
+            observed["timing"] = {"warmup_ms": warmup_ms, "rep_ms": rep_ms,
+                                  "reason": f"{ONLY[spec.only]}: its timings are for no comparison"}
         if spec.windows > 1 and self.timer.timer not in WINDOWED_TIMERS:
             # Said, not silently dropped.
             reason = f"the {self.timer.timer} timer takes no windows"
