@@ -189,13 +189,16 @@ def main(argv: list[str] | None = None) -> int:
             resolved = resolve.resolve_record(args) if args.command == "record" else resolve.resolve_replay(args)
             return run.execute(*resolved, cache_dir=args.triton_cache, named_dir=args.named_run_dir)
         if args.command == "ab":
-            from harness.sessions import ab, compare_batches, corpus_ab
+            from harness.sessions import ab, corpus_ab
 
             if args.named_run_dir is not None and (args.compare or corpus_ab.wanted(args)):
                 raise UsageError("--run-dir names the dir of one A/B run: --compare writes its report under --out, "
                                  "a corpus A/B into --batch-dir")
-            if args.compare and compare_batches.names_batches(args.compare):
-                return compare_batches.run_from_args(args)
+            if args.compare:
+                from harness.sessions import compare_batches  # the reports' modules: only to compare
+
+                if compare_batches.names_batches(args.compare):
+                    return compare_batches.run_from_args(args)
             return corpus_ab.run_from_args(args) if corpus_ab.wanted(args) else ab.run_from_args(args)
         if args.command == "batch":
             from harness.sessions import batch

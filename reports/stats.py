@@ -31,6 +31,8 @@ import math
 
 import numpy as np
 
+from harness.core.options import FDR  # noqa: F401 (the reports' default rate, stats.FDR)
+
 # scipy is imported where it is used, not with this module: its 1-2.5 s would otherwise come before an
 # A/B's first step (the A/B imports it beside its steps instead: harness.sessions.ab.preload_reports).
 
@@ -42,8 +44,7 @@ CONFIDENCE = 0.95
 MARGIN = 0.003
 # SAME claims no change beyond 1%: narrow enough to mean something at a kernel's 0.2-0.5% noise.
 SAME_MARGIN = 0.01
-# The default false discovery rate of a report's FASTER/SLOWER calls.
-FDR = 0.05
+# The default false discovery rate of a report's FASTER/SLOWER calls: FDR, declared with --fdr.
 # The prior's trend on latency: a row's prior variance is learnt from the rows within this factor of
 # its A latency (how much a kernel varies from one repeat to the next depends on its size).
 TREND_BAND = 2.0

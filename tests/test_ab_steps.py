@@ -23,6 +23,7 @@ from harness.core import paths
 from harness.core.errors import UsageError
 from harness.core.spec import RunSpec
 from harness.sessions import ab
+from reports import table
 
 
 def _only(argv: list[str]) -> list[str]:
@@ -387,7 +388,7 @@ def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_p
     out = capsys.readouterr().out
     assert _ab_dir(out) == named and (named / "report.json").is_file() and not (tmp_path / "runs").exists()
     assert out.startswith("note: sides A and B are identical: this is an A/A run (measures noise)\n")
-    assert out.splitlines()[3] == ab.table.not_performance_note("interpreter")  # said before any step
+    assert out.splitlines()[3] == table.not_performance_note("interpreter")  # said before any step
 
 
 def _single_run(path: Path, candidate_ms: float) -> Path:
@@ -682,14 +683,19 @@ def test_prewarmed_workers_of_an_op_whose_record_failed_serve_the_next_op(tmp_pa
 
 
 def test_the_reports_modules_are_imported_beside_the_first_steps_and_done_before_any_timed_one(tmp_path, monkeypatch):
-    """The A/B's parent imports neither scipy nor matplotlib before its first step (1-2.5 s and 0.3-1 s on an
-    H200 host); a thread imports them as the steps begin, joined before the first timed repeat (no import of
-    ours beside a measuring step), and the report then imports nothing more of them."""
-    probe = ("import sys, harness.sessions.ab as ab\n"
-             "heavy = lambda: sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'matplotlib'))\n"
-             "print(heavy() == [])\n"
+    """The A/B's parent imports none of the report's modules before it begins its first workers: neither ours
+    (numpy, jinja2) nor scipy and matplotlib (1-2.5 s and 0.3-1 s on an H200 host); a thread imports them as
+    the steps begin, joined before the first timed repeat (no import of ours beside a measuring step), and the
+    report then imports nothing more of them."""
+    probe = ("import sys\n"
+             "from harness import cli\n"
+             "from harness.sessions import ab, corpus_ab  # what `python -m harness ab` imports first\n"
+             "heavy = lambda: sorted(m for m in sys.modules\n"
+             "                       if m.split('.')[0] in ('scipy', 'matplotlib', 'numpy', 'jinja2', 'reports'))\n"
+             "print(heavy() == [] or heavy())\n"
              "ab.preload_reports().join()\n"
-             "print(all(m in sys.modules for m in ('scipy.stats', 'matplotlib.figure', 'matplotlib.ticker')))\n"
+             "print(all(m in sys.modules for m in ('scipy.stats', 'matplotlib.figure', 'matplotlib.ticker',\n"
+             "                                     'reports.ab_report', 'reports.corpus', 'reports.explain')))\n"
              "preloaded = set(heavy())\n"
              "import pathlib\n"
              "from reports import ab_report, compare, stats\n"

@@ -16,8 +16,8 @@ import backends
 from harness.child.plugins import ir as ir_plugin_module
 from harness.child.plugins.ir import IRPlugin
 from harness.core import ir_index, rundir
-from harness.measure import ir
 from harness.core.spec import ONLY, RunSpec
+from harness.measure import ir
 from harness.measure.ir import Variant
 
 KERNELS = REPO / "tests" / "resources" / "ir_kernels"

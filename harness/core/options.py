@@ -398,6 +398,11 @@ def _is_env_list(value) -> bool:
     return _is_strings(value) and all("=" in item for item in value)
 
 
+# The default false discovery rate of a report's FASTER/SLOWER calls (reports.stats), beside --fdr, whose
+# default it is: the A/B's plan takes it without importing the statistics (numpy) before its first step.
+FDR = 0.05
+
+
 def valid_fdr(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
 
@@ -430,7 +435,7 @@ class ExperimentOptions(OptionSet):
         check=valid_repeats, what="an integer >= 2")
     fdr: float | None = option(
         flag="--fdr", group="experiment", commands=("ab",), metavar="Q", type=float,
-        help="false discovery rate of the report's FASTER/SLOWER calls (default 0.05)",
+        help=f"false discovery rate of the report's FASTER/SLOWER calls (default {FDR})",
         check=valid_fdr, what="a number between 0 and 1")
     a_env: tuple[str, ...] = _side_env("a")
     a_python: str | None = _side_python("a")

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from harness.core import rundir
 from harness.core.errors import UsageError
-from harness.core.spec import ONLY
 from harness.core.ir_index import (
     HASHED_STAGES,
     INDEX_COLUMNS,
@@ -39,6 +38,7 @@ from harness.core.ir_index import (
     index_path,
     launched,
 )
+from harness.core.spec import ONLY
 from harness.measure import kernel_stats
 
 

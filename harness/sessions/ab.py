@@ -27,6 +27,7 @@ from harness.core import deps, forkserver, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.options import (
+    FDR,
     STEP_PASSES,
     STEP_STARTS,
     UPSTREAM,
@@ -41,7 +42,6 @@ from harness.core.results import ResultsError
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
-from reports import ab_report, compare, corpus, explain, stats, table
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
@@ -79,7 +79,7 @@ class Plan:
     b: Side
     repeats: int = 3
     # The false discovery rate of the report's FASTER/SLOWER calls (reports.stats.adjust).
-    fdr: float = stats.FDR
+    fdr: float = FDR
     # Where and what A's record runs and how it measures. Both sides' replays are given only what a
     # replay takes (RunOptions.for_replay): the backend, FlagGems level, switch and cache and the
     # measurement stay the record's, so both sides run the same level, switch and tuning space.
@@ -170,7 +170,7 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     repeats = data.get("repeats", 3)
     if not valid_repeats(repeats):
         raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)")
-    fdr = data.get("fdr", stats.FDR)
+    fdr = data.get("fdr", FDR)
     if not valid_fdr(fdr):
         raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {fdr!r}")
     for name, choices in (("step_start", STEP_STARTS), ("step_passes", STEP_PASSES)):
@@ -464,6 +464,8 @@ class Runner:
             if plan.step_start == "prewarmed":
                 self._prewarm(record=False)
             if once:
+                from reports import compare  # imported beside the record by preload_reports
+
                 # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
                 # timings no verdict uses (so it times at a token budget): a kernel timed in a process
                 # after the profiler ran in it is slower (on an H200, 1-2 us kernels by 10-20%, for the
@@ -479,8 +481,8 @@ class Runner:
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
                     replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
-                    replay = self.step(side, plan.request("replay", str(record), replay_dir, "timing" if once else None),
-                                       f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
+                    timed = plan.request("replay", str(record), replay_dir, "timing" if once else None)
+                    replay = self.step(side, timed, f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
                     if replay is not None:
                         runs[side.name].append(replay)
         self.state["complete"] = True
@@ -488,9 +490,11 @@ class Runner:
         return results
 
 
-# What the report imports that the A/B's start does not: its statistics and its plot's matplotlib (with
-# the Agg canvas its savefig picks). 1-2.5 s and 0.3-1 s on an H200 host.
-REPORT_MODULES = ("scipy.stats", "matplotlib.figure", "matplotlib.ticker", "matplotlib.backends.backend_agg")
+# What the report imports that the A/B's start does not: our report modules (numpy, jinja2: 0.25 s of the
+# A/B's 0.44 s of imports on an H200 host, before any worker was begun), its statistics and its plot's
+# matplotlib (with the Agg canvas its savefig picks; 1-2.5 s and 0.3-1 s).
+REPORT_MODULES = ("reports.ab_report", "reports.corpus", "reports.explain", "scipy.stats", "matplotlib.figure",
+                  "matplotlib.ticker", "matplotlib.backends.backend_agg")
 
 
 def preload_reports() -> threading.Thread:
@@ -528,6 +532,8 @@ def went_through(run_dir: Path) -> bool:
 
 def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict]:
     """Warnings about what the A/B can and cannot conclude, and the IR comparison per op."""
+    from reports import compare
+
     warnings, per_op = [], {}
     for op, runs in results.items():
         if not runs["A"] or not runs["B"]:
@@ -551,13 +557,15 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
 
 
 def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, warnings: list[str],
-           backend_names: set[str], expected: int | None = None, fdr: float = stats.FDR) -> int:
+           backend_names: set[str], expected: int | None = None, fdr: float = FDR) -> int:
     """Pair and compare each group (one op's runs: its A repeats against its B repeats, each side's
     passes run, where it had one, for IR and kernels), then report them all;
     `expected` is the planned repeats per side, so a short side is flagged on every row. Verdicts
     are judged over all the groups' rows at once (compare.judge: calls at `fdr`). On a backend whose
     timings are not performance numbers the pipeline runs all the same, but every report says so at
     its top and calls no verdict."""
+    from reports import ab_report, compare, corpus, explain, table
+
     not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
     note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
     paired = []
@@ -699,6 +707,8 @@ def _check_plan(plan: Plan) -> None:
 def run_from_args(args) -> int:
     """`python -m harness ab ...`"""
     if args.compare:
+        from reports import compare
+
         dir_a, dir_b = args.compare
         backend_names = set()
         for d in (dir_a, dir_b):
@@ -707,7 +717,7 @@ def run_from_args(args) -> int:
                 compare.load_rows(d)
             except (spec_mod.SpecError, ResultsError) as exc:
                 raise UsageError(f"--compare: {exc}") from exc
-        fdr = stats.FDR if args.fdr is None else checked_fdr(args.fdr)  # refused before a report dir is claimed
+        fdr = FDR if args.fdr is None else checked_fdr(args.fdr)  # refused before a report dir is claimed
         out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
@@ -722,6 +732,8 @@ def run_from_args(args) -> int:
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
           f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
     if not backends.get(plan.options.backend).measures_performance:
+        from reports import table
+
         print(table.not_performance_note(plan.options.backend))
     runner = Runner(plan, ab_dir)
     interrupted = None

@@ -28,7 +28,6 @@ from harness.core.errors import UsageError
 from harness.core.options import BatchOptions, ExperimentOptions, RunOptions
 from harness.providers import catalog
 from harness.sessions import ab, batch, resolve
-from reports import corpus, table
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
@@ -118,6 +117,8 @@ class CorpusAB(batch.Batch):
               "interleaved; each op's whole A/B on one device")
         backend = resolve.resolve_backend(run.backend).name
         if not backends.get(backend).measures_performance:
+            from reports import table
+
             print(table.not_performance_note(backend))
         for side in (plan.a, plan.b):
             if side.requirements:  # built once here, not by concurrent ops into the same env dir
@@ -201,6 +202,8 @@ class CorpusAB(batch.Batch):
         context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                    "backend": self.opts.backend, "batch_dir": str(self.dir),
                    "op_status": {r.id: r.status for r in status.values()}}
+        from reports import corpus  # here: each op's A/B imports this module, and starts its workers first
+
         data = corpus.from_ab_dirs(items, context, plan.fdr)
         files = corpus.write(self.dir, data)
         total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)
