@@ -66,6 +66,7 @@ class Steps:
         attempt = sum(1 for t in self.told if t["run_dir"] == run_dir) + 1
         self.told.append({"python": python, "argv": argv, "run_dir": run_dir, "side": run_dir.parent.name[0],
                           "begun": [w.begun for w in self.workers],
+                          "imported": [getattr(w, "imported", False) for w in self.workers],
                           "closed": {id(w) for w in self.workers if w.closed}, **how})
         if "starter" in how:
             how["starter"].__self__.died = False  # as a worker's start does for each step
@@ -112,6 +113,11 @@ class FakeWorker:
 
     def begin(self):
         self.begun = True
+        self.imported = False
+
+    def wait_ready(self):
+        assert self.begun, "waited for before it was begun"
+        self.imported = True
 
     def start(self, argv, **kw):  # launch.run is faked: it never starts anything
         raise AssertionError("not reached")
@@ -660,6 +666,10 @@ def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_step_be
     # Before A's passes step (the record done): every repeat's too, all begun.
     for passes in (1, per_op + 1):
         assert steps.told[passes]["begun"] == [True] * (passes - 1 + per_op)
+    # Before each op's first timed step, every worker begun had its imports done: none imports beside it.
+    for first_timed in (3, per_op + 3):
+        imported = steps.told[first_timed]["imported"][first_timed:]  # the workers of the steps to come
+        assert imported == [True] * (per_op - 3)
     # Each step's worker was told to end as its step did: before the next step started.
     assert all(id(before) in told["closed"] for before, told in zip(starters[:-1], steps.told[1:], strict=True))
     # Each step ran on its own side's worker (the side's environment and cache).

@@ -169,6 +169,29 @@ def test_a_worker_begun_early_that_dies_while_importing_says_so_at_its_first_ste
         assert worker.child is None
 
 
+def test_waiting_for_a_begun_workers_imports_readies_it_or_closes_one_that_died(tmp_path):
+    """What an A/B does before its first timed step: a live worker is ready after the wait (its step then
+    forks at once); one that died importing is closed, so its step begins another; one never begun is left."""
+    from harness.core import forkserver
+
+    with open(tmp_path / "ab.log", "w+") as log:
+        dead = forkserver.Worker("/bin/false", log, {}, None, None, "interpreter")
+        dead.begin()
+        with pytest.raises(forkserver.WorkerDied, match="did not start"):
+            dead.wait_ready()
+        assert dead.child is None and dead.sock is None
+        unbegun = forkserver.Worker(sys.executable, log, {}, None, None, "interpreter")
+        unbegun.wait_ready()
+        assert unbegun.child is None and not unbegun.ready
+        live = forkserver.Worker(sys.executable, log, {}, str(REPO), None, "interpreter")
+        live.begin()
+        try:
+            live.wait_ready()
+            assert live.ready and live.child.proc.poll() is None
+        finally:
+            assert live.close() == 0
+
+
 def test_the_worker_computes_once_what_every_step_would_and_touches_no_device():
     """harness.worker._warm, in a process of its own as a worker is: Triton's cache key computed (its
     lru cache filled, so a forked step's first compile or cache hit does not hash Triton again), the

@@ -165,6 +165,12 @@ class Worker:
         self.sock = ours
         self.ready = False
 
+    def wait_ready(self) -> None:
+        """Wait for a begun worker's imports to be done; WorkerDied (and it is closed: its step starts
+        a new one) if it never says so."""
+        if self.child is not None and not self.ready:
+            self._await_ready()
+
     def _await_ready(self) -> None:
         self.sock.settimeout(START_TIMEOUT_S)
         try:

@@ -20,10 +20,16 @@ SHAPES_DIR = REPO_ROOT / "shapes"
 RUNS_DIR = REPO_ROOT / "runs"
 
 
+def user_cache() -> Path:
+    """The harness's dir in the user's cache folder (`$XDG_CACHE_HOME`, else ~/.cache): what it keeps
+    between runs, apart from every source tree; deleting it loses only time."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zl_bench"
+
+
 def bytecode_cache() -> Path:
     """Where harness subprocesses cache Python bytecode when the environment forbids writing it
-    beside the sources (PYTHONDONTWRITEBYTECODE): the user's cache folder, apart from every source tree."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zl_bench" / "pycache"
+    beside the sources (PYTHONDONTWRITEBYTECODE)."""
+    return user_cache() / "pycache"
 
 
 def keeps_no_bytecode(environ) -> bool:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import deps, forkserver, identity, launch, paths, rundir
+from harness.core import deps, forkserver, host_modules, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.options import (
@@ -311,6 +311,13 @@ class Runner:
                 continue
             keys[side.name] = key
             self.caches[side.name] = root / f"{side.name}-{key['digest']}"
+            try:  # Triton's host modules this side's compiler built in earlier A/Bs: not built again
+                linked = host_modules.link(self.caches[side.name], key["digest"])
+                print(f"side {side.name}: {linked} of its Triton host modules linked from {host_modules.store()}",
+                      file=self.log, flush=True)
+            except OSError as exc:
+                print(f"side {side.name}: its kept Triton host modules not linked ({exc}): its steps build them",
+                      file=self.log, flush=True)
         self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]),
                                               "removed": "as the A/B ends (if it died first: by the next run)"}
                                        for name, key in keys.items()}
@@ -332,6 +339,11 @@ class Runner:
         self.spares.clear()
         self.used.clear()
         if self._cache_root is not None:
+            for name, cache in self.caches.items():
+                try:  # for the next A/B of the same side compiler
+                    host_modules.keep(cache, self.state["triton_caches"][name]["digest"])
+                except OSError as exc:
+                    print(f"side {name}: its Triton host modules not kept ({exc})", file=self.log, flush=True)
             shutil.rmtree(self._cache_root, ignore_errors=True)
             self._cache_root = None
         self.log.close()
@@ -418,6 +430,16 @@ class Runner:
                 spare.append(self._new_worker(side))
                 spare[-1].begin()
 
+    def _ready_before_timing(self) -> None:
+        """prewarmed: every begun worker's imports done before the first timed step. The repeats' are
+        begun as the record ends and mostly done within the passes steps, but not where those were
+        quick or the workers many (2 x --repeats at once)."""
+        for worker in (w for spare in self.spares.values() for w in spare):
+            try:
+                worker.wait_ready()
+            except forkserver.WorkerDied as exc:
+                self.log.write(f"{exc}: its step begins another\n")
+
     def _forked(self, side: Side, worker: forkserver.Worker, request: RunRequest, how: dict) -> tuple[int, int | None]:
         try:
             return launch.run(request.to_argv(), starter=worker.start, **how)
@@ -478,6 +500,8 @@ class Runner:
                     if passed is not None:
                         runs.setdefault(compare.passes_key(side.name), []).append(passed)
             preload.join()  # before any timed step: no import of the parent's beside one
+            if plan.step_start == "prewarmed":
+                self._ready_before_timing()
             for r in range(1, plan.repeats + 1):
                 for side in (plan.a, plan.b):
                     replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)

@@ -6,12 +6,14 @@ side by side in one run. Run by hand on one H200 (not collected by pytest; no no
 
 Per start path (`--step-start fork`, `prewarmed` and `fresh`; all `--step-passes once`, so only the
 start differs), two A/Bs of identical sides, every step in ab.json:
-  op A/B     softmax, 2 rows, 3 repeats: its wall (target <= 20 s);
+  op A/B     softmax, 2 rows, 3 repeats: its wall (target <= 20 s), finding the Triton host modules the
+             warm-up A/B built kept (harness.core.host_modules), as a corpus A/B's ops after its first
+             do where they share a kernel signature; and (not fresh) with none kept, as a first A/B;
   fixed cost each timing-only replay's wall (ab.json) minus its GPU-busy time, taken as the timer's
              own device budget (rows x 2 sides x (warmup_ms + rep_ms) of its run.json): the rest is
              process start, imports, device init, collection and writing (target <= 1.5 s);
   corpus     the op A/B's wall at 5 repeats (its wall at 3 plus 4 timing-only replays) x 1,124 ops,
-             on one GPU, at this op's size (target <= 8 h);
+             on one GPU, at this op's size (target <= 8 h); and from the op A/B with none kept;
   spread     an A/A of softmax and add, 4 rows each, 5 repeats (3 on the interpreter): per row and
              side, the variance of log latency between repeats, pooled over rows and sides (df = sum
              of n - 1); F = pooled variance fresh / fork (and fresh / prewarmed), one-sided p =
@@ -50,9 +52,12 @@ SHAPES = {  # two rows per op
 }
 
 
-def ab(out: Path, shapes: Path, backend: str, start: str, repeats: int, *ops: str) -> tuple[float, Path]:
-    """(wall seconds, ab dir) of `python -m harness ab` over `ops`, sides identical."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+def ab(out: Path, shapes: Path, backend: str, start: str, repeats: int, *ops: str,
+       user_cache: Path | None = None) -> tuple[float, Path]:
+    """(wall seconds, ab dir) of `python -m harness ab` over `ops`, sides identical. `user_cache`: the
+    harness's XDG_CACHE_HOME (its kept Triton host modules, harness.core.host_modules), else the bench's own."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "XDG_CACHE_HOME": str(user_cache or out.parent / "user-cache")}
     env.pop("TRITON_INTERPRET", None)
     argv = [sys.executable, "-m", "harness", "ab", "--ops", *ops, "--backend", backend, "--shapes", str(shapes),
             "--repeats", str(repeats), "--step-start", start, "--step-passes", "once", "--out", str(out)]
@@ -137,6 +142,11 @@ def measure(out: Path, backend: str, starts: tuple[str, ...], parts: tuple[str, 
     figures["warm_up_s"] = wall
     print(f"warm-up A/B ({starts[0]}, discarded): {wall:.1f} s", flush=True)
     for start in starts if "ab" in parts else ():  # the op A/B
+        # As a first A/B on the machine: no Triton host module kept from before (the warm-up's are).
+        cold = None
+        if start != "fresh":
+            cold, _ = ab(out / f"op-{start}-cold", shapes, backend, start, 3, "softmax",
+                         user_cache=out / f"cold-{start}")
         wall, d = ab(out / f"op-{start}", shapes, backend, start, 3, "softmax")
         replays = timing_only_replays(d)
         mean_replay = statistics.mean(s["seconds"] for s in replays)
@@ -149,8 +159,11 @@ def measure(out: Path, backend: str, starts: tuple[str, ...], parts: tuple[str, 
             op_ab_s=wall, steps_s={s["what"].split("] ", 1)[1]: s["seconds"] for s in steps(d)},
             fixed_s=statistics.median(fixed), fixed_all_s=fixed,
             op_ab_5_repeats_s=wall + 4 * mean_replay,
-            corpus_h=(wall + 4 * mean_replay) * CORPUS_OPS / 3600)
-        print(f"{start:5s} op A/B (2 rows, 3 repeats): {wall:.1f} s; steps "
+            corpus_h=(wall + 4 * mean_replay) * CORPUS_OPS / 3600,
+            op_ab_cold_store_s=cold,
+            corpus_cold_store_h=None if cold is None else (cold + 4 * mean_replay) * CORPUS_OPS / 3600)
+        print(f"{start:5s} op A/B (2 rows, 3 repeats): {wall:.1f} s"
+              + ("" if cold is None else f" ({cold:.1f} s with no Triton host module kept)") + "; steps "
               + ", ".join(f"{w} {t:.1f}" for w, t in figures[start]["steps_s"].items())
               + f"; record's precompile {figures[start]['record_precompile']}"
               + f"; fixed cost per repeat {figures[start]['fixed_s']:.2f} s (median of {len(fixed)}); corpus "
