@@ -101,3 +101,23 @@ def test_an_ab_links_each_sides_kept_modules_and_keeps_what_its_steps_built(tmp_
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
     assert seen["A-record"] == ["launcher-A-passes", "launcher-A-record", "utils"]
     assert seen["B-passes"] == ["launcher-B-passes"]
+
+
+def test_an_ab_whose_store_cannot_be_written_runs_on_and_says_so(tmp_path, monkeypatch, capsys):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    steps = Steps(monkeypatch)
+
+    def run(argv, **how):
+        cache = Path(argv[argv.index("--triton-cache") + 1])
+        step = Path(argv[argv.index("--run-dir") + 1]).parent.name
+        if step == "A-record":
+            _module(cache, "launcher")
+        return Steps.run(steps, argv, **how)
+
+    monkeypatch.setattr(ab.launch, "run", run)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
+    log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
+    assert "side A: 0 of its Triton host modules linked" in log
+    assert "side A: its Triton host modules not kept ([Errno 20] Not a directory" in log

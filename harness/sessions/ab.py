@@ -315,7 +315,7 @@ class Runner:
                 linked = host_modules.link(self.caches[side.name], key["digest"])
                 print(f"side {side.name}: {linked} of its Triton host modules linked from {host_modules.store()}",
                       file=self.log, flush=True)
-            except OSError as exc:
+            except (OSError, RuntimeError) as exc:  # RuntimeError: no home dir to keep them in
                 print(f"side {side.name}: its kept Triton host modules not linked ({exc}): its steps build them",
                       file=self.log, flush=True)
         self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]),
@@ -342,7 +342,7 @@ class Runner:
             for name, cache in self.caches.items():
                 try:  # for the next A/B of the same side compiler
                     host_modules.keep(cache, self.state["triton_caches"][name]["digest"])
-                except OSError as exc:
+                except (OSError, RuntimeError) as exc:
                     print(f"side {name}: its Triton host modules not kept ({exc})", file=self.log, flush=True)
             shutil.rmtree(self._cache_root, ignore_errors=True)
             self._cache_root = None
