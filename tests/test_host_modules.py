@@ -34,6 +34,9 @@ def test_only_host_modules_are_kept_each_once_under_its_sides_key(tmp_path):
     (cache / "kernel_so").mkdir()  # a kernel's dir whose binary ends in .so too (hsaco aside), beside its metadata
     (cache / "kernel_so" / "k.so").write_bytes(b"")
     (cache / "kernel_so" / "k.json").write_text("{}")
+    (cache / "half").mkdir()  # one file, not a module (a kernel's dir as Triton began it)
+    (cache / "half" / "add_kernel.json").write_text("{}")
+    (cache / "stray.lock").write_text("")  # a file beside the dirs
     assert host_modules.keep(cache, "da", root) == 2
     assert sorted(p.name for p in (root / "da").iterdir()) == ["launcher", "utils"]
     assert (root / "da" / "launcher" / SO).read_bytes() == b"launcher"
@@ -47,6 +50,7 @@ def test_a_new_side_cache_links_its_own_sides_kept_modules_only(tmp_path):
     _module(root / "db", "other")
     (root / "da" / ".half.123").mkdir()  # what an A/B killed while keeping left: never linked
     (root / "da" / ".half.123" / SO).write_bytes(b"")
+    (root / "da" / "stray").write_text("")  # a file, not a module's dir
     cache = tmp_path / "cache" / "A-da"
     assert host_modules.link(cache, "da", root) == 1
     assert [p.name for p in cache.iterdir()] == ["utils"]
