@@ -47,18 +47,29 @@ def test_only_host_modules_are_kept_each_once_under_its_sides_key(tmp_path):
 def test_a_new_side_cache_links_its_own_sides_kept_modules_only(tmp_path):
     root = tmp_path / "store"
     _module(root / "da", "utils")
+    _module(root / "da", "launcher")
     _module(root / "db", "other")
     (root / "da" / ".half.123").mkdir()  # what an A/B killed while keeping left: never linked
     (root / "da" / ".half.123" / SO).write_bytes(b"")
     (root / "da" / "stray").write_text("")  # a file, not a module's dir
     cache = tmp_path / "cache" / "A-da"
-    assert host_modules.link(cache, "da", root) == 1
-    assert [p.name for p in cache.iterdir()] == ["utils"]
+    assert host_modules.link(cache, "da", root) == 2
+    assert sorted(p.name for p in cache.iterdir()) == ["launcher", "utils"]
     assert (cache / "utils").is_symlink() and (cache / "utils" / SO).read_bytes() == b"utils"
     # A module linked is not kept again, and one already in the cache is not replaced.
     assert host_modules.keep(cache, "da", root) == 0
     assert host_modules.link(cache, "da", root) == 0
     assert host_modules.link(tmp_path / "cache" / "A-dc", "dc", root) == 0  # nothing kept for that compiler
+
+
+def test_keeping_from_a_cache_never_made_keeps_nothing_and_a_dead_keepers_copy_is_replaced(tmp_path):
+    root = tmp_path / "store"
+    assert host_modules.keep(tmp_path / "never-made", "da", root) == 0
+    cache = tmp_path / "A-da"
+    _module(cache, "launcher")
+    (root / "da" / f".launcher.{os.getpid()}").mkdir(parents=True)  # a copy begun by a dead A/B of our pid
+    assert host_modules.keep(cache, "da", root) == 1
+    assert sorted(os.listdir(root / "da")) == ["launcher"]
 
 
 def test_a_module_kept_meanwhile_by_another_ab_leaves_no_partial_copy(tmp_path, monkeypatch):

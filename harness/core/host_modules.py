@@ -37,7 +37,7 @@ def link(cache: Path, key: str, root: Path | None = None) -> int:
     linked = 0
     for entry in kept.iterdir() if kept.is_dir() else ():
         if _is_module(entry) and not entry.name.startswith(".") and not (cache / entry.name).exists():
-            (cache / entry.name).symlink_to(entry, target_is_directory=True)
+            (cache / entry.name).symlink_to(entry)
             linked += 1
     return linked
 
