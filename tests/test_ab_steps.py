@@ -742,3 +742,22 @@ def test_prewarmed_steps_that_all_carry_the_passes_begin_no_worker_for_a_passes_
     assert steps.schedule() == ["A-record", "A-1", "B-1", "A-2", "B-2", "A-3", "B-3"]
     assert len(steps.workers) == 7 and steps.told[0]["begun"] == [True] * 7
     assert {id(t["starter"].__self__) for t in steps.told} == {id(w) for w in steps.workers}
+
+
+def test_a_worker_that_died_importing_before_the_first_timed_step_is_said_and_its_step_begins_another(
+        tmp_path, monkeypatch):
+    steps = Steps(monkeypatch)
+    waited = []
+
+    def wait_ready(worker):
+        waited.append(worker)
+        if len(waited) == 1:
+            raise ab.forkserver.WorkerDied("the warm worker of /x did not start (exit 1; see the log)")
+        worker.imported = True
+
+    monkeypatch.setattr(FakeWorker, "wait_ready", wait_ready)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: prewarmed\n")) == 0
+    assert len(waited) == 4  # each repeat's worker, before the first repeat
+    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
+    assert "the warm worker of /x did not start (exit 1; see the log): its step begins another\n" in log
