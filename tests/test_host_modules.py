@@ -136,3 +136,19 @@ def test_an_ab_whose_store_cannot_be_written_runs_on_and_says_so(tmp_path, monke
     log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
     assert "side A: 0 of its Triton host modules linked" in log
     assert "side A: its Triton host modules not kept ([Errno 20] Not a directory" in log
+
+
+def test_an_ab_whose_kept_modules_cannot_be_linked_builds_them_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    steps = Steps(monkeypatch)
+
+    def unlinkable(cache, key, root=None):
+        raise PermissionError(13, "Permission denied", str(cache))
+
+    monkeypatch.setattr(host_modules, "link", unlinkable)
+    assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
+    assert len(steps.told) == 7
+    log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
+    for side in ("A", "B"):
+        assert f"side {side}: its kept Triton host modules not linked ([Errno 13] Permission denied: " in log
+        assert f"-d{side.lower()}'): its steps build them\n" in log
