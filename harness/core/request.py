@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.core.options import RunOptions, declared
-from harness.core.spec import ONLY
+from harness.core.spec import only_refusal
 
 COMMANDS = ("record", "replay")
 
@@ -41,10 +41,9 @@ class RunRequest:
             given += ["sweep_devices"] if self.sweep_devices is not None else []
             if given:
                 raise ValueError(f"replay takes no {', '.join(given)}: it keeps the recorded ones")
-        if self.only is not None and self.only not in ONLY:
-            raise ValueError(f"only {self.only!r} is not one of {tuple(ONLY)}")
-        if self.only == "configs" and self.command != "record":
-            raise ValueError("only 'configs' on a replay: its configs are its record's")
+        refusal = only_refusal(self.only, self.command)
+        if refusal is not None:
+            raise ValueError(refusal)
         if self.out is not None and self.run_dir is not None:
             raise ValueError("out and run_dir: the run dir is named either under out or exactly, not both")
         if self.options.dtypes is not None and not self.options.dtypes:

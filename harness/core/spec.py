@@ -32,6 +32,16 @@ ONLY = {"timing": "a timing-only run (--timing-only)",
         "configs": "a configs-only run (--configs-only)"}
 
 
+def only_refusal(only: str | None, mode: str) -> str | None:
+    """Why a run of `mode` cannot be for `only` (RunSpec.only), or None: checked alike where a session
+    builds a request and where run.json is read."""
+    if only is not None and only not in ONLY:
+        return f"only {only!r} not one of {tuple(ONLY)}"
+    if only == "configs" and mode != "record":
+        return f"a configs-only {mode} (only a record has configs of its own)"
+    return None
+
+
 class SpecError(ValueError):
     """A run spec (or the run dir holding it) is missing, corrupt or inconsistent."""
 
@@ -177,10 +187,9 @@ class RunSpec:
             raise SpecError(f"{where}: l2 {spec.l2!r} not one of {L2_MODES}")
         if spec.timer not in TIMERS:
             raise SpecError(f"{where}: timer {spec.timer!r} not one of {TIMERS}")
-        if spec.only is not None and spec.only not in ONLY:
-            raise SpecError(f"{where}: only {spec.only!r} not one of {tuple(ONLY)}")
-        if spec.only == "configs" and spec.mode != "record":
-            raise SpecError(f"{where}: a configs-only {spec.mode} (only a record has configs of its own)")
+        refusal = only_refusal(spec.only, spec.mode)
+        if refusal is not None:
+            raise SpecError(f"{where}: {refusal}")
         if spec.windows < 1:
             raise SpecError(f"{where}: windows {spec.windows!r} is not an integer >= 1")
         return spec
