@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None)
     run_ = bat.add_argument_group("running")
     _add_corpus(sel, run_, "batch")
-    options.BatchOptions.add_arguments({"running": run_}, "batch", ("replay_root", "triage"))
+    options.BatchOptions.add_arguments({"running": run_}, "batch", ("replay_root", "triage", "op_start"))
     run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat, "batch", records="each op's record; --resume: the batch's unless given; not with --replay-root")

@@ -1,5 +1,6 @@
 """`python -m harness.worker FD BACKEND [CACHE_ROOT]`: an A/B side's warm worker (harness.core.forkserver),
-started by the A/B with the side's interpreter and environment; FD is its end of the socket to the A/B,
+started by the A/B with the side's interpreter and environment (or a batch's, one per device thread);
+FD is its end of the socket to the A/B,
 BACKEND the run's backend (its CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side
 Triton caches (removed here if the A/B died first).
 It imports what every step imports, once, touching no device, then forks each step as
@@ -70,11 +71,16 @@ def _warm(backend: str) -> None:
 
 
 def main() -> int:
-    started_by = os.getppid()  # the A/B
+    started_by = os.getppid()  # the A/B, or the batch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the A/B forwards a Ctrl-C to the step, not here
     sock = socket.socket(fileno=int(sys.argv[1]))
     from harness.core import deps, forkserver, launch
 
+    # SIGTERM once the thread that started this worker is gone, however its process died (serve then
+    # stops the running step); armed here, not by a preexec_fn, which a batch's threads make unsafe.
+    parent = os.environ.pop(launch.END_WITH_ENV, None)
+    if parent:
+        launch.end_with(int(parent))
     launch.adopt_orphans()  # a step's orphans come here, and end as each step ends
     # torch's fork-safe device check (NVML, no CUDA init): a step that resolves its device through
     # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import signal
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -26,12 +27,12 @@ FG = Entry("flaggems", "broken_upstream", "triage", "benchmark/test_triage.py")
 
 
 def options(backend="interpreter", devices=(0,), flaggems_dirs=None, op_timeout=batchdir.DEFAULT_OP_TIMEOUT,
-            replay_root=None, triage=True, **run):
+            replay_root=None, triage=True, op_start="fork", **run):
     """A batch's resolved options (harness.sessions.batch.Options): FlagGems checkouts as repo -> path,
     every other run option by its field name."""
     dirs = tuple(f"{repo}={path}" for repo, path in (flaggems_dirs or {}).items())
     return batch.Options(RunOptions(backend=backend, flaggems_dirs=dirs, **run), list(devices), op_timeout,
-                         replay_root, triage)
+                         replay_root, triage, op_start)
 
 
 # --- the fake process boundary ---------------------------------------------------------------------
@@ -92,6 +93,26 @@ class FakeChild:
         return -signum
 
 
+class FakeWorker:
+    """A device's warm worker (forkserver.Worker): each op it forks is one of the launcher's steps, its
+    call marked `forked_by` this worker."""
+
+    def __init__(self, launcher, log):
+        self.launcher, self.log = launcher, log
+        self.begun = self.closed = self.died = False
+
+    def begin(self):
+        self.begun = True
+
+    def start(self, argv, log, on_stdout, guard=None):
+        assert self.begun and not self.closed
+        index = self.launcher.workers.index(self)
+        return self.launcher.child([sys.executable, "-m", "harness", *argv], guard, log, {"forked_by": index})
+
+    def close(self):
+        self.closed = True
+
+
 class Launcher:
     """launch.start for batch: steps per target (the op's `record` target, the replayed run dir or
     the upstream pytest node); the last step of a target repeats."""
@@ -102,6 +123,7 @@ class Launcher:
         self.calls: list[dict] = []
         self.children: list[FakeChild] = []
         self.waits: list[tuple] = []
+        self.workers: list[FakeWorker] = []
         self.runner = None
 
     def runner_children(self):
@@ -111,13 +133,20 @@ class Launcher:
         if argv[1:3] == ["-m", "harness.providers.probe"]:  # --ops-path modules import for real, apart
             return REAL_START(argv, log=log, **kw)
         guard = opguard.command(Path(argv[4]), argv[6:])
-        assert argv == guard, argv  # every op attempt runs under its guard
-        cmd = argv[6:]
+        assert argv == guard, argv  # every op attempt started fresh runs under its guard
+        return self.child(argv[6:], Path(argv[4]), log, kw)
+
+    def worker(self, log) -> FakeWorker:
+        """What a batch's device thread gets for its warm worker (Batch._new_worker)."""
+        self.workers.append(FakeWorker(self, log))
+        return self.workers[-1]
+
+    def child(self, cmd: list[str], running: Path, log, kw: dict) -> FakeChild:
         target = cmd[4] if cmd[2] == "harness" else cmd[3]
         steps = self.plan.get(target) or [Step(rows=[row()])]
         step = steps.pop(0) if len(steps) > 1 else steps[0]
         if step.running_left:
-            Path(argv[4]).write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
+            running.write_text("{}")  # the guard's .running, left when SIGKILL ends the guard
         named = Path(cmd[cmd.index("--run-dir") + 1]) if "--run-dir" in cmd else None
         if named is not None and (step.rows is not None or step.observed is not None):
             observed = step.observed or {}
@@ -125,7 +154,8 @@ class Launcher:
                 observed = {**observed, "outcome": {"status": "COMPLETE", "exit_code": 0}}
             write_run(named.parent, step.rows, observed, named.name)
         log.write(step.log)
-        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": argv[4], **kw})
+        self.calls.append({"cmd": cmd, "target": target, "log": log.name, "mode": log.mode, "running": str(running),
+                           **kw})
         child = FakeChild(self, step, 4000 + len(self.children))
         self.children.append(child)
         return child

@@ -60,6 +60,7 @@ def launcher(monkeypatch, clock):
     monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / "run")
     fake = Launcher(clock)
     monkeypatch.setattr(launch, "start", fake)
+    monkeypatch.setattr(batch.Batch, "_new_worker", lambda self, log: fake.worker(log))
     return fake
 
 
@@ -714,7 +715,7 @@ def test_slurm_params_fit_every_attempt_and_take_key_values():
 # --- what a batch stores for its resume ---------------------------------------------------------------------
 FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes=Path("/s.yaml"), ops_paths=["/ops"],
             flaggems_dirs={"flaggems": "/fg"}, level="core", flagtune="1", libtuner_cache="user", op_timeout=5.0,
-            replay_root=Path("/earlier"), triage=False)
+            replay_root=Path("/earlier"), triage=False, op_start="fresh")
 
 
 def test_request_stores_options_as_the_command_line_gives_them():
@@ -722,11 +723,13 @@ def test_request_stores_options_as_the_command_line_gives_them():
     assert batch._request(options(**FULL), [ADD, MM]) == {
         "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_paths": ["/ops"],
         "flaggems_dirs": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
-        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "selection": [ADD.id, MM.id], **unmeasured}
+        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "op_start": "fresh", "selection": [ADD.id, MM.id],
+        **unmeasured}
     assert batch._request(options(devices=[1]), []) == {
         "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_paths": [],
         "flaggems_dirs": [], "level": None, "flagtune": None, "libtuner_cache": None,
-        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "selection": [], **unmeasured}
+        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "op_start": None, "selection": [],
+        **unmeasured}
 
 
 def resumed(stored: dict, *argv):
@@ -741,15 +744,18 @@ def test_a_resume_takes_what_the_command_line_does_not_give_from_batch_json():
     stored = json.loads(json.dumps(batch._request(options(**FULL), [ADD, MM])))
     run, how, line = resumed(stored)
     assert line == ("options from batch.json: --level --flagtune --libtuner-cache --backend --shapes --dtypes "
-                    "--ops-path --flaggems-dir --devices --op-timeout --replay-root --no-triage; from the command "
-                    "line: none")
+                    "--ops-path --flaggems-dir --devices --op-timeout --replay-root --no-triage --op-start; from the "
+                    "command line: none")
     assert run == RunOptions(backend="interpreter", dtypes=("fp16",), shapes=Path("/s.yaml"), ops_paths=("/ops",),
                              flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user")
-    assert how == BatchOptions(devices="0,2", op_timeout=5.0, replay_root=Path("/earlier"), triage=False)
-    run, how, line = resumed(stored, "--backend", "cpu", "--op-timeout", "9", "--triage", "--ops", "add")
+    assert how == BatchOptions(devices="0,2", op_timeout=5.0, replay_root=Path("/earlier"), triage=False,
+                               op_start="fresh")
+    run, how, line = resumed(stored, "--backend", "cpu", "--op-timeout", "9", "--triage", "--ops", "add",
+                             "--op-start", "fork")
     assert line == ("options from batch.json: --level --flagtune --libtuner-cache --shapes --dtypes --ops-path "
-                    "--flaggems-dir --devices --replay-root; from the command line: --backend --op-timeout --triage")
-    assert (run.backend, how.op_timeout, how.triage, run.level) == ("cpu", 9.0, True, "core")
+                    "--flaggems-dir --devices --replay-root; from the command line: --backend --op-timeout --triage "
+                    "--op-start")
+    assert (run.backend, how.op_timeout, how.triage, how.op_start, run.level) == ("cpu", 9.0, True, "fork", "core")
     # A batch.json written before the options took their fields' names.
     old = {k: v for k, v in stored.items() if k not in ("ops_paths", "flaggems_dirs")}
     old.update(ops_path=["/ops"], flaggems_dir=["flaggems=/fg"])
@@ -1107,20 +1113,20 @@ def test_an_op_command_carries_the_batch_options_back_to_the_cli(tmp_path):
     opts = dict(backend="interpreter", devices=[0, 1], shapes="/s.yaml", ops_paths=["/ops"], level="comprehensive",
                 flagtune="1", libtuner_cache="user", flaggems_dirs={"flaggems": "/fg"})
     r = runner_for(tmp_path, **opts)
-    ns = cli.build_parser().parse_args(r._command(ADD, 1, ["fp16"], tmp_path / "a1" / "run")[3:])
+    ns = cli.build_parser().parse_args(r._command(ADD, 1, ["fp16"], tmp_path / "a1" / "run"))
     assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_paths, ns.named_run_dir, ns.out,
             ns.color) == ("record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"],
                           tmp_path / "a1" / "run", None, "never")
     assert (ns.flaggems_dirs, ns.level, ns.flagtune, ns.libtuner_cache) == (None, None, None, None)
-    ns = cli.build_parser().parse_args(r._command(FG, 0, None, tmp_path / "a2")[3:])
+    ns = cli.build_parser().parse_args(r._command(FG, 0, None, tmp_path / "a2"))
     assert (ns.op, ns.flaggems_dirs, ns.level, ns.flagtune, ns.libtuner_cache, ns.dtypes, ns.shapes) == (
         "flaggems:broken_upstream@triage", ["flaggems=/fg"], "comprehensive", "1", "user", None, Path("/s.yaml"))
     r = runner_for(tmp_path, **{**opts, "shapes": None})
-    assert cli.build_parser().parse_args(r._command(ADD, 1, None, tmp_path / "a1")[3:]).shapes is None
+    assert cli.build_parser().parse_args(r._command(ADD, 1, None, tmp_path / "a1")).shapes is None
     earlier = tmp_path / "earlier"
     r = runner_for(tmp_path, **opts, replay_root=earlier)
     r.replay_sources = {FG.id: StatusRow(FG.op, FG.repo, FG.op_file, "PASS", run_dir="ops/x/attempt1/run")}
-    ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3" / "run")[3:])
+    ns = cli.build_parser().parse_args(r._command(FG, 1, ["fp16"], tmp_path / "a3" / "run"))
     assert (ns.command, ns.run_dir, ns.device, ns.named_run_dir, ns.color, ns.ops_paths, ns.flaggems_dirs) == (
         "replay", earlier / "ops/x/attempt1/run", 1, tmp_path / "a3" / "run", "never", ["/ops"], ["flaggems=/fg"])
     assert (ns.backend, ns.dtypes, ns.level) == (None, None, None)  # a replay keeps the recorded ones

@@ -181,8 +181,8 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     ab_dir = runner._run_dir(entry, op_dir / "attempt1")
     assert ab_dir.parent == op_dir / "attempt1" and re.fullmatch(r"ab_f32-ieee_\d{8}-\d{6}", ab_dir.name)
     cmd = runner._command(entry, 1, ["fp32"], ab_dir)
-    assert cmd[1:] == ["-m", "harness", "ab", str(op_dir / "plan.yaml"), "--ops", "flaggems:mm@blas", "--device", "1",
-                       "--color", "never", "--run-dir", str(ab_dir), "--dtypes", "fp32"]
+    assert cmd == ["ab", str(op_dir / "plan.yaml"), "--ops", "flaggems:mm@blas", "--device", "1",
+                   "--color", "never", "--run-dir", str(ab_dir), "--dtypes", "fp32"]
     again = corpus_ab.ab.load_plan(op_dir / "plan.yaml")  # the plan each op's A/B reads back
     assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.options.device is None
     assert again.options.shapes == REPO / "shapes" / "default.yaml"

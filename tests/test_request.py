@@ -104,7 +104,7 @@ def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
     runner = batch.Batch(tmp_path, opts, {})
     builtin = Entry(repo="builtin", op="add", op_file="", file="ops/add.py")
     cmd = runner._command(builtin, 1, ["fp16"], tmp_path / "a1" / "add_1")
-    ns = cli.build_parser().parse_args(cmd[3:])
+    ns = cli.build_parser().parse_args(cmd)
     assert (ns.command, ns.op, ns.backend, ns.device, ns.dtypes, ns.shapes, ns.ops_paths, ns.named_run_dir,
             ns.color) == ("record", "add", "interpreter", 1, ["fp16"], Path("/s.yaml"), ["/ops"],
                           tmp_path / "a1" / "add_1", "never")
@@ -113,7 +113,7 @@ def test_a_batch_op_command_parses_back_to_its_options(tmp_path):
     assert (ns.seed, ns.timer, ns.l2) == (0, "auto", "warm")  # the record's own defaults
     measured = batch.Batch(tmp_path, dataclasses.replace(opts, run=dataclasses.replace(
         opts.run, timer="profiler", l2="cold", seed=4, rep_ms=5.0, windows=2)), {})
-    ns = cli.build_parser().parse_args(measured._command(builtin, 1, None, tmp_path / "a1")[3:])
+    ns = cli.build_parser().parse_args(measured._command(builtin, 1, None, tmp_path / "a1"))
     assert (ns.seed, ns.timer, ns.l2, ns.warmup_ms, ns.rep_ms, ns.windows) == (4, "profiler", "cold", None, 5.0, 2)
 
 

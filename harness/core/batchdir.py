@@ -33,6 +33,7 @@ BATCH_JSON = "batch.json"  # what makes a dir a batch dir
 OWNER_LOCK = ".owner"  # flocked by the batch that runs in the dir, and holding its pid
 STATUS_CSV = "ops_status.csv"
 SUMMARY_CSV = "summary.csv"
+WORKERS_LOG = "workers.log"  # the warm workers that fork the ops (each op's own output is in its batch.log)
 COMPLETE = ".complete"  # in an op's dir: its settled status, and for a timeout the budget it ran under
 DEFAULT_OP_TIMEOUT = 1800.0
 

@@ -4,15 +4,20 @@ from that clean state. The device is never touched in the worker (CUDA cannot be
 initialized): each forked step initializes it, compiles into its side's cache, measures, writes its
 run dir and exits, as a fresh process would, and nothing of one step reaches the next.
 
-The parent (`Worker`) and the worker (`serve`) talk over a socket pair: a step request carries the
-step's argv and its stdout/stderr descriptors; the worker answers with the step's pid (the leader of
-its own session, so the parent signals its group directly) and then its exit code. A worker that
-dies mid-step leaves a closed socket: the parent kills the step's group and says so (`died`).
+A batch forks each op's record or replay the same way, from one worker per device thread.
 
-Lifetime: the worker stays in its parent's process group (a group kill from a batch's op timeout
-takes it too) and gets SIGTERM when its parent dies (end_with-style death signal); on SIGTERM it
-stops the running step as the parent would (SIGTERM, then SIGKILL after `STEP_GRACE_S`) and exits.
-A step gets SIGTERM when the worker dies. Ctrl-C is the parent's to forward: the worker ignores it.
+The parent (`Worker`) and the worker (`serve`) talk over a socket pair: a step request carries the
+step's argv and its stdout/stderr descriptors (and, for a batch op, the op dir's `.running` file, whose
+lock the step holds while it runs: harness.core.opguard.hold); the worker answers with the step's pid
+(the leader of its own session, so the parent signals its group directly) and then its exit code. A
+worker that dies mid-step leaves a closed socket: the parent kills the step's group and says so (`died`).
+
+Lifetime: the worker stays in its parent's process group (a group kill from outside, a corpus op's
+timeout, takes it too) and gets SIGTERM when the thread that started it ends, however its process
+died (launch.end_with, armed by the worker itself: a batch starts workers from threads, where a
+`preexec_fn` is unsafe); on SIGTERM it stops the running step as the parent would (SIGTERM, then
+SIGKILL after `STEP_GRACE_S`) and exits. A step gets SIGTERM when the worker dies. Ctrl-C is the
+parent's to forward: the worker ignores it.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import IO
 
-from harness.core import launch
+from harness.core import launch, opguard
 
 STEP_GRACE_S = 30  # for a step stopped by its worker's SIGTERM to write its results
 MAX_MESSAGE = 1 << 20
@@ -87,9 +94,15 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            def call(argv: list[str] = request["argv"]) -> int:
+            def call(argv: list[str] = request["argv"], guard: str | None = request.get("guard")) -> int:
                 sock.close()  # the parent must see this end close when the worker dies, not when the step does
-                return step(argv)
+                # Held until this step and its forked child are gone: a resume tells a live op from a stale file.
+                held = guard and opguard.hold(Path(guard), request["owner"], [sys.executable, "-m", "harness", *argv])
+                try:
+                    return step(argv)
+                finally:
+                    if held:
+                        held.close()
 
             launch.in_fork(call, dict(os.environ), os.getcwd(), arm, True, fds[0], fds[1])
         running.append(pid)
@@ -117,16 +130,25 @@ class WorkerDied(RuntimeError):
 
 class _Step:
     """A step the worker forked, with the part of Popen's interface launch.Child uses for a child
-    that leads its own group (signals go to the group: Child.send)."""
+    that leads its own group (signals go to the group: Child.send). Waited for from two threads at
+    once in a batch (its device's, and a stop's): one reads the worker's answer, the other waits for it."""
 
     def __init__(self, worker: Worker, pid: int):
         self.worker = worker
         self.pid = pid
         self.returncode: int | None = None
+        self._reading = threading.Lock()
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self.returncode = self.worker.exit_code(self.pid, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._reading.acquire(timeout=-1 if deadline is None else timeout):
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
+        try:
+            if self.returncode is None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self.returncode = self.worker.exit_code(self.pid, left)
+        finally:
+            self._reading.release()
         return self.returncode
 
 
@@ -157,9 +179,10 @@ class Worker:
         try:
             argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), self.backend,
                     *([self.cache_root] if self.cache_root else [])]
-            # In our group: a group kill from outside (a batch's op timeout) takes the worker too.
-            self.child = launch.start(argv, log=self.log, env=self.env, pythonpath=self.pythonpath,
-                                      pass_fds=(theirs.fileno(),), own_group=False)
+            # In our group: a group kill from outside (a corpus op's timeout) takes the worker too.
+            self.child = launch.start(argv, log=self.log, env={**self.env, launch.END_WITH_ENV: str(os.getpid())},
+                                      pythonpath=self.pythonpath, pass_fds=(theirs.fileno(),), own_group=False,
+                                      with_parent=False)
         finally:
             theirs.close()
         self.sock = ours
@@ -185,9 +208,11 @@ class Worker:
                              "see the log)")
         self.ready = True
 
-    def start(self, argv: list[str], log: IO[str], on_stdout: Callable[[str], None]) -> launch.Child:
+    def start(self, argv: list[str], log: IO[str], on_stdout: Callable[[str], None],
+              guard: Path | None = None) -> launch.Child:
         """Fork a step running `python -m harness ARGV`: its stdout to `on_stdout` and `log`, its
-        stderr to `log`. WorkerDied when there is no live worker to fork it."""
+        stderr to `log`; holding `guard`'s lock (a batch op's `.running`) while it runs, in this
+        process's name. WorkerDied when there is no live worker to fork it."""
         # One that died while importing is not started again here: it says why below, once.
         if self.child is None or (self.ready and self.child.proc.poll() is not None):
             self.close()
@@ -199,7 +224,8 @@ class Worker:
         log.flush()
         read, write = os.pipe()
         try:
-            _send(self.sock, {"argv": argv}, (write, log.fileno()))
+            _send(self.sock, {"argv": argv, **({"guard": str(guard), "owner": os.getpid()} if guard else {})},
+                  (write, log.fileno()))
         except OSError as exc:
             os.close(read)
             raise WorkerDied(f"the warm worker is gone ({exc})") from exc

@@ -46,12 +46,20 @@ def _end_group(proc: subprocess.Popen, running: Path) -> None:
     os.killpg(0, signal.SIGKILL)  # what is left of the group, this process included
 
 
+def hold(running: Path, batch_pid: int, cmd: list[str]):
+    """Take RUNNING_FILE's lock for this process, the leader of its op's group, and name the group
+    in it: the guard does, and so does a step that a batch's warm worker forked (harness.core.forkserver),
+    whose lock its forked children share. Returns the open file: the lock lasts while any of them holds it."""
+    f = open(running, "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": batch_pid, "command": cmd}, f)
+    f.flush()
+    return f
+
+
 def main(argv: list[str]) -> int:
     batch_pid, running, cmd = int(argv[0]), Path(argv[1]), argv[3:]
-    with open(running, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": batch_pid, "command": cmd}, f)
-        f.flush()
+    with hold(running, batch_pid, cmd):
         if os.getppid() != batch_pid:  # the batch died before this process got here
             running.unlink(missing_ok=True)
             return 1

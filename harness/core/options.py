@@ -34,6 +34,8 @@ UPSTREAM = "upstream"
 # How an A/B starts each step: forked by its side's warm worker (harness.core.forkserver), fresh, or
 # forked by a warm worker of its own, begun with the op's others before its first step.
 STEP_STARTS = ("fork", "fresh", "prewarmed")
+# How a batch starts each op's record or replay: forked by its device's warm worker, or fresh.
+OP_STARTS = ("fork", "fresh")
 # Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
 STEP_PASSES = ("once", "every")
 
@@ -392,6 +394,12 @@ class BatchOptions(OptionSet):
              "TIMEOUT_UPSTREAM when that fails or times out too (not counted as ours), FAIL or TIMEOUT otherwise "
              "(default: on; --resume: the batch's)",
         check=lambda v: v is False, what="false (on is stored as null)")
+    op_start: str | None = option(
+        flag="--op-start", group="running", commands=("batch",), choices=OP_STARTS,
+        help="how each op's record or replay starts: fork (forked by its device's warm worker, which imported "
+             "torch, triton and pytest once: a new process per op, without the imports) or fresh (a new "
+             "interpreter per op, imports included) (default: fork; --resume: the batch's)",
+        check=lambda v: v in OP_STARTS, what=f"one of {', '.join(OP_STARTS)}")
 
 
 def _is_env_list(value) -> bool:

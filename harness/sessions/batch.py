@@ -8,7 +8,13 @@ completion marker makes `--resume` skip ops that already PASSed or SKIPped, or t
 failing or timing out upstream too. This module is the scheduler: the batch dir's files are
 harness.core.batchdir's, and which ops run is harness.providers.selection's.
 
-Each op's group is led by harness.core.opguard, which ends it when the batch dies, however it died.
+Each op's record or replay is forked by its device thread's warm worker (harness.core.forkserver:
+torch, triton and pytest imported once a device, not once an op; `--op-start fresh` starts a new
+interpreter per op instead). The forked op leads its own group and holds its op dir's `.running` lock
+as a guard would; its worker ends it when the batch dies (the worker's death signal, then the step's),
+a crash ends only the op, and a worker that died is started again for the op's retry. An op started
+fresh (and every corpus A/B op, and triage's upstream node) runs under harness.core.opguard, the
+leader of its group, which ends it when the batch dies, however it died.
 A batch holds its dir's owner lock while it runs and stores its selection and options in
 batch.json; `--resume` refuses a dir whose owner still runs, stops what a dead owner left
 running (before it uses that device), and reuses what the command line does not give again.
@@ -44,7 +50,7 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import batchdir, launch, opguard, paths, rundir
+from harness.core import batchdir, forkserver, launch, opguard, paths, rundir
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.options import BatchOptions, RunOptions, declared, split_dir
 from harness.core.outcome import Outcome
@@ -71,6 +77,7 @@ class Options:
     op_timeout: float = batchdir.DEFAULT_OP_TIMEOUT
     replay_root: Path | None = None
     triage: bool = True  # rerun a failing FlagGems op as the bare upstream node
+    op_start: str = "fork"  # a key of harness.core.options.OP_STARTS
 
     @property
     def backend(self) -> str:
@@ -113,6 +120,7 @@ class Batch:
     OPTIONS = Options
     COLUMNS = batchdir.STATUS_COLUMNS
     TRIAGE = True  # whether --triage applies to this job
+    FORKS = True  # whether its ops may be forked by a warm worker (--op-start)
     # The guard's file in an op dir while it runs; `--resume` stops what a dead batch left running by it.
     running_name = opguard.RUNNING
 
@@ -126,6 +134,9 @@ class Batch:
         self.children: dict[int, launch.Child] = {}
         self.stopping = threading.Event()
         self.events: queue.Queue = queue.Queue()
+        # Device -> the warm worker that forks its ops (the local executor's device threads, --op-start fork).
+        self.workers: dict[int, forkserver.Worker] = {}
+        self.worker_notes: dict[int, str] = {}  # device -> why its ops start fresh from here, for its next row
 
     # --- what a job and a batch are made of (overridden by a corpus A/B) -------------------------
     @classmethod
@@ -192,8 +203,8 @@ class Batch:
 
     # --- one op ----------------------------------------------------------------------------------
     def _command(self, entry: Entry, device: int, dtypes: list[str] | None, run_dir: Path) -> list[str] | None:
-        """The op's `python -m harness record|replay` command line, run in `run_dir`; None when
-        --replay-root has no PASSed run of it to replay."""
+        """The op's `python -m harness record|replay` arguments (after `python -m harness`), run in
+        `run_dir`; None when --replay-root has no PASSed run of it to replay."""
         checkout = self.opts.checkouts.get(entry.repo)
         flaggems_dirs = (f"{entry.repo}={checkout}",) if checkout else ()
         if self.opts.replay_root is not None:
@@ -202,7 +213,7 @@ class Batch:
                 return None
             where = RunOptions(ops_paths=self.opts.run.ops_paths, flaggems_dirs=flaggems_dirs, device=device)
             return RunRequest("replay", str(self.opts.replay_root / earlier.run_dir), where, color="never",
-                              run_dir=run_dir).command_line()
+                              run_dir=run_dir).to_argv()
         options = dataclasses.replace(self.opts.run, device=device, dtypes=tuple(dtypes) if dtypes else None)
         if checkout:
             target = f"{entry.repo}:{entry.op}@{entry.op_file}"
@@ -211,18 +222,51 @@ class Batch:
             target = entry.op
             options = dataclasses.replace(options, **{f.name: f.default for f, meta in declared(options)
                                                       if meta.group == "flaggems"})
-        return RunRequest("record", target, options, color="never", run_dir=run_dir).command_line()
+        return RunRequest("record", target, options, color="never", run_dir=run_dir).to_argv()
+
+    def _run_attempt(self, argv: list[str], log_path: Path, device: int) -> tuple[int | None, float]:
+        """`python -m harness ARGV` for one attempt: forked by the device's warm worker where it has
+        one, else fresh under the guard. A worker that cannot fork it (it never came up) is said in the
+        op's log and its next row's notes, and the device's ops start fresh from here on."""
+        worker = self.workers.get(device)
+        if worker is not None:
+            running = log_path.parent / self.running_name
+            try:
+                code, seconds = self._watched(lambda log: worker.start(argv, log, _dropped, guard=running), log_path)
+            except forkserver.WorkerDied as exc:
+                worker.close()
+                del self.workers[device]
+                self._say(device, log_path, f"its warm worker could not fork it ({exc}): device {device}'s ops "
+                                            "start fresh from here")
+            else:
+                if worker.died:  # restarted by its next start: the retry is forked again
+                    self._say(device, log_path, "its warm worker died during the attempt, which was killed with it")
+                return code, seconds
+        return self._attempt([sys.executable, "-m", "harness", *argv], log_path)
+
+    def _say(self, device: int, log_path: Path, why: str) -> None:
+        """In the op's log, and in the notes of the row its device finishes next."""
+        self.worker_notes[device] = why
+        with open(log_path, "a") as log:
+            log.write(f"\n{why}\n")
 
     def _attempt(self, cmd: list[str], log_path: Path, **start_kw) -> tuple[int | None, float]:
-        """(exit code or None on timeout, seconds).
+        """(exit code or None on timeout, seconds) of CMD started fresh.
 
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
         when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
+        running = log_path.parent / self.running_name
+        # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
+        return self._watched(lambda log: launch.start(opguard.command(running, cmd), log=log, with_parent=False,
+                                                      **start_kw), log_path)
+
+    def _watched(self, start_child, log_path: Path) -> tuple[int | None, float]:
+        """(exit code or None on timeout, seconds) of the child `start_child(log)` starts, which
+        `stop` reaches while it runs and --op-timeout ends; its `.running` is gone after it."""
         start = time.monotonic()
         running = log_path.parent / self.running_name
         with open(log_path, "a") as log:
-            # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
-            child = launch.start(opguard.command(running, cmd), log=log, with_parent=False, **start_kw)
+            child = start_child(log)
             with self.lock:
                 self.children[child.pid] = child
             if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
@@ -254,12 +298,14 @@ class Batch:
         status, code, run_dirs = "FAIL", None, []
         while not self.stopping.is_set():
             run_dir = self._run_dir(entry, op_dir / f"attempt{attempts + 1}")
-            cmd = self._command(entry, device, dtypes, run_dir)
-            if cmd is None:
+            argv = self._command(entry, device, dtypes, run_dir)
+            if argv is None:
                 status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
                 break
             attempts += 1
-            code, seconds = self._attempt(cmd, log_path)
+            code, seconds = self._run_attempt(argv, log_path, device)
+            if device in self.worker_notes:
+                notes.append(self.worker_notes.pop(device))
             run_dirs.append(run_dir)
             elapsed += seconds
             passed = code is not None and self._passed(code, run_dir)
@@ -392,13 +438,25 @@ class Batch:
         for e in todo:
             shards[self.device_of(e)].append(e)
 
-        def worker(device: int) -> None:
-            for entry in shards[device]:
-                if self.stopping.is_set():
-                    return
-                self.events.put(("done", self.run_op(entry, device)))
+        forks = self.FORKS and self.opts.op_start == "fork"
+        workers_log = open(self.dir / batchdir.WORKERS_LOG, "a", encoding="utf-8") if forks and todo else None
 
-        threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices]
+        def device_thread(device: int) -> None:
+            if forks and shards[device]:
+                # Started by this thread, which it outlives by nothing: its death signal follows the thread.
+                self.workers[device] = self._new_worker(workers_log)
+                self.workers[device].begin()
+            try:
+                for entry in shards[device]:
+                    if self.stopping.is_set():
+                        return
+                    self.events.put(("done", self.run_op(entry, device)))
+            finally:
+                worker = self.workers.pop(device, None)
+                if worker is not None:
+                    worker.close()
+
+        threads = [threading.Thread(target=device_thread, args=(d,), daemon=True) for d in devices]
         for t in threads:
             t.start()
         remaining = len(todo)
@@ -418,6 +476,14 @@ class Batch:
                 t.join(timeout=KILL_GRACE_S + 5)
             launch.end_orphans()  # what an op's guard, killed outright, left behind
             paths.remove_abandoned()  # the private cache of an op killed outright (a stopped one, on timeout)
+            if workers_log is not None:
+                workers_log.close()
+
+    def _new_worker(self, log) -> forkserver.Worker:
+        """A warm worker with this interpreter, the batch's environment and the backend's child environment
+        (which can change what importing triton does: the interpreter); each op's --device picks its device."""
+        backend = backends.get(self.opts.backend)
+        return forkserver.Worker(sys.executable, log, backend.child_env, None, None, backend.name)
 
     def stop(self) -> None:
         """Stop scheduling and kill every running op's process group."""
@@ -426,6 +492,10 @@ class Batch:
             children = list(self.children.values())
         for child in children:
             child.stop(KILL_GRACE_S)
+
+
+def _dropped(line: str) -> None:
+    """A forked op's stdout line: in its log only, as a fresh op's is."""
 
 
 def _recorded_outcome(run_dir: Path) -> Outcome | None:
@@ -543,7 +613,8 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         op_dtypes = selection.op_dtypes(selected, list(run.ops_paths), op_timeout)
         opts = runner_cls.OPTIONS(run=run, devices=devices, op_timeout=op_timeout,
                                   replay_root=how.replay_root.resolve() if how.replay_root else None,
-                                  triage=runner_cls.TRIAGE and how.triage is not False, **extra)
+                                  triage=runner_cls.TRIAGE and how.triage is not False,
+                                  op_start=how.op_start or Options.op_start, **extra)
         if args.resume:
             for line in stop_leftovers(batch_dir):
                 print(line)
@@ -651,7 +722,8 @@ def _request(opts: Options, selected: list[Entry], triages: bool = True) -> dict
     `triages`: whether the job takes --triage at all."""
     how = BatchOptions(devices=",".join(map(str, opts.devices)), op_timeout=opts.op_timeout,
                        replay_root=opts.replay_root,
-                       triage=False if triages and not opts.triage else None)  # on, the default, is stored as null
+                       triage=False if triages and not opts.triage else None,  # on, the default, is stored as null
+                       op_start=None if opts.op_start == Options.op_start else opts.op_start)  # likewise
     return {**opts.run.to_dict(), **how.to_dict(), "selection": [e.id for e in selected]}
 
 

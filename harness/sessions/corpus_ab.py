@@ -94,6 +94,8 @@ class CorpusAB(batch.Batch):
     OPTIONS = ABOptions
     COLUMNS = (*batchdir.STATUS_COLUMNS, "verdicts")
     TRIAGE = False  # an op's A/B failing is not triaged against upstream
+    # Its op is an A/B parent, which imports no torch and begins warm workers of its own: started fresh.
+    FORKS = False
 
     @classmethod
     def prepare(cls, args, stored: dict, run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
@@ -141,8 +143,8 @@ class CorpusAB(batch.Batch):
         rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
         target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
         over = RunOptions(dtypes=tuple(dtypes) if dtypes else None)  # the batch's dtype fallback, over the plan's
-        return [sys.executable, "-m", "harness", "ab", str(plan_file), "--ops", target, "--device", str(device),
-                "--color", "never", "--run-dir", str(run_dir), *over.to_argv()]
+        return ["ab", str(plan_file), "--ops", target, "--device", str(device), "--color", "never",
+                "--run-dir", str(run_dir), *over.to_argv()]
 
     def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""
