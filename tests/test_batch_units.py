@@ -723,13 +723,13 @@ def test_request_stores_options_as_the_command_line_gives_them():
     assert batch._request(options(**FULL), [ADD, MM]) == {
         "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_paths": ["/ops"],
         "flaggems_dirs": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
-        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "op_start": "fresh", "selection": [ADD.id, MM.id],
-        **unmeasured}
+        "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "op_start": "fresh",
+        "selection": [ADD.id, MM.id], **unmeasured}
     assert batch._request(options(devices=[1]), []) == {
         "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_paths": [],
         "flaggems_dirs": [], "level": None, "flagtune": None, "libtuner_cache": None,
-        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "op_start": None, "selection": [],
-        **unmeasured}
+        "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "op_start": None,
+        "selection": [], **unmeasured}
 
 
 def resumed(stored: dict, *argv):

@@ -94,10 +94,11 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            def call(argv: list[str] = request["argv"], guard: str | None = request.get("guard")) -> int:
+            def call(argv: list[str] = request["argv"], guard: str | None = request.get("guard"),
+                     owner: int | None = request.get("owner")) -> int:
                 sock.close()  # the parent must see this end close when the worker dies, not when the step does
                 # Held until this step and its forked child are gone: a resume tells a live op from a stale file.
-                held = guard and opguard.hold(Path(guard), request["owner"], [sys.executable, "-m", "harness", *argv])
+                held = guard and opguard.hold(Path(guard), owner, [sys.executable, "-m", "harness", *argv])
                 try:
                     return step(argv)
                 finally:
