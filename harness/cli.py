@@ -90,28 +90,8 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
 
 def _add_corpus(sel, run_, command: str) -> None:
     """The selection and running options that batch and a corpus A/B share."""
-    sel.add_argument("--all", action="store_true", help="the whole inventory, minus skip marks and ops/dismiss.txt")
-    sel.add_argument("--ops-file", type=Path, metavar="FILE", default=None, help="one selection entry per line")
-    sel.add_argument("--repos", nargs="+", metavar="REPO", default=None, help="only these inventories")
-    sel.add_argument("--sample", type=int, metavar="N", default=None,
-                     help="a seeded random sample of N ops from the selection (after exclusions)")
-    sel.add_argument("--sample-seed", type=int, metavar="S", default=0,
-                     help="the sample's seed (default 0): the same seed and inventory pick the same ops")
     options.BatchOptions.add_arguments({"running": run_}, command, ("devices", "op_timeout"))
-    run_.add_argument("--resume", action="store_true",
-                      help="rerun only ops not PASS/SKIP in --batch-dir, with the selection and options stored "
-                           "there unless given again")
-    run_.add_argument("--batch-dir", type=Path, metavar="DIR", default=None,
-                      help="the batch dir: a new or empty one (created), or with --resume the batch to resume "
-                           "(default for a new batch: runs/batch_<ts>)")
-    run_.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
-                      help="local subprocesses, Ray tasks of one device each, or Slurm array tasks of one GPU each "
-                           "through submitit (the batch dir on a shared filesystem) (default: local)")
-    run_.add_argument("--ray-address", metavar="ADDR", default=None,
-                      help="Ray cluster to join (default with --executor ray: a local Ray instance)")
-    run_.add_argument("--slurm-param", action="append", metavar="KEY=VAL", default=None,
-                      help="with --executor slurm: a Slurm job parameter for submitit (slurm_KEY), e.g. partition=gpu, "
-                           "account=x (repeatable)")
+    options.CorpusOptions.add_arguments({"selection": sel, "running": run_}, command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ and stored options of `--batch-dir` / `--resume`."""
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,22 +76,24 @@ def group_pids(pgid: int) -> list[int]:
 
 
 
-def start_hanging_batch(harness_batch, tmp_path) -> tuple[subprocess.Popen, Path, dict]:
+def start_hanging_batch(harness_batch, tmp_path, op_start: str) -> tuple[subprocess.Popen, Path, dict]:
     """A batch whose one op hangs in its first case; returns once the op's pytest child runs."""
     d = tmp_path / "batch"
     proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "hang_op",
-                         "--op-timeout", 300, "--batch-dir", d)
+                         "--op-timeout", 300, "--batch-dir", d, "--op-start", op_start)
     running = d / "ops" / "path__hang_op" / opguard.RUNNING
     assert wait_for(running.is_file, 120), finish(proc, 5)
     facts = json.loads(running.read_text())
-    # guard, record, and the child that hangs
-    assert wait_for(lambda: len(group_pids(facts["pgid"])) >= 3, 120), group_pids(facts["pgid"])
+    # fresh: guard, record, and the child that hangs; fork: the record (forked, holding .running) and its child
+    members = {"fresh": 3, "fork": 2}[op_start]
+    assert wait_for(lambda: len(group_pids(facts["pgid"])) >= members, 120), group_pids(facts["pgid"])
     return proc, d, facts
 
 
 @pytest.mark.e2e
-def test_a_live_batch_refuses_resume_and_its_ops_die_with_it(harness_batch, tmp_path):
-    proc, d, facts = start_hanging_batch(harness_batch, tmp_path)
+@pytest.mark.parametrize("op_start", ["fork", "fresh"])
+def test_a_live_batch_refuses_resume_and_its_ops_die_with_it(harness_batch, tmp_path, op_start):
+    proc, d, facts = start_hanging_batch(harness_batch, tmp_path, op_start)
     assert facts["batch_pid"] == proc.pid
     code, _, err = finish(harness_batch("--resume", "--batch-dir", d))
     assert code == 2 and err.strip().splitlines() == [
@@ -103,11 +106,14 @@ def test_a_live_batch_refuses_resume_and_its_ops_die_with_it(harness_batch, tmp_
 
 
 @pytest.mark.e2e
-def test_resume_stops_a_leftover_op_of_a_dead_batch(harness_batch, tmp_path):
-    proc, d, facts = start_hanging_batch(harness_batch, tmp_path)
+@pytest.mark.parametrize("op_start", ["fork", "fresh"])
+def test_resume_stops_a_leftover_op_of_a_dead_batch(harness_batch, tmp_path, op_start):
+    proc, d, facts = start_hanging_batch(harness_batch, tmp_path, op_start)
     members = group_pids(facts["pgid"])
-    os.kill(facts["pid"], signal.SIGSTOP)  # the op's guard cannot act: the op outlives its batch
-    os.kill(proc.pid, signal.SIGKILL)
+    # The op's leader (its guard, or the forked record) cannot act, and the batch dies with its whole group
+    # (a forked op's worker too): the op outlives its batch.
+    os.kill(facts["pid"], signal.SIGSTOP)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     time.sleep(2)
     assert all(alive(p) for p in members)
@@ -120,6 +126,40 @@ def test_resume_stops_a_leftover_op_of_a_dead_batch(harness_batch, tmp_path):
     assert stopped[0] < lines.index(f"batch dir: {d}")  # before any op of this batch starts
     assert not any(alive(p) for p in members)
     assert code == 1 and statuses(d)["hang_op"]["status"] == "TIMEOUT"
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.e2e
+def test_a_crash_takes_no_worker_and_a_worker_that_dies_is_replaced_for_the_retry(harness_batch, tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("ZL_TEST_SLOW_S", "5")
+    d = tmp_path / "batch"
+    proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "crash_op", "slow_op", "fp32_op",
+                         "--devices", "0", "--batch-dir", d)
+    assert wait_for(lambda: list(tmp_path.glob("slow_started_*")), 300), finish(proc, 5)
+    child = int(next(tmp_path.glob("slow_started_*")).name.rsplit("_", 1)[1])  # slow_op's pytest child
+    worker = _parent(_parent(child))  # its record forked it; the device's worker forked the record
+    assert "harness.worker" in Path(f"/proc/{worker}/cmdline").read_text()
+    os.kill(worker, signal.SIGKILL)
+    code, out, err = finish(proc)
+    assert code == 1, out + err
+    st = statuses(d)
+    assert (st["crash_op"]["status"], st["slow_op"]["status"], st["fp32_op"]["status"]) == ("FAIL", "PASS", "PASS")
+    assert st["slow_op"]["attempts"] == "2"
+    assert st["slow_op"]["notes"].startswith("its warm worker died during the attempt, which was killed with it; "
+                                             "retry after exit -9"), st["slow_op"]["notes"]
+
+    def forked_by(op: str) -> list[int]:
+        return [int(p) for p in re.findall(r"\(forked by worker (\d+)\)", (d / "ops" / op / "batch.log").read_text())]
+
+    # crash_op's two crashes ended only themselves: the same worker forked slow_op; its retry got a new one.
+    assert forked_by("path__crash_op") == [worker, worker]
+    assert forked_by("path__slow_op")[0] == worker and forked_by("path__slow_op")[1] != worker
+    assert forked_by("path__fp32_op") == forked_by("path__slow_op")[1:]
+    assert (d / "workers.log").read_text().count("-m harness.worker ") == 2
 
 
 @pytest.mark.e2e

@@ -27,6 +27,7 @@ from batch_fakes import (
     UNCLAIMED_RUN_DIR,
     Clock,
     FakeChild,
+    FakeWorker,
     Launcher,
     Step,
     options,
@@ -37,7 +38,7 @@ from batch_fakes import (
 )
 
 from harness import cli
-from harness.core import batchdir, launch, opguard, paths, rundir
+from harness.core import batchdir, forkserver, launch, opguard, paths, rundir
 from harness.core.batchdir import StatusRow
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.options import BatchOptions, RunOptions
@@ -220,6 +221,18 @@ def test_attempt_stops_a_timed_out_child_and_one_started_during_a_stop(tmp_path,
     launcher.plan["t"] = [Step(code=-15)]
     assert r._attempt(["p", "-m", "harness", "record", "t"], tmp_path / "o" / "l.log")[0] == -15
     assert launcher.children[1].stops == [batch.KILL_GRACE_S]
+
+
+def test_hold_names_the_ops_group_and_keeps_its_lock_while_open(tmp_path):
+    """What a forked op (and the guard) writes into `.running`, and the lock a resume tests it by."""
+    running = tmp_path / opguard.RUNNING
+    held = opguard.hold(running, 42, ["python", "-m", "harness", "record", "x"])
+    assert json.loads(running.read_text()) == {"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": 42,
+                                               "command": ["python", "-m", "harness", "record", "x"]}
+    with open(running) as f:
+        assert not opguard._lock_free(f)
+        held.close()
+        assert opguard._lock_free(f)
 
 
 def test_stop_kills_every_running_child_and_stops_scheduling(tmp_path):
@@ -596,6 +609,79 @@ def test_run_shards_ops_over_devices_serially_within_each(tmp_path, launcher):
         mine = [c["target"] for c in launcher.calls if c["cmd"][c["cmd"].index("--device") + 1] == str(device)]
         assert mine == [e.op for e in todo if [5, 7, 9][batch.shard(e.id, 3)] == device]
     assert len({c["target"] for c in launcher.calls}) == 12
+
+
+def test_each_devices_ops_are_forked_by_its_own_warm_worker_begun_before_its_first_and_closed_after(
+        tmp_path, launcher):
+    r = runner_for(tmp_path, launcher, devices=[5, 7, 9])
+    todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(6)]
+    used = {[5, 7, 9][batch.shard(e.id, 3)] for e in todo}
+    r.run(todo, lambda row: None)
+    assert len(launcher.workers) == len(used) and all(w.begun and w.closed for w in launcher.workers)
+    assert r.workers == {}  # each device thread closed its own
+    assert all(w.log.closed and w.log.name == str(tmp_path / batchdir.WORKERS_LOG) for w in launcher.workers)
+    for device in used:  # one worker forks every op of its device, each holding the op dir's .running
+        mine = [c for c in launcher.calls if c["cmd"][c["cmd"].index("--device") + 1] == str(device)]
+        assert len({c["forked_by"] for c in mine}) == 1
+        assert all(c["running"] == str(tmp_path / "ops" / f"path__{c['target']}" / opguard.RUNNING) for c in mine)
+        assert all(c["cmd"][:4] == [sys.executable, "-m", "harness", "record"] for c in mine)
+    assert len(launcher.calls) == 6 and not list(tmp_path.glob("ops/*/" + opguard.RUNNING))
+    # --op-start fresh: every op under its guard, and no worker.
+    launcher.workers.clear()
+    launcher.calls.clear()
+    (tmp_path / "fresh").mkdir()
+    r = runner_for(tmp_path / "fresh", launcher, devices=[5, 7, 9], op_start="fresh")
+    r.run(todo, lambda row: None)
+    assert launcher.workers == [] and len(launcher.calls) == 6 and all("forked_by" not in c for c in launcher.calls)
+    assert not (tmp_path / "fresh" / batchdir.WORKERS_LOG).exists()
+
+
+def test_a_job_that_does_not_fork_starts_every_op_fresh(tmp_path, launcher):
+    class Unforked(batch.Batch):
+        FORKS = False
+
+    r = Unforked(tmp_path, options(), {})
+    launcher.runner = r
+    r.run([ADD], lambda row: None)
+    assert launcher.workers == [] and [c["target"] for c in launcher.calls] == ["add"]
+    assert "forked_by" not in launcher.calls[0]
+
+
+def test_a_worker_that_cannot_fork_leaves_its_device_to_fresh_ops_and_says_so(tmp_path, launcher, monkeypatch):
+    def refused(self, argv, log, on_stdout, guard=None):
+        raise forkserver.WorkerDied("the warm worker of python did not start (exited 1; see the log)")
+
+    monkeypatch.setattr(FakeWorker, "start", refused)
+    r = runner_for(tmp_path, launcher, devices=[0])
+    todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(2)]
+    done = []
+    r.run(todo, done.append)
+    (worker,) = launcher.workers
+    assert worker.closed and [c["target"] for c in launcher.calls] == ["op0", "op1"]
+    assert all("forked_by" not in c for c in launcher.calls)  # both under their guards
+    why = ("its warm worker could not fork it (the warm worker of python did not start (exited 1; see the log)): "
+           "device 0's ops start fresh from here")
+    assert [(x.op, x.status, x.notes) for x in done] == [("op0", "PASS", why), ("op1", "PASS", "")]
+    assert why in (tmp_path / "ops" / "path__op0" / "batch.log").read_text()
+
+
+def test_a_worker_that_died_during_an_attempt_is_said_and_the_retry_forked_again(tmp_path, launcher, monkeypatch):
+    forked = FakeWorker.start
+
+    def dies_once(self, argv, log, on_stdout, guard=None):
+        self.died = not any("forked_by" in c for c in self.launcher.calls)  # during the first attempt only
+        return forked(self, argv, log, on_stdout, guard)
+
+    monkeypatch.setattr(FakeWorker, "start", dies_once)
+    launcher.plan["op0"] = [Step(code=-9), Step(rows=[row()])]
+    r = runner_for(tmp_path, launcher, devices=[0])
+    done = []
+    r.run([Entry("path", "op0", "op0", "x.py")], done.append)
+    said = "its warm worker died during the attempt, which was killed with it"
+    assert [(x.status, x.attempts) for x in done] == [("PASS", 2)]
+    assert done[0].notes == f"{said}; retry after exit -9"
+    assert [c["forked_by"] for c in launcher.calls] == [0, 0]
+    assert said in (tmp_path / "ops" / "path__op0" / "batch.log").read_text()
 
 
 def test_run_waits_for_an_op_slower_than_its_poll(tmp_path, launcher):

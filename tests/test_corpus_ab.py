@@ -19,7 +19,7 @@ from result_rows import result_row
 import backends
 from harness import cli
 from harness.core import batchdir
-from harness.core.options import RunOptions
+from harness.core.options import BatchOptions, CorpusOptions, RunOptions, declared
 from harness.providers import catalog
 from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
 
@@ -165,8 +165,17 @@ def test_a_single_op_without_corpus_options_is_todays_ab():
     assert not corpus_ab.wanted(_args("--ops", "softmax"))
     assert not corpus_ab.wanted(_args("ops/ab_f32_ieee.yaml", "--device", "1", "--repeats", "5"))
     assert not corpus_ab.wanted(_args("--compare", "a", "b"))
-    for extra in (["--all"], ["--devices", "0,1"], ["--executor", "ray"], ["--resume"], ["--op-timeout", "5"],
-                  ["--ops-file", "f"], ["--repos", "builtin"], ["--batch-dir", "d"], ["--sample", "3"]):
+    # The parser's own defaults given again are not corpus options.
+    assert not corpus_ab.wanted(_args("--ops", "softmax", "--executor", "local", "--sample-seed", "0"))
+    # Every option `ab` takes from the batch's sets makes it a corpus A/B, each alone: derived from the
+    # declarations, so an option added to them is covered.
+    examples = {"--devices": "0,1", "--op-timeout": "5", "--executor": "ray", "--sample-seed": "7"}
+    taken = [meta for option_set in (BatchOptions, CorpusOptions) for _, meta in declared(option_set)
+             if "ab" in meta.commands]
+    assert {m.flag for m in taken} >= {"--all", "--devices", "--executor", "--resume", "--op-timeout", "--ops-file",
+                                       "--repos", "--batch-dir", "--sample", "--ray-address", "--slurm-param"}
+    for meta in taken:
+        extra = [meta.flag] if meta.flag_only else [meta.flag, examples.get(meta.flag, "3")]
         assert corpus_ab.wanted(_args("--ops", "softmax", *extra)), extra
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.core.options import BatchOptions, ExperimentOptions, RunOptions, declared
+from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, RunOptions, declared
 
 FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/ops", "mod.x"),
                   flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user", seed=3,
@@ -39,6 +39,24 @@ def test_the_experiment_options_parse_back_from_their_argv_and_are_what_a_resume
         ExperimentOptions.from_dict({"repeats": 1}, refuse)
     with pytest.raises(ValueError, match="a_env = \\['X'\\] is not a list of KEY=VAL"):
         ExperimentOptions.from_dict({"a_env": ["X"]}, refuse)
+
+
+@pytest.mark.parametrize("command", ["ab", "batch"])
+def test_the_corpus_options_parse_back_from_their_argv_and_their_defaults_are_not_given(command):
+    """The selection and running options a batch and a corpus A/B share: a flag alone (--all), one or more
+    values (--repos), a repeated one (--slurm-param); a value the parser gives when it is not given
+    (--executor local, --sample-seed 0) is not given, so it makes no `ab` a corpus A/B."""
+    given = CorpusOptions(all=True, ops_file=Path("/f"), repos=("builtin", "flaggems"), sample=3, sample_seed=7,
+                          resume=True, batch_dir=Path("/b"), executor="ray", ray_address="host:1",
+                          slurm_param=("partition=gpu", "account=x"))
+    argv = given.to_argv()
+    assert argv[:4] == ["--all", "--ops-file", "/f", "--repos"] and argv[4:6] == ["builtin", "flaggems"]
+    assert CorpusOptions.from_namespace(cli.build_parser().parse_args([command, *argv])) == given
+    parsed = CorpusOptions.from_namespace(cli.build_parser().parse_args([command]))
+    assert (parsed.all, parsed.resume, parsed.executor, parsed.sample_seed) == (False, False, "local", 0)
+    assert parsed.given() == {} and parsed.to_argv() == []
+    defaults = CorpusOptions(all=False, executor="local", sample_seed=0, resume=False)
+    assert defaults.given() == {} and defaults.to_argv() == []
 
 
 def test_the_stored_form_round_trips_through_json_without_the_device_which_is_each_ops_own():

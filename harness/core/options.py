@@ -130,8 +130,11 @@ class Option:
     type: Callable | None = None
     choices: tuple | None = None
     repeat: bool = False  # repeatable; the value a tuple
+    nargs: str | None = None  # "+": one or more values after the flag; the value a tuple
     switch: bool = False  # --X / --no-X
-    record_default: Any = None  # what `record` parses when it is not given (the others parse None)
+    flag_only: bool = False  # the flag alone says True (argparse's store_true)
+    record_default: Any = None  # what `record` parses when it is not given (the others parse `default`)
+    default: Any = None  # what the other commands parse when it is not given: the same value given is not "given"
     record_only: bool = False  # a replay keeps the record's: `replay` refuses it by name
     replay: bool = True  # an A/B gives it to its replays, not only to A's record
     stored: bool = True  # in batch.json, for a resume
@@ -174,11 +177,13 @@ class OptionSet:
             kw: dict[str, Any] = {"dest": field.name, "help": meta.help}
             if meta.switch:
                 kw["action"] = argparse.BooleanOptionalAction
+            elif meta.flag_only:
+                kw["action"] = "store_true"
             else:
-                kw.update(metavar=meta.metavar, type=meta.type, choices=meta.choices)
+                kw.update(metavar=meta.metavar, type=meta.type, choices=meta.choices, nargs=meta.nargs)
                 if meta.repeat:
                     kw["action"] = "append"
-            kw["default"] = meta.record_default if command == "record" else None
+            kw["default"] = meta.record_default if command == "record" else meta.default
             groups[meta.group].add_argument(meta.flag, **{k: v for k, v in kw.items() if v is not None
                                                             or k == "default"})
 
@@ -188,26 +193,31 @@ class OptionSet:
         return cls(**{f.name: _frozen(getattr(ns, f.name, None), meta) for f, meta in declared(cls)})
 
     def given(self) -> dict:
-        """The options set (not None, not empty), by field name: what overrides a stored set."""
-        return {f.name: getattr(self, f.name) for f, _ in declared(self) if getattr(self, f.name) not in (None, ())}
+        """The options set (not None, not empty, not what the parser gives when it is not given), by field
+        name: what overrides a stored set."""
+        return {f.name: getattr(self, f.name) for f, meta in declared(self) if _given(getattr(self, f.name), meta)}
 
     def flags(self, but: Iterable[str] = ()) -> list[str]:
         """The flags of the stored options set, but those named (`--no-triage` for a switch turned off):
         what a resume says it took from where."""
         return [("--no-" + meta.flag[2:]) if getattr(self, f.name) is False else meta.flag
                 for f, meta in declared(self)
-                if meta.stored and getattr(self, f.name) not in (None, ()) and f.name not in but]
+                if meta.stored and _given(getattr(self, f.name), meta) and f.name not in but]
 
     def to_argv(self) -> list[str]:
         """The options set, as the command line that gives them; in declaration order (logs show it)."""
         argv: list[str] = []
         for field, meta in declared(self):
             value = getattr(self, field.name)
-            if value is None or value == ():
+            if not _given(value, meta):
                 continue
             if meta.repeat:
                 for item in value:
                     argv += [meta.flag, str(item)]
+            elif meta.nargs:
+                argv += [meta.flag, *map(str, value)]
+            elif meta.flag_only:
+                argv.append(meta.flag)
             elif meta.switch:
                 argv.append(meta.flag if value else "--no-" + meta.flag[2:])
             elif isinstance(value, tuple):  # a comma-separated list (--dtypes)
@@ -240,6 +250,10 @@ class OptionSet:
                 value = [meta.rebase(v, base) for v in value] if meta.repeat else meta.rebase(value, base)
             fields[field.name] = _frozen(meta.load(value) if meta.load else value, meta)
         return cls(**fields)
+
+
+def _given(value, meta: Option) -> bool:
+    return value is not None and value != () and value != meta.default
 
 
 def _frozen(value, meta: Option):
@@ -400,6 +414,59 @@ class BatchOptions(OptionSet):
              "torch, triton and pytest once: a new process per op, without the imports) or fresh (a new "
              "interpreter per op, imports included) (default: fork; --resume: the batch's)",
         check=lambda v: v in OP_STARTS, what=f"one of {', '.join(OP_STARTS)}")
+
+
+EXECUTORS = ("local", "ray", "slurm")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusOptions(OptionSet):
+    """Which ops a batch (or a corpus A/B) runs, and how the batch itself runs: given on its command line
+    only (batch.json keeps the selection in its own terms). Any of them given to `ab` makes it a corpus A/B
+    (harness.sessions.corpus_ab.wanted), as any of BatchOptions does."""
+
+    all: bool | None = option(
+        flag="--all", group="selection", commands=STARTERS, flag_only=True, default=False, stored=False,
+        help="the whole inventory, minus skip marks and ops/dismiss.txt",
+        check=lambda v: isinstance(v, bool), what="true or false")
+    ops_file: Path | None = option(
+        flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, stored=False,
+        help="one selection entry per line", check=lambda v: isinstance(v, str), what="a path")
+    repos: tuple[str, ...] | None = option(
+        flag="--repos", group="selection", commands=STARTERS, metavar="REPO", nargs="+", stored=False,
+        help="only these inventories", check=_is_strings, what="a list of inventory names")
+    sample: int | None = option(
+        flag="--sample", group="selection", commands=STARTERS, metavar="N", type=int, stored=False,
+        help="a seeded random sample of N ops from the selection (after exclusions)",
+        check=lambda v: type(v) is int, what="an integer")
+    sample_seed: int | None = option(
+        flag="--sample-seed", group="selection", commands=STARTERS, metavar="S", type=int, default=0, stored=False,
+        help="the sample's seed (default 0): the same seed and inventory pick the same ops",
+        check=lambda v: type(v) is int, what="an integer")
+    resume: bool | None = option(
+        flag="--resume", group="running", commands=STARTERS, flag_only=True, default=False, stored=False,
+        help="rerun only ops not PASS/SKIP in --batch-dir, with the selection and options stored there unless "
+             "given again",
+        check=lambda v: isinstance(v, bool), what="true or false")
+    batch_dir: Path | None = option(
+        flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, stored=False,
+        help="the batch dir: a new or empty one (created), or with --resume the batch to resume (default for a "
+             "new batch: runs/batch_<ts>)",
+        check=lambda v: isinstance(v, str), what="a path")
+    executor: str | None = option(
+        flag="--executor", group="running", commands=STARTERS, choices=EXECUTORS, default="local", stored=False,
+        help="local subprocesses, Ray tasks of one device each, or Slurm array tasks of one GPU each through "
+             "submitit (the batch dir on a shared filesystem) (default: local)",
+        check=lambda v: v in EXECUTORS, what=f"one of {', '.join(EXECUTORS)}")
+    ray_address: str | None = option(
+        flag="--ray-address", group="running", commands=STARTERS, metavar="ADDR", stored=False,
+        help="Ray cluster to join (default with --executor ray: a local Ray instance)",
+        check=lambda v: isinstance(v, str), what="an address")
+    slurm_param: tuple[str, ...] = option(
+        flag="--slurm-param", group="running", commands=STARTERS, metavar="KEY=VAL", repeat=True, stored=False,
+        help="with --executor slurm: a Slurm job parameter for submitit (slurm_KEY), e.g. partition=gpu, account=x "
+             "(repeatable)",
+        check=_is_strings, what="a list of KEY=VAL")
 
 
 def _is_env_list(value) -> bool:

@@ -25,7 +25,7 @@ import yaml
 import backends
 from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
-from harness.core.options import BatchOptions, ExperimentOptions, RunOptions
+from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, RunOptions
 from harness.providers import catalog
 from harness.sessions import ab, batch, resolve
 
@@ -38,10 +38,7 @@ def wanted(args) -> bool:
     plan, or --ops alone) it is today's A/B, in one process, op after op."""
     if args.compare is not None:
         return False
-    batch_only = (args.all, args.ops_file, args.repos, args.sample, args.resume, args.batch_dir, args.ray_address,
-                  args.slurm_param)
-    return (args.executor != "local" or any(v not in (None, False) for v in batch_only)
-            or bool(BatchOptions.from_namespace(args).given()))
+    return bool(CorpusOptions.from_namespace(args).given() or BatchOptions.from_namespace(args).given())
 
 
 @dataclasses.dataclass(frozen=True)

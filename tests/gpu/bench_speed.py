@@ -14,6 +14,9 @@ start differs), two A/Bs of identical sides, every step in ab.json:
              process start, imports, device init, collection and writing (target <= 1.5 s);
   corpus     the op A/B's wall at 5 repeats (its wall at 3 plus 4 timing-only replays) x 1,124 ops,
              on one GPU, at this op's size (target <= 8 h); and from the op A/B with none kept;
+  batch      a batch record of the built-in operators at their default shapes, one device, each op's
+             record forked by the device's warm worker (`--op-start fork`) and started fresh: the batch's
+             wall and each op's (ops_status.csv), fork against fresh (issue 30, item 4);
   spread     an A/A of softmax and add, 4 rows each, 5 repeats (3 on the interpreter): per row and
              side, the variance of log latency between repeats, pooled over rows and sides (df = sum
              of n - 1); F = pooled variance fresh / fork (and fresh / prewarmed), one-sided p =
@@ -21,7 +24,8 @@ start differs), two A/Bs of identical sides, every step in ab.json:
              measurably more alike than fresh ones (noise understated), and then that path must not
              be the default. A Brown-Forsythe companion (Mann-Whitney) is printed beside it.
 Prints the figures and a table against the targets; writes them as JSON to --json. About 7
-minutes on an H200 (`--only spread`: about 5; `--starts prewarmed,fresh`: about 6; `--only ab`: about 2).
+minutes on an H200 (`--only spread`: about 5; `--starts prewarmed,fresh`: about 6; `--only ab`: about 2;
+`--only batch`: about 2).
 A discarded warm-up A/B runs first. Exit 0 once everything ran.
 """
 
@@ -42,7 +46,9 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS_OPS = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
 TARGETS = {"fixed_s": 1.5, "op_ab_s": 20.0, "corpus_h": 8.0}
 STARTS = ("fork", "prewarmed", "fresh")  # fresh last: each of the others is tested against it
-PARTS = ("ab", "spread")
+PARTS = ("ab", "batch", "spread")
+BATCH_OPS = ("add", "gelu", "mm", "rms_norm", "softmax")  # the built-ins
+OP_STARTS = ("fresh", "fork")
 AA_REPEATS = {"cuda": 5, "interpreter": 3}  # the interpreter checks the pipeline: fewer, slow, steps
 SHAPES = {  # two rows per op
     "cuda": "softmax:\n  shapes: [[64, 512], [1024, 4096]]\n  dtypes: [fp16]\n"
@@ -68,6 +74,25 @@ def ab(out: Path, shapes: Path, backend: str, start: str, repeats: int, *ops: st
     if proc.returncode != 0 or not found:
         sys.exit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return wall, Path(found[0])
+
+
+def batch(out: Path, backend: str, op_start: str) -> tuple[float, dict[str, float]]:
+    """(wall seconds, op -> its elapsed seconds as ops_status.csv says) of `python -m harness batch` over
+    the built-ins on device 0, each op's record started as `op_start` says."""
+    import csv
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "XDG_CACHE_HOME": str(out.parent / "user-cache")}
+    env.pop("TRITON_INTERPRET", None)
+    argv = [sys.executable, "-m", "harness", "batch", "--ops", *BATCH_OPS, "--backend", backend, "--devices", "0",
+            "--op-start", op_start, "--batch-dir", str(out)]
+    began = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - began
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(out / "ops_status.csv", newline="") as f:
+        return wall, {row["op"]: float(row["elapsed_s"]) for row in csv.DictReader(f)}
 
 
 def steps(ab_dir: Path) -> list[dict]:
@@ -168,6 +193,18 @@ def measure(out: Path, backend: str, starts: tuple[str, ...], parts: tuple[str, 
               + f"; record's precompile {figures[start]['record_precompile']}"
               + f"; fixed cost per repeat {figures[start]['fixed_s']:.2f} s (median of {len(fixed)}); corpus "
               f"{figures[start]['corpus_h']:.1f} h", flush=True)
+    if "batch" in parts:
+        figures["batch"] = {}
+        for op_start in OP_STARTS:
+            wall, per_op = batch(out / f"batch-{op_start}", backend, op_start)
+            figures["batch"][op_start] = {"wall_s": wall, "op_s": per_op,
+                                          "op_median_s": statistics.median(per_op.values())}
+            print(f"batch record ({len(per_op)} built-ins), --op-start {op_start}: {wall:.1f} s; per op "
+                  + ", ".join(f"{op} {t:.1f}" for op, t in per_op.items())
+                  + f" (median {figures['batch'][op_start]['op_median_s']:.1f} s)", flush=True)
+        fork, fresh = figures["batch"]["fork"]["op_s"], figures["batch"]["fresh"]["op_s"]
+        figures["batch"]["saved_per_op_s"] = statistics.median(fresh[op] - fork[op] for op in fork)
+        print(f"batch: each op's start saved by forking: median {figures['batch']['saved_per_op_s']:.1f} s", flush=True)
     spread = {}
     if "spread" not in parts:
         return figures
@@ -214,7 +251,8 @@ def main() -> int:
     parser.add_argument("--backend", choices=tuple(SHAPES), default="cuda",
                         help="cuda (the H200), or interpreter to run the whole script on a CPU (default: cuda)")
     parser.add_argument("--only", choices=PARTS, default=None,
-                        help="ab: the op A/B's figures alone; spread: the A/A spread alone (default: both)")
+                        help="ab: the op A/B's figures alone; batch: the batch record's alone; spread: the A/A "
+                             "spread alone (default: all)")
     parser.add_argument("--starts", default=",".join(STARTS), type=_starts, metavar="LIST",
                         help=f"the step starts compared, fresh among them (default: {','.join(STARTS)})")
     parser.add_argument("--out", type=Path, default=None, help="keep the A/B dirs here (default: a temp dir, removed)")
@@ -237,7 +275,8 @@ def main() -> int:
         print(f"robust (Brown-Forsythe, Mann-Whitney): median |deviation| fresh {robust['median_dev_fresh']:.4f}, "
               f"{start} {robust['median_dev_fork']:.4f}; p({start} more alike) = {robust['p_fork_more_alike']:.3f}")
     print(f"\n{'figure':10s} " + " ".join(f"{start:>10s}" for start in args.starts) + "  target")
-    for name, unit in () if args.only == "spread" else (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h")):
+    rows = (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h"))
+    for name, unit in rows if args.only in (None, "ab") else ():
         cells = " ".join(f"{figures[start][name]:9.2f}{unit}" for start in args.starts)
         meets = [start for start in args.starts if figures[start][name] <= TARGETS[name]]
         print(f"{name:10s} {cells}  <= {TARGETS[name]}{unit}: met by {', '.join(meets) or 'none'}")
