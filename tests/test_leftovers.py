@@ -119,20 +119,38 @@ def test_the_caches_of_an_ab_killed_outright_go_with_the_next_run(tmp_path):
     assert private_dirs(tmp_path) == []
 
 
-def test_a_timed_out_op_that_was_stopped_leaves_no_cache(tmp_path):
+def _group(pgid: int) -> list[int]:
+    """The live members of process group `pgid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("op_start", ["fork", "fresh"])
+def test_a_timed_out_op_that_was_stopped_leaves_no_cache(tmp_path, op_start):
     # A stopped op cannot handle the timeout's SIGTERM: it is killed outright, cache and all.
     d = tmp_path / "batch"
     proc = _start(tmp_path, "batch", "--backend", "interpreter", "--ops-path", BATCH_OPS, "--ops", "hang_op",
-                  "--op-timeout", "60", "--batch-dir", d)
-    def measuring() -> list[int]:
-        return [p for p in pids_mentioning(str(d)) if b"harness.child" in Path(f"/proc/{p}/cmdline").read_bytes()]
-
-    assert wait_for(lambda: measuring() or proc.poll() is not None, 240) and private_dirs(tmp_path)
-    for pid in pids_mentioning(str(d)):  # the op's record and its child, not their guard nor the batch
-        if pid != proc.pid and b"opguard" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                  "--op-timeout", "60", "--batch-dir", d, "--op-start", op_start)
+    running = d / "ops" / "path__hang_op" / ".running"
+    assert wait_for(lambda: running.is_file() or proc.poll() is not None, 240), proc.communicate()
+    facts = load(running)
+    # The op's record and its measuring child (fresh: under their guard, facts' pid, left running).
+    members = 2 + (op_start == "fresh")
+    assert wait_for(lambda: len(_group(facts["pgid"])) >= members and private_dirs(tmp_path), 240)
+    group = _group(facts["pgid"])
+    for pid in group:
+        if op_start == "fork" or pid != facts["pid"]:
             os.kill(pid, signal.SIGSTOP)
     out, _ = proc.communicate(timeout=300)
     with open(d / "ops_status.csv", newline="") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["TIMEOUT"], out
-    assert wait_gone(str(d), 60) == []
+    assert wait_for(lambda: not _group(facts["pgid"]), 60), _group(facts["pgid"])
     assert private_dirs(tmp_path) == []
