@@ -274,9 +274,10 @@ def main() -> int:
                  if test["fork_more_alike"] else f"no evidence {start} repeats are more alike (independence holds)"))
         print(f"robust (Brown-Forsythe, Mann-Whitney): median |deviation| fresh {robust['median_dev_fresh']:.4f}, "
               f"{start} {robust['median_dev_fork']:.4f}; p({start} more alike) = {robust['p_fork_more_alike']:.3f}")
-    print(f"\n{'figure':10s} " + " ".join(f"{start:>10s}" for start in args.starts) + "  target")
-    rows = (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h"))
-    for name, unit in rows if args.only in (None, "ab") else ():
+    rows = (("fixed_s", "s"), ("op_ab_s", "s"), ("corpus_h", "h")) if args.only in (None, "ab") else ()
+    if rows:
+        print(f"\n{'figure':10s} " + " ".join(f"{start:>10s}" for start in args.starts) + "  target")
+    for name, unit in rows:
         cells = " ".join(f"{figures[start][name]:9.2f}{unit}" for start in args.starts)
         meets = [start for start in args.starts if figures[start][name] <= TARGETS[name]]
         print(f"{name:10s} {cells}  <= {TARGETS[name]}{unit}: met by {', '.join(meets) or 'none'}")
