@@ -13,7 +13,9 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from batch_fakes import (
     status_rows,
     write_run,
 )
+from conftest import wait_for
 
 from harness import cli
 from harness.core import batchdir, forkserver, launch, opguard, paths, rundir
@@ -233,6 +236,33 @@ def test_hold_names_the_ops_group_and_keeps_its_lock_while_open(tmp_path):
         assert not opguard._lock_free(f)
         held.close()
         assert opguard._lock_free(f)
+
+
+def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():
+    """A batch waits for its forked op from the op's device thread (up to --op-timeout) while a stop
+    waits for it from the main thread (its grace): one reads the worker's answer, the other waits for it."""
+    from harness.core import forkserver
+
+    release = threading.Event()
+    reads = []
+
+    class Answers:  # the worker's side of the socket: the exit code once the step ended
+        def exit_code(self, pid, timeout):
+            reads.append(timeout)
+            if not release.wait(timeout):
+                raise subprocess.TimeoutExpired(str(pid), timeout)
+            return -15
+
+    step = forkserver._Step(Answers(), 123)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(step.wait()))
+    reader.start()
+    assert wait_for(lambda: reads, 5)
+    with pytest.raises(subprocess.TimeoutExpired):  # the other thread reads: this one waits its timeout out
+        step.wait(0.3)
+    release.set()
+    reader.join(5)
+    assert got == [-15] and step.wait(0.3) == -15 and reads == [None]
 
 
 def test_stop_kills_every_running_child_and_stops_scheduling(tmp_path):

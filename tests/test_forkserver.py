@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -215,31 +214,3 @@ def test_the_worker_computes_once_what_every_step_would_and_touches_no_device():
     assert done.returncode == 0, done.stderr
     # cuda's warm_fork: torch's Triton ops registered (queued for the device's lazy init), no device touched.
     assert done.stdout.split() == ["1", "1", "True", "True", "[]", "2", "False"]
-
-
-def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():
-    """A batch waits for its forked op from the op's device thread (up to --op-timeout) while a stop
-    waits for it from the main thread (its grace): one reads the worker's answer, the other waits for it."""
-    from harness.core import forkserver
-
-    release = threading.Event()
-    reads = []
-
-    class Answers:  # the worker's side of the socket: the exit code once the step ended
-        def exit_code(self, pid, timeout):
-            reads.append(timeout)
-            if not release.wait(timeout):
-                raise subprocess.TimeoutExpired(str(pid), timeout)
-            return -15
-
-    step = forkserver._Step(Answers(), 123)
-    got = []
-    reader = threading.Thread(target=lambda: got.append(step.wait()))
-    reader.start()
-    assert wait_for(lambda: reads, 5)
-    with pytest.raises(subprocess.TimeoutExpired):  # the other thread reads: this one waits its timeout out
-        step.wait(0.3)
-    release.set()
-    reader.join(5)
-    assert got == [-15] and step.wait(0.3) == -15 and reads == [None]
-
