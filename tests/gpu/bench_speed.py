@@ -14,9 +14,9 @@ start differs), two A/Bs of identical sides, every step in ab.json:
              process start, imports, device init, collection and writing (target <= 1.5 s);
   corpus     the op A/B's wall at 5 repeats (its wall at 3 plus 4 timing-only replays) x 1,124 ops,
              on one GPU, at this op's size (target <= 8 h); and from the op A/B with none kept;
-  batch      a batch record of the built-in operators at their default shapes, one device, each op's
-             record forked by the device's warm worker (`--op-start fork`) and started fresh: the batch's
-             wall and each op's (ops_status.csv), fork against fresh (issue 30, item 4);
+  batch      a batch record of the built-in operators, 2 rows each, one device, each op's record forked
+             by the device's warm worker (`--op-start fork`) and started fresh: the batch's wall and each
+             op's (ops_status.csv), fork against fresh (issue 30, item 4: where start-up is a large share);
   spread     an A/A of softmax and add, 4 rows each, 5 repeats (3 on the interpreter): per row and
              side, the variance of log latency between repeats, pooled over rows and sides (df = sum
              of n - 1); F = pooled variance fresh / fork (and fresh / prewarmed), one-sided p =
@@ -76,6 +76,14 @@ def ab(out: Path, shapes: Path, backend: str, start: str, repeats: int, *ops: st
     return wall, Path(found[0])
 
 
+BATCH_SHAPES = {  # two rows per shape key of the built-ins
+    "cuda": SHAPES["cuda"] + "norm:\n  shapes: [[64, 4096], [1024, 4096]]\n  dtypes: [fp16]\n"
+                             "blas:\n  shapes: [[128, 4096, 4096], [1024, 1024, 1024]]\n  dtypes: [fp16]\n",
+    "interpreter": SHAPES["interpreter"] + "norm:\n  shapes: [[4, 16], [3, 40]]\n  dtypes: [fp32]\n"
+                                           "blas:\n  shapes: [[4, 8, 8], [8, 16, 8]]\n  dtypes: [fp32]\n",
+}
+
+
 def batch(out: Path, backend: str, op_start: str) -> tuple[float, dict[str, float]]:
     """(wall seconds, op -> its elapsed seconds as ops_status.csv says) of `python -m harness batch` over
     the built-ins on device 0, each op's record started as `op_start` says."""
@@ -84,8 +92,10 @@ def batch(out: Path, backend: str, op_start: str) -> tuple[float, dict[str, floa
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
            "XDG_CACHE_HOME": str(out.parent / "user-cache")}
     env.pop("TRITON_INTERPRET", None)
+    shapes = out.parent / "batch_rows.yaml"
+    shapes.write_text(BATCH_SHAPES[backend])
     argv = [sys.executable, "-m", "harness", "batch", "--ops", *BATCH_OPS, "--backend", backend, "--devices", "0",
-            "--op-start", op_start, "--batch-dir", str(out)]
+            "--shapes", str(shapes), "--op-start", op_start, "--batch-dir", str(out)]
     began = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.monotonic() - began
