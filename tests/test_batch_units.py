@@ -263,6 +263,24 @@ def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():
     release.set()
     reader.join(5)
     assert got == [-15] and step.wait(0.3) == -15 and reads == [None]
+    assert launch.Child(step, own_group=True).pid == 123  # whose group a stop signals
+    # Two waiters without a limit both get it, however long the step takes; one with a limit reads
+    # for what is left of it.
+    release.clear()
+    reads.clear()
+    step, got = forkserver._Step(Answers(), 124), []
+    waiters = [threading.Thread(target=lambda: got.append(step.wait())) for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    threading.Timer(1.5, release.set).start()
+    for waiter in waiters:
+        waiter.join(10)
+    assert got == [-15, -15] and reads == [None]
+    release.clear()
+    reads.clear()
+    step = forkserver._Step(Answers(), 125)
+    threading.Timer(0.3, release.set).start()
+    assert step.wait(30) == -15 and 29 < reads[0] <= 30
 
 
 def test_stop_kills_every_running_child_and_stops_scheduling(tmp_path):
