@@ -247,8 +247,8 @@ def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():
     reads = []
 
     class Answers:  # the worker's side of the socket: the exit code once the step ended
-        def exit_code(self, pid, timeout):
-            reads.append(timeout)
+        def exit_code(self, pid, timeout):  # the step's pid: whose group it kills if the worker died
+            reads.append((pid, timeout))
             if not release.wait(timeout):
                 raise subprocess.TimeoutExpired(str(pid), timeout)
             return -15
@@ -262,7 +262,7 @@ def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():
         step.wait(0.3)
     release.set()
     reader.join(5)
-    assert got == [-15] and step.wait(0.3) == -15 and reads == [None]
+    assert got == [-15] and step.wait(0.3) == -15 and reads == [(123, None)]
     assert launch.Child(step, own_group=True).pid == 123  # whose group a stop signals
     # Two waiters without a limit both get it, however long the step takes; one with a limit reads
     # for what is left of it.
@@ -275,12 +275,12 @@ def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():
     threading.Timer(1.5, release.set).start()
     for waiter in waiters:
         waiter.join(10)
-    assert got == [-15, -15] and reads == [None]
+    assert got == [-15, -15] and reads == [(124, None)]
     release.clear()
     reads.clear()
     step = forkserver._Step(Answers(), 125)
     threading.Timer(0.3, release.set).start()
-    assert step.wait(30) == -15 and 29 < reads[0] <= 30
+    assert step.wait(30) == -15 and reads[0][0] == 125 and 29 < reads[0][1] <= 30
 
 
 def test_stop_kills_every_running_child_and_stops_scheduling(tmp_path):
