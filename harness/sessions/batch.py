@@ -133,7 +133,7 @@ class Batch:
         self.lock = threading.Lock()
         self.children: dict[int, launch.Child] = {}
         self.stopping = threading.Event()
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.Queue = queue.Queue()  # each op's status row, as its device thread finishes it
         # Device -> the warm worker that forks its ops (the local executor's device threads, --op-start fork).
         self.workers: dict[int, forkserver.Worker] = {}
         self.worker_notes: dict[int, str] = {}  # device -> why its ops start fresh from here, for its next row
@@ -450,7 +450,7 @@ class Batch:
                 for entry in shards[device]:
                     if self.stopping.is_set():
                         return
-                    self.events.put(("done", self.run_op(entry, device)))
+                    self.events.put(self.run_op(entry, device))
             finally:
                 worker = self.workers.pop(device, None)
                 if worker is not None:
@@ -463,7 +463,7 @@ class Batch:
         try:
             while remaining:
                 try:
-                    _, row = self.events.get(timeout=0.5)
+                    row = self.events.get(timeout=0.5)
                 except queue.Empty:
                     continue
                 remaining -= 1
