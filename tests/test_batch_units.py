@@ -684,6 +684,16 @@ def test_each_devices_ops_are_forked_by_its_own_warm_worker_begun_before_its_fir
     assert not (tmp_path / "fresh" / batchdir.WORKERS_LOG).exists()
 
 
+def test_a_devices_worker_has_this_interpreter_and_the_backends_child_environment(tmp_path):
+    log = open(tmp_path / batchdir.WORKERS_LOG, "a")
+    worker = batch.Batch(tmp_path, options(backend="interpreter"), {})._new_worker(log)
+    # The interpreter's TRITON_INTERPRET: importing triton in the worker must see it, as the op's child does.
+    assert (worker.python, worker.env, worker.backend, worker.log) == (sys.executable, {"TRITON_INTERPRET": "1"},
+                                                                       "interpreter", log)
+    assert (worker.pythonpath, worker.cache_root, worker.child) == (None, None, None)  # begun by its device thread
+    log.close()
+
+
 def test_a_job_that_does_not_fork_starts_every_op_fresh(tmp_path, launcher):
     class Unforked(batch.Batch):
         FORKS = False
