@@ -694,6 +694,37 @@ def test_a_devices_worker_has_this_interpreter_and_the_backends_child_environmen
     log.close()
 
 
+def test_a_fault_in_a_device_thread_stops_the_batch_and_is_raised_not_hung_on(tmp_path, launcher, monkeypatch):
+    r = runner_for(tmp_path, launcher, devices=[0, 1])
+    todo = [Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(4)]
+    broken = next(e for e in todo if r.device_of(e) == 0)
+    measure = batch.Batch.measure_op
+
+    def measure_op(self, entry, device):
+        if entry is broken:
+            raise ValueError("a bug of ours")
+        return measure(self, entry, device)
+
+    monkeypatch.setattr(batch.Batch, "measure_op", measure_op)
+    with pytest.raises(RuntimeError, match="a device thread of the batch failed") as raised:
+        r.run(todo, lambda row: None)
+    assert isinstance(raised.value.__cause__, ValueError) and r.stopping.is_set()
+    assert r.workers == {} and all(w.closed for w in launcher.workers)
+
+
+def test_a_worker_that_cannot_start_leaves_its_device_to_fresh_ops_and_says_so(tmp_path, launcher, monkeypatch):
+    def refused(self):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(FakeWorker, "begin", refused)
+    r = runner_for(tmp_path, launcher, devices=[0])
+    done = []
+    r.run([Entry("path", f"op{i}", f"op{i}", "x.py") for i in range(2)], done.append)
+    assert [c["target"] for c in launcher.calls] == ["op0", "op1"] and all("forked_by" not in c for c in launcher.calls)
+    assert [x.notes for x in done] == ["its device's warm worker could not start ([Errno 11] Resource temporarily "
+                                       "unavailable): device 0's ops start fresh", ""]
+
+
 def test_a_job_that_does_not_fork_starts_every_op_fresh(tmp_path, launcher):
     class Unforked(batch.Batch):
         FORKS = False

@@ -442,15 +442,15 @@ class Batch:
         workers_log = open(self.dir / batchdir.WORKERS_LOG, "a", encoding="utf-8") if forks and todo else None
 
         def device_thread(device: int) -> None:
-            if forks and shards[device]:
-                # Started by this thread, which it outlives by nothing: its death signal follows the thread.
-                self.workers[device] = self._new_worker(workers_log)
-                self.workers[device].begin()
             try:
+                if forks and shards[device]:
+                    self._begin_worker(device, workers_log)
                 for entry in shards[device]:
                     if self.stopping.is_set():
                         return
                     self.events.put(self.run_op(entry, device))
+            except BaseException as exc:  # a fault of ours: raised by the batch, not left to hang it
+                self.events.put(exc)
             finally:
                 worker = self.workers.pop(device, None)
                 if worker is not None:
@@ -466,9 +466,12 @@ class Batch:
                     row = self.events.get(timeout=0.5)
                 except queue.Empty:
                     continue
+                if isinstance(row, BaseException):
+                    raise RuntimeError("a device thread of the batch failed (its running ops were stopped; "
+                                       "resume with --resume --batch-dir)") from row
                 remaining -= 1
                 on_done(row)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, SIGTERM, a device thread's fault: no op runs on
             self.stop()
             raise
         finally:
@@ -478,6 +481,19 @@ class Batch:
             paths.remove_abandoned()  # the private cache of an op killed outright (a stopped one, on timeout)
             if workers_log is not None:
                 workers_log.close()
+
+    def _begin_worker(self, device: int, log) -> None:
+        """The device's warm worker, begun by its device thread, which it outlives by nothing (its death
+        signal follows the thread); where it cannot be started, the device's ops start fresh, as the
+        first one's notes say."""
+        worker = self._new_worker(log)
+        try:
+            worker.begin()
+        except OSError as exc:
+            self.worker_notes[device] = (f"its device's warm worker could not start ({exc}): device {device}'s ops "
+                                         "start fresh")
+            return
+        self.workers[device] = worker
 
     def _new_worker(self, log) -> forkserver.Worker:
         """A warm worker with this interpreter, the batch's environment and the backend's child environment
