@@ -107,6 +107,7 @@ class FakeWorker:
     def start(self, argv, log, on_stdout, guard=None):
         assert self.begun and not self.closed
         index = self.launcher.workers.index(self)
+        on_stdout(f"forked {argv[0]}\n")  # as the worker's pump hands on each line of the op's stdout
         return self.launcher.child([sys.executable, "-m", "harness", *argv], guard, log, {"forked_by": index})
 
     def close(self):

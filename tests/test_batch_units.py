@@ -681,6 +681,7 @@ def test_each_devices_ops_are_forked_by_its_own_warm_worker_begun_before_its_fir
     r = runner_for(tmp_path / "fresh", launcher, devices=[5, 7, 9], op_start="fresh")
     r.run(todo, lambda row: None)
     assert launcher.workers == [] and len(launcher.calls) == 6 and all("forked_by" not in c for c in launcher.calls)
+    assert all(c["cmd"][:4] == [sys.executable, "-m", "harness", "record"] for c in launcher.calls)
     assert not (tmp_path / "fresh" / batchdir.WORKERS_LOG).exists()
 
 
