@@ -2,7 +2,6 @@
 install (pyproject.toml). Started without nox, it finds the light packages a session installed into
 this checkout's .nox/deps; one it still lacks is one line, not an import traceback."""
 
-import os
 import signal
 import sys
 
@@ -36,11 +35,8 @@ def main() -> None:
         # Imported here, under the handler: a Ctrl-C while the harness imports is one line too.
         from harness.core import launch
 
-        # The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving
-        # it. Ours alone: a process we start has its own tie to us.
-        session = os.environ.pop(launch.END_WITH_ENV, None)
-        if session:
-            launch.end_with(int(session))
+        # The nox session that runs us names itself: we stop (as on SIGTERM) when it dies, never outliving it.
+        launch.end_with_starter()
         launch.adopt_orphans()  # what our children leave running ends with their step (launch.run)
         sys.exit(_run())
     except KeyboardInterrupt as exc:

@@ -78,9 +78,7 @@ def main() -> int:
 
     # SIGTERM once the thread that started this worker is gone, however its process died (serve then
     # stops the running step); armed here, not by a preexec_fn, which a batch's threads make unsafe.
-    parent = os.environ.pop(launch.END_WITH_ENV, None)
-    if parent:
-        launch.end_with(int(parent))
+    launch.end_with_starter()
     launch.adopt_orphans()  # a step's orphans come here, and end as each step ends
     # torch's fork-safe device check (NVML, no CUDA init): a step that resolves its device through
     # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.

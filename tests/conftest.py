@@ -129,6 +129,20 @@ def wait_gone(text: str, seconds: float = 20) -> list[int]:
     return pids_mentioning(text)
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The live members of process group `pgid` (a batch op's, as its `.running` names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for its parent to reap it runs nothing and holds no device)."""
     try:

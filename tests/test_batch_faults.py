@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive, load, wait_for
+from conftest import REPO, alive, group_pids, load, wait_for
 from result_rows import result_row
 
 import backends
@@ -59,20 +59,6 @@ def statuses(batch_dir: Path) -> dict[str, dict]:
     with open(batch_dir / "ops_status.csv", newline="") as f:
         return {r["op"]: r for r in csv.DictReader(f)}
 
-
-
-
-def group_pids(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 

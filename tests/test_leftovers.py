@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, pids_mentioning, wait_for, wait_gone
+from conftest import REPO, group_pids, load, pids_mentioning, wait_for, wait_gone
 
 pytestmark = pytest.mark.e2e
 FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
@@ -119,20 +119,6 @@ def test_the_caches_of_an_ab_killed_outright_go_with_the_next_run(tmp_path):
     assert private_dirs(tmp_path) == []
 
 
-def _group(pgid: int) -> list[int]:
-    """The live members of process group `pgid`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize("op_start", ["fork", "fresh"])
 def test_a_timed_out_op_that_was_stopped_leaves_no_cache(tmp_path, op_start):
     # A stopped op cannot handle the timeout's SIGTERM: it is killed outright, cache and all.
@@ -144,13 +130,13 @@ def test_a_timed_out_op_that_was_stopped_leaves_no_cache(tmp_path, op_start):
     facts = load(running)
     # The op's record and its measuring child (fresh: under their guard, facts' pid, left running).
     members = 2 + (op_start == "fresh")
-    assert wait_for(lambda: len(_group(facts["pgid"])) >= members and private_dirs(tmp_path), 240)
-    group = _group(facts["pgid"])
+    assert wait_for(lambda: len(group_pids(facts["pgid"])) >= members and private_dirs(tmp_path), 240)
+    group = group_pids(facts["pgid"])
     for pid in group:
         if op_start == "fork" or pid != facts["pid"]:
             os.kill(pid, signal.SIGSTOP)
     out, _ = proc.communicate(timeout=300)
     with open(d / "ops_status.csv", newline="") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["TIMEOUT"], out
-    assert wait_for(lambda: not _group(facts["pgid"]), 60), _group(facts["pgid"])
+    assert wait_for(lambda: not group_pids(facts["pgid"]), 60), group_pids(facts["pgid"])
     assert private_dirs(tmp_path) == []

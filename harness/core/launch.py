@@ -71,6 +71,14 @@ def end_with(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def end_with_starter() -> None:
+    """end_with the process END_WITH_ENV names (nox for `python -m harness`, an A/B or a batch for its warm
+    workers), taken out of our environment: the tie is ours alone, a process we start has its own."""
+    starter = os.environ.pop(END_WITH_ENV, None)
+    if starter:
+        end_with(int(starter))
+
+
 _adopting = False
 
 

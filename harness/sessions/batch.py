@@ -230,9 +230,9 @@ class Batch:
         op's log and its next row's notes, and the device's ops start fresh from here on."""
         worker = self.workers.get(device)
         if worker is not None:
-            running = log_path.parent / self.running_name
             try:
-                code, seconds = self._watched(lambda log: worker.start(argv, log, _dropped, guard=running), log_path)
+                code, seconds = self._watched(lambda log, running: worker.start(argv, log, _dropped, guard=running),
+                                              log_path)
             except forkserver.WorkerDied as exc:
                 worker.close()
                 del self.workers[device]
@@ -255,18 +255,17 @@ class Batch:
 
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
         when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
-        running = log_path.parent / self.running_name
         # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
-        return self._watched(lambda log: launch.start(opguard.command(running, cmd), log=log, with_parent=False,
-                                                      **start_kw), log_path)
+        return self._watched(lambda log, running: launch.start(opguard.command(running, cmd), log=log,
+                                                               with_parent=False, **start_kw), log_path)
 
     def _watched(self, start_child, log_path: Path) -> tuple[int | None, float]:
-        """(exit code or None on timeout, seconds) of the child `start_child(log)` starts, which
-        `stop` reaches while it runs and --op-timeout ends; its `.running` is gone after it."""
+        """(exit code or None on timeout, seconds) of the child `start_child(log, running)` starts, which
+        `stop` reaches while it runs and --op-timeout ends; its `.running` (the op dir's) is gone after it."""
         start = time.monotonic()
         running = log_path.parent / self.running_name
         with open(log_path, "a") as log:
-            child = start_child(log)
+            child = start_child(log, running)
             with self.lock:
                 self.children[child.pid] = child
             if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
