@@ -11,6 +11,7 @@ from .base import (
     RECOVERABLE,
     Backend,
     BackendUnavailable,
+    DeviceTouched,
 )
 
 NAMES = ("cuda", "rocm", "musa", "ascend", "interpreter")
@@ -23,6 +24,7 @@ __all__ = [
     "RECOVERABLE",
     "Backend",
     "BackendUnavailable",
+    "DeviceTouched",
     "UnknownBackend",
     "auto_detect",
     "get",

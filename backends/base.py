@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from .monitor import Monitor
 
@@ -30,6 +31,10 @@ ALL_VISIBILITY_KEYS = (
 RECOVERABLE = "recoverable"
 FATAL = "fatal"
 POISONED = "poisoned"
+
+
+class DeviceTouched(RuntimeError):
+    """Something asked for the device inside `Backend.facts_standing_in` that the facts do not answer."""
 
 
 class BackendUnavailable(RuntimeError):
@@ -119,6 +124,14 @@ class Backend:
     # (harness.worker) does once for all the steps it forks: it must touch no device (a forked step
     # could not initialize one). None: nothing beyond the imports.
     warm_fork: Callable[[], None] | None = None
+    # What a package may ask of the device while it is imported (its capability, properties, count), so
+    # that a warm worker can import an operator library (FlagGems: 4-5 s) once for all the steps it forks
+    # without initializing the device. `device_facts()` reads them, run in a fresh process that sees only
+    # the steps' device (it initializes that device, and exits); `facts_standing_in(facts)` is a context
+    # in which the device module answers from them and anything that would initialize the device raises
+    # DeviceTouched. None: no such import is done in a worker; the steps import the package themselves.
+    device_facts: Callable[[], dict] | None = None
+    facts_standing_in: Callable[[dict], AbstractContextManager] | None = None
 
     @property
     def default_timer(self) -> str:

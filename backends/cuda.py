@@ -1,7 +1,10 @@
 """NVIDIA CUDA."""
 
+import contextlib
+import types
+
 from . import monitor_nvml
-from .base import Backend, CaptureMarkers
+from .base import Backend, CaptureMarkers, DeviceTouched
 
 
 def identity() -> dict:
@@ -38,6 +41,52 @@ def warm_fork() -> None:
         libcuda_dirs()
     except (ImportError, AssertionError, OSError, subprocess.SubprocessError):  # another Triton, no libcuda:
         pass  # the step meets it again and says so itself
+
+
+def device_facts() -> dict:
+    """What a package may ask of torch.cuda while it is imported (FlagGems: the arch for its config
+    tables, shared memory per block for its kernels' configs, Hopper or not), read from the one device
+    this process sees (Backend.device_facts)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    fields = {name: getattr(props, name) for name in dir(props) if not name.startswith("_")}
+    return {"count": torch.cuda.device_count(), "current_device": torch.cuda.current_device(),
+            "name": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
+            "properties": {name: value if isinstance(value, (bool, int, float, str)) else str(value)
+                           for name, value in fields.items() if not callable(value)}}
+
+
+# Every torch.cuda call that initializes the device goes through _lazy_init; these answer without it.
+_STOOD_IN = ("device_count", "current_device", "get_device_name", "get_device_capability", "get_device_properties",
+             "_lazy_init")
+
+
+@contextlib.contextmanager
+def facts_standing_in(facts: dict):
+    """torch.cuda answering from `facts` (device_facts of the steps' device), and raising DeviceTouched
+    on anything else that would initialize the device (Backend.facts_standing_in)."""
+    import torch
+
+    cuda = torch.cuda
+    saved = {name: getattr(cuda, name) for name in _STOOD_IN}
+    properties = types.SimpleNamespace(**facts["properties"])
+
+    def touched():
+        raise DeviceTouched("the device was asked for something its stood-in facts do not answer "
+                            "(torch.cuda initialization)")
+
+    stand_ins = {"device_count": lambda: facts["count"], "current_device": lambda: facts["current_device"],
+                 "get_device_name": lambda device=None: facts["name"],
+                 "get_device_capability": lambda device=None: tuple(facts["capability"]),
+                 "get_device_properties": lambda device=None: properties, "_lazy_init": touched}
+    for name, stand_in in stand_ins.items():
+        setattr(cuda, name, stand_in)
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(cuda, name, original)
 
 
 def occupancy_limits() -> dict | None:
@@ -87,6 +136,8 @@ BACKEND = Backend(
     l2_cache_bytes=l2_cache_bytes,
     occupancy_limits=occupancy_limits,
     warm_fork=warm_fork,
+    device_facts=device_facts,
+    facts_standing_in=facts_standing_in,
     # Kineto over CUPTI: kernels, memcpy and memset activities, each with device timestamps.
     profiler_activity="CUDA",
 )

@@ -2,6 +2,7 @@
 pipeline (record, replay, results, reports) on a machine with no accelerator, which is what CI
 and the end-to-end tests use."""
 
+import contextlib
 import os
 import platform
 
@@ -57,4 +58,7 @@ BACKEND = Backend(
     rep_ms=0.0,
     identity=identity,
     virtual_devices=lambda: os.cpu_count() or 1,  # one interpreter process per core
+    # No device to ask: a package imports in a warm worker as it is.
+    device_facts=dict,
+    facts_standing_in=contextlib.nullcontext,
 )

@@ -1,16 +1,25 @@
-"""`python -m harness.worker FD BACKEND [CACHE_ROOT]`: an A/B side's warm worker (harness.core.forkserver),
-started by the A/B with the side's interpreter and environment (or a batch's, one per device thread);
-FD is its end of the socket to the A/B,
-BACKEND the run's backend (its CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side
-Triton caches (removed here if the A/B died first).
+"""`python -m harness.worker FD BACKEND [CACHE_ROOT] [--device N] [--flagtune V] [--preload CHECKOUT ...]`: an A/B
+side's warm worker (harness.core.forkserver), started by the A/B with the side's interpreter and environment
+(or a batch's, one per device thread); FD is its end of the socket to the A/B, BACKEND the run's backend (its
+CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side Triton caches (removed here if the A/B
+died first). Each --preload checkout's package (FlagGems: 4-5 s an import on an H200 host) is imported here
+once, under its FlagTune switch, with the device facts of the steps' device (--device N, else the first
+visible) stood in for the device, which stays untouched (harness.providers.flaggems.preload).
 It imports what every step imports, once, touching no device, then forks each step as
-`python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run)."""
+`python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run).
 
+`python -m harness.worker facts BACKEND`: the backend's device facts (Backend.device_facts) as JSON, read
+by a worker that preloads, in this process of its own started with only the steps' device visible."""
+
+import argparse
+import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -70,11 +79,72 @@ def _warm(backend: str) -> None:
             pass
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m harness.worker")
+    parser.add_argument("fd", type=int)
+    parser.add_argument("backend")
+    parser.add_argument("cache_root", nargs="?")
+    parser.add_argument("--device", type=int)
+    parser.add_argument("--flagtune", default="0")
+    parser.add_argument("--preload", action="append", default=[])
+    return parser.parse_args(argv)
+
+
+def _start_facts(backend: str, device: int | None) -> subprocess.Popen:
+    """`python -m harness.worker facts BACKEND` with only the steps' device visible, begun beside this
+    worker's imports (it initializes that device, in a process of its own)."""
+    import backends
+
+    chosen = backends.get(backend)
+    if device is None and chosen.visibility_key is not None:
+        device = chosen.check_available()[0]  # as a step resolves no --device: the first visible
+    env = chosen.visibility_env(device, os.environ) if device is not None else dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p)
+    return subprocess.Popen([sys.executable, "-m", "harness.worker", "facts", backend], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _facts(backend: str) -> int:
+    import backends
+
+    print(json.dumps(backends.get(backend).device_facts()))
+    return 0
+
+
+def _preload(args: argparse.Namespace, facts: subprocess.Popen, scratch: Path) -> None:
+    """Each --preload checkout's package imported here, as its steps' children would import it; one that
+    cannot be is said on stderr (the worker's log), and its steps import it themselves."""
+    import backends
+    from harness.providers import flaggems
+
+    backend = backends.get(args.backend)
+    out, err = facts.communicate()
+    if facts.returncode != 0:
+        print(f"worker {os.getpid()}: nothing preloaded: the device facts could not be read (exit {facts.returncode}): "
+              f"{err.strip().splitlines()[-1:] or ''}; each step imports its operator library itself", file=sys.stderr)
+        return
+    read = json.loads(out.strip().splitlines()[-1])
+    for checkout in args.preload:
+        start = time.monotonic()
+        try:
+            done = flaggems.preload(Path(checkout), args.flagtune, backend.flaggems_vendor,
+                                    backend.facts_standing_in(read), scratch)
+        except Exception as exc:  # an import that fails, or that asked the device for more than its facts
+            print(f"worker {os.getpid()}: {checkout} not preloaded ({type(exc).__name__}: {str(exc)[:300]}); "
+                  "its steps import it themselves", file=sys.stderr)
+            continue
+        print(f"worker {os.getpid()}: {done.package} preloaded from {done.src} (USE_FLAGTUNE={done.flagtune}) in "
+              f"{time.monotonic() - start:.1f} s, the device's facts stood in", file=sys.stderr)
+
+
 def main() -> int:
+    if sys.argv[1] == "facts":
+        return _facts(sys.argv[2])
+    args = _parse(sys.argv[1:])
     started_by = os.getppid()  # the A/B, or the batch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the A/B forwards a Ctrl-C to the step, not here
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    from harness.core import deps, forkserver, launch
+    sock = socket.socket(fileno=args.fd)
+    from harness.core import deps, forkserver, launch, paths
 
     # SIGTERM once the thread that started this worker is gone, however its process died (serve then
     # stops the running step); armed here, not by a preexec_fn, which a batch's threads make unsafe.
@@ -84,6 +154,13 @@ def main() -> int:
     # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     deps.use_deps_dir()
+    backends_facts = None
+    if args.preload:
+        try:
+            backends_facts = _start_facts(args.backend, args.device)
+        except Exception as exc:  # no device found, no interpreter to start: the steps import it, as before
+            print(f"worker {os.getpid()}: nothing preloaded: the device facts could not be read ({exc})",
+                  file=sys.stderr)
     # What each step would import again: the reason for this worker. The device stays untouched.
     import pytest  # noqa: F401
     import torch
@@ -93,17 +170,23 @@ def main() -> int:
     import harness.cli  # noqa: F401
     import harness.sessions.run  # noqa: F401
 
-    _warm(sys.argv[2])
-    if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
-        print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
-              file=sys.stderr)
-        return 1
-    code = forkserver.serve(sock, _step)
-    if code and len(sys.argv) > 3 and os.getppid() != started_by:
+    _warm(args.backend)
+    scratch = paths.make_private_dir("worker")  # the preloaded LibTuner cache's, until each step rebinds it
+    try:
+        if backends_facts is not None:
+            _preload(args, backends_facts, scratch)
+        if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
+            print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
+                  file=sys.stderr)
+            return 1
+        code = forkserver.serve(sock, _step)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if code and args.cache_root and os.getppid() != started_by:
         # Stopped as its A/B died (kill -9: it was reparented before the death signal came), its own
         # step ended: the A/B's cache root goes whole, both sides'. Every worker of the A/B removes it
         # once its step ended, so the last one to end leaves nothing, whatever the order.
-        shutil.rmtree(sys.argv[3], ignore_errors=True)
+        shutil.rmtree(args.cache_root, ignore_errors=True)
     return code
 
 

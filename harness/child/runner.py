@@ -34,6 +34,7 @@ def prepare_flaggems(ctx: RunContext) -> list[str]:
     url = flaggems.libtuner_db_url(options.libtuner_cache, ctx.run_dir)
     if url is not None:
         os.environ["FLAGGEMS_DB_URL"] = url
+    flaggems.rebind_libtuner_cache(url)  # a package the warm worker imported opened another
     os.environ["USE_FLAGTUNE"] = options.flagtune
     found = flaggems.package_dir(Path(options.root))
     if found is not None:

@@ -22,6 +22,7 @@ parent's to forward: the worker ignores it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -125,6 +126,24 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
 
 
 # --- the parent's side ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Preload:
+    """The operator libraries a worker imports once for its steps (harness.providers.flaggems.preload):
+    FlagGems checkouts, under the FlagTune switch its steps run with, with the facts of the device its
+    steps run on (None: the first visible) stood in for the device."""
+
+    checkouts: tuple[str, ...]
+    flagtune: str = "0"
+    device: int | None = None
+
+    def to_argv(self) -> list[str]:
+        """harness.worker's options for it."""
+        if not self.checkouts:
+            return []
+        return [*(["--device", str(self.device)] if self.device is not None else []), "--flagtune", self.flagtune,
+                *(arg for checkout in self.checkouts for arg in ("--preload", checkout))]
+
+
 class WorkerDied(RuntimeError):
     """The worker is gone: it never came up, or it died."""
 
@@ -157,8 +176,9 @@ class Worker:
     """The parent's handle on one side's warm worker, started by `begin` or on first use, and again after it died."""
 
     def __init__(self, python: str, log: IO[str], env: Mapping[str, str], pythonpath: str | None,
-                 cache_root: str | None, backend: str):
+                 cache_root: str | None, backend: str, preload: Preload | None = None):
         self.python = python
+        self.preload = preload  # what it imports once beyond the harness (a FlagGems checkout's package)
         self.cache_root = cache_root  # the A/B's side caches: removed by the worker if the A/B dies first
         self.backend = backend  # whose CPU-side set-up the worker does once (backends.Backend.warm_fork)
         self.log = log
@@ -179,7 +199,7 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [self.python, "-m", "harness.worker", str(theirs.fileno()), self.backend,
-                    *([self.cache_root] if self.cache_root else [])]
+                    *([self.cache_root] if self.cache_root else []), *(self.preload.to_argv() if self.preload else [])]
             # In our group: a group kill from outside (a corpus op's timeout) takes the worker too.
             self.child = launch.start(argv, log=self.log, env={**self.env, launch.END_WITH_ENV: str(os.getpid())},
                                       pythonpath=self.pythonpath, pass_fds=(theirs.fileno(),), own_group=False,

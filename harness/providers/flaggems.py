@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 from pathlib import Path
 
 from harness.core.options import DEFAULT_REPO, UPSTREAM, split_dir  # what the parser checks
@@ -145,3 +146,108 @@ def libtuner_db_url(choice: str, run_dir: Path) -> str | None:
     if choice == "user":
         return None
     return choice if "://" in choice else f"sqlite:///{Path(choice).expanduser().resolve()}"
+
+
+# --- a checkout's package imported once by a warm worker (harness.worker) --------------------------
+@dataclasses.dataclass(frozen=True)
+class Preloaded:
+    """A package a warm worker imported for the steps it forks: from which sources, under which
+    FlagTune switch (FlagGems reads USE_FLAGTUNE into its config tables as it is imported)."""
+
+    package: str
+    src: str
+    flagtune: str
+
+
+PRELOADED: dict[str, Preloaded] = {}  # package -> how this process imported it (the worker's, inherited by its steps)
+IMPORT_DB = "preload_libtuner_cache.db"  # the LibTuner cache a worker's import opens; each step rebinds it
+
+
+def preload(root: Path, flagtune: str, vendor: str | None, standing_in, scratch: Path) -> Preloaded:
+    """Import `root`'s package here, as a step's child would (its vendor, FlagTune switch and a LibTuner
+    cache in `scratch`, which each step then rebinds to its run's: rebind_libtuner_cache), inside
+    `standing_in` (Backend.facts_standing_in with the steps' device facts). Any exception: nothing of
+    the package is left imported, and the environment and sys.path are as they were."""
+    found = package_dir(root)
+    if found is None:
+        raise FlagGemsError(f"{root}: no src/{' or src/'.join(PACKAGES)} package to import")
+    package, src = found
+    import importlib
+    import sys
+
+    saved_env = {key: os.environ.get(key) for key in ("GEMS_VENDOR", "USE_FLAGTUNE", "FLAGGEMS_DB_URL")}
+    if vendor and "GEMS_VENDOR" not in os.environ:
+        os.environ["GEMS_VENDOR"] = vendor
+    os.environ["USE_FLAGTUNE"] = flagtune
+    os.environ["FLAGGEMS_DB_URL"] = f"sqlite:///{scratch / IMPORT_DB}"
+    sys.path.insert(0, str(src))
+    try:
+        with standing_in:
+            importlib.import_module(package)
+    except BaseException:
+        for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+            del sys.modules[name]
+        sys.path.remove(str(src))
+        raise
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    PRELOADED[package] = Preloaded(package, str(src), flagtune)
+    return PRELOADED[package]
+
+
+def preload_misfit(options: FlagGemsOptions | None) -> str | None:
+    """Why a step of `options` cannot run on what this process preloaded (its child must then start
+    fresh and import the package itself), or None where it can: another checkout's package or another
+    FlagTune switch loaded under the name it imports."""
+    if options is None or not PRELOADED:
+        return None
+    found = package_dir(Path(options.root))
+    if found is None:
+        return None
+    loaded = PRELOADED.get(found[0])
+    if loaded is None:
+        return None
+    if loaded.src != str(found[1]):
+        return f"{found[0]} was preloaded from {loaded.src}, this run's checkout is {options.root}"
+    if loaded.flagtune != options.flagtune:
+        return f"{found[0]} was preloaded with USE_FLAGTUNE={loaded.flagtune}, this run has {options.flagtune}"
+    return None
+
+
+def rebind_libtuner_cache(url: str | None) -> bool:
+    """A preloaded package's LibTuner cache pointed at this run's (`url`; None: FlagGems' own), as its
+    import would have opened it; whether there was one to rebind. FlagGems' LibCache is one instance
+    that LibTuner reads as a module global: it is initialized again in place."""
+    import sys
+
+    rebound = False
+    for package in PRELOADED:
+        libentry = sys.modules.get(f"{package}.utils.libentry")
+        cache = getattr(libentry, "libcache", None)
+        if cache is not None:
+            type(cache).__init__(cache, url)
+            rebound = True
+    return rebound
+
+
+def preload_for(ops, flaggems_dirs, flagtune: str | None, device: int | None):
+    """What a warm worker whose steps run `ops` preloads (forkserver.Preload): the checkouts those ops
+    come from (every one where an op is a pytest node), under the steps' FlagTune switch (as
+    harness.sessions.resolve defaults it); None where no op comes from a checkout."""
+    from harness.core import forkserver
+
+    dirs = parse_dirs(list(flaggems_dirs))
+    wanted = set()
+    for op in ops:
+        if "::" in op:
+            wanted.update(dirs)
+        elif (repo := catalog.Selection.parse(op).repo) in dirs:
+            wanted.add(repo)
+    if not wanted:
+        return None
+    return forkserver.Preload(tuple(str(dirs[name]) for name in sorted(wanted)),
+                              flagtune or os.environ.get("USE_FLAGTUNE", "0"), device)

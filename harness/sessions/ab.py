@@ -412,8 +412,10 @@ class Runner:
     def _new_worker(self, side: Side) -> forkserver.Worker:
         # The backend's child environment too: it can change what importing triton does (the interpreter).
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
+        options = self.plan.options
+        preload = flaggems.preload_for(self.plan.ops, options.flaggems_dirs, options.flagtune, options.device)
         return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
-                                 str(self._open_cache_root()), self.plan.options.backend)
+                                 str(self._open_cache_root()), options.backend, preload)
 
     def _prewarm(self, record: bool) -> None:
         """prewarmed: a worker begun for each step to come, importing while no step measures. Before

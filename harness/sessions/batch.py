@@ -443,7 +443,7 @@ class Batch:
         def device_thread(device: int) -> None:
             try:
                 if forks and shards[device]:
-                    self._begin_worker(device, workers_log)
+                    self._begin_worker(device, workers_log, shards[device])
                 for entry in shards[device]:
                     if self.stopping.is_set():
                         return
@@ -481,11 +481,12 @@ class Batch:
             if workers_log is not None:
                 workers_log.close()
 
-    def _begin_worker(self, device: int, log) -> None:
+    def _begin_worker(self, device: int, log, entries: list[Entry]) -> None:
         """The device's warm worker, begun by its device thread, which it outlives by nothing (its death
         signal follows the thread); where it cannot be started, the device's ops start fresh, as the
-        first one's notes say."""
-        worker = self._new_worker(log)
+        first one's notes say. It preloads the FlagGems checkouts of the device's `entries`."""
+        worker = self._new_worker(log, flaggems.preload_for(
+            [e.key for e in entries], self.opts.run.flaggems_dirs, self.opts.run.flagtune, device))
         try:
             worker.begin()
         except OSError as exc:
@@ -494,11 +495,11 @@ class Batch:
             return
         self.workers[device] = worker
 
-    def _new_worker(self, log) -> forkserver.Worker:
+    def _new_worker(self, log, preload: forkserver.Preload | None = None) -> forkserver.Worker:
         """A warm worker with this interpreter, the batch's environment and the backend's child environment
         (which can change what importing triton does: the interpreter); each op's --device picks its device."""
         backend = backends.get(self.opts.backend)
-        return forkserver.Worker(sys.executable, log, backend.child_env, None, None, backend.name)
+        return forkserver.Worker(sys.executable, log, backend.child_env, None, None, backend.name, preload)
 
     def stop(self) -> None:
         """Stop scheduling and kill every running op's process group."""

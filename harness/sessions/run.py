@@ -19,7 +19,7 @@ from harness.core.outcome import INCOMPLETE, Outcome
 from harness.core.paths import private_dir, runs_root
 from harness.core.results import ResultsError, read_results
 from harness.core.rundir import EXIT_INCOMPLETE
-from harness.providers import shapes
+from harness.providers import flaggems, shapes
 from harness.sessions import sweep
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -85,7 +85,7 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
 
     code, signum = launch.run(
         [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_forward=forwarded,
-        call=_forked_child(run_dir),
+        call=_forked_child(run_dir, run_spec, tee),
         on_kill=lambda: tee.write("the child did not stop in time: killed\n"),
         on_stdout=tee.write, on_stderr=tee.log_only, visible=(backends.get(run_spec.backend), run_spec.device),
         env={"TRITON_CACHE_DIR": cache_dir},  # see execute
@@ -94,11 +94,16 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
     return code, None if signum is None else signal.Signals(signum).name
 
 
-def _forked_child(run_dir: Path):
+def _forked_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee):
     """The child as a fork of this process where its modules are loaded here already (a step a warm
     worker forked: harness.core.forkserver), which saves it their import; None (exec it) elsewhere,
-    where this process imported none of torch and pytest and the child pays for them either way."""
+    where this process imported none of torch and pytest and the child pays for them either way, and
+    where the worker preloaded the run's operator library otherwise than the run needs it (said)."""
     if "harness.child.runner" not in sys.modules:
+        return None
+    misfit = flaggems.preload_misfit(run_spec.flaggems)
+    if misfit is not None:
+        tee.write(f"the child starts fresh: {misfit}\n")
         return None
     from harness.child import runner
 

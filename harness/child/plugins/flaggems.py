@@ -100,7 +100,9 @@ class FlagGemsPlugin:
             if package is None:
                 continue
             facts.update(package=name, package_file=getattr(package, "__file__", None),
-                         vendor=getattr(package, "vendor_name", None))
+                         vendor=getattr(package, "vendor_name", None),
+                         # imported once by the warm worker that forked this run (harness.providers.flaggems.preload)
+                         preloaded=name in flaggems.PRELOADED)
             libentry = sys.modules.get(f"{name}.utils.libentry")
             if libentry is not None and hasattr(libentry, "LibTuner"):
                 self.autotune.install_on(libentry.LibTuner)

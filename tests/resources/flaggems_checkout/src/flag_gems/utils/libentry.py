@@ -10,11 +10,12 @@ from pathlib import Path
 import triton
 from triton.runtime.autotuner import Autotuner
 
-DB_URL = os.environ.get("FLAGGEMS_DB_URL") or f"sqlite:///{Path.home() / '.flaggems' / 'config_cache.db'}"
+DB_URL = os.environ.get("FLAGGEMS_DB_URL")
 
 
 class LibCache:
-    def __init__(self, url):
+    def __init__(self, url=None):
+        url = url or f"sqlite:///{Path.home() / '.flaggems' / 'config_cache.db'}"  # FlagGems' own, as upstream's
         self.db_url = url
         path = url.removeprefix("sqlite:///")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
