@@ -135,6 +135,20 @@ def _preload(args: argparse.Namespace, facts: subprocess.Popen, scratch: Path) -
             continue
         print(f"worker {os.getpid()}: {done.package} preloaded from {done.src} (USE_FLAGTUNE={done.flagtune}) in "
               f"{time.monotonic() - start:.1f} s, the device's facts stood in", file=sys.stderr)
+    if flaggems.PRELOADED:
+        _warm_type_promotion()
+
+
+def _warm_type_promotion() -> None:
+    """FlagGems' pointwise ops promote dtypes through torch._prims_common, whose first call imports sympy
+    (3.6 s of a forked FlagGems step's child on an H200 host, torch 2.11): that first call, on CPU tensors."""
+    import torch
+
+    try:
+        from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+    except ImportError:  # another torch: the step meets whatever it has
+        return
+    elementwise_dtypes(torch.zeros(1), type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
 
 
 def main() -> int:

@@ -164,12 +164,14 @@ def main(argv: list[str]) -> int:
         guard.ctx = ctx
         stop_on_signals(ctx)
         plugins = build_plugins(ctx, guard)
+        # Our cases, or a checkout's benchmark with its own conftest, under our plugins only. A plugin the
+        # user's env autoloads has no business here (pytest-randomly would reorder and reseed the cases) and
+        # costs every step its import and the rewrite of its asserts (hypothesis, anyio, xdist, cov, mock,
+        # timeout, benchmark: 3-5 s of a FlagGems step on an H200 host). A checkout that needs a plugin
+        # names it in its conftest (`pytest_plugins`), which still loads.
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         if ctx.spec.flaggems is not None:
             return int(pytest.main(prepare_flaggems(ctx), plugins=plugins))
-        # Our cases under our plugins only. A plugin the user's env autoloads has no business here
-        # (pytest-randomly would reorder and reseed the cases) and costs every step its import
-        # (hypothesis: ~1.4 s at the summary on an H200 host).
-        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         args = [
             str(HERE / "cases.py"),
             "-c", str(HERE / "child.ini"),
