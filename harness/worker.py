@@ -99,7 +99,8 @@ def _start_facts(backend: str, device: int | None) -> subprocess.Popen:
     if device is None and chosen.visibility_key is not None:
         device = chosen.check_available()[0]  # as a step resolves no --device: the first visible
     env = chosen.visibility_env(device, os.environ) if device is not None else dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p)
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     return subprocess.Popen([sys.executable, "-m", "harness.worker", "facts", backend], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -108,8 +108,12 @@ def test_a_case_start_reaches_the_ir_collector_whatever_the_order(tmp_path, orde
     assert load(run_dir / rundir.RUN_JSON)["observed"]["running_case"] == "test_mm"
 
 
+CHECKOUT = Path(__file__).parent / "resources" / "flaggems_checkout"
+
+
 @pytest.mark.e2e
-def test_a_plugin_the_users_env_autoloads_stays_out_of_the_child(harness, tmp_path, monkeypatch):
+@pytest.mark.parametrize("op", ["softmax", "flaggems:mm"])  # our cases, and a checkout's benchmark with its conftest
+def test_a_plugin_the_users_env_autoloads_stays_out_of_the_child(harness, tmp_path, monkeypatch, op):
     # An installed pytest11 plugin (pytest-randomly reorders and reseeds; hypothesis imports itself
     # into every step) is loaded by every pytest that autoloads; ours must not.
     site = tmp_path / "site"
@@ -127,9 +131,12 @@ def test_a_plugin_the_users_env_autoloads_stays_out_of_the_child(harness, tmp_pa
     assert probe.returncode == 0 and loaded.exists(), f"the fake plugin is not where pytest looks: {probe.stdout}"
     loaded.unlink()
     shapes_file = tmp_path / "shapes.yaml"
-    shapes_file.write_text("softmax:\n  shapes: [[4, 32]]\n  dtypes: [fp32]\n")
-    proc = harness("record", "softmax", "--backend", "interpreter", "--shapes", shapes_file, "--out", tmp_path / "out")
+    shapes_file.write_text("softmax:\n  shapes: [[4, 32]]\n  dtypes: [fp32]\n"
+                           "BlasBenchmark:\n  shapes: [[1, 4, 8, 4]]\n")
+    proc = harness("record", op, "--backend", "interpreter", "--shapes", shapes_file, "--flaggems-dir", CHECKOUT,
+                   "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "record ok: 1/" in proc.stdout
     assert not loaded.exists()
 
 

@@ -15,8 +15,8 @@ Prints, per op, the median forked replay wall and the tables. No nox needed.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import json
 import os
 import pstats
@@ -152,10 +152,9 @@ def main() -> int:
 
     # This process becomes a side's warm worker: the same imports and set-up, no device touched.
     start = time.monotonic()
+    import backends
     from harness import worker
     from harness.core import deps
-
-    import backends
 
     os.environ.update(backends.get(args.backend or "cuda").child_env)  # as the A/B gives its workers
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
