@@ -64,7 +64,7 @@ def launcher(monkeypatch, clock):
     monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / "run")
     fake = Launcher(clock)
     monkeypatch.setattr(launch, "start", fake)
-    monkeypatch.setattr(batch.Batch, "_new_worker", lambda self, log: fake.worker(log))
+    monkeypatch.setattr(batch.Batch, "_new_worker", lambda self, log, preload=None: fake.worker(log))
     return fake
 
 
@@ -1506,3 +1506,39 @@ def test_a_timed_out_op_is_stopped_with_every_process_of_its_group(tmp_path, mon
         for pid in map(int, started.values()):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("checkout", [False, True])
+def test_a_batch_given_no_selection_screens_the_whole_inventory_it_can_see(tmp_path, launcher, capsys, monkeypatch,
+                                                                           checkout):
+    monkeypatch.setattr(batch.catalog, "load_dismissed", lambda: {"builtin:gelu": "broken here",
+                                                                   "flaggems:log_softmax": "broken upstream"})
+    d = tmp_path / "b"
+    code = batch.run_from_args(parse("--backend", "interpreter", "--devices", "0", "--batch-dir", d,
+                                     *(["--flaggems-dir", CHECKOUT] if checkout else [])))
+    out = lines(capsys)
+    chosen = sorted(json.loads((d / batchdir.BATCH_JSON).read_text())["selected"])
+    builtin = ["builtin:add", "builtin:mm", "builtin:rms_norm", "builtin:softmax"]  # gelu dismissed
+    theirs = ["flaggems:avg_pool2d", "flaggems:broken_upstream", "flaggems:direct_latency", "flaggems:mm",
+              "flaggems:ours_only", "flaggems:own_shapes", "flaggems:scale_nested", "flaggems:softmax",
+              "flaggems:sparse_input"]  # log_softmax dismissed, cholesky's skip mark holds
+    assert chosen == sorted(builtin + (theirs if checkout else []))
+    first = next(line for line in out if not line.startswith("NOTE: inventory_flaggems.csv differs"))
+    assert first == (f"no selection given: the whole inventory, {len(chosen)} ops (builtin 4"
+                     f"{', flaggems 9' if checkout else ''}); --ops or --ops-file to narrow")
+    assert ("NOTE: the whole inventory leaves out the FlagGems inventories flaggems" in "\n".join(out)) != checkout
+    assert code == 0 and not any(line.startswith("rough cost") for line in out)  # 13 ops: no cost said
+
+
+def test_a_large_selection_is_told_its_rough_cost_and_that_a_stop_is_safe(tmp_path, launcher, capsys, monkeypatch):
+    monkeypatch.setattr(batch.Batch, "LARGE_SELECTION", 3)
+    d = tmp_path / "b"
+    assert batch.run_from_args(parse("--backend", "interpreter", "--devices", "0,1", "--batch-dir", d,
+                                     "--op-timeout", "600")) == 0
+    out = lines(capsys)
+    # Among the first lines, before any op runs: the selection, the batch dir, the counts, the cost.
+    assert out[2:5] == [f"batch dir: {d}",
+                        "5 selected, 0 already done, 0 excluded; devices [0, 1]; backend interpreter",
+                        f"rough cost: 5 ops x ~21 s (a typical op on one H200) / 2 devices = ~0.0 h; no op runs past "
+                        f"--op-timeout 600 s. Ctrl-C stops it safely; `--resume --batch-dir {d}` carries on where it "
+                        "stopped"]

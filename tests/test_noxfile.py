@@ -191,3 +191,15 @@ def test_the_mutation_scores_align_whatever_the_module_names(capsys):
     table = capsys.readouterr().out.split("\n\n")[1].splitlines()
     ends = [re.search(r"killed / total|\d+ / \d+", line).end() for line in table]
     assert ends == [ends[0]] * 3, table
+
+
+@pytest.mark.e2e
+def test_a_bare_batch_through_nox_screens_the_built_in_inventory(tmp_path):
+    # The product's own example of a batch, with no selection: what --all selects here (no checkout given).
+    proc = nox("-s", "batch", "--", "--backend", "interpreter", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == ("no selection given: the whole inventory, 5 ops (builtin 5); --ops or --ops-file to narrow")
+    batch_dir = next(tmp_path.glob("batch_*"))
+    assert sorted(op_statuses(batch_dir)) == ["add", "gelu", "mm", "rms_norm", "softmax"]
+    assert set(op_statuses(batch_dir).values()) == {"PASS"}

@@ -66,6 +66,7 @@ RUN_HERE = {
     "nox -s replay -- runs/mm_20261129-101500": (0, r"replay ok: 4/4 rows; run dir: "),
     "nox -s ab -- --compare RUN_A RUN_B": (0, r"report: .*report\.json"),
     "nox -s ab -- ops/ab_f32_ieee.yaml": (0, r"report: .*report\.json"),
+    "nox -s batch": (0, r"done: PASS 5; summary: "),  # no selection: the built-in inventory, as --all here
     "nox -s batch -- --ops-file my_ops.txt --op-timeout 600 --dtypes bf16": (0, r"done: SKIP 1; summary: "),
     "nox -s batch -- --all --replay-root runs/batch_<ts>": (0, r"done: PASS 5; summary: "),
     "nox -s batch -- --resume --batch-dir runs/batch_<ts>": (0, r"done: PASS 5; summary: "),

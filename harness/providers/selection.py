@@ -24,17 +24,25 @@ def select(args, stored: list[str] | None, ops_paths: list[str], checkouts: dict
     try:
         entries = all_entries(ops_paths, checkouts)
         runnable = {e.repo for e in entries if not catalog.needs_checkout(e.repo) or e.repo in checkouts}
+        given = bool(args.all or args.ops or args.ops_file or args.repos)
+        # Nothing named, no plan's ops, no stored selection: the whole inventory, as --all selects it.
+        whole = args.all or not (given or ops or stored is not None)
         repos, left_out = args.repos, collections.Counter()
-        if args.all and repos is None:
+        if whole and repos is None:
             left_out = collections.Counter(e.repo for e in entries if e.repo not in runnable)
             repos = sorted(runnable)
-        if not (args.all or args.ops or args.ops_file or args.repos):
+        if not given:
             specs = list(ops or [])
         else:
             specs = list(args.ops or []) + (catalog.read_ops_file(args.ops_file) if args.ops_file else [])
         if stored is not None and not (args.all or specs or args.repos):
             specs = stored
-        selected, excluded = catalog.select(entries, specs, args.all, repos, catalog.load_dismissed(), runnable)
+        selected, excluded = catalog.select(entries, specs, whole, repos, catalog.load_dismissed(), runnable)
+        if whole and not args.all:
+            per_repo = collections.Counter(e.repo for e in selected)
+            repo_counts = ", ".join(f"{repo} {n}" for repo, n in sorted(per_repo.items()))
+            print(f"no selection given: the whole inventory, {len(selected)} ops ({repo_counts}); "
+                  "--ops or --ops-file to narrow")
         if args.sample is not None and specs is not stored:  # a stored selection is already the sample
             selected = catalog.sample(selected, args.sample, args.sample_seed)
             print(f"sample: {len(selected)} ops (seed {args.sample_seed}) from the selection")
@@ -43,8 +51,9 @@ def select(args, stored: list[str] | None, ops_paths: list[str], checkouts: dict
     require_checkouts(selected, checkouts)
     if left_out:
         # Loud, not silent: --all on a host without FlagGems checkouts screens the built-in corpus.
-        print(f"NOTE: --all leaves out the FlagGems inventories {_counted(left_out)}: their checkouts were not "
-              f"given; to include them add {' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
+        print(f"NOTE: {'--all' if args.all else 'the whole inventory'} leaves out the FlagGems inventories "
+              f"{_counted(left_out)}: their checkouts were not given; to include them add "
+              f"{' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
     return selected, excluded, left_out
 
 

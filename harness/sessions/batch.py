@@ -121,6 +121,10 @@ class Batch:
     COLUMNS = batchdir.STATUS_COLUMNS
     TRIAGE = True  # whether --triage applies to this job
     FORKS = True  # whether its ops may be forked by a warm worker (--op-start)
+    # A typical op's wall, for the rough cost a large selection is told up front: a FlagGems op's record
+    # at its own (core) shapes, the median of a batch screen on one H200 (issue 45: 21 s).
+    TYPICAL_OP_S = 21
+    LARGE_SELECTION = 50  # ops above which that cost is said
     # The guard's file in an op dir while it runs; `--resume` stops what a dead batch left running by it.
     running_name = opguard.RUNNING
 
@@ -656,7 +660,16 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
         for e, why in excluded:
             print(f"  excluded {e.key}: {why}")
+        if len(todo) > runner_cls.LARGE_SELECTION:
+            print(_rough_cost(len(todo), runner_cls.TYPICAL_OP_S, len(devices), opts.op_timeout, batch_dir))
         return _run(runner, todo, selected, args)
+
+
+def _rough_cost(ops: int, typical_s: float, devices: int, op_timeout: float, batch_dir: Path) -> str:
+    hours = ops * typical_s / devices / 3600
+    return (f"rough cost: {ops} ops x ~{typical_s:g} s (a typical op on one H200) / {devices} device"
+            f"{'s' * (devices != 1)} = ~{hours:.1f} h; no op runs past --op-timeout {op_timeout:g} s. Ctrl-C stops it "
+            f"safely; `--resume --batch-dir {batch_dir}` carries on where it stopped")
 
 
 # What batch.json's request holds beside the options (which check themselves: harness.core.options).

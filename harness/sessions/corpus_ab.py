@@ -93,6 +93,9 @@ class CorpusAB(batch.Batch):
     TRIAGE = False  # an op's A/B failing is not triaged against upstream
     # Its op is an A/B parent, which imports no torch and begins warm workers of its own: started fresh.
     FORKS = False
+    # A FlagGems op's A/B at 3 repeats on one H200, its record included (issue 45, after the worker's preload:
+    # 31 s at 2 rows; its own shapes take longer).
+    TYPICAL_OP_S = 60
 
     @classmethod
     def prepare(cls, args, stored: dict, run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
