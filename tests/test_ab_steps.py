@@ -53,8 +53,8 @@ class Steps:
             raise ab.SideUnidentified("/bin/false exited 1")
         return {"python": side.python or sys.executable, "env": side.env, "digest": f"d{side.name.lower()}"}
 
-    def worker(self, python, log, env, pythonpath, cache_root, backend):
-        made = FakeWorker(python, log, env, pythonpath, cache_root, backend)
+    def worker(self, python, log, env, pythonpath, cache_root, backend, preload=None):
+        made = FakeWorker(python, log, env, pythonpath, cache_root, backend, preload)
         self.workers.append(made)
         return made
 
@@ -101,10 +101,11 @@ class Steps:
 
 
 class FakeWorker:
-    def __init__(self, python, log, env, pythonpath, cache_root, backend):
+    def __init__(self, python, log, env, pythonpath, cache_root, backend, preload=None):
         self.python, self.log, self.env, self.pythonpath = python, log, env, pythonpath
         self.cache_root = cache_root
         self.backend = backend
+        self.preload = preload
         self.died = False
         self.closed = False
 
@@ -573,6 +574,9 @@ def test_a_record_takes_the_backend_and_flaggems_options_and_each_replay_keeps_t
     for told in steps.told[1:]:
         assert told["argv"][2:12] == ["--dtypes", "fp16", *paths_, *dirs]
         assert not {"--level", "--flagtune", "--libtuner-cache", "--backend"} & set(told["argv"])
+    # Every worker imports the op's checkout once, under the switch its steps run with.
+    assert steps.workers and {w.preload for w in steps.workers} == {
+        ab.forkserver.Preload((str(tmp_path / "fg"),), "1", None)}
 
 
 def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_path, monkeypatch, capsys):
