@@ -94,6 +94,7 @@ def _start_facts(backend: str, device: int | None) -> subprocess.Popen:
     """`python -m harness.worker facts BACKEND` with only the steps' device visible, begun beside this
     worker's imports (it initializes that device, in a process of its own)."""
     import backends
+    from harness.core import launch
 
     chosen = backends.get(backend)
     if device is None and chosen.visibility_key is not None:
@@ -101,8 +102,10 @@ def _start_facts(backend: str, device: int | None) -> subprocess.Popen:
     env = chosen.visibility_env(device, os.environ) if device is not None else dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    # Tied to this worker: one stopped while it imports leaves no reader of the device behind.
     return subprocess.Popen([sys.executable, "-m", "harness.worker", "facts", backend], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=launch.die_with_parent(signal.SIGKILL))
 
 
 def _facts(backend: str) -> int:

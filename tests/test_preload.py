@@ -243,3 +243,16 @@ def test_the_worker_says_its_facts_as_json_from_a_process_of_its_own():
     done = subprocess.run([sys.executable, "-m", "harness.worker", "facts", "interpreter"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and json.loads(done.stdout) == {}
+
+
+def test_the_facts_are_read_with_only_the_steps_device_visible(monkeypatch):
+    started = []
+    monkeypatch.setattr(worker.subprocess, "Popen", lambda argv, env, **kw: started.append((argv, env)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")  # another vendor's key: dropped, as for a step's child
+    worker._start_facts("cuda", 3)
+    worker._start_facts("cuda", None)  # no --device: the first visible one, as a step resolves it
+    assert [argv[1:] for argv, _ in started] == [["-m", "harness.worker", "facts", "cuda"]] * 2
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in started] == ["3", "2"]
+    assert not any("HIP_VISIBLE_DEVICES" in env for _, env in started)
+    assert all(env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO) for _, env in started)
