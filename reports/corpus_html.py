@@ -168,7 +168,7 @@ ROW_COLUMNS = (("op", "op", "str"), ("dtype", "dtype", "str"), ("shape", "shape"
 
 
 def _row(r: dict, performance: bool, basis_note: str) -> dict:
-    shape = "x".join(map(str, r["shape"]))
+    shape = "x".join(map(str, r["shape"] or ()))
     ir = r["ir"]
     flags = r["flags"] + (["config_differs"] if r["config_differs"] else [])
     interval = f"[{r['lo']:.4f}, {r['hi']:.4f}]" if performance and r["lo"] is not None else _num(None, performance)
@@ -176,7 +176,8 @@ def _row(r: dict, performance: bool, basis_note: str) -> dict:
                if r["config_differs"] else "")
     return {"id": r["id"], "op_key": r["op_key"], "dtype": r["dtype"], "shape": shape, "verdict": r["verdict"],
             "ir_status": ir["status"], "flagged": int(not r["in_headline"]),
-            "text": " ".join([r["op_key"], r["dtype"], shape, *flags]).lower(),
+            # A benchmark whose inputs carry no dtype (integer or index inputs) has rows without one.
+            "text": " ".join([r["op_key"], r["dtype"] or "", shape, *flags]).lower(),
             "a": _sortable(r["a"]["gm_ms"], performance), "b": _sortable(r["b"]["gm_ms"], performance),
             "ratio": _ratio(r["ratio"], performance, r["verdict"]),
             "interval": {"text": interval, "v": r["hi"] if performance else None},

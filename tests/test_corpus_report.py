@@ -270,6 +270,16 @@ def test_html_has_every_row_the_diffs_and_no_external_url(batches, tmp_path):
     assert "<script>" in page and "<style>" in page  # inline
 
 
+def test_a_row_without_a_dtype_is_on_the_page(batches, tmp_path):
+    # FlagGems benchmarks of integer or index inputs yield rows with no dtype: the page was not written for them.
+    data = corpus.from_batch_pair(*batches, {})
+    data["rows"][0]["dtype"] = None
+    page = corpus.write(tmp_path, data)[3].read_text()
+    parsed = _Page()
+    parsed.feed(page)
+    assert parsed.row_ids == [r["id"] for r in data["rows"]]
+
+
 def _headline_paragraphs(page: str) -> list[str]:
     block = page[page.index("<div class=\"headline\">"):page.index("</div>")]
     return [markupsafe.Markup(p).unescape() for p in re.findall(r"<p[^>]*>(.*?)</p>", block)]

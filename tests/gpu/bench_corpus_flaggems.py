@@ -1,0 +1,154 @@
+"""What a whole-corpus A/B costs on one GPU, from a seeded sample of the real corpus (issue 45, item 4): run
+by hand on one GPU host (not collected by pytest; no nox needed).
+
+    python3 tests/gpu/bench_corpus_flaggems.py --flaggems-dir FlagGems --out DIR [--plan P] [--sample 30]
+        [--seed 45] [--repeats 5] [--budget S] [--inventory 1124] [--b-env KEY=VAL ...]
+    python3 tests/gpu/bench_corpus_flaggems.py --backend interpreter --flaggems-dir tests/resources/flaggems_checkout \
+        --sample 4 --repeats 2 --out /tmp/c     # the pipeline on a CPU
+
+A corpus A/B (`python -m harness ab [P] --all --sample N --sample-seed S`, one device) over a seeded sample of
+every inventory the checkout makes runnable (FlagGems ops at their own level-core shapes, and the built-ins),
+then, per op from its ab.json: its wall, its rows, its record and passes steps, its timed repeat step (median)
+with the fixed cost in it (the step's wall minus the timer's device budget: rows x 2 sides x (warmup + rep);
+tests/gpu/bench_speed.py's measure) and the GPU work's share of the op's wall. The whole inventory's A/B at
+--repeats on one device is extrapolated from the ops that finished: inventory x their mean wall, with a 95%
+interval of that mean (t, over ops). Ops that timed out or failed are listed and counted apart.
+`--budget S` stops the A/B after S seconds (SIGINT, which it takes as Ctrl-C) and the next call with the same
+--out resumes it (`ab --resume`): a sample longer than one device-tool call runs over several; the report
+reads every op finished so far. Writes DIR/report.json; exit 0 once a report was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_speed import busy_s  # noqa: E402  (the fixed cost as bench_speed measures it)
+
+REPO = HERE.parents[1]
+INVENTORY = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
+
+
+def _batch_dir(out: Path) -> Path | None:
+    return next((p for p in sorted(out.glob("ab-corpus_*")) if (p / "batch.json").is_file()), None)
+
+
+def run(args) -> int | None:
+    """The corpus A/B, or its next part; its exit code (None: stopped at --budget, to resume)."""
+    out = args.out / "corpus"
+    out.mkdir(parents=True, exist_ok=True)
+    batch_dir = _batch_dir(out)
+    if batch_dir is not None:
+        argv = ["ab", "--resume", "--batch-dir", str(batch_dir)]
+    else:
+        argv = ["ab", *([args.plan] if args.plan else []), "--all", "--sample", str(args.sample), "--sample-seed",
+                str(args.seed), "--repeats", str(args.repeats), "--devices", "0", "--out", str(out),
+                *(arg for d in args.flaggems_dir for arg in ("--flaggems-dir", d)),
+                *(arg for e in args.b_env for arg in ("--b-env", e)),
+                *(["--backend", args.backend] if args.backend else []),
+                *(["--op-timeout", str(args.op_timeout)] if args.op_timeout else [])]
+    with open(args.out / "corpus.log", "a") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=args.budget)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            return None
+    return code
+
+
+def op_figures(ab_json: Path) -> dict:
+    """One op's A/B, from its ab.json: its steps' walls, its timed repeat step's fixed cost and GPU work."""
+    state = json.loads(ab_json.read_text())
+    steps = [s for s in state["steps"] if s["usable"]]
+    record = [s["seconds"] for s in steps if s["args"][0] == "record"]
+    passes = [s["seconds"] for s in steps if s.get("passes")]
+    timed = [s for s in steps if s["args"][0] == "replay" and not s.get("passes")]
+    busy = [busy_s(Path(s["run_dir"])) for s in timed]
+    rows = len(json.loads((Path(timed[0]["run_dir"]) / "results.json").read_text())["rows"]) if timed else 0
+    wall = sum(s["seconds"] for s in state["steps"])
+    return {"op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
+            "record_s": sum(record), "passes_s": sum(passes),
+            "repeat_step_s": statistics.median(s["seconds"] for s in timed) if timed else None,
+            "fixed_per_step_s": statistics.median(s["seconds"] - b for s, b in zip(timed, busy)) if timed else None,
+            "gpu_share": round(sum(busy) / wall, 3) if wall else None, "complete": state.get("complete", False)}
+
+
+def report(args) -> dict:
+    batch_dir = _batch_dir(args.out / "corpus")
+    if batch_dir is None:
+        sys.exit("no corpus A/B ran: see corpus.log")
+    import csv
+
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        status = {f"{r['repo']}:{r['op']}": r for r in csv.DictReader(f)}
+    ops, failed = [], []
+    for key, row in sorted(status.items()):
+        found = sorted((batch_dir / row["run_dir"]).glob("ab.json")) if row["run_dir"] else []
+        if row["status"] == "PASS" and found:
+            ops.append({**op_figures(found[0]), "elapsed_s": float(row["elapsed_s"]), "key": key})
+        else:
+            failed.append({"key": key, "status": row["status"], "elapsed_s": row["elapsed_s"], "notes": row["notes"]})
+    walls = [o["elapsed_s"] for o in ops]
+    result = {"batch_dir": str(batch_dir), "repeats": args.repeats, "ops": ops, "not_finished": failed}
+    if len(walls) >= 2:
+        mean, sd = statistics.mean(walls), statistics.stdev(walls)
+        from scipy import stats
+
+        half = stats.t.ppf(0.975, len(walls) - 1) * sd / math.sqrt(len(walls))
+        result["corpus_h"] = {"estimate": round(args.inventory * mean / 3600, 2),
+                              "ci95": [round(args.inventory * (mean - half) / 3600, 2),
+                                       round(args.inventory * (mean + half) / 3600, 2)],
+                              "from_ops": len(walls), "inventory": args.inventory}
+    print(f"{'op':<40} {'rows':>4} {'wall s':>7} {'record':>7} {'passes':>7} {'repeat':>7} {'fixed':>6} {'gpu %':>6}")
+    for o in ops:
+        fixed = o["fixed_per_step_s"]
+        print(f"{o['key']:<40} {o['rows']:>4} {o['elapsed_s']:>7.1f} {o['record_s']:>7.1f} {o['passes_s']:>7.1f} "
+              f"{o['repeat_step_s'] or 0:>7.2f} {fixed if fixed is not None else float('nan'):>6.2f} "
+              f"{100 * (o['gpu_share'] or 0):>6.1f}")
+    for f in failed:
+        print(f"{f['key']:<40} {f['status']} after {f['elapsed_s']} s: {f['notes'][:100]}")
+    if "corpus_h" in result:
+        c = result["corpus_h"]
+        print(f"whole corpus ({c['inventory']} ops, {args.repeats} repeats, one device): ~{c['estimate']} h "
+              f"(95% {c['ci95'][0]}-{c['ci95'][1]} h, from {c['from_ops']} ops; {len(failed)} not finished)")
+    (args.out / "report.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flaggems-dir", action="append", default=[], required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plan")
+    parser.add_argument("--sample", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=45)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--b-env", action="append", default=[])
+    parser.add_argument("--backend")
+    parser.add_argument("--op-timeout", type=float)
+    parser.add_argument("--budget", type=float, help="seconds this call runs the A/B before stopping it to resume")
+    parser.add_argument("--inventory", type=int, default=INVENTORY)
+    args = parser.parse_args()
+    args.out = args.out.resolve()
+    args.flaggems_dir = [str(Path(d).resolve()) if "=" not in d else d for d in args.flaggems_dir]
+    began = time.monotonic()
+    code = run(args)
+    print(f"corpus A/B: {'stopped at --budget: run again to resume' if code is None else f'exit {code}'} "
+          f"after {time.monotonic() - began:.0f} s")
+    report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
