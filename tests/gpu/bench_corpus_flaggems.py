@@ -57,7 +57,8 @@ def run(args) -> int | None:
                 *(["--backend", args.backend] if args.backend else []),
                 *(["--op-timeout", str(args.op_timeout)] if args.op_timeout else [])]
     with open(args.out / "corpus.log", "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT)
         try:
             code = proc.wait(timeout=args.budget)
         except subprocess.TimeoutExpired:
@@ -80,7 +81,7 @@ def op_figures(ab_json: Path) -> dict:
     return {"op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
             "record_s": sum(record), "passes_s": sum(passes),
             "repeat_step_s": statistics.median(s["seconds"] for s in timed) if timed else None,
-            "fixed_per_step_s": statistics.median(s["seconds"] - b for s, b in zip(timed, busy)) if timed else None,
+            "fixed_per_step_s": statistics.median(s["seconds"] - b for s, b in zip(timed, busy, strict=True)) if timed else None,
             "gpu_share": round(sum(busy) / wall, 3) if wall else None, "complete": state.get("complete", False)}
 
 
