@@ -81,7 +81,8 @@ def op_figures(ab_json: Path) -> dict:
     return {"op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
             "record_s": sum(record), "passes_s": sum(passes),
             "repeat_step_s": statistics.median(s["seconds"] for s in timed) if timed else None,
-            "fixed_per_step_s": statistics.median(s["seconds"] - b for s, b in zip(timed, busy, strict=True)) if timed else None,
+            "fixed_per_step_s": (statistics.median(s["seconds"] - b for s, b in zip(timed, busy, strict=True))
+                                 if timed else None),
             "gpu_share": round(sum(busy) / wall, 3) if wall else None, "complete": state.get("complete", False)}
 
 
