@@ -1,10 +1,11 @@
-"""`python -m harness.worker FD BACKEND [CACHE_ROOT] [--device N] [--flagtune V] [--preload CHECKOUT ...]`: an A/B
-side's warm worker (harness.core.forkserver), started by the A/B with the side's interpreter and environment
-(or a batch's, one per device thread); FD is its end of the socket to the A/B, BACKEND the run's backend (its
+"""`python -m harness.worker FD BACKEND [CACHE_ROOT] [--device N] [--flagtune V] [--facts-file F]
+[--preload CHECKOUT ...]`: an A/B side's warm worker (harness.core.forkserver), started by the A/B with the
+side's interpreter and environment (or a batch's, one per device thread); FD is its end of the socket to the A/B, BACKEND the run's backend (its
 CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side Triton caches (removed here if the A/B
 died first). Each --preload checkout's package (FlagGems: 4-5 s an import on an H200 host) is imported here
 once, under its FlagTune switch, with the device facts of the steps' device (--device N, else the first
-visible) stood in for the device, which stays untouched (harness.providers.flaggems.preload).
+visible) stood in for the device, which stays untouched (harness.providers.flaggems.preload); the facts are
+read once per --facts-file (kept there by the side's first worker for the others).
 It imports what every step imports, once, touching no device, then forks each step as
 `python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run).
 
@@ -87,6 +88,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", type=int)
     parser.add_argument("--flagtune", default="0")
     parser.add_argument("--preload", action="append", default=[])
+    parser.add_argument("--facts-file")
     return parser.parse_args(argv)
 
 
@@ -115,19 +117,43 @@ def _facts(backend: str) -> int:
     return 0
 
 
-def _preload(args: argparse.Namespace, facts: subprocess.Popen, scratch: Path) -> None:
-    """Each --preload checkout's package imported here, as its steps' children would import it; one that
-    cannot be is said on stderr (the worker's log), and its steps import it themselves."""
-    import backends
-    from harness.providers import flaggems
+def _kept_facts(args: argparse.Namespace) -> dict | None:
+    """The device facts an earlier worker of the same side kept in --facts-file, if any."""
+    try:
+        return json.loads(Path(args.facts_file).read_text()) if args.facts_file else None
+    except (OSError, ValueError):  # none kept yet (written whole or not at all: rundir.atomic_write_json)
+        return None
 
-    backend = backends.get(args.backend)
+
+def _read_facts(args: argparse.Namespace, facts: subprocess.Popen) -> dict | None:
+    """What the facts reader said, kept in --facts-file for the side's next worker; None (said) if it failed."""
+    from harness.core import rundir
+
     out, err = facts.communicate()
     if facts.returncode != 0:
         print(f"worker {os.getpid()}: nothing preloaded: the device facts could not be read (exit {facts.returncode}): "
               f"{err.strip().splitlines()[-1:] or ''}; each step imports its operator library itself", file=sys.stderr)
-        return
+        return None
     read = json.loads(out.strip().splitlines()[-1])
+    if args.facts_file:
+        try:
+            rundir.atomic_write_json(Path(args.facts_file), read)
+        except OSError:  # the next worker reads them itself
+            pass
+    return read
+
+
+def _preload(args: argparse.Namespace, facts: dict | subprocess.Popen, scratch: Path) -> None:
+    """Each --preload checkout's package imported here, as its steps' children would import it, with `facts`
+    (kept ones, or the reader's to wait for) stood in for the device; one that cannot be is said on stderr
+    (the worker's log), and its steps import it themselves."""
+    import backends
+    from harness.providers import flaggems
+
+    backend = backends.get(args.backend)
+    read = facts if isinstance(facts, dict) else _read_facts(args, facts)
+    if read is None:
+        return
     for checkout in args.preload:
         start = time.monotonic()
         try:
@@ -175,7 +201,8 @@ def main() -> int:
     backends_facts = None
     if args.preload:
         try:
-            backends_facts = _start_facts(args.backend, args.device)
+            kept = _kept_facts(args)
+            backends_facts = kept if kept is not None else _start_facts(args.backend, args.device)
         except Exception as exc:  # no device found, no interpreter to start: the steps import it, as before
             print(f"worker {os.getpid()}: nothing preloaded: the device facts could not be read ({exc})",
                   file=sys.stderr)

@@ -7,6 +7,7 @@ each step is told (its run dir, its target, which steps carry the one-off passes
 interpreter, environment and cache), ab.json as the steps land, the warnings and the exit code of an
 A/B whose steps fail, die or are stopped. The real processes are in tests/test_ab.py (e2e)."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -574,9 +575,13 @@ def test_a_record_takes_the_backend_and_flaggems_options_and_each_replay_keeps_t
     for told in steps.told[1:]:
         assert told["argv"][2:12] == ["--dtypes", "fp16", *paths_, *dirs]
         assert not {"--level", "--flagtune", "--libtuner-cache", "--backend"} & set(told["argv"])
-    # Every worker imports the op's checkout once, under the switch its steps run with.
-    assert steps.workers and {w.preload for w in steps.workers} == {
+    # Every worker imports the op's checkout once, under the switch its steps run with; the device's facts
+    # are read once a side, kept for its other workers in the A/B's cache root.
+    assert steps.workers and {dataclasses.replace(w.preload, facts_file=None) for w in steps.workers} == {
         ab.forkserver.Preload((str(tmp_path / "fg"),), "1", None)}
+    kept = {Path(w.preload.facts_file) for w in steps.workers}
+    assert {p.name for p in kept} == {"A-device-facts.json", "B-device-facts.json"}
+    assert {p.parent for p in kept} == {Path(w.cache_root) for w in steps.workers}
 
 
 def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_path, monkeypatch, capsys):

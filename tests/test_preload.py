@@ -256,3 +256,17 @@ def test_the_facts_are_read_with_only_the_steps_device_visible(monkeypatch):
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in started] == ["3", "2"]
     assert not any("HIP_VISIBLE_DEVICES" in env for _, env in started)
     assert all(env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO) for _, env in started)
+
+
+def test_a_sides_first_worker_keeps_the_facts_it_read_and_the_next_reads_them_instead(tmp_path, capsys):
+    kept = tmp_path / "A-device-facts.json"
+    args = worker._parse(["3", "cuda", "--facts-file", str(kept), "--preload", str(CHECKOUT)])
+    assert worker._kept_facts(args) is None  # the first: none kept yet
+    reader = type("Facts", (), {"returncode": 0, "communicate": lambda self: ('{"count": 1}\n', "")})()
+    assert worker._read_facts(args, reader) == {"count": 1}
+    assert worker._kept_facts(args) == {"count": 1}  # the next worker's, with no reader of its own
+    failed = type("Facts", (), {"returncode": 1, "communicate": lambda self: ("", "no device\n")})()
+    kept.unlink()
+    assert worker._read_facts(args, failed) is None and not kept.exists()
+    assert "nothing preloaded: the device facts could not be read (exit 1)" in capsys.readouterr().err
+    assert worker._kept_facts(worker._parse(["3", "cuda"])) is None  # no file named: each worker reads its own

@@ -135,12 +135,16 @@ class Preload:
     checkouts: tuple[str, ...]
     flagtune: str = "0"
     device: int | None = None
+    # Where the device facts are kept for the next worker of the same side once one has read them (an A/B's
+    # prewarmed workers, one a step: one reading of the device instead of one each); None: each reads them.
+    facts_file: str | None = None
 
     def to_argv(self) -> list[str]:
         """harness.worker's options for it."""
         if not self.checkouts:
             return []
         return [*(["--device", str(self.device)] if self.device is not None else []), "--flagtune", self.flagtune,
+                *(["--facts-file", self.facts_file] if self.facts_file else []),
                 *(arg for checkout in self.checkouts for arg in ("--preload", checkout))]
 
 

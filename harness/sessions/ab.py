@@ -414,6 +414,9 @@ class Runner:
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
         options = self.plan.options
         preload = flaggems.preload_for(self.plan.ops, options.flaggems_dirs, options.flagtune, options.device)
+        if preload is not None:  # the side's first worker reads the device's facts, the others find them
+            facts = self._open_cache_root() / f"{side.name}-device-facts.json"
+            preload = dataclasses.replace(preload, facts_file=str(facts))
         return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
                                  str(self._open_cache_root()), options.backend, preload)
 
