@@ -1,11 +1,12 @@
 """`python -m harness.worker FD BACKEND [CACHE_ROOT] [--device N] [--flagtune V] [--facts-file F]
 [--preload CHECKOUT ...]`: an A/B side's warm worker (harness.core.forkserver), started by the A/B with the
-side's interpreter and environment (or a batch's, one per device thread); FD is its end of the socket to the
-A/B, BACKEND the run's backend (its CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side Triton caches (removed here if the A/B
-died first). Each --preload checkout's package (FlagGems: 4-5 s an import on an H200 host) is imported here
-once, under its FlagTune switch, with the device facts of the steps' device (--device N, else the first
-visible) stood in for the device, which stays untouched (harness.providers.flaggems.preload); the facts are
-read once per --facts-file (kept there by the side's first worker for the others).
+side's interpreter and environment (or a batch's, one per device thread). FD is its end of the socket to the
+A/B, BACKEND the run's backend (its CPU-side set-up is done here once), CACHE_ROOT the dir of the A/B's side
+Triton caches (removed here if the A/B died first). Each --preload checkout's package (FlagGems: 4-7 s an
+import on an H200 host) is imported here once, under its FlagTune switch, with the device facts of the steps'
+device (--device N, else the first visible) stood in for the device, which stays untouched
+(harness.providers.flaggems.preload); the facts are read once per --facts-file (kept there by the side's
+first worker for the others).
 It imports what every step imports, once, touching no device, then forks each step as
 `python -m harness ARGS` would run it (its own pytest child forked in turn: harness.sessions.run).
 
