@@ -184,7 +184,7 @@ def test_a_worker_preloads_the_checkouts_its_steps_come_from(monkeypatch):
         (str(CHECKOUT),), "1", 2)
     monkeypatch.setenv("USE_FLAGTUNE", "1")  # as a step resolves an unset --flagtune
     assert flaggems.preload_for(["benchmark/test_mm.py::test_mm"], dirs, None, None) == forkserver.Preload(
-        (str(CHECKOUT), str(CHECKOUT)), "1", None)
+        (str(CHECKOUT),), "1", None)  # a node may be of any checkout: each once
     assert forkserver.Preload((str(CHECKOUT),), "1", 2).to_argv() == [
         "--device", "2", "--flagtune", "1", "--preload", str(CHECKOUT)]
 
@@ -270,3 +270,17 @@ def test_a_sides_first_worker_keeps_the_facts_it_read_and_the_next_reads_them_in
     assert worker._read_facts(args, failed) is None and not kept.exists()
     assert "nothing preloaded: the device facts could not be read (exit 1)" in capsys.readouterr().err
     assert worker._kept_facts(worker._parse(["3", "cuda"])) is None  # no file named: each worker reads its own
+
+
+def test_a_second_checkout_of_the_same_package_is_left_to_its_steps(tmp_path, clean_preload):
+    first = _checkout(tmp_path / "one", "")
+    second = _checkout(tmp_path / "two", "")
+    standing_in = backends.get("interpreter").facts_standing_in
+    done = flaggems.preload(first, "0", None, standing_in({}), tmp_path)
+    assert flaggems.preload(first, "0", None, standing_in({}), tmp_path) is done  # named twice: imported once
+    with pytest.raises(flaggems.FlagGemsError, match="flag_gems is imported here already, from .*one"):
+        flaggems.preload(second, "0", None, standing_in({}), tmp_path)
+    assert flaggems.PRELOADED == {"flag_gems": done}
+    # Its runs do not fit what was preloaded: their children start fresh and import their own.
+    assert flaggems.preload_misfit(_options(second)) == (
+        f"flag_gems was preloaded from {first / 'src'}, this run's checkout is {second}")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import os
+import sys
 from pathlib import Path
 
+from harness.core import forkserver
 from harness.core.options import DEFAULT_REPO, UPSTREAM, split_dir  # what the parser checks
 from harness.core.spec import FlagGemsOptions
 from harness.providers import catalog
@@ -172,9 +175,11 @@ def preload(root: Path, flagtune: str, vendor: str | None, standing_in, scratch:
     if found is None:
         raise FlagGemsError(f"{root}: no src/{' or src/'.join(PACKAGES)} package to import")
     package, src = found
-    import importlib
-    import sys
-
+    if package in PRELOADED and PRELOADED[package].src == str(src):
+        return PRELOADED[package]
+    if package in sys.modules:  # another checkout's, under the same name: its steps' children import their own
+        raise FlagGemsError(f"{package} is imported here already, from "
+                            f"{getattr(sys.modules[package], '__file__', None)}: one package of a name per worker")
     saved_env = {key: os.environ.get(key) for key in ("GEMS_VENDOR", "USE_FLAGTUNE", "FLAGGEMS_DB_URL")}
     if vendor and "GEMS_VENDOR" not in os.environ:
         os.environ["GEMS_VENDOR"] = vendor
@@ -222,8 +227,6 @@ def rebind_libtuner_cache(url: str | None) -> bool:
     """A preloaded package's LibTuner cache pointed at this run's (`url`; None: FlagGems' own), as its
     import would have opened it; whether there was one to rebind. FlagGems' LibCache is one instance
     that LibTuner reads as a module global: it is initialized again in place."""
-    import sys
-
     rebound = False
     for package in PRELOADED:
         libentry = sys.modules.get(f"{package}.utils.libentry")
@@ -238,8 +241,6 @@ def preload_for(ops, flaggems_dirs, flagtune: str | None, device: int | None):
     """What a warm worker whose steps run `ops` preloads (forkserver.Preload): the checkouts those ops
     come from (every one where an op is a pytest node), under the steps' FlagTune switch (as
     harness.sessions.resolve defaults it); None where no op comes from a checkout."""
-    from harness.core import forkserver
-
     dirs = parse_dirs(list(flaggems_dirs))
     wanted = set()
     for op in ops:
@@ -249,5 +250,5 @@ def preload_for(ops, flaggems_dirs, flagtune: str | None, device: int | None):
             wanted.add(repo)
     if not wanted:
         return None
-    return forkserver.Preload(tuple(str(dirs[name]) for name in sorted(wanted)),
+    return forkserver.Preload(tuple(dict.fromkeys(str(dirs[name]) for name in sorted(wanted))),
                               flagtune or os.environ.get("USE_FLAGTUNE", "0"), device)
