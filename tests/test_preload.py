@@ -284,3 +284,60 @@ def test_a_second_checkout_of_the_same_package_is_left_to_its_steps(tmp_path, cl
     # Its runs do not fit what was preloaded: their children start fresh and import their own.
     assert flaggems.preload_misfit(_options(second)) == (
         f"flag_gems was preloaded from {first / 'src'}, this run's checkout is {second}")
+
+
+# FlagGems' own shape (flag_gems/utils/libentry.py): one LibCache read as a module global, and every LibTuner,
+# made as its kernel module is imported, holding the config cache of its table taken from it then.
+LIBENTRY = """
+class Model:
+    def __init__(self, url):
+        self.url = url
+
+
+class ConfigCache:
+    def __init__(self, table, model):
+        self.table, self.model = table, model
+
+
+class LibCache:
+    _instance = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __init__(self, db_url=None):
+        self.db_url = db_url or "sqlite:///home/.flaggems/cache.db"
+        self.model = Model(self.db_url)
+
+    def __getitem__(self, table):
+        return ConfigCache(table, self.model)
+
+
+libcache = LibCache(__import__("os").environ.get("FLAGGEMS_DB_URL"))
+
+
+class LibTuner:
+    def __init__(self, name):
+        self.config_table_name = f"{name}_table"
+        self.cache = libcache[self.config_table_name]
+
+
+mm_tuner = LibTuner("mm")
+"""
+
+
+def test_every_libtuner_made_at_the_preload_reads_and_writes_the_runs_own_cache(tmp_path, clean_preload):
+    root = _checkout(tmp_path, "from flag_gems.utils import libentry  # noqa\n")
+    (root / "src" / "flag_gems" / "utils").mkdir()
+    (root / "src" / "flag_gems" / "utils" / "__init__.py").write_text("")
+    (root / "src" / "flag_gems" / "utils" / "libentry.py").write_text(LIBENTRY)
+    flaggems.preload(root, "0", None, backends.get("interpreter").facts_standing_in({}), tmp_path)
+    libentry = sys.modules["flag_gems.utils.libentry"]
+    assert libentry.mm_tuner.cache.model.url == f"sqlite:///{tmp_path / flaggems.IMPORT_DB}"  # the worker's scratch
+    assert flaggems.rebind_libtuner_cache("sqlite:///run/libtuner_cache.db")
+    assert libentry.libcache.db_url == "sqlite:///run/libtuner_cache.db"
+    # The tuner's winners go to, and come from, the run's private cache: not the scratch file every step shares.
+    assert libentry.mm_tuner.cache.model.url == "sqlite:///run/libtuner_cache.db"
+    assert libentry.mm_tuner.cache.table == "mm_table"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import importlib
 import os
 import sys
@@ -163,6 +164,9 @@ class Preloaded:
 
 
 PRELOADED: dict[str, Preloaded] = {}  # package -> how this process imported it (the worker's, inherited by its steps)
+# package -> its LibTuner instances, made as it was imported: each took its config cache from the LibCache of
+# the worker's import (FlagGems: `self.cache = libcache[table]`), which a step's rebind must replace too.
+_TUNERS: dict[str, list] = {}
 IMPORT_DB = "preload_libtuner_cache.db"  # the LibTuner cache a worker's import opens; each step rebinds it
 
 
@@ -201,6 +205,9 @@ def preload(root: Path, flagtune: str, vendor: str | None, standing_in, scratch:
             else:
                 os.environ[key] = value
     PRELOADED[package] = Preloaded(package, str(src), flagtune)
+    tuner = getattr(sys.modules.get(f"{package}.utils.libentry"), "LibTuner", None)
+    # type(), not isinstance: a module proxy's __class__ can warn (torch.distributed.reduce_op) or raise
+    _TUNERS[package] = [o for o in gc.get_objects() if issubclass(type(o), tuner)] if isinstance(tuner, type) else []
     return PRELOADED[package]
 
 
@@ -225,15 +232,21 @@ def preload_misfit(options: FlagGemsOptions | None) -> str | None:
 
 def rebind_libtuner_cache(url: str | None) -> bool:
     """A preloaded package's LibTuner cache pointed at this run's (`url`; None: FlagGems' own), as its
-    import would have opened it; whether there was one to rebind. FlagGems' LibCache is one instance
-    that LibTuner reads as a module global: it is initialized again in place."""
+    import would have opened it; whether there was one to rebind. FlagGems' LibCache is one instance,
+    read as a module global: it is initialized again in place; and each LibTuner made at the import
+    holds a config cache taken from it then: each gets its table's anew, from the rebound one."""
     rebound = False
     for package in PRELOADED:
         libentry = sys.modules.get(f"{package}.utils.libentry")
         cache = getattr(libentry, "libcache", None)
-        if cache is not None:
-            type(cache).__init__(cache, url)
-            rebound = True
+        if cache is None:
+            continue
+        type(cache).__init__(cache, url)
+        for tuner in _TUNERS.get(package, ()):
+            table = getattr(tuner, "config_table_name", None)
+            if table is not None and hasattr(tuner, "cache"):
+                tuner.cache = cache[table]
+        rebound = True
     return rebound
 
 
