@@ -81,6 +81,19 @@ def _warm(backend: str) -> None:
             pass
 
 
+def import_once(backend: str) -> None:
+    """What each step would import again, and the set-up of `_warm`: the reason for this worker (and for
+    tests/gpu/profile_step.py, which becomes one). The device stays untouched."""
+    import pytest  # noqa: F401
+    import triton  # noqa: F401
+
+    import harness.child.runner  # noqa: F401
+    import harness.cli  # noqa: F401
+    import harness.sessions.run  # noqa: F401
+
+    _warm(backend)
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m harness.worker")
     parser.add_argument("fd", type=int)
@@ -144,17 +157,14 @@ def _read_facts(args: argparse.Namespace, facts: subprocess.Popen) -> dict | Non
     return read
 
 
-def _preload(args: argparse.Namespace, facts: dict | subprocess.Popen, scratch: Path) -> None:
-    """Each --preload checkout's package imported here, as its steps' children would import it, with `facts`
-    (kept ones, or the reader's to wait for) stood in for the device; one that cannot be is said on stderr
-    (the worker's log), and its steps import it themselves."""
+def _preload(args: argparse.Namespace, read: dict, scratch: Path) -> None:
+    """Each --preload checkout's package imported here, as its steps' children would import it, with the
+    device facts `read` stood in for the device; one that cannot be is said on stderr (the worker's log),
+    and its steps import it themselves."""
     import backends
     from harness.providers import flaggems
 
     backend = backends.get(args.backend)
-    read = facts if isinstance(facts, dict) else _read_facts(args, facts)
-    if read is None:
-        return
     for checkout in args.preload:
         start = time.monotonic()
         try:
@@ -199,28 +209,23 @@ def main() -> int:
     # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     deps.use_deps_dir()
-    backends_facts = None
+    facts, reader = None, None  # the device facts an earlier worker kept, else their reader, begun now
     if args.preload:
         try:
-            kept = _kept_facts(args)
-            backends_facts = kept if kept is not None else _start_facts(args.backend, args.device)
+            facts = _kept_facts(args)
+            reader = _start_facts(args.backend, args.device) if facts is None else None
         except Exception as exc:  # no device found, no interpreter to start: the steps import it, as before
             print(f"worker {os.getpid()}: nothing preloaded: the device facts could not be read ({exc})",
                   file=sys.stderr)
-    # What each step would import again: the reason for this worker. The device stays untouched.
-    import pytest  # noqa: F401
+    import_once(args.backend)
     import torch
-    import triton  # noqa: F401
 
-    import harness.child.runner  # noqa: F401
-    import harness.cli  # noqa: F401
-    import harness.sessions.run  # noqa: F401
-
-    _warm(args.backend)
     scratch = paths.make_private_dir("worker")  # the preloaded LibTuner cache's, until each step rebinds it
     try:
-        if backends_facts is not None:
-            _preload(args, backends_facts, scratch)
+        if reader is not None:
+            facts = _read_facts(args, reader)
+        if facts is not None:
+            _preload(args, facts, scratch)
         if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
             print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
                   file=sys.stderr)

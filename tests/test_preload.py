@@ -212,7 +212,7 @@ def test_a_worker_whose_facts_cannot_be_read_or_whose_import_asks_too_much_prelo
     def facts(code: int, out: str = "", err: str = ""):
         return type("Facts", (), {"returncode": code, "communicate": lambda self: (out, err)})()
 
-    worker._preload(args, facts(1, err="RuntimeError: no CUDA GPUs are available\n"), tmp_path)
+    assert worker._read_facts(args, facts(1, err="RuntimeError: no CUDA GPUs are available\n")) is None
     assert "nothing preloaded: the device facts could not be read (exit 1)" in capsys.readouterr().err
     assert flaggems.PRELOADED == {}
 
@@ -223,7 +223,7 @@ def test_a_worker_whose_facts_cannot_be_read_or_whose_import_asks_too_much_prelo
     monkeypatch.setattr(backends, "get", lambda name: type(interpreter)(**{
         **{f: getattr(interpreter, f) for f in interpreter.__dataclass_fields__},
         "facts_standing_in": lambda facts: _raising(touched)}))
-    worker._preload(args, facts(0, out=json.dumps({}) + "\n"), tmp_path)
+    worker._preload(args, worker._read_facts(args, facts(0, out=json.dumps({}) + "\n")), tmp_path)
     assert "not preloaded (DeviceTouched: asked for more); its steps import it themselves" in capsys.readouterr().err
     assert flaggems.PRELOADED == {} and "flag_gems" not in sys.modules
 

@@ -10,6 +10,7 @@ ab.log; ab.json says what completed, so an interrupted A/B still reports what it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import os
@@ -413,12 +414,18 @@ class Runner:
         # The backend's child environment too: it can change what importing triton does (the interpreter).
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
         options = self.plan.options
-        preload = flaggems.preload_for(self.plan.ops, options.flaggems_dirs, options.flagtune, options.device)
+        preload = self._preload
         if preload is not None:  # the side's first worker reads the device's facts, the others find them
             facts = self._open_cache_root() / f"{side.name}-device-facts.json"
             preload = dataclasses.replace(preload, facts_file=str(facts))
         return forkserver.Worker(side.python or sys.executable, self.log, env, _pythonpath(side),
                                  str(self._open_cache_root()), options.backend, preload)
+
+    @functools.cached_property
+    def _preload(self) -> forkserver.Preload | None:
+        """What every worker of this A/B preloads: the checkouts of its FlagGems ops."""
+        options = self.plan.options
+        return flaggems.preload_for(self.plan.ops, options.flaggems_dirs, options.flagtune, options.device)
 
     def _prewarm(self, record: bool) -> None:
         """prewarmed: a worker begun for each step to come, importing while no step measures. Before

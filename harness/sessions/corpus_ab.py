@@ -93,8 +93,8 @@ class CorpusAB(batch.Batch):
     TRIAGE = False  # an op's A/B failing is not triaged against upstream
     # Its op is an A/B parent, which imports no torch and begins warm workers of its own: started fresh.
     FORKS = False
-    # A FlagGems op's A/B at 3 repeats on one H200, its record included (issue 45, after the worker's preload:
-    # 31 s at 2 rows; its own shapes take longer).
+    # An estimate between two FlagGems op A/Bs at 3 repeats on one H200 (2026-12-04, after the worker's
+    # preload): 31 s at 2 rows an op (exp, bmm), 167 s for bmm_out at its own 15 rows.
     TYPICAL_OP_S = 60
 
     @classmethod

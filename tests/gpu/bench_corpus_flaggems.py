@@ -32,14 +32,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_corpus_ab import _batch_dir  # noqa: E402  (the corpus A/B's batch dir under an --out)
 from bench_speed import busy_s  # noqa: E402  (the fixed cost as bench_speed measures it)
 
 REPO = HERE.parents[1]
 INVENTORY = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
-
-
-def _batch_dir(out: Path) -> Path | None:
-    return next((p for p in sorted(out.glob("ab-corpus_*")) if (p / "batch.json").is_file()), None)
 
 
 def run(args) -> int | None:

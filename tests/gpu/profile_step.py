@@ -20,6 +20,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,26 +155,21 @@ def main() -> int:
     start = time.monotonic()
     import backends
     from harness import worker
-    from harness.core import deps
+    from harness.core import deps, paths
 
     os.environ.update(backends.get(args.backend or "cuda").child_env)  # as the A/B gives its workers
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     deps.use_deps_dir()
-    import pytest  # noqa: F401
+    worker.import_once(args.backend or "cuda")
     import torch
-    import triton  # noqa: F401
 
-    import harness.child.runner  # noqa: F401
-    import harness.cli  # noqa: F401
-    import harness.sessions.run  # noqa: F401
-
-    worker._warm(args.backend or "cuda")
+    scratch = paths.make_private_dir("profile")
     if args.flaggems_dir and not args.no_preload:  # as a worker whose steps run FlagGems ops
-        from harness.core import paths
-
-        preload = argparse.Namespace(backend=args.backend or "cuda", flagtune="0",
+        preload = argparse.Namespace(backend=args.backend or "cuda", flagtune="0", facts_file=None,
                                      preload=[str(Path(d.partition("=")[2] or d).resolve()) for d in args.flaggems_dir])
-        worker._preload(preload, worker._start_facts(preload.backend, None), paths.make_private_dir("profile"))
+        facts = worker._read_facts(preload, worker._start_facts(preload.backend, None))
+        if facts is not None:
+            worker._preload(preload, facts, scratch)
     print(f"warm set-up: {time.monotonic() - start:.1f} s; cuda initialized here: {torch.cuda.is_initialized()}")
 
     summary = {}
@@ -190,7 +186,7 @@ def main() -> int:
             argv = ["replay", str(records[op]), "--run-dir", str(work / name / "profiled"), "--timing-only"]
             wall, code = forked_step(argv)
         finally:
-            harness.child.runner.entry = original
+            sys.modules["harness.child.runner"].entry = original
         print(f"{op}: profiled forked replay: {wall:.2f} s (exit {code})")
         run_json = json.loads((work / name / "r0" / "run.json").read_text())
         summary[op] = {"walls": walls, "median": statistics.median(walls), "profiled": wall,
@@ -205,6 +201,8 @@ def main() -> int:
             stats.sort_stats("cumulative").print_stats(35)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
