@@ -91,6 +91,7 @@ class StandInCuda:
         self.replay_error = replay_error
         self.replays = 0
         self.clock = 0.0
+        self.host_s = 0.0  # the host's clock (seconds): what the op's Python costs (`op(host_ms=...)`)
         self.capturing: Graph | None = None
         self.pending: list[Event] = []
         self.log: list[tuple] = []
@@ -138,15 +139,16 @@ class StandInCuda:
             self.clock += ms
             self.log.append(("launch", name))
 
-    def op(self, ms: float, first_call_ms: float = 0.0):
+    def op(self, ms: float, first_call_ms: float = 0.0, host_ms: float = 0.0):
         """An op of one kernel of `ms`; its first call also runs `first_call_ms` of device work (an
-        autotune sweep's candidates), which no measurement may see."""
+        autotune sweep's candidates), which no measurement may see; each call costs the host `host_ms`."""
         calls = []
 
         def fn():
             if not calls and first_call_ms:
                 self.launch(first_call_ms, "first call")
             calls.append(1)
+            self.host_s += host_ms / 1000
             self.launch(ms)
 
         return fn

@@ -721,6 +721,25 @@ def test_the_unroll_is_clamped_at_both_ends(monkeypatch, kernel_ms, overhead_ms,
     assert m.measurements["x"].samples_ms == [pytest.approx(sample)] * len(m.measurements["x"].samples_ms)
 
 
+@pytest.mark.parametrize(("host_ms", "unroll"), [
+    (0.01, 214),  # cheap Python: the unroll the device time asks for (2.5 ms of capture)
+    (125 / 64, 128),  # 128 calls are what 250 ms of capture affords
+    (32.0, timers.GRAPH_PROBE_CALLS),  # fewer than the probe's: the probe graph is timed, not captured again
+])
+def test_the_unroll_is_capped_by_what_capturing_a_call_costs_the_host(monkeypatch, host_ms, unroll):
+    t, accel, marks = standin_timer(monkeypatch)
+    t.host_clock = lambda: accel.host_s
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS, host_ms=host_ms)}).measurements["x"]
+    captures = [calls for calls, _ in graph_captures(accel)]
+    assert captures == [timers.GRAPH_PROBE_CALLS] + ([unroll] if unroll != timers.GRAPH_PROBE_CALLS else [])
+    assert m.samples_ms == [pytest.approx((unroll * CALL_MS + REPLAY_MS) / unroll)] * len(m.samples_ms)
+    if unroll == 214:
+        assert marks == []
+    else:
+        assert marks == [f"GRAPH_UNROLL_CAPPED unroll={unroll} wanted=214 host_ms_per_call={host_ms:.3g} "
+                         f"device_ms_per_call={(10 * CALL_MS + REPLAY_MS) / 10:.3g}"]
+
+
 def test_a_probe_graph_of_the_right_size_is_timed_as_is(monkeypatch):
     # 13/64 ms a call: the probe replays 10 calls in 2.046875 ms, 10 is the unroll, no second capture.
     t, accel, _ = standin_timer(monkeypatch)

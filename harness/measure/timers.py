@@ -40,6 +40,12 @@ HOST_REPS_RANGE = (3, 50)
 GRAPH_REPLAY_TARGET_MS = 2.0
 GRAPH_PROBE_CALLS = 10
 GRAPH_MAX_UNROLL = 2000
+# The host time one capture of the unrolled graph may take. The unroll is sized by device time, and a
+# call whose Python costs far more than its kernel multiplied it: FlagGems' weight_int4pack benchmark
+# enters use_gems() in every call (~10 ms of op registration for a 4 us kernel), and its 500-call captures
+# made a row cost ~6 s on an H200. Capped, the unroll is at least the probe's (reused, no second capture)
+# and the row is marked: the replay's own launch cost is then a larger share of each call.
+GRAPH_CAPTURE_BUDGET_MS = 250.0
 # Profiler timer: each sample averages enough calls to last about PROFILER_SAMPLE_MS (see
 # profile.sample_means), within these bounds; the attribution pass profiles a few calls.
 PROFILER_SAMPLE_MS = 0.1
@@ -178,6 +184,8 @@ class Timer:
         self._flush_buffer = None
         self._flush_names: tuple[str, ...] | None = None
         self._accel = None
+        self.host_clock = time.perf_counter  # what a capture costs the host (tests give their own clock)
+        self._captured_call_ms = 0.0  # the host time of one call in the last capture
         if backend.triton_driver:
             import torch
 
@@ -285,8 +293,10 @@ class Timer:
         graph = getattr(accel, self.backend.graph_class)()
         try:
             with scratch_rng(accel), accel.graph(graph, stream=accel.Stream()):
+                started = self.host_clock()  # the calls alone: not the capture's own begin and end
                 for _ in range(calls):
                     fn()
+                self._captured_call_ms = (self.host_clock() - started) * 1000 / max(calls, 1)
         except Exception as exc:  # classified by the caller from the backend's markers
             raise _CaptureFailed("capture", exc) from exc
         return graph
@@ -306,12 +316,13 @@ class Timer:
         self._sync()
         body = fn if self.l2 == "warm" else self._flushed(fn)
         graph = self._capture(body, GRAPH_PROBE_CALLS)
+        host_ms = self._captured_call_ms
         flush_ms = None
         try:
             graph.replay()
             self._sync()
             per_call = min(self._replay_ms(graph) for _ in range(3)) / GRAPH_PROBE_CALLS
-            unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET_MS / max(per_call, 1e-6))))
+            unroll = self._unroll(per_call, host_ms)
             if unroll != GRAPH_PROBE_CALLS:
                 graph = None
                 graph = self._capture(body, unroll)
@@ -329,6 +340,17 @@ class Timer:
         finally:
             graph = None  # release the graph's memory pool before the next measurement
         return Measurement(samples, "graph", l2_flush_ms=flush_ms)
+
+    def _unroll(self, per_call_ms: float, host_ms: float) -> int:
+        """Calls a replay unrolls: enough to reach GRAPH_REPLAY_TARGET_MS of device time, no more than
+        GRAPH_CAPTURE_BUDGET_MS of host time to capture (never fewer than the probe's, already paid)."""
+        unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET_MS / max(per_call_ms, 1e-6))))
+        affordable = max(GRAPH_PROBE_CALLS, math.floor(GRAPH_CAPTURE_BUDGET_MS / max(host_ms, 1e-9)))
+        if unroll <= affordable:
+            return unroll
+        self.mark(f"GRAPH_UNROLL_CAPPED unroll={affordable} wanted={unroll} host_ms_per_call={host_ms:.3g} "
+                  f"device_ms_per_call={per_call_ms:.3g}")
+        return affordable
 
     def _cold_graph_samples(self, graph, unroll: int, reps: int) -> tuple[list[float], float]:
         """(flush + op) replays interleaved with replays of a flush-only graph of as many calls, so
