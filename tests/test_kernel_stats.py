@@ -170,3 +170,93 @@ def test_sass_widths_and_classes_from_opcodes():
     assert [s[c] for c in ("wgmma", "mma.sync", "TMA", "shared loads", "local stores", "barriers", "branches",
                            "fp32 arith", "fp16 arith")] == [1] * 9
     assert s["mfma"] == NOT_AVAILABLE
+
+
+# --- every instruction statistic against an independent count of the same compile ----------------------
+# Read off each language's text with plain string operations, not kernel_stats' tables: (opcode -> class)
+# by the documented mnemonic of each instruction, on sm_90 as compiled above.
+# Barriers and branches are left out: ptxas adds its own (a WARPSYNC, a loop's BRA), so neither count is
+# one PTX instruction per SASS one.
+SASS_INDEPENDENT = {"global loads": "LDG", "global stores": "STG", "cp.async": "LDGSTS", "wgmma": "HGMMA",
+                    "mma.sync": "HMMA", "shared stores": "STS"}
+PTX_INDEPENDENT = {"global loads": "ld.global", "global stores": "st.global", "cp.async": "cp.async.cg.shared.global",
+                   "wgmma": "wgmma.mma_async", "mma.sync": "mma.sync", "shared stores": "st.shared"}
+
+
+def _opcodes(text: str, language: str) -> list[str]:
+    """Each instruction's opcode, predicate dropped: SASS lines carry a /*address*/ comment, PTX
+    instructions end with ';' and are not directives or labels."""
+    ops = []
+    for line in text.splitlines():
+        line = line.strip()
+        if language == "sass":
+            if not line.startswith("/*") or "*/" not in line:
+                continue
+            line = line.split("*/", 1)[1].strip()
+        elif not line.endswith(";") or line.startswith((".", "//", "}")):
+            continue
+        words = [w for w in line.replace(";", " ").split() if not w.startswith("@")]
+        if words and words[0][0].isalpha():
+            ops.append(words[0].rstrip(","))
+    return ops
+
+
+def _independent(ops: list[str], language: str) -> dict:
+    table = SASS_INDEPENDENT if language == "sass" else PTX_INDEPENDENT
+    counts = {}
+    for field, prefix in table.items():
+        if language == "sass":
+            counts[field] = sum(1 for op in ops if op.split(".")[0] == prefix)
+        else:
+            counts[field] = sum(1 for op in ops if op == prefix or op.startswith(prefix + "."))
+    for kind, prefix in (("load", table["global loads"]), ("store", table["global stores"])):
+        for op in ops:
+            if (op.split(".")[0] == prefix) if language == "sass" else op.startswith(prefix + "."):
+                if language == "sass":  # LDG.E.128: the width is the numeric suffix, 32 without one
+                    width = next((int(p) for p in op.split(".")[1:] if p in ("64", "128", "256")), 32)
+                else:  # ld.global.v4.b32: lanes x the last type's bits
+                    parts = op.split(".")
+                    lanes = next((int(p[1:]) for p in parts if p in ("v2", "v4", "v8")), 1)
+                    width = lanes * int("".join(c for c in parts[-1] if c.isdigit()))
+                key = f"global {kind}s {width}-bit"
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _record_counts(record: dict, keys) -> dict:
+    out = {}
+    for key in keys:
+        if key in ("global loads", "global stores"):
+            out[key] = sum(record[f"{key} {w}-bit"] for w in kernel_stats.LOAD_WIDTHS)
+        else:
+            out[key] = record[key]
+    return out
+
+
+def test_every_instruction_statistic_matches_an_independent_count_in_sass_and_in_ptx(sm90, sm90_mma_v2, tools,
+                                                                                         tmp_path):
+    """On every stats kernel, with Hopper's MMA and without: each count the record gives equals a count
+    taken independently from the same SASS (cuobjdump) and PTX, each width's global loads and stores
+    too; and the two languages agree where one PTX instruction is one SASS instruction. A shared-memory
+    load counted as a global one (the dot has LDS and LDGSTS, no LDG) fails here."""
+    no_tools = kernel_stats.find_tools(dirs=[tmp_path], use_path=False)
+    checked = 0
+    for kernels in (sm90, sm90_mma_v2):
+        for label, (asm, metadata) in kernels.items():
+            sass_text, _ = kernel_stats.disassemble(asm["cubin"], tools)
+            per_language = {}
+            for language, text, record in (("sass", sass_text, kernel_stats.extract(asm, metadata, tools)),
+                                           ("ptx", asm["ptx"], kernel_stats.extract(asm, metadata, no_tools))):
+                assert record["instructions from"] == language
+                ops = _opcodes(text, language)
+                assert record["instructions"] == len(ops), (label, language)
+                expected = _independent(ops, language)
+                widths = {f"global {k}s {w}-bit": 0 for k in ("load", "store") for w in kernel_stats.LOAD_WIDTHS}
+                expected = {**widths, **expected}
+                assert _record_counts(record, expected) == expected, (label, language)
+                per_language[language] = expected
+                checked += 1
+            assert per_language["sass"] == per_language["ptx"], label
+    assert checked == 12
+    dot = _independent(_opcodes(kernel_stats.disassemble(sm90["dot"][0]["cubin"], tools)[0], "sass"), "sass")
+    assert dot["global loads"] == 0 and dot["cp.async"] > 0  # the case the mutant needs: loads via shared memory
