@@ -155,6 +155,16 @@ def test_operators_at_the_edges_pass_or_fail_with_a_clear_error(harness, tmp_pat
         assert config.split()[0] in ("BLOCK=512", "BLOCK=1024", "BLOCK=2048")  # never the refused one
 
 
+def test_each_case_runs_with_the_runs_imports_frozen_out_of_the_collectors_view(harness, tmp_path):
+    # tests/resources/heap_ops: the op's inputs refuse to be built while the imports are not frozen.
+    shapes = tmp_path / "one.yaml"
+    shapes.write_text("heap_frozen:\n  shapes: [[300]]\n")
+    proc = harness("record", "heap_frozen", "--backend", "interpreter", "--ops-path", RESOURCES / "heap_ops",
+                   "--shapes", shapes, "--out", tmp_path)
+    (row,) = load(run_dir_of(proc) / "results.json")["rows"]
+    assert row["status"] == "SUCCESS" and proc.returncode == 0, row["error"]
+
+
 def test_a_poisoned_capture_stops_the_run(harness, tmp_path):
     # tests/resources/poison_ops: the capture of the first case fails as a dead CUDA context does.
     shapes = tmp_path / "two.yaml"

@@ -13,7 +13,7 @@ import pytest
 from harness.child import hookspec
 from harness.child.console import Console
 from harness.child.context import RunContext
-from harness.child.plugins import autotune, gpu_state, ir, results, runinfo, seeds, shapes, timing, torch_state
+from harness.child.plugins import autotune, gpu_state, heap, ir, results, runinfo, seeds, shapes, timing, torch_state
 from harness.child.plugins import flaggems as flaggems_plugin
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
@@ -132,7 +132,7 @@ def build_plugins(ctx: RunContext, guard: StopGuard) -> list:
     autotune_plugin = autotune.AutotunePlugin(ctx)
     plugins = [ChildHooks(), guard, runinfo.RunInfoPlugin(ctx), seeds.SeedsPlugin(ctx), shapes.ShapesPlugin(ctx),
                autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin, gpu_state.GpuStatePlugin(ctx),
-               torch_state.TorchStatePlugin(ctx)]
+               torch_state.TorchStatePlugin(ctx), heap.HeapPlugin()]
     if ctx.spec.flaggems is not None:
         plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin, timing_plugin.measure, autotune_plugin))
     return plugins
