@@ -291,11 +291,14 @@ def adjust(comparisons: list[Comparison], fdr: float = FDR) -> list[Comparison]:
 
 def detectable(c: Comparison, alpha: float) -> float:
     """The smallest relative change this row would have called at a p-value threshold `alpha`
-    (its noise, repeats and margin): the change whose interval would just clear the margin."""
+    (its noise, repeats and margin): where its p-value reaches `alpha` and its interval clears the
+    margin, the later of the two. A call needs both (`adjust`), so a threshold looser than the
+    interval's (a report at --fdr above 1 - CONFIDENCE, with most of its rows called) buys nothing."""
     if c.dof == 0 or not math.isfinite(c.sd):
         return math.inf
     se = c.sd * math.sqrt(1 / c.n_a + 1 / c.n_b)
-    return math.expm1(math.log1p(c.margin) + float(_t().isf(alpha / 2, c.dof)) * se)
+    t = max(float(_t().isf(alpha / 2, c.dof)), float(_t().ppf(0.5 + CONFIDENCE / 2, c.dof)))
+    return math.expm1(math.log1p(c.margin) + t * se)
 
 
 def geomean(ratios) -> tuple[float, float, float]:

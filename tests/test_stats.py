@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import special
+from scipy import optimize, special
 from scipy import stats as sps
 
 from reports import stats
@@ -200,6 +200,59 @@ def test_detectable_is_where_the_verdict_turns():
     assert stats.compare(a, [x * (1 + d * 1.01) for x in a]).verdict == stats.SLOWER
     assert stats.compare(a, [x * (1 + d * 0.99) for x in a]).verdict != stats.SLOWER
     assert stats.detectable(stats.compare([1.0], [1.0]), 0.05) == math.inf
+
+
+# Five repeats a side; a side cut short stands for one that lost repeats (a dropped outlier, a failed run).
+REPEATS = [1.0, 1.004, 0.997, 1.002, 0.999]
+OTHER_REPEATS = [1.001, 0.998, 1.003, 0.9985, 1.0005]
+
+
+def _turning_ratio(a, b, alpha):
+    """The B/A at which the row a, b (B scaled) turns SLOWER, judged alone at p-value threshold `alpha`
+    (one row: its q is its p), by bisection on the scale: the verdict's own answer, to float precision."""
+    called, uncalled = 1.2, 1.0
+    for _ in range(80):
+        scale = (called + uncalled) / 2
+        if stats.adjust([stats.compare(a, [x * scale for x in b])], alpha)[0].verdict == stats.SLOWER:
+            called = scale
+        else:
+            uncalled = scale
+    return stats.center(b) * called / stats.center(a)
+
+
+def _pooled_t_boundary(a, b, alpha):
+    """The B/A at which scipy's pooled two-sample t test (log latencies, one-sided, "B/A beyond 1 + MARGIN")
+    reaches the stricter of alpha / 2 (the two one-sided tests, Bonferroni) and the 95% interval's 2.5%."""
+    la, lb = np.log(a), np.log(b)
+    target = min(alpha, 1 - stats.CONFIDENCE) / 2
+
+    def excess(shift):
+        moved = lb + shift - math.log1p(stats.MARGIN)
+        return sps.ttest_ind(moved, la, equal_var=True, alternative="greater").pvalue - target
+
+    shift = optimize.brentq(excess, -0.2, 0.2, xtol=1e-15, rtol=1e-15)
+    return math.exp(lb.mean() + shift - la.mean())
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.005, 0.2])
+@pytest.mark.parametrize("n_a,n_b", [(5, 5), (5, 4), (5, 3), (3, 5), (4, 2)])
+def test_the_smallest_change_callable_is_where_the_verdict_turns_for_any_repeats_a_side(n_a, n_b, alpha):
+    # Unequal repeats a side are what a dropped outlier or a failed repeat leaves; a threshold above 0.05 is
+    # a report at a loose --fdr whose other rows are called, where the 95% interval, not the p-value, binds.
+    a, b = REPEATS[:n_a], OTHER_REPEATS[:n_b]
+    c = stats.compare(a, b)
+    assert c.verdict != stats.SLOWER and (c.n_a, c.n_b, c.dof) == (n_a, n_b, n_a + n_b - 2)
+    expected = _pooled_t_boundary(a, b, alpha)
+    assert _turning_ratio(a, b, alpha) == pytest.approx(expected, rel=1e-9)
+    assert 1 + stats.detectable(c, alpha) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_call_whose_q_equals_the_fdr_stands():
+    # Benjamini-Hochberg calls p_(k) <= k * fdr / m, equality included; one row alone: its q is its p.
+    c = stats.compare(REPEATS, [x * 1.01 for x in REPEATS])
+    assert c.verdict == stats.SLOWER and 0 < c.p < 0.05
+    assert stats.adjust([c], c.p)[0].verdict == stats.SLOWER
+    assert stats.adjust([c], math.nextafter(c.p, 0))[0].verdict != stats.SLOWER
 
 
 def test_trigamma_inverse_inverts():

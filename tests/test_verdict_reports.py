@@ -5,14 +5,15 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 
 from harness.core.errors import UsageError
 from harness.sessions import ab
 from reports import compare, stats
 
 
-def _row(i, a, b, flags=(), single=False, latency_label=None):
-    return compare.PairedRow(op="op", dtype="fp32", shape=(i,), a_ms=list(a), b_ms=list(b), a_control_ms=[],
+def _row(i, a, b, flags=(), single=False, op="op"):
+    return compare.PairedRow(op=op, dtype="fp32", shape=(i,), a_ms=list(a), b_ms=list(b), a_control_ms=[],
                              b_control_ms=[], timers={"graph"}, flags=list(flags), configs_a={}, configs_b={},
                              comparison=stats.compare(a, b), single=single)
 
@@ -144,3 +145,77 @@ def test_the_power_table_uses_the_threshold_a_further_call_would_have_needed():
     smallest = [stats.detectable(r.comparison, 0.015) for r in rows]
     assert band["detectable"] == pytest.approx(float(np.median(smallest)))
     assert compare.call_threshold([], 0.05) == 0.05
+
+
+# A kernel's five repeats a side at 0.3% noise, and where its outlier repeat goes (7%: dropped by the prior).
+PROBE_A = [2.0, 2.008, 1.994, 2.004, 1.998]
+PROBE_B = [2.002, 1.996, 2.006, 1.997, 2.001]
+
+
+def _probe_report(scale, outlier, neighbour_effect, fdr):
+    """Four 0.2 ms rows changed by `neighbour_effect` and the 2 ms probe row (alone in its latency band)
+    with B scaled by `scale`, one repeat of side `outlier` (if any) 7% off, judged at `fdr`."""
+    rng = np.random.default_rng(8)
+    rows = [_row(i, 0.2 * np.exp(rng.normal(0, 0.003, 5)), 0.2 * neighbour_effect * np.exp(rng.normal(0, 0.003, 5)))
+            for i in range(4)]
+    a, b = list(PROBE_A), [x * scale for x in PROBE_B]
+    if outlier:
+        (a if outlier == "a" else b)[1] *= 1.07
+    rows.append(_row(99, a, b))
+    compare.judge(rows, fdr)
+    return rows
+
+
+@pytest.mark.parametrize("outlier", [None, "a", "b"])
+@pytest.mark.parametrize("fdr,neighbour_effect", [
+    (0.05, 1.0),  # nothing else called: the probe needs q = 5 p <= 0.05, a p-value threshold of 0.01
+    (0.2, 1.05),  # the other four called: q = p <= 0.2, looser than the 95% interval, which then decides
+])
+def test_a_reports_smallest_change_callable_is_where_its_rows_verdict_turns(outlier, fdr, neighbour_effect):
+    uncalled = _probe_report(1.0, outlier, neighbour_effect, fdr)
+    probe = uncalled[-1]
+    assert probe.verdict != stats.SLOWER and probe.dropped.keys() == ({outlier} if outlier else set())
+    assert (probe.comparison.n_a, probe.comparison.n_b) == (4 if outlier == "a" else 5, 4 if outlier == "b" else 5)
+    assert sum(r.verdict == stats.SLOWER for r in uncalled) == (4 if neighbour_effect > 1 else 0)
+    low, high = 1.0, 1.2
+    assert _probe_report(high, outlier, neighbour_effect, fdr)[-1].verdict == stats.SLOWER
+    for _ in range(60):
+        mid = (low + high) / 2
+        if _probe_report(mid, outlier, neighbour_effect, fdr)[-1].verdict == stats.SLOWER:
+            high = mid
+        else:
+            low = mid
+    turning_ratio = probe.comparison.ratio * high
+    (band,) = [b for b in compare.resolution(uncalled, fdr) if b["band"] == compare.band(2.0)]
+    assert band["rows"] == 1 and 1 + band["detectable"] == pytest.approx(turning_ratio, rel=1e-9)
+
+
+def _two_op_report(x_effects, y_effects):
+    # Every row shares one noise pattern (each side's repeats rolled): its B/A is its effect exactly, and
+    # its p-value depends on that effect alone.
+    pattern = np.array([1.0, 1.003, 0.997, 1.001, 0.999])
+    effects = [("x", e) for e in x_effects] + [("y", e) for e in y_effects]
+    rows = [_row(i, 0.2 * np.roll(pattern, i), 0.2 * effect * np.roll(pattern, i + 1), op=op)
+            for i, (op, effect) in enumerate(effects)]
+    compare.judge(rows)
+    return rows
+
+
+@pytest.mark.parametrize("x_effects,y_effects", [
+    # Op x's 0.6% change beside a null, among op y's eight 5% ones: ninth of ten over the report (q = 10/9 p),
+    # first of two over op x alone (q = 2 p): called over the report, not per op.
+    ((1.006, 1.0), (1.05,) * 8),
+    # The same change alone in op x, beside op y's nine nulls: q = 10 p over the report, p per op.
+    ((1.006,), (1.0,) * 9),
+])
+def test_the_fdr_is_over_the_whole_report_not_per_op(x_effects, y_effects):
+    rows = _two_op_report(x_effects, y_effects)
+    p = np.array([r.comparison.p for r in rows])
+    whole = sps.false_discovery_control(p, method="bh")
+    per_op_x = sps.false_discovery_control(p[:len(x_effects)], method="bh")
+    # The change's interval clears the margin (p < 0.05): only the FDR decides its call, and the two ways of
+    # adjusting decide it differently.
+    assert p[0] < 1 - stats.CONFIDENCE and (whole[0] <= stats.FDR) != (per_op_x[0] <= stats.FDR)
+    assert [r.comparison.q for r in rows] == pytest.approx(list(whole), rel=1e-12)
+    called = (whole <= stats.FDR) & (p < 1 - stats.CONFIDENCE)
+    assert [r.verdict == stats.SLOWER for r in rows] == called.tolist()
