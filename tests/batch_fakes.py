@@ -1,16 +1,19 @@
 """The fakes the batch's tests share: inventory entries, a child's run dir as written, the batch
-command line, and the fake process boundary (launch.start) with its fake clock."""
+command line, the fake process boundary (launch.start) with its fake clock, and a real op that hangs."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import dataclasses
 import json
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, alive, wait_for
 from result_rows import result_row
 
 from harness import cli
@@ -169,3 +172,74 @@ def status_rows(batch_dir: Path) -> list[dict]:
 
 def parse(*argv):
     return cli.build_parser().parse_args(["batch", *map(str, argv)])
+
+
+# --- a real op that hangs, for the timeout's group kill --------------------------------------------------
+# An op that starts a helper in its own process group (as the harness starts its pytest child), the
+# helper deaf to SIGTERM; each appends "NAME PID" to the file argv[1] names and sleeps past any timeout.
+HANGING = """
+import os, signal, subprocess, sys, time
+name, pids = sys.argv[2], sys.argv[1]
+if name == "helper":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    subprocess.Popen([sys.executable, __file__, pids, "helper"])
+with open(pids, "a") as f:
+    f.write(f"{name} {os.getpid()}\\n")
+time.sleep(600)
+"""
+HANG_ROOM_S = 10  # past an op's timeout and its stop's grace, for a loaded machine
+
+
+class HangingOp:
+    """Every op the batch starts fresh is HANGING, for real, under its real guard: launch.start with
+    the op's command (after the guard's `--`) replaced. A start returns once the op and its helper both
+    run, so the batch's timeout counts from there, whatever the load. Used as a context manager: what
+    a broken stop left running is killed at its end, not left to outlive the test."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, on_start=None):
+        self.pids, self.script = tmp_path / "hanging_pids", tmp_path / "hanging_op.py"
+        self.script.write_text(HANGING)
+        self.on_start = on_start  # given the op's own command as it starts
+        self.started: dict[str, str] = {}  # "op", "helper" -> pid
+        self.running = threading.Event()
+        self.real_start = launch.start
+        monkeypatch.setattr(launch, "start", self.start)
+
+    def start(self, argv, **kwargs):
+        guard, cmd = argv[:argv.index("--") + 1], argv[argv.index("--") + 1:]
+        if self.on_start is not None:
+            self.on_start(cmd)
+        child = self.real_start([*guard, sys.executable, str(self.script), str(self.pids), "op"], **kwargs)
+        if wait_for(self._both_started, 60, interval=0.1):
+            self.running.set()
+        return child
+
+    def _both_started(self) -> bool:
+        lines = self.pids.read_text().split("\n") if self.pids.exists() else []
+        self.started.update(line.split() for line in lines if line)
+        return {"op", "helper"} <= set(self.started)
+
+    def ended_by_its_timeout(self, runner: batch.Batch, call, *args):
+        """What `call(*args)`, the runner's, returns once the op's timeout ended the op, which must be
+        within that timeout and the stop's grace: else TimeoutError, once the runner's stop (a Ctrl-C's)
+        ended it, so a timeout not taken fails the test in seconds instead of hanging it."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(call, *args)
+            try:
+                assert self.running.wait(60), self.started
+                return future.result(timeout=runner.opts.op_timeout + batch.KILL_GRACE_S + HANG_ROOM_S)
+            finally:
+                runner.stop()
+
+    def left(self, within_s: float = 10) -> list[int]:
+        """The op's processes still running after `within_s` (none, once its group was ended)."""
+        wait_for(lambda: not any(alive(int(pid)) for pid in self.started.values()), within_s)
+        return [int(pid) for pid in self.started.values() if alive(int(pid))]
+
+    def __enter__(self) -> HangingOp:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pid in self.left(within_s=0):
+            os.kill(pid, signal.SIGKILL)

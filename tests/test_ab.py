@@ -235,7 +235,7 @@ def test_requirements_side_env_overrides_only_what_it_names(tmp_path):
         python = ab.build_side_env(side, log, root=tmp_path / "envs")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the runner starts a pip-built side
     out = subprocess.run([python, "-c", "import tabulate, torch, triton, yaml; print(tabulate.__version__)"],
-                         capture_output=True, text=True, check=True, env=env).stdout.strip()
+                         capture_output=True, text=True, check=True, env=env, timeout=120).stdout.strip()
     assert out == "0.9.0"
     assert tabulate.__version__ != "0.9.0"
     with open(tmp_path / "log", "a") as log:  # cached: the second call builds nothing

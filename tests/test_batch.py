@@ -86,7 +86,7 @@ def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
     d = next(out_dir.iterdir())
     assert wait_for(lambda: any(r["status"] == "PASS" for r in statuses(d).values()), 300)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     proc.stdout.close()
     # The op that was running dies with its batch (its guard saw the batch go), before any resume.
     assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))

@@ -42,7 +42,7 @@ def harness_batch(tmp_path):
     for proc in started:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            finish(proc, 60)  # a pipe a leftover still holds fails the test, not hangs it
     for running in tmp_path.rglob(opguard.RUNNING):  # ops a broken guard left behind
         try:
             os.killpg(json.loads(running.read_text())["pgid"], signal.SIGKILL)
@@ -87,7 +87,7 @@ def test_a_live_batch_refuses_resume_and_its_ops_die_with_it(harness_batch, tmp_
         f"(kill {proc.pid}) and resume then"]
     members = group_pids(facts["pgid"])
     os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
-    proc.communicate()
+    finish(proc, 60)
     assert wait_for(lambda: not any(alive(p) for p in members), 60), [p for p in members if alive(p)]
 
 
@@ -100,7 +100,7 @@ def test_resume_stops_a_leftover_op_of_a_dead_batch(harness_batch, tmp_path, op_
     # (a forked op's worker too): the op outlives its batch.
     os.kill(facts["pid"], signal.SIGSTOP)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    finish(proc, 60)
     time.sleep(2)
     assert all(alive(p) for p in members)
     code, out, err = finish(harness_batch("--resume", "--batch-dir", d, "--op-timeout", 1))
@@ -245,7 +245,7 @@ def test_a_sigterm_stops_the_batch_like_ctrl_c_and_keeps_its_files(harness_batch
     running = d / "ops" / "path__hang_op" / opguard.RUNNING
     deadline = time.monotonic() + 120
     while not running.is_file():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 5)
         time.sleep(0.2)
     op_group = json.loads(running.read_text())["pgid"]
     proc.send_signal(signal.SIGTERM)  # the batch alone, as `timeout` or a job scheduler does

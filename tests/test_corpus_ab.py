@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from batch_fakes import HangingOp
 from conftest import REPO, in_a_case, load, pids_mentioning, wait_for
 from result_rows import result_row
 
 import backends
 from harness import cli
-from harness.core import batchdir
+from harness.core import batchdir, opguard
 from harness.core.options import BatchOptions, CorpusOptions, RunOptions, declared
 from harness.providers import catalog
 from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
@@ -53,7 +54,7 @@ def corpus(tmp_path):
     for proc in started:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            proc.communicate(timeout=60)  # a pipe a leftover still holds fails the test, not hangs it
 
 
 def _batch_dir(out_dir: Path, timeout: float = 120) -> Path:
@@ -95,7 +96,8 @@ def test_an_op_past_its_timeout_is_killed_with_its_steps(corpus, tmp_path):
     # Long enough for A's record to reach its first case on a loaded 2-core box (two processes start
     # before it: the op's guard and the record's child), so the timeout names the case it killed.
     proc = corpus("--ops", "hang_op", "--devices", "1", "--op-timeout", "60")
-    out, _ = proc.communicate(timeout=600)
+    # Its timeout, and room for start-up and the corpus report: a timeout not taken fails the test, in 3 minutes.
+    out, _ = proc.communicate(timeout=60 + 120)
     assert proc.returncode == 1, out
     d = next((tmp_path / "out").iterdir())
     st = statuses(d)["hang_op"]
@@ -115,7 +117,7 @@ def test_kill_9_then_resume_continues_where_it_stopped(corpus, tmp_path):
     d = _batch_dir(tmp_path / "out")
     assert wait_for(lambda: (d / "ops_status.csv").is_file() and "PASS" in (d / "ops_status.csv").read_text(), 400)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    proc.communicate(timeout=60)  # a pipe a leftover still holds fails the test, not hangs it
     # The op that was running dies with its corpus A/B (its guard saw the driver go), steps included.
     assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
     done = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
@@ -481,6 +483,38 @@ def test_an_ab_that_wrote_no_report_has_no_rows_whatever_its_record_ran(tmp_path
     ab_dir = _finished(tmp_path / "ab", None, record_statuses=("SUCCESS", "SUCCESS"))
     facts = _runner(tmp_path)._facts(ab_dir)
     assert (facts["rows"], facts["verdicts"], facts["statuses"]) == (0, {}, {"SUCCESS": 2})
+
+
+# --- the op timeout over a whole A/B, on real processes --------------------------------------------------
+def test_a_hanging_ops_whole_ab_is_ended_at_its_op_timeout_and_is_a_timeout(tmp_path, monkeypatch):
+    """The corpus A/B's own path (the op's A/B started fresh under its guard, the batch's --op-timeout
+    over it) with an A/B that hangs in A's record: ended, its whole process group, within the timeout
+    and its grace, and a TIMEOUT that names the case it hung in. A timeout not taken fails in seconds."""
+    monkeypatch.setattr(batch, "KILL_GRACE_S", 1)
+    runner = _runner(tmp_path, backend="interpreter")
+    runner.opts = dataclasses.replace(runner.opts, op_timeout=1.0)
+
+    def hangs_in_its_record(ab_argv):  # where the A/B and its record's child say they are as they hang
+        ab_dir = Path(ab_argv[ab_argv.index("--run-dir") + 1])
+        record = ab_dir / "hang_op" / "A-record" / "hang_op_1"
+        record.mkdir(parents=True)
+        (record / "run.json").write_text(json.dumps({"observed": {"running_case": "fp32 [300]"}}))
+        running = {"what": "A records", "args": ["record", "hang_op"], "run_dir": str(record)}
+        (ab_dir / corpus_ab.AB_JSON).write_text(json.dumps({"steps": [], "running": running}))
+
+    entry = catalog.Entry("path", "hang_op", "misbehaving", str(OPS / "misbehaving.py"))
+    with HangingOp(tmp_path, monkeypatch, on_start=hangs_in_its_record) as hanging:
+        row = hanging.ended_by_its_timeout(runner, runner.measure_op, entry, 0)
+        what = "timeout after 1 s during case fp32 [300]"
+        assert (row.status, row.exit_code, row.attempts, row.notes) == ("TIMEOUT", None, 1,
+                                                                        f"{what} (killed, not retried)")
+        assert hanging.left() == []
+        op_dir = batchdir.op_dir(tmp_path, entry.key)
+        assert Path(row.run_dir).parent == (op_dir / "attempt1").relative_to(tmp_path)
+        assert re.fullmatch(r"ab_f32-ieee_\d{8}-\d{6}", Path(row.run_dir).name)
+        assert (op_dir / "batch.log").read_text().endswith(f"\nkilled by the batch's --op-timeout: {what}\n")
+        assert runner.children == {} and not (op_dir / opguard.RUNNING).exists()
+        assert not (op_dir / batchdir.COMPLETE).exists()  # a resume runs it again
 
 
 # --- Ray: the device a task runs on ----------------------------------------------------------------

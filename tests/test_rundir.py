@@ -19,16 +19,45 @@ def test_same_second_claims_get_suffixes(tmp_path):
     assert [d.name for d in dirs] == ["mm_20261129-100000", "mm_20261129-100000-1", "mm_20261129-100000-2"]
 
 
-def test_concurrent_claims_never_share(tmp_path):
-    now = dt.datetime(2026, 11, 29, 10, 0, 0)
-    got = []
-    threads = [threading.Thread(target=lambda: got.append(rundir.claim_run_dir(tmp_path, "op", now)))
-               for _ in range(8)]
+# --- races forced: two claimants held at a barrier where a claim that is not atomic would let both through ---
+RACE_BOUND_S = 10  # a barrier the claim no longer reaches fails the test instead of hanging it
+
+
+def together(*calls) -> list:
+    """Each call in a thread of its own, all at once: what each returned, or the exception it raised."""
+    results: list = [None] * len(calls)
+
+    def run(i, call):
+        try:
+            results[i] = call()
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    assert len(set(got)) == 8
+        t.join(RACE_BOUND_S)
+    assert not any(t.is_alive() for t in threads), "a claimant is still running"
+    return results
+
+
+def test_two_claims_of_one_name_at_the_same_moment_get_distinct_dirs(tmp_path, monkeypatch):
+    """Both claimants try the same first name together (held at a barrier just before making it):
+    the one mkdir refuses takes the next name."""
+    now = dt.datetime(2026, 11, 29, 10, 0, 0)
+    first_name = tmp_path / "op_20261129-100000"
+    both_at_it = threading.Barrier(2, timeout=RACE_BOUND_S)
+    make = Path.mkdir
+
+    def held_then_made(self, *args, **kwargs):
+        if self == first_name:
+            both_at_it.wait()
+        return make(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", held_then_made)
+    got = together(*[lambda: rundir.claim_run_dir(tmp_path, "op", now)] * 2)
+    assert sorted(got, key=str) == [first_name, tmp_path / "op_20261129-100000-1"], got
 
 
 def test_merge_is_deep_and_keeps_other_keys(tmp_path):
@@ -154,19 +183,43 @@ def test_merge_replaces_what_is_not_a_mapping_on_either_side(tmp_path):
     assert json.loads(p.read_text()) == merged
 
 
-def test_concurrent_merges_lose_nothing(tmp_path):
-    p = tmp_path / "run.json"
+def test_a_merge_arriving_between_anothers_read_and_write_loses_nothing(tmp_path, monkeypatch):
+    """The merge that read the file first goes on to write only once the other has arrived: at the
+    lock, which then holds it until the first has written; or, were there no lock, past its own read
+    of the same old file, so that both would write their merge into that old file."""
+    path = tmp_path / "run.json"
+    rundir.merge_json(path, {"observed": {}})
+    arrived, readers, changed = set(), [], threading.Condition()
 
-    def add(i):
-        for j in range(20):
-            rundir.merge_json(p, {"observed": {f"{i}-{j}": j}})
+    def arrive():
+        with changed:
+            arrived.add(threading.get_ident())
+            changed.notify_all()
 
-    threads = [threading.Thread(target=add, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(json.loads(p.read_text())["observed"]) == 6 * 20
+    lock, read = rundir.fcntl.flock, Path.read_text
+
+    def at_the_lock(f, operation):
+        if operation == rundir.fcntl.LOCK_EX:
+            arrive()
+        return lock(f, operation)
+
+    def read_then_held(self, *args, **kwargs):
+        text = read(self, *args, **kwargs)
+        if self == path:
+            arrive()
+            readers.append(threading.get_ident())
+            if readers[0] == threading.get_ident():
+                with changed:
+                    if not changed.wait_for(lambda: len(arrived) == 2, RACE_BOUND_S):
+                        raise AssertionError("the other merge never arrived")
+        return text
+
+    monkeypatch.setattr(rundir.fcntl, "flock", at_the_lock)
+    monkeypatch.setattr(Path, "read_text", read_then_held)
+    got = together(lambda: rundir.merge_json(path, {"observed": {"a": 1}}),
+                   lambda: rundir.merge_json(path, {"observed": {"b": 2}}))
+    assert not any(isinstance(r, Exception) for r in got), got
+    assert json.loads(read(path)) == {"observed": {"a": 1, "b": 2}}
 
 
 class Bad(ValueError):
@@ -262,25 +315,27 @@ def test_a_named_run_dir_that_holds_anything_is_one_error_line(tmp_path, make):
 
 
 @pytest.mark.parametrize("exists", [False, True], ids=["new", "empty"])
-def test_concurrent_claims_of_one_named_dir_never_share(tmp_path, exists):
-    """Eight claimants of one path: exactly one gets it, the others are refused."""
+def test_two_claimants_past_the_emptiness_check_together_never_share_a_named_dir(tmp_path, monkeypatch, exists):
+    """Both claimants find the dir empty before either claims it (held at a barrier right after the
+    check): only the claim itself keeps them apart. Exactly one gets it, the other is refused."""
     path = tmp_path / "run"
     if exists:
         path.mkdir()
-    got, refused = [], []
+    checked = path.resolve()
+    both_found_it_empty = threading.Barrier(2, timeout=RACE_BOUND_S)
+    listed = Path.iterdir
 
-    def claim():
-        try:
-            got.append(rundir.claim_named_dir(path, rundir.RUN_LOG))
-        except UsageError:
-            refused.append(1)
+    def listed_then_held(self):
+        entries = list(listed(self))
+        if self == checked:
+            both_found_it_empty.wait()
+        return iter(entries)
 
-    threads = [threading.Thread(target=claim) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert (len(got), len(refused)) == (1, 7)
+    monkeypatch.setattr(Path, "iterdir", listed_then_held)
+    got = together(*[lambda: rundir.claim_named_dir(path, rundir.RUN_LOG)] * 2)
+    assert [r for r in got if isinstance(r, Path)] == [checked], got
+    assert sum(isinstance(r, UsageError) for r in got) == 1, got
+    assert [p.name for p in listed(checked)] == [rundir.RUN_LOG]
 
 
 def test_an_unclaimed_name_is_the_one_a_claim_would_take_now(tmp_path):
