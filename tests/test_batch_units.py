@@ -30,6 +30,7 @@ from batch_fakes import (
     Clock,
     FakeChild,
     FakeWorker,
+    HangingOp,
     Launcher,
     Step,
     options,
@@ -1114,6 +1115,20 @@ def test_a_skip_is_done_and_counts_as_passed(tmp_path, launcher, capsys):
     assert lines(capsys)[-1] == f"done: PASS 1, SKIP 1; summary: {tmp_path / 'b' / 'summary.csv'}"
 
 
+def test_a_selected_op_that_never_got_a_status_row_is_not_passed_and_fails_the_batch(tmp_path, launcher,
+                                                                                      monkeypatch, capsys):
+    def loses_the_last(self, todo, on_done):  # an executor whose device thread never reported its last op
+        for entry in todo[:-1]:
+            on_done(self.run_op(entry, 0))
+
+    monkeypatch.setattr(batch.Batch, "run", loses_the_last)
+    d = tmp_path / "b"
+    assert batch.run_from_args(parse("--backend", "interpreter", "--ops", "add", "mm", "--devices", "0",
+                                     "--batch-dir", d)) == 1
+    assert lines(capsys)[-2:] == [f"done: PASS 1, no status row 1; summary: {d / 'summary.csv'}",
+                                  "not passed: builtin:mm (no status row)"]
+
+
 def test_usage_errors_before_anything_runs(tmp_path, launcher, monkeypatch, capsys):
     (tmp_path / "plain").mkdir()
     with pytest.raises(UsageError) as info:
@@ -1456,56 +1471,17 @@ def test_summarize_of_a_dir_that_is_no_batch_is_refused_and_writes_nothing(tmp_p
 
 
 # --- the timeout's group kill, on real processes ------------------------------------------------------
-# An op that starts a helper in its own process group (as the harness starts its pytest child), the
-# helper deaf to SIGTERM; each appends "NAME PID" to the file argv[1] names and sleeps past any timeout.
-HANGING = """
-import os, signal, subprocess, sys, time
-name, pids = sys.argv[2], sys.argv[1]
-if name == "helper":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-else:
-    subprocess.Popen([sys.executable, __file__, pids, "helper"])
-with open(pids, "a") as f:
-    f.write(f"{name} {os.getpid()}\\n")
-time.sleep(600)
-"""
-
-
 def test_a_timed_out_op_is_stopped_with_every_process_of_its_group(tmp_path, monkeypatch):
-    from conftest import alive, wait_for
-
     monkeypatch.setattr(batch, "KILL_GRACE_S", 1)
-    pids = tmp_path / "pids"
-    script = tmp_path / "op.py"
-    script.write_text(HANGING)
     runner = runner_for(tmp_path, op_timeout=1.0)
     log = tmp_path / "attempt" / "batch.log"
     log.parent.mkdir()
-    started = {}
-
-    def both_started():
-        lines = pids.read_text().split("\n") if pids.exists() else []
-        started.update(line.split() for line in lines if line)
-        return {"op", "helper"} <= set(started)
-
-    start = launch.start
-
-    def started_with_its_helper(*args, **kwargs):  # the timeout counts from there, whatever the load
-        child = start(*args, **kwargs)
-        assert wait_for(both_started, 60, interval=0.1), started
-        return child
-
-    monkeypatch.setattr(launch, "start", started_with_its_helper)
-    try:
-        code, _ = runner._attempt([sys.executable, str(script), str(pids), "op"], log)
+    with HangingOp(tmp_path, monkeypatch) as hanging:
+        op = [sys.executable, "-m", "harness", "record", "add"]  # replaced by the op that hangs
+        code, _ = hanging.ended_by_its_timeout(runner, runner._attempt, op, log)
         assert code is None  # timed out
-        group = [int(pid) for pid in started.values()]
-        assert wait_for(lambda: not any(alive(p) for p in group), 10), [p for p in group if alive(p)]
+        assert hanging.left() == []
         assert runner.children == {} and not (log.parent / opguard.RUNNING).exists()
-    finally:  # a broken stop must not leave them running after the test
-        for pid in map(int, started.values()):
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("checkout", [False, True])

@@ -1,14 +1,17 @@
 """The run options, declared once (harness.core.options): the parser, the argv, the stored form and
 its checks all come from one declaration per option."""
 
+import argparse
 import dataclasses
 import json
+import types
+import typing
 from pathlib import Path
 
 import pytest
 
 from harness import cli
-from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, RunOptions, declared
+from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, OptionSet, RunOptions, _plain, declared
 
 FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/ops", "mod.x"),
                   flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user", seed=3,
@@ -17,6 +20,69 @@ FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp1
 
 def refuse(name, value, what):
     return ValueError(f"{name} = {value!r} is not {what}")
+
+
+# What a command line could give an option, by the type its field holds: an option's example is the first
+# that its parser type and its stored-value check take (a list: KEY=VAL items for --a-env, dtypes for --dtypes).
+EXAMPLE_TEXTS = {str: [["0,1"]], int: [["3"]], float: [["0.5"]], Path: [["/p"]],
+                 tuple: [["X=1", "Y=2"], ["fp16", "bf16"]]}
+
+
+def held_type(option_set, field) -> type:
+    """The type a field holds when set: `str` of `str | None`, `tuple` of `tuple[str, ...]`."""
+    hint = typing.get_type_hints(option_set)[field.name]
+    if isinstance(hint, types.UnionType):
+        hint = next(t for t in typing.get_args(hint) if t is not type(None))
+    return typing.get_origin(hint) or hint
+
+
+def example(option_set, field, meta, switched: bool):
+    """A value of the field's type that the command line could give it, other than what its parser gives
+    when it is not given; `switched` is a --X/--no-X switch's."""
+    kind = held_type(option_set, field)
+    defaults = (meta.default, meta.record_default)
+    if kind is bool:
+        return switched if meta.switch else True  # a flag alone: its False is not given
+    if meta.choices:
+        return next(c for c in meta.choices if c not in defaults)
+    convert = meta.type or str
+    for texts in EXAMPLE_TEXTS[kind]:
+        try:
+            if meta.repeat or meta.nargs:
+                value = tuple(map(convert, texts))
+            elif kind is tuple:  # one comma-separated value (--dtypes)
+                value = tuple(convert(",".join(texts)))
+            else:
+                value = convert(texts[0])
+        except (argparse.ArgumentTypeError, ValueError):
+            continue
+        if meta.check(_plain(value)) and value not in defaults:
+            return value
+    pytest.fail(f"no example for {option_set.__name__}.{field.name}: add one to EXAMPLE_TEXTS")
+
+
+def taken_by(option_set, command: str) -> list:
+    """The options of `option_set` that `command` parses (replay refuses the record-only ones)."""
+    return [(field, meta) for field, meta in declared(option_set) if command in meta.commands
+            and not (command == "replay" and meta.record_only)]
+
+
+# Every option set, with every command that parses any of its options: a new one is covered as it is declared.
+PARSERS = [(option_set, command) for option_set in OptionSet.__subclasses__()
+           for command in dict.fromkeys(c for _, meta in declared(option_set) for c in meta.commands)]
+
+
+@pytest.mark.parametrize("switched", [False, True], ids=["switches-off", "switches-on"])
+@pytest.mark.parametrize(("option_set", "command"), PARSERS, ids=[f"{s.__name__}-{c}" for s, c in PARSERS])
+def test_every_option_given_a_value_not_its_default_parses_back_from_the_argv_it_writes(option_set, command,
+                                                                                          switched):
+    """Each option a command takes, set to a value of its type that is not its default (a switch turned off
+    too: `--no-triage`), is in the argv `to_argv` writes and parses back to the same value."""
+    taken = taken_by(option_set, command)
+    given = option_set(**{field.name: example(option_set, field, meta, switched) for field, meta in taken})
+    assert set(given.given()) == {field.name for field, _ in taken}
+    parsed = cli.build_parser().parse_args([command, *given.to_argv()])
+    assert option_set.from_namespace(parsed) == given
 
 
 @pytest.mark.parametrize("command", ["record", "ab", "batch"])

@@ -1,7 +1,13 @@
-"""The run outcome record (harness.core.outcome): its JSON, what it refuses, and how it is said."""
+"""The run outcome record (harness.core.outcome): its JSON, what it refuses, and how it is said; and how the
+child decides it (harness.child.plugins.runinfo.outcome): its rows against its planned cases."""
+
+import types
 
 import pytest
 
+from harness.child.context import Case
+from harness.child.plugins.runinfo import outcome
+from harness.core import rundir
 from harness.core.outcome import Outcome
 
 
@@ -26,3 +32,46 @@ def test_rows_and_the_case_it_stopped_in_are_said_as_the_run_says_them():
     assert Outcome("INCOMPLETE", rows_done=1, rows_planned=2).rows(4) == "1/2"
     assert Outcome("INCOMPLETE", running_case="fp32-8").during() == " during case fp32-8"
     assert Outcome("INCOMPLETE", running_case="").during() == ""
+
+
+# --- the child's account: every planned case reported once, by its id -------------------------------------
+PLANNED = [Case("add", "fp32", (8,)), Case("add", "fp32", (16,)), Case("add", "fp16", (8,))]  # fp32-8 fp32-16 fp16-8
+
+
+def session_end(cases: list[Case], reported: list[str], statuses: dict[str, str] | None = None) -> Outcome:
+    """The outcome of a session that ran to its end (pytest's exit OK) with a row for each id `reported`."""
+    rows = [{"case": case, "status": (statuses or {}).get(case, "SUCCESS")} for case in reported]
+    ctx = types.SimpleNamespace(cases=cases, rows=rows, stop_reason=None, stop_code=None, running_case=None)
+    return outcome(ctx, types.SimpleNamespace(shouldstop=False), pytest.ExitCode.OK)
+
+
+def test_a_row_for_each_planned_case_is_complete_and_exits_on_whether_a_row_failed():
+    ids = [case.id for case in PLANNED]
+    assert session_end(PLANNED, ids[::-1]) == Outcome("COMPLETE", rows_done=3, rows_planned=3, exit_code=0)
+    failed = session_end(PLANNED, ids, {"fp32-16": "FAILED"})
+    assert failed.complete and failed.exit_code == rundir.EXIT_FAILED_ROWS
+
+
+@pytest.mark.parametrize(("reported", "reason"), [
+    (["fp32-8", "fp32-16"], "1 planned case(s) never reported (fp16-8)"),
+    ([], "3 planned case(s) never reported (fp32-8, fp32-16, fp16-8)"),
+    (["fp32-8", "fp32-16", "fp16-8", "fp16-16"], "1 unplanned case(s) reported (fp16-16)"),
+    (["fp32-8", "fp32-16", "fp16-8", "fp32-8"], "1 case(s) reported more than once (fp32-8)"),
+    (["fp32-8", "fp32-8", "fp32-16"],  # as many rows as planned cases
+     "1 planned case(s) never reported (fp16-8); 1 case(s) reported more than once (fp32-8)"),
+    (["fp32-8", "fp32-16", "test_op[fp16-8x1]"],  # as many rows, one under another name
+     "1 planned case(s) never reported (fp16-8); 1 unplanned case(s) reported (test_op[fp16-8x1])"),
+], ids=["fewer", "none", "more", "duplicated", "duplicated-for-a-missing-one", "renamed"])
+def test_rows_that_disagree_with_the_planned_cases_are_incomplete_and_say_how(reported, reason):
+    assert session_end(PLANNED, reported) == Outcome("INCOMPLETE", rows_done=len(reported), rows_planned=3,
+                                                     reason=reason, exit_code=rundir.EXIT_INCOMPLETE)
+
+
+def test_more_than_three_cases_are_named_three_and_the_rest_counted():
+    cases = [Case("add", "fp32", (n,)) for n in range(1, 6)]
+    assert session_end(cases, []).reason == "5 planned case(s) never reported (fp32-1, fp32-2, fp32-3, ...)"
+
+
+def test_a_flaggems_benchmark_whose_cases_are_known_only_as_they_run_is_complete_on_whatever_it_reported():
+    assert session_end([], ["fp16-4", "fp16-4#2"]) == Outcome("COMPLETE", rows_done=2, rows_planned=None,
+                                                              exit_code=0)

@@ -793,10 +793,16 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
             return 128 + signum
     summary = runner.summarize()
     status = batchdir.read_status(runner.dir)
+    # An op with no status row was never reported (an executor lost it): not passed either.
+    unreported = [e.key for e in selected if e.id not in status]
     final = collections.Counter(status[e.id].status for e in selected if e.id in status)
-    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(final.items())) + f"; {summary}")
-    failed = sorted(e.key for e in selected
-                    if e.id in status and status[e.id].status not in (*batchdir.DONE, *batchdir.UPSTREAM_VERDICTS))
+    counted = [f"{k} {v}" for k, v in sorted(final.items())]
+    if unreported:
+        counted.append(f"no status row {len(unreported)}")
+    print("done: " + ", ".join(counted) + f"; {summary}")
+    failed = sorted([e.key for e in selected
+                     if e.id in status and status[e.id].status not in (*batchdir.DONE, *batchdir.UPSTREAM_VERDICTS)]
+                    + [f"{key} (no status row)" for key in unreported])
     theirs = sorted(e.key for e in selected if e.id in status and status[e.id].status in batchdir.UPSTREAM_VERDICTS)
     if failed:
         print("not passed: " + ", ".join(failed))

@@ -55,9 +55,10 @@ class RunInfoPlugin:
 
 
 def outcome(ctx, session, exitstatus) -> Outcome:
-    """COMPLETE when every planned case ran (a FlagGems benchmark's cases are known only as they
-    run: there, when the session was not cut short), else INCOMPLETE and why; `exit_code` is what
-    the run exits with (rundir's EXIT_ codes): the child's account, not pytest's exit status."""
+    """COMPLETE when every planned case reported one row, named by its id, and no row is of another case
+    (a FlagGems benchmark's cases are known only as they run: there, when the session was not cut
+    short), else INCOMPLETE and why; `exit_code` is what the run exits with (rundir's EXIT_ codes):
+    the child's account, not pytest's exit status."""
     planned = len(ctx.cases) or None
     done = len(ctx.rows)
     reason, code = ctx.stop_reason, ctx.stop_code
@@ -72,8 +73,8 @@ def outcome(ctx, session, exitstatus) -> Outcome:
         reason = "pytest refused its arguments (see run.log)"
     if reason is None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         reason = "pytest collected no test (see run.log)"
-    if reason is None and planned is not None and done < planned:
-        reason = f"{planned - done} planned case(s) never reported"
+    if reason is None and planned is not None:
+        reason = _unaccounted([case.id for case in ctx.cases], [row["case"] for row in ctx.rows])
     complete = reason is None
     if complete:
         # A teardown error fails the session without a row of its own.
@@ -83,3 +84,18 @@ def outcome(ctx, session, exitstatus) -> Outcome:
         code = rundir.EXIT_INCOMPLETE
     return Outcome(COMPLETE if complete else INCOMPLETE, rows_done=done, rows_planned=planned, reason=reason,
                    running_case=None if complete else ctx.running_case, exit_code=code)
+
+
+def _unaccounted(planned: list[str], reported: list[str]) -> str | None:
+    """Why the rows reported (their case ids) are not one per planned case, None when they are. Ids, not
+    counts: a case reported twice or under another name must not make up for one never reported."""
+    plan, rows = collections.Counter(planned), collections.Counter(reported)
+    extra = rows - plan
+    problems = [(list(plan - rows), "planned case(s) never reported"),
+                ([case for case in extra if case in plan], "case(s) reported more than once"),
+                ([case for case in extra if case not in plan], "unplanned case(s) reported")]
+    return "; ".join(f"{len(cases)} {what} ({_some(cases)})" for cases, what in problems if cases) or None
+
+
+def _some(cases: list[str], shown: int = 3) -> str:
+    return ", ".join(cases[:shown]) + (", ..." if len(cases) > shown else "")
