@@ -153,7 +153,7 @@ def test_compare_two_records_shows_config_drift(harness, tmp_path):
 def test_plan_errors_name_file_and_field(tmp_path):
     p = tmp_path / "plan.yaml"
     p.write_text("ops: [add]\nrepeats: 1\n")
-    with pytest.raises(ab.PlanError, match=r"plan .*plan.yaml: 'repeats' must be an integer >= 2"):
+    with pytest.raises(ab.PlanError, match=r"plan .*plan.yaml: 'repeats' must be an integer from 2 to 100"):
         ab.load_plan(p)
     p.write_text("ops: [add]\nb: {env: {X: 1}, requirements: missing.txt}\n")
     with pytest.raises(ab.PlanError, match=r"requirements file .*missing.txt does not exist"):

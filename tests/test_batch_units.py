@@ -986,8 +986,8 @@ def where(*argv):
 def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute_as_parsed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()
-    backend, devices, checkouts = where("--backend", "cpu", "--devices", " 0, 0,", "--flaggems-dir", f"fg={CHECKOUT}")
-    assert (backend.name, devices, checkouts) == ("interpreter", [0, 0], {"fg": CHECKOUT})
+    backend, devices, checkouts = where("--backend", "cpu", "--devices", " 0, 1,", "--flaggems-dir", f"fg={CHECKOUT}")
+    assert (backend.name, devices, checkouts) == ("interpreter", [0, 1], {"fg": CHECKOUT})
     parsed = RunOptions.from_namespace(parse("--ops-path", "mine", "--ops-path", "some.module"))
     assert parsed.ops_paths == (str(tmp_path / "mine"), "some.module")
     backend, devices, checkouts = where("--backend", "interpreter")
@@ -995,6 +995,10 @@ def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute
     with pytest.raises(UsageError) as info:
         where("--backend", "interpreter", "--devices", "0,x")
     assert str(info.value) == "--devices 0,x: expected comma-separated device indices, e.g. 0,1"
+    for devices, twice in (("0,0", "0"), (" 1, 0, 1,", "1")):  # two ops at once on one device
+        with pytest.raises(UsageError) as info:
+            where("--backend", "interpreter", "--devices", devices)
+        assert str(info.value) == f"--devices {devices}: device {twice} given twice"
     with pytest.raises(UsageError, match=r"device\(s\) \[100000\] do not exist here"):
         where("--backend", "interpreter", "--devices", "100000")
     with pytest.raises(UsageError, match="--flaggems-dir 1x=/p: expected"):

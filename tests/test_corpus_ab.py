@@ -451,7 +451,7 @@ def test_a_corrupt_stored_plan_is_one_line_naming_where_it_was_stored():
     assert corpus_ab._plan_of(data) == corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
     with pytest.raises(batch.UsageError) as refused:
         corpus_ab._plan_of({**data, "repeats": 1})
-    assert str(refused.value).startswith("plan stored in batch.json: 'repeats' must be an integer >= 2")
+    assert str(refused.value).startswith("plan stored in batch.json: 'repeats' must be an integer from 2 to 100")
     assert str(refused.value).endswith(" (a corrupt batch.json: start a new --batch-dir)")
 
 

@@ -101,7 +101,7 @@ def test_the_experiment_options_parse_back_from_their_argv_and_are_what_a_resume
     assert given.flags() == ["--repeats", "--fdr", "--a-env", "--a-python", "--b-env", "--b-python", "--step-start",
                              "--step-passes"]
     assert ExperimentOptions.from_namespace(cli.build_parser().parse_args(["ab"])).given() == {}
-    with pytest.raises(ValueError, match="repeats = 1 is not an integer >= 2"):
+    with pytest.raises(ValueError, match="repeats = 1 is not an integer from 2 to 100"):
         ExperimentOptions.from_dict({"repeats": 1}, refuse)
     with pytest.raises(ValueError, match="a_env = \\['X'\\] is not a list of KEY=VAL"):
         ExperimentOptions.from_dict({"a_env": ["X"]}, refuse)
@@ -163,3 +163,23 @@ def test_a_replay_keeps_what_its_record_was_given_and_a_resume_is_the_stored_set
     given = RunOptions.from_namespace(cli.build_parser().parse_args(["batch", "--l2", "warm", "--seed", "0"]))
     assert given.given() == {"l2": "warm", "seed": 0}  # seed 0 was given
     assert given.flags() == ["--seed", "--l2"]
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "what"), [
+    ("record", "--seed", "-1", "a non-negative integer"),
+    ("record", "--rep-ms", "nan", "a non-negative number"),
+    ("record", "--warmup-ms", "inf", "a non-negative number"),
+    ("record", "--windows", "65", "an integer from 1 to 64"),
+    ("batch", "--op-timeout", "inf", "a number of seconds > 0"),
+    ("batch", "--sample", "0", "an integer >= 1"),
+    ("ab", "--repeats", "1000000000000", "an integer from 2 to 100"),
+    ("ab", "--fdr", "nan", "a number between 0 and 1"),
+])
+def test_a_number_its_option_declares_out_of_range_is_refused_at_the_door(command, flag, value, what, capsys):
+    """The parser applies the declaration's own check, the one a plan or a batch.json gets: no NaN, infinity or
+    count beyond its ceiling reaches a run."""
+    argv = [command, *(["softmax"] if command == "record" else []), flag, value]
+    with pytest.raises(SystemExit) as refused:
+        cli.build_parser().parse_args(argv)
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: argument {flag}: must be {what}, not {value!r}")

@@ -202,7 +202,8 @@ def test_a_corpus_ab_plan_stored_with_a_wrong_type_is_refused_on_resume(tmp_path
     proc = harness("ab", "--resume", "--batch-dir", d, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stderr.splitlines()
-    assert line.startswith(f"error: plan stored in {d / 'batch.json'}: 'repeats' must be an integer >= 2"), line
+    assert line.startswith(f"error: plan stored in {d / 'batch.json'}: 'repeats' must be an integer from 2 to 100"), \
+        line
 
 
 @pytest.fixture(scope="module")

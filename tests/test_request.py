@@ -131,7 +131,7 @@ def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
     for bad, message in (("timer: fast", "'timer' must be one of"), ("l2: lukewarm", "'l2' must be one of"),
                          ("seed: -1", "'seed' must be a non-negative integer"),
                          ("rep_ms: many", "'rep_ms' must be a non-negative number"),
-                         ("windows: -1", "'windows' must be an integer >= 1"),
+                         ("windows: -1", "'windows' must be an integer from 1 to 64"),
                          ("seed: true", "'seed' must be a non-negative integer")):
         plan_file.write_text(f"ops: [add]\n{bad}\n")
         with pytest.raises(ab.PlanError, match=message):

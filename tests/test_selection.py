@@ -95,8 +95,9 @@ def test_select_samples_a_fresh_selection_not_a_stored_one(capsys):
     stored = [e.id for e in full]
     assert selection.select(parse("--sample", "2"), stored, [], {})[0] == full  # a resume keeps its sample
     assert capsys.readouterr().out == ""
-    with pytest.raises(UsageError, match="--sample 0: give a positive number"):
-        selection.select(parse("--ops", "add", "--sample", "0"), None, [], {})
+    with pytest.raises(SystemExit) as refused:  # refused at the door, as the option declares
+        parse("--ops", "add", "--sample", "0")
+    assert refused.value.code == 2
 
 
 def test_a_flaggems_op_needs_its_checkout():

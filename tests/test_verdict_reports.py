@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness.core.errors import UsageError
+from harness import cli
 from harness.sessions import ab
 from reports import compare, stats
 
@@ -128,9 +128,10 @@ def test_a_plans_fdr_is_read_and_checked(tmp_path):
         plan.write_text(f"ops: [add]\nfdr: {bad}\na: {{label: A}}\nb: {{label: B}}\n")
         with pytest.raises(ab.PlanError, match="'fdr' must be a number between 0 and 1"):
             ab.load_plan(plan)
-    assert ab.checked_fdr(0.2) == 0.2
-    with pytest.raises(UsageError, match="--fdr 1.5"):
-        ab.checked_fdr(1.5)
+    for bad in ("1.5", "0", "nan", "x"):  # the command line's, refused at the door as the option declares
+        with pytest.raises(SystemExit) as refused:
+            cli.build_parser().parse_args(["ab", "--fdr", bad])
+        assert refused.value.code == 2
     assert math.isclose(stats.FDR, 0.05)
 
 

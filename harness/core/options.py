@@ -39,6 +39,11 @@ OP_STARTS = ("fork", "fresh")
 # Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
 STEP_PASSES = ("once", "every")
 
+# Ceilings on counts a request can ask for: each repeat is two processes, each window a capture a row.
+MAX_REPEATS = 100
+MAX_WINDOWS = 64
+
+
 # Argument group titles, by the key an option's `group` names.
 GROUPS = {
     "where": "where to run",
@@ -111,6 +116,12 @@ def _is_number(value) -> bool:
     return type(value) in (int, float) and math.isfinite(value)
 
 
+def _device_list(value) -> bool:
+    # An index given twice would run two ops on one device at once, each timing the other's load.
+    items = [d.strip() for d in value.split(",") if d.strip()] if isinstance(value, str) else []
+    return bool(items) and all(d.isdigit() for d in items) and len(set(map(int, items))) == len(items)
+
+
 def _is_strings(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -180,7 +191,7 @@ class OptionSet:
             elif meta.flag_only:
                 kw["action"] = "store_true"
             else:
-                kw.update(metavar=meta.metavar, type=meta.type, choices=meta.choices, nargs=meta.nargs)
+                kw.update(metavar=meta.metavar, type=_checked(meta), choices=meta.choices, nargs=meta.nargs)
                 if meta.repeat:
                     kw["action"] = "append"
             kw["default"] = meta.record_default if command == "record" else meta.default
@@ -250,6 +261,24 @@ class OptionSet:
                 value = [meta.rebase(v, base) for v in value] if meta.repeat else meta.rebase(value, base)
             fields[field.name] = _frozen(meta.load(value) if meta.load else value, meta)
         return cls(**fields)
+
+
+def _checked(meta: Option) -> Callable | None:
+    """The flag's parser type followed by the declaration's own check, the one a stored value (a plan, a
+    batch.json) gets: one rule for both, and no NaN, infinity or out-of-range number reaches a run. A
+    repeatable or multi-value option is checked whole where it is stored; its items by their type."""
+    if meta.repeat or meta.nargs or meta.choices or meta.type is None:  # a string: its session says what is wrong
+        return meta.type
+    convert = meta.type or str
+
+    def parse(text: str):
+        value = convert(text)
+        if not meta.check(_plain(value)):
+            raise argparse.ArgumentTypeError(f"must be {meta.what}, not {text[:60]!r}")
+        return value
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names the type in its own refusals
+    return parse
 
 
 def _given(value, meta: Option) -> bool:
@@ -365,7 +394,7 @@ class RunOptions(OptionSet):
         flag="--windows", group="how", commands=RUNS, metavar="N", type=positive_int, record_only=True,
         help="graph and direct timers: time each side in N windows, the sides alternating, sharing the timing "
              "budget; a row's latency is the geometric mean of its windows' medians (default: 1)",
-        check=lambda v: type(v) is int and v >= 1, what="an integer >= 1")
+        check=lambda v: type(v) is int and 1 <= v <= MAX_WINDOWS, what=f"an integer from 1 to {MAX_WINDOWS}")
     # Each op's device is the batch's choice: not stored.
     device: int | None = option(
         flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,
@@ -392,8 +421,7 @@ class BatchOptions(OptionSet):
     devices: str | None = option(
         flag="--devices", group="running", commands=STARTERS, metavar="LIST",
         help="comma-separated device indices (default: the backend's visible devices)",
-        check=lambda v: isinstance(v, str) and all(d.strip().isdigit() for d in v.split(",")),
-        what="comma-separated device indices")
+        check=_device_list, what="comma-separated device indices, each once")
     op_timeout: float | None = option(
         flag="--op-timeout", group="running", commands=STARTERS, metavar="S", type=positive_float,
         help="per-op timeout in seconds; the op's process group is killed (default: 1800; --resume: the batch's)",
@@ -438,7 +466,7 @@ class CorpusOptions(OptionSet):
     sample: int | None = option(
         flag="--sample", group="selection", commands=STARTERS, metavar="N", type=int, stored=False,
         help="a seeded random sample of N ops from the selection (after exclusions)",
-        check=lambda v: type(v) is int, what="an integer")
+        check=lambda v: type(v) is int and v >= 1, what="an integer >= 1")
     sample_seed: int | None = option(
         flag="--sample-seed", group="selection", commands=STARTERS, metavar="S", type=int, default=0, stored=False,
         help="the sample's seed (default 0): the same seed and inventory pick the same ops",
@@ -483,8 +511,8 @@ def valid_fdr(value) -> bool:
 
 
 def valid_repeats(value) -> bool:
-    """At least two: a row's spread between its repeats is its noise."""
-    return type(value) is int and value >= 2
+    """At least two (a row's spread between its repeats is its noise), at most MAX_REPEATS."""
+    return type(value) is int and 2 <= value <= MAX_REPEATS
 
 
 def _side_env(side: str):
@@ -507,7 +535,7 @@ class ExperimentOptions(OptionSet):
     repeats: int | None = option(
         flag="--repeats", group="experiment", commands=("ab",), metavar="N", type=int,
         help="replays per side (>= 2; default 3)",
-        check=valid_repeats, what="an integer >= 2")
+        check=valid_repeats, what=f"an integer from 2 to {MAX_REPEATS}")
     fdr: float | None = option(
         flag="--fdr", group="experiment", commands=("ab",), metavar="Q", type=float,
         help=f"false discovery rate of the report's FASTER/SLOWER calls (default {FDR})",

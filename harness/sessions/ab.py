@@ -29,6 +29,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.options import (
     FDR,
+    MAX_REPEATS,
     STEP_PASSES,
     STEP_STARTS,
     UPSTREAM,
@@ -170,7 +171,8 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
         raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
     repeats = data.get("repeats", 3)
     if not valid_repeats(repeats):
-        raise PlanError(f"plan {path}: 'repeats' must be an integer >= 2 (a row's spread between repeats is its noise)")
+        raise PlanError(f"plan {path}: 'repeats' must be an integer from 2 to {MAX_REPEATS} (a row's spread between "
+                        "repeats is its noise)")
     fdr = data.get("fdr", FDR)
     if not valid_fdr(fdr):
         raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {fdr!r}")
@@ -646,12 +648,6 @@ def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
-def checked_fdr(value: float) -> float:
-    if not valid_fdr(value):
-        raise UsageError(f"--fdr {value}: must lie between 0 and 1 (e.g. 0.05)")
-    return value
-
-
 def resolve_plan(args) -> Plan:
     try:
         if args.plan is not None or not args.ops:
@@ -663,12 +659,10 @@ def resolve_plan(args) -> Plan:
     if args.ops:
         plan.ops = args.ops
     experiment = ExperimentOptions.from_namespace(args)
-    if experiment.repeats is not None:
-        if not valid_repeats(experiment.repeats):
-            raise UsageError("--repeats must be >= 2: a row's spread between repeats is its noise")
+    if experiment.repeats is not None:  # in range: the parser checked it as the option declares
         plan.repeats = experiment.repeats
     if experiment.fdr is not None:
-        plan.fdr = checked_fdr(experiment.fdr)
+        plan.fdr = experiment.fdr  # between 0 and 1: the parser checked it as the option declares
     plan.step_start = experiment.step_start or plan.step_start
     plan.step_passes = experiment.step_passes or plan.step_passes
     for side, env, python, key in ((plan.a, experiment.a_env, experiment.a_python, "a"),
@@ -753,7 +747,7 @@ def run_from_args(args) -> int:
                 compare.load_rows(d)
             except (spec_mod.SpecError, ResultsError) as exc:
                 raise UsageError(f"--compare: {exc}") from exc
-        fdr = FDR if args.fdr is None else checked_fdr(args.fdr)  # refused before a report dir is claimed
+        fdr = FDR if args.fdr is None else args.fdr
         out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),

@@ -721,6 +721,9 @@ def _where(run: RunOptions, how: BatchOptions) -> tuple[backends.Backend, list[i
     except ValueError:
         raise UsageError(f"--devices {how.devices}: expected comma-separated device indices, "
                                  "e.g. 0,1") from None
+    twice = sorted({d for d in wanted or () if wanted.count(d) > 1})
+    if twice:  # two ops at once on one device, each timing under the other's load
+        raise UsageError(f"--devices {how.devices}: device {', '.join(map(str, twice))} given twice")
     try:
         devices = backend.check_available(wanted)
     except backends.BackendUnavailable as exc:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from harness.core import batchdir, paths, rundir
 from harness.core.errors import UsageError
-from harness.sessions import ab
 from reports import corpus, stats
 
 
@@ -27,7 +26,7 @@ def run_from_args(args) -> int:
     print(f"corpus A/B of two batches: A = {dir_a}, B = {dir_b} (nothing rerun)", flush=True)
     try:
         data = corpus.from_batch_pair(dir_a, dir_b, {"name": f"{dir_a.name} vs {dir_b.name}"},
-                                      stats.FDR if args.fdr is None else ab.checked_fdr(args.fdr))
+                                      stats.FDR if args.fdr is None else args.fdr)
     except UsageError as exc:
         raise UsageError(f"--compare: {exc}") from exc
     out = rundir.claim_run_dir(paths.runs_root(args.out), "corpus")
