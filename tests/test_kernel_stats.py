@@ -170,6 +170,13 @@ def test_sass_widths_and_classes_from_opcodes():
     assert [s[c] for c in ("wgmma", "mma.sync", "TMA", "shared loads", "local stores", "barriers", "branches",
                            "fp32 arith", "fp16 arith")] == [1] * 9
     assert s["mfma"] == NOT_AVAILABLE
+    # Widths the compiled kernels above do not use: Blackwell's 256-bit access, signed bytes and halves.
+    wide = "\n".join(f"        /*{i:04x}*/   {op} ;" for i, op in enumerate([
+        "LDG.E.ENL2.256 R4, desc[UR4][R8.64]", "LDG.E.S8 R2, desc[UR4][R8.64]", "LDG.E.S16 R2, desc[UR4][R8.64]",
+        "STG.E.S16 desc[UR4][R2.64], R4"]))
+    w = kernel_stats.count_instructions(wide, "sass")
+    assert (w["global loads 256-bit"], w["global loads 8-bit"], w["global loads 16-bit"], w["global stores 16-bit"]) \
+        == (1, 1, 1, 1)
 
 
 # --- every instruction statistic against an independent count of the same compile ----------------------

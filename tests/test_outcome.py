@@ -8,7 +8,7 @@ import pytest
 from harness.child.context import Case
 from harness.child.plugins.runinfo import outcome
 from harness.core import rundir
-from harness.core.outcome import Outcome
+from harness.core.outcome import COMPLETE, INCOMPLETE, Outcome
 
 
 def test_an_outcome_round_trips_through_its_json_in_one_key_order():
@@ -75,3 +75,32 @@ def test_more_than_three_cases_are_named_three_and_the_rest_counted():
 def test_a_flaggems_benchmark_whose_cases_are_known_only_as_they_run_is_complete_on_whatever_it_reported():
     assert session_end([], ["fp16-4", "fp16-4#2"]) == Outcome("COMPLETE", rows_done=2, rows_planned=None,
                                                               exit_code=0)
+
+
+@pytest.mark.parametrize(("shouldstop", "exitstatus", "reason"), [
+    ("poisoned capture", pytest.ExitCode.INTERRUPTED, "stopped: poisoned capture"),  # before INTERRUPTED
+    (False, pytest.ExitCode.INTERRUPTED, "interrupted"),
+    (False, pytest.ExitCode.INTERNAL_ERROR, "internal error (traceback in run.log)"),
+    (False, pytest.ExitCode.USAGE_ERROR, "pytest refused its arguments (see run.log)"),
+    (False, pytest.ExitCode.NO_TESTS_COLLECTED, "pytest collected no test (see run.log)"),
+])
+def test_a_session_that_stopped_is_incomplete_in_the_case_it_was_in_whatever_its_rows(shouldstop, exitstatus, reason):
+    """Every planned case reported, yet the session says it stopped: the run is INCOMPLETE, exit 3, with
+    pytest's reason and the case it was in; a run stopped by its own plugin keeps that plugin's reason."""
+    cases = [types.SimpleNamespace(id="fp32-8")]
+    rows = [{"case": "fp32-8", "status": "SUCCESS"}]
+    ctx = types.SimpleNamespace(cases=cases, rows=rows, stop_reason=None, stop_code=None, running_case="fp32-8")
+    said = outcome(ctx, types.SimpleNamespace(shouldstop=shouldstop), exitstatus)
+    assert (said.status, said.reason, said.exit_code, said.running_case) == (INCOMPLETE, reason, rundir.EXIT_INCOMPLETE,
+                                                                              "fp32-8")
+    ctx.stop_reason, ctx.stop_code = "no space left on device", 75
+    assert outcome(ctx, types.SimpleNamespace(shouldstop=shouldstop), exitstatus).reason == "no space left on device"
+
+
+def test_a_complete_run_names_no_running_case_and_a_failed_or_errored_row_exits_one():
+    cases = [types.SimpleNamespace(id=i) for i in ("a", "b")]
+    for status, code in (("SUCCESS", 0), ("FAILED", rundir.EXIT_FAILED_ROWS), ("ERROR", rundir.EXIT_FAILED_ROWS)):
+        rows = [{"case": "a", "status": "SUCCESS"}, {"case": "b", "status": status}]
+        ctx = types.SimpleNamespace(cases=cases, rows=rows, stop_reason=None, stop_code=None, running_case="b")
+        said = outcome(ctx, types.SimpleNamespace(shouldstop=False), pytest.ExitCode.OK)
+        assert (said.status, said.exit_code, said.running_case) == (COMPLETE, code, None), status
