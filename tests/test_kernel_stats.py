@@ -177,6 +177,11 @@ def test_sass_widths_and_classes_from_opcodes():
     w = kernel_stats.count_instructions(wide, "sass")
     assert (w["global loads 256-bit"], w["global loads 8-bit"], w["global loads 16-bit"], w["global stores 16-bit"]) \
         == (1, 1, 1, 1)
+    # AMDGCN's global and buffer forms, loads and stores each (gfx942's compile above asserts neither count).
+    amd = kernel_stats.count_instructions("\n".join(f"  {op} v[0:3], v[4:5], off" for op in (
+        "global_load_dwordx4", "buffer_load_dword", "global_store_dwordx2", "buffer_store_short")), "amdgcn")
+    assert (amd["global loads 128-bit"], amd["global loads 32-bit"], amd["global stores 64-bit"],
+            amd["global stores 16-bit"], amd["buffer loads"]) == (1, 1, 1, 1, 1)
 
 
 # --- every instruction statistic against an independent count of the same compile ----------------------
