@@ -272,3 +272,4 @@ def test_every_instruction_statistic_matches_an_independent_count_in_sass_and_in
     assert checked == 12
     dot = _independent(_opcodes(kernel_stats.disassemble(sm90["dot"][0]["cubin"], tools)[0], "sass"), "sass")
     assert dot["global loads"] == 0 and dot["cp.async"] > 0  # the case the mutant needs: loads via shared memory
+    assert kernel_stats.extract(*sm90["dot"], tools)["global load widths"] == "none"

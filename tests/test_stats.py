@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -200,6 +201,10 @@ def test_detectable_is_where_the_verdict_turns():
     assert stats.compare(a, [x * (1 + d * 1.01) for x in a]).verdict == stats.SLOWER
     assert stats.compare(a, [x * (1 + d * 0.99) for x in a]).verdict != stats.SLOWER
     assert stats.detectable(stats.compare([1.0], [1.0]), 0.05) == math.inf
+    # No degrees of freedom, however finite its sd: nothing is callable. One is enough for a finite figure.
+    alone = stats.Comparison(1.0, 0.9, 1.1, 0.003, stats.SAME, 1, 1, sd=0.01, dof=0.0)
+    assert stats.detectable(alone, 0.05) == math.inf
+    assert math.isfinite(stats.detectable(dataclasses.replace(alone, n_a=2, dof=1.0), 0.05))
 
 
 # Five repeats a side; a side cut short stands for one that lost repeats (a dropped outlier, a failed run).
