@@ -269,7 +269,7 @@ def _checked(meta: Option) -> Callable | None:
     repeatable or multi-value option is checked whole where it is stored; its items by their type."""
     if meta.repeat or meta.nargs or meta.choices or meta.type is None:  # a string: its session says what is wrong
         return meta.type
-    convert = meta.type or str
+    convert = meta.type
 
     def parse(text: str):
         value = convert(text)
