@@ -11,12 +11,18 @@ networked machine needs no step.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import ctypes
 import importlib.util
 import logging
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -24,12 +30,11 @@ import nox
 import nox.command
 
 nox.options.default_venv_backend = "none"
-# A bare `nox` runs the project's own checks; the benchmark sessions and mutants run when named. Not
-# when listing: nox's JSON listing holds only the sessions a bare run selects, and `nox -l --json` must
-# list every session (CI builds its job matrix from it).
+# A bare `nox` runs the project's own checks (and `nox -l` marks those selected); the benchmark sessions
+# and mutants run when named. Not for `--json`: nox's JSON listing holds only the sessions a bare run
+# selects, and `nox -l --json` must list every session (CI builds its job matrix from it).
 _nox_args = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
-if not any(arg in ("--list", "--list-sessions", "--json") or re.fullmatch(r"-[a-zA-Z]*l[a-zA-Z]*", arg)
-           for arg in _nox_args):
+if "--json" not in _nox_args:
     nox.options.sessions = ["tests", "lint"]
 
 HERE = Path(__file__).resolve().parent
@@ -39,6 +44,16 @@ MUTANTS_DIR = HERE / "mutants"
 # asks for OPTIONAL_VENVS first), and logs "uv binary not found." where there is none. No session
 # here uses uv: the line only alarms.
 logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
+# What nox says of a command that a Ctrl-C or SIGTERM stopped: "Interrupted...", when nox got the Ctrl-C
+# too, else "Command ... failed with exit code 130" (or 143).
+_STOPPED_LINE = re.compile(rf"Interrupted\.\.\.|Command .* failed with exit code ({128 + signal.SIGINT}|"
+                           rf"{128 + signal.SIGTERM})")
+# The harness (and the tests' pytest, tests/conftest.py) stop when the process this names, nox, dies.
+END_WITH_ENV = "ZL_BENCH_END_WITH_PID"
+# How often a log (not a terminal) gets mutmut's status line, which it redraws every 0.1 s on a terminal,
+# behind a spinner glyph (a braille pattern).
+MUTMUT_STATUS_EVERY_S = 60.0
+_SPINNER = re.compile(r"^[\u2800-\u28ff] ")
 
 
 def _python() -> str:
@@ -67,13 +82,21 @@ TEST_EXTRAS = ("ray", "submitit", "jsonschema")
 def _light_deps(session: nox.Session, command: str, *extra: str) -> None:
     """Install what `python -m harness COMMAND` (harness.core.deps.needed) and `extra` need and this
     environment lacks into .nox/deps, and put that on the session's PYTHONPATH."""
+    session.env.pop("PYTHONPATH", None)  # the environment's own packages alone
+    installed = _dist_names(DEPS_DIR) if DEPS_DIR.is_dir() else []
+    if installed:
+        # What the environment gained since (`pip install -e .` installs the light packages): its copy
+        # in .nox/deps, first on PYTHONPATH, would shadow the environment's.
+        _drop_shadowing(DEPS_DIR, set(_check(session, "present", *installed).split()))
     if DEPS_DIR.is_dir():
         session.env["PYTHONPATH"] = str(DEPS_DIR)
     missing = _check(session, "missing", command, *extra).split()
     if not missing:
         return
-    session.log(f"installing missing packages into {DEPS_DIR}: {' '.join(missing)}")
-    session.run(_python(), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+    session.log(f"installing into {DEPS_DIR}: {_check(session, 'install-line', *missing)}")
+    # pip's own progress bar where a person watches; in a log, its errors only.
+    quiet = () if sys.stdout.isatty() else ("--quiet", "--progress-bar", "off")
+    session.run(_python(), "-m", "pip", "install", *quiet, "--disable-pip-version-check",
                 "--target", str(DEPS_DIR), "--upgrade", *missing)
     session.env.pop("PYTHONPATH", None)
     _drop_shadowing(DEPS_DIR, set(_check(session, "present", *_dist_names(DEPS_DIR)).split()))
@@ -121,14 +144,25 @@ def _run_harness(session: nox.Session, command: str) -> None:
     when nox dies (harness.core.launch.end_with).
 
     nox ends with 1 for any failed session; the harness's exit codes mean more (README, When things
-    go wrong), so a failure ends nox with the harness's own code, after nox's line naming it."""
+    go wrong), so a failure ends nox with the harness's own code, after nox's line naming it. After a
+    stop, the harness's own last lines, which say what it stopped and what it kept, end the output:
+    nox's lines about the stop are left out, and so is its line saying the session was interrupted."""
+    logging.getLogger("nox").addFilter(_not_a_stop_line)
     try:
         session.run(_python(), "-m", "harness", command, *session.posargs,
-                    env={"ZL_BENCH_END_WITH_PID": str(os.getpid())}, interrupt_timeout=None, terminate_timeout=None)
+                    env={END_WITH_ENV: str(os.getpid())}, interrupt_timeout=None, terminate_timeout=None)
     except nox.command.CommandFailed as failed:
         # A child killed by signal N reads -N here; a shell would say 128+N.
         code = failed.return_code
         sys.exit(128 - code if code < 0 else code)
+    except KeyboardInterrupt:  # nox got the Ctrl-C as well, and waited for the harness to stop
+        sys.exit(128 + signal.SIGINT)
+    finally:
+        logging.getLogger("nox").removeFilter(_not_a_stop_line)
+
+
+def _not_a_stop_line(record: logging.LogRecord) -> bool:
+    return not _STOPPED_LINE.fullmatch(record.getMessage())
 
 
 def _harness(session: nox.Session, command: str) -> None:
@@ -156,6 +190,12 @@ def ab(session: nox.Session) -> None:
 
 
 @nox.session
+def bisect(session: nox.Session) -> None:
+    """The first build in an ordered list (or a git range) at which given rows moved; A/B probes."""
+    _harness(session, "bisect")
+
+
+@nox.session
 def batch(session: nox.Session) -> None:
     """Screen many operators across devices: isolated, timeouts, retries, resume, CSVs."""
     _harness(session, "batch")
@@ -175,7 +215,7 @@ def tests(session: nox.Session) -> None:
     """The project's own tests (CPU only, interpreter backend)."""
     _require_compiler(session)
     _light_deps(session, "tests", *TEST_EXTRAS)
-    session.run(_python(), "-m", "pytest", *session.posargs)
+    _run_as_tree(session, _python(), "-m", "pytest", *session.posargs, env={END_WITH_ENV: str(os.getpid())})
 
 
 @nox.session(venv_backend="virtualenv", tags=["ci"])
@@ -196,9 +236,96 @@ def mutants(session: nox.Session) -> None:
     # mutmut keeps verdicts between runs and retests a survivor only when it is named: a fresh
     # tree makes the score that of the tests as they are now.
     shutil.rmtree(MUTANTS_DIR, ignore_errors=True)
-    session.run(_python(), "-m", "mutmut", "run", *session.posargs)
+    _run_without_spinner(session, _python(), "-m", "mutmut", "run", *session.posargs)
     results = session.run(_python(), "-m", "mutmut", "results", "--all", "true", silent=True, log=False)
     _print_mutation_scores(results)
+
+
+def _run_as_tree(session: nox.Session, *args: str, **kwargs) -> None:
+    """session.run(*args, **kwargs), nothing of which outlives the session: nox becomes the subreaper of
+    what the command starts, a SIGTERM to nox (`timeout`, a job scheduler) is passed on to the command,
+    and once the command ended, what is left of its tree is killed. A signal to the command or its group
+    misses part of it: the tests start harness processes in sessions of their own, and mutmut's fork
+    server and its pytest processes outlive a mutmut killed alone."""
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    previous = signal.signal(signal.SIGTERM, _pass_on)
+    try:
+        session.run(*args, **kwargs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _end_children()
+
+
+def _pass_on(signum, frame) -> None:
+    """`signum` to this process's children: the session's command (and what came here as its subreaper).
+    nox's wait for the command goes on, and sees it end. Raised here as a KeyboardInterrupt instead, it
+    could land as that wait reaps the command, and lose its exit status: Python's subprocess then reads
+    the command as having exited 0, and nox calls the session successful."""
+    for pid in _children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def _end_children() -> None:
+    """SIGKILL and reap every child of this process, and theirs as they come here (the subreaper),
+    until none is left."""
+    while children := _children():
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
+def _children() -> list[int]:
+    me, found = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.name.isdigit():
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:  # the field after the name: its ppid
+                        found.append(int(entry.name))
+    return found
+
+
+def _run_without_spinner(session: nox.Session, *args: str) -> None:
+    """mutmut's `run`, which redraws its status line with a spinner every 0.1 s and has no option against
+    it: as is on a terminal; into a log, the lines it ends, and its status once every
+    MUTMUT_STATUS_EVERY_S."""
+    if sys.stdout.isatty():
+        _run_as_tree(session, *args)
+        return
+    read_fd, write_fd = os.pipe()
+    copier = threading.Thread(target=_copy_status_lines, args=(read_fd, MUTMUT_STATUS_EVERY_S), daemon=True)
+    copier.start()
+    try:
+        with os.fdopen(write_fd, "w") as writer:
+            _run_as_tree(session, *args, stdout=writer)
+    finally:
+        copier.join()  # its last line, stopped or not: the tree is gone, nothing else holds the pipe open
+
+
+def _copy_status_lines(read_fd: int, every_s: float) -> None:
+    """Copy what arrives on `read_fd` to stdout: each line ended by a newline, and of the lines redrawn
+    in place (ended by a carriage return) the latest, at most once every `every_s` and before the next
+    ended line; the spinner glyph in front of them dropped."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending, latest, shown_at = "", "", time.monotonic()
+    with os.fdopen(read_fd, "rb") as reader:
+        while chunk := reader.read1(65536):
+            *segments, pending = re.split(r"(?<=[\r\n])", pending + decoder.decode(chunk))
+            for segment in segments:
+                text = _SPINNER.sub("", segment[:-1]).rstrip()
+                if segment.endswith("\n"):
+                    print(text or latest, flush=True)
+                    latest = ""
+                elif text:
+                    latest = text
+                    if time.monotonic() - shown_at >= every_s:
+                        print(latest, flush=True)
+                        latest, shown_at = "", time.monotonic()
+    last = _SPINNER.sub("", pending).rstrip() or latest  # the line it was redrawing
+    if last:
+        print(last, flush=True)
 
 
 def _print_mutation_scores(results: str) -> None:

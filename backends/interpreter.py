@@ -20,7 +20,7 @@ def identity() -> dict:
 def dtype_problem(dtype: str) -> str | None:
     """Why the interpreter miscomputes `dtype`, or None. Triton's interpreter (3.9 at least) runs bf16
     through NumPy, which has no bf16: a kernel that loads, doubles and stores bf16 values returns other
-    numbers (NaN in the softmax of README's operator example). Probed, not assumed from a version, so a
+    numbers (NaN in the softmax of the operator example in docs/user-guide.md). Probed, not assumed from a version, so a
     fixed interpreter is trusted again."""
     if dtype != "bf16":
         return None

@@ -6,6 +6,8 @@ spec, run it, A/B, batch, inventory regeneration).
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +38,11 @@ COMMANDS = {
                         "FlagGems checkouts",
                         "Rebuild ops/inventory_<repo>.csv by a static scan (nothing is imported) of the built-in "
                         "operators, or of the FlagGems checkouts given with --flaggems-dir."),
+    "bisect": ("find the first build in an ordered list (or a git range) at which rows moved",
+               "Find, for a set of rows (an A/B's FASTER/SLOWER rows, or every row of --ops), the first build in "
+               "an ordered list (--builds FILE, or --git-range with --build-cmd) at which they moved: the first "
+               "build records once, each probe is an A/B replaying that record, and each boundary is confirmed "
+               "by a final A/B of the last good build against the first bad one."),
     "compare-ir": ("compare the IR of two run dirs, per launched variant",
                    "Compare the IR of two run dirs per launched variant: identical, changed (naming the stages "
                    "that differ) or only in one; then what each changed variant's kernel statistics changed."),
@@ -94,9 +101,47 @@ def _add_corpus(sel, run_, command: str) -> None:
     options.CorpusOptions.add_arguments({"selection": sel, "running": run_}, command)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
+PROG = "python -m harness"
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser. An argument its command does not take is that command's error, said with
+    its usage (not the top-level one) and the option nearest to each unknown one; `commands` maps each
+    command to its parser."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(namespace.command, self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}{_nearest(command, extras)}")
+        return namespace
+
+
+def _nearest(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """` (did you mean --backend?)`: the options in `parser`'s usage nearest to the unknown ones."""
+    # Compared without their dashes, which every option shares.
+    known = {flag.lstrip("-"): flag for flag in re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", parser.format_usage())}
+    guesses = [known[match] for arg in unknown if arg.startswith("-")
+               for match in difflib.get_close_matches(arg.split("=", 1)[0].lstrip("-"), known, n=1)]
+    return f" (did you mean {' or '.join(dict.fromkeys(guesses))}?)" if guesses else ""
+
+
+def _prog() -> str:
+    """What was typed to run this: `python -m harness` (as the nox sessions run it), or the command of
+    an editable install (`zl-bench`)."""
+    name = Path(sys.argv[0]).name
+    return PROG if name == "__main__.py" else name
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=DESCRIPTION)
+    # Not required: with no command, main shows this help.
+    sub = parser.add_subparsers(dest="command", parser_class=argparse.ArgumentParser)
+    parser.commands = sub.choices
 
     def command(name: str) -> argparse.ArgumentParser:
         summary, description = COMMANDS[name]
@@ -115,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the record run dir to replay (default: the newest record run under --out)")
     _add_common(rep, "replay", "the run dir")
     rep.add_argument("--sweep-devices", action=options.RecordOnly)
+    rep.add_argument("--case", dest="cases", metavar="ID", action="append", default=None,
+                     help="replay only this case of the record, by its id (a row's `case` in results.json) "
+                          "(repeatable; default: every case)")
     ab = command("ab")
     ab.add_argument("plan", type=Path, nargs="?", default=None,
                     help="plan yaml (default: ops/ab_default.yaml unless --ops or --compare is given)")
@@ -122,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     side.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
                       help="operators to compare (with a corpus option below: a batch selection)")
     options.ExperimentOptions.add_arguments({"experiment": side}, "ab")
+    side.add_argument("--continue", dest="continue_from", type=Path, metavar="AB_DIR", default=None,
+                      help="go on from an interrupted A/B of the same plan: its completed steps are taken over, "
+                           "not run again (a corpus A/B's --resume gives each op's A/B its last one)")
     side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")
@@ -151,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "a Benchmark class or a family key, add the checkouts' core_shapes.yaml keys IN lacks, "
                           "write OUT, and the keys naming nothing to OUT's .unmatched.yaml")
     inv.add_argument("--out", type=Path, metavar="OUT", default=None, help="the migrated shape file")
+    bis = command("bisect")
+    what = bis.add_argument_group(options.GROUPS["bisect"])
+    what.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
+                      help="bisect every row of these operators (the first build records them); or --from-ab")
+    options.BisectOptions.add_arguments({"bisect": what}, "bisect")
+    options.ExperimentOptions.add_arguments({"experiment": bis.add_argument_group(options.GROUPS["experiment"])},
+                                            "bisect")
+    options.RunOptions.add_arguments({key: bis.add_argument_group(options.GROUPS[key])
+                                      for key in ("where", "what", "flaggems", "how")}, "bisect")
+    bis_out = bis.add_argument_group("output").add_mutually_exclusive_group()
+    bis_out.add_argument("--out", metavar="DIR", type=Path, default=None,
+                         help="parent of the bisect dir (default: runs/)")
+    bis_out.add_argument("--run-dir", dest="named_run_dir", metavar="DIR", type=Path, default=None,
+                         help="the bisect dir itself, new or empty (default: a new one under --out)")
     cmp_ = command("compare-ir")
     cmp_.add_argument("run_a", type=Path)
     cmp_.add_argument("run_b", type=Path)
@@ -159,7 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- resolution ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser(_prog() if argv is None else PROG)
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `zl-bench`: what it does, not an error
+        parser.print_help()
+        return 0
     # Each command imports only what it needs: a replay's parent process stays free of torch,
     # scipy and matplotlib (seconds of start-up on every A/B and batch step).
     try:
@@ -180,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                 if compare_batches.names_batches(args.compare):
                     return compare_batches.run_from_args(args)
             return corpus_ab.run_from_args(args) if corpus_ab.wanted(args) else ab.run_from_args(args)
+        if args.command == "bisect":
+            from harness.sessions.bisect import session
+
+            return session.run_from_args(args)
         if args.command == "batch":
             from harness.sessions import batch
 

@@ -133,8 +133,10 @@ def _facts(backend: str) -> int:
 
 def _kept_facts(args: argparse.Namespace) -> dict | None:
     """The device facts an earlier worker of the same side kept in --facts-file, if any."""
+    from harness.core import bounded
+
     try:
-        return json.loads(Path(args.facts_file).read_text()) if args.facts_file else None
+        return bounded.read_json(args.facts_file, "device facts") if args.facts_file else None
     except (OSError, ValueError):  # none kept yet (written whole or not at all: rundir.atomic_write_json)
         return None
 

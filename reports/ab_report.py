@@ -7,6 +7,8 @@ A side's latency is the geometric mean of its repeats (reports.stats.center): th
 `note`, where given, says the timings are not performance numbers (reports.table.not_performance_note):
 it heads every one of them, verdicts are n/a (reports.compare.pair), and the text reports and the plot
 show no ratio, interval or geomean; the CSV and JSON keep the computed values, for checking the pipeline.
+Every row says so itself (a file is often read a row at a time): `measures_performance` false in each
+CSV and JSON row, the NOT_PERFORMANCE flag in each table row.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from reports import explain, stats, table
 from reports.compare import PairedRow, Summary, factor_line
 
 # 2: a row's comparison carries margin, sd, dof, p and q (format 1: a noise floor); the summary fdr
-# and resolution. 3: a row carries process_factor (compare.process_factors).
-REPORT_FORMAT = 3
+# and resolution. 3: a row carries process_factor (compare.process_factors). 4: a row carries
+# measures_performance. 5: a row carries sequential, the summary sequential (reports.sequential).
+REPORT_FORMAT = 5
 HEADERS = ["op", "dtype", "shape", "A ms (gm)", "B ms (gm)", "B/A", "95% CI", "verdict", "control B/A", "flags"]
 
 
@@ -45,7 +48,8 @@ def _interval(lo: float, hi: float) -> str:
 def _cells(row: PairedRow, performance: bool) -> list:
     c = row.comparison
     control = stats.compare(row.a_control_ms, row.b_control_ms).ratio if row.a_control_ms and row.b_control_ms else None
-    flags = list(row.flags) + (["config_differs"] if row.config_differs else [])
+    flags = (list(row.flags) + (["config_differs"] if row.config_differs else [])
+             + ([] if performance else [table.NOT_PERFORMANCE]))
     a, b = _center(row.a_ms), _center(row.b_ms)
     ratio = f"{c.ratio:.4f}" if c else "-"
     interval = (_interval(c.lo, c.hi) if c else "").strip() or "-"
@@ -150,6 +154,11 @@ def render(rows: list[PairedRow], summary: Summary, warnings: list[str], context
         cells = [c[:-1] + [explain.cell(_what_changed(r, what_changed)), c[-1]]
                  for c, r in zip(cells, rows, strict=True)]
         headers = [*HEADERS[:-1], "what changed", HEADERS[-1]]
+    if any(r.sequential for r in rows):
+        # Sequential repeats (reports.sequential): each row's repeats per side and why it stopped there.
+        cells = [c[:-1] + [f"{r.sequential.repeats} {r.sequential.reason}" if r.sequential else "-", c[-1]]
+                 for c, r in zip(cells, rows, strict=True)]
+        headers = [*headers[:-1], "repeats", headers[-1]]
     out = tabulate(cells, headers=headers, tablefmt=fmt, disable_numparse=True)
     kernels = kernels_table(rows, fmt)
     shared = explain.group_lines(explain.groups(
@@ -173,13 +182,13 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["op", "dtype", "shape", "a_ms_geomean", "b_ms_geomean", "ratio", "ci_lo", "ci_hi", "verdict",
-                    "margin", "q", "n_a", "n_b", "flags", "config_differs"])
+                    "margin", "q", "n_a", "n_b", "flags", "config_differs", "measures_performance"])
         for r in rows:
             c = r.comparison
             q = c.q if c and c.q is not None else ""
             w.writerow([r.op, r.dtype, _shape(r), _center(r.a_ms), _center(r.b_ms), c.ratio if c else "",
                         c.lo if c else "", c.hi if c else "", r.verdict, c.margin if c else "", q,
-                        len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs])
+                        len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs, note is None])
     js = out_dir / "report.json"
     rundir.atomic_write_json(js, {
         "format": REPORT_FORMAT, "measures_performance": note is None, "note": note, "context": context,
@@ -190,7 +199,8 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
                   "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
                   "config_differs": r.config_differs, "throttled": r.throttled, "kernels": r.kernels,
                   "errors": r.errors, "what_changed": _what_changed(r, what_changed),
-                  "process_factor": r.process_factor,
+                  "process_factor": r.process_factor, "measures_performance": note is None,
+                  "sequential": r.sequential.to_json() if r.sequential else None,
                   "comparison": dataclasses.asdict(r.comparison) if r.comparison else None} for r in rows]})
     return [md, csv_path, js, plot(out_dir / "ratios.png", rows, context, note)]
 

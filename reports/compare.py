@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ FAILED_STATUSES = ("FAILED", "ERROR")
 FAILED, UNPAIRED = "FAILED", "UNPAIRED"
 # The margin of a row compared from one run per side (3%): the samples of one process each measure
 # nothing of how two processes of the same build differ (clocks, placement, code layout); run an A/A
-# (the same compiler screened twice) to see that on your machine (README, Corpus report).
+# (the same compiler screened twice) to see that on your machine (docs/verdicts.md, One run per side).
 SINGLE_RUN_MARGIN = 0.03
 
 
@@ -68,6 +69,8 @@ class PairedRow:
     b_procs: list[str] = dataclasses.field(default_factory=list)
     # How much of its processes' speed factor was taken out of its latencies (process_factors); None: none.
     process_factor: float | None = None
+    # A sequential A/B (reports.sequential): where the row stopped, at how many repeats, and why.
+    sequential: Any = None  # a reports.sequential.Settlement (that module builds on this one)
 
     @property
     def label(self) -> str:
@@ -364,21 +367,26 @@ def _adjusted(r: PairedRow, factors: dict[tuple[str, str], float]) -> tuple[list
                  for ms, procs in ((r.a_ms, r.a_procs), (r.b_ms, r.b_procs)))
 
 
-def judge(rows: list[PairedRow], fdr: float = stats.FDR) -> None:
+def judge(rows: list[PairedRow], fdr: float = stats.FDR,
+          prior: stats.PriorModel | None = None) -> stats.PriorModel:
     """The report's verdicts, over all its rows at once. Rows of repeats have their variance
     moderated by a prior learnt from the unflagged such rows (a throttled or incomplete row's spread
     is not the machine's), and every compared row's FASTER/SLOWER call must survive
     Benjamini-Hochberg at `fdr` over the report. A repeat far outside its row's prior is left out
     (stats.drop_outliers) and named in `dropped`. A row of one run per side compares raw samples of
     one process each: nothing measures the difference between processes, so its margin is
-    SINGLE_RUN_MARGIN and its variance is its own."""
+    SINGLE_RUN_MARGIN and its variance is its own. A sequential A/B is judged by
+    reports.sequential.judge, which judges each of its looks by this function. `prior`:
+    the model to moderate by where it was learnt elsewhere (a sequential A/B's first look, before
+    any row stopped); returns the model used."""
     judged = [r for r in rows if r.comparison is not None and r.comparison.verdict != stats.NOT_APPLICABLE]
     repeated = [r for r in judged if not r.single]
     factors = process_factors(repeated)
     timed = {id(r): _adjusted(r, factors) for r in repeated}
     pool = [r for r in repeated if not r.flags]
     variances, dofs = zip(*[stats.residual(*timed[id(r)]) for r in pool], strict=True) if pool else ((), ())
-    model = stats.PriorModel(variances, dofs, [stats.center(timed[id(r)][0]) for r in pool])
+    model = prior if prior is not None else stats.PriorModel(
+        variances, dofs, [stats.center(timed[id(r)][0]) for r in pool])
     for r in judged:
         if r.single:
             r.comparison = stats.compare(r.a_ms, r.b_ms, margin=SINGLE_RUN_MARGIN)
@@ -393,6 +401,7 @@ def judge(rows: list[PairedRow], fdr: float = stats.FDR) -> None:
         r.comparison = stats.compare(a, b, prior)
     for r, c in zip(judged, stats.adjust([r.comparison for r in judged], fdr), strict=True):
         r.comparison = c
+    return model
 
 
 def call_threshold(rows: list[PairedRow], fdr: float) -> float:
@@ -417,10 +426,33 @@ def resolution(rows: list[PairedRow], fdr: float) -> list[dict]:
         lower = upper
         if not band:
             continue
-        smallest = [stats.detectable(r.comparison, alpha) for r in band]
+        # A sequential row's last interval spent its look's share of the error rate (reports.sequential).
+        smallest = [stats.detectable(r.comparison, alpha * (r.sequential.share if r.sequential else 1.0)) for r in band]
         out.append({"band": label, "rows": len(band), "detectable": float(np.median(smallest)),
-                    "unresolved": [r.label for r, s in zip(band, smallest, strict=True) if s > stats.SAME_MARGIN]})
+                    "unresolved": [r.label for r, s in zip(band, smallest, strict=True) if _unresolved(r, s)]})
+        if any(r.sequential for r in band):
+            out[-1]["repeats"] = float(np.mean([r.sequential.repeats for r in band]))
     return out
+
+
+def _unresolved(r: PairedRow, smallest: float) -> bool:
+    """Whether a row could not resolve the size asked: at fixed repeats, a change of SAME_MARGIN (its
+    smallest callable change is larger); under sequential repeats, the --resolve size (neither called
+    nor SAME at it by its last look)."""
+    return not r.sequential.resolved if r.sequential else smallest > stats.SAME_MARGIN
+
+
+def sequential_summary(rows: list[PairedRow]) -> dict | None:
+    """Where the rows of a sequential A/B stopped: its looks, cap and resolve, the mean repeats per
+    side its judged rows used, and how many stopped for each reason; None at fixed repeats."""
+    settled = [r.sequential for r in rows if r.sequential is not None]
+    if not settled:
+        return None
+    schedule = settled[0].schedule
+    used = [s.repeats for s in settled if s.repeats]
+    return {"looks": schedule.spending(), "cap": schedule.cap, "resolve": schedule.resolve,
+            "repeats": float(np.mean(used)) if used else 0.0,
+            "reasons": dict(collections.Counter(s.reason for s in settled))}
 
 
 @dataclasses.dataclass
@@ -436,6 +468,8 @@ class Summary:
     fdr: float = stats.FDR
     # resolution(): per latency band, what the headline rows could have called.
     resolution: list[dict] = dataclasses.field(default_factory=list)
+    # sequential_summary(): a sequential A/B's looks and where its rows stopped (None: fixed repeats).
+    sequential: dict | None = None
 
     @property
     def calls(self) -> int:
@@ -449,15 +483,28 @@ class Summary:
     def resolution_lines(self) -> list[str]:
         """The power table in words: 'the smallest change callable, per latency band'."""
         if not self.resolution:
-            return []
-        bands = "; ".join(f"{b['detectable']:.1%} on {b['band']} rows ({b['rows']})" for b in self.resolution)
+            return self.sequential_lines()
+        bands = "; ".join(f"{b['detectable']:.1%} on {b['band']} rows ({b['rows']}"
+                          + (f", {b['repeats']:.1f} repeats" if "repeats" in b else "") + ")" for b in self.resolution)
         lines = [f"smallest change callable (median per latency band, beyond the {stats.MARGIN:.1%} margin): {bands}"]
         unresolved = [name for b in self.resolution for name in b["unresolved"]]
         if unresolved:
             names = ", ".join(unresolved[:10]) + (", ..." if len(unresolved) > 10 else "")
             lines.append(f"rows that could not have called a {stats.SAME_MARGIN:.0%} change (too noisy at these "
-                         f"repeats): {len(unresolved)} ({names})")
-        return lines
+                         f"repeats): {len(unresolved)} ({names})" if self.sequential is None else
+                         f"rows that could not resolve a {self.sequential['resolve']:.1%} change by the cap "
+                         f"({self.sequential['cap']} repeats): {len(unresolved)} ({names})")
+        return self.sequential_lines() + lines
+
+    def sequential_lines(self) -> list[str]:
+        """A sequential A/B's rule and where its rows stopped, in words."""
+        if self.sequential is None:
+            return []
+        seq = self.sequential
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(seq["reasons"].items()))
+        return [f"sequential repeats: looks at {', '.join(map(str, seq['looks']))} repeats per side (O'Brien-Fleming "
+                f"alpha spending, Bonferroni over looks); rows used {seq['repeats']:.1f} repeats per side on average; "
+                f"stopped: {reasons}; SAME means no change beyond {seq['resolve']:.1%} (--resolve)"]
 
 
 def aggregate(comparisons: list[stats.Comparison]) -> tuple[float, float, float]:
@@ -482,7 +529,7 @@ def summarize(rows: list[PairedRow], fdr: float = stats.FDR) -> Summary:
         verdicts=dict(collections.Counter(r.comparison.verdict for r in head)),
         overall=aggregate([r.comparison for r in head]), per_op=per_op,
         control=aggregate(controls), config_differs=sum(1 for r in rows if r.config_differs), fdr=fdr,
-        resolution=resolution(rows, fdr))
+        resolution=resolution(rows, fdr), sequential=sequential_summary(rows))
 
 
 def calibration(identical: list[PairedRow], calls: int, fdr: float) -> tuple[str, bool] | None:

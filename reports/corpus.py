@@ -34,15 +34,14 @@ from pathlib import Path
 from tabulate import tabulate
 
 import backends
-from harness.core import batchdir, ir_index, rundir
+from harness.core import batchdir, bounded, ir_index, rundir
 from harness.core.errors import UsageError
-from reports import corpus_html, explain, stats, table
+from reports import corpus_html, explain, sequential, stats, table
 from reports.compare import (
     SINGLE_RUN_MARGIN,
     PairedRow,
     aggregate,
     calibration,
-    judge,
     pair,
     passes_key,
     profiled_runs,
@@ -50,8 +49,8 @@ from reports.compare import (
 )
 
 # 2: rows carry margin, q and sd (format 1: floor); the summary fdr, resolution, calibration.
-# 3: rows carry process_factor.
-REPORT_FORMAT = 3
+# 3: rows carry process_factor. 4: rows and ops carry measures_performance.
+REPORT_FORMAT = 4
 # A FASTER or SLOWER row whose launched kernels have byte-identical IR on both sides at every hashed stage
 # (ir_index.HASHED_STAGES): unless the change lies below the IR (the assembler, the launch path), the
 # device ran the same code and the difference is between the sides' processes. Listed apart; the verdict
@@ -107,7 +106,9 @@ def _performance(backend_names: set[str]) -> str | None:
 
 # --- IR ---------------------------------------------------------------------------------------------
 def _ttgir(run_dir: Path, row: dict | None) -> list[str]:
-    return (run_dir / ir_index.IR_DIR / row["file"]).read_text().splitlines(keepends=True) if row else []
+    if not row:
+        return []
+    return bounded.read_text(run_dir / ir_index.IR_DIR / row["file"], "IR file").splitlines(keepends=True)
 
 
 def _variant_diff(run_a: Path, run_b: Path, ra: dict | None, rb: dict | None) -> dict:
@@ -177,7 +178,7 @@ class _OpResult:
     status_b: str = ""
 
 
-def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dict:
+def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple, performance: bool) -> dict:
     c = r.comparison
     control = stats.compare(r.a_control_ms, r.b_control_ms).ratio if r.a_control_ms and r.b_control_ms else None
     lo, hi = _bounds(c.lo, c.hi) if c else (None, None)
@@ -193,20 +194,20 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple) -> dic
         "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),
         "run_a": str(op.run_a) if op.run_a else None, "run_b": str(op.run_b) if op.run_b else None,
-        "ir": row_ir(ir_indexes, op.run_a, op.run_b, r.dtype, r.shape)}
+        "ir": row_ir(ir_indexes, op.run_a, op.run_b, r.dtype, r.shape), "measures_performance": performance}
 
 
 def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: dict, warnings: list[str],
-              note: str | None, sources: dict, fdr: float) -> dict:
+              note: str | None, sources: dict, fdr: float, schedule: sequential.Schedule | None = None) -> dict:
     rows, per_op = [], []
     all_paired = []
     # Over the whole corpus: the more rows of a latency, the better their prior; and the FDR holds
     # over the report.
-    judge([r for op in ops for r in op.rows], fdr)
+    sequential.judge([r for op in ops for r in op.rows], fdr, schedule)
     for op in ops:
         indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))
         basis = SINGLE_RUN if op.single else REPEATS
-        op_rows = [_row_dict(op, r, basis, indexes) for r in op.rows]
+        op_rows = [_row_dict(op, r, basis, indexes, note is None) for r in op.rows]
         explain.annotate(op_rows, op.run_a, op.run_b, indexes)
         rows += op_rows
         all_paired += op.rows
@@ -219,7 +220,7 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
         warnings.append(checked[0])
     head = [r for r in rows if r["in_headline"]]
     single = any(r["basis"] == SINGLE_RUN for r in head)
-    op_entries = [_op_entry(op, op_rows, single) for op, op_rows in per_op]
+    op_entries = [_op_entry(op, op_rows, single, note is None) for op, op_rows in per_op]
     if single:
         # Rows of one operator share their two processes: the independent units are the operators.
         op_gms = [e["geomean"]["ratio"] for e in op_entries if e["geomean"]["ratio"] is not None]
@@ -271,7 +272,7 @@ def _identical_ir_spread(head: list[dict]) -> dict | None:
     return {"rows": len(ratios), "spread": round(stats.spread(ratios), 4)}
 
 
-def _op_entry(op: _OpResult, rows: list[dict], single: bool) -> dict:
+def _op_entry(op: _OpResult, rows: list[dict], single: bool, performance: bool) -> dict:
     head = [r for r in rows if r["in_headline"]]
     ratios = [r["ratio"] for r in head if r["ratio"] is not None]
     if single:
@@ -288,7 +289,8 @@ def _op_entry(op: _OpResult, rows: list[dict], single: bool) -> dict:
             "config_differs": sum(1 for r in rows if r["config_differs"]),
             "ir_changed_rows": sum(1 for r in rows if r["ir"]["status"] == "changed"),
             "status_a": op.status_a, "status_b": op.status_b, "notes": op.notes,
-            "run_a": str(op.run_a) if op.run_a else None, "run_b": str(op.run_b) if op.run_b else None}
+            "run_a": str(op.run_a) if op.run_a else None, "run_b": str(op.run_b) if op.run_b else None,
+            "measures_performance": performance}
 
 
 # --- sources ----------------------------------------------------------------------------------------
@@ -296,7 +298,7 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
     """One single-op A/B dir per operator (op key, ab dir), as harness.sessions.ab writes it: the
     replays its ab.json lists as completed are paired, with the plan's repeats expected per side.
     An operator whose A/B left nothing to pair is listed with the reason, never dropped."""
-    found, unpaired, warnings, backend_names = [], [], [], set()
+    found, unpaired, warnings, backend_names, schedules = [], [], [], set(), set()
     for key, ab_dir in items:
         ab_dir = Path(ab_dir)
         try:
@@ -321,7 +323,13 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
             unpaired.append({"op": key, "reason": "; ".join([f"no completed replay of side {missing}", *notes])})
             continue
         backend_names.add(state["plan"]["backend"])  # resolved by the A/B before it ran
-        found.append((key, runs, int(state["plan"]["repeats"]), notes))
+        schedule = sequential.Schedule.from_plan(state["plan"])
+        schedules.add(schedule)
+        # Under --repeats auto a row is asked for the first round's repeats, then as long as it stays open.
+        found.append((key, runs, schedule.first if schedule else int(state["plan"]["repeats"]), notes))
+    if len(schedules) > 1:  # one corpus A/B's ops share its plan: these dirs come from several
+        raise UsageError("these A/B dirs were timed under different repeats (fixed and --repeats auto, or two "
+                         "schedules): one report judges them under one rule")
     note = _performance(backend_names)
     ops = []
     for key, runs, repeats, notes in found:
@@ -330,7 +338,18 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
         ops.append(_OpResult(key, pair(runs["A"], runs["B"], repeats, performance=note is None, profiled=profiled),
                              *profiled, notes, single))
     sources = {"a": None, "b": None, "ab_dirs": {key: str(d) for key, d in items}}
-    return _assemble("ab_dirs", ops, unpaired, dict(context), warnings, note, sources, fdr)
+    return _assemble("ab_dirs", ops, unpaired, dict(context), warnings, note, sources, fdr,
+                     next(iter(schedules), None))
+
+
+def from_paired(items: list[tuple[str, list[PairedRow], Path | None, Path | None]], context: dict, warnings: list[str],
+                note: str | None, fdr: float = stats.FDR, schedule: sequential.Schedule | None = None) -> dict:
+    """One A/B's ops (key, its paired rows, the runs its IR is compared between), as harness.sessions.ab
+    paired them, as a report's data: the page a single A/B writes beside its report.md, judged by the
+    same rule over the same rows."""
+    ops = [_OpResult(key, rows, run_a, run_b, [], any(r.single for r in rows)) for key, rows, run_a, run_b in items]
+    sources = {"a": None, "b": None, "ab_dirs": {}}
+    return _assemble("ab", ops, [], dict(context), list(warnings), note, sources, fdr, schedule)
 
 
 def _batch_status(batch_dir: Path) -> tuple[dict, dict[str, batchdir.StatusRow]]:
@@ -394,7 +413,8 @@ def headline(data: dict) -> list[str]:
     """The report's first lines, as the terminal shows them."""
     s, ctx, performance = data["summary"], data["context"], data["measures_performance"]
     lines = [data["note"]] if data["note"] else []
-    lines.append(f"corpus A/B: A = {ctx.get('a', 'A')}, B = {ctx.get('b', 'B')}; "
+    what = "A/B" if data["kind"] == "ab" else "corpus A/B"
+    lines.append(f"{what}: A = {ctx.get('a', 'A')}, B = {ctx.get('b', 'B')}; "
                  "ratio = B latency / A latency (below 1: B faster)")
     lines.append(f"basis: {data['basis_note']}")
     lines += [f"WARNING: {w}" for w in data["warnings"]]
@@ -460,7 +480,7 @@ def markdown(data: dict) -> str:
 
 CSV_COLUMNS = ("op_key", "op", "dtype", "shape", "basis", "a_gm_ms", "b_gm_ms", "ratio", "ci_lo", "ci_hi",
                "margin", "q", "verdict", "n_a", "n_b", "control_ratio", "in_headline", "flags", "config_differs",
-               "ir_status", "ir_changed_variants", "run_a", "run_b")
+               "ir_status", "ir_changed_variants", "run_a", "run_b", "measures_performance")
 
 
 def to_csv(data: dict) -> str:
@@ -471,7 +491,7 @@ def to_csv(data: dict) -> str:
         w.writerow([r["op_key"], r["op"], r["dtype"], _shape(r), r["basis"], r["a"]["gm_ms"], r["b"]["gm_ms"],
                     r["ratio"], r["lo"], r["hi"], r["margin"], r["q"], r["verdict"], r["a"]["n"], r["b"]["n"],
                     r["control_ratio"], r["in_headline"], ";".join(r["flags"]), r["config_differs"],
-                    r["ir"]["status"], len(r["ir"]["variants"]), r["run_a"], r["run_b"]])
+                    r["ir"]["status"], len(r["ir"]["variants"]), r["run_a"], r["run_b"], r["measures_performance"]])
     return out.getvalue()
 
 

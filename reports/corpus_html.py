@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 import markupsafe
 
-from reports import explain, stats
+from reports import explain, stats, table
 
 VERDICT_COLORS = {stats.SLOWER: "#c62828", stats.FASTER: "#2e7d32", stats.SAME: "#757575", stats.NOISY: "#ef6c00",
                   stats.NOT_APPLICABLE: "#757575", "UNPAIRED": "#6a1b9a", "FAILED": "#b71c1c"}
@@ -38,6 +38,17 @@ def _num(value, performance: bool) -> str:
     if value is None:
         return "-"
     return f"{value:.4f}" if performance else stats.NOT_APPLICABLE
+
+
+def _ms(value) -> str:
+    """A latency, shown whatever the backend, as every other report shows it: a timing is what was
+    measured; the row's NOT_PERFORMANCE flag says when it is no performance number."""
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _latency(value) -> dict:
+    """A latency cell, sorted by its value."""
+    return {"text": _ms(value), "v": value}
 
 
 def _sortable(value, performance: bool) -> dict:
@@ -60,10 +71,12 @@ def _counts(verdicts: dict) -> list[tuple[str, int]]:
 
 def figure(data: dict):
     """The B/A distribution of the headline rows, stacked by verdict, as a matplotlib Figure. Where the
-    timings are not performance numbers the tables call every ratio n/a, and nothing is plotted."""
+    timings are not performance numbers the tables call every ratio n/a, and nothing is plotted. Its
+    title counts the headline rows as the headline does, and says which of them it could not plot."""
     from matplotlib.figure import Figure
 
-    rows = [r for r in data["rows"] if r["in_headline"] and r["ratio"]] if data["measures_performance"] else []
+    headline = [r for r in data["rows"] if r["in_headline"]]
+    rows = [r for r in headline if r["ratio"]] if data["measures_performance"] else []
     fig = Figure(figsize=(8, 3.2), layout="tight")
     ax = fig.add_subplot()
     if rows:
@@ -83,9 +96,18 @@ def figure(data: dict):
         ax.set_axis_off()
         ax.text(0.5, 0.5, "no rows to plot" if data["measures_performance"] else "no ratios to plot: see the note",
                 ha="center", va="center", transform=ax.transAxes)
-    title = f"B/A of {len(rows)} headline rows"
+    title = plot_title(len(rows), len(headline), data["measures_performance"])
     ax.set_title(f"{data['note']}\n{title}" if data["note"] else title, fontsize=8 if data["note"] else 10)
     return fig
+
+
+def plot_title(plotted: int, headline: int, performance: bool) -> str:
+    """`B/A of 6 headline rows`; one that plots fewer than the headline's rows says how many and why."""
+    if not performance:
+        return f"B/A of {headline} headline rows: not plotted, the timings are not performance numbers"
+    if plotted < headline:
+        return f"B/A of {plotted} of {headline} headline rows ({headline - plotted} without a ratio)"
+    return f"B/A of {headline} headline rows"
 
 
 def plot_png(data: dict) -> str:
@@ -127,12 +149,12 @@ def _what_changed(what: dict | None) -> dict | None:
     return {"cells": cells, "text": what["text"]}
 
 
-def _side(summary: dict, repeats, performance: bool) -> str:
+def _side(summary: dict, repeats) -> str:
     if not summary["n"]:
         return "none"
-    text = (f"n={summary['n']} geometric mean {_num(summary['gm_ms'], performance)} ms "
-            f"(min {_num(summary['min_ms'], performance)}, max {_num(summary['max_ms'], performance)})")
-    if repeats and performance:
+    text = (f"n={summary['n']} geometric mean {_ms(summary['gm_ms'])} ms "
+            f"(min {_ms(summary['min_ms'])}, max {_ms(summary['max_ms'])})")
+    if repeats:
         text += "; repeats: " + ", ".join(f"{x:.4f}" for x in repeats)
     return text
 
@@ -148,8 +170,8 @@ def _detail(r: dict, performance: bool, basis_note: str) -> list[dict]:
         ("margin", f"{r['margin']:.2%}" if r["margin"] is not None else "-"),
         ("q (FDR-adjusted)", f"{r['q']:.3g}" if performance and r["q"] is not None else "-"),
         ("basis", basis_note if r["basis"] == "single_run" else "independent repeats"),
-        ("A latency", _side(r["a"], r["a_repeats_ms"], performance)),
-        ("B latency", _side(r["b"], r["b_repeats_ms"], performance)),
+        ("A latency", _side(r["a"], r["a_repeats_ms"])),
+        ("B latency", _side(r["b"], r["b_repeats_ms"])),
         ("control B/A", _num(r["control_ratio"], performance)),
         ("timers", ", ".join(r["timers"]) or "-"),
         ("flags", ", ".join(r["flags"]) or "none"),
@@ -170,7 +192,8 @@ ROW_COLUMNS = (("op", "op", "str"), ("dtype", "dtype", "str"), ("shape", "shape"
 def _row(r: dict, performance: bool, basis_note: str) -> dict:
     shape = "x".join(map(str, r["shape"] or ()))
     ir = r["ir"]
-    flags = r["flags"] + (["config_differs"] if r["config_differs"] else [])
+    flags = (r["flags"] + (["config_differs"] if r["config_differs"] else [])
+             + ([] if performance else [table.NOT_PERFORMANCE]))
     interval = f"[{r['lo']:.4f}, {r['hi']:.4f}]" if performance and r["lo"] is not None else _num(None, performance)
     configs = ("A: " + json.dumps(r["configs_a"], indent=1) + "\nB: " + json.dumps(r["configs_b"], indent=1)
                if r["config_differs"] else "")
@@ -178,7 +201,7 @@ def _row(r: dict, performance: bool, basis_note: str) -> dict:
             "ir_status": ir["status"], "flagged": int(not r["in_headline"]),
             # A benchmark whose inputs carry no dtype (integer or index inputs) has rows without one.
             "text": " ".join([r["op_key"], r["dtype"] or "", shape, *flags]).lower(),
-            "a": _sortable(r["a"]["gm_ms"], performance), "b": _sortable(r["b"]["gm_ms"], performance),
+            "a": _latency(r["a"]["gm_ms"]), "b": _latency(r["b"]["gm_ms"]),
             "ratio": _ratio(r["ratio"], performance, r["verdict"]),
             "interval": {"text": interval, "v": r["hi"] if performance else None},
             "control": _sortable(r["control_ratio"], performance),
@@ -210,7 +233,8 @@ def render(data: dict, headline: list[str]) -> str:
     performance = data["measures_performance"]
     css, js = ((TEMPLATES / name).read_text() for name in ("corpus_report.css", "corpus_report.js"))
     return _JINJA.get_template("corpus_report.html.j2").render(
-        title=f"Corpus A/B: {data['context'].get('a', 'A')} vs {data['context'].get('b', 'B')}",
+        title=f"{'A/B' if data['kind'] == 'ab' else 'Corpus A/B'}: {data['context'].get('a', 'A')} vs "
+              f"{data['context'].get('b', 'B')}",
         # Our own files, inlined as they are.
         css=markupsafe.Markup(css), js=markupsafe.Markup(js),
         headline=[("note" if line == data["note"] else "warn" if line.startswith("WARNING") else "", line)

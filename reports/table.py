@@ -66,6 +66,11 @@ def kernels_cell(kernels: list[dict] | None, top: int = TOP_KERNELS) -> str:
     return ", ".join(parts)
 
 
+# The flag on every table row whose timings are not performance numbers (with the note atop the table):
+# a row copied out of a report still says so.
+NOT_PERFORMANCE = "NOT_PERFORMANCE"
+
+
 def not_performance_note(backend: str) -> str:
     """Said once at the top of every report on a backend whose timings are not performance numbers."""
     return (f"NOTE: backend '{backend}' exercises the pipeline only: its timings are not performance numbers "

@@ -107,7 +107,7 @@ class FakeWorker:
     def begin(self):
         self.begun = True
 
-    def start(self, argv, log, on_stdout, guard=None):
+    def start(self, argv, log, on_stdout, guard=None, gate=None):
         assert self.begun and not self.closed
         index = self.launcher.workers.index(self)
         on_stdout(f"forked {argv[0]}\n")  # as the worker's pump hands on each line of the op's stdout
@@ -136,9 +136,10 @@ class Launcher:
     def __call__(self, argv, *, log=None, **kw):
         if argv[1:3] == ["-m", "harness.providers.probe"]:  # --ops-path modules import for real, apart
             return REAL_START(argv, log=log, **kw)
-        guard = opguard.command(Path(argv[4]), argv[6:])
-        assert argv == guard, argv  # every op attempt started fresh runs under its guard
-        return self.child(argv[6:], Path(argv[4]), log, kw)
+        cmd = argv[argv.index("--") + 1:]
+        guard = opguard.command(Path(argv[4]), cmd, kw.pop("pass_fds")[0])
+        assert argv == guard, argv  # every op attempt started fresh runs under its guard, behind its start gate
+        return self.child(cmd, Path(argv[4]), log, kw)
 
     def worker(self, log) -> FakeWorker:
         """What a batch's device thread gets for its warm worker (Batch._new_worker)."""
@@ -208,6 +209,9 @@ class HangingOp:
 
     def start(self, argv, **kwargs):
         guard, cmd = argv[:argv.index("--") + 1], argv[argv.index("--") + 1:]
+        # Its guard runs it at once, not at the batch's go (opguard.passed_gate), which comes only once this
+        # start returned: here, once the op runs.
+        guard = [a for a in guard if not a.startswith("--gate=")]
         if self.on_start is not None:
             self.on_start(cmd)
         child = self.real_start([*guard, sys.executable, str(self.script), str(self.pids), "op"], **kwargs)

@@ -62,6 +62,30 @@ def harness():
 # `leaves_no_process` finds it.
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 LEFTOVER_GRACE_S = 30  # for a process a test stopped to finish its own stop
+RUN_PID = os.getpid()
+
+
+def _end_run(signum, frame):
+    """A SIGTERM (`timeout`, a job scheduler, the end of the nox session that started us) ends the run,
+    and first every process a test started, however detached (they all end up our children, the
+    subreaper): the default action would end pytest alone, and a test's `python -m harness batch`,
+    in a session of its own, would run on."""
+    if os.getpid() != RUN_PID:  # a fork a test made of this process: as if this handler were not here
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    while children := launch.children():
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+signal.signal(signal.SIGTERM, _end_run)
+launch.end_with_starter()  # under `nox -s tests`: SIGTERM once nox is gone, however it died
 
 
 @pytest.fixture(autouse=True)

@@ -76,7 +76,7 @@ def test_ab_flow_pairs_rows_and_writes_every_report_file(harness, tmp_path):
                    "--b-env", "ZL_TEST_SWITCH=1", "--repeats", "2", "--out", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     d = ab_dir_of(proc)
-    for name in ("report.md", "report.csv", "report.json", "ratios.png", "ab.json", "ab.log"):
+    for name in ("report.md", "report.csv", "report.json", "report.html", "ratios.png", "ab.json", "ab.log"):
         assert (d / name).is_file(), name
     state = load(d / "ab.json")
     assert state["complete"] is True
@@ -337,6 +337,28 @@ def test_verdicts_only_where_the_backend_measures_performance(tmp_path, capsys, 
     assert (tmp_path / "out" / "ratios.png").is_file()
 
 
+def test_an_ab_writes_its_rows_as_the_offline_report_page_with_the_verdicts_of_report_json(tmp_path, capsys):
+    # Two ops, one 10% slower on B, one unchanged: the page (report.html, as a corpus A/B writes) shows each
+    # row under its op with the verdict report.json gives it, judged over the same rows.
+    def repeats(name, ms):
+        return [_fake_run(tmp_path / f"{name}{i}", m) for i, m in enumerate(ms)]
+    groups = [{"A": repeats("a", (2.0, 2.002, 1.998)), "B": repeats("b", (2.2, 2.202, 2.198))},
+              {"A": repeats("c", (1.0, 1.001, 0.999)), "B": repeats("d", (1.0, 1.001, 0.999))}]
+    for group, op in zip(groups, ("slow_op", "same_op"), strict=True):
+        for run in group["A"] + group["B"]:
+            data = json.loads((run / "results.json").read_text())
+            data["rows"][0]["op"] = op
+            (run / "results.json").write_text(json.dumps(data))
+    assert ab.report(tmp_path / "out", groups, {"a": "before", "b": "after"}, [], {"cuda"}) == 0
+    capsys.readouterr()
+    verdicts = {r["op"]: r["comparison"]["verdict"] for r in load(tmp_path / "out" / "report.json")["rows"]}
+    assert verdicts == {"slow_op": "SLOWER", "same_op": "SAME"}
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<title>A/B: before vs after</title>" in page
+    for op, verdict in verdicts.items():
+        assert re.search(rf'data-op="{op}"[^>]*data-verdict="{verdict}"', page), (op, verdict)
+
+
 def _headline_is_a_markdown_list(md: str) -> list[str]:
     """The lines between the title and the table, each a list item (CommonMark would join plain
     adjacent lines into one paragraph); an indented line is a nested item."""
@@ -354,7 +376,7 @@ def test_report_md_headline_is_one_list_item_per_line(tmp_path, capsys):
     assert any(line.startswith("  - add: ") for line in head)  # the per-op geomean, under the overall one
 
 
-# Synthetic A/B results for the headline and flag rules (README, A/B). Each repeat jitters both
+# Synthetic A/B results for the headline and flag rules (docs/verdicts.md). Each repeat jitters both
 # sides alike, so every row's B/A is exactly the ratio it was built with.
 JITTER = (1.0, 1.001, 0.999)
 

@@ -7,6 +7,7 @@ each step is told (its run dir, its target, which steps carry the one-off passes
 interpreter, environment and cache), ab.json as the steps land, the warnings and the exit code of an
 A/B whose steps fail, die or are stopped. The real processes are in tests/test_ab.py (e2e)."""
 
+import collections
 import dataclasses
 import json
 import os
@@ -686,6 +687,24 @@ def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_step_be
         assert worker.cache_root == str(Path(told["argv"][-1]).parent)
     # The first op's first workers import while the sides' Triton is identified (a subprocess each), not after.
     assert steps.begun_when_identified == [[True] * 3] * 2
+    assert all(w.closed for w in steps.workers)
+
+
+def test_prewarmed_workers_are_a_bounded_pool_whatever_the_repeats(tmp_path, monkeypatch):
+    """prewarmed, 40 repeats: at no step more than PREWARM_MAX_PER_SIDE workers a side begun and not ended
+    (not two per repeat at once); every step still forks from a worker of its own, those past the pool's
+    begun as their step starts."""
+    steps = Steps(monkeypatch)
+    plan = "ops: [add]\nrepeats: 40\nstep_start: prewarmed\nb: {env: {SIDE: b}}\n"
+    assert ab.run_from_args(_ab(tmp_path, plan)) == 0
+    assert len(steps.told) == 1 + 2 + 2 * 40
+    starters = [t["starter"].__self__ for t in steps.told]
+    assert len({id(w) for w in starters}) == len(steps.told)
+    for told in steps.told:
+        made = steps.workers[:len(told["begun"])]  # those made by the time of that step
+        alive = collections.Counter(w.env.get("SIDE", "a") for w, begun in zip(made, told["begun"], strict=True)
+                                    if begun and id(w) not in told["closed"])
+        assert max(alive.values(), default=0) <= ab.PREWARM_MAX_PER_SIDE, alive
     assert all(w.closed for w in steps.workers)
 
 

@@ -74,9 +74,17 @@ def test_a_backend_named_by_an_alias_is_planned_under_its_own_name():
 def test_an_ab_whose_sides_do_not_differ_says_it_is_an_a_a_run(capsys):
     plan = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter"))
     assert (plan.name, plan.ops, plan.a.describe(), plan.b.describe()) == ("adhoc", ["add"], "as is", "as is")
+    ab.say_if_a_a(plan)
     assert "note: sides A and B are identical: this is an A/A run (measures noise)" in capsys.readouterr().out
-    ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter", "--b-env", "X=1"))
+    ab.say_if_a_a(ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter", "--b-env", "X=1")))
     assert "A/A" not in capsys.readouterr().out
+
+
+def test_an_ab_of_an_unknown_op_says_only_that(capsys):
+    # Not the A/A note first: the plan does not run.
+    with pytest.raises(UsageError, match="^unknown operator .sofmax.; built-in: add, gelu, mm, rms_norm, softmax;"):
+        ab.run_from_args(_args("--ops", "sofmax", "--backend", "interpreter"))
+    assert capsys.readouterr().out == ""
 
 
 def test_a_command_line_the_ab_cannot_run_is_refused_before_anything_runs(tmp_path):
@@ -135,7 +143,13 @@ def _plan(tmp_path, text):
     ("device: true", "'device' must be a device index (an integer >= 0), not True"),
     ("level: all", "'level' must be one of core, comprehensive, not 'all'"),
     ("flagtune: 2", "'flagtune' must be 0 or 1, not 2"), ("flagtune: true", "'flagtune' must be 0 or 1, not True"),
-    ("repeats: 2.5", "'repeats' must be an integer from 2 to 100 (a row's spread between repeats is its noise)"),
+    ("repeats: 2.5", "'repeats' must be an integer from 2 to 100 (a row's spread between repeats is its noise) or "
+                     "auto, not 2.5"),
+    ("max_repeats: 8", "max_repeats: only with repeats: auto (its repeats are 3)"),
+    ("repeats: auto\nmax_repeats: 101", "'max_repeats' must be an integer from 3 to 100, not 101"),
+    ("repeats: auto\nresolve: 1", "'resolve' must be a percentage above 0.3% and below 50% (`1%`, or the fraction "
+                                  "0.01), not 1"),
+    ("repeats: auto\nresolve: 1 percent", "'resolve' must be a percentage such as 1% or 0.5%, not '1 percent'"),
     ("fdr: 0", "'fdr' must be a number between 0 and 1, not 0"),
     ("step_start: warm", "'step_start' must be one of fork, fresh, prewarmed, not 'warm'"),
     ("step_passes: twice", "'step_passes' must be one of once, every, not 'twice'"),
@@ -149,9 +163,9 @@ def _plan(tmp_path, text):
     ("- ops: [add]", "top level must be a mapping"),
     # The plan's options are its own fields, not a mapping of their own (Plan.options is the resolved set).
     ("options: {}", "unknown fields ['options'] (allowed: ['a', 'b', 'backend', 'device', 'dtypes', 'fdr', "
-                    "'flaggems_dirs', 'flagtune', 'l2', 'level', 'libtuner_cache', 'name', 'ops', 'ops_paths', "
-                    "'rep_ms', 'repeats', 'seed', 'shapes', 'step_passes', 'step_start', 'timer', 'warmup_ms', "
-                    "'windows'])"),
+                    "'first', 'flaggems_dirs', 'flagtune', 'l2', 'level', 'libtuner_cache', 'max_repeats', 'name', "
+                    "'ops', 'ops_paths', 'rep_ms', 'repeats', 'resolve', 'seed', 'shapes', 'step_passes', "
+                    "'step_start', 'timer', 'warmup_ms', 'windows'])"),
 ])
 def test_a_plan_field_no_step_could_take_is_refused_in_one_line_naming_the_file(tmp_path, line, message):
     path = _plan(tmp_path, line if line.startswith("- ") else f"ops: [add]\n{line}\n")
@@ -174,6 +188,7 @@ def test_a_plan_that_is_not_a_mapping_is_refused_as_a_plan(tmp_path):
 def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(tmp_path):
     (tmp_path / "ops").mkdir()
     (tmp_path / "py").write_text("")
+    (tmp_path / "py").chmod(0o755)  # a side's python is a program
     (tmp_path / "reqs.txt").write_text("triton==3.1  # the build under test\n\n# nothing\nnumpy\n")
     path = _plan(tmp_path, "ops: [add, mm]\nname: fast\ndevice: 0\nlevel: core\nflagtune: 1\nops_paths: [ops]\n"
                            "step_start: fresh\nstep_passes: every\nwarmup_ms: 0\nrep_ms: 0.5\nwindows: 2\nseed: 0\n"
@@ -193,7 +208,7 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     # FlagGems' own shapes are named, not a file.
     assert str(ab.load_plan(_plan(tmp_path, "ops: [add]\nshapes: upstream\n")).options.shapes) == "upstream"
     # What a plan leaves out: three repeats, prewarmed steps (new interpreters at fork's pace: forked ones
-    # came out more alike on an H200, README), the one-off passes once, sides as they are.
+    # came out more alike on an H200, docs/performance.md), the one-off passes once, sides as they are.
     plain = ab.load_plan(_plan(tmp_path, "ops: [add]\n"))
     assert (plain.name, plain.repeats, plain.step_start, plain.step_passes, plain.options.device, plain.options.level,
             plain.options.flagtune, list(plain.options.ops_paths)) == (

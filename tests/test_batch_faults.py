@@ -251,7 +251,8 @@ def test_a_sigterm_stops_the_batch_like_ctrl_c_and_keeps_its_files(harness_batch
     proc.send_signal(signal.SIGTERM)  # the batch alone, as `timeout` or a job scheduler does
     code, out, _ = finish(proc, timeout=120)
     assert code == 128 + signal.SIGTERM, out
-    assert f"interrupted (SIGTERM): every running op was killed; resume with --resume --batch-dir {d}" in out
+    assert (f"interrupted (SIGTERM): every running op was killed (path:hang_op); resume with --resume --batch-dir "
+            f"{d}") in out
     assert (d / "summary.csv").is_file() and not group_pids(op_group)
 
 

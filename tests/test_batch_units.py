@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -214,7 +215,7 @@ def test_attempt_runs_under_the_guard_and_forgets_the_child_after(tmp_path, laun
     assert r._attempt(["python", "-m", "harness", "record", "t"], op_dir / "batch.log")[0] == 0
 
 
-def test_attempt_stops_a_timed_out_child_and_one_started_during_a_stop(tmp_path, launcher):
+def test_attempt_stops_a_timed_out_child_and_never_lets_one_started_during_a_stop_run(tmp_path, launcher):
     r = runner_for(tmp_path, launcher)
     (tmp_path / "o").mkdir()
     launcher.plan["t"] = [Step(code=None, seconds=20.0)]
@@ -222,9 +223,10 @@ def test_attempt_stops_a_timed_out_child_and_one_started_during_a_stop(tmp_path,
     assert launcher.children[0].stops == [batch.KILL_GRACE_S]
     assert not (tmp_path / "o" / opguard.RUNNING).exists()
     r.stopping.set()
-    launcher.plan["t"] = [Step(code=-15)]
-    assert r._attempt(["p", "-m", "harness", "record", "t"], tmp_path / "o" / "l.log")[0] == -15
-    assert launcher.children[1].stops == [batch.KILL_GRACE_S]
+    launcher.plan["t"] = [Step(code=128 + 15)]  # what a child that finds its start gate closed exits with
+    with pytest.raises(batch.NotStarted):
+        r._attempt(["p", "-m", "harness", "record", "t"], tmp_path / "o" / "l.log")
+    assert r.children == {} and launcher.children[1].stops == []  # waited for at its gate, not killed
 
 
 def test_hold_names_the_ops_group_and_keeps_its_lock_while_open(tmp_path):
@@ -741,7 +743,7 @@ def test_a_job_that_does_not_fork_starts_every_op_fresh(tmp_path, launcher):
 
 
 def test_a_worker_that_cannot_fork_leaves_its_device_to_fresh_ops_and_says_so(tmp_path, launcher, monkeypatch):
-    def refused(self, argv, log, on_stdout, guard=None):
+    def refused(self, argv, log, on_stdout, guard=None, gate=None):
         raise forkserver.WorkerDied("the warm worker of python did not start (exited 1; see the log)")
 
     monkeypatch.setattr(FakeWorker, "start", refused)
@@ -761,9 +763,9 @@ def test_a_worker_that_cannot_fork_leaves_its_device_to_fresh_ops_and_says_so(tm
 def test_a_worker_that_died_during_an_attempt_is_said_and_the_retry_forked_again(tmp_path, launcher, monkeypatch):
     forked = FakeWorker.start
 
-    def dies_once(self, argv, log, on_stdout, guard=None):
+    def dies_once(self, argv, log, on_stdout, guard=None, gate=None):
         self.died = not any("forked_by" in c for c in self.launcher.calls)  # during the first attempt only
-        return forked(self, argv, log, on_stdout, guard)
+        return forked(self, argv, log, on_stdout, guard, gate)
 
     monkeypatch.setattr(FakeWorker, "start", dies_once)
     launcher.plan["op0"] = [Step(code=-9), Step(rows=[row()])]
@@ -1258,14 +1260,16 @@ def test_a_batch_narrows_dtypes_to_what_its_ops_take(tmp_path, launcher, capsys)
     assert status_rows(tmp_path / "b")[0]["notes"] == "dtype fallback fp16,fp32 -> fp32"
 
 
-def test_a_resume_of_a_batch_json_without_a_request_takes_the_command_line(tmp_path, launcher, capsys):
+def test_a_resume_of_a_batch_json_without_a_request_is_refused_naming_the_file_and_the_field(tmp_path, launcher):
+    # A batch writes its request with its first batch.json: one without it is no batch's record, and a
+    # resume that took the command line alone would run whatever this host detects.
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / batchdir.BATCH_JSON).write_text("{}")  # written by a batch that died right after starting
-    assert batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b", "--backend", "interpreter",
-                                     "--ops", "add", "--devices", "0")) == 0
-    assert lines(capsys)[0] == ("resume: the selection given on the command line (batch.json keeps its 0 ops, and "
-                                "adds any new: a plain --resume runs those not done); options from batch.json: none; "
-                                "from the command line: --backend --devices")
+    (tmp_path / "b" / batchdir.BATCH_JSON).write_text("{}")
+    with pytest.raises(UsageError) as info:
+        batch.run_from_args(parse("--resume", "--batch-dir", tmp_path / "b", "--backend", "interpreter", "--ops", "add",
+                                  "--devices", "0"))
+    assert str(info.value).startswith(f"--resume: {tmp_path / 'b' / 'batch.json'} is corrupt: it has no 'request' ")
+    assert launcher.calls == []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1386,6 +1390,7 @@ class StoppedRunner:
     """A batch runner whose run is stopped at once and whose summary is broken."""
 
     dir = Path("/nonexistent/batch")
+    events = queue.Queue()  # no op's row left unshown
 
     def run(self, todo, on_done):
         raise KeyboardInterrupt

@@ -82,7 +82,8 @@ def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsy
     (tmp_path / "ops" / "b" / "run").mkdir(parents=True)
     (tmp_path / "ops" / "b" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"format": 1, "rows": [
         result_row("mm", "fp16", (2, 3, 4), baseline_ms=1.5, candidate_ms=1.0, speedup=1.5,
-                   metrics={"gbps": 10.0, "tflops": 0.5}, timer="graph", markers=["TIMER_FALLBACK a", "B"]),
+                   metrics={"gbps": 10.0, "tflops": 0.5}, timer="graph", markers=["TIMER_FALLBACK a", "B"],
+                   measures_performance=False),
         result_row("mm", "fp32", None, "SKIPPED")]}))
     (tmp_path / "ops" / "a" / "run").mkdir(parents=True)
     (tmp_path / "ops" / "a" / "run" / rundir.RESULTS_JSON).write_text(json.dumps({"format": 1, "rows": [
@@ -96,13 +97,15 @@ def test_write_summary_is_one_row_per_case_of_each_op_with_a_run(tmp_path, capsy
     path = batchdir.write_summary(tmp_path)
     assert path == tmp_path / "summary.csv"
     assert path.read_bytes().decode() == (
-        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n"
-        "aa,add,fp32,8,FAILED,,,,,,,,ops/a/run\n"
-        "zz,mm,fp16,2x3x4,SUCCESS,1.5,1.0,1.5,10.0,0.5,graph,TIMER_FALLBACK a | B,ops/b/run\n"
-        "zz,mm,fp32,,SKIPPED,,,,,,,,ops/b/run\n")
+        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,measures_performance,markers,"
+        "run_dir\n"
+        "aa,add,fp32,8,FAILED,,,,,,,True,,ops/a/run\n"
+        "zz,mm,fp16,2x3x4,SUCCESS,1.5,1.0,1.5,10.0,0.5,graph,False,TIMER_FALLBACK a | B,ops/b/run\n"
+        "zz,mm,fp32,,SKIPPED,,,,,,,True,,ops/b/run\n")
     (tmp_path / "ops_status.csv").unlink()
     assert batchdir.write_summary(tmp_path).read_text() == (
-        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,markers,run_dir\n")
+        "repo,op,dtype,shape,status,baseline_ms,candidate_ms,speedup,gbps,tflops,timer,measures_performance,markers,"
+        "run_dir\n")
 
 
 # --- the dir and its owner --------------------------------------------------------------------------------

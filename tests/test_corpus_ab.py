@@ -149,7 +149,8 @@ def test_ctrl_c_stops_every_step_and_reports_what_completed(corpus, tmp_path):
     os.kill(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert f"interrupted (SIGINT): every running op was killed; resume with --resume --batch-dir {d}" in out
+    assert (f"interrupted (SIGINT): every running op was killed (path:hang_op); resume with --resume --batch-dir "
+            f"{d}") in out
     assert (d / "report.json").is_file()
     assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
 
@@ -257,7 +258,7 @@ def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monke
     assert again.options.libtuner_cache == str(resources / "tuned.db")
 
     (tmp_path / "envs" / "b" / "bin").mkdir(parents=True)
-    (tmp_path / "envs" / "b" / "bin" / "python").touch()
+    (tmp_path / "envs" / "b" / "bin" / "python").touch(0o755)  # a side's python is a program
     plan = tmp_path / "plans" / "p.yaml"
     plan.parent.mkdir()
     plan.write_text("ops: [abs]\nflaggems_dirs: [../checkout]\nlibtuner_cache: tuned.db\n"
@@ -274,7 +275,8 @@ def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
     # Every experiment option (harness.core.options.ExperimentOptions): --fdr was once taken and ignored.
     for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"], ["--fdr", "0.1"],
                   ["--a-env", "X=1", "--step-start", "fork"], ["--b-python", "/x", "--step-passes", "every"],
-                  ["--a-python", "/y", "--b-env", "Y=2"]):
+                  ["--a-python", "/y", "--b-env", "Y=2"],
+                  ["--repeats", "auto", "--max-repeats", "8", "--resolve", "2%"]):
         args = _args("--resume", "--batch-dir", str(tmp_path), *flags)
         dropped = " ".join(f for f in flags if f.startswith("--"))
         with pytest.raises(batch.UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "

@@ -124,7 +124,7 @@ def test_batch_pair_report_validates_against_the_schema_and_lists_every_op(batch
     assert [f.name for f in files] == ["report.json", "report.csv", "report.md", "report.html"]
     report = load(files[0])
     jsonschema.validate(report, SCHEMA)
-    assert report["format"] == corpus.REPORT_FORMAT == 3
+    assert report["format"] == corpus.REPORT_FORMAT == 4
     assert report["kind"] == "batch_pair" and report["basis"] == corpus.SINGLE_RUN
     assert len(report["rows"]) == 5 and report["summary"]["headline_rows"] == 4
     (unpaired,) = report["unpaired_ops"]
@@ -820,7 +820,7 @@ def test_the_csv_carries_every_row_of_the_json_column_by_column(batches, tmp_pat
                 "n_a": r["a"]["n"], "n_b": r["b"]["n"], "control_ratio": r["control_ratio"],
                 "in_headline": r["in_headline"], "flags": ";".join(r["flags"]), "config_differs": r["config_differs"],
                 "ir_status": r["ir"]["status"], "ir_changed_variants": len(r["ir"]["variants"]), "run_a": r["run_a"],
-                "run_b": r["run_b"]}
+                "run_b": r["run_b"], "measures_performance": r["measures_performance"]}
         assert got == {k: "" if v is None else str(v) for k, v in want.items()}, r["id"]
     by_row = {(r["op"], r["dtype"]): r for r in table_rows}
     flagged = by_row["mm", "bf16"]  # two flags, out of the headline, nothing launched
@@ -1248,3 +1248,29 @@ def test_a_row_whose_ir_a_side_did_not_collect_is_not_compared(tmp_path):
     not_collected = {"status": "not_collected", "identical": 0, "variants": []}
     for args in (((indexes[0], None), a, b), ((None, indexes[1]), a, b), (indexes, None, b), (indexes, a, None)):
         assert corpus.row_ir(*args, "fp16", (8,)) == not_collected
+
+
+def _sequential(ab_dir, first=3, cap=6):
+    """Mark an ab dir's plan as --repeats auto (its repeats then read as rounds of that schedule)."""
+    state = json.loads((ab_dir / "ab.json").read_text())
+    state["plan"].update(repeats="auto", first=first, max_repeats=cap, resolve=0.01)
+    (ab_dir / "ab.json").write_text(json.dumps(state))
+    return ab_dir
+
+
+def test_a_corpus_of_sequential_ab_dirs_is_judged_look_by_look_and_a_row_past_the_first_round_is_complete(tmp_path):
+    # A row settled by the report's own schedule at its cap (6 repeats): read as asked of it, not as short of
+    # a fixed count; its interval is the running intersection of its looks (reports.sequential).
+    quiet = [1.0, 1.001, 0.999, 1.0, 1.001, 0.999]
+    d = _sequential(_ab_dir(tmp_path / "mm", "mm", quiet, [x * 1.0 for x in quiet]))
+    data = corpus.from_ab_dirs([("builtin:mm", d)], {})
+    (row,) = data["rows"]
+    assert row["a_repeats_ms"] == quiet and not [f for f in row["flags"] if f.startswith("incomplete")]
+    assert row["verdict"] == stats.SAME
+
+
+def test_a_corpus_of_ab_dirs_timed_under_different_repeats_is_refused_in_one_line(tmp_path):
+    fixed = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.001, 0.999], [1.0, 1.001, 0.999])
+    auto = _sequential(_ab_dir(tmp_path / "add", "add", [1.0, 1.001, 0.999], [1.0, 1.001, 0.999]))
+    with pytest.raises(corpus.UsageError, match="different repeats"):
+        corpus.from_ab_dirs([("builtin:mm", fixed), ("builtin:add", auto)], {})

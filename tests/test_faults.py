@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, load, pids_mentioning, run_dir_of, wait_gone
 
+from harness.core import rundir
+
 pytestmark = pytest.mark.e2e
 FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
 PLANNED = 8
@@ -210,7 +212,7 @@ def test_a_full_disk_at_start_leaves_no_run_dir(tmp_path):
     cmd = (f'dd if=/dev/zero of="$FS/filler" bs=64k 2>/dev/null; mkdir "$FS/runs"; '
            f'{sys.executable} -m harness record add --backend interpreter --out "$FS/runs"')
     proc = _in_small_tmpfs(tmp_path, cmd)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
         next(line for line in proc.stderr.splitlines() if line.startswith("error: no space left on device writing"))]
     assert list((tmp_path / "copy" / "runs").iterdir()) == []

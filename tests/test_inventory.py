@@ -301,14 +301,14 @@ def test_committed_flaggems_inventories_are_well_formed():
         entries = catalog.read_csv(path)
         assert path.read_text() == catalog.to_csv(entries)
         assert len({e.id for e in entries}) == len(entries)
-        if repo == "flaggems":  # rows README names
+        if repo == "flaggems":  # rows docs/user-guide.md names
             by_id = {e.id: e.file for e in entries}
             assert by_id["flaggems:mm@mm"] == "benchmark/test_mm.py"
             assert by_id["flaggems:perf_fused_recurrent_gated_delta_rule@FLA/fused_recurrent_gated_delta_rule_perf"] \
                 == "benchmark/test_FLA/test_fused_recurrent_gated_delta_rule_perf.py"
         for e in entries:
             assert e.repo == repo and e.file.startswith("benchmark/") and e.collected in ("", "yes", "no")
-            # README's rule, restated here rather than calling the scanner that wrote the file.
+            # docs/user-guide.md's rule, restated here rather than calling the scanner that wrote the file.
             parts = Path(e.file).relative_to("benchmark").with_suffix("").parts
             assert "/".join(part.removeprefix("test_") for part in parts) == e.op_file
 
@@ -405,7 +405,8 @@ def test_selection_errors_list_every_bad_entry_in_one_line():
     with pytest.raises(catalog.SelectionError) as info:
         catalog.select(_entries(), ["nope", "builtin:mm", "helper", "fg:mm"], False, None, {})
     assert str(info.value) == ("bad operator selection: 'nope': unknown; 'helper': ambiguous "
-                               "(fg:helper@a, fg:helper@a_dup); 'fg:mm': unknown")
+                               "(fg:helper@a, fg:helper@a_dup); 'fg:mm': unknown; "
+                               "known here: builtin: mm, softmax; fg: cholesky, helper, lost, softmax; vllm: moe")
     for specs in (None, []):
         with pytest.raises(catalog.SelectionError) as info:
             catalog.select(_entries(), specs, False, None, {})
@@ -467,9 +468,10 @@ def test_a_dismissal_takes_the_selection_grammar_op_at_file_too(tmp_path):
     assert [(e.op_file, why) for e, why in excluded] == [("softmax", "dismissed: flaky")]
 
 
-def test_readmes_command_examples_name_operators_the_inventories_have():
+def test_the_docs_command_examples_name_operators_the_inventories_have():
     inventory = catalog.load()
-    examples = [m.group(0) for line in (REPO / "README.md").read_text().splitlines() if "nox -s " in line
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    examples = [m.group(0) for page in pages for line in page.read_text().splitlines() if "nox -s " in line
                 for m in re.finditer(r"\b(builtin|flaggems):[\w.-]+(@[\w/.-]+)?", line)]
     assert "flaggems:softmax_backward@softmax" in examples
     unknown = [e for e in examples if not any(catalog.Selection.parse(e).matches(i) for i in inventory)]

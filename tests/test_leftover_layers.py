@@ -216,7 +216,7 @@ def test_a_batch_kills_the_whole_group_of_an_op_it_ends(tmp_path, monkeypatch, e
     helper_file = tmp_path / "helper.pid"
     started = []
 
-    def start_op(log, running) -> launch.Child:  # without its guard, whose sweep would end the helper too
+    def start_op(log, running, gate) -> launch.Child:  # no guard (its sweep would end the helper too), no gate
         started.append(launch.start(op_with_a_deaf_helper(helper_file), log=log, with_parent=False))
         assert wait_for(helper_file.exists, 10, interval=0.02)  # the op's timeout counts from here
         return started[0]

@@ -37,7 +37,7 @@ def test_a_session_shows_only_its_own_command():
 def test_session_list_as_json():
     # Every session, so CI can build a job matrix from it (SPEC): nox's JSON listing holds only the
     # sessions a bare run selects, so the noxfile selects no subset.
-    named = ["record", "replay", "ab", "batch", "inventory-regen", "tests", "lint", "mutants"]
+    named = ["record", "replay", "ab", "bisect", "batch", "inventory-regen", "tests", "lint", "mutants"]
     proc = nox("-l", "--json")
     assert proc.returncode == 0, proc.stderr
     sessions = {s["session"]: s for s in json.loads(proc.stdout)}
@@ -46,14 +46,23 @@ def test_session_list_as_json():
 
 
 @pytest.mark.parametrize("argv,selected", [([], ["tests", "lint"]), (["-s", "record"], ["tests", "lint"]),
-                                            (["-l", "--json"], None), (["--list"], None), (["-l"], None)])
-def test_a_bare_nox_runs_the_checks_and_a_listing_shows_every_session(argv, selected):
+                                            (["-l", "--json"], None), (["--list"], ["tests", "lint"]),
+                                            (["-l"], ["tests", "lint"])])
+def test_a_bare_nox_runs_the_checks_and_a_json_listing_shows_every_session(argv, selected):
     # What the noxfile leaves nox to select when no session is named (-s overrides it in nox itself).
     code = ("import runpy, sys; import nox; sys.argv = ['nox', *sys.argv[1:]]; runpy.run_path('noxfile.py'); "
             "print(nox.options.sessions)")
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(selected)
+
+
+def test_the_listing_marks_selected_what_a_bare_nox_runs():
+    proc = nox("-l")
+    assert proc.returncode == 0, proc.stderr
+    marks = {name: mark for mark, name in re.findall(r"^([*-]) (\S+)", proc.stdout, re.MULTILINE)}
+    assert {name for name, mark in marks.items() if mark == "*"} == {"tests", "lint"}
+    assert {"record", "batch", "mutants"} <= {name for name, mark in marks.items() if mark == "-"}
 
 
 def test_a_session_runs_the_python_nox_runs_in_not_the_first_python_on_path(tmp_path):
@@ -176,7 +185,10 @@ def test_a_batch_through_nox_stops_when_nox_is_stopped_and_says_so(tmp_path, how
         os.kill(proc.pid, signal.SIGTERM if how == "sigterm-to-nox" else signal.SIGKILL)
     out, _ = proc.communicate(timeout=180)  # the harness holds nox's output open until it ends
     signame = "SIGINT" if how == "ctrl-c" else "SIGTERM"
-    assert f"interrupted ({signame}): every running op was killed; resume with --resume --batch-dir {d}" in out, out
+    assert (f"interrupted ({signame}): every running op was killed (path:hang_op); resume with --resume --batch-dir "
+            f"{d}") in out, out
+    # The harness's own lines end the output: not nox's line naming the command that "failed".
+    assert out.splitlines()[-1] == f"summary: {d / 'summary.csv'}", out
     assert op_statuses(d) == {"hang_op": "INTERRUPTED"}
     assert wait_gone(str(tmp_path)) == []
 

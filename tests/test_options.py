@@ -24,7 +24,7 @@ def refuse(name, value, what):
 
 # What a command line could give an option, by the type its field holds: an option's example is the first
 # that its parser type and its stored-value check take (a list: KEY=VAL items for --a-env, dtypes for --dtypes).
-EXAMPLE_TEXTS = {str: [["0,1"]], int: [["3"]], float: [["0.5"]], Path: [["/p"]],
+EXAMPLE_TEXTS = {str: [["0,1"]], int: [["3"]], float: [["0.5"], ["0.5%"]], Path: [["/p"]],
                  tuple: [["X=1", "Y=2"], ["fp16", "bf16"]]}
 
 
@@ -172,7 +172,11 @@ def test_a_replay_keeps_what_its_record_was_given_and_a_resume_is_the_stored_set
     ("record", "--windows", "65", "an integer from 1 to 64"),
     ("batch", "--op-timeout", "inf", "a number of seconds > 0"),
     ("batch", "--sample", "0", "an integer >= 1"),
-    ("ab", "--repeats", "1000000000000", "an integer from 2 to 100"),
+    ("ab", "--repeats", "1000000000000", "an integer from 2 to 100, or auto"),
+    ("ab", "--repeats", "1", "an integer from 2 to 100, or auto"),
+    ("ab", "--max-repeats", "2", "an integer from 3 to 100"),
+    ("ab", "--resolve", "50%", "a percentage above 0.3% (the margin a call clears) and below 50%"),
+    ("ab", "--resolve", "0.3%", "a percentage above 0.3% (the margin a call clears) and below 50%"),
     ("ab", "--fdr", "nan", "a number between 0 and 1"),
 ])
 def test_a_number_its_option_declares_out_of_range_is_refused_at_the_door(command, flag, value, what, capsys):

@@ -38,10 +38,16 @@ def test_rows_and_the_case_it_stopped_in_are_said_as_the_run_says_them():
 PLANNED = [Case("add", "fp32", (8,)), Case("add", "fp32", (16,)), Case("add", "fp16", (8,))]  # fp32-8 fp32-16 fp16-8
 
 
+def planned(cases) -> list[str] | None:
+    """What RunContext.planned_ids says of these cases (None: known only as they run)."""
+    return [case.id for case in cases] or None
+
+
 def session_end(cases: list[Case], reported: list[str], statuses: dict[str, str] | None = None) -> Outcome:
     """The outcome of a session that ran to its end (pytest's exit OK) with a row for each id `reported`."""
     rows = [{"case": case, "status": (statuses or {}).get(case, "SUCCESS")} for case in reported]
-    ctx = types.SimpleNamespace(cases=cases, rows=rows, stop_reason=None, stop_code=None, running_case=None)
+    ctx = types.SimpleNamespace(planned_ids=planned(cases), rows=rows, stop_reason=None, stop_code=None,
+                                running_case=None)
     return outcome(ctx, types.SimpleNamespace(shouldstop=False), pytest.ExitCode.OK)
 
 
@@ -89,7 +95,8 @@ def test_a_session_that_stopped_is_incomplete_in_the_case_it_was_in_whatever_its
     pytest's reason and the case it was in; a run stopped by its own plugin keeps that plugin's reason."""
     cases = [types.SimpleNamespace(id="fp32-8")]
     rows = [{"case": "fp32-8", "status": "SUCCESS"}]
-    ctx = types.SimpleNamespace(cases=cases, rows=rows, stop_reason=None, stop_code=None, running_case="fp32-8")
+    ctx = types.SimpleNamespace(planned_ids=planned(cases), rows=rows, stop_reason=None, stop_code=None,
+                                running_case="fp32-8")
     said = outcome(ctx, types.SimpleNamespace(shouldstop=shouldstop), exitstatus)
     assert (said.status, said.reason, said.exit_code, said.running_case) == (INCOMPLETE, reason, rundir.EXIT_INCOMPLETE,
                                                                               "fp32-8")
@@ -101,6 +108,7 @@ def test_a_complete_run_names_no_running_case_and_a_failed_or_errored_row_exits_
     cases = [types.SimpleNamespace(id=i) for i in ("a", "b")]
     for status, code in (("SUCCESS", 0), ("FAILED", rundir.EXIT_FAILED_ROWS), ("ERROR", rundir.EXIT_FAILED_ROWS)):
         rows = [{"case": "a", "status": "SUCCESS"}, {"case": "b", "status": status}]
-        ctx = types.SimpleNamespace(cases=cases, rows=rows, stop_reason=None, stop_code=None, running_case="b")
+        ctx = types.SimpleNamespace(planned_ids=planned(cases), rows=rows, stop_reason=None, stop_code=None,
+                                    running_case="b")
         said = outcome(ctx, types.SimpleNamespace(shouldstop=False), pytest.ExitCode.OK)
         assert (said.status, said.exit_code, said.running_case) == (COMPLETE, code, None), status

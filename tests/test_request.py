@@ -16,7 +16,7 @@ from harness.sessions import ab, batch
 # Each request field beside its options and the argparse name it comes back as (an option's is its field's).
 DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
         "only": "only", "color": "color", "out": "out",
-        "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache"}
+        "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache", "cases": "cases"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
     backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"), dtypes=("fp16", "bf16"),
@@ -27,7 +27,7 @@ REPLAY = RunRequest("replay", "/runs/x/mm_1", RunOptions(
     backend="cuda", device=1, shapes=Path("/s/other.yaml"), dtypes=("fp32",), ops_paths=("/ops/a",),
     flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, only="passes",
     color="always",
-    run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"))
+    run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"), cases=("fp32-4x8,8", "fp32-2x2#2"))
 
 
 @pytest.mark.parametrize("request_", [RECORD, REPLAY], ids=["record", "replay"])
@@ -39,8 +39,12 @@ def test_every_field_round_trips_through_the_cli_parser(request_):
         if request_.command == "replay" and field == "sweep_devices":
             assert getattr(ns, field, None) is None  # replay refuses such an option, and the request renders none
             continue
+        if request_.command == "record" and field == "cases":
+            assert getattr(ns, field, None) is None  # a record runs every case (RunRequest refuses cases)
+            continue
         value = getattr(ns, DEST[field] or ("op" if request_.command == "record" else "run_dir"))
-        assert (str(value) if field == "target" else value) == getattr(request_, field), field
+        value = str(value) if field == "target" else tuple(value) if field == "cases" else value
+        assert value == getattr(request_, field), field
 
 
 def test_a_replay_refuses_every_record_only_option_by_name(capsys):
@@ -72,6 +76,10 @@ def test_requests_are_frozen_and_refuse_what_the_child_would_refuse():
         RunRequest("record", "add", out=Path("/runs"), run_dir=Path("/runs/add_1"))
     with pytest.raises(ValueError, match="dtypes: empty"):
         RunRequest("record", "add", RunOptions(dtypes=()))
+    with pytest.raises(ValueError, match="a record of some cases"):
+        RunRequest("record", "add", cases=("fp32-8",))
+    with pytest.raises(ValueError, match="not a list of distinct case ids"):
+        RunRequest("replay", "/r", cases=("fp32-8", "fp32-8"))
     assert RunOptions(dtypes=["fp16"]).dtypes == ("fp16",)  # a list becomes a tuple
 
 

@@ -12,7 +12,7 @@ from harness.core.results import ResultRow, ResultsError
 FULL = {
     "op": "softmax", "dtype": "fp16", "shape": [4, 16], "params": {"M": 4, "N": 16}, "case": "fp16-4x16",
     "status": "SUCCESS", "baseline_ms": 0.02, "candidate_ms": 0.01, "speedup": 2.0, "timer": "graph",
-    "input_sha256": "ab" * 32,
+    "measures_performance": True, "input_sha256": "ab" * 32,
     "samples": {"baseline": {"n": 2, "median": 0.02, "raw": [0.02, 0.02]},
                 "candidate": {"n": 2, "median": 0.01, "raw": [0.01, 0.01]}},
     "markers": ["CLOCK_THROTTLED reasons=sw_power_cap kind=power_cap"], "configs": {"k": "BLOCK=64"},
@@ -22,8 +22,8 @@ FULL = {
 }
 # A row with nothing optional: a case skipped before it built its inputs.
 BARE = {"op": "add", "dtype": "fp32", "shape": None, "params": {}, "case": "fp32-8", "status": "SKIPPED",
-        "baseline_ms": None, "candidate_ms": None, "speedup": None, "timer": None, "input_sha256": None,
-        "markers": [], "configs": {}, "nodeid": "cases.py::test_op[fp32-8]"}
+        "baseline_ms": None, "candidate_ms": None, "speedup": None, "timer": None, "measures_performance": False,
+        "input_sha256": None, "markers": [], "configs": {}, "nodeid": "cases.py::test_op[fp32-8]"}
 
 
 def write(run_dir, data):
@@ -60,6 +60,9 @@ def test_the_typed_fields_and_what_stays_absent():
     ({"format": 1, "rows": [{k: v for k, v in BARE.items() if k != "nodeid"}]}, "row 0: lacks nodeid"),
     ({"format": 1, "rows": [{**BARE, "candidate_ms": "1.0"}]}, "row 0: candidate_ms is '1.0', not of type"),
     ({"format": 1, "rows": [{**BARE, "markers": None}]}, "row 0: markers is None, not of type"),
+    # Whether a row's numbers are performance numbers is a bool (a row without it: its run's backend says).
+    ({"format": 1, "rows": [{**BARE, "measures_performance": "no"}]},
+     "row 0: measures_performance is 'no', not of type"),
     ({"format": 1, "rows": [{**BARE, "status": "PASS"}]}, "row 0: status 'PASS' not one of"),
     ({"format": 1, "rows": [{**BARE, "gbps": "fast"}]}, "row 0: gbps is 'fast', not a number"),
     ({"format": 1, "rows": [{**BARE, "extra": 1}]}, "row 0: unknown field(s) 'extra'"),
@@ -76,3 +79,21 @@ def test_a_file_that_is_not_results_is_refused_in_one_line_naming_it(tmp_path, d
 def test_a_run_dir_without_results_is_refused_naming_the_file(tmp_path):
     with pytest.raises(ResultsError, match=r"results\.json does not read as results: No such file"):
         results.read_results(tmp_path)
+
+
+@pytest.mark.parametrize(("backend", "measures"), [("interpreter", False), ("cuda", True)])
+def test_a_row_written_before_rows_said_whether_they_measure_is_told_by_its_runs_backend(tmp_path, backend, measures):
+    # A record kept from before the field existed still replays and compares: its rows read as its backend says.
+    old = {k: v for k, v in BARE.items() if k != "measures_performance"}
+    run = write(tmp_path / "run", {"format": 1, "rows": [old]})
+    (run / "run.json").write_text(json.dumps({"spec": {"backend": backend}}))
+    (got,) = results.read_results(run)
+    assert got.measures_performance is measures
+
+
+def test_an_old_row_whose_run_names_no_backend_is_refused_in_one_line(tmp_path):
+    old = {k: v for k, v in BARE.items() if k != "measures_performance"}
+    run = write(tmp_path / "run", {"format": 1, "rows": [old]})
+    with pytest.raises(results.ResultsError, match="do not say whether they are performance numbers") as info:
+        results.read_results(run)
+    assert "\n" not in str(info.value)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.core import rundir
+from harness.core import bounded, rundir
 from harness.core.errors import UsageError
 
 
@@ -156,7 +156,7 @@ def test_disk_full_before_the_temp_file_exists(tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(rundir, "open", full, raising=False)  # rundir's own `open`, not the builtin
+    monkeypatch.setattr(rundir, "open_write", full)  # the one way rundir opens a file to write
     with pytest.raises(rundir.DiskFull, match="writing .*results.json$"):
         rundir.atomic_write_text(tmp_path / "results.json", "x")
     assert list(tmp_path.iterdir()) == []
@@ -253,7 +253,7 @@ def test_yaml_error_marked_only_by_its_context(tmp_path, monkeypatch):
     def fail(text):
         raise yaml.MarkedYAMLError(context="while scanning", context_mark=mark)
 
-    monkeypatch.setattr(yaml, "safe_load", fail)
+    monkeypatch.setattr(bounded, "load_yaml", fail)
     p, msg = read_back(tmp_path, b"a: 1\n")
     assert msg == f"plan {p}:5:3: not valid yaml: MarkedYAMLError"
 
@@ -262,7 +262,7 @@ def test_yaml_error_without_any_mark_names_the_file(tmp_path, monkeypatch):
     def fail(text):
         raise yaml.MarkedYAMLError(problem="boom")
 
-    monkeypatch.setattr(yaml, "safe_load", fail)
+    monkeypatch.setattr(bounded, "load_yaml", fail)
     p, msg = read_back(tmp_path, b"a: 1\n")
     assert msg == f"plan {p}: not valid yaml: boom"
 
@@ -281,13 +281,13 @@ def test_yaml_file_that_is_not_text_or_not_a_mapping(tmp_path):
 
 def test_yaml_file_missing_or_unreadable(tmp_path, monkeypatch):
     with pytest.raises(Bad) as info:
-        rundir.read_yaml_mapping(tmp_path, Bad, "plan")
-    assert str(info.value) == f"plan {tmp_path} does not exist"
+        rundir.read_yaml_mapping(tmp_path / "none.yaml", Bad, "plan")
+    assert str(info.value) == f"plan {tmp_path / 'none.yaml'} does not exist"
 
-    def unreadable(self, *args, **kwargs):
+    def unreadable(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(Path, "read_text", unreadable)
+    monkeypatch.setattr(bounded, "read_bounded", unreadable)
     p, msg = read_back(tmp_path, b"a: 1\n")
     assert msg == f"plan {p}: cannot be read: Input/output error"
 

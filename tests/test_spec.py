@@ -108,7 +108,7 @@ def test_replaying_the_newest_record_leaves_the_parsed_arguments_alone(tmp_path,
     args = cli.build_parser().parse_args(["replay", "--out", str(tmp_path / "runs")])
     replay, _, _ = resolve.resolve_replay(args)
     assert replay.replay_from == str(rec.resolve()) and args.run_dir is None
-    assert f"replaying the newest record run: {rec}" in capsys.readouterr().out
+    assert f"replaying the newest replayable record run: {rec}" in capsys.readouterr().out
 
 
 def test_l2_round_trips_through_run_json_and_a_run_json_without_it_reads_as_warm(tmp_path):

@@ -189,7 +189,8 @@ def flaggems_row(timers_by_side):
     ctx = types.SimpleNamespace(
         spec=types.SimpleNamespace(flaggems=FlagGemsOptions("flaggems", "/x", "benchmark/test_mm.py", "test_mm"),
                                    op="flaggems:mm", seed=0),
-        markers=markers, configs={}, mark=markers.append, begin_case=lambda *a: markers.clear())
+        markers=markers, configs={}, mark=markers.append, begin_case=lambda *a: markers.clear(),
+        backend=types.SimpleNamespace(measures_performance=True))
     results = FakeResults()
     timed_sides = []
 
@@ -200,7 +201,8 @@ def flaggems_row(timers_by_side):
 
     plugin = FlagGemsPlugin(ctx, results, measure=measure, autotune=None)
     bench = types.SimpleNamespace(to_bench_metrics=["latency_base", "latency"])
-    plugin._begin_case(bench, torch.float32, (torch.ones(2, 3),))
+    item = (torch.ones(2, 3),)
+    plugin._begin_case(bench, torch.float32, item, *plugin._case_id(torch.float32, item))
     for _ in timers_by_side:
         plugin._latency(bench, lambda x: x, (torch.ones(2, 3),), {})
     (row,) = results.rows

@@ -79,7 +79,22 @@ class RunContext:
                                     warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
         _, shape_list, dtypes = shapes.resolve(run_dir / rundir.SHAPES_YAML, operator.name, ())
         cases = [Case(operator.name, d, tuple(s)) for d in dtypes or run_spec.dtypes for s in shape_list]
+        if run_spec.cases is not None:  # a replay of some of its record's cases
+            cases = [c for c in cases if c.id in set(run_spec.cases)]
         return cls(run_dir, run_spec, backend, operator, cases, say=say)
+
+    @property
+    def planned_ids(self) -> list[str] | None:
+        """The ids of the cases this run must report, a row each: its cases, or where those are known
+        only as they run (a FlagGems benchmark) the ones its spec names (a replay of some cases); None
+        where neither says."""
+        if self.cases:
+            return [case.id for case in self.cases]
+        return None if self.spec.cases is None else list(self.spec.cases)
+
+    def selects(self, case_id: str) -> bool:
+        """Whether this run times the case: every case, or one its spec names."""
+        return self.spec.cases is None or case_id in self.spec.cases
 
     def begin_case(self, hook, case_id: str, shape_label: str | None = None) -> None:
         """Per-case state reset, then every plugin told through `hook` (pytest's config.hook;

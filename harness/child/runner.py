@@ -69,8 +69,9 @@ def say_stopped(console: Console, run_dir: Path, line: str, outcome: Outcome) ->
 
 class StopGuard:
     """Faults after which the run cannot go on, wherever they are met (a test writing records, a
-    hook writing results): an immediate exit with the outcome recorded. A full disk: one line to
-    the user, the outcome into the space the run dir kept for it (rundir.RESERVE). Files written
+    hook writing results): an immediate exit with the outcome recorded. A write that failed for good
+    (rundir.WriteFault: a full disk, a file-size limit, EIO): one line to the user, the outcome into
+    the space the run dir kept for it (rundir.RESERVE), exit 75. Files written
     before are complete (atomic writes), and anything written from here on could only fail or come
     out partial. Records found corrupt only once their kernel runs (tuning.RecordsCorrupt): bad
     input, before the config is injected into anything. The run dir removed under the run: the
@@ -92,11 +93,11 @@ class StopGuard:
             # The run dir was removed under the run: nothing more can be kept, and the parent, which
             # finds it gone, says so in its last line.
             os._exit(rundir.EXIT_INCOMPLETE)
-        full = rundir.disk_full(exc) if exc is not None else None
-        if full is not None:
+        fault = rundir.write_fault(exc) if exc is not None else None
+        if fault is not None:
             rundir.release_space(self.run_dir)
-            say_stopped(self.console, self.run_dir, f"error: {full}",
-                        self.stopped_outcome("no space left on device", rundir.EXIT_DISK_FULL))
+            say_stopped(self.console, self.run_dir, f"error: {fault}",
+                        self.stopped_outcome(fault.reason, rundir.EXIT_DISK_FULL))
             os._exit(rundir.EXIT_DISK_FULL)
         corrupt = _cause(exc, tuning.RecordsCorrupt)
         if corrupt is not None:

@@ -17,8 +17,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from harness.core import paths, rundir
-from harness.core.errors import UsageError
+from harness.core import bounded, paths, rundir
+from harness.core.errors import UsageError, clip, clip_text
 from harness.core.results import read_results
 
 DONE = ("PASS", "SKIP")
@@ -42,8 +42,9 @@ Check = tuple[Callable[[object], bool], str]
 
 
 def is_batch_dir(path: Path) -> bool:
-    """Whether `path` is a batch dir: it holds a batch.json (a run dir never does)."""
-    return (Path(path) / BATCH_JSON).is_file()
+    """Whether `path` is a batch dir: it holds a batch.json (a run dir never does). Anything by that
+    name counts: reading it then says what it is, where "not a batch dir" would hide it."""
+    return os.path.lexists(Path(path) / BATCH_JSON)
 
 
 def op_dir(batch_dir: Path, key: str) -> Path:
@@ -105,13 +106,17 @@ STATUS_COLUMNS = tuple(f.name for f in dataclasses.fields(StatusRow) if f.name !
 def read_status(batch_dir: Path, missing_ok: bool = True) -> dict[str, StatusRow]:
     """The status rows by op id; none when no op finished yet (else, unless `missing_ok`, OSError)."""
     path = batch_dir / STATUS_CSV
-    if missing_ok and not path.is_file():
+    if missing_ok and not os.path.lexists(path):
         return {}
-    with open(path, newline="") as f:
-        try:
-            rows = [StatusRow.from_csv(r) for r in csv.DictReader(f)]
-        except ValueError as exc:
-            raise UsageError(f"{path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir") from exc
+    try:
+        text = bounded.read_text(path, STATUS_CSV)
+    except bounded.InputRefused as exc:
+        raise UsageError(f"{exc}; the op dirs are intact: start a new --batch-dir") from exc
+    try:
+        rows = [StatusRow.from_csv(r) for r in csv.DictReader(io.StringIO(text, newline=""))]
+    except ValueError as exc:
+        raise UsageError(f"{path} is corrupt ({clip_text(str(exc))}); the op dirs are intact: start a new "
+                         "--batch-dir") from exc
     return {r.id: r for r in rows}
 
 
@@ -127,10 +132,11 @@ def write_status(batch_dir: Path, status: Mapping[str, StatusRow], columns: tupl
 
 
 def write_summary(batch_dir: Path) -> Path:
-    """summary.csv, one row per measured case, from the per-op run dirs alone."""
+    """summary.csv, one row per measured case, from the per-op run dirs alone; each row says, as its
+    results.json row does, whether its numbers are performance numbers."""
     status = read_status(batch_dir)
     columns = ("repo", "op", "dtype", "shape", "status", "baseline_ms", "candidate_ms", "speedup", "gbps",
-               "tflops", "timer", "markers", "run_dir")
+               "tflops", "timer", "measures_performance", "markers", "run_dir")
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(columns)
@@ -144,7 +150,7 @@ def write_summary(batch_dir: Path) -> Path:
         for r in read_results(run_dir):
             w.writerow([st.repo, r.op, r.dtype, "x".join(map(str, r.shape or [])), r.status, r.baseline_ms,
                         r.candidate_ms, r.speedup, r.metrics.get("gbps"), r.metrics.get("tflops"), r.timer,
-                        " | ".join(r.markers), st.run_dir])
+                        r.measures_performance, " | ".join(r.markers), st.run_dir])
     path = batch_dir / SUMMARY_CSV
     rundir.atomic_write_text(path, out.getvalue())
     return path
@@ -154,17 +160,17 @@ def write_summary(batch_dir: Path) -> Path:
 def mark_complete(op_dir: Path, status: str, op_timeout: float) -> None:
     """Record a status a resume keeps (read back by `completed`); any other status records nothing."""
     if status in SETTLED:
-        (op_dir / COMPLETE).write_text(status + "\n")
+        rundir.atomic_write_text(op_dir / COMPLETE, status + "\n")
     elif status == TIMEOUT_UPSTREAM:
-        (op_dir / COMPLETE).write_text(f"{status} {op_timeout:g}\n")
+        rundir.atomic_write_text(op_dir / COMPLETE, f"{status} {op_timeout:g}\n")
 
 
 def completed(batch_dir: Path, key: str, op_timeout: float = DEFAULT_OP_TIMEOUT) -> str | None:
     """The settled status of the op `key`, which a resume does not rerun; None when it must run (again)."""
     marker = op_dir(batch_dir, key) / COMPLETE
-    if not marker.is_file():
+    if not marker.is_file():  # anything else settles nothing: the op runs again
         return None
-    status, _, timed_out_under = marker.read_text().strip().partition(" ")
+    status, _, timed_out_under = bounded.read_text(marker, "completion marker").strip().partition(" ")
     if status in SETTLED and not timed_out_under:
         return status
     if status == TIMEOUT_UPSTREAM:
@@ -202,12 +208,12 @@ def own(batch_dir: Path):
     """Hold the batch dir's owner lock for this batch's life (the open file is the context manager).
     The kernel drops a flock when its process dies, even by SIGKILL, so a held lock means a live
     owner whatever pid numbers got reused; a second batch in the dir is refused, naming the owner."""
-    f = open(batch_dir / OWNER_LOCK, "a+")
+    f = rundir.open_write(batch_dir / OWNER_LOCK, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        pid = f.read().strip() or "unknown"
+        pid = f.read(64).strip() or "unknown"  # a pid: a lock file replaced by anything else is not read whole
         f.close()
         raise UsageError(f"batch dir {batch_dir} belongs to batch pid {pid}, which is still running: wait "
                                  f"for it, or stop it (kill {pid}) and resume then") from None
@@ -230,13 +236,21 @@ def read_batch_json(batch_dir: Path, checks: Mapping[str, Check]) -> dict:
     path = batch_dir / BATCH_JSON
     try:
         data = rundir.read_json(path)
+    except bounded.InputRefused as exc:
+        raise UsageError(f"--resume: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise UsageError(f"--resume: {path} is corrupt ({exc}); the op dirs are intact: start a new --batch-dir "
                          "with the same selection and options") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("request", {}), dict):
-        raise UsageError(f"--resume: {path} is corrupt (not a batch's record)")
+    if not isinstance(data, dict):
+        raise UsageError(f"--resume: {path} is corrupt: it holds a JSON {type(data).__name__}, not a batch's record "
+                         "(an object)")
+    # Without its request a resume would run with no options at all (no backend: whatever this host has).
+    if not isinstance(data.get("request"), dict):
+        found = "has no 'request'" if "request" not in data else f"request = {clip(data['request'])} is not an object"
+        raise UsageError(f"--resume: {path} is corrupt: it {found} (the options and selection the batch ran with); "
+                         "the op dirs are intact: start a new --batch-dir with the same selection and options")
     if not (data.get("selected") is None or is_strings(data["selected"])):
-        raise UsageError(f"--resume: {path} is corrupt: selected = {data['selected']!r:.60} is not a list of ops")
+        raise UsageError(f"--resume: {path} is corrupt: selected = {clip(data['selected'])} is not a list of ops")
     for name, value in data.get("request", {}).items():
         check, what = checks.get(name, (lambda v: True, ""))
         if value is not None and not check(value):
@@ -246,8 +260,8 @@ def read_batch_json(batch_dir: Path, checks: Mapping[str, Check]) -> dict:
 
 def corrupt_field(path: Path, name: str, value, what: str) -> UsageError:
     """A stored option of batch.json (at `path`) that is not what its flag takes, said in one line."""
-    return UsageError(f"--resume: {path} is corrupt: request.{name} = {value!r:.60} is not {what}; the op dirs are "
-                      "intact: fix it, or start a new --batch-dir with the same selection and options")
+    return UsageError(f"--resume: {path} is corrupt: request.{clip_text(name)} = {clip(value)} is not {what}; the op "
+                      "dirs are intact: fix it, or start a new --batch-dir with the same selection and options")
 
 
 def is_strings(value) -> bool:

@@ -13,3 +13,19 @@ class DtypeRejected(UsageError):
 
     # Not 4: pytest's own usage-error code comes back through a record whose child could not run.
     exit_code = 65
+
+
+# The most of an input's value an error echoes: a line a person reads, whatever the input held.
+ECHO_CHARS = 200
+
+
+def clip(value, limit: int = ECHO_CHARS) -> str:
+    """`value`'s repr (one line, whatever it holds) as an error echoes it, cut by clip_text: a 4 MB
+    shape list or a million-character key then costs one line, not a 300 MB one."""
+    return clip_text(repr(value), limit)
+
+
+def clip_text(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` (an input's words, a parser's message quoting them) cut to `limit` characters, with a
+    note of how many more there were."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more chars)"

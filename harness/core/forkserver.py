@@ -8,7 +8,8 @@ A batch forks each op's record or replay the same way, from one worker per devic
 
 The parent (`Worker`) and the worker (`serve`) talk over a socket pair: a step request carries the
 step's argv and its stdout/stderr descriptors (and, for a batch op, the op dir's `.running` file, whose
-lock the step holds while it runs: harness.core.opguard.hold); the worker answers with the step's pid
+lock the step holds while it runs: harness.core.opguard.hold, and its start gate, where the step waits
+for the batch's go before it runs anything: opguard.passed_gate); the worker answers with the step's pid
 (the leader of its own session, so the parent signals its group directly) and then its exit code. A
 worker that dies mid-step leaves a closed socket: the parent kills the step's group and says so (`died`).
 
@@ -83,7 +84,7 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
     while not stopping:
         try:
             idle[0] = True
-            request, fds = _recv(sock, 2)
+            request, fds = _recv(sock, 3)
         except _Stop:
             break
         finally:
@@ -96,8 +97,10 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
         pid = os.fork()
         if pid == 0:
             def call(argv: list[str] = request["argv"], guard: str | None = request.get("guard"),
-                     owner: int | None = request.get("owner")) -> int:
+                     owner: int | None = request.get("owner"), gate: int | None = (fds[2:] or [None])[0]) -> int:
                 sock.close()  # the parent must see this end close when the worker dies, not when the step does
+                if gate is not None and not opguard.passed_gate(gate):
+                    return 128 + signal.SIGTERM  # its starter stopped before the step's start: nothing of it runs
                 # Held until this step and its forked child are gone: a resume tells a live op from a stale file.
                 held = guard and opguard.hold(Path(guard), owner, [sys.executable, "-m", "harness", *argv])
                 try:
@@ -234,10 +237,11 @@ class Worker:
         self.ready = True
 
     def start(self, argv: list[str], log: IO[str], on_stdout: Callable[[str], None],
-              guard: Path | None = None) -> launch.Child:
+              guard: Path | None = None, gate: int | None = None) -> launch.Child:
         """Fork a step running `python -m harness ARGV`: its stdout to `on_stdout` and `log`, its
         stderr to `log`; holding `guard`'s lock (a batch op's `.running`) while it runs, in this
-        process's name. WorkerDied when there is no live worker to fork it."""
+        process's name; first waiting at `gate` for its starter's go, when given (opguard.passed_gate).
+        WorkerDied when there is no live worker to fork it."""
         # One that died while importing is not started again here: it says why below, once.
         if self.child is None or (self.ready and self.child.proc.poll() is not None):
             self.close()
@@ -250,7 +254,7 @@ class Worker:
         read, write = os.pipe()
         try:
             _send(self.sock, {"argv": argv, **({"guard": str(guard), "owner": os.getpid()} if guard else {})},
-                  (write, log.fileno()))
+                  (write, log.fileno(), *([gate] if gate is not None else [])))
         except OSError as exc:
             os.close(read)
             raise WorkerDied(f"the warm worker is gone ({exc})") from exc

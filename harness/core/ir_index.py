@@ -4,8 +4,10 @@ comparison and the corpus report cannot drift apart."""
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
+
+from harness.core import bounded
 
 IR_DIR = "ttgir"
 INDEX_FILE = "index.tsv"
@@ -31,11 +33,19 @@ def index_path(run_dir: Path) -> Path:
 def read_index(run_dir: Path) -> list[dict] | None:
     """Every compiled variant's row, or None where the run collected no IR."""
     path = index_path(run_dir)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    lines = path.read_text().splitlines()
-    header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:] if line]
+    lines = bounded.read_text(path, "IR index").splitlines()
+    if not lines:
+        raise bounded.InputRefused(f"{path} is empty: an IR index starts with its header line")
+    header, rows = lines[0].split("\t"), []
+    for n, line in enumerate(lines[1:], 2):
+        cells = line.split("\t")
+        if line and len(cells) != len(header):
+            raise bounded.InputRefused(f"{path}:{n} has {len(cells)} fields, its header {len(header)}: a corrupt IR "
+                                       "index")
+        rows += [dict(zip(header, cells, strict=True))] if line else []
+    return rows
 
 
 def launched(run_dir: Path) -> dict[tuple, dict] | None:
@@ -59,9 +69,12 @@ def read_stats(run_dir: Path) -> dict[str, dict] | None:
     """Cache hash -> the launched variant's statistics (harness.measure.kernel_stats), or None where
     the run wrote none (IR off, or a run older than the statistics)."""
     path = stats_path(run_dir)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    return json.loads(path.read_text())["variants"]
+    data = bounded.read_json(path, "IR statistics")
+    if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
+        raise bounded.InputRefused(f"{path} holds no 'variants' object: corrupt IR statistics")
+    return data["variants"]
 
 
 def row_variants(indexes: tuple, dtype: str, shape) -> tuple[dict, dict]:

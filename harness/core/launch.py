@@ -391,10 +391,15 @@ def teed(log: IO[str], on_line: Callable[[str], None]) -> Callable[[str], None]:
     return write
 
 
+# A child's output is passed on in pieces of at most this many characters: a line without end (a
+# program printing gigabytes with no newline) is never held whole.
+PIECE_CHARS = 64 * 1024
+
+
 def pump(stream, write: Callable[[str], None]) -> None:
     with stream:
-        for line in stream:
-            write(line)
+        for piece in iter(lambda: stream.readline(PIECE_CHARS), ""):
+            write(piece)
 
 
 class Stopped(KeyboardInterrupt):
@@ -452,6 +457,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
 
     previous = {s: signal.signal(s, handler) for s in forward}
     try:
+        if got:  # a stop that came as the handlers went in: final, nothing is started after it
+            return -got[0], got[0]
         child = (starter or start)(argv, **start_kw)
         try:
             deadline = None

@@ -1,7 +1,8 @@
 """The leader of a batch op's process group: the op dies with its batch, even a batch killed by SIGKILL.
 
-`python -m harness.core.opguard BATCH_PID RUNNING_FILE -- CMD...` is what a batch starts (in a new
-session) for each op attempt. It runs CMD (`python -m harness record|replay ...`, which starts
+`python -m harness.core.opguard BATCH_PID RUNNING_FILE [--gate=FD] -- CMD...` is what a batch starts (in
+a new session) for each op attempt; with a gate it first waits there for the batch's go (passed_gate), and
+runs nothing when the batch's stop came first. It runs CMD (`python -m harness record|replay ...`, which starts
 the pytest child in the same group) and ends with CMD's exit status, a signal included. Meanwhile
 it watches its parent pid: once the batch is gone, however it died, it terminates the whole group
 (SIGTERM, then SIGKILL after a grace), so no op of a dead batch keeps running and would overlap,
@@ -24,16 +25,31 @@ import sys
 import time
 from pathlib import Path
 
-from harness.core import launch
+from harness.core import bounded, launch, rundir
 
 RUNNING = ".running"
+RUNNING_CHARS = 64 * 1024  # far more than its one line of JSON: a file grown past it is not read whole
 POLL_S = 0.2
 GRACE_S = 3.0  # for the op's own SIGTERM handling (it writes its outcome) once its batch is gone
 
 
-def command(running: Path, cmd: list[str]) -> list[str]:
-    """The guard around CMD, for the batch (this process) that starts it."""
-    return [sys.executable, "-m", "harness.core.opguard", str(os.getpid()), str(running), "--", *cmd]
+def command(running: Path, cmd: list[str], gate: int | None = None) -> list[str]:
+    """The guard around CMD, for the batch (this process) that starts it; with `gate`, a descriptor the
+    guard inherits, it waits there for the batch's go before it does anything (passed_gate)."""
+    return [sys.executable, "-m", "harness.core.opguard", str(os.getpid()), str(running),
+            *([f"--gate={gate}"] if gate is not None else []), "--", *cmd]
+
+
+GO = b"1"
+
+
+def passed_gate(gate: int) -> bool:
+    """Wait at `gate`, a pipe's read end, for the starter's go (GO), and close it. False when the
+    starter closed it without one (its stop came first, or it died): then nothing of the op may run."""
+    try:
+        return os.read(gate, 1) == GO
+    finally:
+        os.close(gate)
 
 
 def _end_group(proc: subprocess.Popen, running: Path) -> None:
@@ -50,7 +66,7 @@ def hold(running: Path, batch_pid: int, cmd: list[str]):
     """Take RUNNING_FILE's lock for this process, the leader of its op's group, and name the group
     in it: the guard does, and so does a step that a batch's warm worker forked (harness.core.forkserver),
     whose lock its forked children share. Returns the open file: the lock lasts while any of them holds it."""
-    f = open(running, "w")
+    f = rundir.open_write(running, "w")
     fcntl.flock(f, fcntl.LOCK_EX)
     json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": batch_pid, "command": cmd}, f)
     f.flush()
@@ -58,7 +74,11 @@ def hold(running: Path, batch_pid: int, cmd: list[str]):
 
 
 def main(argv: list[str]) -> int:
-    batch_pid, running, cmd = int(argv[0]), Path(argv[1]), argv[3:]
+    head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    batch_pid, running = int(head[0]), Path(head[1])
+    gate = next((int(a.split("=", 1)[1]) for a in head[2:] if a.startswith("--gate=")), None)
+    if gate is not None and not passed_gate(gate):
+        return 128 + signal.SIGTERM  # the batch stopped before this op's start: exits as a stopped op does
     with hold(running, batch_pid, cmd):
         if os.getppid() != batch_pid:  # the batch died before this process got here
             running.unlink(missing_ok=True)
@@ -86,12 +106,13 @@ def main(argv: list[str]) -> int:
 def stop_leftover(running: Path, grace_s: float) -> dict | None:
     """Stop what still runs of the op group RUNNING_FILE names (an op of a dead batch), and remove
     the file. Returns the file's facts when something was stopped, else None."""
-    try:
-        f = open(running)
-    except FileNotFoundError:
+    problem = bounded.path_problem(running, "file")
+    if problem == "does not exist":
         return None
-    with f:
-        text = f.read()
+    if problem is not None:  # opened, a FIFO would hang the resume; read, a device would fill memory
+        raise bounded.InputRefused(f"{running} {problem}: it names the group of an op of a dead batch; remove it")
+    with open(running) as f:
+        text = f.read(RUNNING_CHARS)
         facts = json.loads(text) if text.strip() else None
         stopped = None
         if facts is None:

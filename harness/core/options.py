@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
+from harness.core.errors import clip
 from harness.core.spec import L2_MODES, TIMERS
 from ops import DTYPES_RULE, valid_dtype_list
 
@@ -52,6 +53,7 @@ GROUPS = {
     "how": "how to measure",
     "running": "running",
     "experiment": "the experiment (override the plan)",
+    "bisect": "the bisect: builds, rows, resume",
 }
 
 
@@ -59,7 +61,7 @@ GROUPS = {
 def dtype_list(text: str) -> list[str]:
     items = [d.strip() for d in text.split(",") if d.strip()]
     if not valid_dtype_list(items):
-        raise argparse.ArgumentTypeError(f"{text!r} must be {DTYPES_RULE}, comma-separated")
+        raise argparse.ArgumentTypeError(f"{clip(text)} must be {DTYPES_RULE}, comma-separated")
     return items
 
 
@@ -83,7 +85,7 @@ def positive_int(text: str) -> int:
     except ValueError:  # said as the other refusals are, not as argparse's "invalid positive_int value"
         value = None
     if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {text!r}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {clip(text)}")
     return value
 
 
@@ -152,6 +154,7 @@ class Option:
     # A stored relative value made absolute against the folder of the file that holds it (a plan's).
     rebase: Callable[[Any, Path], Any] | None = None
     load: Callable[[Any], Any] | None = None  # a stored value (checked) in the field's own type
+    show: Callable[[Any], str] = str  # the value as its flag takes it on a command line (to_argv)
 
 
 def option(**declared) -> Any:
@@ -234,7 +237,7 @@ class OptionSet:
             elif isinstance(value, tuple):  # a comma-separated list (--dtypes)
                 argv += [meta.flag, ",".join(value)]
             else:
-                argv += [meta.flag, str(value)]
+                argv += [meta.flag, meta.show(value)]
         return argv
 
     def to_dict(self) -> dict:
@@ -315,7 +318,7 @@ class RecordOnly(argparse.Action):
                      "record again to change it")
 
 
-RUNS = ("record", "replay", "ab", "batch")  # the commands that run operators
+RUNS = ("record", "replay", "ab", "batch", "bisect")  # the commands that run operators
 STARTERS = ("ab", "batch")  # the commands that start batches of them
 
 
@@ -375,8 +378,9 @@ class RunOptions(OptionSet):
         check=lambda v: type(v) is int and v >= 0, what="a non-negative integer")
     timer: str | None = option(
         flag="--timer", group="how", commands=RUNS, choices=TIMERS, record_default="auto", record_only=True,
-        help="auto: graph where the backend can capture, else direct; profiler: the device profiler's summed kernel "
-             "time per call (default: auto)",
+        help="auto: the backend's own: graph where it can capture, else direct, and host (a wall clock) where it "
+             "has no device timing (the interpreter); profiler: the device profiler's summed kernel time per call "
+             "(default: auto)",
         check=lambda v: v in TIMERS, what=f"one of {', '.join(TIMERS)}")
     l2: str | None = option(
         flag="--l2", group="how", commands=RUNS, choices=L2_MODES, record_default="warm", record_only=True,
@@ -515,6 +519,56 @@ def valid_repeats(value) -> bool:
     return type(value) is int and 2 <= value <= MAX_REPEATS
 
 
+# `--repeats auto`: sequential repeats. The first round times FIRST_REPEATS per side for every row; each
+# later round one more per side for the rows whose verdict is still open (reports.sequential.settle),
+# until none is or a side has --max-repeats.
+AUTO = "auto"
+FIRST_REPEATS = 3
+DEFAULT_MAX_REPEATS = 12
+DEFAULT_RESOLVE = 0.01  # --resolve: the smallest change, as a fraction of latency, a row is timed to resolve
+# Above reports.stats.MARGIN, which a call's interval must clear (here: the plan is checked before the
+# statistics' numpy is imported; tests/test_sequential_runner.py keeps the two equal).
+MIN_RESOLVE = 0.003
+MAX_RESOLVE = 0.5
+
+
+def repeats_value(text: str) -> int | str:
+    """`--repeats`: a count, or the text (`auto`); the declared check says which are valid."""
+    try:
+        return int(text)
+    except ValueError:  # `auto`, or what the declared check refuses in its own words
+        return text
+
+
+def valid_repeats_choice(value) -> bool:
+    return value == AUTO or valid_repeats(value)
+
+
+def valid_max_repeats(value) -> bool:
+    """At least FIRST_REPEATS (the first round's), at most MAX_REPEATS."""
+    return type(value) is int and FIRST_REPEATS <= value <= MAX_REPEATS
+
+
+def percent(text: str) -> float:
+    """`1%` or `0.5%` as the fraction it names (0.01, 0.005). The sign is required: a bare 0.5 could
+    mean half a percent or half the latency."""
+    number = text.strip().removesuffix("%") if isinstance(text, str) and text.strip().endswith("%") else None
+    try:
+        return float(number) / 100
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"must be a percentage such as 1% or 0.5%, not {clip(text)}") from None
+
+
+def percent_text(fraction: float) -> str:
+    """A fraction as `percent` reads it back: 0.005 -> `0.5%`."""
+    return f"{fraction * 100:g}%"
+
+
+def valid_resolve(value) -> bool:
+    """A fraction strictly between MIN_RESOLVE and MAX_RESOLVE (0.3% and 50%)."""
+    return _is_number(value) and MIN_RESOLVE < value < MAX_RESOLVE
+
+
 def _side_env(side: str):
     return option(flag=f"--{side}-env", group="experiment", commands=("ab",), metavar="KEY=VAL", repeat=True,
                   help=f"environment variable for side {side.upper()} (repeatable)", check=_is_env_list,
@@ -532,12 +586,24 @@ class ExperimentOptions(OptionSet):
     """What an A/B compares and how often, given over its plan (`python -m harness ab`). Its plan keeps
     them (ab.Plan, its yaml): a corpus A/B's resume, which runs the stored plan, refuses any given."""
 
-    repeats: int | None = option(
-        flag="--repeats", group="experiment", commands=("ab",), metavar="N", type=int,
-        help="replays per side (>= 2; default 3)",
-        check=valid_repeats, what=f"an integer from 2 to {MAX_REPEATS}")
+    repeats: int | str | None = option(
+        flag="--repeats", group="experiment", commands=("ab", "bisect"), metavar="N|auto", type=repeats_value,
+        help=f"replays per side (>= 2; default 3), or auto: {FIRST_REPEATS} per side, then one more per side a "
+             "round for the rows whose verdict is still open, up to --max-repeats",
+        check=valid_repeats_choice, what=f"an integer from 2 to {MAX_REPEATS}, or auto")
+    max_repeats: int | None = option(
+        flag="--max-repeats", group="experiment", commands=("ab", "bisect"), metavar="N", type=int,
+        help=f"with --repeats auto: the most replays a side gives any row (default {DEFAULT_MAX_REPEATS})",
+        check=valid_max_repeats, what=f"an integer from {FIRST_REPEATS} to {MAX_REPEATS}")
+    resolve: float | None = option(
+        flag="--resolve", group="experiment", commands=("ab",), metavar="X%", type=percent, show=percent_text,
+        # argparse formats help with %: the percent sign doubled.
+        help=f"with --repeats auto: the smallest change you care about, e.g. 0.5%%; a row is timed until it resolves "
+             f"it or reaches --max-repeats (default {percent_text(DEFAULT_RESOLVE)}%)",
+        check=valid_resolve, what=f"a percentage above {percent_text(MIN_RESOLVE)} (the margin a call clears) and "
+                                  f"below {percent_text(MAX_RESOLVE)}")
     fdr: float | None = option(
-        flag="--fdr", group="experiment", commands=("ab",), metavar="Q", type=float,
+        flag="--fdr", group="experiment", commands=("ab", "bisect"), metavar="Q", type=float,
         help=f"false discovery rate of the report's FASTER/SLOWER calls (default {FDR})",
         check=valid_fdr, what="a number between 0 and 1")
     a_env: tuple[str, ...] = _side_env("a")
@@ -558,3 +624,45 @@ class ExperimentOptions(OptionSet):
              "and B-passes, whose timings no verdict uses; the record and every repeat time only) or every "
              "(every step) (default: once)",
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
+
+
+def _is_path(value) -> bool:
+    return isinstance(value, str)
+
+
+@dataclasses.dataclass(frozen=True)
+class BisectOptions(OptionSet):
+    """What a bisect searches (its builds, its rows) and where it resumes (`python -m harness bisect`).
+    Its bisect.json keeps them, resolved: a resume refuses any given again."""
+
+    builds: Path | None = option(
+        flag="--builds", group="bisect", commands=("bisect",), metavar="FILE", type=Path,
+        help="YAML: `builds:` an ordered list of ready builds, the good one first, each a side as an A/B plan's "
+             "(label, python, env, requirements)", check=_is_path, what="a path")
+    git_range: str | None = option(
+        flag="--git-range", group="bisect", commands=("bisect",), metavar="GOOD..BAD",
+        help="instead of --builds: GOOD and each commit after it on BAD's first-parent line, each built with "
+             "--build-cmd into a kept dir keyed by commit and command", check=_is_path, what="GOOD..BAD")
+    checkout: Path | None = option(
+        flag="--checkout", group="bisect", commands=("bisect",), metavar="DIR", type=Path,
+        help="with --git-range: the compiler's git checkout", check=_is_path, what="a path")
+    build_cmd: str | None = option(
+        flag="--build-cmd", group="bisect", commands=("bisect",), metavar="CMD",
+        help="with --git-range: the shell command that builds a commit's tree (its cwd) into the active venv "
+             "(first on PATH), e.g. 'pip install --no-build-isolation ./python'", check=_is_path, what="a command")
+    build_cache: Path | None = option(
+        flag="--build-cache", group="bisect", commands=("bisect",), metavar="DIR", type=Path,
+        help="with --git-range: where the builds are kept (default: .nox/bisect-builds)", check=_is_path,
+        what="a path")
+    from_ab: Path | None = option(
+        flag="--from-ab", group="bisect", commands=("bisect",), metavar="AB_DIR", type=Path,
+        help="bisect this A/B's FASTER/SLOWER rows (or those --rows names), replaying its A record",
+        check=_is_path, what="a path")
+    rows: tuple[str, ...] | None = option(
+        flag="--rows", group="bisect", commands=("bisect",), metavar="'OP DTYPE SHAPE'", nargs="+",
+        help="with --from-ab: only these rows, named as its report names them (e.g. 'softmax fp16 4x16')",
+        check=_is_strings, what="a list of row names")
+    resume: Path | None = option(
+        flag="--resume", group="bisect", commands=("bisect",), metavar="BISECT_DIR", type=Path, stored=False,
+        help="continue the bisect in BISECT_DIR: no probe it finished runs again, no build is built again",
+        check=_is_path, what="a path")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.core.options import RunOptions, declared
-from harness.core.spec import only_refusal
+from harness.core.spec import cases_refusal, only_refusal
 
 COMMANDS = ("record", "replay")
 
@@ -31,6 +31,7 @@ class RunRequest:
     # The run dir itself, which the child claims and the session reads back from (never a search of `out`).
     run_dir: Path | None = None
     triton_cache: Path | None = None  # compile into this dir, kept (None: the run's private one)
+    cases: tuple[str, ...] | None = None  # replay: only these cases of the record (RunSpec.cases); None: all
 
     def __post_init__(self) -> None:
         if self.command not in COMMANDS:
@@ -41,7 +42,8 @@ class RunRequest:
             given += ["sweep_devices"] if self.sweep_devices is not None else []
             if given:
                 raise ValueError(f"replay takes no {', '.join(given)}: it keeps the recorded ones")
-        refusal = only_refusal(self.only, self.command)
+        refusal = only_refusal(self.only, self.command) or cases_refusal(
+            None if self.cases is None else list(self.cases), self.command)
         if refusal is not None:
             raise ValueError(refusal)
         if self.out is not None and self.run_dir is not None:
@@ -61,6 +63,8 @@ class RunRequest:
             argv.append(f"--{self.only}-only")
         if not self.precompile:
             argv.append("--no-precompile")
+        for case in self.cases or ():
+            argv += ["--case", case]
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),
                             ("--triton-cache", self.triton_cache)):
             if value is not None:

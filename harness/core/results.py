@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import backends
 from harness.core import rundir
+from harness.core.bounded import InputRefused
+from harness.core.errors import clip, clip_text
 from harness.core.spec import check_types
 
 RESULTS_FORMAT = 1
@@ -21,7 +24,7 @@ _ABSENT_WHEN_NONE = ("samples", "benchmark", "error", "kernels", "gpu_state")
 # The order the child has always written a row's keys in: no reader depends on it, a diff of two
 # results.json files does.
 _ORDER = ("op", "dtype", "shape", "params", "case", "status", "baseline_ms", "candidate_ms", "speedup", "timer",
-          "input_sha256", "samples", "markers", "configs", "nodeid")
+          "measures_performance", "input_sha256", "samples", "markers", "configs", "nodeid")
 _AFTER_METRICS = ("benchmark", "error", "kernels", "gpu_state")
 
 
@@ -47,6 +50,10 @@ class ResultRow:
     markers: list[str]
     configs: dict
     nodeid: str
+    # Whether the backend's timings are performance numbers (backends.Backend.measures_performance): on
+    # every row, so a script or spreadsheet reading the row's latencies, speedup and metrics is told by
+    # the row itself (the interpreter's are not).
+    measures_performance: bool
     # Per side measured: its Measurement.summary() and up to MAX_RAW_SAMPLES raw latencies.
     samples: dict | None = None
     benchmark: str | None = None  # a FlagGems row: the upstream benchmark class
@@ -74,7 +81,7 @@ class ResultRow:
         names = [f.name for f in dataclasses.fields(cls) if f.name != "metrics"]
         unknown = [k for k in data if k not in names and k not in METRICS]
         if unknown:
-            raise ResultsError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+            raise ResultsError(f"{where}: unknown field(s) {clip_text(', '.join(map(repr, unknown)))}")
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
                     and f.default_factory is dataclasses.MISSING]
         missing = [name for name in required if name not in data]
@@ -83,7 +90,7 @@ class ResultRow:
         fields = {k: v for k, v in data.items() if k in names}
         check_types(cls, fields, where, ResultsError)
         if fields["status"] not in STATUSES:
-            raise ResultsError(f"{where}: status {fields['status']!r} not one of {STATUSES}")
+            raise ResultsError(f"{where}: status {clip(fields['status'])} not one of {STATUSES}")
         metrics = {k: data[k] for k in METRICS if k in data}
         for name, value in metrics.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -96,6 +103,8 @@ def read_results(run_dir: Path) -> list[ResultRow]:
     path = Path(run_dir) / rundir.RESULTS_JSON
     try:
         data = rundir.read_json(path)
+    except InputRefused as exc:  # it names the file and why: said as it is
+        raise ResultsError(str(exc)) from exc
     except OSError as exc:
         raise ResultsError(f"{path} does not read as results: {exc.strerror or exc}") from exc
     except ValueError as exc:
@@ -103,12 +112,29 @@ def read_results(run_dir: Path) -> list[ResultRow]:
     if not isinstance(data, dict):
         raise ResultsError(f"{path} does not read as results: not an object")
     if data.get("format") != RESULTS_FORMAT:
-        raise ResultsError(f"{path} does not read as results: format {data.get('format')!r}, "
+        raise ResultsError(f"{path} does not read as results: format {clip(data.get('format'))}, "
                            f"expected {RESULTS_FORMAT}")
     if not isinstance(data.get("rows"), list):
         raise ResultsError(f"{path} does not read as results: it holds no 'rows' list")
+    rows = data["rows"]
+    if any(isinstance(row, dict) and "measures_performance" not in row for row in rows):
+        measures = _backend_measures(Path(run_dir))
+        rows = [{"measures_performance": measures, **row} if isinstance(row, dict) else row for row in rows]
     return [ResultRow.from_dict(row, f"{path} does not read as results: row {i}")
-            for i, row in enumerate(data["rows"])]
+            for i, row in enumerate(rows)]
+
+
+def _backend_measures(run_dir: Path) -> bool:
+    """Whether the backend the run dir's run.json names measures performance: what a row written before
+    rows said so themselves (a record kept from then, still replayed and compared) is taken to say."""
+    path = run_dir / rundir.RUN_JSON
+    try:
+        name = rundir.read_json(path)["spec"]["backend"]
+        return backends.get(name).measures_performance
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ResultsError(f"{path.parent / rundir.RESULTS_JSON} does not read as results: its rows do not say "
+                           f"whether they are performance numbers, and {path} does not name a known backend "
+                           f"({clip_text(str(exc))})") from exc
 
 
 def write_results(run_dir: Path, rows: list[ResultRow]) -> None:

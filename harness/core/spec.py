@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import types
 import typing
 from pathlib import Path
 
-from harness.core import rundir
+from harness.core import bounded, rundir
+from harness.core.errors import clip
 
 SPEC_VERSION = 1
 MODES = ("record", "replay")
@@ -18,7 +20,7 @@ TIMERS = ("auto", "graph", "direct", "profiler", "host")
 L2_MODES = ("warm", "cold")
 # Timing windows a side (harness.measure.timers, Timer) where --windows is not given: one. The small
 # rows' spread between processes that windows were meant to average out was the profiler's lingering
-# cost in the processes that attributed (README, "Small kernels and the profiler"); without it, 1-5 us
+# cost in the processes that attributed (docs/timers.md, "Per-kernel attribution"); without it, 1-5 us
 # rows spread 0.6% between processes on an H200, and 4 windows, over time or over fresh buffers
 # (tests/gpu/check_small_state.py), did not lower what remains.
 DEFAULT_WINDOWS = 1
@@ -36,9 +38,21 @@ def only_refusal(only: str | None, mode: str) -> str | None:
     """Why a run of `mode` cannot be for `only` (RunSpec.only), or None: checked alike where a session
     builds a request and where run.json is read."""
     if only is not None and only not in ONLY:
-        return f"only {only!r} not one of {tuple(ONLY)}"
+        return f"only {clip(only)} not one of {tuple(ONLY)}"
     if only == "configs" and mode != "record":
         return f"a configs-only {mode} (only a record has configs of its own)"
+    return None
+
+
+def cases_refusal(cases, mode: str) -> str | None:
+    """Why a run of `mode` cannot run just `cases` (RunSpec.cases), or None: checked alike where a
+    session builds a request and where run.json is read."""
+    if cases is None:
+        return None
+    if mode != "replay":
+        return f"a {mode} of some cases (a record runs every case; a replay may run some)"
+    if not cases or not all(isinstance(c, str) and c for c in cases) or len(set(cases)) != len(cases):
+        return f"cases {clip(cases)}: not a list of distinct case ids"
     return None
 
 
@@ -152,6 +166,9 @@ class RunSpec:
     only: str | None = None
     # Compile an autotune sweep's configs in parallel before it (harness.measure.precompile).
     precompile: bool = True
+    # A replay of part of its record: the ids of the cases it runs (a sequential A/B's later rounds
+    # time only the rows still open); None: every case.
+    cases: list[str] | None = None
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
     sweep_devices: int = 0
     preset_records: str | None = None
@@ -175,23 +192,26 @@ class RunSpec:
     @classmethod
     def from_json(cls, data: dict, where: str) -> RunSpec:
         if isinstance(data, dict) and data.get("version") != SPEC_VERSION:
-            raise SpecError(f"{where}: spec version {data.get('version')!r}, expected {SPEC_VERSION}")
+            raise SpecError(f"{where}: spec version {clip(data.get('version'))}, expected {SPEC_VERSION}")
         fields = _fields(cls, data, "spec", where)
         check_types(cls, fields, where)
         if fields.get("flaggems") is not None:
             fields["flaggems"] = FlagGemsOptions.from_json(fields["flaggems"], where)
         spec = cls(**fields)
         if spec.mode not in MODES:
-            raise SpecError(f"{where}: mode {spec.mode!r} not one of {MODES}")
+            raise SpecError(f"{where}: mode {clip(spec.mode)} not one of {MODES}")
         if spec.l2 not in L2_MODES:
-            raise SpecError(f"{where}: l2 {spec.l2!r} not one of {L2_MODES}")
+            raise SpecError(f"{where}: l2 {clip(spec.l2)} not one of {L2_MODES}")
         if spec.timer not in TIMERS:
-            raise SpecError(f"{where}: timer {spec.timer!r} not one of {TIMERS}")
+            raise SpecError(f"{where}: timer {clip(spec.timer)} not one of {TIMERS}")
         refusal = only_refusal(spec.only, spec.mode)
         if refusal is not None:
             raise SpecError(f"{where}: {refusal}")
         if spec.windows < 1:
-            raise SpecError(f"{where}: windows {spec.windows!r} is not an integer >= 1")
+            raise SpecError(f"{where}: windows {clip(spec.windows)} is not an integer >= 1")
+        refusal = cases_refusal(spec.cases, spec.mode)
+        if refusal is not None:
+            raise SpecError(f"{where}: {refusal}")
         return spec
 
 
@@ -207,13 +227,16 @@ def read(run_dir: Path) -> RunSpec:
 def read_run(run_dir: Path) -> tuple[RunSpec, dict]:
     """(spec, observed) of an existing run dir; observed is {} when nothing was merged yet."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise SpecError(f"run dir {run_dir} does not exist")
+    problem = bounded.path_problem(run_dir, "dir")
+    if problem is not None:
+        raise SpecError(f"run dir {run_dir} {problem}")
     path = run_dir / rundir.RUN_JSON
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise SpecError(f"{run_dir} is not a run dir: it has no {rundir.RUN_JSON}")
     try:
         data = rundir.read_json(path)
+    except bounded.InputRefused as exc:  # it names the file and what it is
+        raise SpecError(str(exc)) from exc
     except (OSError, ValueError) as exc:
         raise SpecError(f"{path} is corrupt: {exc}") from exc
     if not isinstance(data, dict) or "spec" not in data:

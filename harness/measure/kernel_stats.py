@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from harness.core import bounded
 from harness.core.ir_index import NOT_AVAILABLE
 
 FORMAT = 1
@@ -346,15 +347,13 @@ def extract(asm: Mapping[str, object], metadata: Mapping, tools: Mapping[str, st
 def read_cache_entry(entry_dir: Path) -> tuple[dict, dict]:
     """(asm, metadata) of one Triton cache entry (a dir holding `<name>.<stage>` files and
     `<name>.json`): binaries by their suffix as bytes, texts as str."""
-    import json
-
     asm, metadata = {}, {}
     for path in sorted(Path(entry_dir).iterdir()):
         stage = path.suffix[1:]
         if stage == "json" and not path.name.startswith("__grp__"):
-            metadata = json.loads(path.read_text())
+            metadata = bounded.read_json(path, "compiled kernel file")
         elif stage in ("cubin", "hsaco"):
-            asm[stage] = path.read_bytes()
+            asm[stage] = bounded.read_bounded(path, "compiled kernel file")
         elif stage in ("ttir", "ttgir", "llir", "ptx", "amdgcn"):
-            asm[stage] = path.read_text()
+            asm[stage] = bounded.read_text(path, "compiled kernel file")
     return asm, metadata

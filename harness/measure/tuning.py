@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.core import rundir
+from harness.core import bounded, rundir
 
 RECORD_FORMAT = 1
 ANY_KEY = "*"  # single-config kernels: their only config, whatever the key
@@ -165,10 +166,12 @@ def space_problem(data: dict, space) -> str | None:
 
 
 def load_records(path: Path) -> dict:
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise RecordsError(f"replay source has no autotune records: {path} is missing")
     try:
-        data = rundir.read_json(path)
+        data = rundir.read_json(path, "autotune records")
+    except bounded.InputRefused as exc:
+        raise RecordsError(f"autotune records: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise RecordsError(f"autotune records {path} are corrupt: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or not isinstance(data.get("kernels"), dict):

@@ -6,13 +6,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from harness.core import bounded
 from harness.core.paths import OPS_DIR
 from harness.providers.catalog import Entry
 
 
 def scan_module(path: Path, repo: str, root: Path) -> list[Entry]:
     """Operators defined in a module as `name = Operator(name="...", ...)`, found statically."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(bounded.read_text(path, "Python source"), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or getattr(node.func, "id", None) != "Operator":
@@ -37,7 +38,7 @@ def builtin_family_keys(ops_dir: Path = OPS_DIR) -> set[str]:
     """The shape-file family keys the built-in operators fall back to (`shape_keys=(...)`)."""
     keys = set()
     for path in ops_dir.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(ast.parse(bounded.read_text(path, "Python source"), filename=str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Operator":
                 for kw in node.keywords:
                     if kw.arg == "shape_keys" and isinstance(kw.value, (ast.Tuple, ast.List)):

@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import io
 import random
 from pathlib import Path
 
+from harness.core import bounded
+from harness.core.errors import clip_text
 from harness.core.paths import OPS_DIR
 
 DISMISS_FILE = OPS_DIR / "dismiss.txt"
 COLUMNS = ("repo", "op", "op_file", "file", "skip", "op_names", "classes", "collected")
 BUILTIN, PATH_REPO = "builtin", "path"  # the built-in corpus; operators found in --ops-path
+
+
+# The most bad specs one error lists (a whole --ops-file of typos is one line, not thousands).
+MAX_LISTED = 20
 
 
 class SelectionError(ValueError):
@@ -107,8 +114,8 @@ def to_csv(entries: list[Entry]) -> str:
 def read_csv(path: Path) -> list[Entry]:
     if not path.is_file():
         return []
-    with open(path, newline="") as f:
-        return [Entry(**{c: row.get(c, "") or "" for c in COLUMNS}) for row in csv.DictReader(f)]
+    rows = csv.DictReader(io.StringIO(bounded.read_text(path, "inventory"), newline=""))
+    return [Entry(**{c: row.get(c, "") or "" for c in COLUMNS}) for row in rows]
 
 
 def load(ops_dir: Path = OPS_DIR) -> list[Entry]:
@@ -123,7 +130,7 @@ def load_dismissed(path: Path = DISMISS_FILE) -> dict[str, str]:
     dismissed = {}
     if not path.is_file():
         return dismissed
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(bounded.read_text(path, "dismiss list").splitlines(), 1):
         body, _, reason = line.partition("#")
         body = body.strip()
         if not body:
@@ -163,13 +170,15 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
             if runnable is not None and selection.repo is None:
                 hits = [e for e in hits if e.repo in runnable] or hits
             if not hits:
-                bad.append(f"'{spec}': unknown")
+                bad.append(f"'{spec}': unknown{_nearest(selection, pool, runnable)}")
             elif len(hits) > 1:
                 bad.append(f"'{spec}': ambiguous ({', '.join(f'{h.repo}:{h.op}@{h.op_file}' for h in hits)})")
             else:
                 chosen.append(hits[0])
         if bad:
-            raise SelectionError("bad operator selection: " + "; ".join(bad))
+            more = f"; and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
+            raise SelectionError("bad operator selection: " + "; ".join(map(clip_text, bad[:MAX_LISTED])) + more
+                                 + _known_here([e for e in pool if runnable is None or e.repo in runnable]))
         if not chosen:
             raise SelectionError("nothing selected: give --all, --ops or --ops-file")
     selected, excluded = [], []
@@ -186,6 +195,24 @@ def select(entries: list[Entry], specs: list[str] | None, all_ops: bool, repos: 
     return selected, excluded
 
 
+def _nearest(selection: Selection, pool: list[Entry], runnable: set[str] | None) -> str:
+    """` (did you mean softmax?)`: the ops nearest the unknown one, in its repo, else in those that run here."""
+    ops = {e.op for e in pool
+           if (e.repo == selection.repo if selection.repo else runnable is None or e.repo in runnable)}
+    close = difflib.get_close_matches(selection.op, sorted(ops), n=3)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def _known_here(here: list[Entry]) -> str:
+    """`; known here: builtin: add, gelu, ...`, each repo's ops, or how many there are when too many to list."""
+    if len(here) > MAX_LISTED:
+        return f"; {len(here)} ops known here (ops/inventory_*.csv, --ops-path, --flaggems-dir)"
+    by_repo: dict[str, set[str]] = {}
+    for e in here:
+        by_repo.setdefault(e.repo, set()).add(e.op)
+    return "; known here: " + "; ".join(f"{repo}: {', '.join(sorted(ops))}" for repo, ops in sorted(by_repo.items()))
+
+
 def sample(selected: list[Entry], n: int, seed: int) -> list[Entry]:
     """A seeded random sample of n entries, kept in inventory order (sharding and logs stay stable):
     the same seed over the same inventory picks the same ops on any machine."""
@@ -198,6 +225,11 @@ def sample(selected: list[Entry], n: int, seed: int) -> list[Entry]:
 
 
 def read_ops_file(path: Path) -> list[str]:
-    if not path.is_file():
-        raise SelectionError(f"--ops-file {path} does not exist")
-    return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+    problem = bounded.path_problem(path, "file")
+    if problem is not None:
+        raise SelectionError(f"--ops-file {path} {problem}")
+    try:
+        text = bounded.read_text(path, "ops file")
+    except bounded.InputRefused as exc:
+        raise SelectionError(f"--ops-file {exc}") from exc
+    return [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]

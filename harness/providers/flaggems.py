@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.core import forkserver
+from harness.core import bounded, forkserver
 from harness.core.options import DEFAULT_REPO, UPSTREAM, split_dir  # what the parser checks
 from harness.core.spec import FlagGemsOptions
 from harness.providers import catalog
@@ -77,7 +77,7 @@ def is_target(op_arg: str) -> bool:
 
 
 def functions_in(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(bounded.read_text(path, "Python source"), filename=str(path))
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
 
 

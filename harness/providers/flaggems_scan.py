@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.core import bounded
 from harness.providers.catalog import Entry, SelectionError
 
 COLLECT_TIMEOUT_S = 1800
@@ -23,7 +24,7 @@ class _Module:
 
 
 def _parse_module(path: Path, checkout: Path) -> _Module:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(bounded.read_text(path, "Python source"), filename=str(path))
     mod = _Module({}, {}, {}, {})
     for node in tree.body:  # later definitions win, as at import time
         if isinstance(node, ast.ClassDef):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from harness.core.errors import clip
 from harness.core.rundir import atomic_write_text, read_yaml_mapping
 from ops import DTYPES_RULE, valid_dtype_list
 
@@ -45,26 +46,27 @@ def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],
         raise ShapeFileError(f"{where}: expected a mapping with a 'shapes' list")
     unknown = set(entry) - {"shapes", "dtypes"}
     if unknown:
-        raise ShapeFileError(f"{where}: unknown fields {sorted(unknown)} (allowed: shapes, dtypes)")
+        raise ShapeFileError(f"{where}: unknown fields {clip(sorted(map(str, unknown)))} (allowed: shapes, dtypes)")
     shapes = entry["shapes"]
     if not isinstance(shapes, list) or not shapes:
         raise ShapeFileError(f"{where}: 'shapes' must be a non-empty list")
-    out = []
+    first = {}  # shape -> its index: a long list is checked for repeats in one pass
     for i, shape in enumerate(shapes):
         if isinstance(shape, int):
             shape = [shape]
         if (not isinstance(shape, list) or not shape
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
-            raise ShapeFileError(f"{where}: shapes[{i}] = {shape!r} is not a list of positive ints")
+            raise ShapeFileError(f"{where}: shapes[{i}] = {clip(shape)} is not a list of positive ints")
         if ndim is not None and len(shape) != ndim:
-            raise ShapeFileError(f"{where}: shapes[{i}] = {shape} has {len(shape)} dims, '{op_name}' takes {ndim}")
-        if list(shape) in out:  # rows are keyed by shape: a second one would collide with the first
-            raise ShapeFileError(f"{where}: shapes[{i}] = {shape} repeats shapes[{out.index(list(shape))}]")
-        out.append(list(shape))
+            raise ShapeFileError(f"{where}: shapes[{i}] = {clip(shape)} has {len(shape)} dims, '{op_name}' takes "
+                                 f"{ndim}")
+        if tuple(shape) in first:  # rows are keyed by shape: a second one would collide with the first
+            raise ShapeFileError(f"{where}: shapes[{i}] = {clip(shape)} repeats shapes[{first[tuple(shape)]}]")
+        first[tuple(shape)] = i
     dtypes = entry.get("dtypes")
     if dtypes is not None and not valid_dtype_list(dtypes):
-        raise ShapeFileError(f"{where}: dtypes {dtypes!r} must be {DTYPES_RULE}")
-    return key, out, dtypes
+        raise ShapeFileError(f"{where}: dtypes {clip(dtypes)} must be {DTYPES_RULE}")
+    return key, [list(shape) for shape in first], dtypes
 
 
 def write_used(path: Path, op_name: str, shapes: list[list[int]], dtypes: list[str], source: str) -> None:

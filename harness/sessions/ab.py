@@ -9,10 +9,13 @@ ab.log; ab.json says what completed, so an interrupted A/B still reports what it
 
 from __future__ import annotations
 
+import argparse
+import collections
 import dataclasses
 import functools
 import hashlib
 import importlib
+import json
 import os
 import re
 import shutil
@@ -24,31 +27,46 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import deps, forkserver, host_modules, identity, launch, paths, rundir
+from harness.core import bounded, deps, forkserver, host_modules, identity, launch, paths, rundir
 from harness.core import spec as spec_mod
-from harness.core.errors import UsageError
+from harness.core.errors import UsageError, clip, clip_text
 from harness.core.options import (
+    AUTO,
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_RESOLVE,
     FDR,
+    FIRST_REPEATS,
     MAX_REPEATS,
+    MAX_RESOLVE,
+    MIN_RESOLVE,
     STEP_PASSES,
     STEP_STARTS,
     UPSTREAM,
     ExperimentOptions,
     RunOptions,
+    percent,
+    percent_text,
     valid_fdr,
-    valid_repeats,
+    valid_max_repeats,
+    valid_repeats_choice,
+    valid_resolve,
 )
 from harness.core.outcome import Outcome
 from harness.core.request import RunRequest
-from harness.core.results import ResultsError
+from harness.core.results import ResultsError, read_results
 from harness.measure import ir
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
 
 DEFAULT_PLAN = paths.REPO_ROOT / "ops" / "ab_default.yaml"
 SIDE_FIELDS = {"label", "env", "python", "requirements"}
+SEQUENTIAL_FIELDS = ("first", "max_repeats", "resolve")  # a plan's, with repeats auto only
 STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
 LOG_FILE = "ab.log"
+# prewarmed: at most this many workers a side importing or waiting at once, whatever --repeats asks (a
+# 3-repeat op begins 5 for A: its record, passes and repeats). A step past them gets a worker begun as it
+# starts, its imports paid before it times, nothing timed beside them.
+PREWARM_MAX_PER_SIDE = 6
 
 
 class PlanError(ValueError):
@@ -79,21 +97,28 @@ class Plan:
     ops: list[str]
     a: Side
     b: Side
-    repeats: int = 3
+    repeats: int | str = 3  # or AUTO: sequential repeats, in rounds (Runner.run)
+    # With repeats AUTO: the first round's repeats per side, the most any row gets, and the smallest change
+    # (a fraction: stored so; a plan file may say `1%`) a row is timed to resolve; reports.sequential.Schedule
+    # (Schedule.from_plan reads them back from ab.json). In a stored plan only when AUTO.
+    first: int = FIRST_REPEATS
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    resolve: float = DEFAULT_RESOLVE
     # The false discovery rate of the report's FASTER/SLOWER calls (reports.stats.adjust).
     fdr: float = FDR
     # Where and what A's record runs and how it measures. Both sides' replays are given only what a
     # replay takes (RunOptions.for_replay): the backend, FlagGems level, switch and cache and the
     # measurement stay the record's, so both sides run the same level, switch and tuning space.
     options: RunOptions = RunOptions()
-    # prewarmed: fresh processes at fork's pace; fork's repeats came out more alike on an H200 (README)
+    # prewarmed: fresh processes at fork's pace; fork's repeats came out more alike on an H200 (docs/performance.md)
     step_start: str = "prewarmed"
     step_passes: str = "once"
 
-    def request(self, command: str, target: str, run_dir: Path, only: str | None = None) -> RunRequest:
-        """One step of this plan, run in `run_dir`: A's record, or a replay of it."""
+    def request(self, command: str, target: str, run_dir: Path, only: str | None = None,
+                cases: tuple[str, ...] | None = None) -> RunRequest:
+        """One step of this plan, run in `run_dir`: A's record, or a replay of it (of `cases` only, where given)."""
         options = self.options if command == "record" else self.options.for_replay()
-        return RunRequest(command, target, options, color="never", run_dir=run_dir, only=only)
+        return RunRequest(command, target, options, color="never", run_dir=run_dir, only=only, cases=cases)
 
     def to_dict(self) -> dict:
         """The plan as the yaml `load_plan` reads (its paths absolute); no device: a corpus A/B gives
@@ -101,7 +126,24 @@ class Plan:
         sides = {s.name.lower(): {k: v for k, v in dataclasses.asdict(s).items() if k != "name"}
                  for s in (self.a, self.b)}
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("a", "b", "options")}
+        if not self.sequential:
+            own = {k: v for k, v in own.items() if k not in SEQUENTIAL_FIELDS}
         return {**own, **sides, **self.options.to_dict()}
+
+    @property
+    def sequential(self) -> bool:
+        return self.repeats == AUTO
+
+    def describe_repeats(self) -> str:
+        if not self.sequential:
+            return f"{self.repeats} repeats interleaved"
+        return (f"repeats {AUTO}: {self.first} interleaved, then one more per side a round for the rows still open, "
+                f"up to {self.max_repeats} (resolving {percent_text(self.resolve)})")
+
+    @property
+    def first_repeats(self) -> int:
+        """The repeats per side every row gets: all of them, or the first round's."""
+        return self.first if self.sequential else self.repeats
 
 
 def _side(data, name: str, where: str, base: Path) -> Side:
@@ -111,13 +153,19 @@ def _side(data, name: str, where: str, base: Path) -> Side:
         raise PlanError(f"{where}: side '{name}' must be a mapping")
     unknown = set(data) - SIDE_FIELDS
     if unknown:
-        raise PlanError(f"{where}: side '{name}': unknown fields {sorted(unknown)} (allowed: {sorted(SIDE_FIELDS)})")
+        raise PlanError(f"{where}: side '{name}': unknown fields {clip(sorted(map(str, unknown)))} "
+                        f"(allowed: {sorted(SIDE_FIELDS)})")
     requirements = data.get("requirements") or []
     if isinstance(requirements, str):  # a requirements file, relative to the plan
         req_file = base / requirements
-        if not req_file.is_file():
-            raise PlanError(f"{where}: side '{name}': requirements file {req_file} does not exist")
-        requirements = [line.split("#")[0].strip() for line in req_file.read_text().splitlines()]
+        problem = bounded.path_problem(req_file, "file")
+        if problem is not None:
+            raise PlanError(f"{where}: side '{name}': requirements file {req_file} {problem}")
+        try:
+            text = bounded.read_text(req_file, "requirements file")
+        except bounded.InputRefused as exc:
+            raise PlanError(f"{where}: side '{name}': requirements file {exc}") from exc
+        requirements = [line.split("#")[0].strip() for line in text.splitlines()]
         requirements = [r for r in requirements if r]
     if not isinstance(requirements, list) or not all(isinstance(r, str) for r in requirements):
         raise PlanError(f"{where}: side '{name}': requirements must be a list of pip specifiers or a file name")
@@ -126,10 +174,10 @@ def _side(data, name: str, where: str, base: Path) -> Side:
         raise PlanError(f"{where}: side '{name}': env must be a mapping of NAME: value")
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise PlanError(f"{where}: side '{name}': env name {key!r} is not a variable name")
+            raise PlanError(f"{where}: side '{name}': env name {clip(key)} is not a variable name")
         # yaml reads `true`, `null` and `on` as non-strings, whose str() is no value a switch expects.
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise PlanError(f"{where}: side '{name}': env {key}: {value!r} is not a string or a number "
+            raise PlanError(f"{where}: side '{name}': env {clip_text(key)}: {clip(value)} is not a string or a number "
                             "(quote it: '1', 'true')")
     for field in ("label", "python"):
         if data.get(field) is not None and not isinstance(data[field], str):
@@ -139,8 +187,9 @@ def _side(data, name: str, where: str, base: Path) -> Side:
         # Relative to the plan, like its other paths; absolute, since each step runs from elsewhere. Not
         # resolved: a venv's python is a link whose target has none of the venv's packages.
         python = os.path.abspath(base / python)
-        if not Path(python).is_file():
-            raise PlanError(f"{where}: side '{name}': python {python} does not exist")
+        problem = bounded.path_problem(python, "executable")
+        if problem is not None:
+            raise PlanError(f"{where}: side '{name}': python {python} {problem}")
     return Side(name, str(data.get("label") or ""), {str(k): str(v) for k, v in env.items()}, python,
                 requirements)
 
@@ -161,7 +210,7 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
         f.name for f in dataclasses.fields(RunOptions)}
     unknown = set(data) - allowed
     if unknown:
-        raise PlanError(f"plan {path}: unknown fields {sorted(unknown)} (allowed: {sorted(allowed)})")
+        raise PlanError(f"plan {path}: unknown fields {clip(sorted(map(str, unknown)))} (allowed: {sorted(allowed)})")
     if data.get("name") is not None and not isinstance(data["name"], str):
         raise PlanError(f"plan {path}: 'name' must be a string, not {data['name']!r:.60}")
     options = RunOptions.from_dict(
@@ -170,19 +219,50 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
         raise PlanError(f"plan {path}: 'ops' must be a non-empty list of operator names")
     repeats = data.get("repeats", 3)
-    if not valid_repeats(repeats):
+    if not valid_repeats_choice(repeats):
         raise PlanError(f"plan {path}: 'repeats' must be an integer from 2 to {MAX_REPEATS} (a row's spread between "
-                        "repeats is its noise)")
+                        f"repeats is its noise) or {AUTO}, not {clip(repeats)}")
+    sequential = _sequential_fields(data, path) if repeats == AUTO else {}
+    given = [name for name in SEQUENTIAL_FIELDS if data.get(name) is not None]
+    if repeats != AUTO and given:
+        raise PlanError(f"plan {path}: {', '.join(given)}: only with repeats: {AUTO} (its repeats are {repeats})")
     fdr = data.get("fdr", FDR)
     if not valid_fdr(fdr):
-        raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {fdr!r}")
+        raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {clip(fdr)}")
     for name, choices in (("step_start", STEP_STARTS), ("step_passes", STEP_PASSES)):
         if data.get(name) is not None and data[name] not in choices:
-            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {data[name]!r}")
+            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {clip(data[name])}")
     steps = {name: data[name] for name in ("step_start", "step_passes") if data.get(name) is not None}
     return Plan(name=str(data.get("name") or Path(path).stem), ops=ops, repeats=repeats, fdr=float(fdr),
-                options=options, a=_side(data.get("a"), "A", str(path), base),
+                options=options, **sequential, a=_side(data.get("a"), "A", str(path), base),
                 b=_side(data.get("b"), "B", str(path), base), **steps)
+
+
+def _sequential_fields(data: dict, path) -> dict:
+    """A sequential plan's first, max_repeats and resolve (`1%` as --resolve takes it, or the fraction
+    0.01 as a stored plan keeps it), each checked."""
+    out = {}
+    max_repeats = data.get("max_repeats", DEFAULT_MAX_REPEATS)
+    if not valid_max_repeats(max_repeats):
+        raise PlanError(f"plan {path}: 'max_repeats' must be an integer from {FIRST_REPEATS} to {MAX_REPEATS}, "
+                        f"not {clip(max_repeats)}")
+    out["max_repeats"] = max_repeats
+    first = data.get("first", FIRST_REPEATS)
+    if type(first) is not int or not FIRST_REPEATS <= first <= max_repeats:
+        raise PlanError(f"plan {path}: 'first' must be an integer from {FIRST_REPEATS} to max_repeats "
+                        f"({max_repeats}), not {clip(first)}")
+    out["first"] = first
+    resolve = data.get("resolve", DEFAULT_RESOLVE)
+    if isinstance(resolve, str):
+        try:
+            resolve = percent(resolve)
+        except argparse.ArgumentTypeError as exc:  # said in the plan's terms
+            raise PlanError(f"plan {path}: 'resolve' {exc}") from exc
+    if not valid_resolve(resolve):
+        raise PlanError(f"plan {path}: 'resolve' must be a percentage above {percent_text(MIN_RESOLVE)} and below "
+                        f"{percent_text(MAX_RESOLVE)} (`1%`, or the fraction 0.01), not {clip(data['resolve'])}")
+    out["resolve"] = float(resolve)
+    return out
 
 
 SIDE_ENVS = paths.REPO_ROOT / ".nox" / "ab-envs"
@@ -253,6 +333,20 @@ def side_compiler_key(side: Side) -> dict:
     return key
 
 
+def _same_args(argv: list[str]) -> tuple[str, ...]:
+    """A step's arguments less what each A/B names afresh (its run dir, its sides' caches): equal for the
+    same step of an A/B and of its continuation, down to the record a replay replays and its cases."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--run-dir", "--triton-cache"):
+            skip = True
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
 class StepInterrupted(launch.Stopped):
     """A Ctrl-C or a SIGTERM reached the A/B during a step, went on to the step, and the step has
     stopped."""
@@ -277,10 +371,13 @@ class Runner:
     dies is restarted once for the step, which is retried in a new run dir; after that the step
     fails."""
 
-    def __init__(self, plan: Plan, ab_dir: Path):
+    def __init__(self, plan: Plan, ab_dir: Path, earlier: list[dict] = ()):
         self.plan = plan
         self.dir = ab_dir
-        self.log = open(ab_dir / LOG_FILE, "a", encoding="utf-8")
+        # The completed steps of an interrupted A/B of this plan (--continue), by step and arguments: each
+        # is taken over, not run again (see step).
+        self.earlier = {(s["step"], _same_args(s["args"])): s for s in earlier if s.get("usable") and s.get("step")}
+        self.log = rundir.open_write(ab_dir / LOG_FILE)
         self.state = {"plan": {**plan.to_dict(), "device": plan.options.device}, "steps": [], "complete": False}
         # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
         # so an interrupted A/B still reports what completed.
@@ -356,6 +453,14 @@ class Runner:
         are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
         (its own session: only through us), which writes its summary; then StepInterrupted."""
         request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
+        # The op's dir and the step's (`softmax/B-4`): what a step is, across an A/B and its continuation.
+        step_id = f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}"
+        done = self.earlier.get((step_id, _same_args(request.to_argv())))
+        if done is not None:  # completed by the interrupted A/B this one continues: not run twice
+            print(f"{what}: done before ({done['run_dir']})", flush=True)
+            self.state["steps"].append({**done, "what": what, "taken_over": True})
+            self._save()
+            return Path(done["run_dir"])
         print(f"{what} ...", end="", flush=True)
         # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it).
         self.state["running"] = {"what": what, "side": side.name, "args": request.to_argv(),
@@ -371,8 +476,8 @@ class Runner:
         said = "ok" if code == 0 else f"finished with failed rows (exit {code})" if usable else f"FAILED (exit {code})"
         print(f" {said} ({elapsed:.0f} s)", flush=True)
         del self.state["running"]
-        self.state["steps"].append({"what": what, "side": side.name, "args": request.to_argv(), "exit": code,
-                                    "usable": usable, "run_dir": str(run_dir) if run_dir else None,
+        self.state["steps"].append({"what": what, "step": step_id, "side": side.name, "args": request.to_argv(),
+                                    "exit": code, "usable": usable, "run_dir": str(run_dir) if run_dir else None,
                                     "seconds": round(elapsed, 1), **({"passes": True} if passes else {})})
         self._save()
         return run_dir if usable else None
@@ -437,12 +542,24 @@ class Runner:
         step runs the passes (no untimed step), all the op's workers are begun before its record."""
         plan = self.plan
         passes = 1 if plan.step_passes == "once" else 0
-        repeats = plan.repeats if not record or not passes else 0
+        # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
+        repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
         for side, steps in ((plan.a, int(record) + passes + repeats), (plan.b, passes + repeats)):
             spare = self.spares.setdefault(side.name, [])
-            while len(spare) < steps:
+            while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
                 spare.append(self._new_worker(side))
                 spare[-1].begin()
+
+    def _prewarm_round(self) -> None:
+        """prewarmed, --repeats auto: a worker a side for the round about to run, its imports done before
+        the round times (as before the first timed step): round 2's were begun with round 1's, each
+        later round's here, after the look that opened it."""
+        for side in (self.plan.a, self.plan.b):
+            spare = self.spares.setdefault(side.name, [])
+            if not spare:
+                spare.append(self._new_worker(side))
+                spare[-1].begin()
+        self._ready_before_timing()
 
     def _ready_before_timing(self) -> None:
         """prewarmed: every begun worker's imports done before the first timed step. The repeats' are
@@ -461,6 +578,52 @@ class Runner:
             self.log.write(f"side {side.name}: {exc}\n")
             worker.died = True
             return 1, None
+
+    def _repeat(self, op_dir: Path, runs: dict[str, list[Path]], record: Path, r: int, what: str,
+                cases: tuple[str, ...] | None = None) -> None:
+        """Repeat `r`: A, then B, replay A's record (its `cases` only, where given) in the step dirs `A-r`, `B-r`."""
+        once = self.plan.step_passes == "once"
+        for side in (self.plan.a, self.plan.b):
+            replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
+            timed = self.plan.request("replay", str(record), replay_dir, "timing" if once else None, cases)
+            replay = self.step(side, timed, f"{what}: {side.name} replays A")
+            if replay is not None:
+                runs[side.name].append(replay)
+
+    def _rounds(self, op: str, tag: str, op_dir: Path, runs: dict[str, list[Path]], record: Path) -> None:
+        """--repeats auto, after the first round: look at the op's rows (reports.sequential.settle over
+        compare.pair of its runs so far, as the report pairs them), and while some are open and a side
+        has fewer than max_repeats, one more repeat per side of the open rows alone. Each look is a
+        round in ab.json `rounds[op]`. A settled row stays so (settle's rule: its repeats after its
+        settling look are not used), and is not timed again."""
+        from reports import compare, sequential  # imported beside the record by preload_reports
+
+        plan = self.plan
+        schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
+        performance = backends.get(plan.options.backend).measures_performance
+        rounds = self.state.setdefault("rounds", {})[op] = []
+        timed: list[str] | None = None  # the first round times every row
+        for n in range(plan.first, plan.max_repeats + 1):  # repeats per side after each round
+            # `expected` the first round's: a row every run of which skipped is dropped, as the report drops it.
+            rows = compare.pair(runs["A"], runs["B"], plan.first, performance=performance,
+                                profiled=compare.profiled_runs(runs))
+            said = sequential.settle(rows, schedule, plan.fdr)
+            # A row settle does not name stays open: timed on, never dropped unjudged.
+            settled = {row.label: said[row.label] for row in rows
+                       if said.get(row.label, sequential.OPEN) != sequential.OPEN}
+            still = [row for row in rows if row.label not in settled]
+            rounds.append({"repeats": n, "timed": timed, "open": [row.label for row in still],
+                           "settled": dict(settled)})
+            self._save()
+            print(_round_line(tag, len(rounds), len(rows), still, settled, n == plan.max_repeats), flush=True)
+            if not still or n == plan.max_repeats:
+                return
+            if plan.step_start == "prewarmed":
+                self._prewarm_round()
+            timed = [row.label for row in still]
+            cases = _case_ids(record, runs, [row.key for row in still])
+            self._repeat(op_dir, runs, record, n + 1,
+                         f"{tag} repeat {n + 1}/{plan.max_repeats} (round {len(rounds) + 1}, {len(still)} rows)", cases)
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
@@ -516,13 +679,11 @@ class Runner:
             preload.join()  # before any timed step: no import of the parent's beside one
             if plan.step_start == "prewarmed":
                 self._ready_before_timing()
-            for r in range(1, plan.repeats + 1):
-                for side in (plan.a, plan.b):
-                    replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
-                    timed = plan.request("replay", str(record), replay_dir, "timing" if once else None)
-                    replay = self.step(side, timed, f"{tag} repeat {r}/{plan.repeats}: {side.name} replays A")
-                    if replay is not None:
-                        runs[side.name].append(replay)
+            for r in range(1, plan.first_repeats + 1):
+                of = f"{r}/{plan.repeats}" if not plan.sequential else f"{r}/{plan.first} (round 1)"
+                self._repeat(op_dir, runs, record, r, f"{tag} repeat {of}")
+            if plan.sequential:
+                self._rounds(op, tag, op_dir, runs, record)
         self.state["complete"] = True
         self._save()
         return results
@@ -550,6 +711,26 @@ def _import_quietly(*names: str) -> None:
             importlib.import_module(name)
         except ImportError:  # the report's own import raises it, where it is read
             pass
+
+
+def _round_line(tag: str, k: int, rows: int, still: list, settled: dict[str, str], cap: bool) -> str:
+    """`[1/2 softmax] round 4: 3 of 12 rows open (9 settled: 7 same, 2 called)`, and at the cap the rows
+    it leaves unresolved."""
+    reasons = collections.Counter(settled.values())
+    said = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+    line = f"{tag} round {k}: {len(still)} of {rows} rows open ({len(settled)} settled{': ' + said if said else ''})"
+    if cap and still:
+        line += f"; at --max-repeats: {', '.join(row.label for row in still)} not resolved"
+    return line
+
+
+def _case_ids(record: Path, runs: dict[str, list[Path]], keys: list[tuple]) -> tuple[str, ...]:
+    """The case ids of the rows `keys` (op, dtype, shape), as the op's runs named them (results.json `case`)."""
+    ids = {}
+    for run_dir in (record, *runs["A"], *runs["B"]):
+        for row in read_results(run_dir):
+            ids.setdefault(row.key, row.case)
+    return tuple(ids[key] for key in keys)
 
 
 def _pythonpath(side: Side) -> str | None:
@@ -595,14 +776,17 @@ def validity(results: dict[str, dict[str, list[Path]]]) -> tuple[list[str], dict
 
 
 def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, warnings: list[str],
-           backend_names: set[str], expected: int | None = None, fdr: float = FDR) -> int:
+           backend_names: set[str], expected: int | None = None, fdr: float = FDR, schedule=None) -> int:
     """Pair and compare each group (one op's runs: its A repeats against its B repeats, each side's
     passes run, where it had one, for IR and kernels), then report them all;
     `expected` is the planned repeats per side, so a short side is flagged on every row. Verdicts
     are judged over all the groups' rows at once (compare.judge: calls at `fdr`). On a backend whose
     timings are not performance numbers the pipeline runs all the same, but every report says so at
-    its top and calls no verdict."""
-    from reports import ab_report, compare, corpus, explain, table
+    its top and calls no verdict. `schedule` (reports.sequential.Schedule): the rows were timed in
+    rounds (--repeats auto), `expected` their first round's; judged look by look (reports.sequential)."""
+    from reports import ab_report, compare, corpus, corpus_html, explain, sequential, table
+
+    given_warnings = list(warnings)  # the page finds the calls on identical IR itself
 
     not_measuring = sorted(n for n in backend_names if not backends.get(n).measures_performance)
     note = table.not_performance_note(", ".join(not_measuring)) if not_measuring else None
@@ -613,7 +797,7 @@ def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, war
             paired.append((*profiled, compare.pair(runs["A"], runs["B"], expected, performance=note is None,
                                                    profiled=profiled)))
     rows = [row for *_, op_rows in paired for row in op_rows]
-    compare.judge(rows, fdr)
+    sequential.judge(rows, fdr, schedule)
     summary = compare.summarize(rows, fdr)
     if note is None:
         # The IR is compared between each side's profiled run, as the corpus report does.
@@ -634,6 +818,12 @@ def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, war
     print()
     print(ab_report.render(rows, summary, warnings, context, note=note, what_changed=what_changed))
     files = ab_report.write(ab_dir, rows, summary, warnings, context, note, what_changed)
+    # The same rows on the corpus report's page (filter, sort, each row's IR and what changed), offline.
+    page = corpus.from_paired([(", ".join(dict.fromkeys(r.op for r in op_rows)), op_rows, a, b)
+                               for a, b, op_rows in paired if op_rows], context, given_warnings, note, fdr,
+                               schedule)
+    files.append(ab_dir / "report.html")
+    rundir.atomic_write_text(files[-1], corpus_html.render(page, corpus.headline(page)))
     print("report: " + ", ".join(str(f) for f in files))
     return 0 if rows and summary.headline_rows == summary.rows else 1
 
@@ -646,6 +836,11 @@ def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
         k, v = item.split("=", 1)
         out[k] = v
     return out
+
+
+def say_if_a_a(plan: Plan) -> None:
+    if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
+        print("note: sides A and B are identical: this is an A/A run (measures noise)")
 
 
 def resolve_plan(args) -> Plan:
@@ -661,6 +856,15 @@ def resolve_plan(args) -> Plan:
     experiment = ExperimentOptions.from_namespace(args)
     if experiment.repeats is not None:  # in range: the parser checked it as the option declares
         plan.repeats = experiment.repeats
+    sequential = {name: value for name, value in (("max_repeats", experiment.max_repeats),
+                                                  ("resolve", experiment.resolve)) if value is not None}
+    if sequential and not plan.sequential:
+        flags = " and ".join("--" + name.replace("_", "-") for name in sequential)
+        raise UsageError(f"{flags}: only with --repeats {AUTO} (this A/B's repeats are {plan.repeats})")
+    if sequential.get("max_repeats", plan.max_repeats) < plan.first:
+        raise UsageError(f"--max-repeats {sequential['max_repeats']}: below the plan's first round ({plan.first})")
+    for name, value in sequential.items():
+        setattr(plan, name, value)
     if experiment.fdr is not None:
         plan.fdr = experiment.fdr  # between 0 and 1: the parser checked it as the option declares
     plan.step_start = experiment.step_start or plan.step_start
@@ -669,8 +873,9 @@ def resolve_plan(args) -> Plan:
                                    (plan.b, experiment.b_env, experiment.b_python, "b")):
         side.env.update(_env_pairs(list(env), f"--{key}-env"))
         if python:
-            if not Path(python).is_file():
-                raise UsageError(f"--{key}-python {python} does not exist")
+            problem = bounded.path_problem(python, "executable")
+            if problem is not None:
+                raise UsageError(f"--{key}-python {python} {problem}")
             side.python = os.path.abspath(python)
     given = RunOptions.from_namespace(args)
     over = given.given()
@@ -680,8 +885,6 @@ def resolve_plan(args) -> Plan:
     over.update(ops_paths=plan.options.ops_paths + given.ops_paths,
                 flaggems_dirs=plan.options.flaggems_dirs + given.flaggems_dirs)
     options = dataclasses.replace(plan.options, **over)
-    if plan.a.env == plan.b.env and plan.a.python == plan.b.python:
-        print("note: sides A and B are identical: this is an A/A run (measures noise)")
     # Unknown names, or no accelerator when none is named, fail before anything runs.
     backend = resolve.resolve_backend(options.backend)
     resolve.check_measurement(backend, options.timer, options.l2)
@@ -706,8 +909,9 @@ def _check_plan(plan: Plan) -> None:
     otherwise surface only after the A/Bs before it ran. Built-in and FlagGems names resolve without importing
     torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
     shapes, ops_paths = plan.options.shapes, list(plan.options.ops_paths)
-    if shapes is not None and str(shapes) != UPSTREAM and not shapes.is_file():
-        raise UsageError(f"shape file {shapes} does not exist")
+    problem = None if shapes is None or str(shapes) == UPSTREAM else bounded.path_problem(shapes, "file")
+    if problem is not None:
+        raise UsageError(f"shape file {shapes} {problem}")
     try:
         dirs = flaggems.parse_dirs(plan.options.flaggems_dirs)
         for op in plan.ops:
@@ -734,6 +938,22 @@ def _check_plan(plan: Plan) -> None:
             resolve.check_selection(text, op, "builtin")
 
 
+def _continued(earlier_dir: Path, plan: Plan) -> list[dict]:
+    """The steps of the interrupted A/B in `earlier_dir` (--continue) to take over, where it ran this plan
+    (its device aside: a step on another device is not taken over, its arguments differ); none, said,
+    where it ran another (a corpus A/B's op resumed under a dtype fallback, say)."""
+    path = Path(earlier_dir) / "ab.json"
+    try:
+        state = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--continue {earlier_dir}: no readable ab.json ({exc})") from exc
+    stored = {k: v for k, v in state.get("plan", {}).items() if k != "device"}
+    if stored != json.loads(json.dumps(plan.to_dict())):
+        print(f"--continue {earlier_dir}: that A/B ran another plan: none of its steps is taken over")
+        return []
+    return state.get("steps", [])
+
+
 def run_from_args(args) -> int:
     """`python -m harness ab ...`"""
     if args.compare:
@@ -755,17 +975,18 @@ def run_from_args(args) -> int:
         return report(out, [{"A": [dir_a], "B": [dir_b]}], context, warnings, backend_names, fdr=fdr)
     plan = resolve_plan(args)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
+    say_if_a_a(plan)  # once the plan is known to run: not before an error in it
     if args.named_run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
         ab_dir = rundir.claim_named_dir(args.named_run_dir, LOG_FILE)
     else:
         ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
-          f"{plan.repeats} repeats interleaved\nab dir: {ab_dir}")
+          f"{plan.describe_repeats()}\nab dir: {ab_dir}")
     if not backends.get(plan.options.backend).measures_performance:
         from reports import table
 
         print(table.not_performance_note(plan.options.backend))
-    runner = Runner(plan, ab_dir)
+    runner = Runner(plan, ab_dir, _continued(args.continue_from, plan) if args.continue_from else ())
     interrupted = None
     try:
         # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
@@ -793,6 +1014,11 @@ def run_from_args(args) -> int:
         warnings.append(f"no rows to compare for {', '.join(unmeasured)}: a side has no completed run")
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats,
                "ir": ir_per_op}
+    schedule = None
+    if plan.sequential:
+        from reports import sequential
+
+        schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
     code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
-                  plan.repeats, plan.fdr)
+                  plan.first_repeats, plan.fdr, schedule)
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 import backends
-from harness.core import batchdir, forkserver, launch, opguard, paths, rundir
+from harness.core import batchdir, bounded, forkserver, launch, opguard, paths, rundir
 from harness.core.errors import DtypeRejected, UsageError
 from harness.core.options import BatchOptions, RunOptions, declared, split_dir
 from harness.core.outcome import Outcome
@@ -235,8 +235,8 @@ class Batch:
         worker = self.workers.get(device)
         if worker is not None:
             try:
-                code, seconds = self._watched(lambda log, running: worker.start(argv, log, _dropped, guard=running),
-                                              log_path)
+                code, seconds = self._watched(
+                    lambda log, running, gate: worker.start(argv, log, _dropped, guard=running, gate=gate), log_path)
             except forkserver.WorkerDied as exc:
                 worker.close()
                 del self.workers[device]
@@ -251,7 +251,7 @@ class Batch:
     def _say(self, device: int, log_path: Path, why: str) -> None:
         """In the op's log, and in the notes of the row its device finishes next."""
         self.worker_notes[device] = why
-        with open(log_path, "a") as log:
+        with rundir.open_write(log_path) as log:
             log.write(f"\n{why}\n")
 
     def _attempt(self, cmd: list[str], log_path: Path, **start_kw) -> tuple[int | None, float]:
@@ -260,28 +260,50 @@ class Batch:
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
         when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
         # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
-        return self._watched(lambda log, running: launch.start(opguard.command(running, cmd), log=log,
-                                                               with_parent=False, **start_kw), log_path)
+        return self._watched(lambda log, running, gate: launch.start(opguard.command(running, cmd, gate), log=log,
+                                                                     with_parent=False, pass_fds=(gate,), **start_kw),
+                             log_path)
 
     def _watched(self, start_child, log_path: Path) -> tuple[int | None, float]:
-        """(exit code or None on timeout, seconds) of the child `start_child(log, running)` starts, which
-        `stop` reaches while it runs and --op-timeout ends; its `.running` (the op dir's) is gone after it."""
+        """(exit code or None on timeout, seconds) of the child `start_child(log, running, gate)` starts, which
+        `stop` reaches while it runs and --op-timeout ends; its `.running` (the op dir's) is gone after it.
+
+        A stop is final: the child waits at `gate` (a pipe's read end) until it is known here, and that
+        is decided under the lock `stop` takes to collect the children it kills. A stop set before that
+        closes the gate (the child exits having run nothing: NotStarted); one set after finds the child
+        among those it kills. However a signal lands (before the check, between the check and the
+        start, during the start), no op runs past a stop."""
         start = time.monotonic()
         running = log_path.parent / self.running_name
-        with open(log_path, "a") as log:
-            child = start_child(log, running)
-            with self.lock:
-                self.children[child.pid] = child
-            if self.stopping.is_set():  # started while stop() was killing the others: it never saw this one
-                child.stop(KILL_GRACE_S)
-            try:
-                code = child.wait(self.opts.op_timeout)
-                if code is None:
-                    child.stop(KILL_GRACE_S)
-            finally:
+        gate, opener = os.pipe()
+        try:
+            with rundir.open_write(log_path) as log:
+                try:
+                    child = start_child(log, running, gate)
+                finally:
+                    os.close(gate)
                 with self.lock:
-                    self.children.pop(child.pid, None)
-                running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
+                    self.children[child.pid] = child
+                    go = not self.stopping.is_set()
+                if go:
+                    with contextlib.suppress(BrokenPipeError):  # it is gone already: its wait says how
+                        os.write(opener, opguard.GO)
+                os.close(opener)
+                opener = None
+                try:
+                    if not go:
+                        child.wait()  # it reads the closed gate and exits
+                        raise NotStarted
+                    code = child.wait(self.opts.op_timeout)
+                    if code is None:
+                        child.stop(KILL_GRACE_S)
+                finally:
+                    with self.lock:
+                        self.children.pop(child.pid, None)
+                    running.unlink(missing_ok=True)  # the guard's own removal is skipped when SIGKILL ends it
+        finally:
+            if opener is not None:
+                os.close(opener)
         return code, time.monotonic() - start
 
     def run_op(self, entry: Entry, device: int) -> batchdir.StatusRow:
@@ -292,8 +314,7 @@ class Batch:
     def measure_op(self, entry: Entry, device: int) -> batchdir.StatusRow:
         """Run the op's job (its attempts, retries, triage) and return its status row, not yet
         recorded in ops_status.csv: an executor on other hosts hands rows back to the one that records."""
-        op_dir = batchdir.op_dir(self.dir, entry.key)
-        op_dir.mkdir(parents=True, exist_ok=True)
+        op_dir = rundir.make_dir(batchdir.op_dir(self.dir, entry.key), under=self.dir)
         (op_dir / batchdir.COMPLETE).unlink(missing_ok=True)
         log_path = op_dir / "batch.log"
         notes, attempts, elapsed, codes = [], 0, 0.0, []
@@ -305,8 +326,13 @@ class Batch:
             if argv is None:
                 status, notes = "FAIL", [f"no PASSed run of this op to replay in {self.opts.replay_root}"]
                 break
+            rundir.make_dir(run_dir.parent)  # the attempt's dir: made here, where no planted link is followed
+            try:
+                code, seconds = self._run_attempt(argv, log_path, device)
+            except NotStarted:  # the stop came first: this attempt ran nothing, and is not counted
+                status = "INTERRUPTED"
+                break
             attempts += 1
-            code, seconds = self._run_attempt(argv, log_path, device)
             if device in self.worker_notes:
                 notes.append(self.worker_notes.pop(device))
             run_dirs.append(run_dir)
@@ -381,7 +407,10 @@ class Batch:
         upstream fails too (FAIL_UPSTREAM) or not (ours). A timeout: whether upstream alone is as
         slow (TIMEOUT_UPSTREAM, an op too long for the budget) or not (TIMEOUT, the note saying
         whether upstream finishes). (status, note, seconds)."""
-        code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
+        try:
+            code, seconds, where = self._upstream_rerun(entry, device, dtypes, op_dir)
+        except NotStarted:
+            return "INTERRUPTED", "triage: interrupted before the upstream rerun started", 0.0
         if self.stopping.is_set():
             return "INTERRUPTED", "triage: interrupted during the upstream rerun", seconds
         budget = f"{self.opts.op_timeout:.0f} s"
@@ -406,8 +435,8 @@ class Batch:
         seconds, its log relative to the batch dir)."""
         root = Path(self.opts.checkouts[entry.repo])
         out = op_dir / batchdir.UPSTREAM_DIR
-        shutil.rmtree(out, ignore_errors=True)  # a resumed batch's earlier triage
-        out.mkdir()
+        shutil.rmtree(out, ignore_errors=True)  # a resumed batch's earlier triage (a link there is refused below)
+        rundir.make_dir(out)
         log_path = out / "pytest.log"
         cmd = [sys.executable, "-m", "pytest", f"{entry.file}::test_{entry.op}",
                "--level", self.opts.run.level or "core"]
@@ -442,7 +471,7 @@ class Batch:
             shards[self.device_of(e)].append(e)
 
         forks = self.FORKS and self.opts.op_start == "fork"
-        workers_log = open(self.dir / batchdir.WORKERS_LOG, "a", encoding="utf-8") if forks and todo else None
+        workers_log = rundir.open_write(self.dir / batchdir.WORKERS_LOG) if forks and todo else None
 
         def device_thread(device: int) -> None:
             try:
@@ -460,15 +489,17 @@ class Batch:
                     worker.close()
 
         threads = [threading.Thread(target=device_thread, args=(d,), daemon=True) for d in devices]
-        for t in threads:
-            t.start()
         remaining = len(todo)
         try:
+            for t in threads:
+                t.start()  # in the try: a stop that lands as they start stops them too
             while remaining:
                 try:
                     row = self.events.get(timeout=0.5)
                 except queue.Empty:
                     continue
+                if isinstance(row, OSError) and row.filename is not None:
+                    raise row  # a file of the batch it could not write (a refused link, a full disk): one line
                 if isinstance(row, BaseException):
                     raise RuntimeError("a device thread of the batch failed (its running ops were stopped; "
                                        "resume with --resume --batch-dir)") from row
@@ -514,6 +545,10 @@ class Batch:
             child.stop(KILL_GRACE_S)
 
 
+class NotStarted(Exception):
+    """An attempt the batch's stop came before: its child exited at the start gate having run nothing."""
+
+
 def _dropped(line: str) -> None:
     """A forked op's stdout line: in its log only, as a fresh op's is."""
 
@@ -543,7 +578,7 @@ def _dtype_rejected(code: int, run_dir: Path | None) -> bool:
 def _error_line(log_path: Path) -> str:
     """The `error: ...` line the last attempt printed into the op's log (what refused it), else a
     pointer to the log. Each attempt's output starts at its `$ command` line (launch.start)."""
-    lines = log_path.read_text(errors="replace").splitlines()
+    lines = bounded.read_tail(log_path).splitlines()
     last = max((i for i, line in enumerate(lines) if line.startswith("$ ")), default=-1)
     found = next((line for line in reversed(lines[last + 1:]) if line.startswith("error: ")), None)
     return found[len("error: "):].strip()[:300] if found else f"see {log_path.name}"
@@ -552,7 +587,7 @@ def _error_line(log_path: Path) -> str:
 def _pytest_line(log_path: Path, code: int) -> str:
     """What a pytest log says in one line: its first error (an `E   ` line, else a FAILED or ERROR
     summary line) when it failed, its final summary line (`1 passed in 0.1s`) when it passed."""
-    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    lines = [line.strip() for line in bounded.read_tail(log_path).splitlines() if line.strip()]
     if code != 0:
         for prefix in ("E ", "FAILED ", "ERROR "):
             found = next((line for line in lines if line.startswith(prefix)), None)
@@ -579,7 +614,7 @@ def _killed_note(run_dir: Path, log_path: Path, what: str) -> None:
     """Say in the op's batch.log, and in the killed run's own run.log, why it stopped there."""
     run_log = run_dir / rundir.RUN_LOG
     for log in [log_path, *([run_log] if run_log.is_file() else [])]:
-        with open(log, "a") as f:
+        with rundir.open_write(log) as f:
             f.write(f"\nkilled by the batch's --op-timeout: {what}\n")
 
 
@@ -775,19 +810,30 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
     counts = collections.Counter()
     from tqdm import tqdm
 
+    killed = []  # the ops a stop killed, as their rows come in
     with tqdm(total=len(todo), unit="op", dynamic_ncols=True, disable=None) as bar:
         def on_done(row):
             counts.update(runner.tally(row))
             bar.set_postfix({k: v for k, v in sorted(counts.items())}, refresh=False)
             bar.update(1)
             bar.write(runner.done_line(row))
+            if row.status == "INTERRUPTED":
+                killed.append(f"{row.repo}:{row.op}")
 
         try:
             with launch.stops_on_signals():  # a SIGTERM (a job scheduler, `timeout`) stops it as Ctrl-C does
                 _execute(runner, todo, on_done, args)
         except KeyboardInterrupt as exc:
             signum = launch.stopped_by(exc)
-            print(f"\ninterrupted ({signal.Signals(signum).name}): every running op was killed; resume with "
+            # The rows the device threads recorded in ops_status.csv that the stop kept from the terminal (the
+            # local executor's; the others show each row as they record it): an op that passed as the stop
+            # came, and those it killed.
+            while not runner.events.empty():
+                row = runner.events.get_nowait()
+                if isinstance(row, batchdir.StatusRow):
+                    on_done(row)
+            which = f" ({', '.join(killed)})" if killed else ""
+            print(f"\ninterrupted ({signal.Signals(signum).name}): every running op was killed{which}; resume with "
                   "--resume --batch-dir", runner.dir)
             try:
                 print(runner.summarize())

@@ -76,6 +76,17 @@ def _record_dir(ab_dir: Path) -> Path | None:
     return Path(record["run_dir"]) if record and record["run_dir"] else None
 
 
+def _interrupted(op_dir: Path, run_dir: Path) -> Path | None:
+    """The op's last A/B dir before `run_dir` (in any attempt), where it stopped short of its last step (a
+    stopped or killed corpus A/B): the next one goes on from it (ab --continue), running no completed
+    step again. One that ran to its end and failed is run afresh, as a retry."""
+    dirs = sorted((p.parent for p in op_dir.glob(f"attempt*/*/{AB_JSON}") if p.parent != run_dir),
+                  key=lambda d: (d / AB_JSON).stat().st_mtime)
+    if not dirs:
+        return None
+    return None if rundir.read_json(dirs[-1] / AB_JSON).get("complete") else dirs[-1]
+
+
 def verdicts(ab_dir: Path | None) -> collections.Counter:
     """Verdict per row of a single-op A/B's report.json (UNPAIRED: a row one side lacks)."""
     report = ab_dir / "report.json" if ab_dir else None
@@ -113,10 +124,11 @@ class CorpusAB(batch.Batch):
             plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batchdir.BATCH_JSON}")
         else:
             plan = ab.resolve_plan(args)
+            ab.say_if_a_a(plan)
             run, ops = plan.options, plan.ops
         run = run.without_measurement()  # (the batch drops the device: each op is given its own)
-        print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.repeats} repeats "
-              "interleaved; each op's whole A/B on one device")
+        print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.describe_repeats()}; "
+              "each op's whole A/B on one device")
         backend = resolve.resolve_backend(run.backend).name
         if not backends.get(backend).measures_performance:
             from reports import table
@@ -143,8 +155,9 @@ class CorpusAB(batch.Batch):
         rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
         target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
         over = RunOptions(dtypes=tuple(dtypes) if dtypes else None)  # the batch's dtype fallback, over the plan's
+        earlier = _interrupted(run_dir.parent.parent, run_dir)
         return ["ab", str(plan_file), "--ops", target, "--device", str(device), "--color", "never",
-                "--run-dir", str(run_dir), *over.to_argv()]
+                "--run-dir", str(run_dir), *over.to_argv(), *(["--continue", str(earlier)] if earlier else [])]
 
     def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""

@@ -13,6 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
+from harness.core import rundir
+
 BATCH_LOG = "batch.log"  # at the top of a batch dir (each op's dir has its own)
 
 
@@ -21,7 +23,8 @@ def to_batch_log(batch_dir: Path, *loggers: str):
     """Within it, the named loggers ("" for the root) write to the batch's log only: their own
     handlers are set aside, and those they had before are put back after (any an engine added
     meanwhile go). Yields the log's stream, for what an engine prints to stderr itself."""
-    stream = open(batch_dir / BATCH_LOG, "a", buffering=1)
+    stream = rundir.open_write(batch_dir / BATCH_LOG)
+    stream.reconfigure(line_buffering=True)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     saved = []
@@ -73,5 +76,5 @@ def other_threads_to(log):
 
 def note(batch_dir: Path, line: str) -> None:
     """One line of the driver's own into the batch's log (a job submitted, a cancel)."""
-    with open(batch_dir / BATCH_LOG, "a") as f:
+    with rundir.open_write(batch_dir / BATCH_LOG) as f:
         f.write(line.rstrip("\n") + "\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.core import rundir
+from harness.core import bounded, rundir
 from harness.core.errors import UsageError
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan
@@ -80,7 +80,7 @@ def regen_from_args(args) -> int:
     if args.check:
         stale = [str(catalog.inventory_path(r)) for r, entries in fresh.items()
                  if not catalog.inventory_path(r).is_file()
-                 or catalog.inventory_path(r).read_text() != catalog.to_csv(entries)]
+                 or bounded.read_text(catalog.inventory_path(r), "inventory") != catalog.to_csv(entries)]
         if stale:
             flags = " ".join(f"--flaggems-dir {r}={p}" for r, p in checkouts.items())
             raise UsageError(f"out of date: {', '.join(stale)}: run nox -s inventory-regen"

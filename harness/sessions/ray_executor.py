@@ -29,7 +29,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from harness.core import batchdir, paths
+from harness.core import batchdir, paths, rundir
 from harness.providers.catalog import Entry
 from harness.sessions import engine_log
 
@@ -77,7 +77,7 @@ def _run_remote(batch_cls, opts, entry: dict, op_dtypes: dict, ray_resource: str
     try:
         row = batch_cls(scratch, opts, op_dtypes).measure_op(entry_, device)
         for log in (scratch / "ops").glob("*/batch.log"):
-            with open(log, "a") as f:  # which node ran it: ops spread over a cluster's nodes
+            with rundir.open_write(log) as f:  # which node ran it: ops spread over a cluster's nodes
                 f.write(f"\nran on Ray node {ray.get_runtime_context().get_node_id()}\n")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -93,7 +93,7 @@ def _rebase(op_dir: Path, scratch: str, batch_dir: str) -> None:
     for path in op_dir.rglob("*.json"):
         text = path.read_text()
         if scratch in text:
-            path.write_text(text.replace(scratch, batch_dir))
+            rundir.atomic_write_text(path, text.replace(scratch, batch_dir))  # never through a link
 
 
 def run(runner, todo: list[Entry], on_done, address: str | None, shard) -> None:

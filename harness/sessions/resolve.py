@@ -14,7 +14,7 @@ from pathlib import Path
 import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
-from harness.core.errors import DtypeRejected, UsageError
+from harness.core.errors import DtypeRejected, UsageError, clip
 from harness.core.outcome import Outcome
 from harness.core.paths import SHAPES_DIR, runs_root
 from harness.core.results import ResultsError, read_results
@@ -204,7 +204,9 @@ def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
     return run_spec, shape_list, args.out
 
 
-def newest_record_run(root: Path) -> Path:
+def newest_replayable_run(root: Path) -> tuple[Path, list[str]]:
+    """The newest record run under `root` that a replay would take (replay_source refuses none of it),
+    and why each newer record run was passed over (an interrupted record that wrote no configs, say)."""
     candidates = []
     for run_json in root.glob(f"*/{rundir.RUN_JSON}"):
         try:
@@ -214,7 +216,16 @@ def newest_record_run(root: Path) -> Path:
             continue
     if not candidates:
         raise UsageError(f"no record run under {root} to replay; give a run dir")
-    return max(candidates, key=lambda d: (d.stat().st_mtime, d.name))
+    passed_over = []
+    for run_dir in sorted(candidates, key=lambda d: (d.stat().st_mtime, d.name), reverse=True):
+        try:
+            replay_source(run_dir)
+        except UsageError as exc:
+            passed_over.append(str(exc))
+            continue
+        return run_dir, passed_over
+    raise UsageError(f"no record run under {root} can be replayed ({len(candidates)} refused, the newest: "
+                     f"{passed_over[0]}); give a run dir")
 
 
 def _outcome(run_dir: Path, observed: dict, rows_found: int) -> tuple[dict, Outcome]:
@@ -261,7 +272,7 @@ def _check_records(run_dir: Path, op: str, incomplete: str | None) -> None:
 def _check_results(run_dir: Path) -> int:
     """Rows in the record's results.json (0 when it has none: a record that died before its first
     row); a file that does not read as results refuses the replay."""
-    if not (Path(run_dir) / rundir.RESULTS_JSON).exists():
+    if not os.path.lexists(Path(run_dir) / rundir.RESULTS_JSON):  # a broken link is no missing file: read, refused
         return 0
     try:
         return len(read_results(run_dir))
@@ -288,11 +299,9 @@ def _replay_backend(args, run_dir: Path, source: spec_mod.RunSpec) -> tuple[back
     return backend, resolve_device(backend, args.device)
 
 
-def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
-    run_dir = args.run_dir
-    if run_dir is None:
-        run_dir = newest_record_run(runs_root(args.out))
-        print(f"replaying the newest record run: {run_dir}")
+def replay_source(run_dir: Path) -> tuple[spec_mod.RunSpec, dict, str | None]:
+    """(the record's spec, its outcome as recorded, what it lacks where it is incomplete), or
+    UsageError saying in one line why `run_dir` cannot be replayed."""
     try:
         source, observed = spec_mod.read_run(run_dir)
     except spec_mod.SpecError as exc:
@@ -303,6 +312,17 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
     outcome, recorded = _outcome(run_dir, observed, _check_results(run_dir))
     incomplete = None if recorded.complete else _describe_incomplete(recorded)
     _check_records(run_dir, source.op, incomplete)
+    return source, outcome, incomplete
+
+
+def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
+    run_dir = args.run_dir
+    if run_dir is None:
+        run_dir, passed_over = newest_replayable_run(runs_root(args.out))
+        print(f"replaying the newest replayable record run: {run_dir}")
+        for reason in passed_over:
+            print(f"  passed over a newer one: {reason}")
+    source, outcome, incomplete = replay_source(run_dir)
     backend, device = _replay_backend(args, run_dir, source)
     ops_paths = list(args.ops_paths or ()) or source.ops_paths
     common, warnings = dict(device=device, replay_source_outcome=outcome), []
@@ -326,6 +346,7 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
             except shapes.ShapeFileError as exc:
                 raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
             dtypes = dtypes or source.dtypes
+        _check_cases(args.cases, run_dir, [f"{d}-{shapes.label(s)}" for d in dtypes for s in shape_list])
         run_spec = _replay_spec(args, run_dir, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
                                 ops_paths=ops_paths, provider=provider, **common)
         out = args.out or run_dir.resolve().parent
@@ -336,12 +357,25 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
     return run_spec, shape_list, out
 
 
+def _check_cases(cases: list[str] | None, run_dir: Path, ids: list[str]) -> None:
+    """--case names cases of the replay (its record's shapes and dtypes, or those given), each once. A
+    FlagGems benchmark's cases are known only as they run: its child says which never came."""
+    if cases is None:
+        return
+    refusal = spec_mod.cases_refusal(cases, "replay")
+    unknown = [c for c in cases if c not in ids]
+    if refusal is None and unknown:
+        refusal = f"--case {clip(unknown[0])}: not a case of this replay of {run_dir} (its cases: {clip(ids)})"
+    if refusal is not None:
+        raise UsageError(refusal)
+
+
 def _replay_spec(args, run_dir: Path, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
     """The record's spec (op, seed, timer, l2, budgets...) as a replay of it, with what this run sets."""
     return dataclasses.replace(
         source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
         color=color_enabled(args.color), ir=args.ir, only=args.only,
-        precompile=args.precompile,
+        precompile=args.precompile, cases=args.cases,
         sweep_devices=0,
         preset_records=None, **fields)
 

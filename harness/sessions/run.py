@@ -13,19 +13,26 @@ import threading
 from pathlib import Path
 
 import backends
-from harness.core import launch, rundir
+from harness.core import bounded, launch, rundir
 from harness.core import spec as spec_mod
+from harness.core.errors import clip_text
 from harness.core.outcome import INCOMPLETE, Outcome
 from harness.core.paths import private_dir, runs_root
 from harness.core.results import ResultsError, read_results
 from harness.core.rundir import EXIT_INCOMPLETE
 from harness.providers import flaggems, shapes
 from harness.sessions import sweep
+from reports import table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How long an interrupted child gets to write its results and outcome before it is killed.
 CHILD_GRACE_S = 30
 CRASH_TAIL_LINES = 15
+CRASH_LINE_CHARS = 2000  # of each of those lines, as the terminal is shown them
+# run.log keeps the first RUN_LOG_HEAD and the last RUN_LOG_TAIL characters of a run's output, and a
+# line saying how much it cut between them: an operator that prints without end fills no disk.
+RUN_LOG_HEAD = 64 * 1024 * 1024
+RUN_LOG_TAIL = 1024 * 1024
 # Exit codes (rundir's EXIT_*): 0 every row passed, 1 some row failed, 2 bad input, 3 the run
 # stopped before its last case, 65 a requested dtype the op does not take (DtypeRejected), 75 the
 # disk filled, 128+N a signal N stopped it. A run exits with the code its outcome records.
@@ -34,14 +41,18 @@ CRASH_TAIL_LINES = 15
 class _Tee:
     """The terminal and run.log at once (run.log gets plain text), plus lines for run.log only.
     A run.log that can no longer be written (a full disk) stops being written; the terminal
-    goes on, and the run says so at its end."""
+    goes on, and the run says so at its end. Past `head` characters, run.log keeps only the last
+    `tail` (in memory until close), after a line saying how many were cut."""
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, head: int = RUN_LOG_HEAD, tail: int = RUN_LOG_TAIL):
         self.log_path = log_path
-        self.log = open(log_path, "a", encoding="utf-8")
+        self.log = rundir.open_write(log_path)
         self.lock = threading.Lock()
         self.log_error: rundir.DiskFull | OSError | None = None
         self.log_tail: collections.deque[str] = collections.deque(maxlen=CRASH_TAIL_LINES)
+        self.head_size, self.head_left, self.tail_size = head, head, tail
+        self.held: collections.deque[str] = collections.deque()  # run.log's last `tail` characters
+        self.held_chars = self.cut_chars = 0
 
     def write(self, text: str) -> None:
         with self.lock:
@@ -51,20 +62,42 @@ class _Tee:
 
     def log_only(self, text: str) -> None:
         with self.lock:
-            self.log_tail.append(text)
+            self.log_tail.append(text if len(text) <= CRASH_LINE_CHARS else clip_text(text, CRASH_LINE_CHARS) + "\n")
             self._log(text)
 
     def _log(self, text: str) -> None:
         if self.log is None:
             return
+        text = ANSI.sub("", text)
+        if self.head_left < len(text):  # past the head: held, the oldest dropped (counted as cut)
+            self._hold(text[self.head_left:])
+            text = text[:self.head_left]
+        self.head_left -= len(text)
+        self._write(text)
+
+    def _hold(self, text: str) -> None:
+        self.held.append(text)
+        self.held_chars += len(text)
+        while self.held_chars - len(self.held[0]) >= self.tail_size:
+            self.held_chars -= len(dropped := self.held.popleft())
+            self.cut_chars += len(dropped)
+
+    def _write(self, text: str) -> None:
         try:
-            self.log.write(ANSI.sub("", text))
+            self.log.write(text)
             self.log.flush()
         except OSError as exc:
             self.log_error = rundir.disk_full(exc, self.log_path) or exc
             self.close()
 
     def close(self) -> None:
+        if self.log is not None and self.held:
+            held = "".join(self.held)
+            cut = self.cut_chars + max(0, len(held) - self.tail_size)
+            self.held.clear()
+            note = (f"\n[run.log: {cut} characters of output cut here; it keeps the first {self.head_size} and the "
+                    f"last {self.tail_size} of a run's output]\n") if cut else ""
+            self._write(note + held[-self.tail_size:])
         if self.log is not None:
             try:
                 self.log.close()
@@ -122,6 +155,14 @@ def _rows_done(run_dir: Path) -> int:
         return 0
 
 
+def _rows_skipped(run_dir: Path) -> int:
+    """The SKIPPED rows of the run's results.json (0 where it does not read: the run's end says why)."""
+    try:
+        return sum(1 for row in read_results(run_dir) if row.status == "SKIPPED")
+    except ResultsError:
+        return 0
+
+
 def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | None, tee: _Tee) -> Outcome:
     """The run's outcome: the child's own, or, when it ended without recording one, the parent's
     account of it (what killed it, rows done of planned, the case it was in), written into
@@ -152,15 +193,50 @@ def finish(run_dir: Path, code: int, interrupted: str | None, planned: int | Non
                       running_case=observed.get("running_case"), exit_code=exit_code)
     try:
         rundir.record_outcome(run_dir, outcome, exit_status=code)
-    except OSError as exc:
-        if rundir.disk_full(exc) is None and not isinstance(exc, FileNotFoundError):
-            raise  # a full disk, or a run dir deleted under the run, is said on the terminal below
+    except FileNotFoundError:
+        pass  # a run dir deleted under the run: its last line says so (a write that fails: _ended_by)
     return outcome
 
 
-def summary_line(mode: str, outcome: Outcome, planned: int | None = None) -> str:
+def _unclaimed(exc: OSError) -> int:
+    """A run whose first writes failed (a full disk, a file-size limit, EIO): no run dir is left, the
+    error is one line, and the run exits EXIT_DISK_FULL. Any other OSError is raised as it is."""
+    fault = rundir.write_fault(exc)
+    if fault is None:
+        raise exc
+    print(f"error: {fault} (nothing was run; no run dir is left)", file=sys.stderr)
+    return rundir.EXIT_DISK_FULL
+
+
+def _ended_by(fault: rundir.WriteFault, run_dir: Path, mode: str, planned: int | None, tee: _Tee) -> int:
+    """A write of this process's that failed for good once the run dir held its spec: the outcome
+    (INCOMPLETE, exit EXIT_DISK_FULL) recorded in the space kept for it; where even that cannot be
+    written, the run dir removed, so no run is left without an outcome (a replay would call it killed)."""
+    rundir.release_space(run_dir)
+    outcome = Outcome(INCOMPLETE, rows_done=_rows_done(run_dir), rows_planned=planned,
+                      reason=fault.reason,
+                      exit_code=rundir.EXIT_DISK_FULL)
+    try:
+        rundir.record_outcome(run_dir, outcome)
+    except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {fault}; its outcome could not be recorded either ({exc}): run dir {run_dir} removed",
+              file=sys.stderr)
+        return rundir.EXIT_DISK_FULL
+    print(f"error: {fault}", file=sys.stderr)
+    tee.write(f"\n{summary_line(mode, outcome, planned)}; run dir: {run_dir}\n")
+    return rundir.EXIT_DISK_FULL
+
+
+def summary_line(mode: str, outcome: Outcome, planned: int | None = None, skipped: int = 0) -> str:
+    """`record ok: 2/4 rows, 2 skipped`: the rows that ran of those planned, the skipped ones (which
+    measured nothing) counted apart."""
     code = outcome.exit_code
-    rows = f"{outcome.rows(planned)} rows"
+    if skipped and outcome.rows_done is not None:
+        ran = dataclasses.replace(outcome, rows_done=outcome.rows_done - skipped)
+        rows = f"{ran.rows(planned)} rows, {skipped} skipped"
+    else:
+        rows = f"{outcome.rows(planned)} rows"
     if outcome.complete:
         return f"{mode} {'ok' if code == 0 else f'finished with failures (exit {code})'}: {rows}"
     return f"{mode} INCOMPLETE: {rows}, {outcome.reason}{outcome.during()}"
@@ -173,7 +249,7 @@ def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
     if source is None:
         return (f"# upstream shapes: the checkout's own at level {run_spec.flaggems.level}\n"
                 "# (the shapes measured are in results.json)\n{}\n")
-    return f"# shape file used by this run (from {source})\n" + Path(source).read_text()
+    return f"# shape file used by this run (from {source})\n" + bounded.read_text(source, "shape file")
 
 
 def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path | None = None,
@@ -194,16 +270,19 @@ def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cach
 
 def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, named_dir: Path | None, cache_dir: Path,
              cache_note: str) -> int:
-    if named_dir is not None:
-        run_dir = rundir.claim_named_dir(named_dir, rundir.RUN_LOG)
-    else:
-        run_dir = rundir.claim_run_dir(runs_root(out), run_spec.op)
+    try:
+        if named_dir is not None:
+            run_dir = rundir.claim_named_dir(named_dir, rundir.RUN_LOG)
+        else:
+            run_dir = rundir.claim_run_dir(runs_root(out), run_spec.op)
+    except OSError as exc:
+        return _unclaimed(exc)
     try:
         run_spec, shape_count, planned = _write_inputs(run_dir, run_spec, shape_list)
         tee = _Tee(run_dir / rundir.RUN_LOG)
-    except rundir.DiskFull:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured: leave no empty run dir
-        raise
+    except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured: leave no run dir without an outcome
+        return _unclaimed(exc)
     try:
         backend = backends.get(run_spec.backend)
         what = f"replay of {run_spec.replay_from}" if run_spec.mode == "replay" else "record"
@@ -214,8 +293,7 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
                   f"l2={run_spec.l2}\n"
                   f"run dir: {run_dir}\n")
         if not backend.measures_performance:
-            tee.write(f"NOTE: backend '{backend.name}' exercises the pipeline only: its timings are not "
-                      "performance numbers\n")
+            tee.write(table.not_performance_note(backend.name) + "\n")
         if run_spec.sweep_devices:
             try:
                 with launch.stops_on_signals():  # a batch's timeout stops the sweep as Ctrl-C does
@@ -236,9 +314,14 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
         code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir))
         rundir.release_space(run_dir)  # the child is gone: room for this process's own account
         outcome = finish(run_dir, code, interrupted, planned, tee)
-        tee.write(f"\n{summary_line(run_spec.mode, outcome, planned)}; run dir: {run_dir}\n")
+        tee.write(f"\n{summary_line(run_spec.mode, outcome, planned, _rows_skipped(run_dir))}; run dir: {run_dir}\n")
         if tee.log_error is not None:
             tee.write(f"error: {tee.log_error}; run.log stops there\n")
+    except OSError as exc:
+        fault = rundir.write_fault(exc)
+        if fault is None:
+            raise
+        return _ended_by(fault, run_dir, run_spec.mode, planned, tee)
     finally:
         tee.close()
         rundir.release_space(run_dir)  # however the run ended (a stopped sweep, say)
@@ -261,6 +344,8 @@ def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec,
         shapes.write_used(run_dir / rundir.SHAPES_YAML, run_spec.op, shape_list, run_spec.dtypes,
                           run_spec.shapes_source)
         shape_count, planned = str(len(shape_list)), len(shape_list) * len(run_spec.dtypes)
+    if run_spec.cases is not None:  # a replay of part of its record plans those cases only
+        planned = len(run_spec.cases)
     spec_mod.write(run_dir, run_spec)
     rundir.reserve_space(run_dir)
     return run_spec, shape_count, planned

@@ -41,7 +41,7 @@ class AutotunePlugin:
                       host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(),
                       precompile=self.precompiler.run if self.precompiler else None)
         if spec.mode == "record":
-            records_dir.mkdir(exist_ok=True)
+            rundir.make_dir(records_dir)
             rundir.atomic_write_json(records_dir / "meta.json", {
                 "format": tuning.RECORD_FORMAT, "op": spec.op, "backend": spec.backend,
                 "versions": identity.versions()})

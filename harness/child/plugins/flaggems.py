@@ -221,7 +221,12 @@ class FlagGemsPlugin:
                     item = next(inputs)
                 except StopIteration:
                     return
-                plugin._begin_case(bench, dtype, item)
+                # Named (and counted, so later ids stay the record's) whether timed or not: a replay of
+                # some cases (RunSpec.cases) gives upstream's loop only those.
+                case_id, label = plugin._case_id(dtype, item)
+                if not plugin.ctx.selects(case_id):
+                    continue
+                plugin._begin_case(bench, dtype, item, case_id, label)
                 yield item
 
         bench.get_input_iter = seeded
@@ -236,18 +241,23 @@ class FlagGemsPlugin:
     def pytest_runtest_teardown(self, item):
         self._flush_pending()
 
-    def _begin_case(self, bench, dtype, item) -> None:
-        self._flush_pending()
+    def _case_id(self, dtype, item) -> tuple[str, str]:
+        """(the case id, its shape label) of the next input of `dtype`, counted: the same tensors with
+        other arguments (level variants) are `#2`, `#3`..."""
         short = SHORT_DTYPES.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
         label = _input_label(item)
         base_id = f"{short}-{label}"
         n = self.case_counts.get(base_id, 0) + 1
         self.case_counts[base_id] = n
-        case_id = base_id if n == 1 else f"{base_id}#{n}"  # same tensors, other arguments (level variants)
+        return (base_id, label) if n == 1 else (f"{base_id}#{n}", f"{label}#{n}")
+
+    def _begin_case(self, bench, dtype, item, case_id: str, shape_label: str) -> None:
+        self._flush_pending()
+        short = case_id.split("-", 1)[0]
         if self.dtype_rows and self.dtype_rows[-1]["dtype"] != short:
             self.dtype_rows = []
         self.pending = []
-        self.ctx.begin_case(self.hook, case_id, label if n == 1 else f"{label}#{n}")
+        self.ctx.begin_case(self.hook, case_id, shape_label)
         self.current = {"bench": bench, "dtype": short, "label": case_id.split("-", 1)[1], "case": case_id,
                         "input_sha256": case_digest(self.ctx, item)}
 
@@ -261,7 +271,8 @@ class FlagGemsPlugin:
         dtype = tensors[0].dtype if tensors else "none"
         self._note(f"inputs: {type(bench).__name__} times inputs that did not come through its input iterator: "
                    "cases are named from the arguments timed, and zl_bench did not seed their construction")
-        self._begin_case(bench, dtype, (*args, *kwargs.values()))
+        item = (*args, *kwargs.values())
+        self._begin_case(bench, dtype, item, *self._case_id(dtype, item))
 
     def _note(self, line: str) -> None:
         if line not in self.notes:

@@ -22,7 +22,7 @@ def make_row(ctx, *, op, dtype, shape, params, case, status, nodeid, measurement
     row = {"op": op, "dtype": dtype, "shape": shape, "params": params, "case": case, "status": status,
            "baseline_ms": base.latency_ms if base else None, "candidate_ms": cand.latency_ms if cand else None,
            "speedup": base.latency_ms / cand.latency_ms if base and cand and cand.latency_ms > 0 else None,
-           "timer": timer, "input_sha256": input_sha256}
+           "timer": timer, "measures_performance": ctx.backend.measures_performance, "input_sha256": input_sha256}
     if measurements:
         row["samples"] = {side: {**m.summary(), "raw": m.samples_ms[:MAX_RAW_SAMPLES]}
                           for side, m in measurements.items()}
@@ -172,6 +172,8 @@ class ResultsPlugin:
         self.ctx.say("=" * 30 + " results " + "=" * 30,
                      table.render(self.ctx.rows, color=self.ctx.spec.color, context=context,
                                   performance=self.ctx.backend.measures_performance))
-        degraded = sum(1 for r in self.ctx.rows if r["markers"])
+        # A degraded measurement is a number with a marker: a skipped row (its marker says why it was
+        # skipped) measured nothing, and is counted apart.
+        degraded = sum(1 for r in self.ctx.rows if r["markers"] and r["status"] != "SKIPPED")
         if degraded:
             self.ctx.say(f"{degraded} row(s) carry markers (degraded measurement); see results.json")

@@ -48,18 +48,20 @@ class RunInfoPlugin:
             "statuses": dict(statuses),
             "rows": len(rows),
             "rows_with_markers": sum(1 for r in rows if r.get("markers")),
-            "cases_planned": len(self.ctx.cases),
+            "cases_planned": len(self.ctx.planned_ids or ()),
             "outcome": self.ctx.outcome.to_json(),
             "running_case": self.ctx.outcome.running_case,
         })
 
 
 def outcome(ctx, session, exitstatus) -> Outcome:
-    """COMPLETE when every planned case reported one row, named by its id, and no row is of another case
-    (a FlagGems benchmark's cases are known only as they run: there, when the session was not cut
-    short), else INCOMPLETE and why; `exit_code` is what the run exits with (rundir's EXIT_ codes):
-    the child's account, not pytest's exit status."""
-    planned = len(ctx.cases) or None
+    """COMPLETE when every planned case (RunContext.planned_ids: of a replay of some cases, those) reported
+    one row, named by its id, and no row is of another case (a FlagGems benchmark's cases are known only
+    as they run: there, unless its spec names them, when the session was not cut short), else
+    INCOMPLETE and why; `exit_code` is what the run exits with (rundir's EXIT_ codes): the child's
+    account, not pytest's exit status."""
+    planned_ids = ctx.planned_ids
+    planned = len(planned_ids) if planned_ids is not None else None
     done = len(ctx.rows)
     reason, code = ctx.stop_reason, ctx.stop_code
     # Before INTERRUPTED: a plugin that stops the session (a poisoned capture) exits with that status too.
@@ -74,7 +76,7 @@ def outcome(ctx, session, exitstatus) -> Outcome:
     if reason is None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         reason = "pytest collected no test (see run.log)"
     if reason is None and planned is not None:
-        reason = _unaccounted([case.id for case in ctx.cases], [row["case"] for row in ctx.rows])
+        reason = _unaccounted(planned_ids, [row["case"] for row in ctx.rows])
     complete = reason is None
     if complete:
         # A teardown error fails the session without a row of its own.

@@ -32,7 +32,7 @@ def triton_probe(x):
 
 
 def inputs(shape, dtype, device):
-    # The measuring child is `python -m harness.child RUN_DIR` (README, Layout): its run dir is
+    # The measuring child is `python -m harness.child RUN_DIR` (docs/layout.md): its run dir is
     # its one argument. Cases are built there only, never in the parent that resolves the spec.
     run_dir = Path(sys.argv[1])
     with open(run_dir / SEEN_FILE, "a") as f:

@@ -1,0 +1,1 @@
+"""The bisect session: the first build at which rows moved (session, search, builds, probe)."""

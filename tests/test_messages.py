@@ -1,0 +1,128 @@
+"""A path that is not what a command expects is reported as what it is (a directory, a regular file,
+a device, a FIFO, a program without its x bit, a broken link) and what was expected, never as
+"does not exist"; a stored file with a field missing is named with the field, not reported as
+whatever the missing field's absence led to later (harness.core.bounded.path_problem)."""
+
+import json
+import os
+
+import pytest
+from conftest import run_harness
+
+from harness.core import bounded
+from harness.providers import catalog, shapes
+from harness.sessions import ab
+
+
+def one_error_line(proc, code=2) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr  # one line, no traceback
+    return lines[0]
+
+
+def test_a_file_given_for_a_run_dir_is_named_a_regular_file(tmp_path):
+    given = tmp_path / "results.json"
+    given.write_text("{}")
+    assert one_error_line(run_harness("replay", given)) == (
+        f"error: cannot replay {given}: run dir {given} is a regular file, not a directory")
+
+
+def test_a_device_given_for_a_shape_file_is_named_a_character_device():
+    assert one_error_line(run_harness("record", "softmax", "--backend", "interpreter", "--shapes", "/dev/null")) == (
+        "error: shape file /dev/null is a character device, not a regular file")
+
+
+def test_a_directory_given_for_a_shape_file_is_named_a_directory(tmp_path):
+    with pytest.raises(shapes.ShapeFileError) as info:
+        shapes.load(tmp_path)
+    assert str(info.value) == f"shape file {tmp_path} is a directory, not a regular file"
+
+
+def test_a_fifo_given_for_an_ops_file_is_named_a_fifo(tmp_path):
+    fifo = tmp_path / "ops.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(catalog.SelectionError) as info:
+        catalog.read_ops_file(fifo)  # opened, a FIFO with no writer would hang this test
+    assert str(info.value) == f"--ops-file {fifo} is a FIFO, not a regular file"
+
+
+def test_a_link_to_nowhere_is_named_a_broken_link(tmp_path):
+    link = tmp_path / "plan.yaml"
+    link.symlink_to(tmp_path / "moved.yaml")
+    with pytest.raises(ab.PlanError) as info:
+        ab.load_plan(link)
+    assert str(info.value) == f"plan {link} is a broken symlink to {tmp_path / 'moved.yaml'}"
+
+
+def test_a_plan_sides_python_that_is_no_program_says_what_it_is(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n")  # no x bit
+    (tmp_path / "venv").mkdir()
+    for python, problem in (("python", "is a regular file that is not executable (no x permission)"),
+                            ("venv", "is a directory, not an executable file")):
+        plan.write_text(f"ops: [softmax]\na: {{python: {python}}}\n")
+        with pytest.raises(ab.PlanError) as info:
+            ab.load_plan(plan)
+        assert str(info.value) == f"{plan}: side 'A': python {tmp_path / python} {problem}"
+
+
+def test_an_a_python_given_as_a_directory_is_refused_before_anything_runs(tmp_path):
+    assert one_error_line(run_harness("ab", "--ops", "softmax", "--backend", "interpreter", "--a-python", tmp_path,
+                                      "--out", tmp_path)) == (
+        f"error: --a-python {tmp_path} is a directory, not an executable file")
+
+
+def test_a_requirements_file_that_is_a_fifo_is_named_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "reqs.txt")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("ops: [softmax]\nb: {requirements: reqs.txt}\n")
+    with pytest.raises(ab.PlanError) as info:
+        ab.load_plan(plan)
+    assert str(info.value) == (f"{plan}: side 'B': requirements file {tmp_path / 'reqs.txt'} is a FIFO, not a "
+                               "regular file")
+
+
+def test_a_batch_json_without_its_request_names_the_file_and_the_field(tmp_path):
+    d = tmp_path / "b"
+    d.mkdir()
+    (d / "batch.json").write_text(json.dumps({"backend": "interpreter", "devices": [0], "selected": []}))
+    assert one_error_line(run_harness("batch", "--resume", "--batch-dir", d)) == (
+        f"error: --resume: {d / 'batch.json'} is corrupt: it has no 'request' (the options and selection the batch "
+        "ran with); the op dirs are intact: start a new --batch-dir with the same selection and options")
+
+
+def test_a_batch_json_that_is_a_fifo_is_read_as_one_not_as_no_batch_dir(tmp_path):
+    d = tmp_path / "b"
+    d.mkdir()
+    os.mkfifo(d / "batch.json")
+    assert one_error_line(run_harness("batch", "--resume", "--batch-dir", d, timeout=120)) == (
+        f"error: --resume: {d / 'batch.json'} is a FIFO, not a regular file: a batch.json is read only from a "
+        "regular file of at most 64 MiB")
+
+
+@pytest.mark.parametrize("expect, made, problem", [
+    ("file", "dir", "is a directory, not a regular file"),
+    ("dir", "file", "is a regular file, not a directory"),
+    ("file", "nothing", "does not exist"),
+    ("executable", "file", "is a regular file that is not executable (no x permission)"),
+    ("file", "fifo", "is a FIFO, not a regular file"),
+    ("file", "link to dev", "is a symlink to /dev/zero (a character device), not a regular file"),
+])
+def test_path_problem_says_what_a_path_is_and_what_was_expected(tmp_path, expect, made, problem):
+    path = tmp_path / "x"
+    {"dir": path.mkdir, "file": path.touch, "nothing": lambda: None, "fifo": lambda: os.mkfifo(path),
+     "link to dev": lambda: path.symlink_to("/dev/zero")}[made]()
+    assert bounded.path_problem(path, expect) == problem
+
+
+def test_a_corrupt_ir_index_is_named_with_its_line_not_a_traceback(tmp_path):
+    for run, body in (("a", ""), ("b", "shape\tkernel\tfile\n2x8\tk\n")):
+        (tmp_path / run / "ttgir").mkdir(parents=True)
+        (tmp_path / run / "ttgir" / "index.tsv").write_text(body)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert one_error_line(run_harness("compare-ir", a, b)) == (
+        f"error: {a / 'ttgir' / 'index.tsv'} is empty: an IR index starts with its header line")
+    assert one_error_line(run_harness("compare-ir", b, b)) == (
+        f"error: {b / 'ttgir' / 'index.tsv'}:2 has 2 fields, its header 3: a corrupt IR index")
