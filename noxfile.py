@@ -133,7 +133,8 @@ def _require_compiler(session: nox.Session) -> None:
         session.error(
             f"this Python lacks torch or triton ({status}). Sessions use the compiler of the "
             "environment nox runs in: activate that environment (or install nox into it); "
-            "on a fresh CPU machine: pip install torch==2.13.0 triton"
+            "on a fresh CPU machine: pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 "
+            "&& pip install triton (PyPI's torch is the CUDA build, several GB)"
         )
 
 

@@ -698,6 +698,8 @@ def test_prewarmed_workers_are_a_bounded_pool_whatever_the_repeats(tmp_path, mon
     plan = "ops: [add]\nrepeats: 40\nstep_start: prewarmed\nb: {env: {SIDE: b}}\n"
     assert ab.run_from_args(_ab(tmp_path, plan)) == 0
     assert len(steps.told) == 1 + 2 + 2 * 40
+    # Each forked step waits at its start gate: a stop during its worker's start runs nothing of it.
+    assert all(t["gated"] for t in steps.told)
     starters = [t["starter"].__self__ for t in steps.told]
     assert len({id(w) for w in starters}) == len(steps.told)
     for told in steps.told:

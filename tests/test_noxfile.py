@@ -107,7 +107,9 @@ def test_compiler_check_finds_without_importing():
 def test_compiler_check_names_what_is_missing():
     error, imported = _require_compiler(("torch",)).splitlines()
     assert error.startswith(f"this Python lacks torch or triton (missing torch in {sys.executable}).")
-    assert "pip install torch==2.13.0 triton" in error and imported == "[]"
+    # The CPU build from PyTorch's own index, as README says: PyPI's torch brings GBs of CUDA wheels.
+    assert "pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in error
+    assert imported == "[]"
 
 
 # --- an interrupt through nox: taken as `python -m harness` takes it, and nothing outlives nox ---

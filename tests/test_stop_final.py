@@ -118,3 +118,32 @@ def test_a_stop_as_a_steps_wait_begins_starts_no_step(tmp_path, monkeypatch):
     code, signum = launch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], grace_s=5, starter=starter)
     assert (started, signum) == ([], signal.SIGINT) and code == -signal.SIGINT
     assert not marker.exists()
+
+
+def test_a_stop_while_a_warm_worker_starts_a_step_runs_nothing_of_it(tmp_path):
+    """A forked A/B step's start waits for its warm worker's imports (seconds): a stop that lands then is
+    final too. The step waits at its gate, and reads it closed: nothing of it runs. With no stop, the gate
+    opens and the step runs."""
+    def step(marker):
+        # The step as a worker forks it, deaf to the Ctrl-C launch.run forwards (so that the gate alone decides
+        # whether it runs), saying it is up; then the gate (opguard.passed_gate), then its work.
+        return ["-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "os.write(int(sys.argv[2]), b'up'); from harness.core import opguard; "
+                f"opguard.passed_gate(int(sys.argv[1])) and open({str(marker)!r}, 'w')"]
+
+    def starter(stop_while_starting):
+        def start(argv, gate, **kw):
+            up, says_up = os.pipe()
+            child = launch.start([sys.executable, *argv, str(gate), str(says_up)], pass_fds=(gate, says_up), **kw)
+            os.close(says_up)
+            assert os.read(up, 2) == b"up"
+            os.close(up)
+            if stop_while_starting:  # the Ctrl-C comes before the start returned
+                os.kill(os.getpid(), signal.SIGINT)
+            return child
+        return start
+
+    stopped, ran = tmp_path / "stopped", tmp_path / "ran"
+    code, signum = launch.run(step(stopped), grace_s=5, starter=starter(True), gated=True)
+    assert (code, signum) == (-signal.SIGINT, signal.SIGINT) and not stopped.exists()
+    assert launch.run(step(ran), grace_s=5, starter=starter(False), gated=True) == (0, None) and ran.exists()

@@ -438,14 +438,21 @@ class _Wake(Exception):
     """Raised by the signal handler of `run` to end its wait for the child."""
 
 
+# What a start gate's reader (opguard.passed_gate) waits for before its step runs anything.
+GATE_GO = b"1"
+
+
 def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         on_forward: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
-        starter: Callable[..., Child] | None = None, **start_kw) -> tuple[int, int | None]:
+        starter: Callable[..., Child] | None = None, gated: bool = False, **start_kw) -> tuple[int, int | None]:
     """`starter(argv, **start_kw)` (`start`, or a warm worker's: forkserver.Worker.start) and wait for
     it; call from the main thread. The first signal of
     `forward` that reaches this process goes on to the child (its group), which then has `grace_s`
     to finish, say to write its results, before it is killed; `on_forward(signum)` and `on_kill()`
     say so. Later signals change nothing. Whatever of its tree outlives it is ended (end_orphans).
+    `gated`: the starter takes a `gate` (a pipe's read end) its child waits at before it runs anything
+    (a warm worker's start, which may wait seconds for the worker's imports first): a stop that came
+    while it started is final, the child reads the closed gate and exits having run nothing.
     (its exit code, the signal forwarded or None)"""
     got: list[int] = []
     waiting = False
@@ -459,7 +466,24 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     try:
         if got:  # a stop that came as the handlers went in: final, nothing is started after it
             return -got[0], got[0]
-        child = (starter or start)(argv, **start_kw)
+        if not gated:
+            child = (starter or start)(argv, **start_kw)
+        else:
+            gate, opener = os.pipe()
+            try:
+                child = (starter or start)(argv, gate=gate, **start_kw)
+            except BaseException:
+                os.close(opener)
+                raise
+            finally:
+                os.close(gate)
+            if got:  # it came while the child was being started: it exits at the gate, having run nothing
+                os.close(opener)
+                child.wait()
+                return -got[0], got[0]
+            with contextlib.suppress(BrokenPipeError):  # gone already: its wait says how
+                os.write(opener, GATE_GO)
+            os.close(opener)
         try:
             deadline = None
             while True:

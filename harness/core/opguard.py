@@ -40,7 +40,7 @@ def command(running: Path, cmd: list[str], gate: int | None = None) -> list[str]
             *([f"--gate={gate}"] if gate is not None else []), "--", *cmd]
 
 
-GO = b"1"
+GO = launch.GATE_GO
 
 
 def passed_gate(gate: int) -> bool:

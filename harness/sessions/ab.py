@@ -573,7 +573,7 @@ class Runner:
 
     def _forked(self, side: Side, worker: forkserver.Worker, request: RunRequest, how: dict) -> tuple[int, int | None]:
         try:
-            return launch.run(request.to_argv(), starter=worker.start, **how)
+            return launch.run(request.to_argv(), starter=worker.start, gated=True, **how)
         except forkserver.WorkerDied as exc:  # it never came up, or died before forking the step
             self.log.write(f"side {side.name}: {exc}\n")
             worker.died = True
