@@ -5,6 +5,7 @@ environment has since gained (`pip install -e .`), which the session's PYTHONPAT
 The noxfile's helper runs against a stand-in session whose requests to `python -m harness.core.deps`
 run for real in this Python; only pip is not run."""
 
+import os
 import subprocess
 import sys
 
@@ -27,7 +28,11 @@ class Session:
         self.said.append(("run", *args))
         if "harness.core.deps" not in args:
             return True  # pip: not run
-        env = {**self.env, "PATH": "/usr/bin:/bin"}
+        # This Python's environment, its packages included wherever they lie: under `nox -s tests` (CI) the
+        # light packages are on PYTHONPATH (the checkout's .nox/deps), not in the environment itself.
+        outer = os.environ.get("PYTHONPATH")
+        env = {**self.env, "PATH": "/usr/bin:/bin",
+               "PYTHONPATH": os.pathsep.join(p for p in (self.env.get("PYTHONPATH"), outer) if p)}
         return subprocess.run([sys.executable, *args[1:]], cwd=REPO, env=env, capture_output=True, text=True,
                               check=True).stdout
 
