@@ -201,7 +201,10 @@ def main() -> int:
     started_by = os.getppid()  # the A/B, or the batch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the A/B forwards a Ctrl-C to the step, not here
     sock = socket.socket(fileno=args.fd)
-    from harness.core import deps, forkserver, launch, paths
+    from harness.core import deps
+
+    deps.use_deps_dir()  # before the modules below, which import the light packages (pyyaml)
+    from harness.core import forkserver, launch, paths
 
     # SIGTERM once the thread that started this worker is gone, however its process died (serve then
     # stops the running step); armed here, not by a preexec_fn, which a batch's threads make unsafe.
@@ -210,7 +213,6 @@ def main() -> int:
     # torch's fork-safe device check (NVML, no CUDA init): a step that resolves its device through
     # torch (no vendor CLI) would otherwise initialize CUDA in the process that forks its measuring child.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    deps.use_deps_dir()
     facts, reader = None, None  # the device facts an earlier worker kept, else their reader, begun now
     if args.preload:
         try:

@@ -41,7 +41,8 @@ def test_a_test_run_stopped_by_sigterm_ends_what_its_tests_started(tmp_path):
             subprocess.run([sys.executable, "-c", {TREE!r}, {str(tmp_path / "started")!r}])
     """))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+        # pytest itself from wherever this run has it (under `nox -s tests`: .nox/deps, on PYTHONPATH)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")) if p)}
     # This suite's conftest as a plugin: what it does at a SIGTERM is what is under test.
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p", "no:cacheprovider",
                              "--rootdir", str(tmp_path), str(tmp_path / "test_waits.py")],
