@@ -163,6 +163,15 @@ def read_text(path: Path | str, kind: str) -> str:
         raise InputRefused(f"{path} is not UTF-8 text (byte {exc.start}): a {kind} is text") from exc
 
 
+def read_lines(path: Path | str, kind: str) -> list[str]:
+    """A list file's entries (an ops file, a requirements file): its lines without their `#` comments,
+    blank ones left out; InputRefused saying what the path is where it is not a file."""
+    problem = path_problem(path, "file")
+    if problem is not None:
+        raise InputRefused(f"{path} {problem}")
+    return [entry for line in read_text(path, kind).splitlines() if (entry := line.split("#")[0].strip())]
+
+
 def read_tail(path: Path | str, kind: str = "log") -> str:
     """The last CAPS[kind] bytes of the regular file `path`, as text (bytes that are not UTF-8
     replaced): what a reader of a log wants is its end, however long the log grew."""

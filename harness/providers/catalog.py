@@ -225,11 +225,7 @@ def sample(selected: list[Entry], n: int, seed: int) -> list[Entry]:
 
 
 def read_ops_file(path: Path) -> list[str]:
-    problem = bounded.path_problem(path, "file")
-    if problem is not None:
-        raise SelectionError(f"--ops-file {path} {problem}")
     try:
-        text = bounded.read_text(path, "ops file")
+        return bounded.read_lines(path, "ops file")
     except bounded.InputRefused as exc:
         raise SelectionError(f"--ops-file {exc}") from exc
-    return [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]

@@ -157,16 +157,10 @@ def _side(data, name: str, where: str, base: Path) -> Side:
                         f"(allowed: {sorted(SIDE_FIELDS)})")
     requirements = data.get("requirements") or []
     if isinstance(requirements, str):  # a requirements file, relative to the plan
-        req_file = base / requirements
-        problem = bounded.path_problem(req_file, "file")
-        if problem is not None:
-            raise PlanError(f"{where}: side '{name}': requirements file {req_file} {problem}")
         try:
-            text = bounded.read_text(req_file, "requirements file")
+            requirements = bounded.read_lines(base / requirements, "requirements file")
         except bounded.InputRefused as exc:
             raise PlanError(f"{where}: side '{name}': requirements file {exc}") from exc
-        requirements = [line.split("#")[0].strip() for line in text.splitlines()]
-        requirements = [r for r in requirements if r]
     if not isinstance(requirements, list) or not all(isinstance(r, str) for r in requirements):
         raise PlanError(f"{where}: side '{name}': requirements must be a list of pip specifiers or a file name")
     env = data.get("env") or {}
