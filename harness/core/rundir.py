@@ -202,15 +202,8 @@ RESERVE_BYTES = 128 * 1024
 def disk_full(exc: BaseException, path: Path | str | None = None) -> DiskFull | None:
     """The DiskFull behind `exc` (itself, its cause or context chain, or a raw ENOSPC OSError,
     named by its own file name, else `path`)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, DiskFull):
-            return exc
-        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
-            return DiskFull(Path(exc.filename or path or "?"))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    fault = write_fault(exc, path)
+    return fault if isinstance(fault, DiskFull) else None
 
 
 def write_fault(exc: BaseException, path: Path | str | None = None) -> WriteFault | None:
