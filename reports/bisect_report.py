@@ -82,7 +82,7 @@ def build(state: dict, rows: list[dict], skipped: dict[int, str]) -> dict:
         for seen in row["seen"]:
             entry = group["probes"].setdefault(seen["probe"], {k: seen[k] for k in ("probe", "kind", "a", "b",
                                                                                       "repeats")} | {"rows": {}})
-            entry["rows"][row["id"]] = {"verdict": seen["verdict"], "ratio": seen["ratio"]}
+            entry["rows"][row["id"]] = {k: seen[k] for k in ("verdict", "ratio", "read_as") if k in seen}
         group["what_changed"][row["id"]] = _what_changed(state, row["id"])
     ordered = sorted(groups.values(), key=lambda g: (g["status"] != FOUND, g["rows"][0]))
     for group in ordered:
@@ -109,7 +109,9 @@ def ratio_text(said: dict | None) -> str:
         return ""
     ratio = said["ratio"]
     shown = f" {ratio:.4f}" if isinstance(ratio, (int, float)) and math.isfinite(ratio) else ""
-    return f"{said['verdict']}{shown}"
+    # A NOISY probe read by the size of the row's move (harness/sessions/bisect/search.py) says so.
+    read_as = f" (read as {said['read_as']})" if said.get("read_as") else ""
+    return f"{said['verdict']}{shown}{read_as}"
 
 
 def _group_lines(group: dict, fmt: str) -> list[str]:

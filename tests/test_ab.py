@@ -264,8 +264,10 @@ def test_ctrl_c_or_sigterm_stops_the_running_side_and_reports_what_completed(tmp
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    # 30 repeats: a warm worker's replay of add takes well under a second, and a loaded machine can leave
+    # this loop asleep for seconds; at 3 repeats the A/B once completed every step before the signal came.
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "add", "--backend", "interpreter",
-                             "--repeats", "3", "--out", str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             "--repeats", "30", "--out", str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     state = None

@@ -55,21 +55,23 @@ def rows_of(*ids, direction=None):
 
 
 def bound(n: int) -> int:
+    """Search probes and the confirm for a row known bad at the last build (from an A/B)."""
     return math.ceil(math.log2(n)) + 1
 
 
 @pytest.mark.parametrize("n", range(2, 18))
-def test_the_first_bad_build_is_found_in_log2_n_plus_one_probes_or_fewer(n):
+def test_a_row_is_probed_at_the_last_build_first_then_bisected_in_log2_n_plus_two_probes_or_fewer(n):
     for first_bad in range(1, n + 1):  # n: the row never moves
         state = search.new(n, rows_of("op a 1"), 3, 12)
         probes = run_search(state, moves_at({"op a 1": first_bad}))
         row = state.rows["op a 1"]
-        assert len(probes) <= bound(n), (n, first_bad, probes)
+        assert probes[0].b == n - 1
+        assert len(probes) <= bound(n) + 1, (n, first_bad, probes)
         if first_bad < n:
             assert (row.lo, row.hi, row.direction, row.confirmed) == (first_bad - 1, first_bad, search.SLOWER, True)
             assert probes[-1] == search.Probe(search.CONFIRM, first_bad - 1, first_bad, 3, ("op a 1",))
-        else:
-            assert (row.lo, row.hi, row.confirmed) == (n - 1, n, None)
+        else:  # SAME at the last build: one probe, and nothing left to search
+            assert len(probes) == 1 and (row.lo, row.hi, row.confirmed) == (n - 1, n, None)
 
 
 @pytest.mark.parametrize("n", range(2, 18))
@@ -87,11 +89,13 @@ def test_two_groups_that_moved_at_different_builds_are_told_apart_sharing_their_
     probes = run_search(state, moves_at({"op a 1": 3, "op a 2": 3, "op b 1": 6}))
     found = {r.id: (r.lo, r.hi, r.confirmed) for r in state.rows.values()}
     assert found == {"op a 1": (2, 3, True), "op a 2": (2, 3, True), "op b 1": (5, 6, True)}
-    # The first probe is every row's; the rows that moved together stay one group (one probe each).
-    assert set(probes[0].rows) == {"op a 1", "op a 2", "op b 1"}
-    assert all(set(p.rows) in ({"op a 1", "op a 2"}, {"op b 1"}) for p in probes[1:])
+    # The last build, then the middle, are every row's; the middle parts them, and the rows that moved
+    # together stay one group (one probe each).
+    assert [(p.b, set(p.rows)) for p in probes[:2]] == [(7, {"op a 1", "op a 2", "op b 1"})] * 1 + [
+        (3, {"op a 1", "op a 2", "op b 1"})]
+    assert all(set(p.rows) in ({"op a 1", "op a 2"}, {"op b 1"}) for p in probes[2:])
     for row in state.rows.values():
-        assert len(row.seen) <= bound(8)
+        assert len(row.seen) <= bound(8) + 1  # the last build first, then the bisection and its confirm
 
 
 def test_a_build_that_will_not_import_is_skipped_and_the_first_bad_is_said_to_be_one_of_those_left():
@@ -101,31 +105,91 @@ def test_a_build_that_will_not_import_is_skipped_and_the_first_bad_is_said_to_be
     assert 2 not in {p.b for p in probes} | {p.a for p in probes}
     assert (row.lo, row.hi, row.confirmed) == (1, 3, True)
     assert search.between(row, state.skipped) == [2]
-    assert len(probes) <= bound(8)
+    assert len(probes) <= bound(8) + 1
 
 
 def test_a_noisy_probe_is_run_again_at_twice_the_repeats_and_never_read_as_good_or_bad():
     answer = moves_at({"op a 1": 3})
 
-    def noisy_at_4_below_12_repeats(probe):
-        if probe.b == 4 and probe.repeats < 12:
-            return {r: {"verdict": search.NOISY, "ratio": 1.01} for r in probe.rows}
+    # A row from an A/B whose size of move is not known: a NOISY verdict is never read as either side.
+    answer = moves_at({"op a 1": 2})
+
+    def noisy_at_3_below_12_repeats(probe):
+        if probe.b == 3 and probe.repeats < 12:
+            return {r: {"verdict": search.NOISY, "ratio": 1.01, "lo": 0.99, "hi": 1.03} for r in probe.rows}
         return answer(probe)
 
-    state = search.new(8, rows_of("op a 1"), 3, 12)
-    probes = run_search(state, noisy_at_4_below_12_repeats)
-    assert [(p.b, p.repeats) for p in probes[:3]] == [(4, 3), (4, 6), (4, 12)]
-    assert (state.rows["op a 1"].lo, state.rows["op a 1"].hi) == (2, 3)
+    state = search.new(8, rows_of("op a 1", direction=search.SLOWER), 3, 12)
+    probes = run_search(state, noisy_at_3_below_12_repeats)
+    assert [(p.b, p.repeats) for p in probes[:3]] == [(3, 3), (3, 6), (3, 12)]
+    assert (state.rows["op a 1"].lo, state.rows["op a 1"].hi) == (1, 2)
 
-    def always_noisy_at_4(probe):
-        return {r: {"verdict": search.NOISY, "ratio": 1.01} for r in probe.rows} if probe.b == 4 else answer(probe)
+    def always_noisy_at_3(probe):
+        if probe.b == 3:
+            return {r: {"verdict": search.NOISY, "ratio": 1.01, "lo": 0.99, "hi": 1.03} for r in probe.rows}
+        return answer(probe)
 
-    state = search.new(8, rows_of("op a 1"), 3, 12)
-    probes = run_search(state, always_noisy_at_4)
+    state = search.new(8, rows_of("op a 1", direction=search.SLOWER), 3, 12)
+    probes = run_search(state, always_noisy_at_3)
     row = state.rows["op a 1"]
-    # Still NOISY at the cap: build 4 cannot be tested for the row, and the search goes around it.
-    assert [(p.b, p.repeats) for p in probes[:3]] == [(4, 3), (4, 6), (4, 12)]
-    assert row.untestable == {4: "NOISY at 12 repeats"} and (row.lo, row.hi, row.confirmed) == (2, 3, True)
+    # Still NOISY at the cap: build 3 cannot be tested for the row, and the search goes around it.
+    assert [(p.b, p.repeats) for p in probes[:3]] == [(3, 3), (3, 6), (3, 12)]
+    assert row.untestable == {3: "NOISY at 12 repeats"} and (row.lo, row.hi, row.confirmed) == (1, 2, True)
+
+
+def moves_by(first_bad: int, ratio: float, noisy_at: dict[int, tuple[float, float]]):
+    """An oracle for one row that moves by `ratio` from `first_bad` on; at the builds of `noisy_at` a
+    search probe is NOISY with that interval whatever its repeats."""
+    def oracle(probe: search.Probe) -> dict:
+        if probe.kind == search.SEARCH and probe.b in noisy_at:
+            lo, hi = noisy_at[probe.b]
+            return {r: {"verdict": search.NOISY, "ratio": (lo * hi) ** 0.5, "lo": lo, "hi": hi} for r in probe.rows}
+        moved = probe.b >= first_bad > probe.a
+        verdict = (search.SLOWER if ratio > 1 else search.FASTER) if moved else search.SAME
+        r_ = ratio if moved else 1.0
+        return {r: {"verdict": verdict, "ratio": r_, "lo": r_ * 0.995, "hi": r_ * 1.005} for r in probe.rows}
+    return oracle
+
+
+@pytest.mark.parametrize("ratio", [1.7, 1 / 1.7, 1.04])
+def test_a_noisy_probe_is_read_by_the_size_of_the_move_where_its_interval_is_wholly_on_one_side(ratio):
+    # Moved at 5 by `ratio`; builds 3 and 6 stay NOISY at any repeats (a row whose A/A noise is wider
+    # than the verdict's band). Build 3's interval lies near 1, build 6's near the move: each is read at
+    # its first probe (no retry), and the search ends where it would without the noise.
+    toward = 1 if ratio > 1 else -1
+    near_one = (1 - 0.015, 1 + 0.015) if ratio > 1 else (1 - 0.015, 1 + 0.015)
+    near_move = tuple(sorted((ratio * (1 - 0.015 * toward), ratio * (1 + 0.01 * toward))))
+    for direction in (None, search.SLOWER if ratio > 1 else search.FASTER):
+        rows = [{"id": "op a 1", "op": "op", "direction": direction, "ratio": ratio if direction else None}]
+        state = search.new(8, rows, 3, 12)
+        probes = run_search(state, moves_by(5, ratio, {3: near_one, 6: near_move}))
+        row = state.rows["op a 1"]
+        assert (row.lo, row.hi, row.confirmed) == (4, 5, True), probes
+        assert all(p.repeats == 3 for p in probes)  # nothing run again
+        reads = {s["b"]: s.get("read_as") for s in row.seen if s["verdict"] == search.NOISY}
+        assert reads.get(3, "good") == "good" and reads.get(6, "bad") == "bad" and reads, reads
+
+
+def test_a_noisy_interval_that_reaches_past_half_the_move_is_run_again_and_never_read():
+    # Moved at 5 by 1.7x; build 3 NOISY across the half-way point (1.3): it is retried to the cap, then
+    # untestable, exactly as a row without a known move.
+    state = search.new(8, [{"id": "op a 1", "op": "op", "direction": search.SLOWER, "ratio": 1.7}], 3, 12)
+    probes = run_search(state, moves_by(5, 1.7, {3: (1.1, 1.45)}))
+    row = state.rows["op a 1"]
+    assert [(p.b, p.repeats) for p in probes[:3]] == [(3, 3), (3, 6), (3, 12)]
+    assert row.untestable == {3: "NOISY at 12 repeats"} and (row.lo, row.hi, row.confirmed) == (4, 5, True)
+    # Far beyond the move the other way is not near 1 either: not read as good.
+    state = search.new(8, [{"id": "op a 1", "op": "op", "direction": search.SLOWER, "ratio": 1.7}], 3, 12)
+    run_search(state, moves_by(5, 1.7, {3: (0.5, 0.6)}))
+    assert state.rows["op a 1"].untestable == {3: "NOISY at 12 repeats"}
+
+
+def test_a_row_whose_last_build_stays_noisy_is_undecided_after_that_probe_without_walking_down():
+    state = search.new(8, rows_of("op a 1"), 3, 12)
+    probes = run_search(state, moves_by(9, 1.0, {7: (0.98, 1.03)}))
+    row = state.rows["op a 1"]
+    assert [(p.b, p.repeats) for p in probes] == [(7, 3), (7, 6), (7, 12)]
+    assert (row.lo, row.hi, row.direction) == (0, 8, None) and not state.open_rows()
 
 
 def test_a_boundary_the_final_ab_does_not_call_is_unconfirmed_not_found():
@@ -301,7 +365,7 @@ def test_bisect_tells_two_groups_apart_skips_a_build_that_will_not_import_and_re
     assert all(2 not in (p["a"], p["b"]) for p in report["probes"])
     for group in (large, small):
         assert group["direction"] == "SLOWER"
-        assert len(group["probes"]) <= bound(8), group["probes"]
+        assert len(group["probes"]) <= bound(8) + 1, group["probes"]
         confirm = group["probes"][-1]
         assert confirm["kind"] == "confirm" and confirm["rows"][group["rows"][0]]["verdict"] == "SLOWER"
     # Each probe is an A/B replaying the good build's one record, with its own report.
@@ -371,7 +435,9 @@ def test_the_rows_of_an_ab_are_bisected_replaying_its_own_record(tmp_path):
     d = bisect_dir_of(proc.stdout)
     state = load(d / "bisect.json")
     # Only the A/B's SLOWER row, known SLOWER at the last build; no record of the bisect's own.
-    assert state["rows"] == [{"id": SMALL, "op": "knobbed", "direction": "SLOWER"}]
+    assert [{k: r[k] for k in ("id", "op", "direction")} for r in state["rows"]] == [
+        {"id": SMALL, "op": "knobbed", "direction": "SLOWER"}]
+    assert state["rows"][0]["ratio"] > 1.5  # the size of the move, by which a NOISY probe is read
     a_record = next(s["run_dir"] for s in load(ab_dir / "ab.json")["steps"] if s["args"][0] == "record")
     assert state["records"] == {"knobbed": a_record} and not (d / "record").exists()
     assert [(p["probe"]["kind"], p["probe"]["a"], p["probe"]["b"]) for p in state["probes"]] == [

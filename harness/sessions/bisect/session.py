@@ -72,9 +72,10 @@ def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[ab.Plan, list[dict],
     wanted = named or [i for i, r in by_id.items() if (r["comparison"] or {}).get("verdict") in search.MOVES]
     rows = []
     for row_id in wanted:
-        verdict = (by_id[row_id]["comparison"] or {}).get("verdict")
-        direction = verdict if verdict in search.MOVES else None
-        rows.append({"id": row_id, "op": by_id[row_id]["op"], "direction": direction})
+        comparison = by_id[row_id]["comparison"] or {}
+        direction = comparison.get("verdict") if comparison.get("verdict") in search.MOVES else None
+        rows.append({"id": row_id, "op": by_id[row_id]["op"], "direction": direction,
+                     "ratio": comparison.get("ratio")})
     if not rows:
         raise UsageError(f"--from-ab {ab_dir}: no FASTER or SLOWER row to bisect (name rows with --rows)")
     records = {s["args"][1]: s["run_dir"] for s in state["steps"] if s["args"][0] == "record" and s["usable"]}
