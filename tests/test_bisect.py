@@ -313,6 +313,20 @@ def test_a_builds_file_with_fewer_than_two_builds_or_an_unknown_field_is_refused
         builds.from_file(odd)
 
 
+def test_a_builds_list_whose_ends_are_not_the_abs_sides_is_named_in_a_note(capsys):
+    from harness.sessions import ab
+    from harness.sessions.bisect import session
+
+    plan = ab.Plan(name="x", ops=["add"], a=ab.Side("A", "", {}), b=ab.Side("B", "", {"DISABLE_MMA_V3": "1"}))
+    same = [builds.Build("good"), builds.Build("mid"), builds.Build("bad", env={"DISABLE_MMA_V3": "1"})]
+    session._say_if_not_the_abs_sides(plan, same)
+    assert capsys.readouterr().out == ""
+    other = [builds.Build("good", python="/envs/other/bin/python"), builds.Build("bad", env={"DISABLE_LLVM_OPT": "1"})]
+    session._say_if_not_the_abs_sides(plan, other)
+    out = capsys.readouterr().out
+    assert "first build (good) is not the A/B's side A" in out and "last build (bad) is not the A/B's side B" in out
+
+
 # --- end to end ----------------------------------------------------------------------------------------
 def measuring_harness(*args, timeout=900, **popen):
     """`python -m harness ARGS` with the interpreter's timings read as performance (see the script)."""
@@ -438,6 +452,7 @@ def test_the_rows_of_an_ab_are_bisected_replaying_its_own_record(tmp_path):
     assert [{k: r[k] for k in ("id", "op", "direction")} for r in state["rows"]] == [
         {"id": SMALL, "op": "knobbed", "direction": "SLOWER"}]
     assert state["rows"][0]["ratio"] > 1.5  # the size of the move, by which a NOISY probe is read
+    assert "note: the list's" not in proc.stdout  # its first and last builds are the A/B's sides
     a_record = next(s["run_dir"] for s in load(ab_dir / "ab.json")["steps"] if s["args"][0] == "record")
     assert state["records"] == {"knobbed": a_record} and not (d / "record").exists()
     assert [(p["probe"]["kind"], p["probe"]["a"], p["probe"]["b"]) for p in state["probes"]] == [

@@ -114,6 +114,8 @@ def resolve_spec(args) -> dict:
             raise UsageError(f"--from-ab replays the A/B's own record, made as it was: drop {' '.join(measurement)}")
         template, rows, records = _from_ab(opts.from_ab.resolve(), opts.rows or ())
         ops = sorted(records)
+        if git is None:
+            _say_if_not_the_abs_sides(template, build_list)
     elif args.ops:
         if opts.rows:
             raise UsageError("--rows names rows of an A/B: give --from-ab DIR")
@@ -137,6 +139,20 @@ def resolve_spec(args) -> dict:
             "records": records, "from_ab": str(opts.from_ab.resolve()) if opts.from_ab else None,
             "plan": template.to_dict(), "device": template.options.device, "repeats": repeats,
             "max_repeats": max_repeats}
+
+
+def _say_if_not_the_abs_sides(ab_plan: ab.Plan, build_list: list) -> None:
+    """A note where the list's first build is not the A/B's side A, or its last not side B: the rows
+    and their direction are the A/B's, and the search takes the last build as bad on its word (the
+    confirm checks it)."""
+    def compiler(side: ab.Side) -> tuple:
+        return dict(side.env), side.python, list(side.requirements)
+
+    for end, build, side in (("first", build_list[0], ab_plan.a), ("last", build_list[-1], ab_plan.b)):
+        if compiler(build.side(side.name)) != compiler(side):
+            print(f"note: the list's {end} build ({build.label}) is not the A/B's side {side.name} "
+                  f"({side.describe()}): the rows moved between the A/B's sides, and are searched over these "
+                  f"builds as if they were its ends", flush=True)
 
 
 # --- the run -----------------------------------------------------------------------------------------
