@@ -75,12 +75,7 @@ def _end_run(signum, frame):
         os.kill(os.getpid(), signum)
         return
     while children := launch.children():
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        launch.kill_and_reap(children)
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
@@ -102,12 +97,7 @@ def leaves_no_process():
     while (left := [p for p in launch.children() if p not in before and alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     named = {pid: _cmdline(pid) for pid in left}
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+    launch.kill_and_reap(left)
     assert not named, f"processes left running: {named}"
 
 

@@ -119,13 +119,20 @@ def end_orphans() -> int:
             left = [pid for pid in children() if pid not in _STARTED]
         if not left:
             return ended
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                continue
-            ended += 1
+        ended += kill_and_reap(left)
+
+
+def kill_and_reap(pids: list[int]) -> int:
+    """SIGKILL each of these children of this process and wait for it; how many were still there."""
+    ended = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            continue
+        ended += 1
+    return ended
 
 
 def die_with_parent(signum: int = signal.SIGTERM):
