@@ -626,8 +626,14 @@ class ExperimentOptions(OptionSet):
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
 
 
-def _is_path(value) -> bool:
+def _is_text(value) -> bool:
     return isinstance(value, str)
+
+
+def _bisect_option(flag: str, **declared):
+    """An option of `bisect` alone, in its help group, checked as text (a path, a range, a command)
+    where no other check is given."""
+    return option(flag=flag, group="bisect", commands=("bisect",), **{"check": _is_text, **declared})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -635,34 +641,34 @@ class BisectOptions(OptionSet):
     """What a bisect searches (its builds, its rows) and where it resumes (`python -m harness bisect`).
     Its bisect.json keeps them, resolved: a resume refuses any given again."""
 
-    builds: Path | None = option(
-        flag="--builds", group="bisect", commands=("bisect",), metavar="FILE", type=Path,
+    builds: Path | None = _bisect_option(
+        "--builds", metavar="FILE", type=Path,
         help="YAML: `builds:` an ordered list of ready builds, the good one first, each a side as an A/B plan's "
-             "(label, python, env, requirements)", check=_is_path, what="a path")
-    git_range: str | None = option(
-        flag="--git-range", group="bisect", commands=("bisect",), metavar="GOOD..BAD",
+             "(label, python, env, requirements)", what="a path")
+    git_range: str | None = _bisect_option(
+        "--git-range", metavar="GOOD..BAD",
         help="instead of --builds: GOOD and each commit after it on BAD's first-parent line, each built with "
-             "--build-cmd into a kept dir keyed by commit and command", check=_is_path, what="GOOD..BAD")
-    checkout: Path | None = option(
-        flag="--checkout", group="bisect", commands=("bisect",), metavar="DIR", type=Path,
-        help="with --git-range: the compiler's git checkout", check=_is_path, what="a path")
-    build_cmd: str | None = option(
-        flag="--build-cmd", group="bisect", commands=("bisect",), metavar="CMD",
+             "--build-cmd into a kept dir keyed by commit and command", what="GOOD..BAD")
+    checkout: Path | None = _bisect_option(
+        "--checkout", metavar="DIR", type=Path,
+        help="with --git-range: the compiler's git checkout", what="a path")
+    build_cmd: str | None = _bisect_option(
+        "--build-cmd", metavar="CMD",
         help="with --git-range: the shell command that builds a commit's tree (its cwd) into the active venv "
-             "(first on PATH), e.g. 'pip install --no-build-isolation ./python'", check=_is_path, what="a command")
-    build_cache: Path | None = option(
-        flag="--build-cache", group="bisect", commands=("bisect",), metavar="DIR", type=Path,
-        help="with --git-range: where the builds are kept (default: .nox/bisect-builds)", check=_is_path,
+             "(first on PATH), e.g. 'pip install --no-build-isolation ./python'", what="a command")
+    build_cache: Path | None = _bisect_option(
+        "--build-cache", metavar="DIR", type=Path,
+        help="with --git-range: where the builds are kept (default: .nox/bisect-builds)",
         what="a path")
-    from_ab: Path | None = option(
-        flag="--from-ab", group="bisect", commands=("bisect",), metavar="AB_DIR", type=Path,
+    from_ab: Path | None = _bisect_option(
+        "--from-ab", metavar="AB_DIR", type=Path,
         help="bisect this A/B's FASTER/SLOWER rows (or those --rows names), replaying its A record",
-        check=_is_path, what="a path")
-    rows: tuple[str, ...] | None = option(
-        flag="--rows", group="bisect", commands=("bisect",), metavar="'OP DTYPE SHAPE'", nargs="+",
+        what="a path")
+    rows: tuple[str, ...] | None = _bisect_option(
+        "--rows", metavar="'OP DTYPE SHAPE'", nargs="+",
         help="with --from-ab: only these rows, named as its report names them (e.g. 'softmax fp16 4x16')",
         check=_is_strings, what="a list of row names")
-    resume: Path | None = option(
-        flag="--resume", group="bisect", commands=("bisect",), metavar="BISECT_DIR", type=Path, stored=False,
+    resume: Path | None = _bisect_option(
+        "--resume", metavar="BISECT_DIR", type=Path, stored=False,
         help="continue the bisect in BISECT_DIR: no probe it finished runs again, no build is built again",
-        check=_is_path, what="a path")
+        what="a path")
