@@ -247,14 +247,24 @@ def _run_as_tree(session: nox.Session, *args: str, **kwargs) -> None:
     what the command starts, a SIGTERM to nox (`timeout`, a job scheduler) is passed on to the command,
     and once the command ended, what is left of its tree is killed. A signal to the command or its group
     misses part of it: the tests start harness processes in sessions of their own, and mutmut's fork
-    server and its pytest processes outlive a mutmut killed alone."""
+    server and its pytest processes outlive a mutmut killed alone. A SIGTERM ends nox too (128+15), as
+    it would without this handler: the sessions after this one (`nox -s tests lint`) do not start."""
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    previous = signal.signal(signal.SIGTERM, _pass_on)
+    stopped: list[int] = []
+
+    def pass_on(signum, frame) -> None:
+        stopped.append(signum)
+        _pass_on(signum, frame)
+
+    previous = signal.signal(signal.SIGTERM, pass_on)
     try:
         session.run(*args, **kwargs)
     finally:
         signal.signal(signal.SIGTERM, previous)
         _end_children()
+        if stopped:
+            session.log(f"stopped by {signal.Signals(stopped[0]).name}: no further session runs")
+            sys.exit(128 + stopped[0])
 
 
 def _pass_on(signum, frame) -> None:

@@ -73,6 +73,11 @@ def tree(session):
 @nox.session(venv_backend="none")
 def spinner(session):
     zl._run_without_spinner(session, sys.executable, "-c", TREE, *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def after(session):
+    open(session.posargs[0] + ".after", "w").close()
 """
 
 
@@ -83,16 +88,18 @@ def test_a_nox_session_stopped_by_sigterm_leaves_nothing_of_its_command(tmp_path
     marker = tmp_path / "started"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
         "UV": "zl-no-such-uv"}
-    proc = subprocess.Popen([sys.executable, "-m", "nox", "-f", str(tmp_path / "noxfile.py"), "-s", session, "--",
-                             str(marker)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # bytes: a carriage return would read as a newline in text
+    # `after` stands for the session named after the stopped one (`nox -s tests lint`): it must not start.
+    proc = subprocess.Popen([sys.executable, "-m", "nox", "-f", str(tmp_path / "noxfile.py"), "-s", session, "after",
+                             "--", str(marker)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # bytes: a \r would read as \n in text
     assert wait_for(lambda: _started(proc, marker), 120), proc.communicate()[0]
     if how == "sigterm-to-nox":
         os.kill(proc.pid, signal.SIGTERM)  # as `kill PID` does
     else:
         os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` does
     out = proc.communicate(timeout=60)[0].decode()
-    assert proc.returncode != 0, out
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert not (tmp_path / "started.after").exists() and "Running session after" not in out, out
     assert wait_gone(str(marker)) == [], pids_mentioning(str(marker))
     if session == "spinner":  # not a terminal: no line redrawn in place, no spinner, the status it reached
         assert "\r" not in out and "\u280b" not in out and re.search(r"^\d+/6000 mutants$", out, re.MULTILINE), out
