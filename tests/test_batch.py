@@ -93,8 +93,9 @@ def test_kill_9_then_resume_loses_no_finished_op(tmp_path):
     finished = {op: r for op, r in statuses(d).items() if r["status"] == "PASS"}
     markers = {op: (d / "ops" / f"{r['repo']}__{op}" / ".complete").stat().st_mtime for op, r in finished.items()}
 
+    # hang_op waits out the resume's --op-timeout in full: 30 s, ~5x what the others took here (6 s).
     resumed = start_batch(tmp_path, "--resume", "--batch-dir", d, "--ops", "builtin:add", "builtin:gelu",
-                          "fp32_op", "hang_op", "--op-timeout", "40")
+                          "fp32_op", "hang_op", "--op-timeout", "30")
     out, _ = resumed.communicate(timeout=600)
     assert f"{len(finished)} already done" in out
     st = statuses(d)

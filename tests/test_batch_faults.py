@@ -122,6 +122,7 @@ def _parent(pid: int) -> int:
 def test_a_crash_takes_no_worker_and_a_worker_that_dies_is_replaced_for_the_retry(harness_batch, tmp_path,
                                                                                    monkeypatch):
     monkeypatch.setenv("ZL_TEST_SLOW_S", "5")
+    monkeypatch.setenv("ZL_TEST_SLOW_FIRST_ONLY", "1")  # the retry, under a new worker, need not wait too
     d = tmp_path / "batch"
     proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "crash_op", "slow_op", "fp32_op",
                          "--devices", "0", "--batch-dir", d)
@@ -151,14 +152,15 @@ def test_a_crash_takes_no_worker_and_a_worker_that_dies_is_replaced_for_the_retr
 @pytest.mark.e2e
 def test_a_timeout_names_the_case_it_killed(harness_batch, tmp_path):
     d = tmp_path / "batch"
+    # Waited out in full: 20 s leaves the first case (done within ~5 s of the op's start) a wide margin.
     code, out, err = finish(harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops",
-                                          "hang_later_op", "--op-timeout", 40, "--batch-dir", d))
+                                          "hang_later_op", "--op-timeout", 20, "--batch-dir", d))
     assert code == 1, out + err
     row = statuses(d)["hang_later_op"]
     run_dir = d / row["run_dir"]
     case = rundir.read_json(run_dir / "run.json")["observed"]["running_case"]
     assert case.endswith("2x700")  # the op hangs in its second case, not its first
-    what = f"timeout after 40 s during case {case}"
+    what = f"timeout after 20 s during case {case}"
     assert row["status"] == "TIMEOUT" and row["notes"] == f"{what} (killed, not retried)"
     batch_log = (d / "ops" / "path__hang_later_op" / "batch.log").read_text()
     assert f"killed by the batch's --op-timeout: {what}" in batch_log

@@ -20,9 +20,10 @@ OPS = REPO / "tests" / "resources" / "batch_ops"
 STEPS = ("A-record", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in the order it runs them
 
 
-def _ab(tmp_path: Path, *args, slow_s: float | None = None) -> subprocess.Popen:
+def _ab(tmp_path: Path, *args, slow_s: float | None = None, slow_first_only: bool = False) -> subprocess.Popen:
     """`python -m harness ab ARGS --repeats 2` on the interpreter, in its own session; its steps forked
-    by one warm worker a side unless ARGS say otherwise (prewarmed is the default)."""
+    by one warm worker a side unless ARGS say otherwise (prewarmed is the default). slow_first_only: only
+    the first step's process of slow_op waits slow_s."""
     if "--step-start" not in args:
         args = (*args, "--step-start", "fork")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -30,6 +31,8 @@ def _ab(tmp_path: Path, *args, slow_s: float | None = None) -> subprocess.Popen:
     env["ZL_TEST_STATE_DIR"] = str(tmp_path)
     if slow_s is not None:
         env["ZL_TEST_SLOW_S"] = str(slow_s)
+    if slow_first_only:
+        env["ZL_TEST_SLOW_FIRST_ONLY"] = "1"
     return subprocess.Popen([sys.executable, "-m", "harness", "ab", "--backend", "interpreter", "--repeats", "2",
                              "--dtypes", "fp32", "--out", str(tmp_path / "out"), *map(str, args)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -136,7 +139,9 @@ def test_a_worker_that_dies_is_restarted_once_then_the_step_fails(tmp_path):
 
 
 def test_a_worker_restart_lets_the_step_through(tmp_path):
-    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, slow_s=5)
+    # Only the record, whose worker is killed in its first case, waits: its retry and the 6 steps after
+    # it need not (5 s each otherwise).
+    proc = _ab(tmp_path, "--ops", "slow_op", "--ops-path", OPS, slow_s=5, slow_first_only=True)
     d = _ab_dir(tmp_path)
     os.kill(_parent(_parent(_started(tmp_path)[0])), signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)

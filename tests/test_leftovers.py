@@ -123,8 +123,10 @@ def test_the_caches_of_an_ab_killed_outright_go_with_the_next_run(tmp_path):
 def test_a_timed_out_op_that_was_stopped_leaves_no_cache(tmp_path, op_start):
     # A stopped op cannot handle the timeout's SIGTERM: it is killed outright, cache and all.
     d = tmp_path / "batch"
+    # Waited out in full, so short: the op's start to the stop below took 1.5 s here (a timeout before
+    # the stop fails the test: the group it waits for is gone).
     proc = _start(tmp_path, "batch", "--backend", "interpreter", "--ops-path", BATCH_OPS, "--ops", "hang_op",
-                  "--op-timeout", "60", "--batch-dir", d, "--op-start", op_start)
+                  "--op-timeout", "20", "--batch-dir", d, "--op-start", op_start)
     running = d / "ops" / "path__hang_op" / ".running"
     assert wait_for(lambda: running.is_file() or proc.poll() is not None, 240), proc.communicate()
     facts = load(running)

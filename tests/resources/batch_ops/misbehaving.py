@@ -65,11 +65,15 @@ _slept = []
 
 def _slow(x, y):
     # Its first call says it started (its pid, in the state dir the test gives), then takes a while:
-    # long enough for a test to stop the node it runs on.
+    # long enough for a test to stop the node it runs on. With ZL_TEST_SLOW_FIRST_ONLY set, only the
+    # first process of the test waits: a test that stops that one need not wait out every later step.
     if not _slept:
         _slept.append(1)
-        Path(os.environ["ZL_TEST_STATE_DIR"], f"slow_started_{os.getpid()}").write_text("1")
-        time.sleep(float(os.environ.get("ZL_TEST_SLOW_S", "20")))
+        state = Path(os.environ["ZL_TEST_STATE_DIR"])
+        first = not any(state.glob("slow_started_*"))
+        (state / f"slow_started_{os.getpid()}").write_text("1")
+        if first or not os.environ.get("ZL_TEST_SLOW_FIRST_ONLY"):
+            time.sleep(float(os.environ.get("ZL_TEST_SLOW_S", "20")))
     return triton_add(x, y)
 
 
