@@ -34,7 +34,7 @@ import numpy as np
 from harness.core.options import FDR  # noqa: F401 (the reports' default rate, stats.FDR)
 
 # scipy is imported where it is used, not with this module: its 1-2.5 s would otherwise come before an
-# A/B's first step (the A/B imports it beside its steps instead: harness.sessions.ab.preload_reports).
+# A/B's first step (the A/B imports it beside its steps instead: harness.sessions.ab.reporting.preload_reports).
 
 CONFIDENCE = 0.95
 # The practical margin (0.3%): the smallest change a FASTER/SLOWER verdict claims. It guards against

@@ -12,9 +12,12 @@ from conftest import REPO, load
 from result_rows import result_row
 
 from harness import cli
+from harness.core import paths
 from harness.core.options import RunOptions
 from harness.measure import ir
 from harness.sessions import ab
+from harness.sessions.ab import session as ab_session
+from harness.sessions.ab import steps as ab_steps
 from reports import compare, table
 
 # A user operator that writes the ZL_TEST_SWITCH its run saw into its run dir.
@@ -190,7 +193,7 @@ def test_a_plan_whose_shape_file_is_missing_stops_before_any_step(harness, tmp_p
 
 
 def test_repo_plans_load():
-    plans = sorted((ab.paths.REPO_ROOT / "ops").glob("ab_*.yaml"))
+    plans = sorted((paths.REPO_ROOT / "ops").glob("ab_*.yaml"))
     assert {"ab_default.yaml", "ab_f32_ieee.yaml", "ab_mma_v3.yaml"} <= {p.name for p in plans}
     for plan in plans:
         loaded = ab.load_plan(plan)
@@ -634,7 +637,7 @@ def test_a_plan_of_gpu_sized_shipped_shapes_runs_the_backends_own_on_the_interpr
 def test_a_steps_cases_show_as_they_land(capsys):
     for line in ("zl_bench record: op=mm\n", "[1/4] mm fp32-8 SUCCESS baseline ...\n", "    TIMER_FALLBACK\n",
                  "[2/4] mm fp32-9 FAILED x\n"):
-        ab._case_progress(line)
+        ab_steps.case_progress(line)
     assert capsys.readouterr().out == " 1/4 2/4"
 
 
@@ -643,6 +646,6 @@ def test_a_broken_ops_path_module_is_said_once_before_the_steps(tmp_path, capsys
     (tmp_path / "scale.py").write_text((REPO / "tests" / "resources" / "user_ops" / "scale.py").read_text())
     plan = ab.Plan(name="p", ops=["path:scale3"], a=ab.Side("A", "a"), b=ab.Side("B", "b"),
                    options=RunOptions(ops_paths=[str(tmp_path)]))
-    ab._check_plan(plan)
+    ab_session._check_plan(plan)
     assert capsys.readouterr().err == (f"warning: skipped operator module {tmp_path / 'broken.py'}, which does not "
                                        f"import: {tmp_path / 'broken.py'}:1: SyntaxError: invalid syntax\n")

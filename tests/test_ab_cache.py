@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.core import forkserver, identity, launch
 from harness.core.options import RunOptions
 from harness.sessions import ab
 
@@ -27,9 +28,9 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
         steps.append((env, argv))
         return 0, None
 
-    monkeypatch.setattr(ab.launch, "run", run)
+    monkeypatch.setattr(launch, "run", run)
     begun = []  # launch.run is faked: no worker need run (the A/B begins both as it starts)
-    monkeypatch.setattr(ab.forkserver.Worker, "begin", lambda worker: begun.append(worker.env))
+    monkeypatch.setattr(forkserver.Worker, "begin", lambda worker: begun.append(worker.env))
     plan = ab.Plan(name="t", ops=["softmax"], a=ab.Side("A", "a"), b=ab.Side("B", "b", env={"SWITCH": "1"}),
                    repeats=2, options=RunOptions(backend="interpreter"), step_start=step_start)
     runner = ab.Runner(plan, tmp_path)
@@ -55,7 +56,7 @@ def test_the_cache_key_follows_the_compiler_build_and_the_switches(monkeypatch):
     plain = ab.side_compiler_key(ab.Side("A", ""))
     assert plain == ab.side_compiler_key(ab.Side("B", "other label"))
     assert plain["digest"] != ab.side_compiler_key(ab.Side("A", "", env={"TRITON_X": "1"}))["digest"]
-    monkeypatch.setattr(ab.identity, "files_digest", lambda root: "rebuilt")
+    monkeypatch.setattr(identity, "files_digest", lambda root: "rebuilt")
     assert plain["digest"] != ab.side_compiler_key(ab.Side("A", ""))["digest"]
 
 

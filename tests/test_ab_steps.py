@@ -21,10 +21,13 @@ from conftest import load
 from result_rows import result_row
 
 from harness import cli
-from harness.core import paths
+from harness.core import deps, forkserver, launch, paths
 from harness.core.errors import UsageError
 from harness.core.spec import RunSpec
 from harness.sessions import ab
+from harness.sessions.ab import runner as ab_runner
+from harness.sessions.ab import sides as ab_sides
+from harness.sessions.ab import steps as ab_steps
 from reports import table
 
 
@@ -45,9 +48,9 @@ class Steps:
         self.told: list[dict] = []
         self.workers: list[FakeWorker] = []
         self.begun_when_identified: list[list[bool]] = []  # the workers begun as each side's Triton was identified
-        monkeypatch.setattr(ab.launch, "run", self.run)
-        monkeypatch.setattr(ab.forkserver, "Worker", self.worker)
-        monkeypatch.setattr(ab, "side_compiler_key", self.key)
+        monkeypatch.setattr(launch, "run", self.run)
+        monkeypatch.setattr(forkserver, "Worker", self.worker)
+        monkeypatch.setattr(ab_runner, "side_compiler_key", self.key)
 
     def key(self, side):
         self.begun_when_identified.append([w.begun for w in self.workers])
@@ -76,7 +79,7 @@ class Steps:
         if fate == "ctrl_c":
             raise KeyboardInterrupt
         if fate == "lost":
-            raise ab.forkserver.WorkerDied("it never came up")
+            raise forkserver.WorkerDied("it never came up")
         how["on_stdout"]("[1/1] add fp32-300 SUCCESS\n")
         if fate == "stopped":
             how["on_forward"](signal.SIGTERM)
@@ -202,7 +205,7 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     running step, which has STEP_GRACE_S to write what it has."""
     steps = Steps(monkeypatch)
     built = str(tmp_path / "env" / "bin" / "python")
-    monkeypatch.setattr(ab, "build_side_env", lambda side, log: built)
+    monkeypatch.setattr(ab_runner, "build_side_env", lambda side, log: built)
     args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\nb: {env: {X: '1'}, requirements: [triton]}\n")
     assert ab.run_from_args(args) == 0
     ab_dir = _ab_dir(capsys.readouterr().out)
@@ -231,7 +234,7 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
         assert told["starter"] == worker.start and told["argv"][-2:] == ["--triton-cache", caches[told["side"]]]
         assert (told["grace_s"], told["forward"], told["log"].name) == (
             ab.STEP_GRACE_S, (signal.SIGINT, signal.SIGTERM), str(ab_dir / "ab.log"))
-        assert told["on_stdout"] is ab._case_progress
+        assert told["on_stdout"] is ab_steps.case_progress
 
 
 def test_a_fresh_step_is_a_process_of_its_sides_interpreter_with_its_sides_environment(tmp_path, monkeypatch, capsys):
@@ -243,7 +246,7 @@ def test_a_fresh_step_is_a_process_of_its_sides_interpreter_with_its_sides_envir
         logs.append((side.name, log.name))
         return str(built)
 
-    monkeypatch.setattr(ab, "build_side_env", build)
+    monkeypatch.setattr(ab_runner, "build_side_env", build)
     args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fresh\nb: {env: {X: '1'}, requirements: [triton]}\n")
     assert ab.run_from_args(args) == 0
     assert steps.workers == [] and logs == [("B", str(_ab_dir(capsys.readouterr().out) / "ab.log"))]
@@ -263,7 +266,7 @@ def test_a_side_whose_env_does_not_build_stops_the_ab_before_any_step(tmp_path, 
     def build(side, log):
         raise subprocess.CalledProcessError(1, ["pip", "install"])
 
-    monkeypatch.setattr(ab, "build_side_env", build)
+    monkeypatch.setattr(ab_runner, "build_side_env", build)
     args = _ab(tmp_path, "ops: [add]\nb: {requirements: [triton]}\n")
     with pytest.raises(UsageError) as refused:
         ab.run_from_args(args)
@@ -444,7 +447,7 @@ class Pip:
         self.base_site = tmp_path / "base" / "site-packages"
         self.base_site.mkdir(parents=True)
         self.pip_fails = pip_fails
-        monkeypatch.setattr(ab.subprocess, "run", self.run)
+        monkeypatch.setattr(subprocess, "run", self.run)
 
     def run(self, argv, check=False, stdout=None, stderr=None, capture_output=False, text=False):
         self.calls.append(argv)
@@ -454,7 +457,7 @@ class Pip:
                 compile(argv[2], "<string>", "exec")
             except SyntaxError:
                 return self._end(argv, check, 1)
-        stage = ("venv" if argv[1:3] == ["-m", "venv"] else "sites" if argv[2:] == [ab._SITE_DIRS]
+        stage = ("venv" if argv[1:3] == ["-m", "venv"] else "sites" if argv[2:] == [ab_sides._SITE_DIRS]
                  else "own_site" if argv[1] == "-c" else "pip")
         if stage == self.fails:
             return self._end(argv, check, 1)
@@ -464,7 +467,7 @@ class Pip:
             (env / "bin" / "python").write_text("")
             (env / "lib" / "site-packages").mkdir(parents=True)
             err = "venv: made\n"
-        elif argv[1:] == ["-c", ab._SITE_DIRS]:
+        elif argv[1:] == ["-c", ab_sides._SITE_DIRS]:
             said = json.dumps([str(self.base_site), str(self.base_site.parent / "gone"), "/nonexistent/user"])
         elif argv[1] == "-c":
             said = str(Path(argv[0]).parent.parent / "lib" / "site-packages") + "\n"
@@ -487,7 +490,7 @@ def test_a_sides_requirements_build_one_env_over_the_base_envs_packages_once(tmp
     extra = tmp_path / "extra"
     extra.mkdir()
     monkeypatch.setenv("PYTHONPATH", f"{extra}:{tmp_path / 'not_there'}")
-    monkeypatch.setattr(ab.deps, "DEPS_DIR", tmp_path / "no_deps")
+    monkeypatch.setattr(deps, "DEPS_DIR", tmp_path / "no_deps")
     side = ab.Side("B", "", python="/base/bin/python", requirements=["triton==3.1", "numpy"])
     log = tmp_path / "ab.log"
     with open(log, "w") as f:
@@ -578,7 +581,7 @@ def test_a_record_takes_the_backend_and_flaggems_options_and_each_replay_keeps_t
     # Every worker imports the op's checkout once, under the switch its steps run with; the device's facts
     # are read once a side, kept for its other workers in the A/B's cache root.
     assert steps.workers and {dataclasses.replace(w.preload, facts_file=None) for w in steps.workers} == {
-        ab.forkserver.Preload((str(tmp_path / "fg"),), "1", None)}
+        forkserver.Preload((str(tmp_path / "fg"),), "1", None)}
     kept = {Path(w.preload.facts_file) for w in steps.workers}
     assert {p.name for p in kept} == {"A-device-facts.json", "B-device-facts.json"}
     assert {p.parent for p in kept} == {Path(w.cache_root) for w in steps.workers}
@@ -756,7 +759,7 @@ def test_the_reports_modules_are_imported_beside_the_first_steps_and_done_before
         def join(self):
             events.append(("joined", len(steps.told)))
 
-    monkeypatch.setattr(ab, "preload_reports", lambda: events.append(("begun", len(steps.told))) or Preload())
+    monkeypatch.setattr(ab_runner, "preload_reports", lambda: events.append(("begun", len(steps.told))) or Preload())
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\n")) == 0
     # Begun before A's record; joined after each op's passes steps (A-record, A-passes, B-passes), before A-1.
     assert events == [("begun", 0), ("joined", 3), ("joined", 10)]
@@ -781,7 +784,7 @@ def test_a_worker_that_died_importing_before_the_first_timed_step_is_said_and_it
     def wait_ready(worker):
         waited.append(worker)
         if len(waited) == 1:
-            raise ab.forkserver.WorkerDied("the warm worker of /x did not start (exit 1; see the log)")
+            raise forkserver.WorkerDied("the warm worker of /x did not start (exit 1; see the log)")
         worker.imported = True
 
     monkeypatch.setattr(FakeWorker, "wait_ready", wait_ready)

@@ -15,6 +15,7 @@ from harness.core.options import MAX_REPEATS
 from harness.core.spec import RunSpec
 from harness.measure import ir
 from harness.sessions import ab
+from harness.sessions.ab import session as ab_session
 
 
 def _args(*argv):
@@ -30,11 +31,11 @@ def test_a_side_describes_its_label_switches_python_and_requirements():
 
 
 def test_env_pairs_are_key_value_split_at_the_first_equals_sign():
-    assert ab._env_pairs(["A=1", "B=x=y", "C="], "--a-env") == {"A": "1", "B": "x=y", "C": ""}
-    assert ab._env_pairs(None, "--a-env") == {}
+    assert ab_session._env_pairs(["A=1", "B=x=y", "C="], "--a-env") == {"A": "1", "B": "x=y", "C": ""}
+    assert ab_session._env_pairs(None, "--a-env") == {}
     for bad in ("novalue", "=1", "=x=y"):
         with pytest.raises(UsageError, match=f"^--b-env '{bad}': expected KEY=VAL$"):
-            ab._env_pairs([bad], "--b-env")
+            ab_session._env_pairs([bad], "--b-env")
 
 
 def test_the_command_line_overrides_the_plan_side_by_side(tmp_path, capsys):
@@ -61,9 +62,9 @@ def test_shapes_given_on_the_command_line_are_a_file_from_here_or_flaggems_own(t
     assert given.options.shapes == tmp_path / "mine.yaml"  # relative to where the A/B was started
     upstream = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter", "--shapes", "upstream"))
     assert upstream.options.shapes == Path("upstream")  # FlagGems' own shapes: a name, not a file here
-    ab._check_plan(upstream)  # so no file is looked for
+    ab_session._check_plan(upstream)  # so no file is looked for
     with pytest.raises(UsageError, match=f"^shape file {tmp_path / 'mine.yaml'} does not exist$"):
-        ab._check_plan(given)
+        ab_session._check_plan(given)
 
 
 def test_a_backend_named_by_an_alias_is_planned_under_its_own_name():

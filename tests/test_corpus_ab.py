@@ -22,7 +22,7 @@ from harness import cli
 from harness.core import batchdir, opguard
 from harness.core.options import BatchOptions, CorpusOptions, RunOptions, declared
 from harness.providers import catalog
-from harness.sessions import batch, corpus_ab, ray_executor, slurm_executor
+from harness.sessions import ab, batch, corpus_ab, ray_executor, slurm_executor
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 STEPS = ("A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in order
@@ -183,7 +183,7 @@ def test_a_single_op_without_corpus_options_is_todays_ab():
 
 
 def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
-    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
     plan.options = dataclasses.replace(plan.options, timer="profiler", l2="cold")
     opts = corpus_ab.ABOptions(RunOptions(backend="interpreter"), [0, 1], plan=plan.to_dict())
     runner = corpus_ab.CorpusAB(tmp_path, opts, {})
@@ -195,7 +195,7 @@ def test_the_op_job_runs_the_plan_on_its_device(tmp_path):
     cmd = runner._command(entry, 1, ["fp32"], ab_dir)
     assert cmd == ["ab", str(op_dir / "plan.yaml"), "--ops", "flaggems:mm@blas", "--device", "1",
                    "--color", "never", "--run-dir", str(ab_dir), "--dtypes", "fp32"]
-    again = corpus_ab.ab.load_plan(op_dir / "plan.yaml")  # the plan each op's A/B reads back
+    again = ab.load_plan(op_dir / "plan.yaml")  # the plan each op's A/B reads back
     assert again.b.env == {"TRITON_F32_DEFAULT": "ieee"} and again.repeats == 3 and again.options.device is None
     assert again.options.shapes == REPO / "shapes" / "default.yaml"
     assert again.options.measurement() == RunOptions(timer="profiler", l2="cold")  # how A records, with the plan
@@ -211,7 +211,7 @@ def _run(run_dir: Path, observed: dict, rows: int = 0) -> str:
 def test_an_ops_ab_is_read_back_from_the_dirs_it_named_never_a_stray_one(tmp_path):
     """The attempt's A/B dir is the one the batch named; its steps' run dirs are the ones its
     ab.json names (the running step's too): nothing else in the attempt dir is looked at."""
-    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
     runner = corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(RunOptions(backend="interpreter"), [0],
                                                               plan=plan.to_dict()), {})
     attempt = tmp_path / "ops" / "builtin__add" / "attempt1"
@@ -250,9 +250,9 @@ def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monke
                  "flaggems_checkout", "--a-python", os.path.relpath(sys.executable), "--libtuner-cache", "tuned.db")
     written = tmp_path / "ops" / "flaggems__abs" / "plan.yaml"
     written.parent.mkdir(parents=True)
-    written.write_text(corpus_ab.yaml.safe_dump(corpus_ab.ab.resolve_plan(args).to_dict()))
+    written.write_text(corpus_ab.yaml.safe_dump(ab.resolve_plan(args).to_dict()))
     monkeypatch.chdir(tmp_path)
-    again = corpus_ab.ab.load_plan(written)
+    again = ab.load_plan(written)
     assert again.options.flaggems_dirs == (f"flaggems={resources / 'flaggems_checkout'}",)
     assert again.a.python == os.path.abspath(sys.executable)  # a venv's python stays the venv's link
     assert again.options.libtuner_cache == str(resources / "tuned.db")
@@ -264,14 +264,14 @@ def test_relative_paths_reach_each_ops_ab_as_the_user_meant_them(tmp_path, monke
     plan.write_text("ops: [abs]\nflaggems_dirs: [../checkout]\nlibtuner_cache: tuned.db\n"
                     "b: {env: {X: '1'}, python: ../envs/b/bin/python}\n")
     monkeypatch.chdir(resources)
-    loaded = corpus_ab.ab.load_plan(plan)
+    loaded = ab.load_plan(plan)
     assert loaded.options.flaggems_dirs == (f"flaggems={tmp_path / 'checkout'}",)
     assert loaded.b.python == str(tmp_path / "envs" / "b" / "bin" / "python")
     assert loaded.options.libtuner_cache == str(tmp_path / "plans" / "tuned.db")
 
 
 def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
-    stored = {"plan": corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()}
+    stored = {"plan": ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()}
     # Every experiment option (harness.core.options.ExperimentOptions): --fdr was once taken and ignored.
     for flags in (["--timer", "direct"], ["--seed", "0"], ["--repeats", "4", "--l2", "cold"], ["--fdr", "0.1"],
                   ["--a-env", "X=1", "--step-start", "fork"], ["--b-python", "/x", "--step-passes", "every"],
@@ -291,7 +291,7 @@ def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
 
 # --- a finished op's A/B, as the batch reads it ---------------------------------------------------------
 def _runner(tmp_path, backend="cuda"):
-    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
     return corpus_ab.CorpusAB(tmp_path, corpus_ab.ABOptions(RunOptions(backend=backend), [0], plan=plan.to_dict()),
                               {})
 
@@ -433,7 +433,7 @@ def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
 
 
 def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, capsys):
-    plan = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
     stored = {"plan": {**plan.to_dict(), "backend": "interpreter", "repeats": 5}}
     args = _args("--resume", "--batch-dir", str(tmp_path), "--backend", "interpreter")  # as the batch restores it
     assert prepare(args, stored)[0] == stored  # kept as it was, not resolved again
@@ -449,8 +449,8 @@ def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, cap
 
 
 def test_a_corrupt_stored_plan_is_one_line_naming_where_it_was_stored():
-    data = corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()
-    assert corpus_ab._plan_of(data) == corpus_ab.ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
+    data = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()
+    assert corpus_ab._plan_of(data) == ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
     with pytest.raises(batch.UsageError) as refused:
         corpus_ab._plan_of({**data, "repeats": 1})
     assert str(refused.value).startswith("plan stored in batch.json: 'repeats' must be an integer from 2 to 100")
@@ -475,7 +475,7 @@ def test_a_sides_pip_env_is_built_once_before_any_op_runs(tmp_path, monkeypatch)
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("ops: [add]\nb: {requirements: [tabulate==0.9.0]}\n")
     built = []
-    monkeypatch.setattr(corpus_ab.ab, "build_side_env", lambda side, log: built.append((side.name, side.requirements,
+    monkeypatch.setattr(corpus_ab, "build_side_env", lambda side, log: built.append((side.name, side.requirements,
                                                                                          log)))
     prepare(_args(str(plan_file), "--backend", "interpreter", "--devices", "0"), {})
     assert built == [("B", ["tabulate==0.9.0"], sys.stdout)]  # A has no requirements: nothing to build

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from test_ab_steps import Steps, _ab
 
-from harness.core import host_modules
+from harness.core import host_modules, launch
 from harness.sessions import ab
 
 SO = "__triton_launcher.cpython-312-x86_64-linux-gnu.so"
@@ -104,7 +104,7 @@ def test_an_ab_links_each_sides_kept_modules_and_keeps_what_its_steps_built(tmp_
             _kernel(cache, f"kernel-{step}")
         return Steps.run(steps, argv, **how)
 
-    monkeypatch.setattr(ab.launch, "run", run)
+    monkeypatch.setattr(launch, "run", run)
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
     assert seen["A-record"] == ["utils"] and seen["B-passes"] == []
     assert seen["A-1"] == ["kernel-A-passes", "kernel-A-record", "launcher-A-passes", "launcher-A-record", "utils"]
@@ -131,7 +131,7 @@ def test_an_ab_whose_store_cannot_be_written_runs_on_and_says_so(tmp_path, monke
             _module(cache, "launcher")
         return Steps.run(steps, argv, **how)
 
-    monkeypatch.setattr(ab.launch, "run", run)
+    monkeypatch.setattr(launch, "run", run)
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\n")) == 0
     log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
     assert "side A: 0 of its Triton host modules linked" in log

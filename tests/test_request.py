@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from harness import cli
+from harness.core import launch
 from harness.core.options import RunOptions, declared
 from harness.core.request import RunRequest
 from harness.providers.catalog import Entry
 from harness.sessions import ab, batch
+from harness.sessions.ab import runner as ab_runner
 
 # Each request field beside its options and the argparse name it comes back as (an option's is its field's).
 DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
@@ -185,8 +187,8 @@ def test_an_ab_reads_each_step_back_from_the_run_dir_it_named_never_a_stray_one(
     def unidentified(side):  # no kernel reuse: no probe of each side's Triton
         raise ab.SideUnidentified("not probed")
 
-    monkeypatch.setattr(ab.launch, "run", lambda argv, **kw: run(argv[3:], **kw))
-    monkeypatch.setattr(ab, "side_compiler_key", unidentified)
+    monkeypatch.setattr(launch, "run", lambda argv, **kw: run(argv[3:], **kw))
+    monkeypatch.setattr(ab_runner, "side_compiler_key", unidentified)
     plan = ab.Plan(name="t", ops=["add"], a=ab.Side("A", ""), b=ab.Side("B", ""), repeats=2,
                    options=RunOptions(backend="interpreter"))
     runner = ab.Runner(plan, tmp_path)

@@ -17,6 +17,7 @@ from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.providers import shapes
 from harness.sessions import ab, resolve
+from harness.sessions.ab import session as ab_session
 from ops import DTYPES_RULE
 
 KILLED = {"status": "INCOMPLETE", "rows_done": 13, "rows_planned": 20, "reason": "killed by signal 9",
@@ -242,7 +243,7 @@ def test_a_selection_whose_repo_or_file_is_not_where_the_op_is_is_refused(text, 
 def test_ab_takes_the_same_grammar_before_any_step():
     plan = ab.resolve_plan(cli.build_parser().parse_args(["ab", "--ops", "builtin:softmax", "mm@mm",
                                                           "--backend", "interpreter"]))
-    ab._check_plan(plan)
+    ab_session._check_plan(plan)
     plan.ops = ["path:softmax"]
     with pytest.raises(UsageError, match="operator 'softmax' is builtin:softmax@softmax"):
-        ab._check_plan(plan)
+        ab_session._check_plan(plan)

@@ -16,6 +16,7 @@ from harness import cli
 from harness.core import options
 from harness.providers import catalog
 from harness.sessions import ab, corpus_ab
+from harness.sessions.ab import session as ab_session
 from reports import sequential, stats
 
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
@@ -151,7 +152,7 @@ def test_a_continuation_takes_over_no_step_of_an_ab_of_another_plan(tmp_path, mo
     step = {"step": "add/A-record", "usable": True, "args": ["record", "add"], "run_dir": str(tmp_path / "r")}
     (earlier / "ab.json").write_text(json.dumps({"plan": {"name": "other"}, "steps": [step]}))
     plan = ab.resolve_plan(_args(tmp_path, "--repeats", "auto"))
-    assert ab._continued(earlier, plan) == []
+    assert ab_session._continued(earlier, plan) == []
     assert "that A/B ran another plan: none of its steps is taken over" in capsys.readouterr().out
 
 

@@ -1,11 +1,11 @@
 """Triton's host modules, kept from one A/B to the next per side compiler: the C its driver builds
 with the system compiler, not kernels (its utilities, and each kernel signature's launcher: on an H200
-host each took 0.3-0.5 s to build). A side's Triton cache lives for one A/B (harness.sessions.ab), so
+host each took 0.3-0.5 s to build). A side's Triton cache lives for one A/B (harness.sessions.ab.runner), so
 every A/B, every op of a corpus A/B, built them again in A's record and B's passes step.
 
 Triton names each by a digest of its C source, the platform and the build's flags, and stores it alone in
 a dir of that name (`<cache>/<digest>/<module>.so`); a kernel's dir holds its metadata (.json) beside its
-binaries. Kept under the side's compiler key (interpreter, Triton build, environment: ab.side_compiler_key),
+binaries. Kept under the side's compiler key (interpreter, Triton build, environment: ab.sides.side_compiler_key),
 one side's modules never reach the other side's cache, and a rebuilt Triton keeps its own. Each A/B's side
 cache links to those kept; what its steps built is kept as the A/B ends."""
 

@@ -27,7 +27,10 @@ from harness.core import batchdir, rundir
 from harness.core.errors import UsageError
 from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, RunOptions
 from harness.providers import catalog
-from harness.sessions import ab, batch, resolve
+from harness.sessions import batch, resolve
+from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
+from harness.sessions.ab.session import resolve_plan, say_if_a_a
+from harness.sessions.ab.sides import build_side_env
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
@@ -54,11 +57,11 @@ def _plan_flags(args) -> list[str]:
     return given + RunOptions.from_namespace(args).measurement().flags()
 
 
-def _plan_of(data: dict, where: str = "stored in batch.json") -> ab.Plan:
+def _plan_of(data: dict, where: str = "stored in batch.json") -> Plan:
     """The stored plan, checked as a plan file is (its paths are absolute already)."""
     try:
-        return ab.plan_from_data(data, where, Path("/"))
-    except ab.PlanError as exc:
+        return plan_from_data(data, where, Path("/"))
+    except PlanError as exc:
         raise UsageError(f"{exc} (a corrupt batch.json: start a new --batch-dir)") from exc
 
 
@@ -123,8 +126,8 @@ class CorpusAB(batch.Batch):
                                  "nox -s batch -- --resume --batch-dir DIR")
             plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batchdir.BATCH_JSON}")
         else:
-            plan = ab.resolve_plan(args)
-            ab.say_if_a_a(plan)
+            plan = resolve_plan(args)
+            say_if_a_a(plan)
             run, ops = plan.options, plan.ops
         run = run.without_measurement()  # (the batch drops the device: each op is given its own)
         print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.describe_repeats()}; "
@@ -136,7 +139,7 @@ class CorpusAB(batch.Batch):
             print(table.not_performance_note(backend))
         for side in (plan.a, plan.b):
             if side.requirements:  # built once here, not by concurrent ops into the same env dir
-                ab.build_side_env(side, sys.stdout)
+                build_side_env(side, sys.stdout)
         return {"plan": plan.to_dict()}, run, ops
 
     @classmethod

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from harness.core import deps, paths, rundir
 from harness.core.errors import UsageError
-from harness.sessions import ab
+from harness.sessions.ab.plan import PlanError, Side, _side
 
 BUILD_CACHE = paths.REPO_ROOT / ".nox" / "bisect-builds"
 IMPORT_CHECK = "import torch, triton"
@@ -50,8 +50,8 @@ class Build:
     requirements: tuple[str, ...] = ()
     commit: dict | None = None
 
-    def side(self, name: str) -> ab.Side:
-        return ab.Side(name, self.label, dict(self.env), self.python, list(self.requirements))
+    def side(self, name: str) -> Side:
+        return Side(name, self.label, dict(self.env), self.python, list(self.requirements))
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "requirements": list(self.requirements)}
@@ -74,8 +74,8 @@ def from_file(path: Path) -> list[Build]:
     builds = []
     for i, entry in enumerate(entries):
         try:
-            side = ab._side(entry or {}, f"build {i}", str(path), path.parent)
-        except ab.PlanError as exc:
+            side = _side(entry or {}, f"build {i}", str(path), path.parent)
+        except PlanError as exc:
             raise UsageError(str(exc)) from exc
         builds.append(Build(side.label or f"build {i}", side.env, side.python, tuple(side.requirements)))
     return builds

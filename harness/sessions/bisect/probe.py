@@ -16,7 +16,9 @@ from pathlib import Path
 
 from harness.core import rundir
 from harness.core.results import read_results
-from harness.sessions import ab
+from harness.sessions.ab.plan import Plan, Side
+from harness.sessions.ab.reporting import report, validity
+from harness.sessions.ab.runner import Runner
 
 PROBE_LOG = "probe.log"  # in a probe's dir: its A/B report as `ab` prints it
 
@@ -25,7 +27,7 @@ def op_dir_name(op: str) -> str:
     return op.replace(":", "-").replace("@", "-").replace("/", "-")
 
 
-class ProbeRunner(ab.Runner):
+class ProbeRunner(Runner):
     """An A/B's runner whose steps replay given records instead of making one."""
 
     def record(self, op: str) -> Path | None:
@@ -71,7 +73,7 @@ class ProbeRunner(ab.Runner):
         return self.results
 
 
-def run(plan: ab.Plan, probe_dir: Path, records: dict[str, Path], rows: tuple[str, ...], passes: bool,
+def run(plan: Plan, probe_dir: Path, records: dict[str, Path], rows: tuple[str, ...], passes: bool,
         tag: str) -> dict:
     """One probe into `probe_dir`: its A/B of the `rows` named (their cases alone are replayed), and
     its report (report.json and the rest) there. The verdict of each row it compared, by row id:
@@ -83,13 +85,13 @@ def run(plan: ab.Plan, probe_dir: Path, records: dict[str, Path], rows: tuple[st
         results = runner.replay(records, cases, passes, tag)
     finally:
         runner.close()
-    warnings, _ = ab.validity(results)
+    warnings, _ = validity(results)
     failed = [s["what"] for s in runner.state["steps"] if not s["usable"]]
     if failed:
         warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats}
     with open(probe_dir / PROBE_LOG, "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
-        ab.report(probe_dir, list(results.values()), context, warnings, {plan.options.backend}, plan.repeats,
+        report(probe_dir, list(results.values()), context, warnings, {plan.options.backend}, plan.repeats,
                   plan.fdr)
     return verdicts(probe_dir)
 
@@ -116,6 +118,6 @@ def row_id(op: str, dtype: str | None, shape) -> str:
     return f"{op} {dtype} {'x'.join(map(str, shape or []))}"
 
 
-def plan_for(name: str, a: ab.Side, b: ab.Side, ops: list[str], template: ab.Plan, repeats: int) -> ab.Plan:
+def plan_for(name: str, a: Side, b: Side, ops: list[str], template: Plan, repeats: int) -> Plan:
     """The A/B of one probe: the bisect's options, fdr and step start, these sides, ops and repeats."""
     return dataclasses.replace(template, name=name, a=a, b=b, ops=ops, repeats=repeats)

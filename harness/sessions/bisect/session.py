@@ -22,7 +22,11 @@ from harness.core import launch, paths, rundir
 from harness.core.errors import UsageError
 from harness.core.options import AUTO, FDR, MAX_REPEATS, BisectOptions, ExperimentOptions, RunOptions
 from harness.core.results import read_results
-from harness.sessions import ab, resolve
+from harness.sessions import resolve
+from harness.sessions.ab.plan import Plan, PlanError, Side, plan_from_data
+from harness.sessions.ab.runner import LOG_FILE as AB_LOG_FILE
+from harness.sessions.ab.session import _check_plan
+from harness.sessions.ab.sides import build_side_env
 from harness.sessions.bisect import builds as builds_mod
 from harness.sessions.bisect import probe, search
 
@@ -51,7 +55,7 @@ def _builds(opts: BisectOptions) -> tuple[list[builds_mod.Build], dict | None]:
     return builds_mod.from_git(checkout, opts.git_range), git
 
 
-def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[ab.Plan, list[dict], dict[str, str]]:
+def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[Plan, list[dict], dict[str, str]]:
     """An A/B's plan, the rows to bisect (its FASTER/SLOWER rows, or those `named`) with the direction
     each moved, and its side A's record of each of their ops, which every probe replays."""
     for name in ("report.json", "ab.json"):
@@ -60,8 +64,8 @@ def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[ab.Plan, list[dict],
     state = rundir.read_json(ab_dir / "ab.json")
     stored = {k: v for k, v in state["plan"].items() if k != "device"}
     try:
-        plan = ab.plan_from_data(stored, f"{ab_dir / 'ab.json'}", Path("/"))
-    except ab.PlanError as exc:
+        plan = plan_from_data(stored, f"{ab_dir / 'ab.json'}", Path("/"))
+    except PlanError as exc:
         raise UsageError(str(exc)) from exc
     report = rundir.read_json(ab_dir / "report.json")["rows"]
     by_id = {probe.row_id(r["op"], r["dtype"], r["shape"]): r for r in report}
@@ -119,13 +123,13 @@ def resolve_spec(args) -> dict:
     elif args.ops:
         if opts.rows:
             raise UsageError("--rows names rows of an A/B: give --from-ab DIR")
-        template = ab.Plan(name="bisect", ops=list(args.ops), a=ab.Side("A", ""), b=ab.Side("B", ""))
+        template = Plan(name="bisect", ops=list(args.ops), a=Side("A", ""), b=Side("B", ""))
         rows, records, ops = None, {}, list(args.ops)
     else:
         raise UsageError("name the rows: --from-ab AB_DIR [--rows ...], or --ops OP ...")
     template.options = _options(template.options, args)
     template.ops = ops
-    ab._check_plan(template)  # every op resolves, before any build is built
+    _check_plan(template)  # every op resolves, before any build is built
     if experiment.repeats == AUTO:
         raise UsageError("--repeats auto: a bisect's probes take a count; a NOISY probe is run again at twice the "
                          "repeats, up to --max-repeats")
@@ -141,11 +145,11 @@ def resolve_spec(args) -> dict:
             "max_repeats": max_repeats}
 
 
-def _say_if_not_the_abs_sides(ab_plan: ab.Plan, build_list: list) -> None:
+def _say_if_not_the_abs_sides(ab_plan: Plan, build_list: list) -> None:
     """A note where the list's first build is not the A/B's side A, or its last not side B: the rows
     and their direction are the A/B's, and the search takes the last build as bad on its word (the
     confirm checks it)."""
-    def compiler(side: ab.Side) -> tuple:
+    def compiler(side: Side) -> tuple:
         return dict(side.env), side.python, list(side.requirements)
 
     for end, build, side in (("first", build_list[0], ab_plan.a), ("last", build_list[-1], ab_plan.b)):
@@ -162,7 +166,7 @@ class Bisect:
         self.state = state
         spec = state["spec"]
         self.builds = [builds_mod.Build.from_dict(b) for b in spec["builds"]]
-        self.template = ab.plan_from_data(spec["plan"], str(bisect_dir / BISECT_JSON), Path("/"))
+        self.template = plan_from_data(spec["plan"], str(bisect_dir / BISECT_JSON), Path("/"))
         self.template.options = dataclasses.replace(self.template.options, device=spec["device"])
         self.log = open(bisect_dir / LOG_FILE, "a", encoding="utf-8")
 
@@ -186,7 +190,7 @@ class Bisect:
                 build = builds_mod.build_commit(build, Path(git["checkout"]), git["build_cmd"], Path(git["cache"]),
                                                 self.log)
             elif build.requirements:
-                build = dataclasses.replace(build, python=ab.build_side_env(build.side(f"build {k}"), self.log))
+                build = dataclasses.replace(build, python=build_side_env(build.side(f"build {k}"), self.log))
             builds_mod.check_imports(build, dict(backends.get(self.template.options.backend).child_env))
         except (builds_mod.BuildFailed, OSError) as exc:
             return {"ok": False, "reason": str(exc), "python": build.python}
@@ -211,7 +215,7 @@ class Bisect:
             finally:
                 runner.close()
             if made is None:
-                raise UsageError(f"the good build's record of {op} failed: see {record_root / ab.LOG_FILE}")
+                raise UsageError(f"the good build's record of {op} failed: see {record_root / AB_LOG_FILE}")
             records[op] = str(made)
             self.save()
         if self.state["rows"] is None:  # --ops: every row the record measured; the probes say which moved

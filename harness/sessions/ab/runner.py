@@ -1,0 +1,377 @@
+"""The A/B's runner: each op's steps (A's record, each side's passes, the interleaved repeats and,
+with --repeats auto, the rounds after the first), each in a process of its own, fresh or forked by a
+warm worker; the sides' Triton caches; ab.json and ab.log."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import backends
+from harness.core import forkserver, host_modules, launch, paths, rundir
+from harness.core.request import RunRequest
+from harness.core.results import read_results
+from harness.providers import flaggems
+from harness.sessions.ab.plan import Plan, PlanError, Side
+from harness.sessions.ab.reporting import preload_reports
+from harness.sessions.ab.sides import SideUnidentified, build_side_env, pythonpath, side_compiler_key
+from harness.sessions.ab.steps import STEP_GRACE_S, StepInterrupted, case_progress, same_args, went_through
+
+LOG_FILE = "ab.log"
+# prewarmed: at most this many workers a side importing or waiting at once, whatever --repeats asks (a
+# 3-repeat op begins 5 for A: its record, passes and repeats). A step past them gets a worker begun as it
+# starts, its imports paid before it times, nothing timed beside them.
+PREWARM_MAX_PER_SIDE = 6
+
+
+class Runner:
+    """Runs the steps of one A/B in subprocesses and keeps ab.json current. Each step is a process
+    of its own: started fresh, forked by its side's warm worker (step_start fork: the worker imported
+    torch, triton and pytest once, a step pays only for its device and its work), or forked by a warm
+    worker of its own begun before the op's first step (prewarmed). A worker that
+    dies is restarted once for the step, which is retried in a new run dir; after that the step
+    fails."""
+
+    def __init__(self, plan: Plan, ab_dir: Path, earlier: list[dict] = ()):
+        self.plan = plan
+        self.dir = ab_dir
+        # The completed steps of an interrupted A/B of this plan (--continue), by step and arguments: each
+        # is taken over, not run again (see step).
+        self.earlier = {(s["step"], same_args(s["args"])): s for s in earlier if s.get("usable") and s.get("step")}
+        self.log = rundir.open_write(ab_dir / LOG_FILE)
+        self.state = {"plan": {**plan.to_dict(), "device": plan.options.device}, "steps": [], "complete": False}
+        # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
+        # so an interrupted A/B still reports what completed.
+        self.results: dict[str, dict[str, list[Path]]] = {}
+        # Side name -> its Triton cache for this A/B (see run): removed when the A/B ends.
+        self.caches: dict[str, Path] = {}
+        self._cache_root: Path | None = None
+        self.workers: dict[str, forkserver.Worker] = {}  # fork: each side's one worker
+        # prewarmed: each side's workers begun for the op's steps to come, one a step, and those used
+        self.spares: dict[str, list[forkserver.Worker]] = {}
+        self.used: list[forkserver.Worker] = []
+
+    def _save(self) -> None:
+        rundir.atomic_write_json(self.dir / "ab.json", self.state)
+
+    def _open_caches(self) -> None:
+        """One Triton cache per side under the cache root, keyed by that side's compiler identity and
+        environment: A's record feeds A's replays, B's passes step B's repeats, and no kernel crosses
+        sides. Every step still runs in a fresh process and its IR is what its own compiler built: a
+        cache hit loads the kernel this same build compiled for the same source, options and
+        switches (Triton keys its cache by those too), and the IR plugin reads what was launched."""
+        root = self._open_cache_root()
+        keys = {}
+        for side in (self.plan.a, self.plan.b):
+            try:
+                key = side_compiler_key(side)
+            except SideUnidentified as exc:
+                # Its steps compile into their own private caches, as without reuse; likely they fail.
+                print(f"side {side.name}: no kernel reuse across its steps: its Triton could not be "
+                      f"identified ({exc})", file=self.log, flush=True)
+                continue
+            keys[side.name] = key
+            self.caches[side.name] = root / f"{side.name}-{key['digest']}"
+            try:  # Triton's host modules this side's compiler built in earlier A/Bs: not built again
+                linked = host_modules.link(self.caches[side.name], key["digest"])
+                print(f"side {side.name}: {linked} of its Triton host modules linked from {host_modules.store()}",
+                      file=self.log, flush=True)
+            except (OSError, RuntimeError) as exc:  # RuntimeError: no home dir to keep them in
+                print(f"side {side.name}: its kept Triton host modules not linked ({exc}): its steps build them",
+                      file=self.log, flush=True)
+        self.state["triton_caches"] = {name: {**key, "dir": str(self.caches[name]),
+                                              "removed": "as the A/B ends (if it died first: by the next run)"}
+                                       for name, key in keys.items()}
+
+    def _open_cache_root(self) -> Path:
+        """The dir of both sides' caches, this process's private dir (the next run removes it if the
+        A/B dies first), made once."""
+        if self._cache_root is None:
+            self._cache_root = paths.make_private_dir("ab_triton_cache")
+        return self._cache_root
+
+    def close(self) -> None:
+        every = [*self.workers.values(), *(w for spare in self.spares.values() for w in spare), *self.used]
+        for worker in every:
+            worker.release()  # all told first: they end together
+        for worker in every:
+            worker.reap()
+        self.workers.clear()
+        self.spares.clear()
+        self.used.clear()
+        if self._cache_root is not None:
+            for name, cache in self.caches.items():
+                try:  # for the next A/B of the same side compiler
+                    host_modules.keep(cache, self.state["triton_caches"][name]["digest"])
+                except (OSError, RuntimeError) as exc:
+                    print(f"side {name}: its Triton host modules not kept ({exc})", file=self.log, flush=True)
+            shutil.rmtree(self._cache_root, ignore_errors=True)
+            self._cache_root = None
+        self.log.close()
+
+    def step(self, side: Side, request: RunRequest, what: str, passes: bool = False) -> Path | None:
+        """One harness invocation; its run dir if it went through every case (rows that failed in it
+        are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
+        (its own session: only through us), which writes its summary; then StepInterrupted."""
+        request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
+        # The op's dir and the step's (`softmax/B-4`): what a step is, across an A/B and its continuation.
+        step_id = f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}"
+        done = self.earlier.get((step_id, same_args(request.to_argv())))
+        if done is not None:  # completed by the interrupted A/B this one continues: not run twice
+            print(f"{what}: done before ({done['run_dir']})", flush=True)
+            self.state["steps"].append({**done, "what": what, "taken_over": True})
+            self._save()
+            return Path(done["run_dir"])
+        print(f"{what} ...", end="", flush=True)
+        # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it).
+        self.state["running"] = {"what": what, "side": side.name, "args": request.to_argv(),
+                                 "run_dir": str(request.run_dir)}
+        self._save()
+        start = time.monotonic()
+        code, interrupted = self._launch(side, request)
+        if interrupted is not None:
+            raise StepInterrupted(interrupted)
+        elapsed = time.monotonic() - start
+        run_dir = request.run_dir if (request.run_dir / rundir.RUN_JSON).is_file() else None
+        usable = run_dir is not None and (code == 0 or went_through(run_dir))
+        said = "ok" if code == 0 else f"finished with failed rows (exit {code})" if usable else f"FAILED (exit {code})"
+        print(f" {said} ({elapsed:.0f} s)", flush=True)
+        del self.state["running"]
+        self.state["steps"].append({"what": what, "step": step_id, "side": side.name, "args": request.to_argv(),
+                                    "exit": code, "usable": usable, "run_dir": str(run_dir) if run_dir else None,
+                                    "seconds": round(elapsed, 1), **({"passes": True} if passes else {})})
+        self._save()
+        return run_dir if usable else None
+
+    def _launch(self, side: Side, request: RunRequest) -> tuple[int, int | None]:
+        """(the step's exit code, the signal forwarded to it or None)."""
+        how = {"grace_s": STEP_GRACE_S, "forward": (signal.SIGINT, signal.SIGTERM), "log": self.log,
+               "on_stdout": case_progress,
+               "on_forward": lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side "
+                                             "and reporting what completed", flush=True)}
+        if self.plan.step_start == "fresh":
+            return launch.run(request.command_line(side.python), env=side.env, pythonpath=pythonpath(side), **how)
+        worker = self._worker(side)
+        try:
+            code, interrupted = self._forked(side, worker, request, how)
+            if interrupted is None and worker.died:
+                print(" (its warm worker died: restarted, the step retried)", end="", flush=True)
+                self.log.write(f"side {side.name}: the warm worker died during the step: restarting it, retrying\n")
+                # The retry claims the same run dir afresh: nothing the dead attempt wrote stays in it.
+                shutil.rmtree(request.run_dir, ignore_errors=True)
+                code, interrupted = self._forked(side, worker, request, how)
+        finally:
+            if self.plan.step_start == "prewarmed":  # one step a worker: it ends now
+                worker.release()
+                # Those that exited are collected as they go, the rest (still exiting) at close.
+                self.used = [w for w in (*self.used, worker) if not w.ended()]
+        return code, interrupted
+
+    def _worker(self, side: Side) -> forkserver.Worker:
+        """The worker to fork the side's next step: fork, the side's one; prewarmed, its next spare
+        (a new one where none is left, e.g. after an interrupted op)."""
+        if self.plan.step_start == "prewarmed":
+            spare = self.spares.get(side.name)
+            return spare.pop(0) if spare else self._new_worker(side)
+        worker = self.workers.get(side.name)
+        if worker is None:
+            worker = self.workers[side.name] = self._new_worker(side)
+        return worker
+
+    def _new_worker(self, side: Side) -> forkserver.Worker:
+        # The backend's child environment too: it can change what importing triton does (the interpreter).
+        env = {**side.env, **backends.get(self.plan.options.backend).child_env}
+        options = self.plan.options
+        preload = self._preload
+        if preload is not None:  # the side's first worker reads the device's facts, the others find them
+            facts = self._open_cache_root() / f"{side.name}-device-facts.json"
+            preload = dataclasses.replace(preload, facts_file=str(facts))
+        return forkserver.Worker(side.python or sys.executable, self.log, env, pythonpath(side),
+                                 str(self._open_cache_root()), options.backend, preload)
+
+    @functools.cached_property
+    def _preload(self) -> forkserver.Preload | None:
+        """What every worker of this A/B preloads: the checkouts of its FlagGems ops."""
+        options = self.plan.options
+        return flaggems.preload_for(self.plan.ops, options.flaggems_dirs, options.flagtune, options.device)
+
+    def _prewarm(self, record: bool) -> None:
+        """prewarmed: a worker begun for each step to come, importing while no step measures. Before
+        the op's record (`record`): the record's and each side's passes step's; as the record ends,
+        each repeat's, importing beside the untimed passes steps. Fewer import faster: on an H200
+        host the record's worker, begun with all 12 others of a 3-repeat op, took 2.8 s. Where every
+        step runs the passes (no untimed step), all the op's workers are begun before its record."""
+        plan = self.plan
+        passes = 1 if plan.step_passes == "once" else 0
+        # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
+        repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
+        for side, steps in ((plan.a, int(record) + passes + repeats), (plan.b, passes + repeats)):
+            spare = self.spares.setdefault(side.name, [])
+            while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
+                spare.append(self._new_worker(side))
+                spare[-1].begin()
+
+    def _prewarm_round(self) -> None:
+        """prewarmed, --repeats auto: a worker a side for the round about to run, its imports done before
+        the round times (as before the first timed step): round 2's were begun with round 1's, each
+        later round's here, after the look that opened it."""
+        for side in (self.plan.a, self.plan.b):
+            spare = self.spares.setdefault(side.name, [])
+            if not spare:
+                spare.append(self._new_worker(side))
+                spare[-1].begin()
+        self._ready_before_timing()
+
+    def _ready_before_timing(self) -> None:
+        """prewarmed: every begun worker's imports done before the first timed step. The repeats' are
+        begun as the record ends and mostly done within the passes steps, but not where those were
+        quick or the workers many (2 x --repeats at once)."""
+        for worker in (w for spare in self.spares.values() for w in spare):
+            try:
+                worker.wait_ready()
+            except forkserver.WorkerDied as exc:
+                self.log.write(f"{exc}: its step begins another\n")
+
+    def _forked(self, side: Side, worker: forkserver.Worker, request: RunRequest, how: dict) -> tuple[int, int | None]:
+        try:
+            return launch.run(request.to_argv(), starter=worker.start, gated=True, **how)
+        except forkserver.WorkerDied as exc:  # it never came up, or died before forking the step
+            self.log.write(f"side {side.name}: {exc}\n")
+            worker.died = True
+            return 1, None
+
+    def _repeat(self, op_dir: Path, runs: dict[str, list[Path]], record: Path, r: int, what: str,
+                cases: tuple[str, ...] | None = None) -> None:
+        """Repeat `r`: A, then B, replay A's record (its `cases` only, where given) in the step dirs `A-r`, `B-r`."""
+        once = self.plan.step_passes == "once"
+        for side in (self.plan.a, self.plan.b):
+            replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
+            timed = self.plan.request("replay", str(record), replay_dir, "timing" if once else None, cases)
+            replay = self.step(side, timed, f"{what}: {side.name} replays A")
+            if replay is not None:
+                runs[side.name].append(replay)
+
+    def _rounds(self, op: str, tag: str, op_dir: Path, runs: dict[str, list[Path]], record: Path) -> None:
+        """--repeats auto, after the first round: look at the op's rows (reports.sequential.settle over
+        compare.pair of its runs so far, as the report pairs them), and while some are open and a side
+        has fewer than max_repeats, one more repeat per side of the open rows alone. Each look is a
+        round in ab.json `rounds[op]`. A settled row stays so (settle's rule: its repeats after its
+        settling look are not used), and is not timed again."""
+        from reports import compare, sequential  # imported beside the record by preload_reports
+
+        plan = self.plan
+        schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
+        performance = backends.get(plan.options.backend).measures_performance
+        rounds = self.state.setdefault("rounds", {})[op] = []
+        timed: list[str] | None = None  # the first round times every row
+        for n in range(plan.first, plan.max_repeats + 1):  # repeats per side after each round
+            # `expected` the first round's: a row every run of which skipped is dropped, as the report drops it.
+            rows = compare.pair(runs["A"], runs["B"], plan.first, performance=performance,
+                                profiled=compare.profiled_runs(runs))
+            said = sequential.settle(rows, schedule, plan.fdr)
+            # A row settle does not name stays open: timed on, never dropped unjudged.
+            settled = {row.label: said[row.label] for row in rows
+                       if said.get(row.label, sequential.OPEN) != sequential.OPEN}
+            still = [row for row in rows if row.label not in settled]
+            rounds.append({"repeats": n, "timed": timed, "open": [row.label for row in still],
+                           "settled": dict(settled)})
+            self._save()
+            print(_round_line(tag, len(rounds), len(rows), still, settled, n == plan.max_repeats), flush=True)
+            if not still or n == plan.max_repeats:
+                return
+            if plan.step_start == "prewarmed":
+                self._prewarm_round()
+            timed = [row.label for row in still]
+            cases = _case_ids(record, runs, [row.key for row in still])
+            self._repeat(op_dir, runs, record, n + 1,
+                         f"{tag} repeat {n + 1}/{plan.max_repeats} (round {len(rounds) + 1}, {len(still)} rows)", cases)
+
+    def run(self) -> dict[str, dict[str, list[Path]]]:
+        """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
+        plan = self.plan
+        for side in (plan.a, plan.b):
+            if side.requirements:
+                try:
+                    side.python = build_side_env(side, self.log)
+                except subprocess.CalledProcessError as exc:
+                    raise PlanError(f"side {side.name}: building its env failed ({exc}); "
+                                    f"see {self.dir / 'ab.log'}") from exc
+                self.log.flush()
+        if plan.step_start == "prewarmed":
+            self._prewarm(record=True)  # the first op's workers import while the sides are identified
+        self._open_caches()
+        if plan.step_start == "fork":
+            for side in (plan.a, plan.b):  # both import at once, B's while A records
+                self._worker(side).begin()
+        preload = preload_reports()
+        results = self.results
+        self._save()
+        for i, op in enumerate(plan.ops, 1):
+            tag = f"[{i}/{len(plan.ops)} {op}]"
+            if plan.step_start == "prewarmed":
+                self._prewarm(record=True)
+            runs = results.setdefault(op, {"record": [], "A": [], "B": []})
+            op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
+            # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
+            record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
+            once = plan.step_passes == "once"
+            # Where passes run once the A/B reads the record's configs alone: not its IR, nor its timings.
+            record = self.step(plan.a, plan.request("record", op, record_dir, "configs" if once else None),
+                               f"{tag} A records")
+            if record is None:
+                continue
+            runs["record"].append(record)
+            if plan.step_start == "prewarmed":
+                self._prewarm(record=False)
+            if once:
+                from reports import compare  # imported beside the record by preload_reports
+
+                # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
+                # timings no verdict uses (so it times at a token budget): a kernel timed in a process
+                # after the profiler ran in it is slower (on an H200, 1-2 us kernels by 10-20%, for the
+                # rest of the process), so the repeats never profile. It also compiles B's kernels
+                # before any repeat times them.
+                for side in (plan.a, plan.b):
+                    passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
+                    passed = self.step(side, plan.request("replay", str(record), passes_dir, "passes"),
+                                       f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
+                    if passed is not None:
+                        runs.setdefault(compare.passes_key(side.name), []).append(passed)
+            preload.join()  # before any timed step: no import of the parent's beside one
+            if plan.step_start == "prewarmed":
+                self._ready_before_timing()
+            for r in range(1, plan.first_repeats + 1):
+                of = f"{r}/{plan.repeats}" if not plan.sequential else f"{r}/{plan.first} (round 1)"
+                self._repeat(op_dir, runs, record, r, f"{tag} repeat {of}")
+            if plan.sequential:
+                self._rounds(op, tag, op_dir, runs, record)
+        self.state["complete"] = True
+        self._save()
+        return results
+
+
+def _round_line(tag: str, k: int, rows: int, still: list, settled: dict[str, str], cap: bool) -> str:
+    """`[1/2 softmax] round 4: 3 of 12 rows open (9 settled: 7 same, 2 called)`, and at the cap the rows
+    it leaves unresolved."""
+    reasons = collections.Counter(settled.values())
+    said = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+    line = f"{tag} round {k}: {len(still)} of {rows} rows open ({len(settled)} settled{': ' + said if said else ''})"
+    if cap and still:
+        line += f"; at --max-repeats: {', '.join(row.label for row in still)} not resolved"
+    return line
+
+
+def _case_ids(record: Path, runs: dict[str, list[Path]], keys: list[tuple]) -> tuple[str, ...]:
+    """The case ids of the rows `keys` (op, dtype, shape), as the op's runs named them (results.json `case`)."""
+    ids = {}
+    for run_dir in (record, *runs["A"], *runs["B"]):
+        for row in read_results(run_dir):
+            ids.setdefault(row.key, row.case)
+    return tuple(ids[key] for key in keys)
