@@ -151,7 +151,9 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, sigint_ignored):
     assert wait_for(lambda: "/_ctypes." in _maps(proc.pid), 60, interval=0.01), proc.communicate(timeout=5)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out + err
+    # 130, or killed by SIGINT after saying so (once on a loaded CI machine, after our line, with no
+    # traceback): a shell reports both as 130, and the line below is the promise.
+    assert proc.returncode in (130, -signal.SIGINT), out + err
     no_traceback(out + err)
     assert (out + err).strip().splitlines()[-1].startswith(("interrupted (SIGINT)", "record INCOMPLETE"))
 
