@@ -82,7 +82,7 @@ class Steps:
             raise forkserver.WorkerDied("it never came up")
         how["on_stdout"]("[1/1] add fp32-300 SUCCESS\n")
         if fate == "stopped":
-            how["on_forward"](signal.SIGTERM)
+            how["on_stop"](signal.SIGTERM)
             return -signal.SIGTERM, signal.SIGTERM
         if fate == "dies":
             (run_dir / "half").mkdir(parents=True)  # what the dead attempt wrote

@@ -214,13 +214,13 @@ def test_run_forwards_the_first_signal_and_waits_for_the_child():
         if line == "ready\n":
             os.kill(os.getpid(), signal.SIGINT)  # reaches this (main) thread, inside run
 
-    def on_forward(signum):
+    def on_stop(signum):
         forwarded.append(signum)
         # A second Ctrl-C during the grace, while run waits again.
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
 
     previous = signal.getsignal(signal.SIGINT)
-    code, signum = launch.run(py(COUNTS_SIGINT), grace_s=30, on_forward=on_forward, on_stdout=on_stdout)
+    code, signum = launch.run(py(COUNTS_SIGINT), grace_s=30, on_stop=on_stop, on_stdout=on_stdout)
     assert (code, signum, forwarded) == (7, signal.SIGINT, [signal.SIGINT])
     assert out == ["ready\n", "SIGINTs: 1\n"]
     assert signal.getsignal(signal.SIGINT) is previous  # our own handling ends with the child

@@ -114,10 +114,12 @@ def test_a_stop_as_a_steps_wait_begins_starts_no_step(tmp_path, monkeypatch):
         return launch.start(argv, **kw)
 
     monkeypatch.setattr(signal, "signal", install)
-    marker = tmp_path / "ran"
-    code, signum = launch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], grace_s=5, starter=starter)
+    marker, told = tmp_path / "ran", []
+    code, signum = launch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], grace_s=5, starter=starter,
+                              on_stop=told.append)
     assert (started, signum) == ([], signal.SIGINT) and code == -signal.SIGINT
     assert not marker.exists()
+    assert told == [signal.SIGINT]  # the caller hears of the stop (an A/B says "interrupted" from there)
 
 
 def test_a_stop_while_a_warm_worker_starts_a_step_runs_nothing_of_it(tmp_path):
@@ -143,7 +145,9 @@ def test_a_stop_while_a_warm_worker_starts_a_step_runs_nothing_of_it(tmp_path):
             return child
         return start
 
-    stopped, ran = tmp_path / "stopped", tmp_path / "ran"
-    code, signum = launch.run(step(stopped), grace_s=5, starter=starter(True), gated=True)
+    stopped, ran, told = tmp_path / "stopped", tmp_path / "ran", []
+    code, signum = launch.run(step(stopped), grace_s=5, starter=starter(True), gated=True, on_stop=told.append)
     assert (code, signum) == (-signal.SIGINT, signal.SIGINT) and not stopped.exists()
-    assert launch.run(step(ran), grace_s=5, starter=starter(False), gated=True) == (0, None) and ran.exists()
+    assert told == [signal.SIGINT]  # said once: an A/B stopped while its worker starts a step says so
+    assert launch.run(step(ran), grace_s=5, starter=starter(False), gated=True, on_stop=told.append) == (0, None)
+    assert ran.exists() and told == [signal.SIGINT]

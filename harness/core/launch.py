@@ -450,13 +450,16 @@ GATE_GO = b"1"
 
 
 def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
-        on_forward: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
+        on_stop: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
         starter: Callable[..., Child] | None = None, gated: bool = False, **start_kw) -> tuple[int, int | None]:
     """`starter(argv, **start_kw)` (`start`, or a warm worker's: forkserver.Worker.start) and wait for
     it; call from the main thread. The first signal of
     `forward` that reaches this process goes on to the child (its group), which then has `grace_s`
-    to finish, say to write its results, before it is killed; `on_forward(signum)` and `on_kill()`
-    say so. Later signals change nothing. Whatever of its tree outlives it is ended (end_orphans).
+    to finish, say to write its results, before it is killed; `on_kill()` says so. `on_stop(signum)`
+    says that the stop was taken, whenever it came: before the start (nothing is started), during a
+    gated start (the child reads its gate closed) or during the wait (the child was sent it); a caller
+    that tells its user from there tells them every time. Later signals change nothing. Whatever of
+    its tree outlives it is ended (end_orphans).
     `gated`: the starter takes a `gate` (a pipe's read end) its child waits at before it runs anything
     (a warm worker's start, which may wait seconds for the worker's imports first): a stop that came
     while it started is final, the child reads the closed gate and exits having run nothing.
@@ -472,6 +475,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     previous = {s: signal.signal(s, handler) for s in forward}
     try:
         if got:  # a stop that came as the handlers went in: final, nothing is started after it
+            if on_stop is not None:
+                on_stop(got[0])
             return -got[0], got[0]
         if not gated:
             child = (starter or start)(argv, **start_kw)
@@ -486,6 +491,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
                 os.close(gate)
             if got:  # it came while the child was being started: it exits at the gate, having run nothing
                 os.close(opener)
+                if on_stop is not None:
+                    on_stop(got[0])
                 child.wait()
                 return -got[0], got[0]
             with contextlib.suppress(BrokenPipeError):  # gone already: its wait says how
@@ -503,8 +510,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
                     waiting = False
                     deadline = time.monotonic() + grace_s
                     child.send(got[0])
-                    if on_forward is not None:
-                        on_forward(got[0])
+                    if on_stop is not None:
+                        on_stop(got[0])
                     continue
                 waiting = False
                 if code is not None:

@@ -113,11 +113,12 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
     Ctrl-C, a batch's timeout) goes on to the child, which gets CHILD_GRACE_S to write its results
     and outcome; this parent writes the outcome itself when the child did not."""
 
-    def forwarded(signum: int) -> None:
-        tee.write(f"\n{signal.Signals(signum).name}: letting the child write its results (up to {CHILD_GRACE_S} s)\n")
+    def stopping(signum: int) -> None:
+        tee.write(f"\n{signal.Signals(signum).name}: stopping the run (a child already started has up to "
+                  f"{CHILD_GRACE_S} s to write its results)\n")
 
     code, signum = launch.run(
-        [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_forward=forwarded,
+        [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_stop=stopping,
         call=_forked_child(run_dir, run_spec, tee),
         on_kill=lambda: tee.write("the child did not stop in time: killed\n"),
         on_stdout=tee.write, on_stderr=tee.log_only, visible=(backends.get(run_spec.backend), run_spec.device),

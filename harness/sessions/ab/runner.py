@@ -154,8 +154,8 @@ class Runner:
         """(the step's exit code, the signal forwarded to it or None)."""
         how = {"grace_s": STEP_GRACE_S, "forward": (signal.SIGINT, signal.SIGTERM), "log": self.log,
                "on_stdout": case_progress,
-               "on_forward": lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side "
-                                             "and reporting what completed", flush=True)}
+               "on_stop": lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side "
+                                          "and reporting what completed", flush=True)}
         if self.plan.step_start == "fresh":
             return launch.run(request.command_line(side.python), env=side.env, pythonpath=pythonpath(side), **how)
         worker = self._worker(side)
