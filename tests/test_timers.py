@@ -51,6 +51,7 @@ class FakeGraphTimer(Timer):
         self.l2, self.windows = "warm", 1
         self.attribute = True
         self.error, self.alive, self.graph_calls = error, alive, 0
+        self.max_noise = 0.0
 
     def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
         return profile.per_call(events([("k", 0.001)]) * calls, calls)
@@ -463,6 +464,7 @@ class ScriptedReplays(Timer):
         self.mark = self.marks.append
         self.replays = {"op": iter(op_ms), "flush": iter(flush_ms)}
         self.order = []
+        self.max_noise = 0.0
 
     def _capture(self, fn, calls):
         return types.SimpleNamespace(name="flush" if fn == self._flush else "op", replay=lambda: None)
@@ -559,10 +561,10 @@ def test_cuda_has_both_and_resolves_them():
     assert resolve.resolve_timer(cuda, "profiler") == "profiler" and resolve.resolve_l2(cuda, "cold") == "cold"
 
 
-def timing_plugin(tmp_path, backend, only=None, windows=1):
+def timing_plugin(tmp_path, backend, only=None, windows=1, timer="auto", max_noise=0.0):
     said = []
     spec = spec_mod.RunSpec("add", backend, "record", 0, ["fp32"], "default", warmup_ms=25.0, rep_ms=100.0,
-                            windows=windows, only=only)
+                            windows=windows, only=only, timer=timer, max_noise=max_noise)
     ctx = types.SimpleNamespace(spec=spec,
                                 backend=backends.get(backend), mark=lambda m: None, say=said.append,
                                 run_dir=tmp_path)
@@ -906,3 +908,111 @@ def test_an_op_on_the_deny_list_is_timed_directly_without_a_capture(monkeypatch)
     assert timed.measurements["a"].samples_ms == [CALL_MS] * 16
     assert timed.measurements["b"].samples_ms == [2 * CALL_MS] * timers.REPS_RANGE[0]
     assert marks == ["TIMER_FALLBACK phase=deny reason=capture_denied detail='op is on the cuda capture deny list'"]
+
+
+# --- within-process stopping (--max-noise) -------------------------------------------------------
+def test_relative_error_is_the_medians_robust_standard_error_over_the_median():
+    # median 3, absolute deviations 2 1 0 1 2: MAD 1, sd 1.4826, se sqrt(pi/2) * 1.4826 / sqrt(5)
+    assert timers.relative_error([1, 2, 3, 4, 5]) == pytest.approx(0.27700, abs=1e-5)
+    # One preempted sample among quiet ones does not make the estimate noisy.
+    assert timers.relative_error([1.0] * 9 + [40.0]) == 0.0
+    assert timers.relative_error([1.0]) == timers.relative_error([0.0, 0.0]) == float("inf")
+
+
+def sampled_calls(samples, reps, max_noise):
+    """What Timer._sampled takes from a sequence of samples: (the samples it kept, the sizes of its takes)."""
+    t = Timer(backends.get("interpreter"), "auto", 0, 0, lambda m: None, max_noise=max_noise)
+    source, takes = iter(samples), []
+
+    def take(k):
+        takes.append(k)
+        return [next(source) for _ in range(k)]
+
+    return t._sampled(take, reps), takes
+
+
+def test_sampling_stops_once_the_median_is_known_within_max_noise_and_never_before_the_minimum():
+    quiet = [1.0] * 100
+    kept, takes = sampled_calls(quiet, 50, 0.001)
+    assert len(kept) == timers.STOP_MIN_SAMPLES and takes == [timers.STOP_MIN_SAMPLES]
+    # Off (0): the whole budget in one take, however quiet.
+    assert sampled_calls(quiet, 50, 0.0) == ([1.0] * 50, [50])
+    # Noisy until sample 20: sampled on, STOP_CHECK_EVERY at a time, to the first check it is known at.
+    rng = np.random.default_rng(7)
+    noisy = list(1 + 0.05 * rng.standard_normal(20)) + [1.0] * 100
+    kept, takes = sampled_calls(noisy, 50, 0.002)
+    assert takes[0] == timers.STOP_MIN_SAMPLES and set(takes[1:]) == {timers.STOP_CHECK_EVERY}
+    assert timers.relative_error(kept) <= 0.002 < timers.relative_error(kept[:-timers.STOP_CHECK_EVERY])
+    # Never known within it: the budget is the most it takes.
+    kept, takes = sampled_calls(list(1 + 0.05 * rng.standard_normal(100)), 48, 0.0001)
+    assert len(kept) == 48 and takes[-1] == 48 - timers.STOP_MIN_SAMPLES - timers.STOP_CHECK_EVERY * 7
+
+
+def test_the_graph_timer_stops_replaying_once_the_row_is_known_within_max_noise(monkeypatch):
+    t, accel, _ = standin_timer(monkeypatch)
+    t.max_noise = 0.001
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
+    assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES  # 50 without (the 100 ms budget)
+    # The first 12 timed replays (after the probe's 4 and the timed graph's upload) are disturbed by a
+    # different amount each: it replays on past them, and no further than the first check that is within.
+    t, accel, _ = standin_timer(monkeypatch, disturbed={5 + i: 0.01 * (i % 4) for i in range(12)})
+    t.max_noise = 0.001
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
+    assert timers.STOP_MIN_SAMPLES < len(m.samples_ms) < 50
+    assert timers.relative_error(m.samples_ms) <= 0.001
+    assert timers.relative_error(m.samples_ms[:-timers.STOP_CHECK_EVERY]) > 0.001
+    assert len(accel.steps("replay")) == 4 + 1 + len(m.samples_ms)  # no replay beyond the samples kept
+
+
+def test_the_cold_graph_timer_stops_its_paired_replays_together(monkeypatch):
+    t, accel, _ = standin_timer(monkeypatch)
+    t.l2, t._flush_buffer, t.max_noise = "cold", standin_cuda.Buffer(accel, 0.25), 0.001
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
+    assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES and m.samples_ms == [pytest.approx(CALL_MS)] * 10
+    # probe 4, the timed graph's upload 1, the flush graph's 1, then one op and one flush replay a sample
+    assert len(accel.steps("replay")) == 4 + 1 + 1 + 2 * timers.STOP_MIN_SAMPLES
+
+
+def test_the_direct_timer_stops_at_a_check_and_synchronizes_once_a_check(monkeypatch):
+    t, accel, _ = standin_timer(monkeypatch, warmup_ms=1.0, rep_ms=0.5)
+    t.timer, t.max_noise = "direct", 0.001
+    syncs_before = accel.log.count(("synchronize",))
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
+    assert m.samples_ms == [CALL_MS] * timers.STOP_MIN_SAMPLES  # 64 without (0.5 ms of 2**-7)
+    # prepare's two, the warmup's, and one for the 10 samples
+    assert accel.log.count(("synchronize",)) - syncs_before == 4
+
+
+def test_the_host_timer_stops_once_known_within_max_noise(monkeypatch):
+    clock = iter(range(10 ** 6))
+    monkeypatch.setattr(timers.time, "perf_counter", lambda: next(clock) / 1000)  # each call 1 ms
+    t = Timer(backends.get("interpreter"), "auto", 0, 100, lambda m: None, max_noise=0.01)
+    m = t.measure_pair("op", {"x": lambda: None}).measurements["x"]
+    assert m.samples_ms == [pytest.approx(1.0)] * timers.STOP_MIN_SAMPLES  # the budget would take 50
+    t.max_noise = 0.0
+    assert len(t.measure_pair("op", {"x": lambda: None}).measurements["x"].samples_ms) == 50
+
+
+def test_the_run_specs_max_noise_reaches_the_timer_but_not_a_token_budget_or_the_profiler(tmp_path):
+    (tmp_path / "full").mkdir()
+    assert timing_plugin(tmp_path / "full", "cuda", max_noise=0.002)[0].timer.max_noise == 0.002
+    (tmp_path / "passes").mkdir()
+    assert timing_plugin(tmp_path / "passes", "cuda", only="passes", max_noise=0.002)[0].timer.max_noise == 0.0
+    plugin, said = timing_plugin(tmp_path, "cuda", timer="profiler", max_noise=0.002)
+    assert said[-1] == ("--max-noise not applied: the profiler timer samples in one profile; each side times its "
+                        "whole --rep-ms budget")
+    assert load(tmp_path / rundir.RUN_JSON)["observed"]["max_noise"]["applied"] is False
+
+
+@pytest.mark.parametrize("text", ["20%", "nan%", "-1%", "0.5"])
+def test_max_noise_out_of_range_is_refused_at_the_door(text, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["record", "add", "--backend", "interpreter", "--max-noise", text])
+    assert stopped.value.code == 2 and "--max-noise" in capsys.readouterr().err
+
+
+def test_a_stored_spec_with_max_noise_out_of_range_is_refused(tmp_path):
+    spec = spec_mod.RunSpec("add", "interpreter", "record", 0, ["fp32"], "default", max_noise=0.5)
+    spec_mod.write(tmp_path, spec)
+    with pytest.raises(spec_mod.SpecError, match="max_noise 0.5 is not a fraction from 0 to 0.1"):
+        spec_mod.read(tmp_path)

@@ -22,7 +22,7 @@ from typing import Any
 
 import backends
 from harness.core.errors import clip
-from harness.core.spec import L2_MODES, TIMERS
+from harness.core.spec import L2_MODES, MAX_NOISE, TIMERS
 from ops import DTYPES_RULE, valid_dtype_list
 
 # Option values with a meaning of their own (FlagGems checkouts), here because the parser checks them.
@@ -399,6 +399,13 @@ class RunOptions(OptionSet):
         help="graph and direct timers: time each side in N windows, the sides alternating, sharing the timing "
              "budget; a row's latency is the geometric mean of its windows' medians (default: 1)",
         check=lambda v: type(v) is int and 1 <= v <= MAX_WINDOWS, what=f"an integer from 1 to {MAX_WINDOWS}")
+    max_noise: float | None = option(
+        flag="--max-noise", group="how", commands=RUNS, metavar="PCT", type=lambda text: percent(text),
+        show=lambda v: percent_text(v), record_only=True,
+        help="graph, direct and host timers: stop timing a side once its median is known within PCT (its relative "
+             "standard error; NVBench's stdrel rule), after 10 samples; --rep-ms stays the most it times "
+             "(default: 0%%, off: every side times its whole budget)",
+        check=lambda v: _is_number(v) and 0 <= v <= MAX_NOISE, what=f"a percentage from 0% to {MAX_NOISE:.0%}")
     # Each op's device is the batch's choice: not stored.
     device: int | None = option(
         flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,

@@ -24,6 +24,8 @@ L2_MODES = ("warm", "cold")
 # rows spread 0.6% between processes on an H200, and 4 windows, over time or over fresh buffers
 # (tests/gpu/check_small_state.py), did not lower what remains.
 DEFAULT_WINDOWS = 1
+# The largest --max-noise (a fraction): a side known within 10% is no measurement a verdict can use.
+MAX_NOISE = 0.1
 # A run that does part of the work (`--timing-only`, `--passes-only`, `--configs-only`: RunSpec.only),
 # each as its run.json says why it left the rest out. "timing": no IR, no per-kernel attribution (an
 # A/B's repeats). "passes": those one-off passes, its rows timed at timers.TOKEN_BUDGET_MS, for no
@@ -153,6 +155,9 @@ class RunSpec:
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     windows: int = DEFAULT_WINDOWS  # what a run.json written before this field existed measured too
+    # Within-process stopping (harness.measure.timers, Timer.max_noise): 0, what a run.json written before
+    # this field existed measured, times every side for its whole rep budget.
+    max_noise: float = 0.0
     ops_paths: list[str] = dataclasses.field(default_factory=list)
     provider: str = "builtin"
     replay_from: str | None = None
@@ -209,6 +214,8 @@ class RunSpec:
             raise SpecError(f"{where}: {refusal}")
         if spec.windows < 1:
             raise SpecError(f"{where}: windows {clip(spec.windows)} is not an integer >= 1")
+        if not 0 <= spec.max_noise <= MAX_NOISE:
+            raise SpecError(f"{where}: max_noise {clip(spec.max_noise)} is not a fraction from 0 to {MAX_NOISE}")
         refusal = cases_refusal(spec.cases, spec.mode)
         if refusal is not None:
             raise SpecError(f"{where}: {refusal}")

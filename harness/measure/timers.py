@@ -69,6 +69,27 @@ L2_FLUSH_FACTOR = 2
 # first times fresh copies of the inputs (`relocate`).
 # The timers that take windows; the profiler and host timers time each side in one go.
 WINDOWED_TIMERS = ("graph", "direct")
+# Within-process stopping (--max-noise, the run's max_noise; NVBench's `stdrel` criterion, applied to the
+# estimate rather than to the samples' spread): a timer stops sampling once its samples' median is known
+# to within max_noise (relative_error), after at least STOP_MIN_SAMPLES samples, and checks again every
+# STOP_CHECK_EVERY (a direct timer synchronizes at each check). The rep budget stays the upper bound, so a
+# row that stays noisy costs what it did without it. The profiler timer samples in one profile: it takes
+# no stopping rule.
+STOP_MIN_SAMPLES = 10
+STOP_CHECK_EVERY = 5
+STOPPING_TIMERS = ("graph", "direct", "host")
+
+
+def relative_error(samples_ms: list[float]) -> float:
+    """The relative standard error of the samples' median: sqrt(pi/2) x a robust sd (1.4826 x the
+    median absolute deviation) / sqrt(n), over the median. Robust, so one preempted sample does not
+    keep a row sampling to its budget."""
+    a = np.asarray(samples_ms, dtype=float)
+    median = float(np.median(a))
+    if a.size < 2 or median <= 0:
+        return math.inf
+    sd = 1.4826 * float(np.median(np.abs(a - median)))
+    return math.sqrt(math.pi / 2) * sd / math.sqrt(a.size) / median
 
 
 def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -> int:
@@ -172,8 +193,10 @@ def _first_line(exc: BaseException) -> str:
 
 class Timer:
     def __init__(self, backend: backends.Backend, timer: str, warmup_ms: float, rep_ms: float,
-                 mark: Callable[[str], None], l2: str = "warm", windows: int = 1, attribute: bool = True):
+                 mark: Callable[[str], None], l2: str = "warm", windows: int = 1, attribute: bool = True,
+                 max_noise: float = 0.0):
         self.backend = backend
+        self.max_noise = max_noise  # 0: every timer samples its whole rep budget
         self.attribute = attribute  # the profiler pass after timing (off: a timing-only run)
         self.timer = backend.default_timer if timer == "auto" else timer
         self.warmup_ms = warmup_ms
@@ -248,6 +271,16 @@ class Timer:
         return {k: Measurement.of_windows(ms) for k, ms in parts.items()}
 
     # --- timers ------------------------------------------------------------------------------
+    def _sampled(self, take: Callable[[int], list[float]], reps: int) -> list[float]:
+        """`reps` samples, `take(k)` giving k more at a time; fewer where max_noise is set and the
+        samples' median is known within it (relative_error) first."""
+        if not self.max_noise:
+            return take(reps)
+        samples = take(min(reps, STOP_MIN_SAMPLES))
+        while len(samples) < reps and relative_error(samples) > self.max_noise:
+            samples += take(min(STOP_CHECK_EVERY, reps - len(samples)))
+        return samples
+
     def _sync(self) -> None:
         if self._accel is not None:
             self._accel.synchronize()
@@ -275,18 +308,22 @@ class Timer:
         self._sync()
         reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, est, REPS_RANGE)
         flush = self._flush if self.l2 == "cold" else None
-        # Queue every call with its events and synchronize once: a sync per sample would start
-        # each call on an idle device and add the host's launch latency to every sample.
-        starts = [self._accel.Event(enable_timing=True) for _ in range(reps)]
-        ends = [self._accel.Event(enable_timing=True) for _ in range(reps)]
-        for start, end in zip(starts, ends, strict=False):
-            if flush is not None:
-                flush()  # before the start event: the write is not timed
-            start.record()
-            fn()
-            end.record()
-        self._sync()
-        return Measurement([s.elapsed_time(e) for s, e in zip(starts, ends, strict=False)], "direct")
+
+        def take(calls: int) -> list[float]:
+            # Queue the calls with their events and synchronize once: a sync per sample would start
+            # each call on an idle device and add the host's launch latency to every sample.
+            starts = [self._accel.Event(enable_timing=True) for _ in range(calls)]
+            ends = [self._accel.Event(enable_timing=True) for _ in range(calls)]
+            for start, end in zip(starts, ends, strict=False):
+                if flush is not None:
+                    flush()  # before the start event: the write is not timed
+                start.record()
+                fn()
+                end.record()
+            self._sync()
+            return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=False)]
+
+        return Measurement(self._sampled(take, reps), "direct")
 
     def _capture(self, fn, calls: int):
         accel = self._accel
@@ -330,7 +367,7 @@ class Timer:
                 self._sync()
             reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll, REPS_RANGE)
             if self.l2 == "warm":
-                samples = [self._replay_ms(graph) / unroll for _ in range(reps)]
+                samples = self._sampled(lambda k: [self._replay_ms(graph) / unroll for _ in range(k)], reps)
             else:
                 samples, flush_ms = self._cold_graph_samples(graph, unroll, reps)
         except _CaptureFailed:
@@ -359,10 +396,16 @@ class Timer:
         try:
             flush_graph.replay()
             self._sync()
-            both, alone = [], []
-            for _ in range(reps):
-                both.append(self._replay_ms(graph) / unroll)
-                alone.append(self._replay_ms(flush_graph) / unroll)
+            alone = []
+
+            def take(k: int) -> list[float]:
+                both = []
+                for _ in range(k):
+                    both.append(self._replay_ms(graph) / unroll)
+                    alone.append(self._replay_ms(flush_graph) / unroll)
+                return both
+
+            both = self._sampled(take, reps)
         finally:
             flush_graph = None
         samples, flush_ms = subtract_flush(both, alone)
@@ -424,12 +467,15 @@ class Timer:
         est = (time.perf_counter() - start) * 1e3
         for _ in range(clamp_count(self.warmup_ms, est, (0, WARMUP_RANGE[1]))):
             fn()
-        samples = []
-        for _ in range(clamp_count(self.rep_ms, est, HOST_REPS_RANGE)):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return Measurement(samples, "host")
+        def take(calls: int) -> list[float]:
+            samples = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - start) * 1e3)
+            return samples
+
+        return Measurement(self._sampled(take, clamp_count(self.rep_ms, est, HOST_REPS_RANGE)), "host")
 
     def _check_alive(self) -> None:
         """After a recoverable capture failure the context and the default generator must still

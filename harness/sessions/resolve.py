@@ -185,6 +185,7 @@ def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
         warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
         rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
         windows=spec_mod.DEFAULT_WINDOWS if args.windows is None else args.windows,
+        max_noise=args.max_noise or 0.0,
         color=color_enabled(args.color), ir=args.ir, only=args.only,
         precompile=args.precompile,
         **fields)

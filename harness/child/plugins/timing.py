@@ -9,7 +9,7 @@ import pytest
 
 from harness.core import rundir
 from harness.core.spec import ONLY
-from harness.measure.timers import TOKEN_BUDGET_MS, WINDOWED_TIMERS, CapturePoisoned, Timer
+from harness.measure.timers import STOPPING_TIMERS, TOKEN_BUDGET_MS, WINDOWED_TIMERS, CapturePoisoned, Timer
 
 
 class TimingPlugin:
@@ -23,7 +23,8 @@ class TimingPlugin:
         spec, backend = self.ctx.spec, self.ctx.backend
         warmup_ms, rep_ms = TOKEN_BUDGET_MS if spec.token_timing else (spec.warmup_ms, spec.rep_ms)
         self.timer = Timer(backend, spec.timer, warmup_ms, rep_ms, self.ctx.mark, l2=spec.l2,
-                           windows=spec.windows, attribute=spec.passes)
+                           windows=spec.windows, attribute=spec.passes,
+                           max_noise=0.0 if spec.token_timing else spec.max_noise)
         if not spec.passes:
             facts = {"recorded": False, "reason": ONLY[spec.only]}
         elif backend.profiler_activity:
@@ -42,6 +43,10 @@ class TimingPlugin:
             reason = f"the {self.timer.timer} timer takes no windows"
             self.ctx.say(f"--windows {spec.windows} not applied: {reason}; each side timed in one window")
             observed["windows"] = {"applied": False, "reason": reason}
+        if spec.max_noise and self.timer.timer not in STOPPING_TIMERS:
+            reason = f"the {self.timer.timer} timer samples in one profile"
+            self.ctx.say(f"--max-noise not applied: {reason}; each side times its whole --rep-ms budget")
+            observed["max_noise"] = {"applied": False, "reason": reason}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": observed})
 
     def measure(self, test_name, fns, relocate=None):
