@@ -544,6 +544,9 @@ def test_a_plan_whose_ops_or_shape_file_do_not_resolve_is_refused_before_any_ste
         f"shape file {tmp_path / 'nowhere.yaml'} does not exist"
     assert _refused(_ab(tmp_path, "ops: [add, nonesuch]\n")) == (
         "unknown operator 'nonesuch'; built-in: add, gelu, mm, rms_norm, softmax; add your own with --ops-path DIR")
+    assert _refused(_ab(tmp_path, "ops: [sofmax]\n")) == (
+        "unknown operator 'sofmax' (did you mean softmax?); built-in: add, gelu, mm, rms_norm, softmax; add your own "
+        "with --ops-path DIR")
     assert _refused(_ab(tmp_path, "ops: [add, 'flaggems:mm']\n")) == (
         "'flaggems:mm': no checkout for repo 'flaggems'; give --flaggems-dir flaggems=PATH (given: none)")
     (tmp_path / "fg" / "benchmark").mkdir(parents=True)

@@ -8,6 +8,7 @@ operator found nowhere names every such failure, since the broken module may be 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -187,7 +188,9 @@ def load(name: str, ops_paths: list[str] = (),
                                f"{'that module' if len(failed) == 1 else 'one of those modules'} may be its home)")
     if not found:
         known = ", ".join(builtin_names())
-        raise OperatorNotFound(f"unknown operator '{name}'; built-in: {known}; add your own with --ops-path DIR")
+        close = difflib.get_close_matches(name, builtin_names(), n=3)
+        guess = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise OperatorNotFound(f"unknown operator '{name}'{guess}; built-in: {known}; add your own with --ops-path DIR")
     found = list({id(op): (op, where) for op, where in found}.values())  # one file reached twice
     if len(found) > 1:
         places = "; ".join(where for _, where in found)
