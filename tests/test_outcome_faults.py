@@ -160,11 +160,11 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, sigint_ignored):
 
 # --- 4. stored fields: checked before anything runs ----------------------------------------------
 @pytest.mark.parametrize("field,value,should", [
-    ("op_timeout", "abc", "a number of seconds > 0"),
-    ("op_timeout", -1, "a number of seconds > 0"),
+    ("op_timeout", "abc", "a number of seconds > 0, at most 604800 (a week)"),
+    ("op_timeout", -1, "a number of seconds > 0, at most 604800 (a week)"),
     ("devices", 0, "comma-separated device indices"),
     ("dtypes", ["fp64"], "a non-empty list of distinct names"),
-    ("seed", "1", "a non-negative integer"),
+    ("seed", "1", "an integer from 0 to 4294967295"),
     ("triage", "no", "false (on is stored as null)"),
     ("selection", "add", "a list of [repo:]op[@op_file]"),
 ])

@@ -43,6 +43,12 @@ STEP_PASSES = ("once", "every")
 # Ceilings on counts a request can ask for: each repeat is two processes, each window a capture a row.
 MAX_REPEATS = 100
 MAX_WINDOWS = 64
+# Ceilings on numbers that are finite and still no request's: numpy takes a seed below 2**32 (above it
+# every row failed, blamed on the candidate); a measurement's budget past ten minutes, or an op's timeout
+# past a week, is a typo, and 1e308 overflowed the clocks they are added to (a traceback).
+MAX_SEED = 2**32 - 1
+MAX_BUDGET_MS = 600_000
+MAX_OP_TIMEOUT_S = 7 * 24 * 3600
 
 
 # Argument group titles, by the key an option's `group` names.
@@ -375,7 +381,7 @@ class RunOptions(OptionSet):
     seed: int | None = option(
         flag="--seed", group="how", commands=RUNS, metavar="N", type=int, record_default=0, record_only=True,
         help="seed for random/numpy/torch (default: 0)",
-        check=lambda v: type(v) is int and v >= 0, what="a non-negative integer")
+        check=lambda v: type(v) is int and 0 <= v <= MAX_SEED, what=f"an integer from 0 to {MAX_SEED}")
     timer: str | None = option(
         flag="--timer", group="how", commands=RUNS, choices=TIMERS, record_default="auto", record_only=True,
         help="auto: the backend's own: graph where it can capture, else direct, and host (a wall clock) where it "
@@ -389,11 +395,11 @@ class RunOptions(OptionSet):
     warmup_ms: float | None = option(
         flag="--warmup-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="warmup budget per measurement (default: the backend's, 25 on GPUs)",
-        check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+        check=lambda v: _is_number(v) and 0 <= v <= MAX_BUDGET_MS, what=f"a number of ms from 0 to {MAX_BUDGET_MS}")
     rep_ms: float | None = option(
         flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="timing budget per measurement (default: the backend's, 100 on GPUs)",
-        check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+        check=lambda v: _is_number(v) and 0 <= v <= MAX_BUDGET_MS, what=f"a number of ms from 0 to {MAX_BUDGET_MS}")
     windows: int | None = option(
         flag="--windows", group="how", commands=RUNS, metavar="N", type=positive_int, record_only=True,
         help="graph and direct timers: time each side in N windows, the sides alternating, sharing the timing "
@@ -429,7 +435,8 @@ class BatchOptions(OptionSet):
     op_timeout: float | None = option(
         flag="--op-timeout", group="running", commands=STARTERS, metavar="S", type=positive_float,
         help="per-op timeout in seconds; the op's process group is killed (default: 1800; --resume: the batch's)",
-        check=lambda v: _is_number(v) and v > 0, what="a number of seconds > 0")
+        check=lambda v: _is_number(v) and 0 < v <= MAX_OP_TIMEOUT_S,
+        what=f"a number of seconds > 0, at most {MAX_OP_TIMEOUT_S} (a week)")
     replay_root: Path | None = option(
         flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path,
         help="replay each op from this earlier batch dir",
