@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 import backends
-from harness.core import bounded, launch, paths, rundir
+from harness.core import abstate, bounded, launch, paths, rundir
 from harness.core.errors import UsageError, clip
 from harness.core.options import AUTO, FDR, MAX_REPEATS, BisectOptions, ExperimentOptions, RunOptions
 from harness.core.results import read_results
@@ -56,19 +56,31 @@ def _builds(opts: BisectOptions) -> tuple[list[builds_mod.Build], dict | None]:
     return builds_mod.from_git(checkout, opts.git_range), git
 
 
+def _report_rows(path: Path) -> list[dict]:
+    """An A/B's report.json rows, each checked for what --from-ab reads of it (op, dtype, shape, comparison)."""
+    data = rundir.read_json(path)
+    rows = data.get("rows") if isinstance(data, dict) else None
+    kinds = {"op": (str,), "dtype": (str, type(None)), "shape": (list, type(None)), "comparison": (dict, type(None))}
+    for i, row in enumerate(rows if isinstance(rows, list) else [None]):
+        if not (isinstance(row, dict) and all(isinstance(row.get(k), t) for k, t in kinds.items())):
+            where = f"rows[{i}] = {clip(row)}" if isinstance(rows, list) else f"rows = {clip(rows)}"
+            raise UsageError(f"--from-ab: {path} is corrupt: {where} is not a report row ({', '.join(kinds)})")
+    return rows
+
+
 def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[Plan, list[dict], dict[str, str]]:
     """An A/B's plan, the rows to bisect (its FASTER/SLOWER rows, or those `named`) with the direction
     each moved, and its side A's record of each of their ops, which every probe replays."""
     for name in ("report.json", "ab.json"):
         if not (ab_dir / name).is_file():
             raise UsageError(f"--from-ab {ab_dir}: no {name} (not an A/B dir, or one that did not finish)")
-    state = rundir.read_json(ab_dir / "ab.json")
+    state = abstate.read(ab_dir / abstate.AB_JSON)
     stored = {k: v for k, v in state["plan"].items() if k != "device"}
     try:
         plan = plan_from_data(stored, f"{ab_dir / 'ab.json'}", Path("/"))
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
-    report = rundir.read_json(ab_dir / "report.json")["rows"]
+    report = _report_rows(ab_dir / "report.json")
     by_id = {probe.row_id(r["op"], r["dtype"], r["shape"]): r for r in report}
     unknown = [n for n in named if n not in by_id]
     if unknown:
@@ -83,7 +95,8 @@ def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[Plan, list[dict], di
                      "ratio": comparison.get("ratio")})
     if not rows:
         raise UsageError(f"--from-ab {ab_dir}: no FASTER or SLOWER row to bisect (name rows with --rows)")
-    records = {s["args"][1]: s["run_dir"] for s in state["steps"] if s["args"][0] == "record" and s["usable"]}
+    records = {s["args"][1]: s["run_dir"] for s in state.get("steps", [])
+               if s["args"][0] == "record" and s.get("usable") and len(s["args"]) > 1 and s["run_dir"]}
     missing = sorted({r["op"] for r in rows} - set(records))
     if missing:
         raise UsageError(f"--from-ab {ab_dir}: no usable record of {', '.join(missing)} to replay")
