@@ -133,7 +133,8 @@ def _plan(tmp_path, text):
 
 
 @pytest.mark.parametrize("line,message", [
-    ("name: 5", "'name' must be a string, not 5"), ("backend: 1", "'backend' must be a string (a backend name), not 1"),
+    ("name: 5", "'name' must be a string of 1 to 100 printable characters, not 5"),
+    ("backend: 1", "'backend' must be a string (a backend name), not 1"),
     ("shapes: [s.yaml]", "'shapes' must be a path, not ['s.yaml']"),
     ("libtuner_cache: 3", "'libtuner_cache' must be a cache name, path or URL, not 3"),
     ("ops_paths: ops", "'ops_paths' must be a list of paths, not 'ops'"),
@@ -228,7 +229,7 @@ def test_a_plan_takes_every_field_it_names_and_its_paths_relative_to_its_folder(
     ("{requirements: 5}", "side 'B': requirements must be a list of pip specifiers or a file name"),
     ("{requirements: [1]}", "side 'B': requirements must be a list of pip specifiers or a file name"),
     ("{env: [X]}", "side 'B': env must be a mapping of NAME: value"),
-    ("{env: {X: true}}", "side 'B': env X: True is not a string or a number (quote it: '1', 'true')"),
+    ("{env: {X: true}}", "side 'B': env X: True is not a string or a number (quote it: '1', 'true'; no NUL character)"),
     ("{label: 5}", "side 'B': label must be a string, not 5"),
     ("{python: 5}", "side 'B': python must be a string, not 5"),
 ])

@@ -130,8 +130,13 @@ def _device_list(value) -> bool:
     return bool(items) and all(d.isdigit() for d in items) and len(set(map(int, items))) == len(items)
 
 
+def _is_text(value) -> bool:
+    """A string an argv or a path can carry: no NUL (a stored one reached os calls as a traceback)."""
+    return isinstance(value, str) and "\0" not in value
+
+
 def _is_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, list) and all(_is_text(v) for v in value)
 
 
 # --- the declaration ---------------------------------------------------------------------------------------
@@ -352,16 +357,16 @@ class RunOptions(OptionSet):
         rebase=lambda v, base: absolute_libtuner_cache(str(v), base),
         help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), FlagGems' own "
              "(user), or a sqlite path/URL; recorded in run.json",
-        check=lambda v: isinstance(v, str), what="a cache name, path or URL")
+        check=_is_text, what="a cache name, path or URL")
     backend: str | None = option(
         flag="--backend", group="where", commands=RUNS, metavar="NAME", replay=False,
         help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; replay: the recorded one)",
-        check=lambda v: isinstance(v, str), what="a string (a backend name)")
+        check=_is_text, what="a string (a backend name)")
     shapes: Path | None = option(
         flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, rebase=_plan_shapes,
         help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems ops: `upstream`, "
              "the checkout's own, by default)",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=_is_text, what="a path")
     dtypes: tuple[str, ...] | None = option(
         flag="--dtypes", group="what", commands=RUNS, metavar="LIST", type=dtype_list,
         help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)",
@@ -440,7 +445,7 @@ class BatchOptions(OptionSet):
     replay_root: Path | None = option(
         flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path,
         help="replay each op from this earlier batch dir",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=_is_text, what="a path")
     triage: bool | None = option(
         flag="--triage", group="running", commands=("batch",), switch=True,
         help="rerun a FlagGems op that still fails or times out as the bare upstream pytest node: FAIL_UPSTREAM or "
@@ -470,7 +475,7 @@ class CorpusOptions(OptionSet):
         check=lambda v: isinstance(v, bool), what="true or false")
     ops_file: Path | None = option(
         flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, stored=False,
-        help="one selection entry per line", check=lambda v: isinstance(v, str), what="a path")
+        help="one selection entry per line", check=_is_text, what="a path")
     repos: tuple[str, ...] | None = option(
         flag="--repos", group="selection", commands=STARTERS, metavar="REPO", nargs="+", stored=False,
         help="only these inventories", check=_is_strings, what="a list of inventory names")
@@ -491,7 +496,7 @@ class CorpusOptions(OptionSet):
         flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, stored=False,
         help="the batch dir: a new or empty one (created), or with --resume the batch to resume (default for a "
              "new batch: runs/batch_<ts>)",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=_is_text, what="a path")
     executor: str | None = option(
         flag="--executor", group="running", commands=STARTERS, choices=EXECUTORS, default="local", stored=False,
         help="local subprocesses, Ray tasks of one device each, or Slurm array tasks of one GPU each through "
@@ -500,7 +505,7 @@ class CorpusOptions(OptionSet):
     ray_address: str | None = option(
         flag="--ray-address", group="running", commands=STARTERS, metavar="ADDR", stored=False,
         help="Ray cluster to join (default with --executor ray: a local Ray instance)",
-        check=lambda v: isinstance(v, str), what="an address")
+        check=_is_text, what="an address")
     slurm_param: tuple[str, ...] = option(
         flag="--slurm-param", group="running", commands=STARTERS, metavar="KEY=VAL", repeat=True, stored=False,
         help="with --executor slurm: a Slurm job parameter for submitit (slurm_KEY), e.g. partition=gpu, account=x "
@@ -585,7 +590,7 @@ def _side_env(side: str):
 def _side_python(side: str):
     return option(flag=f"--{side}-python", group="experiment", commands=("ab",), metavar="PATH",
                   help=f"Python interpreter of side {side.upper()} (a second compiler build)",
-                  check=lambda v: isinstance(v, str), what="a path")
+                  check=_is_text, what="a path")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -631,10 +636,6 @@ class ExperimentOptions(OptionSet):
              "and B-passes, whose timings no verdict uses; the record and every repeat time only) or every "
              "(every step) (default: once)",
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
-
-
-def _is_text(value) -> bool:
-    return isinstance(value, str)
 
 
 def _bisect_option(flag: str, **declared):
