@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from harness.core.errors import clip
+from harness.core import bounded
+from harness.core.errors import clip, clip_text
 from harness.core.spec import L2_MODES, TIMERS
 from ops import DTYPES_RULE, valid_dtype_list
 
@@ -95,6 +96,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def path_of(expect: str) -> Callable[[str], Path]:
+    """A path option's parser type: the text as a Path, refused at the door where something that is
+    not `expect` ('file' or 'dir') is there already (a directory given for a file; a file, a FIFO or a
+    device for a dir; a broken link), saying what is there and what was expected, not "does not exist"
+    or "File exists" later, nor a dir made at a dangling link's target. A path not there yet passes:
+    its reader or maker says what it needs."""
+    def parse(text: str) -> Path:
+        if os.path.lexists(text):
+            problem = bounded.path_problem(text, expect)
+            if problem is not None:
+                raise argparse.ArgumentTypeError(f"{clip_text(text)} {problem}")
+        return Path(text)
+
+    parse.__name__ = f"{expect} path"
+    return parse
+
+
+FILE_PATH, DIR_PATH = path_of("file"), path_of("dir")
+
+
 def split_dir(item: str) -> tuple[str, str]:
     """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
     name, sep, path = item.partition("=")
@@ -166,6 +187,7 @@ class Option:
     rebase: Callable[[Any, Path], Any] | None = None
     load: Callable[[Any], Any] | None = None  # a stored value (checked) in the field's own type
     show: Callable[[Any], str] = str  # the value as its flag takes it on a command line (to_argv)
+    expect: str | None = None  # a path option's: 'file' or 'dir', what may already be there (path_of)
 
 
 def option(**declared) -> Any:
@@ -283,7 +305,7 @@ def _checked(meta: Option) -> Callable | None:
     repeatable or multi-value option is checked whole where it is stored; its items by their type."""
     if meta.repeat or meta.nargs or meta.choices or meta.type is None:  # a string: its session says what is wrong
         return meta.type
-    convert = meta.type
+    convert = path_of(meta.expect) if meta.expect else meta.type
 
     def parse(text: str):
         value = convert(text)
@@ -363,7 +385,7 @@ class RunOptions(OptionSet):
         help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; replay: the recorded one)",
         check=_is_text, what="a string (a backend name)")
     shapes: Path | None = option(
-        flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, rebase=_plan_shapes,
+        flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, expect="file", rebase=_plan_shapes,
         help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems ops: `upstream`, "
              "the checkout's own, by default)",
         check=_is_text, what="a path")
@@ -443,7 +465,7 @@ class BatchOptions(OptionSet):
         check=lambda v: _is_number(v) and 0 < v <= MAX_OP_TIMEOUT_S,
         what=f"a number of seconds > 0, at most {MAX_OP_TIMEOUT_S} (a week)")
     replay_root: Path | None = option(
-        flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path,
+        flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path, expect="dir",
         help="replay each op from this earlier batch dir",
         check=_is_text, what="a path")
     triage: bool | None = option(
@@ -474,7 +496,7 @@ class CorpusOptions(OptionSet):
         help="the whole inventory, minus skip marks and ops/dismiss.txt",
         check=lambda v: isinstance(v, bool), what="true or false")
     ops_file: Path | None = option(
-        flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, stored=False,
+        flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, expect="file", stored=False,
         help="one selection entry per line", check=_is_text, what="a path")
     repos: tuple[str, ...] | None = option(
         flag="--repos", group="selection", commands=STARTERS, metavar="REPO", nargs="+", stored=False,
@@ -493,7 +515,7 @@ class CorpusOptions(OptionSet):
              "given again",
         check=lambda v: isinstance(v, bool), what="true or false")
     batch_dir: Path | None = option(
-        flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, stored=False,
+        flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, expect="dir", stored=False,
         help="the batch dir: a new or empty one (created), or with --resume the batch to resume (default for a "
              "new batch: runs/batch_<ts>)",
         check=_is_text, what="a path")
@@ -650,7 +672,7 @@ class BisectOptions(OptionSet):
     Its bisect.json keeps them, resolved: a resume refuses any given again."""
 
     builds: Path | None = _bisect_option(
-        "--builds", metavar="FILE", type=Path,
+        "--builds", expect="file", metavar="FILE", type=Path,
         help="YAML: `builds:` an ordered list of ready builds, the good one first, each a side as an A/B plan's "
              "(label, python, env, requirements)", what="a path")
     git_range: str | None = _bisect_option(
@@ -658,18 +680,18 @@ class BisectOptions(OptionSet):
         help="instead of --builds: GOOD and each commit after it on BAD's first-parent line, each built with "
              "--build-cmd into a kept dir keyed by commit and command", what="GOOD..BAD")
     checkout: Path | None = _bisect_option(
-        "--checkout", metavar="DIR", type=Path,
+        "--checkout", expect="dir", metavar="DIR", type=Path,
         help="with --git-range: the compiler's git checkout", what="a path")
     build_cmd: str | None = _bisect_option(
         "--build-cmd", metavar="CMD",
         help="with --git-range: the shell command that builds a commit's tree (its cwd) into the active venv "
              "(first on PATH), e.g. 'pip install --no-build-isolation ./python'", what="a command")
     build_cache: Path | None = _bisect_option(
-        "--build-cache", metavar="DIR", type=Path,
+        "--build-cache", expect="dir", metavar="DIR", type=Path,
         help="with --git-range: where the builds are kept (default: .nox/bisect-builds)",
         what="a path")
     from_ab: Path | None = _bisect_option(
-        "--from-ab", metavar="AB_DIR", type=Path,
+        "--from-ab", expect="dir", metavar="AB_DIR", type=Path,
         help="bisect this A/B's FASTER/SLOWER rows (or those --rows names), replaying its A record",
         what="a path")
     rows: tuple[str, ...] | None = _bisect_option(
@@ -677,6 +699,6 @@ class BisectOptions(OptionSet):
         help="with --from-ab: only these rows, named as its report names them (e.g. 'softmax fp16 4x16')",
         check=_is_strings, what="a list of row names")
     resume: Path | None = _bisect_option(
-        "--resume", metavar="BISECT_DIR", type=Path, stored=False,
+        "--resume", expect="dir", metavar="BISECT_DIR", type=Path, stored=False,
         help="continue the bisect in BISECT_DIR: no probe it finished runs again, no build is built again",
         what="a path")
