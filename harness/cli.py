@@ -58,7 +58,7 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
     groups = {key: parser.add_argument_group(options.GROUPS[key]) for key in ("where", "what", "flaggems")}
     out = parser.add_argument_group("output")
     where_out = out.add_mutually_exclusive_group() if named else out
-    where_out.add_argument("--out", metavar="DIR", type=Path, default=None,
+    where_out.add_argument("--out", metavar="DIR", type=options.DIR_PATH, default=None,
                            help="parent of the run dir (default: runs/)")
     if named:
         where_out.add_argument("--run-dir", dest="named_run_dir", metavar="DIR", type=Path, default=None,
@@ -70,7 +70,7 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
     out.add_argument("--no-precompile", dest="precompile", action="store_false",
                      help="compile each autotune config inside its sweep, one after another, as Triton alone "
                           "does (default: compiled in parallel before the sweep where the backend compiles)")
-    out.add_argument("--triton-cache", metavar="DIR", type=Path, default=None,
+    out.add_argument("--triton-cache", metavar="DIR", type=options.DIR_PATH, default=None,
                      help="compile into DIR and keep it, instead of a private cache removed after the run; for "
                           "several runs of one compiler (the A/B gives each side its own) (default: private)")
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -170,10 +170,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     side.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
                       help="operators to compare (with a corpus option below: a batch selection)")
     options.ExperimentOptions.add_arguments({"experiment": side}, "ab")
-    side.add_argument("--continue", dest="continue_from", type=Path, metavar="AB_DIR", default=None,
+    side.add_argument("--continue", dest="continue_from", type=options.DIR_PATH, metavar="AB_DIR", default=None,
                       help="go on from an interrupted A/B of the same plan: its completed steps are taken over, "
                            "not run again (a corpus A/B's --resume gives each op's A/B its last one)")
-    side.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"), default=None,
+    side.add_argument("--compare", nargs=2, type=options.DIR_PATH, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")
     # Any of these makes it a corpus A/B: each op's whole A/B is one batch job on one device.
@@ -186,7 +186,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     run_ = bat.add_argument_group("running")
     _add_corpus(sel, run_, "batch")
     options.BatchOptions.add_arguments({"running": run_}, "batch", ("replay_root", "triage", "op_start"))
-    run_.add_argument("--summarize", type=Path, metavar="DIR", default=None,
+    run_.add_argument("--summarize", type=options.DIR_PATH, metavar="DIR", default=None,
                       help="only regenerate DIR/summary.csv from its per-op dirs")
     _add_common(bat, "batch", records="each op's record; --resume: the batch's unless given; not with --replay-root")
     inv = command("inventory-regen")
@@ -212,7 +212,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     options.RunOptions.add_arguments({key: bis.add_argument_group(options.GROUPS[key])
                                       for key in ("where", "what", "flaggems", "how")}, "bisect")
     bis_out = bis.add_argument_group("output").add_mutually_exclusive_group()
-    bis_out.add_argument("--out", metavar="DIR", type=Path, default=None,
+    bis_out.add_argument("--out", metavar="DIR", type=options.DIR_PATH, default=None,
                          help="parent of the bisect dir (default: runs/)")
     bis_out.add_argument("--run-dir", dest="named_run_dir", metavar="DIR", type=Path, default=None,
                          help="the bisect dir itself, new or empty (default: a new one under --out)")

@@ -34,7 +34,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 import backends
-from harness.core import batchdir, bounded, ir_index, rundir
+from harness.core import abstate, batchdir, bounded, ir_index, rundir
 from harness.core.errors import UsageError
 from reports import corpus_html, explain, sequential, stats, table
 from reports.compare import (
@@ -302,7 +302,7 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
     for key, ab_dir in items:
         ab_dir = Path(ab_dir)
         try:
-            state = rundir.read_json(ab_dir / "ab.json")
+            state = abstate.read(ab_dir / abstate.AB_JSON)
         except (OSError, ValueError) as exc:
             unpaired.append({"op": key, "reason": f"no readable ab.json in {ab_dir}: {exc}"})
             continue

@@ -4,6 +4,7 @@ YAML aliases are refused; echoed values are cut; run.log and a child's output li
 The run-dir cases run `python -m harness` under a memory limit and a timeout: a reader that reads
 whole fails them by running out of memory (a traceback) or by hanging, not by taking the machine."""
 
+import json
 import os
 import resource
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from harness.core import bounded, launch, rundir
+from harness.core import bounded, launch, opguard, rundir
 from harness.core import spec as spec_mod
 from harness.core.results import ResultsError, read_results
 from harness.providers import shapes
@@ -150,6 +151,39 @@ def test_a_log_is_read_from_its_end_however_long(tmp_path):
         f.write(b"\nerror: the last line\n")
     tail = bounded.read_tail(log)
     assert len(tail) == bounded.CAPS["log"] and tail.endswith("\nerror: the last line\n")
+
+
+@pytest.mark.parametrize("text", [
+    '{"pid": 999999999, "pgid": 0, "batch_pid": 5, "command": []}',  # 0: the resuming batch's own group
+    '[1, 2]', '{"pid": "x", "pgid": 7, "batch_pid": 5}', '{"pid": 9', 'garbage \udcff'])
+def test_a_running_file_that_is_not_the_guards_is_refused_before_any_group_is_signalled(tmp_path, text):
+    # A resume stops what a dead batch's .running names: one planted or torn there named the resuming
+    # batch's own group (it SIGKILLed itself, no word said), init's, or raised a traceback.
+    d = tmp_path / "batch"
+    op = d / "ops" / "builtin__add"
+    op.mkdir(parents=True)
+    request = {"backend": "interpreter", "selection": ["builtin:add@add"], "op_timeout": 60}
+    (d / "batch.json").write_text(json.dumps({"selected": ["builtin:add@add"], "request": request}))
+    (op / opguard.RUNNING).write_bytes(text.encode("utf-8", "surrogateescape"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", "harness", "batch", "--resume", "--batch-dir", str(d)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          start_new_session=True)  # a group of its own: under the old code it killed it
+    assert proc.returncode == 2, (proc.returncode, proc.stdout + proc.stderr)
+    assert proc.stderr.splitlines() == [
+        f"error: {op / opguard.RUNNING} is corrupt: not the guard's pid, process group and batch pid (positive "
+        "integers, a group not this process's); it names the group of an op of a dead batch: remove it"]
+    assert (op / opguard.RUNNING).is_file() and not (op / "attempt1").exists()  # left for the user; nothing ran
+
+
+def test_a_running_file_naming_init_or_this_process_group_is_refused_unsignalled(tmp_path):
+    # In process only: an old reader given pgid 1 SIGKILLs init's group (whatever shares it on a test host).
+    running = tmp_path / opguard.RUNNING
+    for pgid in (1, -1, os.getpgid(0), True):
+        running.write_text(json.dumps({"pid": 999999999, "pgid": pgid, "batch_pid": 5, "command": []}))
+        with pytest.raises(bounded.InputRefused, match="is corrupt"):
+            opguard.stop_leftover(running, 0.1)
 
 
 # --- 2. structures and messages: bounded whatever the input holds ----------------------------------

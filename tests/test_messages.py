@@ -9,6 +9,7 @@ import os
 import pytest
 from conftest import run_harness
 
+from harness import cli
 from harness.core import bounded
 from harness.providers import catalog, shapes
 from harness.sessions import ab
@@ -126,3 +127,53 @@ def test_a_corrupt_ir_index_is_named_with_its_line_not_a_traceback(tmp_path):
         f"error: {a / 'ttgir' / 'index.tsv'} is empty: an IR index starts with its header line")
     assert one_error_line(run_harness("compare-ir", b, b)) == (
         f"error: {b / 'ttgir' / 'index.tsv'}:2 has 2 fields, its header 3: a corrupt IR index")
+
+
+@pytest.mark.parametrize(("argv", "flag", "expect"), [
+    (["record", "softmax", "--out"], "--out", "dir"), (["bisect", "--out"], "--out", "dir"),
+    (["record", "softmax", "--triton-cache"], "--triton-cache", "dir"),
+    (["batch", "--batch-dir"], "--batch-dir", "dir"), (["batch", "--summarize"], "--summarize", "dir"),
+    (["batch", "--replay-root"], "--replay-root", "dir"), (["ab", "--continue"], "--continue", "dir"),
+    (["bisect", "--from-ab"], "--from-ab", "dir"), (["bisect", "--resume"], "--resume", "dir"),
+    (["bisect", "--checkout"], "--checkout", "dir"), (["bisect", "--build-cache"], "--build-cache", "dir"),
+    (["record", "softmax", "--shapes"], "--shapes", "file"), (["batch", "--ops-file"], "--ops-file", "file"),
+    (["bisect", "--builds"], "--builds", "file"),
+])
+@pytest.mark.parametrize("kind", ["file", "dir", "fifo", "broken link"])
+def test_a_path_option_given_the_wrong_kind_of_thing_says_what_it_is_at_the_door(tmp_path, capsys, argv, flag, expect,
+                                                                                   kind):
+    # --out naming a file said `File exists` (exit 1), a broken link made a dir at its target, --resume
+    # --batch-dir of a FIFO said "not a batch dir", --replay-root of a file failed each op (exit 1).
+    path = tmp_path / kind.replace(" ", "_")
+    {"file": lambda: path.write_text("x\n"), "dir": path.mkdir, "fifo": lambda: os.mkfifo(path),
+     "broken link": lambda: path.symlink_to(tmp_path / "gone")}[kind]()
+    said = {"file": "is a regular file, not a directory", "dir": "is a directory, not a regular file",
+            "fifo": f"is a FIFO, not {bounded.EXPECTED[expect]}",
+            "broken link": f"is a broken symlink to {tmp_path}/gone"}
+    if (kind, expect) in (("file", "file"), ("dir", "dir")):  # the right kind: parsed as given
+        assert cli.build_parser().parse_args([*argv, str(path)]) is not None
+        return
+    with pytest.raises(SystemExit) as refused:
+        cli.build_parser().parse_args([*argv, str(path)])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: argument {flag}: {path} {said[kind]}")
+    assert not (tmp_path / "gone").exists()
+
+
+def test_compare_of_a_file_says_it_is_one(tmp_path, capsys):
+    f = tmp_path / "a.txt"
+    f.write_text("x\n")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["ab", "--compare", str(f), str(tmp_path)])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument --compare: {f} is a regular file, not a directory")
+
+
+def test_record_out_at_a_broken_link_makes_no_dir_at_its_target(tmp_path):
+    link = tmp_path / "runs"
+    link.symlink_to(tmp_path / "elsewhere")
+    proc = run_harness("record", "softmax", "--backend", "interpreter", "--out", link, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(f"error: argument --out: {link} is a broken symlink to "
+                                                 f"{tmp_path / 'elsewhere'}")
+    assert not (tmp_path / "elsewhere").exists()

@@ -166,11 +166,14 @@ def test_a_replay_keeps_what_its_record_was_given_and_a_resume_is_the_stored_set
 
 
 @pytest.mark.parametrize(("command", "flag", "value", "what"), [
-    ("record", "--seed", "-1", "a non-negative integer"),
-    ("record", "--rep-ms", "nan", "a non-negative number"),
-    ("record", "--warmup-ms", "inf", "a non-negative number"),
+    ("record", "--seed", "-1", "an integer from 0 to 4294967295"),
+    ("record", "--seed", "4294967296", "an integer from 0 to 4294967295"),
+    ("record", "--rep-ms", "nan", "a number of ms from 0 to 600000"),
+    ("record", "--warmup-ms", "inf", "a number of ms from 0 to 600000"),
+    ("record", "--warmup-ms", "1e308", "a number of ms from 0 to 600000"),
     ("record", "--windows", "65", "an integer from 1 to 64"),
-    ("batch", "--op-timeout", "inf", "a number of seconds > 0"),
+    ("batch", "--op-timeout", "inf", "a number of seconds > 0, at most 604800 (a week)"),
+    ("batch", "--op-timeout", "1e308", "a number of seconds > 0, at most 604800 (a week)"),
     ("batch", "--sample", "0", "an integer >= 1"),
     ("ab", "--repeats", "1000000000000", "an integer from 2 to 100, or auto"),
     ("ab", "--repeats", "1", "an integer from 2 to 100, or auto"),

@@ -160,13 +160,15 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, sigint_ignored):
 
 # --- 4. stored fields: checked before anything runs ----------------------------------------------
 @pytest.mark.parametrize("field,value,should", [
-    ("op_timeout", "abc", "a number of seconds > 0"),
-    ("op_timeout", -1, "a number of seconds > 0"),
+    ("op_timeout", "abc", "a number of seconds > 0, at most 604800 (a week)"),
+    ("op_timeout", -1, "a number of seconds > 0, at most 604800 (a week)"),
     ("devices", 0, "comma-separated device indices"),
     ("dtypes", ["fp64"], "a non-empty list of distinct names"),
-    ("seed", "1", "a non-negative integer"),
+    ("seed", "1", "an integer from 0 to 4294967295"),
     ("triage", "no", "false (on is stored as null)"),
     ("selection", "add", "a list of [repo:]op[@op_file]"),
+    ("shapes", "a\0b", "a path"),  # a NUL reached os.stat as a traceback
+    ("ops_paths", ["ops\0"], "a list of paths"),
 ])
 def test_a_stored_batch_option_of_the_wrong_type_is_refused_in_one_line(tmp_path, field, value, should):
     d = tmp_path / "batch"
@@ -186,6 +188,8 @@ def test_a_stored_batch_option_of_the_wrong_type_is_refused_in_one_line(tmp_path
     ("ops_paths", "ops", "'ops_paths' must be a list of paths"),
     ("level", "all", "'level' must be one of core, comprehensive"),
     ("backend", 3, "'backend' must be a string"),
+    ("name", "a" * 101, "'name' must be a string of 1 to 100 printable characters"),  # it names the A/B's dir
+    ("b", {"env": {"X": "1\0"}}, "not valid yaml: the string '1\\x00' holds a NUL character"),
 ])
 def test_a_plan_field_of_the_wrong_type_is_refused_in_one_line(tmp_path, field, value, should):
     plan = tmp_path / "plan.yaml"
@@ -206,6 +210,19 @@ def test_a_corpus_ab_plan_stored_with_a_wrong_type_is_refused_on_resume(tmp_path
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"error: plan stored in {d / 'batch.json'}: 'repeats' must be an integer from 2 to 100"), \
         line
+
+
+def test_a_corpus_ab_plan_stored_with_a_nul_in_an_env_value_is_refused_on_resume(tmp_path):
+    # JSON carries a NUL (\u0000) that no environment can: it reached the step's exec as a traceback.
+    d = tmp_path / "corpus"
+    d.mkdir()
+    plan = {"name": "x", "ops": ["add"], "a": {}, "b": {"env": {"X": "1\0"}}}
+    (d / "batch.json").write_text(json.dumps({"request": {"backend": "interpreter", "plan": plan}}))
+    proc = harness("ab", "--resume", "--batch-dir", d, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: stored in {d / 'batch.json'}: side 'B': env X: "), line
+    assert "is not a string or a number (quote it: '1', 'true'; no NUL character)" in line
 
 
 @pytest.fixture(scope="module")

@@ -139,10 +139,10 @@ def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
     assert resolved.options.measurement() == RunOptions(timer="profiler", l2="warm", seed=3, warmup_ms=5, rep_ms=7.0,
                                                         windows=3)
     for bad, message in (("timer: fast", "'timer' must be one of"), ("l2: lukewarm", "'l2' must be one of"),
-                         ("seed: -1", "'seed' must be a non-negative integer"),
-                         ("rep_ms: many", "'rep_ms' must be a non-negative number"),
+                         ("seed: -1", "'seed' must be an integer from 0 to 4294967295"),
+                         ("rep_ms: many", "'rep_ms' must be a number of ms from 0 to 600000"),
                          ("windows: -1", "'windows' must be an integer from 1 to 64"),
-                         ("seed: true", "'seed' must be a non-negative integer")):
+                         ("seed: true", "'seed' must be an integer from 0 to 4294967295")):
         plan_file.write_text(f"ops: [add]\n{bad}\n")
         with pytest.raises(ab.PlanError, match=message):
             ab.load_plan(plan_file)

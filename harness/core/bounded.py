@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from harness.core.errors import UsageError
+from harness.core.errors import UsageError, clip_text
 
 MiB = 1024 * 1024
 # The most a file of each kind may hold. Each is far above what the harness writes (a results.json
@@ -208,10 +208,23 @@ class NoAliasLoader(yaml.SafeLoader):
 
 def load_yaml(text: str) -> Any:
     """yaml.safe_load, without aliases; yaml.YAMLError as it raises, and for a document nested too
-    deep to compose (RecursionError) or holding a number Python will not convert (ValueError)."""
+    deep to compose (RecursionError), holding a number Python will not convert (ValueError), or a
+    string holding a NUL ("\\0" escaped): no path, name, argument or environment value can carry one,
+    and the first os call given it raised a traceback."""
     try:
-        return yaml.load(text, Loader=NoAliasLoader)
+        data = yaml.load(text, Loader=NoAliasLoader)
     except RecursionError:
         raise yaml.YAMLError("nested deeper than can be read") from None
     except ValueError as exc:  # int() of a scalar with more digits than Python converts
         raise yaml.YAMLError(str(exc)) from None
+    todo = [data]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str) and "\0" in item:
+            raise yaml.YAMLError(f"the string {clip_text(repr(item))} holds a NUL character (\\0), which no value "
+                                 "may hold")
+        if isinstance(item, dict):
+            todo += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            todo += item
+    return data

@@ -111,9 +111,8 @@ def stop_leftover(running: Path, grace_s: float) -> dict | None:
         return None
     if problem is not None:  # opened, a FIFO would hang the resume; read, a device would fill memory
         raise bounded.InputRefused(f"{running} {problem}: it names the group of an op of a dead batch; remove it")
-    with open(running) as f:
-        text = f.read(RUNNING_CHARS)
-        facts = json.loads(text) if text.strip() else None
+    with open(running, "rb") as f:
+        facts = _facts(running, f.read(RUNNING_CHARS + 1))
         stopped = None
         if facts is None:
             pass  # the guard died before it wrote anything, so before it started the op
@@ -134,6 +133,24 @@ def stop_leftover(running: Path, grace_s: float) -> dict | None:
             stopped = facts
     running.unlink(missing_ok=True)
     return stopped
+
+
+def _facts(running: Path, data: bytes) -> dict | None:
+    """What RUNNING_FILE says (None when empty: its guard died before it wrote), checked before any of it
+    is signalled: ids above 1, and never this process's own group. A file planted or
+    torn there (`"pgid": 0` would SIGKILL the resuming batch itself, 1 init's group) is refused in one line."""
+    if not data.strip():
+        return None
+    try:
+        facts = json.loads(data.decode("utf-8")) if len(data) <= RUNNING_CHARS else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        facts = None
+    ids = [facts.get(k) for k in ("pid", "pgid", "batch_pid")] if isinstance(facts, dict) else [None]
+    if not (all(type(i) is int and i > 1 for i in ids) and facts["pgid"] != os.getpgid(0)):
+        raise bounded.InputRefused(f"{running} is corrupt: not the guard's pid, process group and batch pid "
+                                   "(positive integers, a group not this process's); it names the group of an op "
+                                   "of a dead batch: remove it")
+    return facts
 
 
 def _lock_free(f) -> bool:

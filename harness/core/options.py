@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from harness.core.errors import clip
+from harness.core import bounded
+from harness.core.errors import clip, clip_text
 from harness.core.spec import L2_MODES, MAX_NOISE, TIMERS
 from ops import DTYPES_RULE, valid_dtype_list
 
@@ -43,6 +44,12 @@ STEP_PASSES = ("once", "every")
 # Ceilings on counts a request can ask for: each repeat is two processes, each window a capture a row.
 MAX_REPEATS = 100
 MAX_WINDOWS = 64
+# Ceilings on numbers that are finite and still no request's: numpy takes a seed below 2**32 (above it
+# every row failed, blamed on the candidate); a measurement's budget past ten minutes, or an op's timeout
+# past a week, is a typo, and 1e308 overflowed the clocks they are added to (a traceback).
+MAX_SEED = 2**32 - 1
+MAX_BUDGET_MS = 600_000
+MAX_OP_TIMEOUT_S = 7 * 24 * 3600
 
 
 # Argument group titles, by the key an option's `group` names.
@@ -89,6 +96,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def path_of(expect: str) -> Callable[[str], Path]:
+    """A path option's parser type: the text as a Path, refused at the door where something that is
+    not `expect` ('file' or 'dir') is there already (a directory given for a file; a file, a FIFO or a
+    device for a dir; a broken link), saying what is there and what was expected, not "does not exist"
+    or "File exists" later, nor a dir made at a dangling link's target. A path not there yet passes:
+    its reader or maker says what it needs."""
+    def parse(text: str) -> Path:
+        if os.path.lexists(text):
+            problem = bounded.path_problem(text, expect)
+            if problem is not None:
+                raise argparse.ArgumentTypeError(f"{clip_text(text)} {problem}")
+        return Path(text)
+
+    parse.__name__ = f"{expect} path"
+    return parse
+
+
+FILE_PATH, DIR_PATH = path_of("file"), path_of("dir")
+
+
 def split_dir(item: str) -> tuple[str, str]:
     """`[NAME=]PATH` as (NAME, PATH); NAME defaults to `flaggems`."""
     name, sep, path = item.partition("=")
@@ -124,8 +151,13 @@ def _device_list(value) -> bool:
     return bool(items) and all(d.isdigit() for d in items) and len(set(map(int, items))) == len(items)
 
 
+def _is_text(value) -> bool:
+    """A string an argv or a path can carry: no NUL (a stored one reached os calls as a traceback)."""
+    return isinstance(value, str) and "\0" not in value
+
+
 def _is_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, list) and all(_is_text(v) for v in value)
 
 
 # --- the declaration ---------------------------------------------------------------------------------------
@@ -155,6 +187,7 @@ class Option:
     rebase: Callable[[Any, Path], Any] | None = None
     load: Callable[[Any], Any] | None = None  # a stored value (checked) in the field's own type
     show: Callable[[Any], str] = str  # the value as its flag takes it on a command line (to_argv)
+    expect: str | None = None  # a path option's: 'file' or 'dir', what may already be there (path_of)
 
 
 def option(**declared) -> Any:
@@ -272,7 +305,7 @@ def _checked(meta: Option) -> Callable | None:
     repeatable or multi-value option is checked whole where it is stored; its items by their type."""
     if meta.repeat or meta.nargs or meta.choices or meta.type is None:  # a string: its session says what is wrong
         return meta.type
-    convert = meta.type
+    convert = path_of(meta.expect) if meta.expect else meta.type
 
     def parse(text: str):
         value = convert(text)
@@ -346,16 +379,16 @@ class RunOptions(OptionSet):
         rebase=lambda v, base: absolute_libtuner_cache(str(v), base),
         help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), FlagGems' own "
              "(user), or a sqlite path/URL; recorded in run.json",
-        check=lambda v: isinstance(v, str), what="a cache name, path or URL")
+        check=_is_text, what="a cache name, path or URL")
     backend: str | None = option(
         flag="--backend", group="where", commands=RUNS, metavar="NAME", replay=False,
         help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; replay: the recorded one)",
-        check=lambda v: isinstance(v, str), what="a string (a backend name)")
+        check=_is_text, what="a string (a backend name)")
     shapes: Path | None = option(
-        flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, rebase=_plan_shapes,
+        flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, expect="file", rebase=_plan_shapes,
         help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems ops: `upstream`, "
              "the checkout's own, by default)",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=_is_text, what="a path")
     dtypes: tuple[str, ...] | None = option(
         flag="--dtypes", group="what", commands=RUNS, metavar="LIST", type=dtype_list,
         help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)",
@@ -375,7 +408,7 @@ class RunOptions(OptionSet):
     seed: int | None = option(
         flag="--seed", group="how", commands=RUNS, metavar="N", type=int, record_default=0, record_only=True,
         help="seed for random/numpy/torch (default: 0)",
-        check=lambda v: type(v) is int and v >= 0, what="a non-negative integer")
+        check=lambda v: type(v) is int and 0 <= v <= MAX_SEED, what=f"an integer from 0 to {MAX_SEED}")
     timer: str | None = option(
         flag="--timer", group="how", commands=RUNS, choices=TIMERS, record_default="auto", record_only=True,
         help="auto: the backend's own: graph where it can capture, else direct, and host (a wall clock) where it "
@@ -389,11 +422,11 @@ class RunOptions(OptionSet):
     warmup_ms: float | None = option(
         flag="--warmup-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="warmup budget per measurement (default: the backend's, 25 on GPUs)",
-        check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+        check=lambda v: _is_number(v) and 0 <= v <= MAX_BUDGET_MS, what=f"a number of ms from 0 to {MAX_BUDGET_MS}")
     rep_ms: float | None = option(
         flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="timing budget per measurement (default: the backend's, 100 on GPUs)",
-        check=lambda v: _is_number(v) and v >= 0, what="a non-negative number")
+        check=lambda v: _is_number(v) and 0 <= v <= MAX_BUDGET_MS, what=f"a number of ms from 0 to {MAX_BUDGET_MS}")
     windows: int | None = option(
         flag="--windows", group="how", commands=RUNS, metavar="N", type=positive_int, record_only=True,
         help="graph and direct timers: time each side in N windows, the sides alternating, sharing the timing "
@@ -436,11 +469,12 @@ class BatchOptions(OptionSet):
     op_timeout: float | None = option(
         flag="--op-timeout", group="running", commands=STARTERS, metavar="S", type=positive_float,
         help="per-op timeout in seconds; the op's process group is killed (default: 1800; --resume: the batch's)",
-        check=lambda v: _is_number(v) and v > 0, what="a number of seconds > 0")
+        check=lambda v: _is_number(v) and 0 < v <= MAX_OP_TIMEOUT_S,
+        what=f"a number of seconds > 0, at most {MAX_OP_TIMEOUT_S} (a week)")
     replay_root: Path | None = option(
-        flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path,
+        flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path, expect="dir",
         help="replay each op from this earlier batch dir",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=_is_text, what="a path")
     triage: bool | None = option(
         flag="--triage", group="running", commands=("batch",), switch=True,
         help="rerun a FlagGems op that still fails or times out as the bare upstream pytest node: FAIL_UPSTREAM or "
@@ -469,8 +503,8 @@ class CorpusOptions(OptionSet):
         help="the whole inventory, minus skip marks and ops/dismiss.txt",
         check=lambda v: isinstance(v, bool), what="true or false")
     ops_file: Path | None = option(
-        flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, stored=False,
-        help="one selection entry per line", check=lambda v: isinstance(v, str), what="a path")
+        flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, expect="file", stored=False,
+        help="one selection entry per line", check=_is_text, what="a path")
     repos: tuple[str, ...] | None = option(
         flag="--repos", group="selection", commands=STARTERS, metavar="REPO", nargs="+", stored=False,
         help="only these inventories", check=_is_strings, what="a list of inventory names")
@@ -488,10 +522,10 @@ class CorpusOptions(OptionSet):
              "given again",
         check=lambda v: isinstance(v, bool), what="true or false")
     batch_dir: Path | None = option(
-        flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, stored=False,
+        flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, expect="dir", stored=False,
         help="the batch dir: a new or empty one (created), or with --resume the batch to resume (default for a "
              "new batch: runs/batch_<ts>)",
-        check=lambda v: isinstance(v, str), what="a path")
+        check=_is_text, what="a path")
     executor: str | None = option(
         flag="--executor", group="running", commands=STARTERS, choices=EXECUTORS, default="local", stored=False,
         help="local subprocesses, Ray tasks of one device each, or Slurm array tasks of one GPU each through "
@@ -500,7 +534,7 @@ class CorpusOptions(OptionSet):
     ray_address: str | None = option(
         flag="--ray-address", group="running", commands=STARTERS, metavar="ADDR", stored=False,
         help="Ray cluster to join (default with --executor ray: a local Ray instance)",
-        check=lambda v: isinstance(v, str), what="an address")
+        check=_is_text, what="an address")
     slurm_param: tuple[str, ...] = option(
         flag="--slurm-param", group="running", commands=STARTERS, metavar="KEY=VAL", repeat=True, stored=False,
         help="with --executor slurm: a Slurm job parameter for submitit (slurm_KEY), e.g. partition=gpu, account=x "
@@ -585,7 +619,7 @@ def _side_env(side: str):
 def _side_python(side: str):
     return option(flag=f"--{side}-python", group="experiment", commands=("ab",), metavar="PATH",
                   help=f"Python interpreter of side {side.upper()} (a second compiler build)",
-                  check=lambda v: isinstance(v, str), what="a path")
+                  check=_is_text, what="a path")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -633,10 +667,6 @@ class ExperimentOptions(OptionSet):
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
 
 
-def _is_text(value) -> bool:
-    return isinstance(value, str)
-
-
 def _bisect_option(flag: str, **declared):
     """An option of `bisect` alone, in its help group, checked as text (a path, a range, a command)
     where no other check is given."""
@@ -649,7 +679,7 @@ class BisectOptions(OptionSet):
     Its bisect.json keeps them, resolved: a resume refuses any given again."""
 
     builds: Path | None = _bisect_option(
-        "--builds", metavar="FILE", type=Path,
+        "--builds", expect="file", metavar="FILE", type=Path,
         help="YAML: `builds:` an ordered list of ready builds, the good one first, each a side as an A/B plan's "
              "(label, python, env, requirements)", what="a path")
     git_range: str | None = _bisect_option(
@@ -657,18 +687,18 @@ class BisectOptions(OptionSet):
         help="instead of --builds: GOOD and each commit after it on BAD's first-parent line, each built with "
              "--build-cmd into a kept dir keyed by commit and command", what="GOOD..BAD")
     checkout: Path | None = _bisect_option(
-        "--checkout", metavar="DIR", type=Path,
+        "--checkout", expect="dir", metavar="DIR", type=Path,
         help="with --git-range: the compiler's git checkout", what="a path")
     build_cmd: str | None = _bisect_option(
         "--build-cmd", metavar="CMD",
         help="with --git-range: the shell command that builds a commit's tree (its cwd) into the active venv "
              "(first on PATH), e.g. 'pip install --no-build-isolation ./python'", what="a command")
     build_cache: Path | None = _bisect_option(
-        "--build-cache", metavar="DIR", type=Path,
+        "--build-cache", expect="dir", metavar="DIR", type=Path,
         help="with --git-range: where the builds are kept (default: .nox/bisect-builds)",
         what="a path")
     from_ab: Path | None = _bisect_option(
-        "--from-ab", metavar="AB_DIR", type=Path,
+        "--from-ab", expect="dir", metavar="AB_DIR", type=Path,
         help="bisect this A/B's FASTER/SLOWER rows (or those --rows names), replaying its A record",
         what="a path")
     rows: tuple[str, ...] | None = _bisect_option(
@@ -676,6 +706,6 @@ class BisectOptions(OptionSet):
         help="with --from-ab: only these rows, named as its report names them (e.g. 'softmax fp16 4x16')",
         check=_is_strings, what="a list of row names")
     resume: Path | None = _bisect_option(
-        "--resume", metavar="BISECT_DIR", type=Path, stored=False,
+        "--resume", expect="dir", metavar="BISECT_DIR", type=Path, stored=False,
         help="continue the bisect in BISECT_DIR: no probe it finished runs again, no build is built again",
         what="a path")

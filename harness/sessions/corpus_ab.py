@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 import backends
-from harness.core import batchdir, rundir
+from harness.core import abstate, batchdir, rundir
 from harness.core.errors import UsageError
 from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, RunOptions
 from harness.providers import catalog
@@ -69,7 +69,7 @@ def _steps(ab_dir: Path) -> list[dict]:
     """A single-op A/B's steps as its ab.json lists them, in order, the one it was running last
     included ([] before it wrote one)."""
     path = ab_dir / AB_JSON
-    state = rundir.read_json(path) if path.is_file() else {}
+    state = abstate.read(path, plan_needed=False) if path.is_file() else {}
     return [*state.get("steps", []), *([state["running"]] if state.get("running") else [])]
 
 
@@ -87,7 +87,7 @@ def _interrupted(op_dir: Path, run_dir: Path) -> Path | None:
                   key=lambda d: (d / AB_JSON).stat().st_mtime)
     if not dirs:
         return None
-    return None if rundir.read_json(dirs[-1] / AB_JSON).get("complete") else dirs[-1]
+    return None if abstate.read(dirs[-1] / AB_JSON, plan_needed=False).get("complete") else dirs[-1]
 
 
 def verdicts(ab_dir: Path | None) -> collections.Counter:
@@ -166,7 +166,7 @@ class CorpusAB(batch.Batch):
         """Its report was written, over rows to compare (or over an op that skipped every case)."""
         if not (run_dir / "report.json").is_file():
             return False
-        if not rundir.read_json(run_dir / AB_JSON).get("complete"):
+        if not abstate.read(run_dir / AB_JSON, plan_needed=False).get("complete"):
             return False
         return bool(verdicts(run_dir)) or set(self._facts(run_dir)["statuses"]) == {"SKIPPED"}
 

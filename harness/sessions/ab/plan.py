@@ -38,6 +38,9 @@ SIDE_FIELDS = {"label", "env", "python", "requirements"}
 SEQUENTIAL_FIELDS = ("first", "max_repeats", "resolve")  # a plan's, with repeats auto only
 
 
+MAX_NAME = 100  # characters of a plan's name, which names its A/B dir (a file name holds 255 bytes)
+
+
 class PlanError(ValueError):
     pass
 
@@ -139,9 +142,9 @@ def _side(data, name: str, where: str, base: Path) -> Side:
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise PlanError(f"{where}: side '{name}': env name {clip(key)} is not a variable name")
         # yaml reads `true`, `null` and `on` as non-strings, whose str() is no value a switch expects.
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or "\0" in str(value):
             raise PlanError(f"{where}: side '{name}': env {clip_text(key)}: {clip(value)} is not a string or a number "
-                            "(quote it: '1', 'true')")
+                            "(quote it: '1', 'true'; no NUL character)")
     for field in ("label", "python"):
         if data.get(field) is not None and not isinstance(data[field], str):
             raise PlanError(f"{where}: side '{name}': {field} must be a string, not {data[field]!r:.60}")
@@ -174,8 +177,11 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     unknown = set(data) - allowed
     if unknown:
         raise PlanError(f"plan {path}: unknown fields {clip(sorted(map(str, unknown)))} (allowed: {sorted(allowed)})")
-    if data.get("name") is not None and not isinstance(data["name"], str):
-        raise PlanError(f"plan {path}: 'name' must be a string, not {data['name']!r:.60}")
+    name = data.get("name")
+    # It names the A/B's dir (ab_<name>_<ts>): a name past what a file name holds failed there, exit 1.
+    if name is not None and not (isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isprintable()):
+        raise PlanError(f"plan {path}: 'name' must be a string of 1 to {MAX_NAME} printable characters, not "
+                        f"{clip(name)}")
     options = RunOptions.from_dict(
         data, lambda name, value, what: PlanError(f"plan {path}: '{name}' must be {what}, not {value!r:.60}"), base)
     ops = data.get("ops")

@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import backends
-from harness.core import bounded, launch, paths, rundir
+from harness.core import abstate, bounded, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
 from harness.core.options import AUTO, FDR, UPSTREAM, ExperimentOptions, RunOptions
@@ -139,7 +139,7 @@ def _continued(earlier_dir: Path, plan: Plan) -> list[dict]:
     where it ran another (a corpus A/B's op resumed under a dtype fallback, say)."""
     path = Path(earlier_dir) / "ab.json"
     try:
-        state = rundir.read_json(path)
+        state = abstate.read(path)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--continue {earlier_dir}: no readable ab.json ({exc})") from exc
     stored = {k: v for k, v in state.get("plan", {}).items() if k != "device"}
@@ -171,6 +171,8 @@ def run_from_args(args) -> int:
     plan = resolve_plan(args)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     say_if_a_a(plan)  # once the plan is known to run: not before an error in it
+    # Read before the dir is claimed: a corrupt one leaves no A/B dir behind.
+    earlier = _continued(args.continue_from, plan) if args.continue_from else ()
     if args.named_run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
         ab_dir = rundir.claim_named_dir(args.named_run_dir, LOG_FILE)
     else:
@@ -181,7 +183,7 @@ def run_from_args(args) -> int:
         from reports import table
 
         print(table.not_performance_note(plan.options.backend))
-    runner = Runner(plan, ab_dir, _continued(args.continue_from, plan) if args.continue_from else ())
+    runner = Runner(plan, ab_dir, earlier)
     interrupted = None
     try:
         # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running

@@ -24,7 +24,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from harness.core import deps, paths, rundir
+from harness.core import bounded, deps, paths, rundir
 from harness.core.errors import UsageError
 from harness.sessions.ab.plan import PlanError, Side, _side
 
@@ -115,7 +115,7 @@ def build_commit(build: Build, checkout: Path, build_cmd: str, cache: Path, log)
     home = cache / build_key(build.commit["sha"], build_cmd)
     python = home / "venv" / "bin" / "python"
     if (home / FAILED).is_file():
-        raise BuildFailed((home / FAILED).read_text().strip())
+        raise BuildFailed(bounded.read_text(home / FAILED, "completion marker").strip())  # ours: one short line
     if not (home / COMPLETE).is_file():
         _build(build.commit["sha"], checkout, build_cmd, home, log)
     return dataclasses.replace(build, python=str(python))

@@ -90,7 +90,7 @@ def run(plan: Plan, probe_dir: Path, records: dict[str, Path], rows: tuple[str, 
     if failed:
         warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
     context = {"name": plan.name, "a": plan.a.describe(), "b": plan.b.describe(), "repeats": plan.repeats}
-    with open(probe_dir / PROBE_LOG, "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+    with rundir.open_write(probe_dir / PROBE_LOG, "w") as log, contextlib.redirect_stdout(log):
         report(probe_dir, list(results.values()), context, warnings, {plan.options.backend}, plan.repeats,
                   plan.fdr)
     return verdicts(probe_dir)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import backends
-from harness.core import launch, paths, rundir
-from harness.core.errors import UsageError
+from harness.core import abstate, bounded, launch, paths, rundir
+from harness.core.errors import UsageError, clip
 from harness.core.options import AUTO, FDR, MAX_REPEATS, BisectOptions, ExperimentOptions, RunOptions
 from harness.core.results import read_results
 from harness.sessions import resolve
@@ -28,7 +29,7 @@ from harness.sessions.ab.runner import LOG_FILE as AB_LOG_FILE
 from harness.sessions.ab.session import _check_plan
 from harness.sessions.ab.sides import build_side_env
 from harness.sessions.bisect import builds as builds_mod
-from harness.sessions.bisect import probe, search
+from harness.sessions.bisect import probe, search, stored
 
 BISECT_JSON = "bisect.json"
 LOG_FILE = "bisect.log"  # the builds' output
@@ -55,19 +56,31 @@ def _builds(opts: BisectOptions) -> tuple[list[builds_mod.Build], dict | None]:
     return builds_mod.from_git(checkout, opts.git_range), git
 
 
+def _report_rows(path: Path) -> list[dict]:
+    """An A/B's report.json rows, each checked for what --from-ab reads of it (op, dtype, shape, comparison)."""
+    data = rundir.read_json(path)
+    rows = data.get("rows") if isinstance(data, dict) else None
+    kinds = {"op": (str,), "dtype": (str, type(None)), "shape": (list, type(None)), "comparison": (dict, type(None))}
+    for i, row in enumerate(rows if isinstance(rows, list) else [None]):
+        if not (isinstance(row, dict) and all(isinstance(row.get(k), t) for k, t in kinds.items())):
+            where = f"rows[{i}] = {clip(row)}" if isinstance(rows, list) else f"rows = {clip(rows)}"
+            raise UsageError(f"--from-ab: {path} is corrupt: {where} is not a report row ({', '.join(kinds)})")
+    return rows
+
+
 def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[Plan, list[dict], dict[str, str]]:
     """An A/B's plan, the rows to bisect (its FASTER/SLOWER rows, or those `named`) with the direction
     each moved, and its side A's record of each of their ops, which every probe replays."""
     for name in ("report.json", "ab.json"):
         if not (ab_dir / name).is_file():
             raise UsageError(f"--from-ab {ab_dir}: no {name} (not an A/B dir, or one that did not finish)")
-    state = rundir.read_json(ab_dir / "ab.json")
+    state = abstate.read(ab_dir / abstate.AB_JSON)
     stored = {k: v for k, v in state["plan"].items() if k != "device"}
     try:
         plan = plan_from_data(stored, f"{ab_dir / 'ab.json'}", Path("/"))
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
-    report = rundir.read_json(ab_dir / "report.json")["rows"]
+    report = _report_rows(ab_dir / "report.json")
     by_id = {probe.row_id(r["op"], r["dtype"], r["shape"]): r for r in report}
     unknown = [n for n in named if n not in by_id]
     if unknown:
@@ -82,7 +95,8 @@ def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[Plan, list[dict], di
                      "ratio": comparison.get("ratio")})
     if not rows:
         raise UsageError(f"--from-ab {ab_dir}: no FASTER or SLOWER row to bisect (name rows with --rows)")
-    records = {s["args"][1]: s["run_dir"] for s in state["steps"] if s["args"][0] == "record" and s["usable"]}
+    records = {s["args"][1]: s["run_dir"] for s in state.get("steps", [])
+               if s["args"][0] == "record" and s.get("usable") and len(s["args"]) > 1 and s["run_dir"]}
     missing = sorted({r["op"] for r in rows} - set(records))
     if missing:
         raise UsageError(f"--from-ab {ab_dir}: no usable record of {', '.join(missing)} to replay")
@@ -168,7 +182,7 @@ class Bisect:
         self.builds = [builds_mod.Build.from_dict(b) for b in spec["builds"]]
         self.template = plan_from_data(spec["plan"], str(bisect_dir / BISECT_JSON), Path("/"))
         self.template.options = dataclasses.replace(self.template.options, device=spec["device"])
-        self.log = open(bisect_dir / LOG_FILE, "a", encoding="utf-8")
+        self.log = rundir.open_write(bisect_dir / LOG_FILE)  # never through a link planted there
 
     def save(self) -> None:
         rundir.atomic_write_json(self.dir / BISECT_JSON, self.state)
@@ -207,7 +221,7 @@ class Bisect:
         records = self.state["records"]
         for op in (op for op in self.state["spec"]["ops"] if op not in records):
             record_root = self.dir / "record" / probe.op_dir_name(op)
-            record_root.mkdir(parents=True, exist_ok=True)
+            rundir.make_dir(record_root, under=self.dir)
             plan = probe.plan_for(self.template.name, good.side("A"), good.side("B"), [op], self.template, 2)
             runner = probe.ProbeRunner(plan, record_root)
             try:
@@ -249,7 +263,7 @@ class Bisect:
         ops = sorted({rows[r] for r in step.rows})
         name = f"probe-{n:02d}-{step.kind}-{step.a}-vs-{step.b}"
         probe_dir, again = self.dir / name, 2
-        while probe_dir.exists():  # one an interrupt (a kill -9) left unfinished: kept as it is
+        while os.path.lexists(probe_dir):  # one an interrupt (a kill -9) left unfinished: kept as it is
             probe_dir, again = self.dir / f"{name}-try{again}", again + 1
         a, b = self.build(step.a), self.build(step.b)
         plan = probe.plan_for(f"{name}", a.side("A"), b.side("B"), ops, self.template, step.repeats)
@@ -269,15 +283,34 @@ class Bisect:
 
 def _resume(bisect_dir: Path, args) -> dict:
     path = bisect_dir / BISECT_JSON
-    if not path.is_file():
-        raise UsageError(f"--resume {bisect_dir}: no {BISECT_JSON} there")
+    found = bounded.path_problem(bisect_dir, "dir")
+    if found is not None:
+        raise UsageError(f"--resume {bisect_dir} {found}: give a bisect dir")
+    found = bounded.path_problem(path, "file")
+    if found == "does not exist":
+        raise UsageError(f"--resume {bisect_dir}: no {BISECT_JSON} there (not a bisect dir)")
+    if found is not None:
+        raise UsageError(f"--resume: {path} {found}")
     again = (BisectOptions.from_namespace(args).flags(but=("resume",)) + ExperimentOptions.from_namespace(args).flags()
              + RunOptions.from_namespace(args).flags() + (["--ops"] if args.ops else []))
     if again:
         raise UsageError(f"--resume continues the bisect stored in {path}: drop {' '.join(again)}")
-    state = rundir.read_json(path)
-    if state.get("format") != FORMAT:
-        raise UsageError(f"{path}: format {state.get('format')!r}, not {FORMAT}")
+    try:
+        state = rundir.read_json(path)
+    except ValueError as exc:  # InputRefused (a device, a FIFO, past its cap) says the path itself
+        said = str(exc) if isinstance(exc, UsageError) else f"--resume: {path} is corrupt: not JSON ({exc})"
+        raise UsageError(said) from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(f"{path}: format {clip(state.get('format') if isinstance(state, dict) else state)}, "
+                         f"not {FORMAT}")
+    found = stored.problem(state)
+    if found is None:
+        try:
+            plan_from_data(state["spec"]["plan"], str(path), Path("/"))
+        except PlanError as exc:
+            found = f"spec.plan: {exc}"
+    if found is not None:
+        raise UsageError(f"--resume: {path} is corrupt: {found}; the probes' dirs are intact: start a new bisect")
     return state
 
 

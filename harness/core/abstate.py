@@ -1,0 +1,84 @@
+"""An A/B's ab.json read back (`read`): the fields its readers use checked for their types first (an A/B's
+--continue, a bisect's --from-ab, a corpus A/B's resume and its corpus report), so a torn or edited
+file is refused in one line naming the file and the field, not a KeyError or a TypeError deep in a
+reader. The plan in it is checked only as far as a report reads it (its backend and repeats); a reader
+that runs it checks it whole as a plan (harness.sessions.ab.plan.plan_from_data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.core import bounded
+from harness.core.errors import clip
+from harness.core.options import AUTO, MAX_REPEATS, valid_max_repeats
+
+AB_JSON = "ab.json"
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and "\0" not in v
+
+
+# A step's fields and what each must be: (check, what it must be). `running` (the step under way) has
+# no outcome yet: what, side, args, run_dir. What a reader only shows (what, side) may be left out.
+STEP = {
+    "what": (lambda v: v is None or _text(v), "a string"),
+    "side": (lambda v: v is None or _text(v), "a side's name"),
+    "args": (lambda v: isinstance(v, list) and bool(v) and all(_text(a) for a in v), "a command line (strings)"),
+    "run_dir": (lambda v: v is None or _text(v), "a path or null"),
+}
+DONE = {
+    "exit": (lambda v: v is None or type(v) is int, "an exit code or null"),
+    "usable": (lambda v: isinstance(v, bool), "true or false"),
+}
+PLAN = {
+    "backend": (_text, "a backend name"),
+    # One a side too: a corpus report pairs an A/B of single runs (its basis says so).
+    "repeats": (lambda v: v == AUTO or (type(v) is int and 1 <= v <= MAX_REPEATS), "a count of repeats or auto"),
+}
+
+
+def problem(state: Any, plan_needed: bool = True) -> str | None:
+    """What is wrong with an ab.json's content, as `field = value is not WHAT`; None when nothing is.
+    Its plan may be left out where `plan_needed` is false (a reader of its steps alone)."""
+    if not isinstance(state, dict):
+        return f"it is {clip(state)}, not a mapping"
+    plan = state.get("plan")
+    if plan is None and not plan_needed:
+        plan = {"backend": "-", "repeats": 1}
+    if not isinstance(plan, dict):
+        return f"plan = {clip(plan)} is not a mapping"
+    for name, (check, what) in PLAN.items():
+        if not check(plan.get(name)):
+            return f"plan.{name} = {clip(plan.get(name))} is not {what}"
+    if plan.get("repeats") == AUTO and not valid_max_repeats(plan.get("max_repeats")):
+        return f"plan.max_repeats = {clip(plan.get('max_repeats'))} is not a count of repeats"
+    if not isinstance(state.get("complete", False), bool):
+        return f"complete = {clip(state['complete'])} is not true or false"
+    steps = state.get("steps", [])
+    if not isinstance(steps, list):
+        return f"steps = {clip(steps)} is not a list"
+    running = state.get("running")
+    checked = [(f"steps[{i}]", s, {**STEP, **DONE}) for i, s in enumerate(steps)]
+    for where, step, fields in checked + ([("running", running, STEP)] if running is not None else []):
+        if not isinstance(step, dict):
+            return f"{where} = {clip(step)} is not a mapping"
+        for name, (check, what) in fields.items():
+            # Steps written before steps carried `usable` count exit 0 alone (reports.corpus).
+            if name == "usable" and name not in step:
+                continue
+            if not check(step.get(name)):
+                return f"{where}.{name} = {clip(step.get(name))} is not {what}"
+    return None
+
+
+def read(path: Path | str, plan_needed: bool = True) -> dict:
+    """The ab.json at `path`, read bounded and checked (problem); OSError as open raises it (a missing
+    file), bounded.InputRefused (a ValueError, a UsageError: one line, exit 2) when it is no regular file
+    or corrupt, json's ValueError when it is not JSON."""
+    state = bounded.read_json(path, "ab.json")
+    found = problem(state, plan_needed)
+    if found is not None:
+        raise bounded.InputRefused(f"{path} is corrupt: {found}")
+    return state
