@@ -31,6 +31,7 @@ from harness.sessions import batch, resolve
 from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
 from harness.sessions.ab.session import resolve_plan, say_if_a_a
 from harness.sessions.ab.sides import build_side_env
+from harness.sessions.batch import facts as batch_facts
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
@@ -173,7 +174,7 @@ class CorpusAB(batch.Batch):
     def _rejected(self, code: int, run_dir: Path) -> bool:
         """A's record rejected the dtypes: the A/B's first step says so as a record run would."""
         record = next((s for s in _steps(run_dir) if s["args"][0] == "record" and "exit" in s), None)
-        return record is not None and record["exit"] != 0 and batch._dtype_rejected(
+        return record is not None and record["exit"] != 0 and batch_facts.dtype_rejected(
             record["exit"], Path(record["run_dir"]) if record["run_dir"] else None)
 
     def _stopped_in(self, run_dir: Path) -> Path:
@@ -184,7 +185,7 @@ class CorpusAB(batch.Batch):
 
     def _facts(self, run_dir: Path | None) -> dict:
         """The report's rows, flags and timers, with A's record's case statuses (SKIP)."""
-        facts = batch._run_facts(_record_dir(run_dir) if run_dir else None)
+        facts = batch_facts.run_facts(_record_dir(run_dir) if run_dir else None)
         report = run_dir / "report.json" if run_dir else None
         if report is None or not report.is_file():
             return {**facts, "rows": 0, "verdicts": collections.Counter()}
