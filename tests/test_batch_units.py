@@ -5,7 +5,6 @@ scripted time on a fake clock. Everything above it is the real batch code on han
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import hashlib
@@ -870,10 +869,10 @@ def test_stop_leftovers_stops_each_running_op_and_says_so(tmp_path, monkeypatch)
 # --- the job's hooks -----------------------------------------------------------------------------------
 def test_batch_hooks_of_a_record_job(tmp_path):
     r = runner_for(tmp_path, devices=[4, 6])
-    assert batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"backend": "x"}, r.opts.run) == (
+    assert batch.Batch.prepare(parse("--batch-dir", tmp_path), {"backend": "x"}, r.opts.run) == (
         {}, r.opts.run, None)
     with pytest.raises(UsageError) as info:
-        batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"plan": {}}, r.opts.run)
+        batch.Batch.prepare(parse("--batch-dir", tmp_path), {"plan": {}}, r.opts.run)
     assert str(info.value) == (f"--batch-dir {tmp_path} is a corpus A/B: resume it with nox -s ab -- --resume "
                                "--batch-dir DIR")
     assert batch.Batch.dir_prefix({}) == "batch"
@@ -921,7 +920,7 @@ def resumed(stored: dict, *argv):
     """What a resume of a batch that stored `stored` runs with, given `argv`: (run options, batch
     options, the line saying which came from where)."""
     args = parse("--resume", "--batch-dir", "/b", *argv)
-    return batch_resume.resumed(stored, RunOptions.from_namespace(args), BatchOptions.from_namespace(args),
+    return batch_resume.resumed(stored, args.run, args.how,
                           Path("/b/batch.json"))
 
 
@@ -976,17 +975,18 @@ def test_a_resume_names_the_selection_and_only_the_options_it_was_given(tmp_path
     assert resumed({"selection": [ADD.id], "backend": "interpreter", "devices": None}, "--no-triage")[2] == (
         "options from batch.json: --backend; from the command line: --no-triage")
     assert resumed({})[2] == "options from batch.json: none; from the command line: none"
-    assert batch_resume.stored_selection(parse("--resume"), {"selection": [ADD.id]}) == (
+    assert batch_resume.stored_selection(parse("--resume").selection, {"selection": [ADD.id]}) == (
         "the selection stored in batch.json (1 op)")
     for given in (["--all"], ["--ops-file", "f"], ["--repos", "builtin"]):
-        line = batch_resume.stored_selection(parse("--resume", *given), {"selection": [ADD.id, MM.id, ADD.id]})
+        line = batch_resume.stored_selection(parse("--resume", *given).selection,
+                                             {"selection": [ADD.id, MM.id, ADD.id]})
         assert line.startswith("the selection given on the command line (batch.json keeps its 3 ops"), given
 
 
 # --- where the ops run ---------------------------------------------------------------------------------------
 def where(*argv):
     args = parse(*argv)
-    return batch_session._where(RunOptions.from_namespace(args), BatchOptions.from_namespace(args))
+    return batch_session._where(args.run, args.how)
 
 
 def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute_as_parsed(tmp_path, monkeypatch):
@@ -994,7 +994,7 @@ def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute
     (tmp_path / "mine").mkdir()
     backend, devices, checkouts = where("--backend", "cpu", "--devices", " 0, 1,", "--flaggems-dir", f"fg={CHECKOUT}")
     assert (backend.name, devices, checkouts) == ("interpreter", [0, 1], {"fg": CHECKOUT})
-    parsed = RunOptions.from_namespace(parse("--ops-path", "mine", "--ops-path", "some.module"))
+    parsed = parse("--ops-path", "mine", "--ops-path", "some.module").run
     assert parsed.ops_paths == (str(tmp_path / "mine"), "some.module")
     backend, devices, checkouts = where("--backend", "interpreter")
     assert devices == backend.check_available(None) and checkouts == {}

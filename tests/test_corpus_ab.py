@@ -20,6 +20,7 @@ from result_rows import result_row
 import backends
 from harness import cli
 from harness.core import batchdir, opguard
+from harness.core.commands import CorpusABRequest
 from harness.core.errors import UsageError
 from harness.core.options import BatchOptions, CorpusOptions, RunOptions, declared
 from harness.providers import catalog
@@ -159,12 +160,12 @@ def test_ctrl_c_stops_every_step_and_reports_what_completed(corpus, tmp_path):
 
 
 def _args(*argv):
-    return cli.build_parser().parse_args(["ab", *argv])
+    return cli.parse_request(["ab", *argv])
 
 
 def prepare(args, stored: dict):
     """CorpusAB.prepare as the batch calls it: over the options the command line gives."""
-    return corpus_ab.CorpusAB.prepare(args, stored, RunOptions.from_namespace(args))
+    return corpus_ab.CorpusAB.prepare(CorpusABRequest.of(args), stored, args.run)
 
 
 def test_a_single_op_without_corpus_options_is_todays_ab():
@@ -432,7 +433,7 @@ def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
     monkeypatch.setattr(batch, "run_from_args", lambda args, job: seen.append((args, job)) or 0)
     assert cli.main(["ab", "--ops", "add", "--devices", "0", "--backend", "interpreter"]) == 0
     ((args, job),) = seen
-    assert job is corpus_ab.CorpusAB and (args.ops, args.devices) == (["add"], "0")  # parsed by the batch
+    assert job is corpus_ab.CorpusAB and (args.selection.ops, args.how.devices) == (("add",), "0")  # the batch request
 
 
 def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, capsys):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import backends
 from harness.core import batchdir, paths, rundir
+from harness.core.commands import BatchRequest
 from harness.core.errors import UsageError
 from harness.core.options import RunOptions, declared
 from harness.core.request import RunRequest
@@ -68,13 +69,14 @@ class Batch(LocalExecutor):
 
     # --- what a job and a batch are made of (overridden by a corpus A/B) -------------------------
     @classmethod
-    def prepare(cls, args, stored: dict, run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
+    def prepare(cls, request: BatchRequest, stored: dict,
+                run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
         """(extra fields of this job's Options, from the command line or what a resumed batch stored
         (stored with the request, so a resume gets them back); the run options its ops get; the ops
         to select when the command line names none, None for the stored selection)."""
         if "plan" in stored:
-            raise UsageError(f"--batch-dir {args.batch_dir} is a corpus A/B: resume it with nox -s ab -- --resume "
-                             "--batch-dir DIR")
+            raise UsageError(f"--batch-dir {request.corpus.batch_dir} is a corpus A/B: resume it with nox -s ab -- "
+                             "--resume --batch-dir DIR")
         return {}, run, None
 
     @classmethod

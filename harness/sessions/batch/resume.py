@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from harness.core import batchdir
+from harness.core.commands import Selection
 from harness.core.errors import UsageError
 from harness.core.options import BatchOptions, RunOptions
 from harness.providers.catalog import Entry
@@ -35,9 +36,9 @@ def resumed(stored: dict, given: RunOptions, given_batch: BatchOptions,
             f"from the command line: {' '.join(from_cli) or 'none'}")
 
 
-def stored_selection(args, stored: dict) -> str:
+def stored_selection(given: Selection, stored: dict) -> str:
     n = len(stored.get("selection") or [])
-    if args.all or args.ops or args.ops_file or args.repos:
+    if given.given():
         return (f"the selection given on the command line ({batchdir.BATCH_JSON} keeps its {n} ops, and adds any "
                 "new: a plain --resume runs those not done)")
     return f"the selection stored in {batchdir.BATCH_JSON} ({n} op{'s' * (n != 1)})"

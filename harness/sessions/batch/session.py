@@ -13,8 +13,9 @@ from pathlib import Path
 
 import backends
 from harness.core import batchdir, launch
+from harness.core.commands import BatchRequest
 from harness.core.errors import UsageError
-from harness.core.options import BatchOptions, RunOptions
+from harness.core.options import BatchOptions, CorpusOptions, RunOptions
 from harness.providers import flaggems, selection
 from harness.providers.catalog import Entry
 from harness.sessions import ray_executor, resolve, slurm_executor
@@ -25,40 +26,41 @@ from harness.sessions.batch.options import Options
 from harness.sessions.batch.resume import RENAMED, STORED_CHECKS
 
 
-def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
+def run_from_args(request: BatchRequest, runner_cls: type[Batch] = Batch) -> int:
     """`python -m harness batch ...`; a corpus A/B (harness.sessions.corpus_ab) runs this with its own
-    runner class."""
+    runner class and request (a CorpusABRequest: the batch's, and the A/B each op runs)."""
     import importlib.util
 
-    if args.resume and args.batch_dir is None:
+    corpus = request.corpus
+    if corpus.resume and corpus.batch_dir is None:
         raise UsageError("--resume needs --batch-dir (the batch dir to resume)")
     for executor, package in (("ray", "ray"), ("slurm", "submitit")):
-        if args.executor == executor and importlib.util.find_spec(package) is None:
+        if corpus.executor == executor and importlib.util.find_spec(package) is None:
             raise UsageError(f"--executor {executor} needs the {package} package in this environment "
                              f"(pip install {package})")
-    if args.executor == "slurm":
+    if corpus.executor == "slurm":
         slurm_executor.require_slurm()  # before a batch dir is made that nothing would run in
-    if args.summarize:
-        if not batchdir.is_batch_dir(args.summarize):
-            raise UsageError(f"--summarize {args.summarize}: not a batch dir (it has no {batchdir.BATCH_JSON})")
-        print(f"summary: {batchdir.write_summary(args.summarize.resolve())}")
+    if request.summarize:
+        if not batchdir.is_batch_dir(request.summarize):
+            raise UsageError(f"--summarize {request.summarize}: not a batch dir (it has no {batchdir.BATCH_JSON})")
+        print(f"summary: {batchdir.write_summary(request.summarize.resolve())}")
         return 0
-    given, given_batch = RunOptions.from_namespace(args), BatchOptions.from_namespace(args)
+    given, given_batch = request.run, request.how
     with contextlib.ExitStack() as held:
         previous, stored, origin = {}, {}, ""
         run, how = given, given_batch
-        if args.resume:
-            batch_dir = args.batch_dir.resolve()
+        if corpus.resume:
+            batch_dir = corpus.batch_dir.resolve()
             if not batchdir.is_batch_dir(batch_dir):
                 raise UsageError(f"--resume --batch-dir {batch_dir}: not a batch dir (it has no {batchdir.BATCH_JSON})")
             held.enter_context(batchdir.own(batch_dir))
             previous = batchdir.read_batch_json(batch_dir, STORED_CHECKS)
             stored = {RENAMED.get(k, k): v for k, v in previous.get("request", {}).items()}
             run, how, origin = resume.resumed(stored, given, given_batch, batch_dir / batchdir.BATCH_JSON)
-            origin = f"resume: {resume.stored_selection(args, stored)}; {origin}"
-        elif args.batch_dir is not None:
-            batchdir.check_new(args.batch_dir.resolve())
-        extra, run, ops = runner_cls.prepare(args, stored, run)
+            origin = f"resume: {resume.stored_selection(request.selection, stored)}; {origin}"
+        elif corpus.batch_dir is not None:
+            batchdir.check_new(corpus.batch_dir.resolve())
+        extra, run, ops = runner_cls.prepare(request, stored, run)
         backend, devices, checkouts = _where(run, how)
         # What each op's record is given: the backend found, paths absolute, each checkout NAME=PATH.
         run = dataclasses.replace(run, backend=backend.name, device=None,
@@ -67,9 +69,9 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
         if how.replay_root is not None and run.measurement().given():
             flags = " ".join(run.measurement().flags())
             raise UsageError(f"--replay-root replays each op as it was recorded, measured the same way: drop {flags}")
-        selected, excluded, left_out = selection.select(args, stored.get("selection"), list(run.ops_paths), checkouts,
-                                                        ops)
-        if args.resume:
+        selected, excluded, left_out = selection.select(request.selection, stored.get("selection"),
+                                                        list(run.ops_paths), checkouts, ops)
+        if corpus.resume:
             print(origin)
         op_timeout = batchdir.DEFAULT_OP_TIMEOUT if how.op_timeout is None else how.op_timeout
         op_dtypes = selection.op_dtypes(selected, list(run.ops_paths), op_timeout)
@@ -77,11 +79,11 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
                                   replay_root=how.replay_root.resolve() if how.replay_root else None,
                                   triage=runner_cls.TRIAGE and how.triage is not False,
                                   op_start=how.op_start or Options.op_start, **extra)
-        if args.resume:
+        if corpus.resume:
             for line in stop_leftovers(batch_dir):
                 print(line)
         else:
-            batch_dir = batchdir.new(args.batch_dir, args.out, runner_cls.dir_prefix(extra))
+            batch_dir = batchdir.new(corpus.batch_dir, request.out, runner_cls.dir_prefix(extra))
             held.enter_context(batchdir.own(batch_dir))
         # A resume given its own selection runs that, and the batch keeps every op it had: a later
         # plain --resume still owes the ones not run yet.
@@ -94,17 +96,17 @@ def run_from_args(args, runner_cls: type[Batch] = Batch) -> int:
             "excluded": {e.key: why for e, why in excluded},
             "left_out_repos": dict(left_out), "request": {**request, **extra}})
         runner = runner_cls(batch_dir, opts, op_dtypes)
-        if args.resume:
+        if corpus.resume:
             for line in slurm_executor.settle_leftovers(runner, runner.device_of):
                 print(line)
-        todo = [e for e in selected if not (args.resume and batchdir.completed(batch_dir, e.key, opts.op_timeout))]
+        todo = [e for e in selected if not (corpus.resume and batchdir.completed(batch_dir, e.key, opts.op_timeout))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
         for e, why in excluded:
             print(f"  excluded {e.key}: {why}")
         if len(todo) > runner_cls.LARGE_SELECTION:
             print(_rough_cost(len(todo), runner_cls.TYPICAL_OP_S, len(devices), opts.op_timeout, batch_dir))
-        return _run(runner, todo, selected, args)
+        return _run(runner, todo, selected, corpus)
 
 
 def _rough_cost(ops: int, typical_s: float, devices: int, op_timeout: float, batch_dir: Path) -> str:
@@ -150,18 +152,18 @@ def _where(run: RunOptions, how: BatchOptions) -> tuple[backends.Backend, list[i
 
 
 # --- running -------------------------------------------------------------------------------------
-def _execute(runner: Batch, todo: list[Entry], on_done, args) -> None:
-    """Every op of `todo` through the executor asked for."""
-    if args.executor == "ray":
-        ray_executor.run(runner, todo, on_done, args.ray_address, runner.device_of)
-    elif args.executor == "slurm":
-        slurm_executor.run(runner, todo, on_done, _slurm_params(args.slurm_param, runner.opts.op_timeout),
+def _execute(runner: Batch, todo: list[Entry], on_done, corpus: CorpusOptions) -> None:
+    """Every op of `todo` through the executor asked for (`corpus`: --executor and its options)."""
+    if corpus.executor == "ray":
+        ray_executor.run(runner, todo, on_done, corpus.ray_address, runner.device_of)
+    elif corpus.executor == "slurm":
+        slurm_executor.run(runner, todo, on_done, _slurm_params(corpus.slurm_param, runner.opts.op_timeout),
                            runner.device_of)
     else:
         runner.run(todo, on_done)
 
 
-def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
+def _run(runner: Batch, todo: list[Entry], selected: list[Entry], corpus: CorpusOptions) -> int:
     counts = collections.Counter()
     from tqdm import tqdm
 
@@ -177,7 +179,7 @@ def _run(runner: Batch, todo: list[Entry], selected: list[Entry], args) -> int:
 
         try:
             with launch.stops_on_signals():  # a SIGTERM (a job scheduler, `timeout`) stops it as Ctrl-C does
-                _execute(runner, todo, on_done, args)
+                _execute(runner, todo, on_done, corpus)
         except KeyboardInterrupt as exc:
             signum = launch.stopped_by(exc)
             # The rows the device threads recorded in ops_status.csv that the stop kept from the terminal (the
