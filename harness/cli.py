@@ -11,8 +11,9 @@ import re
 import sys
 from pathlib import Path
 
-from harness.core import options, rundir
+from harness.core import commands, options, rundir
 from harness.core.errors import UsageError
+from harness.core.request import RunRequest
 from harness.sessions import resolve
 
 DEFAULT_OP = "softmax"
@@ -222,6 +223,67 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
+# --- the request, parsed once ------------------------------------------------------------------
+def _tuple(value) -> tuple | None:
+    return None if value is None else tuple(value)
+
+
+def _selection(args: argparse.Namespace) -> commands.Selection:
+    return commands.Selection(_tuple(args.ops), options.CorpusOptions.from_namespace(args))
+
+
+def batch_request(args: argparse.Namespace) -> commands.BatchRequest:
+    return commands.BatchRequest(run=options.RunOptions.from_namespace(args),
+                                 how=options.BatchOptions.from_namespace(args), selection=_selection(args),
+                                 out=args.out, summarize=args.summarize)
+
+
+def ab_request(args: argparse.Namespace) -> commands.ABRequest:
+    return commands.ABRequest(
+        plan=args.plan, ops=_tuple(args.ops), experiment=options.ExperimentOptions.from_namespace(args),
+        run=options.RunOptions.from_namespace(args), continue_from=args.continue_from,
+        compare=_tuple(args.compare), out=args.out, run_dir=args.named_run_dir,
+        corpus=options.CorpusOptions.from_namespace(args), how=options.BatchOptions.from_namespace(args))
+
+
+def inventory_request(args: argparse.Namespace) -> commands.InventoryRequest:
+    return commands.InventoryRequest(check=args.check, flaggems_dirs=_tuple(args.flaggems_dir),
+                                     verify_collect=args.verify_collect, migrate_shapes=args.migrate_shapes,
+                                     out=args.out)
+
+
+def bisect_request(args: argparse.Namespace) -> commands.BisectRequest:
+    return commands.BisectRequest(bisect=options.BisectOptions.from_namespace(args),
+                                  experiment=options.ExperimentOptions.from_namespace(args),
+                                  run=options.RunOptions.from_namespace(args), ops=_tuple(args.ops), out=args.out,
+                                  run_dir=args.named_run_dir)
+
+
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """record or replay: the RunRequest a session would give the child that runs it."""
+    replay = args.command == "replay"
+    try:
+        return RunRequest(
+            args.command, args.run_dir if replay else args.op, options.RunOptions.from_namespace(args),
+            sweep_devices=args.sweep_devices, ir=args.ir, only=args.only, precompile=args.precompile,
+            color=args.color, out=args.out, run_dir=args.named_run_dir, triton_cache=args.triton_cache,
+            cases=_tuple(args.cases) if replay else None)
+    except ValueError as exc:  # a list of cases that is no list of distinct ids: as its session says it
+        raise UsageError(str(exc)) from None
+
+
+def request(args: argparse.Namespace):
+    """The command's request, built from what its parser parsed (harness.core.commands)."""
+    builders = {"record": run_request, "replay": run_request, "batch": batch_request, "ab": ab_request,
+                "inventory-regen": inventory_request, "bisect": bisect_request}
+    return builders[args.command](args)
+
+
+def parse_request(argv: list[str]):
+    """`python -m harness ARGV`'s request, without running it."""
+    return request(build_parser().parse_args([str(a) for a in argv]))
+
+
 # --- resolution ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_prog() if argv is None else PROG)
@@ -235,32 +297,36 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("record", "replay"):
             from harness.sessions import run
 
-            resolved = resolve.resolve_record(args) if args.command == "record" else resolve.resolve_replay(args)
-            return run.execute(*resolved, cache_dir=args.triton_cache, named_dir=args.named_run_dir)
+            asked = run_request(args)
+            resolved = resolve.resolve_record(asked) if asked.command == "record" else resolve.resolve_replay(asked)
+            return run.execute(*resolved, cache_dir=asked.triton_cache, named_dir=asked.run_dir)
         if args.command == "ab":
             from harness.sessions import ab, corpus_ab
 
-            if args.named_run_dir is not None and (args.compare or corpus_ab.wanted(args)):
+            asked = ab_request(args)
+            if asked.run_dir is not None and (asked.compare or corpus_ab.wanted(asked)):
                 raise UsageError("--run-dir names the dir of one A/B run: --compare writes its report under --out, "
                                  "a corpus A/B into --batch-dir")
-            if args.compare:
+            if asked.compare:
                 from harness.sessions import compare_batches  # the reports' modules: only to compare
 
-                if compare_batches.names_batches(args.compare):
-                    return compare_batches.run_from_args(args)
-            return corpus_ab.run_from_args(args) if corpus_ab.wanted(args) else ab.run_from_args(args)
+                if compare_batches.names_batches(asked.compare):
+                    return compare_batches.run_from_args(asked)
+            if corpus_ab.wanted(asked):
+                return corpus_ab.run_from_args(commands.CorpusABRequest.of(asked))
+            return ab.run_from_args(asked)
         if args.command == "bisect":
             from harness.sessions.bisect import session
 
-            return session.run_from_args(args)
+            return session.run_from_args(bisect_request(args))
         if args.command == "batch":
             from harness.sessions import batch
 
-            return batch.run_from_args(args)
+            return batch.run_from_args(batch_request(args))
         if args.command == "inventory-regen":
             from harness.sessions import inventory_regen
 
-            return inventory_regen.regen_from_args(args)
+            return inventory_regen.regen_from_args(inventory_request(args))
         from harness.measure import ir
         from reports import explain
 

@@ -131,17 +131,17 @@ def _facts(backend: str) -> int:
     return 0
 
 
-def _kept_facts(args: argparse.Namespace) -> dict | None:
+def _kept_facts(facts_file: str | None) -> dict | None:
     """The device facts an earlier worker of the same side kept in --facts-file, if any."""
     from harness.core import bounded
 
     try:
-        return bounded.read_json(args.facts_file, "device facts") if args.facts_file else None
+        return bounded.read_json(facts_file, "device facts") if facts_file else None
     except (OSError, ValueError):  # none kept yet (written whole or not at all: rundir.atomic_write_json)
         return None
 
 
-def _read_facts(args: argparse.Namespace, facts: subprocess.Popen) -> dict | None:
+def _read_facts(facts_file: str | None, facts: subprocess.Popen) -> dict | None:
     """What the facts reader said, kept in --facts-file for the side's next worker; None (said) if it failed."""
     from harness.core import rundir
 
@@ -151,26 +151,26 @@ def _read_facts(args: argparse.Namespace, facts: subprocess.Popen) -> dict | Non
               f"{err.strip().splitlines()[-1:] or ''}; each step imports its operator library itself", file=sys.stderr)
         return None
     read = json.loads(out.strip().splitlines()[-1])
-    if args.facts_file:
+    if facts_file:
         try:
-            rundir.atomic_write_json(Path(args.facts_file), read)
+            rundir.atomic_write_json(Path(facts_file), read)
         except OSError:  # the next worker reads them itself
             pass
     return read
 
 
-def _preload(args: argparse.Namespace, read: dict, scratch: Path) -> None:
-    """Each --preload checkout's package imported here, as its steps' children would import it, with the
-    device facts `read` stood in for the device; one that cannot be is said on stderr (the worker's log),
-    and its steps import it themselves."""
+def _preload(backend_name: str, checkouts: list[str], flagtune: str, read: dict, scratch: Path) -> None:
+    """Each --preload checkout's package imported here, as its steps' children would import it (under
+    --flagtune), with the device facts `read` stood in for the device; one that cannot be is said on
+    stderr (the worker's log), and its steps import it themselves."""
     import backends
     from harness.providers import flaggems
 
-    backend = backends.get(args.backend)
-    for checkout in args.preload:
+    backend = backends.get(backend_name)
+    for checkout in checkouts:
         start = time.monotonic()
         try:
-            done = flaggems.preload(Path(checkout), args.flagtune, backend.flaggems_vendor,
+            done = flaggems.preload(Path(checkout), flagtune, backend.flaggems_vendor,
                                     backend.facts_standing_in(read), scratch)
         except Exception as exc:  # an import that fails, or that asked the device for more than its facts
             print(f"worker {os.getpid()}: {checkout} not preloaded ({type(exc).__name__}: {str(exc)[:300]}); "
@@ -216,7 +216,7 @@ def main() -> int:
     facts, reader = None, None  # the device facts an earlier worker kept, else their reader, begun now
     if args.preload:
         try:
-            facts = _kept_facts(args)
+            facts = _kept_facts(args.facts_file)
             reader = _start_facts(args.backend, args.device) if facts is None else None
         except Exception as exc:  # no device found, no interpreter to start: the steps import it, as before
             print(f"worker {os.getpid()}: nothing preloaded: the device facts could not be read ({exc})",
@@ -227,9 +227,9 @@ def main() -> int:
     scratch = paths.make_private_dir("worker")  # the preloaded LibTuner cache's, until each step rebinds it
     try:
         if reader is not None:
-            facts = _read_facts(args, reader)
+            facts = _read_facts(args.facts_file, reader)
         if facts is not None:
-            _preload(args, facts, scratch)
+            _preload(args.backend, args.preload, args.flagtune, facts, scratch)
         if torch.cuda.is_initialized():  # a flag, not a device call: every forked step would fail to init its device
             print("error: importing the harness initialized CUDA in the warm worker: it cannot fork steps",
                   file=sys.stderr)

@@ -172,7 +172,8 @@ def status_rows(batch_dir: Path) -> list[dict]:
 
 
 def parse(*argv):
-    return cli.build_parser().parse_args(["batch", *map(str, argv)])
+    """The batch's request (harness.core.commands.BatchRequest) that the command line ARGV asks."""
+    return cli.parse_request(["batch", *argv])
 
 
 # --- a real op that hangs, for the timeout's group kill --------------------------------------------------

@@ -624,13 +624,13 @@ def test_the_plot_title_fits_inside_the_figure(tmp_path):
 
 
 def test_a_plan_of_gpu_sized_shipped_shapes_runs_the_backends_own_on_the_interpreter(capsys):
-    plan = ab.resolve_plan(cli.build_parser().parse_args(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
+    plan = ab.resolve_plan(cli.parse_request(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
                                                           "--backend", "interpreter"]))
     assert plan.options.shapes == REPO / "shapes" / "tiny.yaml"
     assert capsys.readouterr().out.startswith(f"note: backend 'interpreter' runs {REPO / 'shapes' / 'tiny.yaml'} "
                                               f"instead of the plan's {REPO / 'shapes' / 'default.yaml'} (sized for "
                                               "a GPU, far too slow here); --shapes picks another\n")
-    chosen = ab.resolve_plan(cli.build_parser().parse_args(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
+    chosen = ab.resolve_plan(cli.parse_request(["ab", str(REPO / "ops" / "ab_f32_ieee.yaml"),
                                                             "--backend", "interpreter", "--shapes",
                                                             str(REPO / "shapes" / "default.yaml")]))
     assert chosen.options.shapes == REPO / "shapes" / "default.yaml"  # asked for: as asked

@@ -143,7 +143,7 @@ def _ab(tmp_path, plan_text, *argv):
     plan = tmp_path / "plan.yaml"
     plan.write_text(plan_text)
     out = [] if "--run-dir" in argv else ["--out", str(tmp_path / "runs")]
-    return cli.build_parser().parse_args(["ab", str(plan), "--backend", "interpreter", *out, *argv])
+    return cli.parse_request(["ab", str(plan), "--backend", "interpreter", *out, *argv])
 
 
 def _ab_dir(out: str) -> Path:
@@ -414,7 +414,7 @@ def _single_run(path: Path, candidate_ms: float) -> Path:
 
 def test_compare_reports_two_single_runs_and_refuses_a_dir_that_is_no_run(tmp_path, capsys):
     a, b = _single_run(tmp_path / "a", 2.0), _single_run(tmp_path / "b", 2.2)
-    parse = cli.build_parser().parse_args
+    parse = cli.parse_request
     assert ab.run_from_args(parse(["ab", "--compare", str(a), str(b), "--out", str(tmp_path / "out")])) == 0
     (out_dir,) = (tmp_path / "out").iterdir()
     assert out_dir.name.startswith("compare_")
@@ -598,8 +598,8 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     assert all(t["python"] is None for t in steps.told)  # each forked by its side's worker
     # An A/B without a plan file: its ops from the command line, A as is, B as switched there.
     steps.told.clear()
-    args = cli.build_parser().parse_args(["ab", "--ops", "add", "--backend", "interpreter", "--b-env", "X=1",
-                                          "--repeats", "2", "--out", str(tmp_path / "adhoc")])
+    args = cli.parse_request(["ab", "--ops", "add", "--backend", "interpreter", "--b-env", "X=1",
+                              "--repeats", "2", "--out", str(tmp_path / "adhoc")])
     assert ab.run_from_args(args) == 0
     out = capsys.readouterr().out
     assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out

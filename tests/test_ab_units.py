@@ -19,7 +19,7 @@ from harness.sessions.ab import session as ab_session
 
 
 def _args(*argv):
-    return cli.build_parser().parse_args(["ab", *argv])
+    return cli.parse_request(["ab", *argv])
 
 
 def test_a_side_describes_its_label_switches_python_and_requirements():

@@ -18,7 +18,7 @@ from result_rows import result_row
 
 import backends
 from harness.core import opguard, rundir
-from harness.sessions import batch
+from harness.sessions.batch import facts as batch_facts
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 
@@ -169,18 +169,18 @@ def test_a_timeout_names_the_case_it_killed(harness_batch, tmp_path):
 
 def test_a_timeout_says_when_no_case_was_running(tmp_path):
     run_dir = tmp_path / "attempt1" / "op_20260101-000000"  # as the batch named it
-    assert batch._killed_during(run_dir) == "before its run dir was written (the op never started a case)"
+    assert batch_facts.killed_during(run_dir) == "before its run dir was written (the op never started a case)"
     run_dir.mkdir(parents=True)
     rundir.atomic_write_json(run_dir / "run.json", {"observed": {"running_case": None}})
-    assert batch._killed_during(run_dir) == "before its first case started"
+    assert batch_facts.killed_during(run_dir) == "before its first case started"
     row = result_row(timer="host")
     rundir.atomic_write_json(run_dir / "results.json", {"format": 1, "rows": [row, row]})
-    assert batch._killed_during(run_dir) == "with no case running (2 rows done)"
+    assert batch_facts.killed_during(run_dir) == "with no case running (2 rows done)"
     rundir.atomic_write_json(run_dir / "run.json", {"observed": {"running_case": "fp16-4x16"}})
-    assert batch._killed_during(run_dir) == "during case fp16-4x16"
+    assert batch_facts.killed_during(run_dir) == "during case fp16-4x16"
     (run_dir / "run.log").write_text("earlier lines\n")
     what = "timeout after 5 s during case fp16-4x16"
-    batch._killed_note(run_dir, tmp_path / "batch.log", what)
+    batch_facts.killed_note(run_dir, tmp_path / "batch.log", what)
     for log in (run_dir / "run.log", tmp_path / "batch.log"):
         assert log.read_text().splitlines()[-1] == f"killed by the batch's --op-timeout: {what}"
 

@@ -47,8 +47,8 @@ class PassesOneKillsOne(batch.Batch):
 
 def test_a_stopped_batch_shows_the_op_that_passed_and_names_the_op_it_killed(tmp_path, capsys):
     d = tmp_path / "b"
-    args = cli.build_parser().parse_args(["batch", "--backend", "interpreter", "--ops", "add", "mm",
-                                          "--devices", "0,1", "--batch-dir", str(d)])
+    args = cli.parse_request(["batch", "--backend", "interpreter", "--ops", "add", "mm",
+                              "--devices", "0,1", "--batch-dir", str(d)])
     assert batch.run_from_args(args, runner_cls=PassesOneKillsOne) == 128 + signal.SIGINT
     out = capsys.readouterr().out.splitlines()
     with open(d / batchdir.STATUS_CSV) as f:

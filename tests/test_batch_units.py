@@ -5,7 +5,6 @@ scripted time on a fake clock. Everything above it is the real batch code on han
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import hashlib
@@ -50,20 +49,24 @@ from harness.core.options import BatchOptions, RunOptions
 from harness.providers import catalog, selection
 from harness.providers.catalog import Entry
 from harness.sessions import batch, ray_executor, slurm_executor
+from harness.sessions.batch import executor as batch_executor
+from harness.sessions.batch import facts as batch_facts
+from harness.sessions.batch import resume as batch_resume
+from harness.sessions.batch import session as batch_session
 
 
 # --- the fake process boundary (batch_fakes), put in place --------------------------------------------
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(batch, "time", c)
+    monkeypatch.setattr(batch_executor, "time", c)
     return c
 
 
 @pytest.fixture
 def launcher(monkeypatch, clock):
     # Each attempt's run dir is `attemptK/run`, as the expectations below spell it (not `<op>_<ts>`).
-    monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / "run")
+    monkeypatch.setattr(rundir, "unclaimed_run_dir", lambda root, op: root / "run")
     fake = Launcher(clock)
     monkeypatch.setattr(launch, "start", fake)
     monkeypatch.setattr(batch.Batch, "_new_worker", lambda self, log, preload=None: fake.worker(log))
@@ -91,8 +94,8 @@ def test_shard_is_the_documented_stable_hash_and_spreads():
 def test_run_facts_counts_rows_timers_fallbacks_and_the_skip_reason(tmp_path):
     empty = {"rows": 0, "timer": "", "timer_fallback_rows": 0, "replay_fallback_rows": 0, "statuses": {},
              "skip_reason": ""}
-    assert batch._run_facts(None) == empty
-    assert batch._run_facts(tmp_path) == empty  # no results.json
+    assert batch_facts.run_facts(None) == empty
+    assert batch_facts.run_facts(tmp_path) == empty  # no results.json
     run = write_run(tmp_path, [
         row(timer="graph", markers=["TIMER_FALLBACK: graph capture failed", "X"]),
         row(timer="direct", markers=["AUTOTUNE_REPLAY_FALLBACK x", "TIMER_FALLBACK y"]),
@@ -100,78 +103,78 @@ def test_run_facts_counts_rows_timers_fallbacks_and_the_skip_reason(tmp_path):
         row(status="SKIPPED", timer="", markers=["NOT_TIMER_FALLBACK"], error="no fp16 here"),
         row(status="SKIPPED", error="second reason"),
         row(status="FAILED", markers=["xAUTOTUNE_REPLAY_FALLBACK"])])
-    assert batch._run_facts(run) == {"rows": 6, "timer": "direct+graph", "timer_fallback_rows": 2,
+    assert batch_facts.run_facts(run) == {"rows": 6, "timer": "direct+graph", "timer_fallback_rows": 2,
                                      "replay_fallback_rows": 1, "statuses": {"SUCCESS": 2, "SKIPPED": 3, "FAILED": 1},
                                      "skip_reason": "no fp16 here"}
     run = write_run(tmp_path, [row(status="SKIPPED"), {**row(), "timer": None}], name="r2")
-    assert batch._run_facts(run)["skip_reason"] == "" and batch._run_facts(run)["timer"] == "direct"
+    assert batch_facts.run_facts(run)["skip_reason"] == "" and batch_facts.run_facts(run)["timer"] == "direct"
 
 
 def test_dtype_rejected_reads_our_exit_code_or_the_childs_run_json(tmp_path):
     assert DtypeRejected.exit_code == 65
-    assert batch._dtype_rejected(65, None) is True  # before any run dir
-    assert batch._dtype_rejected(1, None) is False
-    assert batch._dtype_rejected(1, tmp_path / "missing") is False
-    assert batch._dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": False}, name="a_run")) is False
-    assert batch._dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": True}, name="b_run")) is True
-    assert batch._dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": "yes"}, name="c_run")) is False
-    assert batch._dtype_rejected(3, write_run(tmp_path, [], {}, name="d_run")) is False
+    assert batch_facts.dtype_rejected(65, None) is True  # before any run dir
+    assert batch_facts.dtype_rejected(1, None) is False
+    assert batch_facts.dtype_rejected(1, tmp_path / "missing") is False
+    assert batch_facts.dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": False}, name="a_run")) is False
+    assert batch_facts.dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": True}, name="b_run")) is True
+    assert batch_facts.dtype_rejected(1, write_run(tmp_path, [], {"dtype_rejected": "yes"}, name="c_run")) is False
+    assert batch_facts.dtype_rejected(3, write_run(tmp_path, [], {}, name="d_run")) is False
     (tmp_path / "e_run").mkdir()
     (tmp_path / "e_run" / rundir.RUN_JSON).write_text("{half")  # a child killed while writing it
-    assert batch._dtype_rejected(1, tmp_path / "e_run") is False
+    assert batch_facts.dtype_rejected(1, tmp_path / "e_run") is False
     (tmp_path / "f_run").mkdir()
     (tmp_path / "f_run" / rundir.RUN_JSON).write_text("{}")  # nothing observed yet
-    assert batch._dtype_rejected(1, tmp_path / "f_run") is False
+    assert batch_facts.dtype_rejected(1, tmp_path / "f_run") is False
 
 
 def test_pytest_line_is_the_first_error_or_the_final_summary(tmp_path):
     log = tmp_path / "pytest.log"
     log.write_text("collected 1 item\n\nFAILED a.py::t - boom\nE   RuntimeError: first\nE   second\n"
                    "ERROR b.py\n==== 1 failed in 0.1s ====\n")
-    assert batch._pytest_line(log, 1) == "RuntimeError: first"  # an E line before FAILED/ERROR ones
+    assert batch_facts.pytest_line(log, 1) == "RuntimeError: first"  # an E line before FAILED/ERROR ones
     log.write_text("x\nERROR b.py - collection\nFAILED a.py::t - boom\n= 1 failed =\n")
-    assert batch._pytest_line(log, 1) == "FAILED a.py::t - boom"
+    assert batch_facts.pytest_line(log, 1) == "FAILED a.py::t - boom"
     log.write_text("x\n  ERROR b.py - collection  \n= 1 error =\n")
-    assert batch._pytest_line(log, 2) == "ERROR b.py - collection"
+    assert batch_facts.pytest_line(log, 2) == "ERROR b.py - collection"
     log.write_text("E   not an error of a pass\nt.py .\n===== 1 passed in 0.12s =====\n\n")
-    assert batch._pytest_line(log, 0) == "1 passed in 0.12s"
+    assert batch_facts.pytest_line(log, 0) == "1 passed in 0.12s"
     log.write_text("Error: no E-line prefix\n== 1 failed ==\n")
-    assert batch._pytest_line(log, 1) == "1 failed"
+    assert batch_facts.pytest_line(log, 1) == "1 failed"
     log.write_text("\n  \n")
-    assert batch._pytest_line(log, 4) == "pytest exited 4"
+    assert batch_facts.pytest_line(log, 4) == "pytest exited 4"
     log.write_bytes(b"E   bad byte \xff\n")
-    assert batch._pytest_line(log, 1) == "bad byte \ufffd"
+    assert batch_facts.pytest_line(log, 1) == "bad byte \ufffd"
 
 
 def test_killed_during_names_the_case_or_says_why_none(tmp_path):
-    assert batch._killed_during(tmp_path / "a") == "before its run dir was written (the op never started a case)"
+    assert batch_facts.killed_during(tmp_path / "a") == "before its run dir was written (the op never started a case)"
     write_run(tmp_path, [], {"running_case": "fp32 [8]"}, name="a")
-    assert batch._killed_during(tmp_path / "a") == "during case fp32 [8]"
+    assert batch_facts.killed_during(tmp_path / "a") == "during case fp32 [8]"
     write_run(tmp_path, [], {"outcome": {"running_case": "fp16 [2, 700]"}}, name="b")
-    assert batch._killed_during(tmp_path / "b") == "during case fp16 [2, 700]"
+    assert batch_facts.killed_during(tmp_path / "b") == "during case fp16 [2, 700]"
     write_run(tmp_path, [row(), row()], {"outcome": {"running_case": None}}, name="c")
-    assert batch._killed_during(tmp_path / "c") == "with no case running (2 rows done)"
+    assert batch_facts.killed_during(tmp_path / "c") == "with no case running (2 rows done)"
     write_run(tmp_path, [row()], {"running_case": "", "outcome": None}, name="d")
-    assert batch._killed_during(tmp_path / "d") == "with no case running (1 row done)"
+    assert batch_facts.killed_during(tmp_path / "d") == "with no case running (1 row done)"
     write_run(tmp_path, [], {}, name="e")
-    assert batch._killed_during(tmp_path / "e") == "before its first case started"
+    assert batch_facts.killed_during(tmp_path / "e") == "before its first case started"
     write_run(tmp_path, None, {}, name="f")
-    assert batch._killed_during(tmp_path / "f") == "before its first case started"
+    assert batch_facts.killed_during(tmp_path / "f") == "before its first case started"
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / rundir.RUN_JSON).write_text("{}")  # killed before it wrote anything observed
-    assert batch._killed_during(tmp_path / "g") == "before its first case started"
+    assert batch_facts.killed_during(tmp_path / "g") == "before its first case started"
 
 
 def test_killed_note_goes_to_the_batch_log_and_the_killed_runs_log(tmp_path):
     log = tmp_path / "batch.log"
     log.write_text("before\n")
     other, killed = write_run(tmp_path / "a1", [], name="r1"), write_run(tmp_path / "a1", [], name="r2")
-    batch._killed_note(killed, log, "timeout after 5 s during case x")
+    batch_facts.killed_note(killed, log, "timeout after 5 s during case x")
     note = "\nkilled by the batch's --op-timeout: timeout after 5 s during case x\n"
     assert log.read_text() == "before\n" + note
     assert (killed / rundir.RUN_LOG).read_text() == "run log\n" + note
     assert (other / rundir.RUN_LOG).read_text() == "run log\n"
-    batch._killed_note(tmp_path / "a1" / "never_claimed", log, "x")  # killed before its run dir: the batch log only
+    batch_facts.killed_note(tmp_path / "a1" / "never_claimed", log, "x")  # killed before its run dir: batch log only
     assert not (tmp_path / "a1" / "never_claimed").exists() and log.read_text().endswith("op-timeout: x\n")
 
 
@@ -342,12 +345,12 @@ def test_bad_input_is_not_retried_and_its_error_is_the_note(tmp_path, launcher):
 def test_the_error_line_of_a_log_with_no_command_line_and_bytes_that_are_not_utf8(tmp_path):
     log = tmp_path / "batch.log"
     log.write_bytes(b"error: shape file \xff.yaml does not exist\nusage: ...\n")
-    assert batch._error_line(log) == "shape file \ufffd.yaml does not exist"
+    assert batch_facts.error_line(log) == "shape file \ufffd.yaml does not exist"
 
 
 def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, launcher, clock, monkeypatch):
     # Run dirs r1, r2, ... in the order the attempts start: an attempt dir reused later holds earlier runs too.
-    monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", lambda root, op: root / f"r{len(launcher.calls) + 1}")
+    monkeypatch.setattr(rundir, "unclaimed_run_dir", lambda root, op: root / f"r{len(launcher.calls) + 1}")
     r = runner_for(tmp_path, launcher)
     op_dir = batchdir.op_dir(tmp_path, ADD.key)
     op_dir.mkdir(parents=True)
@@ -369,7 +372,7 @@ def test_the_same_exit_twice_is_deterministic_and_ends_the_retries(tmp_path, lau
 
 
 def test_an_attempt_is_read_back_from_the_run_dir_the_batch_named_never_a_stray_one(tmp_path, launcher, monkeypatch):
-    monkeypatch.setattr(batch.rundir, "unclaimed_run_dir", UNCLAIMED_RUN_DIR)  # the real names
+    monkeypatch.setattr(rundir, "unclaimed_run_dir", UNCLAIMED_RUN_DIR)  # the real names
     r = runner_for(tmp_path, launcher)
     op_dir = batchdir.op_dir(tmp_path, ADD.key)
     write_run(op_dir / "attempt1", [row()], {"outcome": {"status": "COMPLETE", "exit_code": 0}},
@@ -866,10 +869,10 @@ def test_stop_leftovers_stops_each_running_op_and_says_so(tmp_path, monkeypatch)
 # --- the job's hooks -----------------------------------------------------------------------------------
 def test_batch_hooks_of_a_record_job(tmp_path):
     r = runner_for(tmp_path, devices=[4, 6])
-    assert batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"backend": "x"}, r.opts.run) == (
+    assert batch.Batch.prepare(parse("--batch-dir", tmp_path), {"backend": "x"}, r.opts.run) == (
         {}, r.opts.run, None)
     with pytest.raises(UsageError) as info:
-        batch.Batch.prepare(argparse.Namespace(batch_dir=tmp_path), {"plan": {}}, r.opts.run)
+        batch.Batch.prepare(parse("--batch-dir", tmp_path), {"plan": {}}, r.opts.run)
     assert str(info.value) == (f"--batch-dir {tmp_path} is a corpus A/B: resume it with nox -s ab -- --resume "
                                "--batch-dir DIR")
     assert batch.Batch.dir_prefix({}) == "batch"
@@ -884,12 +887,12 @@ def test_batch_hooks_of_a_record_job(tmp_path):
 
 
 def test_slurm_params_fit_every_attempt_and_take_key_values():
-    assert batch._slurm_params(None, 60.0) == {"timeout_min": 10}  # 5 attempts of a minute, plus 5
-    assert batch._slurm_params(["partition=gpu", "qos=a=b"], 61.0) == {
+    assert batch_session._slurm_params(None, 60.0) == {"timeout_min": 10}  # 5 attempts of a minute, plus 5
+    assert batch_session._slurm_params(["partition=gpu", "qos=a=b"], 61.0) == {
         "timeout_min": 11, "slurm_partition": "gpu", "slurm_qos": "a=b"}
     for bad in ("partition", "=gpu"):
         with pytest.raises(UsageError) as info:
-            batch._slurm_params([bad], 60.0)
+            batch_session._slurm_params([bad], 60.0)
         assert str(info.value) == f"--slurm-param {bad!r}: expected KEY=VAL (e.g. partition=gpu)"
 
 
@@ -901,12 +904,12 @@ FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes=Path(
 
 def test_request_stores_options_as_the_command_line_gives_them():
     unmeasured = {"seed": None, "timer": None, "l2": None, "warmup_ms": None, "rep_ms": None, "windows": None}
-    assert batch._request(options(**FULL), [ADD, MM]) == {
+    assert batch_resume.stored_request(options(**FULL), [ADD, MM]) == {
         "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_paths": ["/ops"],
         "flaggems_dirs": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
         "op_timeout": 5.0, "replay_root": "/earlier", "triage": False, "op_start": "fresh",
         "selection": [ADD.id, MM.id], **unmeasured}
-    assert batch._request(options(devices=[1]), []) == {
+    assert batch_resume.stored_request(options(devices=[1]), []) == {
         "backend": "interpreter", "devices": "1", "dtypes": None, "shapes": None, "ops_paths": [],
         "flaggems_dirs": [], "level": None, "flagtune": None, "libtuner_cache": None,
         "op_timeout": batchdir.DEFAULT_OP_TIMEOUT, "replay_root": None, "triage": None, "op_start": None,
@@ -917,12 +920,12 @@ def resumed(stored: dict, *argv):
     """What a resume of a batch that stored `stored` runs with, given `argv`: (run options, batch
     options, the line saying which came from where)."""
     args = parse("--resume", "--batch-dir", "/b", *argv)
-    return batch._resumed(stored, RunOptions.from_namespace(args), BatchOptions.from_namespace(args),
+    return batch_resume.resumed(stored, args.run, args.how,
                           Path("/b/batch.json"))
 
 
 def test_a_resume_takes_what_the_command_line_does_not_give_from_batch_json():
-    stored = json.loads(json.dumps(batch._request(options(**FULL), [ADD, MM])))
+    stored = json.loads(json.dumps(batch_resume.stored_request(options(**FULL), [ADD, MM])))
     run, how, line = resumed(stored)
     assert line == ("options from batch.json: --level --flagtune --libtuner-cache --backend --shapes --dtypes "
                     "--ops-path --flaggems-dir --devices --op-timeout --replay-root --no-triage --op-start; from the "
@@ -940,7 +943,7 @@ def test_a_resume_takes_what_the_command_line_does_not_give_from_batch_json():
     # A batch.json written before the options took their fields' names.
     old = {k: v for k, v in stored.items() if k not in ("ops_paths", "flaggems_dirs")}
     old.update(ops_path=["/ops"], flaggems_dir=["flaggems=/fg"])
-    assert resumed({batch.RENAMED.get(k, k): v for k, v in old.items()}, "--ops", "add")[0] == resumed(stored)[0]
+    assert resumed({batch_resume.RENAMED.get(k, k): v for k, v in old.items()}, "--ops", "add")[0] == resumed(stored)[0]
 
 
 def test_a_batch_records_each_op_measured_as_asked(tmp_path, launcher):
@@ -972,17 +975,18 @@ def test_a_resume_names_the_selection_and_only_the_options_it_was_given(tmp_path
     assert resumed({"selection": [ADD.id], "backend": "interpreter", "devices": None}, "--no-triage")[2] == (
         "options from batch.json: --backend; from the command line: --no-triage")
     assert resumed({})[2] == "options from batch.json: none; from the command line: none"
-    assert batch._stored_selection(parse("--resume"), {"selection": [ADD.id]}) == (
+    assert batch_resume.stored_selection(parse("--resume").selection, {"selection": [ADD.id]}) == (
         "the selection stored in batch.json (1 op)")
     for given in (["--all"], ["--ops-file", "f"], ["--repos", "builtin"]):
-        line = batch._stored_selection(parse("--resume", *given), {"selection": [ADD.id, MM.id, ADD.id]})
+        line = batch_resume.stored_selection(parse("--resume", *given).selection,
+                                             {"selection": [ADD.id, MM.id, ADD.id]})
         assert line.startswith("the selection given on the command line (batch.json keeps its 3 ops"), given
 
 
 # --- where the ops run ---------------------------------------------------------------------------------------
 def where(*argv):
     args = parse(*argv)
-    return batch._where(RunOptions.from_namespace(args), BatchOptions.from_namespace(args))
+    return batch_session._where(args.run, args.how)
 
 
 def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute_as_parsed(tmp_path, monkeypatch):
@@ -990,7 +994,7 @@ def test_where_resolves_backend_devices_and_checkouts_and_ops_paths_are_absolute
     (tmp_path / "mine").mkdir()
     backend, devices, checkouts = where("--backend", "cpu", "--devices", " 0, 1,", "--flaggems-dir", f"fg={CHECKOUT}")
     assert (backend.name, devices, checkouts) == ("interpreter", [0, 1], {"fg": CHECKOUT})
-    parsed = RunOptions.from_namespace(parse("--ops-path", "mine", "--ops-path", "some.module"))
+    parsed = parse("--ops-path", "mine", "--ops-path", "some.module").run
     assert parsed.ops_paths == (str(tmp_path / "mine"), "some.module")
     backend, devices, checkouts = where("--backend", "interpreter")
     assert devices == backend.check_available(None) and checkouts == {}
@@ -1030,7 +1034,7 @@ def test_a_batch_runs_records_and_resumes(tmp_path, launcher, capsys, monkeypatc
     assert {k: v for k, v in stored.items() if k != "request"} == {
         "backend": "interpreter", "devices": [0], "flaggems_dirs": {}, "excluded": {}, "left_out_repos": {},
         "selected": ["path:fp32_op", "path:crash_op", "builtin:add"]}
-    assert stored["request"] == {**batch._request(options(dtypes=["fp32"], ops_paths=[str(OPS)]), []),
+    assert stored["request"] == {**batch_resume.stored_request(options(dtypes=["fp32"], ops_paths=[str(OPS)]), []),
                                  "selection": ids}
     assert [(x["op"], x["status"]) for x in status_rows(d)] == [("add", "PASS"), ("crash_op", "FAIL"),
                                                                 ("fp32_op", "PASS")]
@@ -1354,7 +1358,7 @@ class HookBatch(batch.Batch):
         return run_dir / "inner"
 
     def _facts(self, run_dir):
-        return {**batch._run_facts(run_dir), "verdict": run_dir.name}
+        return {**batch_facts.run_facts(run_dir), "verdict": run_dir.name}
 
     def _columns(self, facts):
         return {"verdict": facts["verdict"]}
@@ -1401,7 +1405,7 @@ class StoppedRunner:
 
 def test_a_broken_summary_does_not_hide_the_exit_code_of_a_stop(capsys):
     args = types.SimpleNamespace(executor="local")
-    assert batch._run(StoppedRunner(), [], [], args) == 128 + signal.SIGINT
+    assert batch_session._run(StoppedRunner(), [], [], args) == 128 + signal.SIGINT
     out = capsys.readouterr().out
     assert "interrupted (SIGINT)" in out and "summary failed: TypeError: interval [0.0, inf]" in out
 
@@ -1433,16 +1437,16 @@ def test_the_exit_code_counts_our_failures_and_lists_upstreams_apart(tmp_path, c
     slow = Entry("flaggems", "slow_upstream", "triage", "benchmark/test_triage.py")
     write_statuses(status_row(ADD, "FAIL"), status_row(MM, "FAIL"), status_row(FG, "FAIL_UPSTREAM"),
                    status_row(slow, "TIMEOUT_UPSTREAM"))
-    assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG, slow], args) == 1
+    assert batch_session._run(FinishedRunner(tmp_path), [], [ADD, MM, FG, slow], args) == 1
     out = capsys.readouterr().out
     assert "done: FAIL 2, FAIL_UPSTREAM 1, TIMEOUT_UPSTREAM 1; summary: summary.csv" in out
     assert "not passed: builtin:add, builtin:mm\n" in out
     assert "(not counted as ours; see their notes): flaggems:broken_upstream, flaggems:slow_upstream\n" in out
     write_statuses(status_row(ADD, "PASS"), status_row(MM, "TIMEOUT"), status_row(FG, "TIMEOUT_UPSTREAM"))
-    assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 1
+    assert batch_session._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 1
     assert "not passed: builtin:mm\n" in capsys.readouterr().out
     write_statuses(status_row(ADD, "PASS"), status_row(MM, "SKIP"), status_row(FG, "TIMEOUT_UPSTREAM"))
-    assert batch._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 0
+    assert batch_session._run(FinishedRunner(tmp_path), [], [ADD, MM, FG], args) == 0
     assert "not passed" not in capsys.readouterr().out
 
 
@@ -1481,7 +1485,7 @@ def test_summarize_of_a_dir_that_is_no_batch_is_refused_and_writes_nothing(tmp_p
 
 # --- the timeout's group kill, on real processes ------------------------------------------------------
 def test_a_timed_out_op_is_stopped_with_every_process_of_its_group(tmp_path, monkeypatch):
-    monkeypatch.setattr(batch, "KILL_GRACE_S", 1)
+    monkeypatch.setattr(batch_executor, "KILL_GRACE_S", 1)
     runner = runner_for(tmp_path, op_timeout=1.0)
     log = tmp_path / "attempt" / "batch.log"
     log.parent.mkdir()
@@ -1496,7 +1500,7 @@ def test_a_timed_out_op_is_stopped_with_every_process_of_its_group(tmp_path, mon
 @pytest.mark.parametrize("checkout", [False, True])
 def test_a_batch_given_no_selection_screens_the_whole_inventory_it_can_see(tmp_path, launcher, capsys, monkeypatch,
                                                                            checkout):
-    monkeypatch.setattr(batch.catalog, "load_dismissed", lambda: {"builtin:gelu": "broken here",
+    monkeypatch.setattr(catalog, "load_dismissed", lambda: {"builtin:gelu": "broken here",
                                                                    "flaggems:log_softmax": "broken upstream"})
     d = tmp_path / "b"
     code = batch.run_from_args(parse("--backend", "interpreter", "--devices", "0", "--batch-dir", d,

@@ -20,9 +20,13 @@ from result_rows import result_row
 import backends
 from harness import cli
 from harness.core import batchdir, opguard
+from harness.core.commands import CorpusABRequest
+from harness.core.errors import UsageError
 from harness.core.options import BatchOptions, CorpusOptions, RunOptions, declared
 from harness.providers import catalog
 from harness.sessions import ab, batch, corpus_ab, ray_executor, slurm_executor
+from harness.sessions.batch import executor as batch_executor
+from harness.sessions.batch import facts as batch_facts
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
 STEPS = ("A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2")  # an A/B of 2 repeats, in order
@@ -156,12 +160,12 @@ def test_ctrl_c_stops_every_step_and_reports_what_completed(corpus, tmp_path):
 
 
 def _args(*argv):
-    return cli.build_parser().parse_args(["ab", *argv])
+    return cli.parse_request(["ab", *argv])
 
 
 def prepare(args, stored: dict):
     """CorpusAB.prepare as the batch calls it: over the options the command line gives."""
-    return corpus_ab.CorpusAB.prepare(args, stored, RunOptions.from_namespace(args))
+    return corpus_ab.CorpusAB.prepare(CorpusABRequest.of(args), stored, args.run)
 
 
 def test_a_single_op_without_corpus_options_is_todays_ab():
@@ -235,7 +239,7 @@ def test_an_ops_ab_is_read_back_from_the_dirs_it_named_never_a_stray_one(tmp_pat
     (ab_dir / "ab.json").write_text(json.dumps(state))
     assert runner._rejected(4, ab_dir)  # the child's own dtype_rejected, in the run dir the step named
     assert runner._stopped_in(ab_dir) == ab_dir / "add" / "A-1" / "add_2"  # not claimed yet: said as such
-    assert batch._killed_during(runner._stopped_in(ab_dir)).startswith("before its run dir was written")
+    assert batch_facts.killed_during(runner._stopped_in(ab_dir)).startswith("before its run dir was written")
     (ab_dir / "ab.json").write_text(json.dumps({"steps": [{**record, "exit": 4}]}))  # between steps
     assert runner._stopped_in(ab_dir) == Path(record["run_dir"])
 
@@ -279,13 +283,13 @@ def test_a_resume_keeps_the_stored_plan_and_refuses_a_new_measurement(tmp_path):
                   ["--repeats", "auto", "--max-repeats", "8", "--resolve", "2%"]):
         args = _args("--resume", "--batch-dir", str(tmp_path), *flags)
         dropped = " ".join(f for f in flags if f.startswith("--"))
-        with pytest.raises(batch.UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "
+        with pytest.raises(UsageError, match="--resume continues the A/B stored in the batch dir, whose plan "
                                                    f"it keeps: drop {dropped}"):
             prepare(args, stored)
     # A plan file given again is refused by its place, PLAN, alone or beside an option.
     plan = str(REPO / "ops" / "ab_default.yaml")
     for flags, dropped in (([], "PLAN"), (["--repeats", "4"], "PLAN --repeats")):
-        with pytest.raises(batch.UsageError, match=f"whose plan it keeps: drop {dropped}$"):
+        with pytest.raises(UsageError, match=f"whose plan it keeps: drop {dropped}$"):
             prepare(_args(plan, "--resume", "--batch-dir", str(tmp_path), *flags), stored)
 
 
@@ -429,7 +433,7 @@ def test_ab_with_batch_options_runs_the_corpus_ab_job(monkeypatch):
     monkeypatch.setattr(batch, "run_from_args", lambda args, job: seen.append((args, job)) or 0)
     assert cli.main(["ab", "--ops", "add", "--devices", "0", "--backend", "interpreter"]) == 0
     ((args, job),) = seen
-    assert job is corpus_ab.CorpusAB and (args.ops, args.devices) == (["add"], "0")  # parsed by the batch
+    assert job is corpus_ab.CorpusAB and (args.selection.ops, args.how.devices) == (("add",), "0")  # the batch request
 
 
 def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, capsys):
@@ -439,11 +443,11 @@ def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, cap
     assert prepare(args, stored)[0] == stored  # kept as it was, not resolved again
     assert f"; B = {plan.b.describe()}; 5 repeats interleaved; " in capsys.readouterr().out
     # A plain batch's dir, or a plan the batch.json holds corrupt: one line saying which and what to do.
-    with pytest.raises(batch.UsageError, match=re.escape(
+    with pytest.raises(UsageError, match=re.escape(
             f"--resume --batch-dir {tmp_path}: a batch, not a corpus A/B: resume it with nox -s batch -- --resume "
             "--batch-dir DIR")):
         prepare(args, {"backend": "interpreter"})
-    with pytest.raises(batch.UsageError, match=re.escape(f"stored in {tmp_path / batchdir.BATCH_JSON}") + ".*"
+    with pytest.raises(UsageError, match=re.escape(f"stored in {tmp_path / batchdir.BATCH_JSON}") + ".*"
                        + re.escape("(a corrupt batch.json: start a new --batch-dir)")):
         prepare(args, {"plan": {**stored["plan"], "repeats": 1}})
 
@@ -451,7 +455,7 @@ def test_a_resumed_corpus_ab_runs_the_plan_stored_in_its_batch_dir(tmp_path, cap
 def test_a_corrupt_stored_plan_is_one_line_naming_where_it_was_stored():
     data = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml").to_dict()
     assert corpus_ab._plan_of(data) == ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")  # paths absolute
-    with pytest.raises(batch.UsageError) as refused:
+    with pytest.raises(UsageError) as refused:
         corpus_ab._plan_of({**data, "repeats": 1})
     assert str(refused.value).startswith("plan stored in batch.json: 'repeats' must be an integer from 2 to 100")
     assert str(refused.value).endswith(" (a corrupt batch.json: start a new --batch-dir)")
@@ -492,7 +496,7 @@ def test_a_hanging_ops_whole_ab_is_ended_at_its_op_timeout_and_is_a_timeout(tmp_
     """The corpus A/B's own path (the op's A/B started fresh under its guard, the batch's --op-timeout
     over it) with an A/B that hangs in A's record: ended, its whole process group, within the timeout
     and its grace, and a TIMEOUT that names the case it hung in. A timeout not taken fails in seconds."""
-    monkeypatch.setattr(batch, "KILL_GRACE_S", 1)
+    monkeypatch.setattr(batch_executor, "KILL_GRACE_S", 1)
     runner = _runner(tmp_path, backend="interpreter")
     runner.opts = dataclasses.replace(runner.opts, op_timeout=1.0)
 

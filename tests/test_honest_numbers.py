@@ -294,7 +294,7 @@ def test_replay_by_default_takes_the_newest_record_it_can_replay_and_says_which(
     os.utime(older, (1, 1))  # the newer one is the newest by time too
     with pytest.raises(UsageError, match=f"cannot replay {newer}: it is an incomplete record"):
         resolve.replay_source(newer)
-    spec, _, _ = resolve.resolve_replay(cli.build_parser().parse_args(["replay", "--out", str(root)]))
+    spec, _, _ = resolve.resolve_replay(cli.parse_request(["replay", "--out", str(root)]))
     assert spec.replay_from == str(older.resolve())
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"replaying the newest replayable record run: {older}"

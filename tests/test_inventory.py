@@ -243,7 +243,8 @@ def test_bare_names_resolve_among_the_inventories_that_can_run():
 
 
 def parse_batch(*argv):
-    return cli.build_parser().parse_args(["batch", *argv])
+    """The selection that `batch ARGV` asks."""
+    return cli.parse_request(["batch", *argv]).selection
 
 
 def test_batch_bare_names_need_no_flaggems_checkout():

@@ -212,7 +212,7 @@ def test_a_worker_whose_facts_cannot_be_read_or_whose_import_asks_too_much_prelo
     def facts(code: int, out: str = "", err: str = ""):
         return type("Facts", (), {"returncode": code, "communicate": lambda self: (out, err)})()
 
-    assert worker._read_facts(args, facts(1, err="RuntimeError: no CUDA GPUs are available\n")) is None
+    assert worker._read_facts(args.facts_file, facts(1, err="RuntimeError: no CUDA GPUs are available\n")) is None
     assert "nothing preloaded: the device facts could not be read (exit 1)" in capsys.readouterr().err
     assert flaggems.PRELOADED == {}
 
@@ -223,7 +223,8 @@ def test_a_worker_whose_facts_cannot_be_read_or_whose_import_asks_too_much_prelo
     monkeypatch.setattr(backends, "get", lambda name: type(interpreter)(**{
         **{f: getattr(interpreter, f) for f in interpreter.__dataclass_fields__},
         "facts_standing_in": lambda facts: _raising(touched)}))
-    worker._preload(args, worker._read_facts(args, facts(0, out=json.dumps({}) + "\n")), tmp_path)
+    read = worker._read_facts(args.facts_file, facts(0, out=json.dumps({}) + "\n"))
+    worker._preload(args.backend, args.preload, args.flagtune, read, tmp_path)
     assert "not preloaded (DeviceTouched: asked for more); its steps import it themselves" in capsys.readouterr().err
     assert flaggems.PRELOADED == {} and "flag_gems" not in sys.modules
 
@@ -261,15 +262,15 @@ def test_the_facts_are_read_with_only_the_steps_device_visible(monkeypatch):
 def test_a_sides_first_worker_keeps_the_facts_it_read_and_the_next_reads_them_instead(tmp_path, capsys):
     kept = tmp_path / "A-device-facts.json"
     args = worker._parse(["3", "cuda", "--facts-file", str(kept), "--preload", str(CHECKOUT)])
-    assert worker._kept_facts(args) is None  # the first: none kept yet
+    assert worker._kept_facts(args.facts_file) is None  # the first: none kept yet
     reader = type("Facts", (), {"returncode": 0, "communicate": lambda self: ('{"count": 1}\n', "")})()
-    assert worker._read_facts(args, reader) == {"count": 1}
-    assert worker._kept_facts(args) == {"count": 1}  # the next worker's, with no reader of its own
+    assert worker._read_facts(args.facts_file, reader) == {"count": 1}
+    assert worker._kept_facts(args.facts_file) == {"count": 1}  # the next worker's, with no reader of its own
     failed = type("Facts", (), {"returncode": 1, "communicate": lambda self: ("", "no device\n")})()
     kept.unlink()
-    assert worker._read_facts(args, failed) is None and not kept.exists()
+    assert worker._read_facts(args.facts_file, failed) is None and not kept.exists()
     assert "nothing preloaded: the device facts could not be read (exit 1)" in capsys.readouterr().err
-    assert worker._kept_facts(worker._parse(["3", "cuda"])) is None  # no file named: each worker reads its own
+    assert worker._kept_facts(worker._parse(["3", "cuda"]).facts_file) is None  # no file named: each reads its own
 
 
 def test_a_second_checkout_of_the_same_package_is_left_to_its_steps(tmp_path, clean_preload):

@@ -133,8 +133,8 @@ def test_a_plan_and_the_command_line_say_how_a_record_measures(tmp_path):
     plan = ab.load_plan(plan_file)
     assert plan.options.measurement() == RunOptions(timer="profiler", l2="cold", seed=3, warmup_ms=5, windows=2)
     # A backend with a device profiler (the interpreter refuses --timer profiler before anything runs).
-    args = cli.build_parser().parse_args(["ab", str(plan_file), "--backend", "cuda", "--l2", "warm", "--rep-ms", "7",
-                                          "--windows", "3"])
+    args = cli.parse_request(["ab", str(plan_file), "--backend", "cuda", "--l2", "warm", "--rep-ms", "7",
+                              "--windows", "3"])
     resolved = ab.resolve_plan(args)  # the command line over the plan, the rest kept
     assert resolved.options.measurement() == RunOptions(timer="profiler", l2="warm", seed=3, warmup_ms=5, rep_ms=7.0,
                                                         windows=3)

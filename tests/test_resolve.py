@@ -44,7 +44,7 @@ def record_dir(tmp_path, outcome=COMPLETE, backend="interpreter", kernels=None, 
 
 
 def replay(*argv):
-    return resolve.resolve_replay(cli.build_parser().parse_args(["replay", *map(str, argv)]))
+    return resolve.resolve_replay(cli.parse_request(["replay", *map(str, argv)]))
 
 
 def refusal(*argv) -> str:
@@ -213,7 +213,7 @@ def test_a_dtype_list_on_the_command_line_follows_the_shape_files_rule(value, ca
 
 # --- one selection grammar: [REPO:]OP[@FILE] for every command ---------------------------------------
 def record(*argv):
-    return resolve.resolve_record(cli.build_parser().parse_args(["record", *map(str, argv)]))
+    return resolve.resolve_record(cli.parse_request(["record", *map(str, argv)]))
 
 
 USER_OPS = Path(__file__).parent / "resources" / "user_ops"
@@ -241,7 +241,7 @@ def test_a_selection_whose_repo_or_file_is_not_where_the_op_is_is_refused(text, 
 
 
 def test_ab_takes_the_same_grammar_before_any_step():
-    plan = ab.resolve_plan(cli.build_parser().parse_args(["ab", "--ops", "builtin:softmax", "mm@mm",
+    plan = ab.resolve_plan(cli.parse_request(["ab", "--ops", "builtin:softmax", "mm@mm",
                                                           "--backend", "interpreter"]))
     ab_session._check_plan(plan)
     plan.ops = ["path:softmax"]

@@ -6,11 +6,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from batch_fakes import ADD, CHECKOUT, FG, MM, OPS, parse
+from batch_fakes import ADD, CHECKOUT, FG, MM, OPS
+from batch_fakes import parse as parse_batch
 
 from harness.core.errors import UsageError
 from harness.providers import catalog, flaggems_scan, selection
 from harness.providers.catalog import Entry
+
+
+def parse(*argv):
+    """The selection that `batch ARGV` asks (harness.core.commands.Selection)."""
+    return parse_batch(*argv).selection
 
 
 def test_entries_scan_a_given_checkout_and_ops_path_dirs(tmp_path, monkeypatch, capsys):

@@ -27,7 +27,7 @@ LABELS = ["add fp32 300", "add fp32 2x700", "add fp32 64"]
 def _args(tmp_path, *extra):
     shapes = tmp_path / "shapes.yaml"
     shapes.write_text(SHAPES)
-    return cli.build_parser().parse_args(["ab", "--ops", "add", "--backend", "interpreter", "--shapes", str(shapes),
+    return cli.parse_request(["ab", "--ops", "add", "--backend", "interpreter", "--shapes", str(shapes),
                                           "--out", str(tmp_path / "runs"), *extra])
 
 

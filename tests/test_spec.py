@@ -92,8 +92,8 @@ def flaggems_record(tmp_path, root: str):
 def test_a_flaggems_replay_is_a_new_spec_with_the_moved_checkout(tmp_path, monkeypatch):
     monkeypatch.delenv("USE_FLAGTUNE", raising=False)  # the record's FlagTune switch, off
     rec = flaggems_record(tmp_path, root="/moved/away/flaggems")
-    args = cli.build_parser().parse_args(["replay", str(rec), "--flaggems-dir", f"flaggems={CHECKOUT}",
-                                          "--libtuner-cache", "user"])
+    args = cli.parse_request(["replay", str(rec), "--flaggems-dir", f"flaggems={CHECKOUT}",
+                              "--libtuner-cache", "user"])
     replay, _, _ = resolve.resolve_replay(args)
     assert replay.mode == "replay" and replay.replay_from == str(rec.resolve())
     assert replay.flaggems == dataclasses.replace(spec_mod.read(rec).flaggems, root=str(CHECKOUT.resolve()),
@@ -105,9 +105,9 @@ def test_a_flaggems_replay_is_a_new_spec_with_the_moved_checkout(tmp_path, monke
 def test_replaying_the_newest_record_leaves_the_parsed_arguments_alone(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("USE_FLAGTUNE", raising=False)
     rec = flaggems_record(tmp_path, root=str(CHECKOUT))
-    args = cli.build_parser().parse_args(["replay", "--out", str(tmp_path / "runs")])
+    args = cli.parse_request(["replay", "--out", str(tmp_path / "runs")])
     replay, _, _ = resolve.resolve_replay(args)
-    assert replay.replay_from == str(rec.resolve()) and args.run_dir is None
+    assert replay.replay_from == str(rec.resolve()) and args.target is None
     assert f"replaying the newest replayable record run: {rec}" in capsys.readouterr().out
 
 
@@ -161,7 +161,7 @@ def test_a_replay_keeps_the_recorded_l2_and_timer(tmp_path, monkeypatch):
     rundir.atomic_write_json(rec / rundir.RECORDS_DIR / "softmax.json", {"format": 1, "op": "softmax", "kernels": {}})
     rundir.atomic_write_json(rec / rundir.RESULTS_JSON, {"format": 1, "rows": [result_row(case="fp32-4x16")]})
     monkeypatch.setattr(backends.Backend, "enumerate_devices", lambda self, *a, **k: [0])  # a cuda host
-    replay, _, _ = resolve.resolve_replay(cli.build_parser().parse_args(["replay", str(rec)]))
+    replay, _, _ = resolve.resolve_replay(cli.parse_request(["replay", str(rec)]))
     assert replay.mode == "replay" and (replay.timer, replay.l2) == ("profiler", "cold")
 
 

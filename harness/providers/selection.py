@@ -11,47 +11,49 @@ import collections
 import sys
 from pathlib import Path
 
+from harness.core.commands import Selection
 from harness.core.errors import UsageError
 from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan, probe, registry
 from harness.providers.catalog import Entry
 
 
-def select(args, stored: list[str] | None, ops_paths: list[str], checkouts: dict[str, Path],
+def select(given: Selection, stored: list[str] | None, ops_paths: list[str], checkouts: dict[str, Path],
            ops: list[str] | None = None) -> tuple[list[Entry], list[tuple[Entry, str]], collections.Counter]:
     """(selected, excluded with reasons, ops per FlagGems repo --all left out), from the command
-    line's selection, else `ops` as if given with --ops (a corpus A/B's plan's), else the one a
+    line's selection (`given`), else `ops` as if given with --ops (a corpus A/B's plan's), else the one a
     resumed batch stored. A bare op name means one of the inventories that can run here."""
+    corpus = given.corpus
     try:
         entries = all_entries(ops_paths, checkouts)
         runnable = {e.repo for e in entries if not catalog.needs_checkout(e.repo) or e.repo in checkouts}
-        given = bool(args.all or args.ops or args.ops_file or args.repos)
+        named = given.given()
         # Nothing named, no plan's ops, no stored selection: the whole inventory, as --all selects it.
-        whole = args.all or not (given or ops or stored is not None)
-        repos, left_out = args.repos, collections.Counter()
+        whole = corpus.all or not (named or ops or stored is not None)
+        repos, left_out = corpus.repos, collections.Counter()
         if whole and repos is None:
             left_out = collections.Counter(e.repo for e in entries if e.repo not in runnable)
             repos = sorted(runnable)
-        if not given:
+        if not named:
             specs = list(ops or [])
         else:
-            specs = list(args.ops or []) + (catalog.read_ops_file(args.ops_file) if args.ops_file else [])
-        if stored is not None and not (args.all or specs or args.repos):
+            specs = list(given.ops or []) + (catalog.read_ops_file(corpus.ops_file) if corpus.ops_file else [])
+        if stored is not None and not (corpus.all or specs or corpus.repos):
             specs = stored
         selected, excluded = catalog.select(entries, specs, whole, repos, catalog.load_dismissed(), runnable)
-        if whole and not args.all:
+        if whole and not corpus.all:
             per_repo = collections.Counter(e.repo for e in selected)
             repo_counts = ", ".join(f"{repo} {n}" for repo, n in sorted(per_repo.items()))
             print(f"no selection given: the whole inventory, {len(selected)} ops ({repo_counts}); "
                   "--ops or --ops-file to narrow")
-        if args.sample is not None and specs is not stored:  # a stored selection is already the sample
-            selected = catalog.sample(selected, args.sample, args.sample_seed)
-            print(f"sample: {len(selected)} ops (seed {args.sample_seed}) from the selection")
+        if corpus.sample is not None and specs is not stored:  # a stored selection is already the sample
+            selected = catalog.sample(selected, corpus.sample, corpus.sample_seed)
+            print(f"sample: {len(selected)} ops (seed {corpus.sample_seed}) from the selection")
     except (catalog.SelectionError, flaggems.FlagGemsError) as exc:
         raise UsageError(str(exc)) from exc
     require_checkouts(selected, checkouts)
     if left_out:
         # Loud, not silent: --all on a host without FlagGems checkouts screens the built-in corpus.
-        print(f"NOTE: {'--all' if args.all else 'the whole inventory'} leaves out the FlagGems inventories "
+        print(f"NOTE: {'--all' if corpus.all else 'the whole inventory'} leaves out the FlagGems inventories "
               f"{_counted(left_out)}: their checkouts were not given; to include them add "
               f"{' '.join(f'--flaggems-dir {r}=PATH' for r in sorted(left_out))}")
     return selected, excluded, left_out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.core import batchdir, paths, rundir
+from harness.core.commands import ABRequest
 from harness.core.errors import UsageError
 from reports import corpus, stats
 
@@ -21,15 +22,15 @@ def names_batches(dirs: list[Path]) -> bool:
     return all(is_batch)
 
 
-def run_from_args(args) -> int:
-    dir_a, dir_b = (Path(d).resolve() for d in args.compare)
+def run_from_args(request: ABRequest) -> int:
+    dir_a, dir_b = (Path(d).resolve() for d in request.compare)
     print(f"corpus A/B of two batches: A = {dir_a}, B = {dir_b} (nothing rerun)", flush=True)
     try:
         data = corpus.from_batch_pair(dir_a, dir_b, {"name": f"{dir_a.name} vs {dir_b.name}"},
-                                      stats.FDR if args.fdr is None else args.fdr)
+                                      stats.FDR if request.experiment.fdr is None else request.experiment.fdr)
     except UsageError as exc:
         raise UsageError(f"--compare: {exc}") from exc
-    out = rundir.claim_run_dir(paths.runs_root(args.out), "corpus")
+    out = rundir.claim_run_dir(paths.runs_root(request.out), "corpus")
     print()
     print("\n".join(corpus.headline(data)))
     files = corpus.write(out, data)

@@ -24,24 +24,26 @@ import yaml
 
 import backends
 from harness.core import abstate, batchdir, rundir
+from harness.core.commands import ABRequest, CorpusABRequest
 from harness.core.errors import UsageError
-from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, RunOptions
+from harness.core.options import RunOptions
 from harness.providers import catalog
 from harness.sessions import batch, resolve
 from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
 from harness.sessions.ab.session import resolve_plan, say_if_a_a
 from harness.sessions.ab.sides import build_side_env
+from harness.sessions.batch import facts as batch_facts
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
 
 
-def wanted(args) -> bool:
+def wanted(request: ABRequest) -> bool:
     """Whether `python -m harness ab` is a corpus A/B: a batch option was given. Without one (a
     plan, or --ops alone) it is today's A/B, in one process, op after op."""
-    if args.compare is not None:
+    if request.compare is not None:
         return False
-    return bool(CorpusOptions.from_namespace(args).given() or BatchOptions.from_namespace(args).given())
+    return bool(request.corpus.given() or request.how.given())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +51,12 @@ class ABOptions(batch.Options):
     plan: dict = dataclasses.field(default_factory=dict)  # the resolved plan, as its yaml (ab.Plan.to_dict)
 
 
-def _plan_flags(args) -> list[str]:
+def _plan_flags(request: ABRequest) -> list[str]:
     """The experiment's options given on the command line (the plan's, over its file): the `ab`
     parser's experiment group, and how A records."""
-    given = ["PLAN"] if args.plan is not None else []
-    given += ExperimentOptions.from_namespace(args).flags()
-    return given + RunOptions.from_namespace(args).measurement().flags()
+    given = ["PLAN"] if request.plan is not None else []
+    given += request.experiment.flags()
+    return given + request.run.measurement().flags()
 
 
 def _plan_of(data: dict, where: str = "stored in batch.json") -> Plan:
@@ -112,21 +114,22 @@ class CorpusAB(batch.Batch):
     TYPICAL_OP_S = 60
 
     @classmethod
-    def prepare(cls, args, stored: dict, run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
+    def prepare(cls, request: CorpusABRequest, stored: dict,
+                run: RunOptions) -> tuple[dict, RunOptions, list[str] | None]:
         """The plan: resolved from the command line, or as a resume finds it stored. The batch runs what
         and where the plan says; how A records is the plan's alone (each op's A/B reads it from the plan)."""
         ops = None
-        if args.resume and stored:
-            again = _plan_flags(args)
+        if request.corpus.resume and stored:
+            again = _plan_flags(request.ab)
             if again:
                 raise UsageError(f"--resume continues the A/B stored in the batch dir, whose plan it keeps: drop "
                                  f"{' '.join(again)}")
             if "plan" not in stored:
-                raise UsageError(f"--resume --batch-dir {args.batch_dir}: a batch, not a corpus A/B: resume it with "
-                                 "nox -s batch -- --resume --batch-dir DIR")
-            plan = _plan_of(stored["plan"], f"stored in {args.batch_dir / batchdir.BATCH_JSON}")
+                raise UsageError(f"--resume --batch-dir {request.corpus.batch_dir}: a batch, not a corpus A/B: resume "
+                                 "it with nox -s batch -- --resume --batch-dir DIR")
+            plan = _plan_of(stored["plan"], f"stored in {request.corpus.batch_dir / batchdir.BATCH_JSON}")
         else:
-            plan = resolve_plan(args)
+            plan = resolve_plan(request.ab)
             say_if_a_a(plan)
             run, ops = plan.options, plan.ops
         run = run.without_measurement()  # (the batch drops the device: each op is given its own)
@@ -173,7 +176,7 @@ class CorpusAB(batch.Batch):
     def _rejected(self, code: int, run_dir: Path) -> bool:
         """A's record rejected the dtypes: the A/B's first step says so as a record run would."""
         record = next((s for s in _steps(run_dir) if s["args"][0] == "record" and "exit" in s), None)
-        return record is not None and record["exit"] != 0 and batch._dtype_rejected(
+        return record is not None and record["exit"] != 0 and batch_facts.dtype_rejected(
             record["exit"], Path(record["run_dir"]) if record["run_dir"] else None)
 
     def _stopped_in(self, run_dir: Path) -> Path:
@@ -184,7 +187,7 @@ class CorpusAB(batch.Batch):
 
     def _facts(self, run_dir: Path | None) -> dict:
         """The report's rows, flags and timers, with A's record's case statuses (SKIP)."""
-        facts = batch._run_facts(_record_dir(run_dir) if run_dir else None)
+        facts = batch_facts.run_facts(_record_dir(run_dir) if run_dir else None)
         report = run_dir / "report.json" if run_dir else None
         if report is None or not report.is_file():
             return {**facts, "rows": 0, "verdicts": collections.Counter()}
@@ -232,6 +235,6 @@ def _said(counts: collections.Counter) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
-def run_from_args(args) -> int:
+def run_from_args(request: CorpusABRequest) -> int:
     """`python -m harness ab` with batch options: the corpus A/B."""
-    return batch.run_from_args(args, CorpusAB)
+    return batch.run_from_args(request, CorpusAB)

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from harness.core import bounded, rundir
+from harness.core.commands import InventoryRequest
 from harness.core.errors import UsageError
 from harness.core.paths import OPS_DIR
 from harness.providers import builtin_scan, catalog, flaggems, flaggems_scan
@@ -59,25 +60,25 @@ def _write_yaml(path: Path, header: str, data: dict) -> None:
 
 
 # --- the command ---------------------------------------------------------------------------------
-def regen_from_args(args) -> int:
+def regen_from_args(request: InventoryRequest) -> int:
     """`python -m harness inventory-regen [--check] [--flaggems-dir [NAME=]PATH ...] [--verify-collect]
     [--migrate-shapes IN --out OUT]`"""
     try:
-        checkouts = flaggems.parse_dirs(args.flaggems_dir)
-        if args.verify_collect and not checkouts:
+        checkouts = flaggems.parse_dirs(request.flaggems_dirs)
+        if request.verify_collect and not checkouts:
             raise catalog.SelectionError("--verify-collect asks pytest about a FlagGems checkout: give --flaggems-dir")
-        if (args.migrate_shapes is None) != (args.out is None):
+        if (request.migrate_shapes is None) != (request.out is None):
             raise catalog.SelectionError("--migrate-shapes IN and --out OUT go together")
-        fresh = _fresh_scans(checkouts, args.verify_collect)
-        if args.migrate_shapes is not None:
+        fresh = _fresh_scans(checkouts, request.verify_collect)
+        if request.migrate_shapes is not None:
             everything = [e for e in catalog.load() if e.repo not in fresh] + [e for v in fresh.values() for e in v]
-            counts = migrate_shapes(args.migrate_shapes, args.out, everything, checkouts)
-            print(f"wrote {args.out}: kept {counts['kept']}, merged {counts['merged']} from the checkouts' "
-                  f"core_shapes.yaml; unmatched {counts['unmatched']}, in {args.out.with_suffix('.unmatched.yaml')}")
+            counts = migrate_shapes(request.migrate_shapes, request.out, everything, checkouts)
+            print(f"wrote {request.out}: kept {counts['kept']}, merged {counts['merged']} from the checkouts' "
+                  f"core_shapes.yaml; unmatched {counts['unmatched']}, in {request.out.with_suffix('.unmatched.yaml')}")
             return 0
     except (catalog.SelectionError, flaggems.FlagGemsError) as exc:
         raise UsageError(str(exc)) from exc
-    if args.check:
+    if request.check:
         stale = [str(catalog.inventory_path(r)) for r, entries in fresh.items()
                  if not catalog.inventory_path(r).is_file()
                  or bounded.read_text(catalog.inventory_path(r), "inventory") != catalog.to_csv(entries)]

@@ -15,8 +15,10 @@ import backends
 from harness.core import rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import DtypeRejected, UsageError, clip
+from harness.core.options import RunOptions
 from harness.core.outcome import Outcome
 from harness.core.paths import SHAPES_DIR, runs_root
+from harness.core.request import RunRequest
 from harness.core.results import ResultsError, read_results
 from harness.measure import tuning
 from harness.providers import catalog, flaggems, probe, registry, shapes
@@ -129,36 +131,37 @@ def _flaggems_shapes(shape_arg: Path | None) -> str | None:
     return str(shape_arg.resolve())
 
 
-def resolve_flaggems_record(args, backend) -> tuple[spec_mod.RunSpec, list, Path]:
+def resolve_flaggems_record(request: RunRequest, backend) -> tuple[spec_mod.RunSpec, list, Path]:
+    given = request.options
     try:
-        target = flaggems.resolve_target(args.op, flaggems.parse_dirs(args.flaggems_dirs))
+        target = flaggems.resolve_target(request.target, flaggems.parse_dirs(given.flaggems_dirs))
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
-    if args.sweep_devices:
+    if request.sweep_devices:
         raise UsageError("--sweep-devices needs an enumerable shape set; FlagGems benchmarks build theirs at run time")
     options = spec_mod.FlagGemsOptions(
         repo=target.repo, root=target.root, test_file=target.test_file, function=target.function,
-        level=args.level or "core", shapes_file=_flaggems_shapes(args.shapes),
-        flagtune=args.flagtune or os.environ.get("USE_FLAGTUNE", "0"),
-        libtuner_cache=args.libtuner_cache or "private")
+        level=given.level or "core", shapes_file=_flaggems_shapes(given.shapes),
+        flagtune=given.flagtune or os.environ.get("USE_FLAGTUNE", "0"),
+        libtuner_cache=given.libtuner_cache or "private")
     run_spec = _record_spec(
-        args, backend, op=target.op, dtypes=args.dtypes or [],
+        request, backend, op=target.op, dtypes=list(given.dtypes or []),
         shapes_source=flaggems.shapes_source(options), provider=f"flaggems:{target.repo}", flaggems=options)
-    return run_spec, [], args.out
+    return run_spec, [], request.out
 
 
-def _flaggems_replay(args, run_dir: Path, source: spec_mod.RunSpec) -> spec_mod.FlagGemsOptions:
+def _flaggems_replay(given: RunOptions, run_dir: Path, source: spec_mod.RunSpec) -> spec_mod.FlagGemsOptions:
     """The record's FlagGems options, with the checkout possibly moved (--flaggems-dir NAME=PATH).
     Level and FlagTune switch are the record's: a side that differs is not replaying A."""
     options = source.flaggems
-    for flag, value, recorded in (("--level", args.level, options.level),
-                                  ("--flagtune", args.flagtune, options.flagtune),
+    for flag, value, recorded in (("--level", given.level, options.level),
+                                  ("--flagtune", given.flagtune, options.flagtune),
                                   ("USE_FLAGTUNE", os.environ.get("USE_FLAGTUNE"), options.flagtune)):
         if value is not None and value != recorded:
             raise UsageError(f"cannot replay {run_dir}: it was recorded with {flag}={recorded}, this side has "
                              f"{value}; both sides of a comparison must match")
     try:
-        dirs = flaggems.parse_dirs(args.flaggems_dirs)
+        dirs = flaggems.parse_dirs(given.flaggems_dirs)
     except flaggems.FlagGemsError as exc:
         raise UsageError(str(exc)) from exc
     root = str(dirs[options.repo]) if options.repo in dirs else options.root
@@ -166,43 +169,45 @@ def _flaggems_replay(args, run_dir: Path, source: spec_mod.RunSpec) -> spec_mod.
         raise UsageError(f"cannot replay {run_dir}: {Path(root) / options.test_file} does not exist; "
                          f"give --flaggems-dir {options.repo}=PATH")
     recorded_shapes = run_dir.resolve() / rundir.SHAPES_YAML
-    if args.shapes is None and options.shapes_file:
+    if given.shapes is None and options.shapes_file:
         try:
             shapes.load(recorded_shapes)  # the child reads it; a corrupt one refuses the replay here
         except shapes.ShapeFileError as exc:
             raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
-    shapes_file = (_flaggems_shapes(args.shapes) if args.shapes is not None
+    shapes_file = (_flaggems_shapes(given.shapes) if given.shapes is not None
                    else str(recorded_shapes) if options.shapes_file else None)
     return dataclasses.replace(options, root=root, shapes_file=shapes_file,
-                               libtuner_cache=args.libtuner_cache or options.libtuner_cache)
+                               libtuner_cache=given.libtuner_cache or options.libtuner_cache)
 
 
-def _record_spec(args, backend, **fields) -> spec_mod.RunSpec:
+def _record_spec(request: RunRequest, backend, **fields) -> spec_mod.RunSpec:
     """A record spec: what the operator source resolved, plus where and how to measure."""
+    given = request.options
     return spec_mod.RunSpec(
-        backend=backend.name, mode="record", timer=resolve_timer(backend, args.timer), l2=resolve_l2(backend, args.l2),
-        device=resolve_device(backend, args.device), seed=args.seed,
-        warmup_ms=backend.warmup_ms if args.warmup_ms is None else args.warmup_ms,
-        rep_ms=backend.rep_ms if args.rep_ms is None else args.rep_ms,
-        windows=spec_mod.DEFAULT_WINDOWS if args.windows is None else args.windows,
-        max_noise=args.max_noise or 0.0,
-        color=color_enabled(args.color), ir=args.ir, only=args.only,
-        precompile=args.precompile,
+        backend=backend.name, mode="record", timer=resolve_timer(backend, given.timer),
+        l2=resolve_l2(backend, given.l2), device=resolve_device(backend, given.device), seed=given.seed,
+        warmup_ms=backend.warmup_ms if given.warmup_ms is None else given.warmup_ms,
+        rep_ms=backend.rep_ms if given.rep_ms is None else given.rep_ms,
+        windows=spec_mod.DEFAULT_WINDOWS if given.windows is None else given.windows,
+        max_noise=given.max_noise or 0.0,
+        color=color_enabled(request.color), ir=request.ir, only=request.only,
+        precompile=request.precompile,
         **fields)
 
 
-def resolve_record(args) -> tuple[spec_mod.RunSpec, list, Path]:
-    backend = resolve_backend(args.backend)
-    if flaggems.is_target(args.op):
-        return resolve_flaggems_record(args, backend)
-    ops_paths, warnings = list(args.ops_paths or ()), []
-    op, provider = load_selected(args.op, ops_paths, warnings)
-    shape_file = (args.shapes or SHAPES_DIR / backend.default_shapes).resolve()
-    key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
-    run_spec = _record_spec(args, backend, op=op.name, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
-                            ops_paths=ops_paths, provider=provider, sweep_devices=args.sweep_devices)
+def resolve_record(request: RunRequest) -> tuple[spec_mod.RunSpec, list, Path]:
+    given = request.options
+    backend = resolve_backend(given.backend)
+    if flaggems.is_target(request.target):
+        return resolve_flaggems_record(request, backend)
+    ops_paths, warnings = list(given.ops_paths or ()), []
+    op, provider = load_selected(request.target, ops_paths, warnings)
+    shape_file = (given.shapes or SHAPES_DIR / backend.default_shapes).resolve()
+    key, shape_list, dtypes = resolve_shapes(op, shape_file, list(given.dtypes) if given.dtypes else None)
+    run_spec = _record_spec(request, backend, op=op.name, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+                            ops_paths=ops_paths, provider=provider, sweep_devices=request.sweep_devices)
     warn(warnings)
-    return run_spec, shape_list, args.out
+    return run_spec, shape_list, request.out
 
 
 def newest_replayable_run(root: Path) -> tuple[Path, list[str]]:
@@ -281,10 +286,10 @@ def _check_results(run_dir: Path) -> int:
         raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
 
 
-def _replay_backend(args, run_dir: Path, source: spec_mod.RunSpec) -> tuple[backends.Backend, int]:
+def _replay_backend(given: RunOptions, run_dir: Path, source: spec_mod.RunSpec) -> tuple[backends.Backend, int]:
     """The recorded backend and a device of it; configs do not carry across backends, so a host
     without that backend's device cannot replay the record at all, and says both in one line."""
-    backend = resolve_backend(args.backend or source.backend)
+    backend = resolve_backend(given.backend or source.backend)
     if backend.name != source.backend:
         raise UsageError(f"cannot replay {run_dir}: it was recorded on backend '{source.backend}', "
                          f"not '{backend.name}'; configs do not carry across backends")
@@ -297,7 +302,7 @@ def _replay_backend(args, run_dir: Path, source: spec_mod.RunSpec) -> tuple[back
                          f"machine has no {source.backend} device; configs do not carry across backends, so no "
                          f"other backend (not --backend interpreter either) can replay it: replay it on a "
                          f"{source.backend} host")
-    return backend, resolve_device(backend, args.device)
+    return backend, resolve_device(backend, given.device)
 
 
 def replay_source(run_dir: Path) -> tuple[spec_mod.RunSpec, dict, str | None]:
@@ -316,28 +321,31 @@ def replay_source(run_dir: Path) -> tuple[spec_mod.RunSpec, dict, str | None]:
     return source, outcome, incomplete
 
 
-def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
-    run_dir = args.run_dir
+def resolve_replay(request: RunRequest) -> tuple[spec_mod.RunSpec, list, Path]:
+    given = request.options
+    dtypes_given = list(given.dtypes) if given.dtypes else None
+    cases = None if request.cases is None else list(request.cases)
+    run_dir = None if request.target is None else Path(request.target)
     if run_dir is None:
-        run_dir, passed_over = newest_replayable_run(runs_root(args.out))
+        run_dir, passed_over = newest_replayable_run(runs_root(request.out))
         print(f"replaying the newest replayable record run: {run_dir}")
         for reason in passed_over:
             print(f"  passed over a newer one: {reason}")
     source, outcome, incomplete = replay_source(run_dir)
-    backend, device = _replay_backend(args, run_dir, source)
-    ops_paths = list(args.ops_paths or ()) or source.ops_paths
+    backend, device = _replay_backend(given, run_dir, source)
+    ops_paths = list(given.ops_paths or ()) or source.ops_paths
     common, warnings = dict(device=device, replay_source_outcome=outcome), []
     if source.flaggems is not None:
-        options = _flaggems_replay(args, run_dir, source)
-        run_spec = _replay_spec(args, run_dir, source, backend, dtypes=args.dtypes or source.dtypes,
+        options = _flaggems_replay(given, run_dir, source)
+        run_spec = _replay_spec(request, run_dir, source, backend, dtypes=dtypes_given or source.dtypes,
                                 shapes_source=flaggems.shapes_source(options), flaggems=options, **common)
-        shape_list, out = [], args.out or run_dir.resolve().parent
+        shape_list, out = [], request.out or run_dir.resolve().parent
     else:
-        shape_file = (args.shapes or run_dir / rundir.SHAPES_YAML).resolve()
-        if args.shapes or args.dtypes:
+        shape_file = (given.shapes or run_dir / rundir.SHAPES_YAML).resolve()
+        if given.shapes or dtypes_given:
             # Overrides are checked against the operator itself.
             op, provider = load_op(source.op, ops_paths, warnings)
-            key, shape_list, dtypes = resolve_shapes(op, shape_file, args.dtypes)
+            key, shape_list, dtypes = resolve_shapes(op, shape_file, dtypes_given)
         else:
             # The recorded shapes and dtypes were checked when recorded: this parent need not import
             # the operator (and torch with it); the child loads it anyway.
@@ -347,10 +355,10 @@ def resolve_replay(args) -> tuple[spec_mod.RunSpec, list, Path]:
             except shapes.ShapeFileError as exc:
                 raise UsageError(f"cannot replay {run_dir}: {exc}") from exc
             dtypes = dtypes or source.dtypes
-        _check_cases(args.cases, run_dir, [f"{d}-{shapes.label(s)}" for d in dtypes for s in shape_list])
-        run_spec = _replay_spec(args, run_dir, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
+        _check_cases(cases, run_dir, [f"{d}-{shapes.label(s)}" for d in dtypes for s in shape_list])
+        run_spec = _replay_spec(request, run_dir, source, backend, dtypes=dtypes, shapes_source=f"{shape_file}#{key}",
                                 ops_paths=ops_paths, provider=provider, **common)
-        out = args.out or run_dir.resolve().parent
+        out = request.out or run_dir.resolve().parent
     if incomplete:
         warnings.insert(0, f"{run_dir} is an incomplete record ({incomplete}): cases it never reached have no "
                            "recorded config and will sweep live")
@@ -371,12 +379,13 @@ def _check_cases(cases: list[str] | None, run_dir: Path, ids: list[str]) -> None
         raise UsageError(refusal)
 
 
-def _replay_spec(args, run_dir: Path, source: spec_mod.RunSpec, backend, **fields) -> spec_mod.RunSpec:
+def _replay_spec(request: RunRequest, run_dir: Path, source: spec_mod.RunSpec, backend,
+                 **fields) -> spec_mod.RunSpec:
     """The record's spec (op, seed, timer, l2, budgets...) as a replay of it, with what this run sets."""
     return dataclasses.replace(
         source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
-        color=color_enabled(args.color), ir=args.ir, only=args.only,
-        precompile=args.precompile, cases=args.cases,
+        color=color_enabled(request.color), ir=request.ir, only=request.only,
+        precompile=request.precompile, cases=None if request.cases is None else list(request.cases),
         sweep_devices=0,
         preset_records=None, **fields)
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import backends
 from harness.core import abstate, bounded, launch, paths, rundir
 from harness.core import spec as spec_mod
+from harness.core.commands import ABRequest
 from harness.core.errors import UsageError
-from harness.core.options import AUTO, FDR, UPSTREAM, ExperimentOptions, RunOptions
+from harness.core.options import AUTO, FDR, UPSTREAM
 from harness.core.results import ResultsError
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
@@ -38,17 +39,18 @@ def say_if_a_a(plan: Plan) -> None:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
 
 
-def resolve_plan(args) -> Plan:
+def resolve_plan(request: ABRequest) -> Plan:
+    """The plan from its file (or --ops), with the experiment and run options the request gives over it."""
     try:
-        if args.plan is not None or not args.ops:
-            plan = load_plan(args.plan or DEFAULT_PLAN)
+        if request.plan is not None or not request.ops:
+            plan = load_plan(request.plan or DEFAULT_PLAN)
         else:
-            plan = Plan(name="adhoc", ops=args.ops, a=Side("A", "as is"), b=Side("B", ""))
+            plan = Plan(name="adhoc", ops=list(request.ops), a=Side("A", "as is"), b=Side("B", ""))
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
-    if args.ops:
-        plan.ops = args.ops
-    experiment = ExperimentOptions.from_namespace(args)
+    if request.ops:
+        plan.ops = list(request.ops)
+    experiment = request.experiment
     if experiment.repeats is not None:  # in range: the parser checked it as the option declares
         plan.repeats = experiment.repeats
     sequential = {name: value for name, value in (("max_repeats", experiment.max_repeats),
@@ -72,7 +74,7 @@ def resolve_plan(args) -> Plan:
             if problem is not None:
                 raise UsageError(f"--{key}-python {python} {problem}")
             side.python = os.path.abspath(python)
-    given = RunOptions.from_namespace(args)
+    given = request.run
     over = given.given()
     if given.shapes is not None:
         over["shapes"] = _shape_file(given.shapes, Path.cwd())
@@ -149,12 +151,12 @@ def _continued(earlier_dir: Path, plan: Plan) -> list[dict]:
     return state.get("steps", [])
 
 
-def run_from_args(args) -> int:
+def run_from_args(request: ABRequest) -> int:
     """`python -m harness ab ...`"""
-    if args.compare:
+    if request.compare:
         from reports import compare
 
-        dir_a, dir_b = args.compare
+        dir_a, dir_b = request.compare
         backend_names = set()
         for d in (dir_a, dir_b):
             try:
@@ -162,21 +164,21 @@ def run_from_args(args) -> int:
                 compare.load_rows(d)
             except (spec_mod.SpecError, ResultsError) as exc:
                 raise UsageError(f"--compare: {exc}") from exc
-        fdr = FDR if args.fdr is None else args.fdr
-        out = rundir.claim_run_dir(paths.runs_root(args.out), "compare")
+        fdr = FDR if request.experiment.fdr is None else request.experiment.fdr
+        out = rundir.claim_run_dir(paths.runs_root(request.out), "compare")
         warnings, _ = validity({"runs": {"A": [dir_a], "B": [dir_b]}})
         context = {"name": f"{dir_a.name} vs {dir_b.name}", "a": str(dir_a), "b": str(dir_b),
                    "note": "single runs: each run's raw samples stand in for repeats"}
         return report(out, [{"A": [dir_a], "B": [dir_b]}], context, warnings, backend_names, fdr=fdr)
-    plan = resolve_plan(args)
+    plan = resolve_plan(request)
     _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     say_if_a_a(plan)  # once the plan is known to run: not before an error in it
     # Read before the dir is claimed: a corrupt one leaves no A/B dir behind.
-    earlier = _continued(args.continue_from, plan) if args.continue_from else ()
-    if args.named_run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
-        ab_dir = rundir.claim_named_dir(args.named_run_dir, LOG_FILE)
+    earlier = _continued(request.continue_from, plan) if request.continue_from else ()
+    if request.run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
+        ab_dir = rundir.claim_named_dir(request.run_dir, LOG_FILE)
     else:
-        ab_dir = rundir.claim_run_dir(paths.runs_root(args.out), f"ab_{plan.name}")
+        ab_dir = rundir.claim_run_dir(paths.runs_root(request.out), f"ab_{plan.name}")
     print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; ops {' '.join(plan.ops)}; "
           f"{plan.describe_repeats()}\nab dir: {ab_dir}")
     if not backends.get(plan.options.backend).measures_performance:

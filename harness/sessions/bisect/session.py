@@ -20,8 +20,9 @@ from pathlib import Path
 
 import backends
 from harness.core import abstate, bounded, launch, paths, rundir
+from harness.core.commands import BisectRequest
 from harness.core.errors import UsageError, clip
-from harness.core.options import AUTO, FDR, MAX_REPEATS, BisectOptions, ExperimentOptions, RunOptions
+from harness.core.options import AUTO, FDR, MAX_REPEATS, BisectOptions, RunOptions
 from harness.core.results import read_results
 from harness.sessions import resolve
 from harness.sessions.ab.plan import Plan, PlanError, Side, plan_from_data
@@ -103,9 +104,8 @@ def _from_ab(ab_dir: Path, named: tuple[str, ...]) -> tuple[Plan, list[dict], di
     return plan, rows, {op: records[op] for op in sorted({r["op"] for r in rows})}
 
 
-def _options(base: RunOptions, args) -> RunOptions:
+def _options(base: RunOptions, given: RunOptions) -> RunOptions:
     """The run options given over `base`, checked as the A/B checks them; a bisect needs verdicts."""
-    given = RunOptions.from_namespace(args)
     over = given.given()
     if given.shapes is not None:
         over["shapes"] = given.shapes.resolve()
@@ -119,29 +119,28 @@ def _options(base: RunOptions, args) -> RunOptions:
     return dataclasses.replace(options, backend=backend.name)
 
 
-def resolve_spec(args) -> dict:
+def resolve_spec(request: BisectRequest) -> dict:
     """Everything a bisect is, from its command line: what bisect.json keeps, and a resume reads."""
-    opts = BisectOptions.from_namespace(args)
-    experiment = ExperimentOptions.from_namespace(args)
+    opts, experiment = request.bisect, request.experiment
     build_list, git = _builds(opts)
     if opts.from_ab is not None:
-        if args.ops:
+        if request.ops:
             raise UsageError("--from-ab takes its rows' ops from the A/B: drop --ops")
-        measurement = RunOptions.from_namespace(args).measurement().flags()
+        measurement = request.run.measurement().flags()
         if measurement:
             raise UsageError(f"--from-ab replays the A/B's own record, made as it was: drop {' '.join(measurement)}")
         template, rows, records = _from_ab(opts.from_ab.resolve(), opts.rows or ())
         ops = sorted(records)
         if git is None:
             _say_if_not_the_abs_sides(template, build_list)
-    elif args.ops:
+    elif request.ops:
         if opts.rows:
             raise UsageError("--rows names rows of an A/B: give --from-ab DIR")
-        template = Plan(name="bisect", ops=list(args.ops), a=Side("A", ""), b=Side("B", ""))
-        rows, records, ops = None, {}, list(args.ops)
+        template = Plan(name="bisect", ops=list(request.ops), a=Side("A", ""), b=Side("B", ""))
+        rows, records, ops = None, {}, list(request.ops)
     else:
         raise UsageError("name the rows: --from-ab AB_DIR [--rows ...], or --ops OP ...")
-    template.options = _options(template.options, args)
+    template.options = _options(template.options, request.run)
     template.ops = ops
     _check_plan(template)  # every op resolves, before any build is built
     if experiment.repeats == AUTO:
@@ -281,7 +280,7 @@ class Bisect:
         self.log.close()
 
 
-def _resume(bisect_dir: Path, args) -> dict:
+def _resume(bisect_dir: Path, request: BisectRequest) -> dict:
     path = bisect_dir / BISECT_JSON
     found = bounded.path_problem(bisect_dir, "dir")
     if found is not None:
@@ -291,8 +290,8 @@ def _resume(bisect_dir: Path, args) -> dict:
         raise UsageError(f"--resume {bisect_dir}: no {BISECT_JSON} there (not a bisect dir)")
     if found is not None:
         raise UsageError(f"--resume: {path} {found}")
-    again = (BisectOptions.from_namespace(args).flags(but=("resume",)) + ExperimentOptions.from_namespace(args).flags()
-             + RunOptions.from_namespace(args).flags() + (["--ops"] if args.ops else []))
+    again = (request.bisect.flags(but=("resume",)) + request.experiment.flags() + request.run.flags()
+             + (["--ops"] if request.ops else []))
     if again:
         raise UsageError(f"--resume continues the bisect stored in {path}: drop {' '.join(again)}")
     try:
@@ -314,23 +313,23 @@ def _resume(bisect_dir: Path, args) -> dict:
     return state
 
 
-def run_from_args(args) -> int:
+def run_from_args(request: BisectRequest) -> int:
     """`python -m harness bisect ...`"""
-    opts = BisectOptions.from_namespace(args)
+    opts = request.bisect
     if opts.resume is not None:
-        if args.out is not None or args.named_run_dir is not None:
+        if request.out is not None or request.run_dir is not None:
             raise UsageError("--resume continues the bisect in its own dir: drop --out and --run-dir")
         bisect_dir = opts.resume.resolve()
-        state = _resume(bisect_dir, args)
-        if args.device is not None:  # the same bisect, on whichever device is free now
-            state["spec"]["device"] = args.device
+        state = _resume(bisect_dir, request)
+        if request.run.device is not None:  # the same bisect, on whichever device is free now
+            state["spec"]["device"] = request.run.device
         print(f"resuming {bisect_dir}: {len(state['probes'])} probe(s) done, none run again", flush=True)
     else:
-        spec = resolve_spec(args)
-        if args.named_run_dir is not None:
-            bisect_dir = rundir.claim_named_dir(args.named_run_dir, BISECT_JSON)
+        spec = resolve_spec(request)
+        if request.run_dir is not None:
+            bisect_dir = rundir.claim_named_dir(request.run_dir, BISECT_JSON)
         else:
-            bisect_dir = rundir.claim_run_dir(paths.runs_root(args.out), "bisect")
+            bisect_dir = rundir.claim_run_dir(paths.runs_root(request.out), "bisect")
         state = {"format": FORMAT, "spec": spec, "builds": {}, "records": dict(spec["records"]),
                  "rows": spec["rows"], "probes": [], "complete": False}
         rundir.atomic_write_json(bisect_dir / BISECT_JSON, state)
