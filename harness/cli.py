@@ -1,6 +1,8 @@
-"""`python -m harness record|replay|ab|batch|inventory-regen|compare-ir ...`: what the nox
-sessions run. This module declares the options and dispatches to harness.sessions (resolve a run
-spec, run it, A/B, batch, inventory regeneration).
+"""`python -m harness record|replay|ab|batch|inventory-regen|bisect|compare-ir ...`: what the nox
+sessions run. This module declares the options, turns what was parsed into the command's one frozen
+request (harness.core.commands; record and replay: harness.core.request.RunRequest) and dispatches it to
+harness.sessions (resolve a run spec, run it, A/B, batch, bisect, inventory regeneration): no session
+sees the argparse namespace.
 """
 
 from __future__ import annotations
