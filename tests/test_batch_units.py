@@ -903,7 +903,8 @@ FULL = dict(backend="interpreter", devices=[0, 2], dtypes=["fp16"], shapes=Path(
 
 
 def test_request_stores_options_as_the_command_line_gives_them():
-    unmeasured = {"seed": None, "timer": None, "l2": None, "warmup_ms": None, "rep_ms": None, "windows": None}
+    unmeasured = {"seed": None, "timer": None, "l2": None, "warmup_ms": None, "rep_ms": None, "windows": None,
+                  "max_noise": None}
     assert batch_resume.stored_request(options(**FULL), [ADD, MM]) == {
         "backend": "interpreter", "devices": "0,2", "dtypes": ["fp16"], "shapes": "/s.yaml", "ops_paths": ["/ops"],
         "flaggems_dirs": ["flaggems=/fg"], "level": "core", "flagtune": "1", "libtuner_cache": "user",
