@@ -274,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         # A path that cannot be written (--out on a file or a read-only mount, a full disk) is one
         # line; an OSError about no path is a bug, shown whole.
-        full = rundir.disk_full(exc)
-        if full is None and exc.filename is None:
+        # A failed write of a session's own (a report, ab.json, batch.json, a step's) exits as a run's does.
+        fault = rundir.write_fault(exc)
+        if fault is None and exc.filename is None:
             raise
-        print(f"error: {full or f'{exc.strerror}: {exc.filename}'}", file=sys.stderr)
-        return 1
+        print(f"error: {fault or f'{exc.strerror}: {exc.filename}'}", file=sys.stderr)
+        return rundir.EXIT_DISK_FULL if fault else 1

@@ -20,7 +20,7 @@ from harness.sessions import resolve
 from harness.sessions.ab.plan import DEFAULT_PLAN, Plan, PlanError, Side, load_plan
 from harness.sessions.ab.reporting import report, validity
 from harness.sessions.ab.runner import LOG_FILE, Runner
-from harness.sessions.ab.steps import StepInterrupted
+from harness.sessions.ab.steps import StepInterrupted, StepWriteFault
 
 
 def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -184,7 +184,7 @@ def run_from_args(args) -> int:
 
         print(table.not_performance_note(plan.options.backend))
     runner = Runner(plan, ab_dir, earlier)
-    interrupted = None
+    interrupted = write_failed = None
     try:
         # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
         # step is stopped, the side caches removed and what completed reported.
@@ -196,6 +196,10 @@ def run_from_args(args) -> int:
         interrupted = launch.stopped_by(exc)
         if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
             print(f"\ninterrupted ({signal.Signals(interrupted).name}): reporting what completed", flush=True)
+        results = runner.results
+    except StepWriteFault as exc:
+        write_failed = exc
+        print(f"\n{exc}: stopping, reporting what completed", flush=True)
         results = runner.results
     finally:
         runner.close()
@@ -218,4 +222,6 @@ def run_from_args(args) -> int:
         schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
     code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
                   plan.first_repeats, plan.fdr, schedule)
+    if write_failed:
+        return rundir.EXIT_DISK_FULL
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code
