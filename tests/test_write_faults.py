@@ -138,3 +138,24 @@ def test_an_ab_whose_step_ends_by_a_failed_write_stops_there_and_exits_so(tmp_pa
     assert [s["exit"] for s in state["steps"]] == [rundir.EXIT_DISK_FULL]  # no step after it
     assert "Traceback" not in (ab_dir / "ab.log").read_text() + proc.stderr
     assert (ab_dir / "report.md").read_text().count("INCOMPLETE") == 1
+
+
+@pytest.mark.e2e
+def test_a_batch_whose_ops_status_write_fails_says_so_in_one_line_and_exits_75(tmp_path):
+    """A full disk met by a device thread (ops_status.csv) was `RuntimeError: a device thread of the batch
+    failed` under three tracebacks, exit 1: the DiskFull named no file, so it was not passed on as one."""
+    def batch(d: Path, env: dict) -> subprocess.CompletedProcess:
+        full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        full["PYTHONPATH"] = os.pathsep.join(p for p in (str(SEAM), str(REPO), full.get("PYTHONPATH")) if p)
+        return subprocess.run([sys.executable, "-m", "harness", "batch", "--ops", "softmax", "--backend", "interpreter",
+                               "--op-start", "fresh", "--batch-dir", str(d)], cwd=REPO, env={**full, **env},
+                              capture_output=True, text=True, timeout=600)
+
+    log = tmp_path / "writes.log"
+    assert batch(tmp_path / "counted", {"ZL_TEST_WRITE_LOG": str(log)}).returncode == 0
+    n = next(int(n) for role, n, path in (line.split(" ", 2) for line in log.read_text().splitlines())
+             if Path(path).name.startswith(".ops_status.csv."))
+    d = tmp_path / "faulted"
+    proc = batch(d, {"ZL_TEST_WRITE_FAULT": f"parent:{n}:ENOSPC"})
+    assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: no space left on device writing {d / 'ops_status.csv'}"]

@@ -172,7 +172,8 @@ class DiskFull(WriteFault):
     """No space (or quota) left where a run writes."""
 
     def __init__(self, path: Path):
-        OSError.__init__(self, errno.ENOSPC, f"no space left on device writing {path}")
+        # Its file named as any OSError names one: a batch's device thread passes such a fault on as one line.
+        OSError.__init__(self, errno.ENOSPC, f"no space left on device writing {path}", str(path))
         self.path = path
 
     def __str__(self) -> str:
