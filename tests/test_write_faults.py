@@ -151,11 +151,29 @@ def test_a_batch_whose_ops_status_write_fails_says_so_in_one_line_and_exits_75(t
                                "--op-start", "fresh", "--batch-dir", str(d)], cwd=REPO, env={**full, **env},
                               capture_output=True, text=True, timeout=600)
 
-    log = tmp_path / "writes.log"
-    assert batch(tmp_path / "counted", {"ZL_TEST_WRITE_LOG": str(log)}).returncode == 0
-    n = next(int(n) for role, n, path in (line.split(" ", 2) for line in log.read_text().splitlines())
-             if Path(path).name.startswith(".ops_status.csv."))
     d = tmp_path / "faulted"
-    proc = batch(d, {"ZL_TEST_WRITE_FAULT": f"parent:{n}:ENOSPC"})
+    proc = batch(d, {"ZL_TEST_WRITE_FAULT": "parent:*:ENOSPC:/.ops_status.csv."})
     assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: no space left on device writing {d / 'ops_status.csv'}"]
+
+
+@pytest.mark.e2e
+def test_a_batch_whose_op_ends_by_a_failed_write_stops_there_and_exits_75(tmp_path):
+    """An op whose run met a file-size limit (exit 75) was a FAIL blamed on the op, retried, and the batch went
+    on to every next op, each failing alike (exit 1). It stops now, in one line, and a resume runs the op."""
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (rundir.RESERVE_BYTES // 2, rundir.RESERVE_BYTES // 2))
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    d = tmp_path / "batch"
+    proc = subprocess.run([sys.executable, "-m", "harness", "batch", "--ops", "softmax", "add", "--backend",
+                           "interpreter", "--devices", "0", "--batch-dir", str(d)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600, preexec_fn=limited)
+    assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert re.fullmatch(rf"error: builtin:(softmax|add) stopped: a write failed in its run dir {d}/ops/\S+/attempt1/"
+                        rf"\S+ \(exit 75\)", line), line
+    assert not (d / "ops_status.csv").exists()  # no op done: each left for a resume, none marked FAIL
+    assert len(list((d / "ops").iterdir())) == 1  # the next op never started

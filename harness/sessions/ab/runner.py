@@ -25,7 +25,6 @@ from harness.sessions.ab.sides import SideUnidentified, build_side_env, pythonpa
 from harness.sessions.ab.steps import (
     STEP_GRACE_S,
     StepInterrupted,
-    StepWriteFault,
     case_progress,
     same_args,
     went_through,
@@ -156,7 +155,7 @@ class Runner:
                                     "seconds": round(elapsed, 1), **({"passes": True} if passes else {})})
         self._save()
         if code == rundir.EXIT_DISK_FULL:  # the step's outcome says a write failed: so would the next step's
-            raise StepWriteFault(what, request.run_dir)
+            raise rundir.RunWriteFault(what, request.run_dir)
         return run_dir if usable else None
 
     def _launch(self, side: Side, request: RunRequest) -> tuple[int, int | None]:

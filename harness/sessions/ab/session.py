@@ -20,7 +20,7 @@ from harness.sessions import resolve
 from harness.sessions.ab.plan import DEFAULT_PLAN, Plan, PlanError, Side, load_plan
 from harness.sessions.ab.reporting import report, validity
 from harness.sessions.ab.runner import LOG_FILE, Runner
-from harness.sessions.ab.steps import StepInterrupted, StepWriteFault
+from harness.sessions.ab.steps import StepInterrupted
 
 
 def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -197,7 +197,7 @@ def run_from_args(args) -> int:
         if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
             print(f"\ninterrupted ({signal.Signals(interrupted).name}): reporting what completed", flush=True)
         results = runner.results
-    except StepWriteFault as exc:
+    except rundir.RunWriteFault as exc:
         write_failed = exc
         print(f"\n{exc}: stopping, reporting what completed", flush=True)
         results = runner.results

@@ -4,7 +4,6 @@ through every case, and its interruption."""
 
 from __future__ import annotations
 
-import errno
 import re
 from pathlib import Path
 
@@ -27,23 +26,6 @@ def same_args(argv: list[str]) -> tuple[str, ...]:
         else:
             out.append(arg)
     return tuple(out)
-
-
-class StepWriteFault(rundir.WriteFault):
-    """A step that ended by a failed write of its own (its exit rundir.EXIT_DISK_FULL: the disk filled, a
-    file-size limit, EIO): nothing after it could write either, so the A/B (or the bisect's probe) stops
-    there, and exits so too. One line wherever it is not caught (harness.cli)."""
-
-    def __init__(self, what: str, run_dir: Path):
-        super().__init__(run_dir, errno.EIO)
-        self.what = what
-
-    def __str__(self) -> str:
-        return f"{self.what} stopped: a write failed in its run dir {self.path} (exit {rundir.EXIT_DISK_FULL})"
-
-    @property
-    def reason(self) -> str:
-        return f"write failed during {self.what}"
 
 
 class StepInterrupted(launch.Stopped):
