@@ -3,6 +3,7 @@ the first step, run (runner) and reported (reporting); or two run dirs compared 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 import backends
 from harness.core import abstate, bounded, launch, paths, rundir
 from harness.core import spec as spec_mod
-from harness.core.errors import UsageError
+from harness.core.errors import UsageError, clip
 from harness.core.options import AUTO, FDR, UPSTREAM, ExperimentOptions, RunOptions
 from harness.core.results import ResultsError
 from harness.providers import catalog, flaggems, probe, registry
@@ -103,6 +104,9 @@ def _check_plan(plan: Plan) -> None:
     """Every op of the plan resolves, and its shape file exists, before the first step: a typo would
     otherwise surface only after the A/Bs before it ran. Built-in and FlagGems names resolve without importing
     torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
+    twice = [op for op, n in collections.Counter(plan.ops).items() if n > 1]
+    if twice:  # each would be a whole A/B again: a list of one op 10^5 times ran 10^5 of them
+        raise UsageError(f"ops {clip(twice)} given more than once: name each op once")
     shapes, ops_paths = plan.options.shapes, list(plan.options.ops_paths)
     problem = None if shapes is None or str(shapes) == UPSTREAM else bounded.path_problem(shapes, "file")
     if problem is not None:
