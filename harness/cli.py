@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from harness.core import options, rundir
-from harness.core.errors import UsageError
+from harness.core.errors import UsageError, clip_words
 from harness.sessions import resolve
 
 DEFAULT_OP = "softmax"
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return code
     except UsageError as exc:  # its exit code: 2, or one of its own (DtypeRejected: 65)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {clip_words(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
         # A path that cannot be written (--out on a file or a read-only mount, a full disk) is one

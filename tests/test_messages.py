@@ -180,3 +180,27 @@ def test_record_out_at_a_broken_link_makes_no_dir_at_its_target(tmp_path):
     assert proc.stderr.splitlines()[-1].endswith(f"error: argument --out: {link} is a broken symlink to "
                                                  f"{tmp_path / 'elsewhere'}")
     assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["record", "X", "--backend", "interpreter"], ["record", "softmax", "--backend", "X"],
+    ["ab", "--ops", "softmax", "--b-env", "X", "--backend", "interpreter"], ["replay", "X"],
+    ["record", "softmax", "--ops-path", "X", "--backend", "interpreter"],
+])
+def test_a_100k_character_argument_is_echoed_cut_in_a_short_error(tmp_path, argv):
+    # Each echoed the value whole (100 KB and more, twice for replay); --ops-path raised a traceback.
+    value = "x" * 100_000
+    proc = run_harness(*[value if a == "X" else a for a in argv], "--out" if argv[0] != "replay" else "--color",
+                       tmp_path / "runs" if argv[0] != "replay" else "never", timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[:2000]
+    assert len(proc.stdout + proc.stderr) < 4000 and "more chars)" in proc.stderr, proc.stderr[:2000]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_ops_path_that_is_neither_a_path_nor_a_module_name_is_refused_at_the_door(tmp_path, capsys):
+    gone = tmp_path / "ops" / "mine.py"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["record", "softmax", "--ops-path", str(gone)])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument --ops-path: {gone} does not exist, and is no module name either")
+    assert cli.build_parser().parse_args(["record", "softmax", "--ops-path", "my_ops.sub"]).ops_paths == ["my_ops.sub"]
