@@ -196,11 +196,3 @@ def test_a_100k_character_argument_is_echoed_cut_in_a_short_error(tmp_path, argv
     assert len(proc.stdout + proc.stderr) < 4000 and "more chars)" in proc.stderr, proc.stderr[:2000]
     assert not (tmp_path / "runs").exists()
 
-
-def test_an_ops_path_that_is_neither_a_path_nor_a_module_name_is_refused_at_the_door(tmp_path, capsys):
-    gone = tmp_path / "ops" / "mine.py"
-    with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["record", "softmax", "--ops-path", str(gone)])
-    assert capsys.readouterr().err.splitlines()[-1].endswith(
-        f"error: argument --ops-path: {gone} does not exist, and is no module name either")
-    assert cli.build_parser().parse_args(["record", "softmax", "--ops-path", "my_ops.sub"]).ops_paths == ["my_ops.sub"]
