@@ -196,3 +196,15 @@ def test_a_100k_character_argument_is_echoed_cut_in_a_short_error(tmp_path, argv
     assert len(proc.stdout + proc.stderr) < 4000 and "more chars)" in proc.stderr, proc.stderr[:2000]
     assert not (tmp_path / "runs").exists()
 
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_an_ops_path_that_is_neither_a_dir_nor_a_py_file_says_what_it_is(tmp_path, capsys, kind):
+    # The probe imported it and said only that it "ended its process while importing (exited 1)".
+    path = tmp_path / "ops.txt"
+    path.write_text("x\n") if kind == "file" else os.mkfifo(path)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["record", "softmax", "--ops-path", str(path)])
+    said = "a regular file" if kind == "file" else "a FIFO"
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument --ops-path: {path} is {said}, not a directory or a .py file")

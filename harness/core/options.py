@@ -134,7 +134,13 @@ def absolute_libtuner_cache(choice: str, base: Path) -> str:
 
 def absolute_ops_path(item: str) -> str:
     """An `--ops-path` file or dir made absolute (the child runs from the repo root); a module name as is."""
-    return str(Path(item).resolve()) if os.path.exists(item) else item  # a name too long for a path: False
+    if not os.path.exists(item):  # a module name, or a path its probe names missing (False for a name too long)
+        return item
+    # Anything else there was imported by the probe, which said only that it "ended its process (exited 1)".
+    if not (os.path.isdir(item) or (os.path.isfile(item) and item.endswith(".py"))):
+        raise argparse.ArgumentTypeError(f"{clip_text(item)} is {bounded.what_it_is(item)}, not a directory or a "
+                                         ".py file")
+    return str(Path(item).resolve())
 
 
 def _is_number(value) -> bool:
