@@ -212,8 +212,10 @@ class Backend:
             missing = [d for d in explicit if d not in found]
             if missing:
                 valid = ", ".join(map(str, found))
+                # The first few named, the rest counted: a list of 5,000 was a 29 KB line.
+                named = str(missing[:8])[:-1] + (f", ... ({len(missing) - 8} more)]" if len(missing) > 8 else "]")
                 raise BackendUnavailable(
-                    f"backend '{self.name}': device(s) {missing} do not exist here; it has {len(found)} "
+                    f"backend '{self.name}': device(s) {named} do not exist here; it has {len(found)} "
                     f"device{'s' if len(found) != 1 else ''}, valid --device: {valid}"
                 )
             return list(explicit)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from harness.core import commands, options, rundir
-from harness.core.errors import UsageError
+from harness.core.errors import UsageError, clip_words
 from harness.core.request import RunRequest
 from harness.sessions import resolve
 
@@ -337,13 +337,14 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return code
     except UsageError as exc:  # its exit code: 2, or one of its own (DtypeRejected: 65)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {clip_words(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
         # A path that cannot be written (--out on a file or a read-only mount, a full disk) is one
         # line; an OSError about no path is a bug, shown whole.
-        full = rundir.disk_full(exc)
-        if full is None and exc.filename is None:
+        # A failed write of a session's own (a report, ab.json, batch.json, a step's) exits as a run's does.
+        fault = rundir.write_fault(exc)
+        if fault is None and exc.filename is None:
             raise
-        print(f"error: {full or f'{exc.strerror}: {exc.filename}'}", file=sys.stderr)
-        return 1
+        print(f"error: {fault or f'{exc.strerror}: {exc.filename}'}", file=sys.stderr)
+        return rundir.EXIT_DISK_FULL if fault else 1

@@ -69,6 +69,15 @@ def test_check_available_rejects_invisible_device(monkeypatch):
         cuda.check_available([4])
 
 
+def test_thousands_of_missing_devices_are_named_a_few_and_counted():
+    # `--devices 0,...,4999`: the refusal echoed every one, a 29 KB line.
+    refused = backends.get("interpreter")
+    with pytest.raises(backends.BackendUnavailable) as info:
+        refused.check_available(list(range(5000)))
+    assert str(info.value) == ("backend 'interpreter': device(s) [2, 3, 4, 5, 6, 7, 8, 9, ... (4990 more)] do not "
+                               "exist here; it has 2 devices, valid --device: 0, 1")
+
+
 class _Err(RuntimeError):
     pass
 

@@ -157,3 +157,17 @@ def test_own_holds_the_lock_and_names_the_live_owner(tmp_path):
         fcntl.flock(f, fcntl.LOCK_EX)
         with pytest.raises(UsageError, match="belongs to batch pid unknown, which is still running"):
             batchdir.own(tmp_path)
+
+
+@pytest.mark.parametrize("text,said", [
+    ("op,repo,status\nadd,builtin,PASS" + "x" * 200_000 + "\n", "field larger than field limit (131072)"),
+    ("op,repo\n\"unterminated\n", "a row has no repo: "),
+    ("op,status\nadd,PASS\n", "a row has no repo: "),
+])
+def test_an_ops_status_csv_torn_or_edited_is_one_usage_error_naming_it(tmp_path, text, said):
+    # A cell past csv's limit raised csv.Error, a row short of a required cell a TypeError: tracebacks.
+    (tmp_path / batchdir.STATUS_CSV).write_text(text)
+    with pytest.raises(UsageError) as refused:
+        batchdir.read_status(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path / batchdir.STATUS_CSV} is corrupt ({said}")
+    assert str(refused.value).endswith("); the op dirs are intact: start a new --batch-dir")

@@ -242,3 +242,14 @@ def test_a_childs_line_without_end_is_passed_on_in_bounded_pieces():
                          on_stdout=pieces.append)
     assert code == 0 and "".join(pieces) == "x" * 1_000_000
     assert max(map(len, pieces)) == launch.PIECE_CHARS
+
+
+def test_a_requirements_file_holding_a_nul_is_refused_before_any_dir_is_claimed(tmp_path):
+    # Its entries become pip's arguments: a NUL reached the exec as a traceback, after the A/B's dir was made.
+    (tmp_path / "reqs.txt").write_bytes(b"numpy\0\n")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: x\nops: [softmax]\nb: {requirements: reqs.txt}\n")
+    proc = bounded_harness("ab", plan, "--backend", "interpreter", "--out", tmp_path / "runs")
+    assert one_error_line(proc) == (f"error: {plan}: side 'B': requirements file {tmp_path / 'reqs.txt'} holds a NUL "
+                                    "byte (at 5): a requirements file is text, one entry a line")
+    assert not (tmp_path / "runs").exists()

@@ -218,15 +218,17 @@ def test_a_full_disk_at_start_leaves_no_run_dir(tmp_path):
     assert list((tmp_path / "copy" / "runs").iterdir()) == []
 
 
-@pytest.mark.parametrize("where", ["--out FILE", "--out FILE/sub", "--triton-cache FILE"])
-def test_a_path_that_cannot_be_a_dir_is_one_line(tmp_path, harness, where):
+@pytest.mark.parametrize("where,code", [("--out FILE", 2), ("--out FILE/sub", 1), ("--triton-cache FILE", 2)])
+def test_a_path_that_cannot_be_a_dir_is_one_line(tmp_path, harness, where, code):
+    # A file named as the dir: refused at the door (the option's declared kind, under the usage); a path
+    # under a file: the mkdir's own error.
     afile = tmp_path / "afile"
     afile.write_text("not a dir\n")
     flag, path = where.split()
     proc = harness("record", "softmax", "--backend", "interpreter", flag, path.replace("FILE", str(afile)))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    (line,) = proc.stderr.splitlines()
-    assert line.startswith("error: ") and str(afile) in line
+    assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.splitlines()[-1]
+    assert "error: " in line and str(afile) in line
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

@@ -30,8 +30,11 @@ def test_a_file_given_for_a_run_dir_is_named_a_regular_file(tmp_path):
 
 
 def test_a_device_given_for_a_shape_file_is_named_a_character_device():
-    assert one_error_line(run_harness("record", "softmax", "--backend", "interpreter", "--shapes", "/dev/null")) == (
-        "error: shape file /dev/null is a character device, not a regular file")
+    # Refused by the option's declared kind, under the command's usage (options.path_of).
+    proc = run_harness("record", "softmax", "--backend", "interpreter", "--shapes", "/dev/null")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(
+        "error: argument --shapes: /dev/null is a character device, not a regular file")
 
 
 def test_a_directory_given_for_a_shape_file_is_named_a_directory(tmp_path):
@@ -177,3 +180,31 @@ def test_record_out_at_a_broken_link_makes_no_dir_at_its_target(tmp_path):
     assert proc.stderr.splitlines()[-1].endswith(f"error: argument --out: {link} is a broken symlink to "
                                                  f"{tmp_path / 'elsewhere'}")
     assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["record", "X", "--backend", "interpreter"], ["record", "softmax", "--backend", "X"],
+    ["ab", "--ops", "softmax", "--b-env", "X", "--backend", "interpreter"], ["replay", "X"],
+    ["record", "softmax", "--ops-path", "X", "--backend", "interpreter"],
+])
+def test_a_100k_character_argument_is_echoed_cut_in_a_short_error(tmp_path, argv):
+    # Each echoed the value whole (100 KB and more, twice for replay); --ops-path raised a traceback.
+    value = "x" * 100_000
+    proc = run_harness(*[value if a == "X" else a for a in argv], "--out" if argv[0] != "replay" else "--color",
+                       tmp_path / "runs" if argv[0] != "replay" else "never", timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[:2000]
+    assert len(proc.stdout + proc.stderr) < 4000 and "more chars)" in proc.stderr, proc.stderr[:2000]
+    assert not (tmp_path / "runs").exists()
+
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_an_ops_path_that_is_neither_a_dir_nor_a_py_file_says_what_it_is(tmp_path, capsys, kind):
+    # The probe imported it and said only that it "ended its process while importing (exited 1)".
+    path = tmp_path / "ops.txt"
+    path.write_text("x\n") if kind == "file" else os.mkfifo(path)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["record", "softmax", "--ops-path", str(path)])
+    said = "a regular file" if kind == "file" else "a FIFO"
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument --ops-path: {path} is {said}, not a directory or a .py file")

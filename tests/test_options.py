@@ -13,7 +13,7 @@ import pytest
 from harness import cli
 from harness.core.options import BatchOptions, CorpusOptions, ExperimentOptions, OptionSet, RunOptions, _plain, declared
 
-FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/ops", "mod.x"),
+FULL = RunOptions(backend="cuda", device=2, shapes=Path("/s.yaml"), dtypes=("fp16",), ops_paths=("/tmp", "mod.x"),
                   flaggems_dirs=("flaggems=/fg",), level="core", flagtune="1", libtuner_cache="user", seed=3,
                   timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=3)
 
@@ -158,7 +158,7 @@ def test_windows_that_are_not_a_positive_integer_are_refused_in_one_line(value, 
 
 def test_a_replay_keeps_what_its_record_was_given_and_a_resume_is_the_stored_set_with_what_is_given():
     assert FULL.for_replay() == RunOptions(device=2, shapes=Path("/s.yaml"), dtypes=("fp16",),
-                                           ops_paths=("/ops", "mod.x"), flaggems_dirs=("flaggems=/fg",))
+                                           ops_paths=("/tmp", "mod.x"), flaggems_dirs=("flaggems=/fg",))
     assert FULL.measurement() == RunOptions(seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=3)
     given = RunOptions.from_namespace(cli.build_parser().parse_args(["batch", "--l2", "warm", "--seed", "0"]))
     assert given.given() == {"l2": "warm", "seed": 0}  # seed 0 was given

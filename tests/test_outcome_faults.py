@@ -212,6 +212,18 @@ def test_a_corpus_ab_plan_stored_with_a_wrong_type_is_refused_on_resume(tmp_path
         line
 
 
+@pytest.mark.parametrize("given", [["plan"], ["--ops", "softmax", "add", "softmax"]])
+def test_an_op_named_twice_in_an_ab_is_refused_before_anything_runs(tmp_path, given):
+    # Each name is a whole A/B: a plan listing one op 10^5 times ran 10^5 of them.
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: x\nops: [softmax, add, softmax]\nrepeats: 2\n")
+    proc = harness("ab", *[str(plan) if g == "plan" else g for g in given], "--backend", "interpreter", "--out",
+                   tmp_path / "runs", timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        2, ["error: ops ['softmax'] given more than once: name each op once"]), proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_corpus_ab_plan_stored_with_a_nul_in_an_env_value_is_refused_on_resume(tmp_path):
     # JSON carries a NUL (\u0000) that no environment can: it reached the step's exec as a traceback.
     d = tmp_path / "corpus"

@@ -2,6 +2,7 @@
 file or row that is not what the child writes is refused in one line naming the file."""
 
 import json
+import math
 
 import pytest
 
@@ -66,6 +67,13 @@ def test_the_typed_fields_and_what_stays_absent():
     ({"format": 1, "rows": [{**BARE, "status": "PASS"}]}, "row 0: status 'PASS' not one of"),
     ({"format": 1, "rows": [{**BARE, "gbps": "fast"}]}, "row 0: gbps is 'fast', not a number"),
     ({"format": 1, "rows": [{**BARE, "extra": 1}]}, "row 0: unknown field(s) 'extra'"),
+    # JSON as Python reads and writes it (NaN, Infinity), and a negative latency: they reached the statistics.
+    ({"format": 1, "rows": [{**BARE, "candidate_ms": math.nan}]},
+     "row 0: candidate_ms is nan, not a finite number >= 0"),
+    ({"format": 1, "rows": [{**BARE, "baseline_ms": -1.0}]}, "row 0: baseline_ms is -1.0, not a finite number >= 0"),
+    ({"format": 1, "rows": [{**BARE, "gbps": math.inf}]}, "row 0: gbps is inf, not a number"),
+    ({"format": 1, "rows": [{**BARE, "samples": {"candidate": {"raw": [1.0, -math.inf]}}}]},
+     "row 0: samples hold -inf, not a finite number"),
 ])
 def test_a_file_that_is_not_results_is_refused_in_one_line_naming_it(tmp_path, data, says):
     run_dir = write(tmp_path / "run", data)

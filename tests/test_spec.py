@@ -3,6 +3,7 @@ value decoded once from run.json, whose JSON keeps its shape."""
 
 import dataclasses
 import json
+import math
 
 import pytest
 from conftest import REPO, load
@@ -174,8 +175,15 @@ def test_replay_takes_no_l2_of_its_own():
     ("timer", "nope", "timer 'nope' not one of"), ("seed", "x", "seed is 'x', not of type int"),
     ("seed", True, "seed is True, not of type int"), ("device", 1.5, "device is 1.5, not of type int"),
     ("dtypes", "fp16", "dtypes is 'fp16', not of type list[str]"), ("rep_ms", None, "rep_ms is None, not of type"),
-    ("windows", 0, "windows 0 is not an integer >= 1"), ("windows", 2.0, "windows is 2.0, not of type int"),
-    ("replay_from", 3, "replay_from is 3, not of type str | None")])
+    ("windows", 0, "windows 0 is not an integer from 1 to 64"), ("windows", 2.0, "windows is 2.0, not of type int"),
+    ("replay_from", 3, "replay_from is 3, not of type str | None"),
+    # Ranged as their options are (one rule): each of these failed every row of a replay, or hung it.
+    ("seed", -1, "seed -1 is not an integer from 0 to 4294967295"),
+    ("seed", 2**32, "seed 4294967296 is not an integer from 0 to 4294967295"),
+    ("rep_ms", math.nan, "rep_ms nan is not a number of ms from 0 to 600000"),
+    ("warmup_ms", 1e308, r"warmup_ms 1e\+308 is not a number of ms from 0 to 600000"),
+    ("windows", 1000, "windows 1000 is not an integer from 1 to 64"),
+    ("device", -3, "device -3 is not a device index")])
 def test_a_hand_edited_spec_value_is_refused_naming_the_field(tmp_path, field, value, message):
     spec = spec_mod.RunSpec(op="softmax", backend="interpreter", mode="record", device=0, dtypes=["fp32"],
                             shapes_source="s.yaml#softmax", rep_ms=2)

@@ -115,3 +115,65 @@ def test_a_real_file_size_limit_is_one_line_and_leaves_no_run_dir(tmp_path):
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: file too large writing ") and rundir.RESERVE in line, line
     assert [d for d in out.iterdir() if d.is_dir()] == []
+
+
+@pytest.mark.e2e
+def test_an_ab_whose_step_ends_by_a_failed_write_stops_there_and_exits_so(tmp_path):
+    """A step's own write fault (its exit 75) stops the A/B, which reports what completed and exits 75; it
+    went on to every next step, each failing alike, and blamed a step (exit 1). The warm workers it no
+    longer needs end quietly (a reset socket was a traceback in ab.log)."""
+    def limited():  # below the space each step's run keeps for its outcome: A's record fails first
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (rundir.RESERVE_BYTES // 2, rundir.RESERVE_BYTES // 2))
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", "harness", "ab", "--ops", "softmax", "--backend", "interpreter",
+                           "--repeats", "2", "--out", str(tmp_path / "runs")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, preexec_fn=limited)
+    assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
+    assert "[1/1 softmax] A records stopped: a write failed in its run dir " in proc.stdout
+    [ab_dir] = (tmp_path / "runs").iterdir()
+    state = json.loads((ab_dir / "ab.json").read_text())
+    assert [s["exit"] for s in state["steps"]] == [rundir.EXIT_DISK_FULL]  # no step after it
+    assert "Traceback" not in (ab_dir / "ab.log").read_text() + proc.stderr
+    assert (ab_dir / "report.md").read_text().count("INCOMPLETE") == 1
+
+
+@pytest.mark.e2e
+def test_a_batch_whose_ops_status_write_fails_says_so_in_one_line_and_exits_75(tmp_path):
+    """A full disk met by a device thread (ops_status.csv) was `RuntimeError: a device thread of the batch
+    failed` under three tracebacks, exit 1: the DiskFull named no file, so it was not passed on as one."""
+    def batch(d: Path, env: dict) -> subprocess.CompletedProcess:
+        full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        full["PYTHONPATH"] = os.pathsep.join(p for p in (str(SEAM), str(REPO), full.get("PYTHONPATH")) if p)
+        return subprocess.run([sys.executable, "-m", "harness", "batch", "--ops", "softmax", "--backend", "interpreter",
+                               "--op-start", "fresh", "--batch-dir", str(d)], cwd=REPO, env={**full, **env},
+                              capture_output=True, text=True, timeout=600)
+
+    d = tmp_path / "faulted"
+    proc = batch(d, {"ZL_TEST_WRITE_FAULT": "parent:*:ENOSPC:/.ops_status.csv."})
+    assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: no space left on device writing {d / 'ops_status.csv'}"]
+
+
+@pytest.mark.e2e
+def test_a_batch_whose_op_ends_by_a_failed_write_stops_there_and_exits_75(tmp_path):
+    """An op whose run met a file-size limit (exit 75) was a FAIL blamed on the op, retried, and the batch went
+    on to every next op, each failing alike (exit 1). It stops now, in one line, and a resume runs the op."""
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (rundir.RESERVE_BYTES // 2, rundir.RESERVE_BYTES // 2))
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    d = tmp_path / "batch"
+    proc = subprocess.run([sys.executable, "-m", "harness", "batch", "--ops", "softmax", "add", "--backend",
+                           "interpreter", "--devices", "0", "--batch-dir", str(d)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600, preexec_fn=limited)
+    assert proc.returncode == rundir.EXIT_DISK_FULL, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert re.fullmatch(rf"error: builtin:(softmax|add) stopped: a write failed in its run dir {d}/ops/\S+/attempt1/"
+                        rf"\S+ \(exit 75\)", line), line
+    assert not (d / "ops_status.csv").exists()  # no op done: each left for a resume, none marked FAIL
+    assert len(list((d / "ops").iterdir())) == 1  # the next op never started

@@ -96,6 +96,10 @@ class StatusRow:
                 continue
             fields[f.name] = (text if f.type == "str" else None if text == "" else
                               int(text) if text.lstrip("-").isdigit() else float(text))
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields and f.name != "extra"
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:  # a torn or edited file: a row short of a cell, a header without the column
+            raise ValueError(f"a row has no {', '.join(missing)}: {clip_text(str(dict(record)))}")
         extra = {c: v for c, v in record.items() if c not in STATUS_COLUMNS and c is not None and v is not None}
         return cls(**fields, extra=extra)
 
@@ -114,7 +118,7 @@ def read_status(batch_dir: Path, missing_ok: bool = True) -> dict[str, StatusRow
         raise UsageError(f"{exc}; the op dirs are intact: start a new --batch-dir") from exc
     try:
         rows = [StatusRow.from_csv(r) for r in csv.DictReader(io.StringIO(text, newline=""))]
-    except ValueError as exc:
+    except (ValueError, csv.Error) as exc:  # csv.Error: a cell past csv's field limit, a stray quote
         raise UsageError(f"{path} is corrupt ({clip_text(str(exc))}); the op dirs are intact: start a new "
                          "--batch-dir") from exc
     return {r.id: r for r in rows}

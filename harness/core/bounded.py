@@ -169,7 +169,10 @@ def read_lines(path: Path | str, kind: str) -> list[str]:
     problem = path_problem(path, "file")
     if problem is not None:
         raise InputRefused(f"{path} {problem}")
-    return [entry for line in read_text(path, kind).splitlines() if (entry := line.split("#")[0].strip())]
+    text = read_text(path, kind)
+    if "\0" in text:  # its entries become arguments (pip's, an op's), which no NUL can be in: a traceback
+        raise InputRefused(f"{path} holds a NUL byte (at {text.index(chr(0))}): a {kind} is text, one entry a line")
+    return [entry for line in text.splitlines() if (entry := line.split("#")[0].strip())]
 
 
 def read_tail(path: Path | str, kind: str = "log") -> str:

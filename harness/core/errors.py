@@ -1,5 +1,7 @@
 """Errors every layer raises and the command line reports."""
 
+import re
+
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit code 2."""
@@ -29,3 +31,9 @@ def clip_text(text: str, limit: int = ECHO_CHARS) -> str:
     """`text` (an input's words, a parser's message quoting them) cut to `limit` characters, with a
     note of how many more there were."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more chars)"
+
+
+def clip_words(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` with each run of characters without a space longer than `limit` cut by clip_text: the one
+    guard every error line passes as it is printed (harness.cli), whatever a message echoed whole."""
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: clip_text(m.group(), limit), text)

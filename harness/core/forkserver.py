@@ -49,8 +49,12 @@ def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None
 
 
 def _recv(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
-    """(the next message, the descriptors it carried); (None, []) once the other end is gone."""
-    data, received, _, _ = socket.recv_fds(sock, MAX_MESSAGE, fds)
+    """(the next message, the descriptors it carried); (None, []) once the other end is gone, closed or
+    reset (a parent that ended with a request unread: its spare warm workers, once its steps failed)."""
+    try:
+        data, received, _, _ = socket.recv_fds(sock, MAX_MESSAGE, fds)
+    except ConnectionResetError:
+        return None, []
     return (json.loads(data) if data else None), received
 
 

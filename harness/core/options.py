@@ -23,7 +23,7 @@ from typing import Any
 import backends
 from harness.core import bounded
 from harness.core.errors import clip, clip_text
-from harness.core.spec import L2_MODES, MAX_NOISE, TIMERS
+from harness.core.spec import L2_MODES, MAX_NOISE, RULES, TIMERS
 from ops import DTYPES_RULE, valid_dtype_list
 
 # Option values with a meaning of their own (FlagGems checkouts), here because the parser checks them.
@@ -43,12 +43,8 @@ STEP_PASSES = ("once", "every")
 
 # Ceilings on counts a request can ask for: each repeat is two processes, each window a capture a row.
 MAX_REPEATS = 100
-MAX_WINDOWS = 64
-# Ceilings on numbers that are finite and still no request's: numpy takes a seed below 2**32 (above it
-# every row failed, blamed on the candidate); a measurement's budget past ten minutes, or an op's timeout
-# past a week, is a typo, and 1e308 overflowed the clocks they are added to (a traceback).
-MAX_SEED = 2**32 - 1
-MAX_BUDGET_MS = 600_000
+# A run's measured fields (seed, budgets, windows, device) are ranged in harness.core.spec (RULES), which a
+# run.json is read back by too. An op's timeout past a week is a typo; 1e308 overflowed a clock (a traceback).
 MAX_OP_TIMEOUT_S = 7 * 24 * 3600
 
 
@@ -138,7 +134,13 @@ def absolute_libtuner_cache(choice: str, base: Path) -> str:
 
 def absolute_ops_path(item: str) -> str:
     """An `--ops-path` file or dir made absolute (the child runs from the repo root); a module name as is."""
-    return str(Path(item).resolve()) if Path(item).exists() else item
+    if not os.path.exists(item):  # a module name, or a path its probe names missing (False for a name too long)
+        return item
+    # Anything else there was imported by the probe, which said only that it "ended its process (exited 1)".
+    if not (os.path.isdir(item) or (os.path.isfile(item) and item.endswith(".py"))):
+        raise argparse.ArgumentTypeError(f"{clip_text(item)} is {bounded.what_it_is(item)}, not a directory or a "
+                                         ".py file")
+    return str(Path(item).resolve())
 
 
 def _is_number(value) -> bool:
@@ -408,7 +410,7 @@ class RunOptions(OptionSet):
     seed: int | None = option(
         flag="--seed", group="how", commands=RUNS, metavar="N", type=int, record_default=0, record_only=True,
         help="seed for random/numpy/torch (default: 0)",
-        check=lambda v: type(v) is int and 0 <= v <= MAX_SEED, what=f"an integer from 0 to {MAX_SEED}")
+        check=RULES["seed"][0], what=RULES["seed"][1])
     timer: str | None = option(
         flag="--timer", group="how", commands=RUNS, choices=TIMERS, record_default="auto", record_only=True,
         help="auto: the backend's own: graph where it can capture, else direct, and host (a wall clock) where it "
@@ -422,28 +424,28 @@ class RunOptions(OptionSet):
     warmup_ms: float | None = option(
         flag="--warmup-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="warmup budget per measurement (default: the backend's, 25 on GPUs)",
-        check=lambda v: _is_number(v) and 0 <= v <= MAX_BUDGET_MS, what=f"a number of ms from 0 to {MAX_BUDGET_MS}")
+        check=RULES["warmup_ms"][0], what=RULES["warmup_ms"][1])
     rep_ms: float | None = option(
         flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
         help="timing budget per measurement (default: the backend's, 100 on GPUs)",
-        check=lambda v: _is_number(v) and 0 <= v <= MAX_BUDGET_MS, what=f"a number of ms from 0 to {MAX_BUDGET_MS}")
+        check=RULES["rep_ms"][0], what=RULES["rep_ms"][1])
     windows: int | None = option(
         flag="--windows", group="how", commands=RUNS, metavar="N", type=positive_int, record_only=True,
         help="graph and direct timers: time each side in N windows, the sides alternating, sharing the timing "
              "budget; a row's latency is the geometric mean of its windows' medians (default: 1)",
-        check=lambda v: type(v) is int and 1 <= v <= MAX_WINDOWS, what=f"an integer from 1 to {MAX_WINDOWS}")
+        check=RULES["windows"][0], what=RULES["windows"][1])
     max_noise: float | None = option(
         flag="--max-noise", group="how", commands=RUNS, metavar="PCT", type=lambda text: percent(text),
         show=lambda v: percent_text(v), record_only=True,
         help="graph, direct and host timers: stop timing a side once its median is known within PCT (its relative "
              "standard error; NVBench's stdrel rule), after 10 samples; --rep-ms stays the most it times "
              "(default: 0%%, off: every side times its whole budget)",
-        check=lambda v: _is_number(v) and 0 <= v <= MAX_NOISE, what=f"a percentage from 0% to {MAX_NOISE:.0%}")
+        check=RULES["max_noise"][0], what=f"a percentage from 0% to {MAX_NOISE:.0%}")
     # Each op's device is the batch's choice: not stored.
     device: int | None = option(
         flag="--device", group="where", commands=RUNS, metavar="N", type=int, stored=False,
         help="device index (default: the first visible device)",
-        check=lambda v: type(v) is int and v >= 0, what="a device index (an integer >= 0)")
+        check=RULES["device"][0], what=RULES["device"][1])
 
     def for_replay(self) -> RunOptions:
         """What a replay of a record made with these options is given: it keeps the rest as recorded."""

@@ -6,6 +6,7 @@ row, instead of failing as a KeyError in whichever report reads it first."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import backends
@@ -93,9 +94,31 @@ class ResultRow:
             raise ResultsError(f"{where}: status {clip(fields['status'])} not one of {STATUSES}")
         metrics = {k: data[k] for k in METRICS if k in data}
         for name, value in metrics.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ResultsError(f"{where}: {name} is {value!r:.60}, not a number")
+        # JSON as Python reads it takes NaN, Infinity and -1 for a latency: each reached the statistics.
+        for name in ("baseline_ms", "candidate_ms", "speedup"):
+            value = fields[name]
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ResultsError(f"{where}: {name} is {value!r:.60}, not a finite number >= 0")
+        bad = _not_finite(fields.get("samples"))
+        if bad is not None:
+            raise ResultsError(f"{where}: samples hold {bad!r:.60}, not a finite number")
         return cls(**fields, metrics=metrics)
+
+
+def _not_finite(value):
+    """The first number in `value` (nested lists and dicts) that is NaN or infinite, else None."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return item
+        if isinstance(item, dict):
+            todo += item.values()
+        elif isinstance(item, list):
+            todo += item
+    return None
 
 
 def read_results(run_dir: Path) -> list[ResultRow]:

@@ -168,11 +168,29 @@ class WriteFault(OSError):
         return f"write failed: {self}"
 
 
+class RunWriteFault(WriteFault):
+    """A run (an A/B's step, a batch's op) that ended by a failed write of its own (its exit EXIT_DISK_FULL:
+    the disk filled, a file-size limit, EIO): nothing after it could write either, so what started it
+    stops there, and exits so too. One line wherever it is not caught (harness.cli)."""
+
+    def __init__(self, what: str, run_dir: Path | str):
+        super().__init__(run_dir, errno.EIO)
+        self.what = what
+
+    def __str__(self) -> str:
+        return f"{self.what} stopped: a write failed in its run dir {self.path} (exit {EXIT_DISK_FULL})"
+
+    @property
+    def reason(self) -> str:
+        return f"write failed during {self.what}"
+
+
 class DiskFull(WriteFault):
     """No space (or quota) left where a run writes."""
 
     def __init__(self, path: Path):
-        OSError.__init__(self, errno.ENOSPC, f"no space left on device writing {path}")
+        # Its file named as any OSError names one: a batch's device thread passes such a fault on as one line.
+        OSError.__init__(self, errno.ENOSPC, f"no space left on device writing {path}", str(path))
         self.path = path
 
     def __str__(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import types
 import typing
@@ -24,8 +25,28 @@ L2_MODES = ("warm", "cold")
 # rows spread 0.6% between processes on an H200, and 4 windows, over time or over fresh buffers
 # (tests/gpu/check_small_state.py), did not lower what remains.
 DEFAULT_WINDOWS = 1
-# The largest --max-noise (a fraction): a side known within 10% is no measurement a verdict can use.
-MAX_NOISE = 0.1
+# The ranges of a run's measured fields, one rule for the command line (their declarations in
+# harness.core.options), a plan, a batch.json and a run.json's spec read back: a replay of a hand-edited
+# spec (`seed: -1`, `rep_ms: NaN`) failed every row, blamed on the candidate. numpy takes a seed below
+# 2**32; a budget past ten minutes a measurement is a typo, and 1e308 overflowed the clocks it is added to.
+MAX_SEED = 2**32 - 1
+MAX_BUDGET_MS = 600_000
+MAX_WINDOWS = 64  # each window a capture a row
+MAX_NOISE = 0.1  # --max-noise, a fraction: a side known within 10% is no measurement a verdict can use
+
+
+def _finite(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+RULES = {
+    "seed": (lambda v: type(v) is int and 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
+    "warmup_ms": (lambda v: _finite(v) and 0 <= v <= MAX_BUDGET_MS, f"a number of ms from 0 to {MAX_BUDGET_MS}"),
+    "rep_ms": (lambda v: _finite(v) and 0 <= v <= MAX_BUDGET_MS, f"a number of ms from 0 to {MAX_BUDGET_MS}"),
+    "windows": (lambda v: type(v) is int and 1 <= v <= MAX_WINDOWS, f"an integer from 1 to {MAX_WINDOWS}"),
+    "max_noise": (lambda v: _finite(v) and 0 <= v <= MAX_NOISE, f"a fraction from 0 to {MAX_NOISE}"),
+    "device": (lambda v: type(v) is int and v >= 0, "a device index (an integer >= 0)"),
+}
 # A run that does part of the work (`--timing-only`, `--passes-only`, `--configs-only`: RunSpec.only),
 # each as its run.json says why it left the rest out. "timing": no IR, no per-kernel attribution (an
 # A/B's repeats). "passes": those one-off passes, its rows timed at timers.TOKEN_BUDGET_MS, for no
@@ -212,10 +233,9 @@ class RunSpec:
         refusal = only_refusal(spec.only, spec.mode)
         if refusal is not None:
             raise SpecError(f"{where}: {refusal}")
-        if spec.windows < 1:
-            raise SpecError(f"{where}: windows {clip(spec.windows)} is not an integer >= 1")
-        if not 0 <= spec.max_noise <= MAX_NOISE:
-            raise SpecError(f"{where}: max_noise {clip(spec.max_noise)} is not a fraction from 0 to {MAX_NOISE}")
+        for name, (check, what) in RULES.items():
+            if not check(getattr(spec, name)):
+                raise SpecError(f"{where}: {name} {clip(getattr(spec, name))} is not {what}")
         refusal = cases_refusal(spec.cases, spec.mode)
         if refusal is not None:
             raise SpecError(f"{where}: {refusal}")

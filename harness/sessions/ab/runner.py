@@ -22,7 +22,13 @@ from harness.providers import flaggems
 from harness.sessions.ab.plan import Plan, PlanError, Side
 from harness.sessions.ab.reporting import preload_reports
 from harness.sessions.ab.sides import SideUnidentified, build_side_env, pythonpath, side_compiler_key
-from harness.sessions.ab.steps import STEP_GRACE_S, StepInterrupted, case_progress, same_args, went_through
+from harness.sessions.ab.steps import (
+    STEP_GRACE_S,
+    StepInterrupted,
+    case_progress,
+    same_args,
+    went_through,
+)
 
 LOG_FILE = "ab.log"
 # prewarmed: at most this many workers a side importing or waiting at once, whatever --repeats asks (a
@@ -148,6 +154,8 @@ class Runner:
                                     "exit": code, "usable": usable, "run_dir": str(run_dir) if run_dir else None,
                                     "seconds": round(elapsed, 1), **({"passes": True} if passes else {})})
         self._save()
+        if code == rundir.EXIT_DISK_FULL:  # the step's outcome says a write failed: so would the next step's
+            raise rundir.RunWriteFault(what, request.run_dir)
         return run_dir if usable else None
 
     def _launch(self, side: Side, request: RunRequest) -> tuple[int, int | None]:

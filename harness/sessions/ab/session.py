@@ -3,6 +3,7 @@ the first step, run (runner) and reported (reporting); or two run dirs compared 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -13,7 +14,7 @@ import backends
 from harness.core import abstate, bounded, launch, paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.commands import ABRequest
-from harness.core.errors import UsageError
+from harness.core.errors import UsageError, clip
 from harness.core.options import AUTO, FDR, UPSTREAM
 from harness.core.results import ResultsError
 from harness.providers import catalog, flaggems, probe, registry
@@ -105,6 +106,9 @@ def _check_plan(plan: Plan) -> None:
     """Every op of the plan resolves, and its shape file exists, before the first step: a typo would
     otherwise surface only after the A/Bs before it ran. Built-in and FlagGems names resolve without importing
     torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
+    twice = [op for op, n in collections.Counter(plan.ops).items() if n > 1]
+    if twice:  # each would be a whole A/B again: a list of one op 10^5 times ran 10^5 of them
+        raise UsageError(f"ops {clip(twice)} given more than once: name each op once")
     shapes, ops_paths = plan.options.shapes, list(plan.options.ops_paths)
     problem = None if shapes is None or str(shapes) == UPSTREAM else bounded.path_problem(shapes, "file")
     if problem is not None:
@@ -186,7 +190,7 @@ def run_from_args(request: ABRequest) -> int:
 
         print(table.not_performance_note(plan.options.backend))
     runner = Runner(plan, ab_dir, earlier)
-    interrupted = None
+    interrupted = write_failed = None
     try:
         # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
         # step is stopped, the side caches removed and what completed reported.
@@ -198,6 +202,10 @@ def run_from_args(request: ABRequest) -> int:
         interrupted = launch.stopped_by(exc)
         if not isinstance(exc, StepInterrupted):  # a step that was stopped said so already
             print(f"\ninterrupted ({signal.Signals(interrupted).name}): reporting what completed", flush=True)
+        results = runner.results
+    except rundir.RunWriteFault as exc:
+        write_failed = exc
+        print(f"\n{exc}: stopping, reporting what completed", flush=True)
         results = runner.results
     finally:
         runner.close()
@@ -220,4 +228,6 @@ def run_from_args(request: ABRequest) -> int:
         schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
     code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
                   plan.first_repeats, plan.fdr, schedule)
+    if write_failed:
+        return rundir.EXIT_DISK_FULL
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code

@@ -212,6 +212,8 @@ class Batch(LocalExecutor):
                 continue
             # The run's own account, so a failure that ends the same way twice (not only with the
             # same exit code: a crash's own exit number is part of its account) is deterministic.
+            if code == rundir.EXIT_DISK_FULL:  # its run met a full disk (a failed write): so would every op after it
+                raise rundir.RunWriteFault(entry.key, run_dir)  # the batch stops, one line; a resume reruns the op
             failure = self._failure(run_dir)
             said = f"exit {code}" + (f" ({failure})" if failure else "")
             codes.append((code, failure.split(" during case ")[0]))

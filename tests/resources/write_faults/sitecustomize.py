@@ -1,7 +1,8 @@
 """Test-only (tests/test_write_faults.py), on the PYTHONPATH of a harness process and its child: a seam in
 the one function the harness opens a file for writing with (rundir.open_write). ZL_TEST_WRITE_LOG=FILE
 lists each call in FILE as `ROLE N PATH` (ROLE: parent, the `python -m harness` process, or child, the
-pytest child; N counts its calls); ZL_TEST_WRITE_FAULT=ROLE:N:ERRNO fails that call with that errno."""
+pytest child; N counts its calls); ZL_TEST_WRITE_FAULT=ROLE:N:ERRNO fails that call with that errno, and
+ROLE:*:ERRNO:PART every call whose path holds PART (one file, in whichever process writes it)."""
 
 import os
 
@@ -23,7 +24,8 @@ if _FAULT or _LOG:
         if _LOG:
             with open(_LOG, "a") as f:
                 f.write(f"{role} {n} {path}\n")
-        if _FAULT and _FAULT.split(":")[:2] == [role, str(n)]:
+        want = _FAULT.split(":") if _FAULT else []
+        if want and want[0] == role and (want[1] == str(n) or (want[1] == "*" and want[3] in str(path))):
             code = getattr(errno, _FAULT.split(":")[2])
             raise OSError(code, os.strerror(code), str(path))
         return _real(path, how, binary)
