@@ -149,8 +149,10 @@ def test_an_ab_interrupted_mid_round_goes_on_from_its_last_completed_step_runnin
 def test_a_continuation_takes_over_no_step_of_an_ab_of_another_plan(tmp_path, monkeypatch, capsys):
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    step = {"step": "add/A-record", "usable": True, "args": ["record", "add"], "run_dir": str(tmp_path / "r")}
-    (earlier / "ab.json").write_text(json.dumps({"plan": {"name": "other"}, "steps": [step]}))
+    step = {"what": "[1/1 add] A records", "step": "add/A-record", "side": "A", "args": ["record", "add"],
+            "exit": 0, "usable": True, "run_dir": str(tmp_path / "r"), "seconds": 1.0}
+    other = {"name": "other", "ops": ["add"], "repeats": 3, "backend": "interpreter"}
+    (earlier / "ab.json").write_text(json.dumps({"plan": other, "steps": [step], "complete": False}))
     plan = ab.resolve_plan(_args(tmp_path, "--repeats", "auto"))
     assert ab_session._continued(earlier, plan) == []
     assert "that A/B ran another plan: none of its steps is taken over" in capsys.readouterr().out
