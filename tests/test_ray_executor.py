@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive, pids_mentioning, wait_for
+from conftest import CLUSTER_GROUP, REPO, alive, pids_mentioning, wait_for
 
 from harness.core import launch, paths
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, CLUSTER_GROUP]
 
 
 def free_port() -> int:
