@@ -78,9 +78,12 @@ def _check(session: nox.Session, *args: str) -> str:
 # jsonschema (reports are checked against their schemas); pytest-xdist runs them in parallel (the tests session).
 TEST_EXTRAS = ("ray", "submitit", "jsonschema", "pytest-xdist")
 # A worker a CPU: much of an end-to-end test is waiting (a subprocess's start-up, a timeout, a grace), which
-# another worker's test fills. loadgroup: the Slurm and Ray tests share one worker (tests/conftest.py,
-# CLUSTER_GROUP). posargs come after, so `-n 0` runs the tests in this one process.
-TESTS_PARALLEL = ("-n", "auto", "--dist", "loadgroup")
+# another worker's test fills. loadfile: a test file's tests run on one worker, one after another, as its
+# module fixtures assume (tests/test_slurm_executor.py's `slurm` starts a Slurm where none answers and
+# stops it at the module's end: a second worker's would stop the first one's). Not loadgroup: under pytest 9
+# its xdist_group marks group nothing (xdist 3.8 renames a node through an attribute pytest no longer reads).
+# posargs come after, so `-n 0` runs the tests in this one process.
+TESTS_PARALLEL = ("-n", "auto", "--dist", "loadfile")
 
 
 def _light_deps(session: nox.Session, command: str, *extra: str) -> None:

@@ -58,12 +58,6 @@ def harness():
     return run_harness
 
 
-# `nox -s tests` spreads the tests over the CPUs (pytest-xdist, --dist loadgroup); the tests that start
-# Slurm jobs or a Ray instance on this machine run one after another on one worker: a Slurm of 2 CPUs and
-# the Ray nodes are shared by the whole machine, and the Slurm fixture is per worker.
-CLUSTER_GROUP = pytest.mark.xdist_group("cluster")
-
-
 # Whatever a test's processes leave running (however detached) is reparented to this process, where
 # `leaves_no_process` finds it.
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER_GROUP, REPO, in_a_case, pids_mentioning, wait_for
+from conftest import REPO, in_a_case, pids_mentioning, wait_for
 
 from harness.core import batchdir
 from harness.core.paths import OPS_DIR
@@ -204,7 +204,6 @@ def test_gpu_backend_without_device_is_one_clear_error(harness):
 
 
 @pytest.mark.e2e
-@CLUSTER_GROUP  # a local Ray instance: not beside the Ray cluster's tests
 def test_ray_executor_gives_the_same_statuses_files_and_resume(tmp_path):
     import ray  # noqa: F401  (the tests session installs ray: missing, this test fails, never skips)
 

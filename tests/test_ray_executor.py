@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER_GROUP, REPO, alive, pids_mentioning, wait_for
+from conftest import REPO, alive, pids_mentioning, wait_for
 
 from harness.core import launch, paths
 
 OPS = REPO / "tests" / "resources" / "batch_ops"
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, CLUSTER_GROUP]
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER_GROUP, REPO, pids_mentioning, wait_for
+from conftest import REPO, pids_mentioning, wait_for
 
 from harness.core import batchdir
 from harness.core.options import RunOptions
@@ -52,14 +52,8 @@ def slurm():
 
 
 def on_slurm(test):
-    """A test that drives the real Slurm (selected with `-m cluster`). Under pytest-xdist, on one worker
-    with the other cluster tests (CLUSTER_GROUP): the `slurm` fixture is per worker, and one worker's
-    slurm-down at its end would stop a Slurm another worker's tests are using; and the tests' time
-    limits assume the node's 2 CPUs are theirs."""
-    marks = (pytest.mark.cluster, pytest.mark.e2e, pytest.mark.usefixtures("slurm"), CLUSTER_GROUP)
-    for mark in marks:
-        test = mark(test)
-    return test
+    """A test that drives the real Slurm (selected with `-m cluster`)."""
+    return pytest.mark.cluster(pytest.mark.e2e(pytest.mark.usefixtures("slurm")(test)))
 
 
 @pytest.fixture
