@@ -75,8 +75,15 @@ def _check(session: nox.Session, *args: str) -> str:
 
 # Beyond what `python -m harness` needs, the tests import: ray and submitit (the batch executor tests
 # drive a local Ray instance, a two-node Ray cluster and a single-node Slurm on this machine) and
-# jsonschema (reports are checked against their schemas).
-TEST_EXTRAS = ("ray", "submitit", "jsonschema")
+# jsonschema (reports are checked against their schemas); pytest-xdist runs them in parallel (the tests session).
+TEST_EXTRAS = ("ray", "submitit", "jsonschema", "pytest-xdist")
+# A worker a CPU: much of an end-to-end test is waiting (a subprocess's start-up, a timeout, a grace), which
+# another worker's test fills. loadfile: a test file's tests run on one worker, one after another, as its
+# module fixtures assume (tests/test_slurm_executor.py's `slurm` starts a Slurm where none answers and
+# stops it at the module's end: a second worker's would stop the first one's). Not loadgroup: under pytest 9
+# its xdist_group marks group nothing (xdist 3.8 renames a node through an attribute pytest no longer reads).
+# posargs come after, so `-n 0` runs the tests in this one process.
+TESTS_PARALLEL = ("-n", "auto", "--dist", "loadfile")
 
 
 def _light_deps(session: nox.Session, command: str, *extra: str) -> None:
@@ -213,10 +220,11 @@ def inventory_regen(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"])
 def tests(session: nox.Session) -> None:
-    """The project's own tests (CPU only, interpreter backend)."""
+    """The project's own tests (CPU only, interpreter backend), on every CPU (pytest-xdist)."""
     _require_compiler(session)
     _light_deps(session, "tests", *TEST_EXTRAS)
-    _run_as_tree(session, _python(), "-m", "pytest", *session.posargs, env={END_WITH_ENV: str(os.getpid())})
+    _run_as_tree(session, _python(), "-m", "pytest", *TESTS_PARALLEL, *session.posargs,
+                 env={END_WITH_ENV: str(os.getpid())})
 
 
 @nox.session(venv_backend="virtualenv", tags=["ci"])

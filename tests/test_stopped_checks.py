@@ -33,7 +33,9 @@ def _started(proc, marker) -> bool:
     return marker.exists() or proc.poll() is not None
 
 
-def test_a_test_run_stopped_by_sigterm_ends_what_its_tests_started(tmp_path):
+# As `nox -s tests` runs the suite (over pytest-xdist's workers, each a subreaper of its own), and in one process.
+@pytest.mark.parametrize("workers", [["-n", "2"], []], ids=["xdist", "one-process"])
+def test_a_test_run_stopped_by_sigterm_ends_what_its_tests_started(tmp_path, workers):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the checkout's options: this is a stand-in run
     (tmp_path / "test_waits.py").write_text(textwrap.dedent(f"""
         import subprocess, sys
@@ -44,7 +46,7 @@ def test_a_test_run_stopped_by_sigterm_ends_what_its_tests_started(tmp_path):
         # pytest itself from wherever this run has it (under `nox -s tests`: .nox/deps, on PYTHONPATH)
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")) if p)}
     # This suite's conftest as a plugin: what it does at a SIGTERM is what is under test.
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p", "no:cacheprovider",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p", "no:cacheprovider", *workers,
                              "--rootdir", str(tmp_path), str(tmp_path / "test_waits.py")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -24,7 +24,8 @@ NEEDS = {"inventory-regen": ("pytest", "pyyaml")}
 # (the tests' ray, submitit and jsonschema came to ~585 MB, a silent minute or more). Estimates measured
 # once on Linux x86_64 (2026-12); a distribution not listed is said as of unknown size.
 SIZES_MB = {"pytest": 4, "pyyaml": 2, "tabulate": 0.2, "numpy": 60, "scipy": 110, "matplotlib": 60, "tqdm": 0.3,
-            "jinja2": 1, "ray": 580, "submitit": 1, "jsonschema": 5, "mutmut": 25, "ruff": 30, "import-linter": 3}
+            "jinja2": 1, "ray": 580, "submitit": 1, "jsonschema": 5, "pytest-xdist": 0.3, "mutmut": 25, "ruff": 30,
+            "import-linter": 3}
 
 
 def needed(command: str | None) -> tuple[str, ...]:
