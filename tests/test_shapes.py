@@ -86,6 +86,20 @@ def test_every_dim_must_be_a_positive_int(tmp_path, bad):
         shapes.resolve(p, "mm", ())
 
 
+@pytest.mark.parametrize("bad", ["[1000000000000, 1000000]", "[100000000000000000000]", "[2147483648, 1]",
+                                 "[65536, 65536, 65537]"])
+def test_a_shape_past_the_ceilings_is_refused_before_any_input_is_made(tmp_path, bad):
+    p = write(tmp_path, f"softmax: {{shapes: [[4, 4], {bad}]}}\n")
+    with pytest.raises(shapes.ShapeFileError, match=r"shapes\[1\] = .* is past the ceilings of a shape \(each dim at "
+                                                     r"most 2\*\*31-1, their product at most 2\*\*48\)$"):
+        shapes.resolve(p, "softmax", ())
+
+
+def test_the_largest_shapes_within_the_ceilings_are_taken(tmp_path):
+    p = write(tmp_path, "mm: [[65536, 65536, 65536], [2147483647, 1]]\n")
+    assert shapes.resolve(p, "mm", ())[1] == [[65536, 65536, 65536], [2147483647, 1]]
+
+
 def test_the_index_of_the_bad_shape_is_named(tmp_path):
     p = write(tmp_path, "mm: [[1, 2], [3, 0]]\n")
     with pytest.raises(shapes.ShapeFileError, match=r"shapes\[1\] = \[3, 0\]"):

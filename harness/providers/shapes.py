@@ -11,6 +11,7 @@ the operator still works. Every validation error names the file and the key.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
@@ -22,6 +23,14 @@ from ops import DTYPES_RULE, valid_dtype_list
 
 class ShapeFileError(ValueError):
     pass
+
+
+# Ceilings on a shape, read before any input is made: a dim past int32 indexing, or a shape whose dims
+# multiply past 2**48 (a 65536-cube GEMM is 2**48; a pointwise shape of that many elements is petabytes),
+# is no benchmark's. Without them [1e12, 1e6] failed its row only once torch tried to allocate it, and a
+# host that overcommits memory could be driven out of it.
+MAX_DIM = 2**31 - 1
+MAX_SHAPE_PRODUCT = 2**48
 
 
 def load(path: Path) -> dict:
@@ -57,6 +66,9 @@ def resolve(path: Path, op_name: str, fallback_keys: tuple[str, ...],
         if (not isinstance(shape, list) or not shape
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
             raise ShapeFileError(f"{where}: shapes[{i}] = {clip(shape)} is not a list of positive ints")
+        if max(shape) > MAX_DIM or math.prod(shape) > MAX_SHAPE_PRODUCT:
+            raise ShapeFileError(f"{where}: shapes[{i}] = {clip(shape)} is past the ceilings of a shape (each dim at "
+                                 f"most 2**31-1, their product at most 2**48)")
         if ndim is not None and len(shape) != ndim:
             raise ShapeFileError(f"{where}: shapes[{i}] = {clip(shape)} has {len(shape)} dims, '{op_name}' takes "
                                  f"{ndim}")
