@@ -34,8 +34,8 @@ from reports import ab_report, compare, corpus_html, stats, table
 # Tokens of a field or column name that holds a timing or a number computed from timings.
 PERF_TOKENS = {"ms", "speedup", "gbps", "tflops", "ratio", "lo", "hi", "median", "mean", "std", "sd", "min", "max",
                "latency", "raw", "q", "p", "gm", "geomean"}
-# Budgets a run was given, not anything it measured.
-SETTINGS = {"warmup_ms", "rep_ms"}
+# Budgets and stopping rules a run was given, not anything it measured.
+SETTINGS = {"warmup_ms", "rep_ms", "max_noise"}
 DECIMAL = re.compile(r"\d\.\d")
 # A log line that shows a timing: a latency in a row line, or a results or A/B table's header.
 TIMING_LINE = re.compile(r"\d\.\d+ ms\b|\bbaseline ms\b|\bA ms\b")

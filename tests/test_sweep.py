@@ -151,12 +151,13 @@ def test_shards_measure_as_the_run_does_l2_included_and_are_read_back_by_name(tm
         (named / "autotune_records" / "softmax.json").write_text(json.dumps(records({"k": {"[16]": entry(4)}})))
 
     launched = _fake_shards(monkeypatch, write)
-    run_spec = dataclasses.replace(spec(), seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=2)
+    run_spec = dataclasses.replace(spec(), seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=2,
+                                   max_noise=0.002)
     outcome = sweep.run(run_spec, [[4, 16], [8, 16], [2, 16]], 2, tmp_path, lambda line: None, tmp_path / "cache")
     assert outcome.facts["conflicts"] == 0  # the strays' num_warps=8 were never read
     assert load(outcome.merged)["kernels"]["k"]["[16]"]["config"]["num_warps"] == 4
     for i, argv in enumerate(launched):
         ns = cli.build_parser().parse_args(argv[3:])
         assert RunOptions.from_namespace(ns).measurement() == RunOptions(
-            seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=2)
+            seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=2, max_noise=0.002)
         assert ns.named_run_dir.parent == tmp_path / sweep.SWEEP_DIR / f"shard{i}" and ns.out is None
