@@ -648,6 +648,6 @@ def test_a_broken_ops_path_module_is_said_once_before_the_steps(tmp_path, capsys
     (tmp_path / "scale.py").write_text((REPO / "tests" / "resources" / "user_ops" / "scale.py").read_text())
     plan = ab.Plan(name="p", ops=["path:scale3"], a=ab.Side("A", "a"), b=ab.Side("B", "b"),
                    options=RunOptions(ops_paths=[str(tmp_path)]))
-    ab_session._check_plan(plan)
+    ab_session.check_plan(plan)
     assert capsys.readouterr().err == (f"warning: skipped operator module {tmp_path / 'broken.py'}, which does not "
                                        f"import: {tmp_path / 'broken.py'}:1: SyntaxError: invalid syntax\n")

@@ -62,9 +62,9 @@ def test_shapes_given_on_the_command_line_are_a_file_from_here_or_flaggems_own(t
     assert given.options.shapes == tmp_path / "mine.yaml"  # relative to where the A/B was started
     upstream = ab.resolve_plan(_args("--ops", "add", "--backend", "interpreter", "--shapes", "upstream"))
     assert upstream.options.shapes == Path("upstream")  # FlagGems' own shapes: a name, not a file here
-    ab_session._check_plan(upstream)  # so no file is looked for
+    ab_session.check_plan(upstream)  # so no file is looked for
     with pytest.raises(UsageError, match=f"^shape file {tmp_path / 'mine.yaml'} does not exist$"):
-        ab_session._check_plan(given)
+        ab_session.check_plan(given)
 
 
 def test_a_backend_named_by_an_alias_is_planned_under_its_own_name():

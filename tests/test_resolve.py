@@ -243,7 +243,7 @@ def test_a_selection_whose_repo_or_file_is_not_where_the_op_is_is_refused(text, 
 def test_ab_takes_the_same_grammar_before_any_step():
     plan = ab.resolve_plan(cli.parse_request(["ab", "--ops", "builtin:softmax", "mm@mm",
                                                           "--backend", "interpreter"]))
-    ab_session._check_plan(plan)
+    ab_session.check_plan(plan)
     plan.ops = ["path:softmax"]
     with pytest.raises(UsageError, match="operator 'softmax' is builtin:softmax@softmax"):
-        ab_session._check_plan(plan)
+        ab_session.check_plan(plan)

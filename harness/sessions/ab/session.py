@@ -102,7 +102,7 @@ def _shape_file(value, base: Path) -> Path:
     return Path(UPSTREAM) if str(value) == UPSTREAM else (base / value).resolve()
 
 
-def _check_plan(plan: Plan) -> None:
+def check_plan(plan: Plan) -> None:
     """Every op of the plan resolves, and its shape file exists, before the first step: a typo would
     otherwise surface only after the A/Bs before it ran. Built-in and FlagGems names resolve without importing
     torch (a corpus A/B starts one A/B per op); a user op is loaded, as its record would."""
@@ -175,7 +175,7 @@ def run_from_args(request: ABRequest) -> int:
                    "note": "single runs: each run's raw samples stand in for repeats"}
         return report(out, [{"A": [dir_a], "B": [dir_b]}], context, warnings, backend_names, fdr=fdr)
     plan = resolve_plan(request)
-    _check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
+    check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     say_if_a_a(plan)  # once the plan is known to run: not before an error in it
     # Read before the dir is claimed: a corrupt one leaves no A/B dir behind.
     earlier = _continued(request.continue_from, plan) if request.continue_from else ()

@@ -27,7 +27,7 @@ from harness.core.results import read_results
 from harness.sessions import resolve
 from harness.sessions.ab.plan import Plan, PlanError, Side, plan_from_data
 from harness.sessions.ab.runner import LOG_FILE as AB_LOG_FILE
-from harness.sessions.ab.session import _check_plan
+from harness.sessions.ab.session import check_plan
 from harness.sessions.ab.sides import build_side_env
 from harness.sessions.bisect import builds as builds_mod
 from harness.sessions.bisect import probe, search, stored
@@ -142,7 +142,7 @@ def resolve_spec(request: BisectRequest) -> dict:
         raise UsageError("name the rows: --from-ab AB_DIR [--rows ...], or --ops OP ...")
     template.options = _options(template.options, request.run)
     template.ops = ops
-    _check_plan(template)  # every op resolves, before any build is built
+    check_plan(template)  # every op resolves, before any build is built
     if experiment.repeats == AUTO:
         raise UsageError("--repeats auto: a bisect's probes take a count; a NOISY probe is run again at twice the "
                          "repeats, up to --max-repeats")
