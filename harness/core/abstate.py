@@ -11,29 +11,25 @@ from typing import Any
 
 from harness.core import bounded
 from harness.core.errors import clip
-from harness.core.options import AUTO, MAX_REPEATS, valid_max_repeats
+from harness.core.options import AUTO, MAX_REPEATS, is_text, valid_max_repeats
 
 AB_JSON = "ab.json"
-
-
-def _text(v) -> bool:
-    return isinstance(v, str) and "\0" not in v
 
 
 # A step's fields and what each must be: (check, what it must be). `running` (the step under way) has
 # no outcome yet: what, side, args, run_dir. What a reader only shows (what, side) may be left out.
 STEP = {
-    "what": (lambda v: v is None or _text(v), "a string"),
-    "side": (lambda v: v is None or _text(v), "a side's name"),
-    "args": (lambda v: isinstance(v, list) and bool(v) and all(_text(a) for a in v), "a command line (strings)"),
-    "run_dir": (lambda v: v is None or _text(v), "a path or null"),
+    "what": (lambda v: v is None or is_text(v), "a string"),
+    "side": (lambda v: v is None or is_text(v), "a side's name"),
+    "args": (lambda v: isinstance(v, list) and bool(v) and all(is_text(a) for a in v), "a command line (strings)"),
+    "run_dir": (lambda v: v is None or is_text(v), "a path or null"),
 }
 DONE = {
     "exit": (lambda v: v is None or type(v) is int, "an exit code or null"),
     "usable": (lambda v: isinstance(v, bool), "true or false"),
 }
 PLAN = {
-    "backend": (_text, "a backend name"),
+    "backend": (is_text, "a backend name"),
     # One a side too: a corpus report pairs an A/B of single runs (its basis says so).
     "repeats": (lambda v: v == AUTO or (type(v) is int and 1 <= v <= MAX_REPEATS), "a count of repeats or auto"),
 }

@@ -466,6 +466,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     (its exit code, the signal forwarded or None)"""
     got: list[int] = []
     waiting = False
+    stopped = on_stop or (lambda signum: None)
 
     def handler(signum, frame):
         got.append(signum)
@@ -475,8 +476,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     previous = {s: signal.signal(s, handler) for s in forward}
     try:
         if got:  # a stop that came as the handlers went in: final, nothing is started after it
-            if on_stop is not None:
-                on_stop(got[0])
+            stopped(got[0])
             return -got[0], got[0]
         if not gated:
             child = (starter or start)(argv, **start_kw)
@@ -491,8 +491,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
                 os.close(gate)
             if got:  # it came while the child was being started: it exits at the gate, having run nothing
                 os.close(opener)
-                if on_stop is not None:
-                    on_stop(got[0])
+                stopped(got[0])
                 child.wait()
                 return -got[0], got[0]
             with contextlib.suppress(BrokenPipeError):  # gone already: its wait says how
@@ -510,8 +509,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
                     waiting = False
                     deadline = time.monotonic() + grace_s
                     child.send(got[0])
-                    if on_stop is not None:
-                        on_stop(got[0])
+                    stopped(got[0])
                     continue
                 waiting = False
                 if code is not None:

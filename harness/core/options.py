@@ -153,13 +153,13 @@ def _device_list(value) -> bool:
     return bool(items) and all(d.isdigit() for d in items) and len(set(map(int, items))) == len(items)
 
 
-def _is_text(value) -> bool:
+def is_text(value) -> bool:
     """A string an argv or a path can carry: no NUL (a stored one reached os calls as a traceback)."""
     return isinstance(value, str) and "\0" not in value
 
 
-def _is_strings(value) -> bool:
-    return isinstance(value, list) and all(_is_text(v) for v in value)
+def is_strings(value) -> bool:
+    return isinstance(value, list) and all(is_text(v) for v in value)
 
 
 # --- the declaration ---------------------------------------------------------------------------------------
@@ -381,16 +381,16 @@ class RunOptions(OptionSet):
         rebase=lambda v, base: absolute_libtuner_cache(str(v), base),
         help="LibTuner's persistent config cache: a fresh one in the run dir (private, the default), FlagGems' own "
              "(user), or a sqlite path/URL; recorded in run.json",
-        check=_is_text, what="a cache name, path or URL")
+        check=is_text, what="a cache name, path or URL")
     backend: str | None = option(
         flag="--backend", group="where", commands=RUNS, metavar="NAME", replay=False,
         help=f"{'|'.join(backends.NAMES)} or an alias (default: the accelerator found; replay: the recorded one)",
-        check=_is_text, what="a string (a backend name)")
+        check=is_text, what="a string (a backend name)")
     shapes: Path | None = option(
         flag="--shapes", group="what", commands=RUNS, metavar="FILE", type=Path, expect="file", rebase=_plan_shapes,
         help="shape yaml (default: shapes/<backend default>; replay: the recorded shapes; FlagGems ops: `upstream`, "
              "the checkout's own, by default)",
-        check=_is_text, what="a path")
+        check=is_text, what="a path")
     dtypes: tuple[str, ...] | None = option(
         flag="--dtypes", group="what", commands=RUNS, metavar="LIST", type=dtype_list,
         help="comma-separated subset of fp16,bf16,fp32 (default: the shape file's, else the op's)",
@@ -399,14 +399,14 @@ class RunOptions(OptionSet):
         flag="--ops-path", group="what", commands=RUNS, metavar="PATH", type=absolute_ops_path, repeat=True,
         rebase=lambda v, base: str((base / v).resolve()),
         help="extra operator definitions: a directory of modules, a .py file or a module name (repeatable)",
-        check=_is_strings, what="a list of paths")
+        check=is_strings, what="a list of paths")
     flaggems_dirs: tuple[str, ...] = option(
         flag="--flaggems-dir", group="flaggems", commands=RUNS, metavar="[NAME=]PATH", repeat=True,
         # Absolute as parsed: the value travels into run specs and plans that processes read from elsewhere.
         type=lambda text: absolute_dir(text, Path.cwd()), rebase=lambda v, base: absolute_dir(str(v), base),
         help="a FlagGems-style checkout (benchmark/ and src/); NAME is the repo prefix of its operators, `flaggems` "
              "when omitted (repeatable)",
-        check=_is_strings, what="a list of [NAME=]PATH")
+        check=is_strings, what="a list of [NAME=]PATH")
     seed: int | None = option(
         flag="--seed", group="how", commands=RUNS, metavar="N", type=int, record_default=0, record_only=True,
         help="seed for random/numpy/torch (default: 0)",
@@ -476,7 +476,7 @@ class BatchOptions(OptionSet):
     replay_root: Path | None = option(
         flag="--replay-root", group="running", commands=("batch",), metavar="DIR", type=Path, expect="dir",
         help="replay each op from this earlier batch dir",
-        check=_is_text, what="a path")
+        check=is_text, what="a path")
     triage: bool | None = option(
         flag="--triage", group="running", commands=("batch",), switch=True,
         help="rerun a FlagGems op that still fails or times out as the bare upstream pytest node: FAIL_UPSTREAM or "
@@ -506,10 +506,10 @@ class CorpusOptions(OptionSet):
         check=lambda v: isinstance(v, bool), what="true or false")
     ops_file: Path | None = option(
         flag="--ops-file", group="selection", commands=STARTERS, metavar="FILE", type=Path, expect="file", stored=False,
-        help="one selection entry per line", check=_is_text, what="a path")
+        help="one selection entry per line", check=is_text, what="a path")
     repos: tuple[str, ...] | None = option(
         flag="--repos", group="selection", commands=STARTERS, metavar="REPO", nargs="+", stored=False,
-        help="only these inventories", check=_is_strings, what="a list of inventory names")
+        help="only these inventories", check=is_strings, what="a list of inventory names")
     sample: int | None = option(
         flag="--sample", group="selection", commands=STARTERS, metavar="N", type=int, stored=False,
         help="a seeded random sample of N ops from the selection (after exclusions)",
@@ -527,7 +527,7 @@ class CorpusOptions(OptionSet):
         flag="--batch-dir", group="running", commands=STARTERS, metavar="DIR", type=Path, expect="dir", stored=False,
         help="the batch dir: a new or empty one (created), or with --resume the batch to resume (default for a "
              "new batch: runs/batch_<ts>)",
-        check=_is_text, what="a path")
+        check=is_text, what="a path")
     executor: str | None = option(
         flag="--executor", group="running", commands=STARTERS, choices=EXECUTORS, default="local", stored=False,
         help="local subprocesses, Ray tasks of one device each, or Slurm array tasks of one GPU each through "
@@ -536,16 +536,16 @@ class CorpusOptions(OptionSet):
     ray_address: str | None = option(
         flag="--ray-address", group="running", commands=STARTERS, metavar="ADDR", stored=False,
         help="Ray cluster to join (default with --executor ray: a local Ray instance)",
-        check=_is_text, what="an address")
+        check=is_text, what="an address")
     slurm_param: tuple[str, ...] = option(
         flag="--slurm-param", group="running", commands=STARTERS, metavar="KEY=VAL", repeat=True, stored=False,
         help="with --executor slurm: a Slurm job parameter for submitit (slurm_KEY), e.g. partition=gpu, account=x "
              "(repeatable)",
-        check=_is_strings, what="a list of KEY=VAL")
+        check=is_strings, what="a list of KEY=VAL")
 
 
 def _is_env_list(value) -> bool:
-    return _is_strings(value) and all("=" in item for item in value)
+    return is_strings(value) and all("=" in item for item in value)
 
 
 # The default false discovery rate of a report's FASTER/SLOWER calls (reports.stats), beside --fdr, whose
@@ -621,7 +621,7 @@ def _side_env(side: str):
 def _side_python(side: str):
     return option(flag=f"--{side}-python", group="experiment", commands=("ab",), metavar="PATH",
                   help=f"Python interpreter of side {side.upper()} (a second compiler build)",
-                  check=_is_text, what="a path")
+                  check=is_text, what="a path")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -672,7 +672,7 @@ class ExperimentOptions(OptionSet):
 def _bisect_option(flag: str, **declared):
     """An option of `bisect` alone, in its help group, checked as text (a path, a range, a command)
     where no other check is given."""
-    return option(flag=flag, group="bisect", commands=("bisect",), **{"check": _is_text, **declared})
+    return option(flag=flag, group="bisect", commands=("bisect",), **{"check": is_text, **declared})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -706,7 +706,7 @@ class BisectOptions(OptionSet):
     rows: tuple[str, ...] | None = _bisect_option(
         "--rows", metavar="'OP DTYPE SHAPE'", nargs="+",
         help="with --from-ab: only these rows, named as its report names them (e.g. 'softmax fp16 4x16')",
-        check=_is_strings, what="a list of row names")
+        check=is_strings, what="a list of row names")
     resume: Path | None = _bisect_option(
         "--resume", expect="dir", metavar="BISECT_DIR", type=Path, stored=False,
         help="continue the bisect in BISECT_DIR: no probe it finished runs again, no build is built again",

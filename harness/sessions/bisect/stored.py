@@ -9,12 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.core.errors import clip
-from harness.core.options import MAX_REPEATS, valid_repeats
+from harness.core.options import MAX_REPEATS, is_strings, is_text, valid_repeats
 from harness.sessions.bisect import search
-
-
-def _text(v) -> bool:
-    return isinstance(v, str) and "\0" not in v
 
 
 def _index(v) -> bool:
@@ -22,15 +18,11 @@ def _index(v) -> bool:
 
 
 def _text_or_none(v) -> bool:
-    return v is None or _text(v)
+    return v is None or is_text(v)
 
 
-def _texts(v) -> bool:
-    return isinstance(v, list) and all(_text(i) for i in v)
-
-
-def _mapping(v, value: Callable[[Any], bool] = _text) -> bool:
-    return isinstance(v, dict) and all(_text(k) and value(x) for k, x in v.items())
+def _mapping(v, value: Callable[[Any], bool] = is_text) -> bool:
+    return isinstance(v, dict) and all(is_text(k) and value(x) for k, x in v.items())
 
 
 def _fields(where: str, data, fields: dict[str, Callable[[Any], bool]], what: dict[str, str]) -> str | None:
@@ -45,7 +37,8 @@ def _fields(where: str, data, fields: dict[str, Callable[[Any], bool]], what: di
     return None
 
 
-BUILD = {"label": _text, "env": _mapping, "python": _text_or_none, "requirements": _texts, "commit": _text_or_none}
+BUILD = {"label": is_text, "env": _mapping, "python": _text_or_none, "requirements": is_strings,
+         "commit": _text_or_none}
 BUILD_WHAT = {"label": "a string", "env": "a mapping of strings", "python": "a path or null",
               "requirements": "a list of strings", "commit": "a commit or null"}
 KNOWN = {"ok": lambda v: isinstance(v, bool), "reason": _text_or_none, "python": _text_or_none}
@@ -54,10 +47,10 @@ def _ratio(v) -> bool:
     return v is None or (type(v) in (int, float) and math.isfinite(v) and v > 0)
 
 
-VERDICT = {"verdict": _text, "ratio": _ratio, "lo": _ratio, "hi": _ratio}
+VERDICT = {"verdict": is_text, "ratio": _ratio, "lo": _ratio, "hi": _ratio}
 VERDICT_WHAT = {"verdict": "a verdict", "ratio": "a ratio (> 0) or null", "lo": "a ratio (> 0) or null",
                 "hi": "a ratio (> 0) or null"}
-ROW = {"id": _text, "op": _text, "direction": lambda v: v is None or v in search.MOVES}
+ROW = {"id": is_text, "op": is_text, "direction": lambda v: v is None or v in search.MOVES}
 ROW_WHAT = {"id": "a row name", "op": "an op", "direction": f"null or one of {', '.join(search.MOVES)}"}
 
 
@@ -73,7 +66,7 @@ def problem(state) -> str | None:
     spec = state["spec"]
     found = _fields("spec", spec, {
         "builds": lambda v: isinstance(v, list) and len(v) >= 2, "plan": lambda v: isinstance(v, dict),
-        "device": lambda v: v is None or _index(v), "git": lambda v: v is None or _mapping(v), "ops": _texts,
+        "device": lambda v: v is None or _index(v), "git": lambda v: v is None or _mapping(v), "ops": is_strings,
         "repeats": valid_repeats, "max_repeats": valid_repeats,
     }, {"builds": "a list of two builds or more", "plan": "a mapping", "device": "a device index or null",
         "git": "a mapping of strings or null", "ops": "a list of ops", "repeats": f"an integer from 2 to {MAX_REPEATS}",
@@ -82,7 +75,7 @@ def problem(state) -> str | None:
         return found
     git = spec["git"]
     if git is not None:
-        found = _fields("spec.git", git, dict.fromkeys(("checkout", "build_cmd", "cache"), _text),
+        found = _fields("spec.git", git, dict.fromkeys(("checkout", "build_cmd", "cache"), is_text),
                         dict.fromkeys(("checkout", "build_cmd", "cache"), "a string"))
     n = len(spec["builds"])
     for i, build in enumerate(spec["builds"]):
@@ -95,12 +88,12 @@ def problem(state) -> str | None:
         found = found or _fields(f"rows[{i}]", row, ROW, ROW_WHAT)
     builds = lambda v: _index(v) and v < n  # noqa: E731
     for i, done in enumerate(state["probes"]):
-        found = found or _fields(f"probes[{i}]", done, {"probe": lambda v: isinstance(v, dict), "dir": _text,
+        found = found or _fields(f"probes[{i}]", done, {"probe": lambda v: isinstance(v, dict), "dir": is_text,
                                                          "verdicts": lambda v: isinstance(v, dict)},
                                  {"probe": "a mapping", "dir": "a path", "verdicts": "a mapping"})
         found = found or _fields(f"probes[{i}].probe", done["probe"], {
             "kind": lambda v: v in (search.SEARCH, search.CONFIRM), "a": builds, "b": builds,
-            "repeats": lambda v: type(v) is int and 2 <= v <= 2 * MAX_REPEATS, "rows": _texts,
+            "repeats": lambda v: type(v) is int and 2 <= v <= 2 * MAX_REPEATS, "rows": is_strings,
         }, {"kind": f"{search.SEARCH} or {search.CONFIRM}", "a": f"a build index below {n}",
             "b": f"a build index below {n}", "repeats": "a count of repeats", "rows": "a list of row names"})
         for row, said in ({} if found else done["verdicts"]).items():
