@@ -45,9 +45,9 @@ def problem(state: Any, plan_needed: bool = True) -> str | None:
         plan = {"backend": "-", "repeats": 1}
     if not isinstance(plan, dict):
         return f"plan = {clip(plan)} is not a mapping"
-    for name, (check, what) in PLAN.items():
-        if not check(plan.get(name)):
-            return f"plan.{name} = {clip(plan.get(name))} is not {what}"
+    found = bounded.field_problem("plan", plan, PLAN, required=False)
+    if found is not None:
+        return found
     if plan.get("repeats") == AUTO and not valid_max_repeats(plan.get("max_repeats")):
         return f"plan.max_repeats = {clip(plan.get('max_repeats'))} is not a count of repeats"
     if not isinstance(state.get("complete", False), bool):
@@ -60,12 +60,11 @@ def problem(state: Any, plan_needed: bool = True) -> str | None:
     for where, step, fields in checked + ([("running", running, STEP)] if running is not None else []):
         if not isinstance(step, dict):
             return f"{where} = {clip(step)} is not a mapping"
-        for name, (check, what) in fields.items():
-            # Steps written before steps carried `usable` count exit 0 alone (reports.corpus).
-            if name == "usable" and name not in step:
-                continue
-            if not check(step.get(name)):
-                return f"{where}.{name} = {clip(step.get(name))} is not {what}"
+        # Steps written before steps carried `usable` count exit 0 alone (reports.corpus).
+        found = bounded.field_problem(where, step, {k: v for k, v in fields.items() if k != "usable" or k in step},
+                                      required=False)
+        if found is not None:
+            return found
     return None
 
 

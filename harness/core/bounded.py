@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from harness.core.errors import UsageError, clip_text
+from harness.core.errors import UsageError, clip, clip_text
 
 MiB = 1024 * 1024
 # The most a file of each kind may hold. Each is far above what the harness writes (a results.json
@@ -231,3 +231,21 @@ def load_yaml(text: str) -> Any:
         elif isinstance(item, list):
             todo += item
     return data
+
+
+# A stored mapping's fields and what each must be: name -> (check, what it must be, said in the refusal).
+Fields = dict[str, tuple[Any, str]]
+
+
+def field_problem(where: str, data: Any, fields: Fields, required: bool = True) -> str | None:
+    """The first field of `data` (a mapping read back from a file) its check refuses, as `where.field = value
+    is not WHAT`; None when every one passes. A missing field is refused (`where has no 'field'`) where
+    `required`, else checked as None (its check says whether it may be left out)."""
+    if not isinstance(data, dict):
+        return f"{where} is {clip(data)}, not a mapping"
+    for name, (check, what) in fields.items():
+        if required and name not in data:
+            return f"{where} has no '{name}'"
+        if not check(data.get(name)):
+            return f"{where}.{name} = {clip(data.get(name))} is not {what}"
+    return None
