@@ -76,6 +76,8 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
     out.add_argument("--triton-cache", metavar="DIR", type=options.DIR_PATH, default=None,
                      help="compile into DIR and keep it, instead of a private cache removed after the run; for "
                           "several runs of one compiler (the A/B gives each side its own) (default: private)")
+    # An A/B's own: its chunked timed steps hand their child to the side's host (harness.child.host).
+    out.add_argument("--measuring-host", metavar="SOCKET", type=Path, default=None, help=argparse.SUPPRESS)
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
     if command in ("record", "replay"):
@@ -269,7 +271,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
             args.command, args.run_dir if replay else args.op, options.RunOptions.from_namespace(args),
             sweep_devices=args.sweep_devices, ir=args.ir, only=args.only, precompile=args.precompile,
             color=args.color, out=args.out, run_dir=args.named_run_dir, triton_cache=args.triton_cache,
-            cases=_tuple(args.cases) if replay else None)
+            measuring_host=args.measuring_host, cases=_tuple(args.cases) if replay else None)
     except ValueError as exc:  # a list of cases that is no list of distinct ids: as its session says it
         raise UsageError(str(exc)) from None
 
@@ -301,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
 
             asked = run_request(args)
             resolved = resolve.resolve_record(asked) if asked.command == "record" else resolve.resolve_replay(asked)
-            return run.execute(*resolved, cache_dir=asked.triton_cache, named_dir=asked.run_dir)
+            return run.execute(*resolved, cache_dir=asked.triton_cache, named_dir=asked.run_dir,
+                               host=asked.measuring_host)
         if args.command == "ab":
             from harness.sessions import ab, corpus_ab
 

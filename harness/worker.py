@@ -29,8 +29,11 @@ def _step(argv: list[str]) -> int:
     """A forked step: `python -m harness ARGV` in this process (harness.__main__ without its start-up,
     done once by the worker)."""
     from harness import cli
+    from harness.child import host
     from harness.core import launch
 
+    if argv[:1] == [host.ARGV0]:  # a measuring host for the A/B's timed steps, not a harness command
+        return host.serve(argv[1])
     sys.argv = [str(Path(cli.__file__).with_name("__main__.py")), *argv]  # as `python -m harness ARGV` has it
     launch.adopt_orphans()  # as the step's process does: what its child leaves running ends with it
     try:

@@ -168,11 +168,11 @@ def test_a_warm_worker_ends_what_each_step_left(daemon_file, layer_on):
     child = launch.start(["(a warm worker)"], call=warm_worker)
     theirs.close()
     try:
-        assert forkserver._recv(ours)[0] == {"ready": child.pid}
+        assert forkserver.recv(ours)[0] == {"ready": child.pid}
         with open(os.devnull, "w") as null:
-            forkserver._send(ours, {"argv": []}, (null.fileno(), null.fileno()))
-        assert "pid" in forkserver._recv(ours)[0]
-        assert forkserver._recv(ours)[0] == {"exit": 0}  # sent once the step's leftovers were swept
+            forkserver.send(ours, {"argv": []}, (null.fileno(), null.fileno()))
+        assert "pid" in forkserver.recv(ours)[0]
+        assert forkserver.recv(ours)[0] == {"exit": 0}  # sent once the step's leftovers were swept
         assert daemon_ended(daemon_file) is layer_on
     finally:
         ours.close()  # the worker then ends

@@ -6,6 +6,7 @@ stderr and is kept in run.log only, so the terminal carries our words, not pytes
 from __future__ import annotations
 
 import os
+import sys
 from typing import TextIO
 
 
@@ -26,3 +27,9 @@ class Console:
         for line in lines:
             self.stream.write(line + "\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        """The user stream's descriptor released: a measuring host's next run must not keep this run's
+        step waiting for the end of its output (harness.child.host)."""
+        if self.stream not in (None, sys.stdout, sys.stderr):
+            self.stream.close()

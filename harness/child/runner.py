@@ -184,6 +184,8 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         guard.stop_if_fatal(exc)
         raise
+    finally:
+        console.close()
 
 
 def entry(argv: list[str]) -> int:

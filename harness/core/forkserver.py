@@ -44,11 +44,11 @@ CLOSE_WAIT_S = 5  # for a worker whose socket closed to exit by itself
 START_TIMEOUT_S = 600  # for the worker's imports (torch on a loaded host takes tens of seconds)
 
 
-def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
+def send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
     socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
 
 
-def _recv(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
+def recv(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
     """(the next message, the descriptors it carried); (None, []) once the other end is gone, closed or
     reset (a parent that ended with a request unread: its spare warm workers, once its steps failed)."""
     try:
@@ -82,13 +82,13 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGALRM, lambda signum, frame: running and launch.signal_group(running[0], signal.SIGKILL))
     try:
-        _send(sock, {"ready": os.getpid()})
+        send(sock, {"ready": os.getpid()})
     except OSError:  # released while it imported (an A/B that ended, or a spare never needed)
         return 0
     while not stopping:
         try:
             idle[0] = True
-            request, fds = _recv(sock, 3)
+            request, fds = recv(sock, 3)
         except _Stop:
             break
         finally:
@@ -120,13 +120,13 @@ def serve(sock: socket.socket, step: Callable[[list[str]], int]) -> int:
             signal.alarm(STEP_GRACE_S)
         for fd in fds:
             os.close(fd)
-        _send(sock, {"pid": pid})
+        send(sock, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         signal.alarm(0)
         running.clear()
         launch.end_orphans()  # what the step left running and was reparented here
         try:
-            _send(sock, {"exit": os.waitstatus_to_exitcode(status)})
+            send(sock, {"exit": os.waitstatus_to_exitcode(status)})
         except OSError:
             break  # the parent is gone: nobody asks for more
     return 128 + signal.SIGTERM
@@ -229,7 +229,7 @@ class Worker:
     def _await_ready(self) -> None:
         self.sock.settimeout(START_TIMEOUT_S)
         try:
-            ready, _ = _recv(self.sock)
+            ready, _ = recv(self.sock)
         except OSError as exc:  # TimeoutError included
             ready = None
             self.log.write(f"worker: no word from it ({exc})\n")
@@ -257,14 +257,14 @@ class Worker:
         log.flush()
         read, write = os.pipe()
         try:
-            _send(self.sock, {"argv": argv, **({"guard": str(guard), "owner": os.getpid()} if guard else {})},
+            send(self.sock, {"argv": argv, **({"guard": str(guard), "owner": os.getpid()} if guard else {})},
                   (write, log.fileno(), *([gate] if gate is not None else [])))
         except OSError as exc:
             os.close(read)
             raise WorkerDied(f"the warm worker is gone ({exc})") from exc
         finally:
             os.close(write)
-        answer, _ = _recv(self.sock)
+        answer, _ = recv(self.sock)
         stdout = os.fdopen(read, "r", encoding="utf-8", errors="replace")
         if answer is None:
             stdout.close()
@@ -279,7 +279,7 @@ class Worker:
         worker that died meanwhile: the step's group is killed and this says -SIGKILL (`died`)."""
         self.sock.settimeout(timeout)
         try:
-            answer, _ = _recv(self.sock)
+            answer, _ = recv(self.sock)
         except TimeoutError:
             raise subprocess.TimeoutExpired(str(pid), timeout) from None
         except OSError:

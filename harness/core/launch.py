@@ -321,6 +321,23 @@ def _fork(call: Callable[[], int], environ: Mapping[str, str], cwd, streams: dic
     return Forked(pid, ours.get("stdout"), ours.get("stderr"))
 
 
+def child_environ(env: Mapping[str, str] | None = None, visible: tuple[backends.Backend, int] | None = None,
+                  pythonpath: str | None = None) -> dict[str, str]:
+    """The environment `start` gives a child (see there): ours, narrowed to one device when `visible`
+    is (backend, device), plus `env`, with the checkout's PYTHONPATH unless `pythonpath`."""
+    environ = dict(os.environ)
+    if visible is not None:
+        backend, device = visible
+        environ = backend.visibility_env(device, environ)
+    environ.update(env or {})
+    environ["PYTHONPATH"] = pythonpath or harness_pythonpath(environ.get("PYTHONPATH"))
+    environ["PYTHONUNBUFFERED"] = "1"  # its lines arrive as written, in order, in a log or a pipe
+    if keeps_no_bytecode(environ):  # bytecode cached apart from the sources, which the variable keeps clean
+        del environ["PYTHONDONTWRITEBYTECODE"]
+        environ["PYTHONPYCACHEPREFIX"] = str(bytecode_cache())
+    return environ
+
+
 def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[str], None] | None = None,
           on_stderr: Callable[[str], None] | None = None, env: Mapping[str, str] | None = None,
           visible: tuple[backends.Backend, int] | None = None, pythonpath: str | None = None,
@@ -342,16 +359,7 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     `with_parent`: it gets SIGTERM when the calling thread dies (die_with_parent). Leave it off
     where other threads run: a `preexec_fn` is unsafe then, so such a child needs its own watch
     (harness.core.opguard)."""
-    environ = dict(os.environ)
-    if visible is not None:
-        backend, device = visible
-        environ = backend.visibility_env(device, environ)
-    environ.update(env or {})
-    environ["PYTHONPATH"] = pythonpath or harness_pythonpath(environ.get("PYTHONPATH"))
-    environ["PYTHONUNBUFFERED"] = "1"  # its lines arrive as written, in order, in a log or a pipe
-    if keeps_no_bytecode(environ):  # bytecode cached apart from the sources, which the variable keeps clean
-        del environ["PYTHONDONTWRITEBYTECODE"]
-        environ["PYTHONPYCACHEPREFIX"] = str(bytecode_cache())
+    environ = child_environ(env, visible, pythonpath)
     if log is not None:
         log.write(f"\n$ {' '.join([*(f'{k}={v}' for k, v in (env or {}).items()), *argv])}\n")
         log.flush()

@@ -43,6 +43,9 @@ STEP_PASSES = ("once", "every")
 
 # Ceilings on counts a request can ask for: each repeat is two processes, each window a capture a row.
 MAX_REPEATS = 100
+# Ops whose repeat one measuring host a side runs (harness.child.host): past it a host's one device context
+# holds more of the A/B than a crash should cost.
+MAX_CHUNK = 64
 # A run's measured fields (seed, budgets, windows, device) are ranged in harness.core.spec (RULES), which a
 # run.json is read back by too. An op's timeout past a week is a typo; 1e308 overflowed a clock (a traceback).
 MAX_OP_TIMEOUT_S = 7 * 24 * 3600
@@ -661,6 +664,13 @@ class ExperimentOptions(OptionSet):
              "side forks every step: its repeats came out measurably more alike than fresh ones on an H200, "
              "noise understated) (default: prewarmed)",
         check=lambda v: v in STEP_STARTS, what=f"one of {', '.join(STEP_STARTS)}")
+    chunk: int | None = option(
+        flag="--chunk", group="experiment", commands=("ab",), metavar="K", type=int,
+        help="time the repeats of up to K ops in one process a side (a measuring host per repeat and side, "
+             "forked by a warm worker: one device start and one pytest start per chunk, not per op); each op's "
+             "step keeps its run dir, a crash costs its op's rows and the chunk's later ops go on in a new "
+             f"host; records and passes stay a process an op; 1 to {MAX_CHUNK} (default 1: a process a step)",
+        check=lambda v: type(v) is int and 1 <= v <= MAX_CHUNK, what=f"an integer from 1 to {MAX_CHUNK}")
     step_passes: str | None = option(
         flag="--step-passes", group="experiment", commands=("ab",), choices=STEP_PASSES,
         help="where IR collection and per-kernel attribution run: once (a step of their own per side, A-passes "

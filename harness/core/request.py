@@ -32,6 +32,9 @@ class RunRequest:
     run_dir: Path | None = None
     triton_cache: Path | None = None  # compile into this dir, kept (None: the run's private one)
     cases: tuple[str, ...] | None = None  # replay: only these cases of the record (RunSpec.cases); None: all
+    # Its child runs in the measuring host listening at this socket (an A/B's chunk: harness.child.host),
+    # not in a process of its own. How the step runs, not what it measures: its spec does not say it.
+    measuring_host: Path | None = None
 
     def __post_init__(self) -> None:
         if self.command not in COMMANDS:
@@ -66,7 +69,7 @@ class RunRequest:
         for case in self.cases or ():
             argv += ["--case", case]
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),
-                            ("--triton-cache", self.triton_cache)):
+                            ("--triton-cache", self.triton_cache), ("--measuring-host", self.measuring_host)):
             if value is not None:
                 argv += [flag, str(value)]
         return argv

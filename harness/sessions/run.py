@@ -106,7 +106,8 @@ class _Tee:
             self.log = None
 
 
-def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: str) -> tuple[int, str | None]:
+def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: str,
+              host: Path | None = None) -> tuple[int, str | None]:
     """(the child's exit code, the signal that interrupted this parent or None). The child's
     stdout carries the user's lines (terminal and run.log), its stderr pytest's own output and
     anything else (run.log only); see harness.child.console. A SIGINT or SIGTERM (a terminal's
@@ -117,11 +118,27 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
         tee.write(f"\n{signal.Signals(signum).name}: stopping the run (a child already started has up to "
                   f"{CHILD_GRACE_S} s to write its results)\n")
 
+    argv = [sys.executable, "-m", "harness.child", str(run_dir)]
+    visible = (backends.get(run_spec.backend), run_spec.device)
+    if host is not None:  # an A/B's chunk: the side's measuring host runs it, in its device context
+        from harness.child import host as measuring
+
+        environ = launch.child_environ({"TRITON_CACHE_DIR": cache_dir}, visible)
+        tee.write(f"the child runs in the measuring host at {host}\n")
+        try:
+            code, signum = launch.run(argv, grace_s=CHILD_GRACE_S, on_stop=stopping,
+                                      on_kill=lambda: tee.write("the child did not stop in time: its host killed\n"),
+                                      starter=measuring.starter(str(host), environ, run_dir),
+                                      on_stdout=tee.write, on_stderr=tee.log_only)
+        except measuring.HostGone as exc:
+            tee.write(f"error: {exc}\n")
+            return EXIT_INCOMPLETE, None
+        return code, None if signum is None else signal.Signals(signum).name
     code, signum = launch.run(
-        [sys.executable, "-m", "harness.child", str(run_dir)], grace_s=CHILD_GRACE_S, on_stop=stopping,
+        argv, grace_s=CHILD_GRACE_S, on_stop=stopping,
         call=_forked_child(run_dir, run_spec, tee),
         on_kill=lambda: tee.write("the child did not stop in time: killed\n"),
-        on_stdout=tee.write, on_stderr=tee.log_only, visible=(backends.get(run_spec.backend), run_spec.device),
+        on_stdout=tee.write, on_stderr=tee.log_only, visible=visible,
         env={"TRITON_CACHE_DIR": cache_dir},  # see execute
         # In our group: a group kill (a batch's guard) reaches the child too, not only through us.
         own_group=False)
@@ -254,23 +271,25 @@ def flaggems_shapes_yaml(run_spec: spec_mod.RunSpec) -> str:
 
 
 def execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, cache_dir: Path | None = None,
-            named_dir: Path | None = None) -> int:
+            named_dir: Path | None = None, host: Path | None = None) -> int:
     """Run it in `named_dir` exactly (--run-dir: the session that started this run reads it back
     from there), else in a new run dir under `out`; `cache_dir`: compile into that Triton cache and
     keep it (the session that gives it shares it only among runs of one compiler), else into a
-    private one removed after the run."""
+    private one removed after the run; `host`: the child runs in the measuring host listening there
+    (harness.child.host), else in a process of its own."""
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        return _execute(run_spec, shape_list, out, named_dir, cache_dir, f"shared: {cache_dir}")
+        return _execute(run_spec, shape_list, out, named_dir, cache_dir, f"shared: {cache_dir}", host)
     # Private to this run (its parallel sweep's shards included): the IR collected is exactly
     # this run's, and nothing compiled by another compiler build is picked up.
     with private_dir("triton_cache") as private:
         return _execute(run_spec, shape_list, out, named_dir, private,
-                        f"private: {private}, removed as the run ends (if this process died first: by the next run)")
+                        f"private: {private}, removed as the run ends (if this process died first: by the next run)",
+                        host)
 
 
 def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, named_dir: Path | None, cache_dir: Path,
-             cache_note: str) -> int:
+             cache_note: str, host: Path | None = None) -> int:
     try:
         if named_dir is not None:
             run_dir = rundir.claim_named_dir(named_dir, rundir.RUN_LOG)
@@ -312,7 +331,7 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
                 run_spec = dataclasses.replace(run_spec, preset_records=str(swept.merged))
                 spec_mod.write(run_dir, run_spec)
         rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": cache_note}})
-        code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir))
+        code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir), host)
         rundir.release_space(run_dir)  # the child is gone: room for this process's own account
         outcome = finish(run_dir, code, interrupted, planned, tee)
         tee.write(f"\n{summary_line(run_spec.mode, outcome, planned, _rows_skipped(run_dir))}; run dir: {run_dir}\n")

@@ -63,6 +63,9 @@ def _roles(metrics) -> list[str]:
     roles = [role for metric, role in (("latency_base", "baseline"), ("latency", "candidate")) if metric in metrics]
     return roles or ["baseline"]
 
+_INHERITED = object()  # a patched attribute the class did not define itself: deleted, not set, when put back
+
+
 class FlagGemsPlugin:
     def __init__(self, ctx, results, measure, autotune):
         """`results`, `measure` and `autotune`: the results plugin, the timing plugin's measure and
@@ -74,7 +77,7 @@ class FlagGemsPlugin:
         self.hook = None  # pytest's hook relay, to announce each case (harness.child.hookspec)
         self.options = ctx.spec.flaggems
         self.our_shapes = (shapes.load(ctx.run_dir / rundir.SHAPES_YAML) if self.options.shapes_file else None)
-        self.patched = False
+        self.patched: list[tuple[object, str, object]] = []  # (owner, name, original): put back as the run ends
         self.case_counts: dict[str, int] = {}
         self.pending: list = []  # measurements of the current case, in call order
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
@@ -123,7 +126,6 @@ class FlagGemsPlugin:
     def _patch_benchmark(self, base) -> None:
         if self.patched:
             return
-        self.patched = True
         plugin = self
         bench_cls = base.Benchmark
         original_run = bench_cls.run
@@ -154,10 +156,12 @@ class FlagGemsPlugin:
             plugin._enrich(data)
             return original_update(op, data)
 
-        bench_cls.run = run
-        bench_cls.set_dtypes = set_dtypes
-        bench_cls.get_latency = get_latency
-        base.update_result = update_result
+        # Put back as the run ends: a measuring host's next run (harness.child.host) patches the originals
+        # for itself, not this run's wrappers over them.
+        for owner, name, patched in ((bench_cls, "run", run), (bench_cls, "set_dtypes", set_dtypes),
+                                     (bench_cls, "get_latency", get_latency), (base, "update_result", update_result)):
+            self.patched.append((owner, name, owner.__dict__.get(name, _INHERITED)))
+            setattr(owner, name, patched)
 
     # --- shapes and cases ------------------------------------------------------------------------
     def _our_entry(self, bench):
@@ -335,6 +339,12 @@ class FlagGemsPlugin:
         self.dtype_rows = []
 
     def pytest_sessionfinish(self, session):
+        for owner, name, original in reversed(self.patched):
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self.patched.clear()
         if self.notes:
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems_notes": self.notes}})
 

@@ -18,6 +18,7 @@ from harness.core.options import (
     DEFAULT_RESOLVE,
     FDR,
     FIRST_REPEATS,
+    MAX_CHUNK,
     MAX_REPEATS,
     MAX_RESOLVE,
     MIN_RESOLVE,
@@ -85,6 +86,8 @@ class Plan:
     # prewarmed: fresh processes at fork's pace; fork's repeats came out more alike on an H200 (docs/performance.md)
     step_start: str = "prewarmed"
     step_passes: str = "once"
+    # Ops whose repeats one measuring host a side times (harness.child.host); 1: each step a process of its own.
+    chunk: int = 1
 
     def request(self, command: str, target: str, run_dir: Path, only: str | None = None,
                 cases: tuple[str, ...] | None = None) -> RunRequest:
@@ -202,9 +205,12 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
         if data.get(name) is not None and data[name] not in choices:
             raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {clip(data[name])}")
     steps = {name: data[name] for name in ("step_start", "step_passes") if data.get(name) is not None}
+    chunk = data.get("chunk", 1)
+    if type(chunk) is not int or not 1 <= chunk <= MAX_CHUNK:
+        raise PlanError(f"plan {path}: 'chunk' must be an integer from 1 to {MAX_CHUNK}, not {clip(chunk)}")
     return Plan(name=str(data.get("name") or Path(path).stem), ops=ops, repeats=repeats, fdr=float(fdr),
                 options=options, **sequential, a=_side(data.get("a"), "A", str(path), base),
-                b=_side(data.get("b"), "B", str(path), base), **steps)
+                b=_side(data.get("b"), "B", str(path), base), chunk=chunk, **steps)
 
 
 def _sequential_fields(data: dict, path) -> dict:

@@ -5,6 +5,7 @@ warm worker; the sides' Triton caches; ab.json and ab.log."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import shutil
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import backends
+from harness.child import host as measuring
 from harness.core import forkserver, host_modules, launch, paths, rundir
 from harness.core.request import RunRequest
 from harness.core.results import read_results
@@ -35,6 +37,17 @@ LOG_FILE = "ab.log"
 # 3-repeat op begins 5 for A: its record, passes and repeats). A step past them gets a worker begun as it
 # starts, its imports paid before it times, nothing timed beside them.
 PREWARM_MAX_PER_SIDE = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimedOp:
+    """An op recorded by A, ready for its repeats: its line tag, dir, runs so far and record."""
+
+    op: str
+    tag: str
+    op_dir: Path
+    runs: dict[str, list[Path]]
+    record: Path
 
 
 class Runner:
@@ -63,6 +76,12 @@ class Runner:
         # prewarmed: each side's workers begun for the op's steps to come, one a step, and those used
         self.spares: dict[str, list[forkserver.Worker]] = {}
         self.used: list[forkserver.Worker] = []
+        # chunk > 1: each side's worker forking its hosted steps (they measure nothing: the host does),
+        # the workers begun for its hosts to come, one a host, and the hosts of the repeat under way.
+        self.step_workers: dict[str, forkserver.Worker] = {}
+        self.host_spares: dict[str, list[forkserver.Worker]] = {}
+        self.hosts: dict[str, measuring.Host] = {}
+        self.hosts_started = 0
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
@@ -104,7 +123,9 @@ class Runner:
         return self._cache_root
 
     def close(self) -> None:
-        every = [*self.workers.values(), *(w for spare in self.spares.values() for w in spare), *self.used]
+        self._end_hosts()
+        every = [*self.workers.values(), *(w for spare in self.spares.values() for w in spare), *self.used,
+                 *self.step_workers.values(), *(w for spare in self.host_spares.values() for w in spare)]
         for worker in every:
             worker.release()  # all told first: they end together
         for worker in every:
@@ -112,6 +133,8 @@ class Runner:
         self.workers.clear()
         self.spares.clear()
         self.used.clear()
+        self.step_workers.clear()
+        self.host_spares.clear()
         if self._cache_root is not None:
             for name, cache in self.caches.items():
                 try:  # for the next A/B of the same side compiler
@@ -122,10 +145,12 @@ class Runner:
             self._cache_root = None
         self.log.close()
 
-    def step(self, side: Side, request: RunRequest, what: str, passes: bool = False) -> Path | None:
+    def step(self, side: Side, request: RunRequest, what: str, passes: bool = False,
+             hosted: bool = False) -> Path | None:
         """One harness invocation; its run dir if it went through every case (rows that failed in it
         are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
-        (its own session: only through us), which writes its summary; then StepInterrupted."""
+        (its own session: only through us), which writes its summary; then StepInterrupted.
+        `hosted`: its child runs in the side's measuring host for the repeat under way."""
         request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
         # The op's dir and the step's (`softmax/B-4`): what a step is, across an A/B and its continuation.
         step_id = f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}"
@@ -136,6 +161,8 @@ class Runner:
             self._save()
             return Path(done["run_dir"])
         print(f"{what} ...", end="", flush=True)
+        if hosted:
+            request = dataclasses.replace(request, measuring_host=self._host(side))
         # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it).
         self.state["running"] = {"what": what, "side": side.name, "args": request.to_argv(),
                                  "run_dir": str(request.run_dir)}
@@ -166,6 +193,14 @@ class Runner:
                                           "and reporting what completed", flush=True)}
         if self.plan.step_start == "fresh":
             return launch.run(request.command_line(side.python), env=side.env, pythonpath=pythonpath(side), **how)
+        if request.measuring_host is not None:
+            worker = self.step_workers.get(side.name)
+            if worker is None:
+                worker = self.step_workers[side.name] = self._new_worker(side, preload=False)
+            code, interrupted = self._forked(side, worker, request, how)
+            if interrupted is None and worker.died:
+                self.log.write(f"side {side.name}: the worker of its hosted steps died during the step\n")
+            return code, interrupted
         worker = self._worker(side)
         try:
             code, interrupted = self._forked(side, worker, request, how)
@@ -193,11 +228,13 @@ class Runner:
             worker = self.workers[side.name] = self._new_worker(side)
         return worker
 
-    def _new_worker(self, side: Side) -> forkserver.Worker:
+    def _new_worker(self, side: Side, preload: bool = True) -> forkserver.Worker:
+        """`preload`: the A/B's operator libraries imported too (not for a worker of hosted steps, whose
+        children run in the host)."""
         # The backend's child environment too: it can change what importing triton does (the interpreter).
         env = {**side.env, **backends.get(self.plan.options.backend).child_env}
         options = self.plan.options
-        preload = self._preload
+        preload = self._preload if preload else None
         if preload is not None:  # the side's first worker reads the device's facts, the others find them
             facts = self._open_cache_root() / f"{side.name}-device-facts.json"
             preload = dataclasses.replace(preload, facts_file=str(facts))
@@ -220,6 +257,7 @@ class Runner:
         passes = 1 if plan.step_passes == "once" else 0
         # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
         repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
+        repeats = 0 if plan.chunk > 1 else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
         for side, steps in ((plan.a, int(record) + passes + repeats), (plan.b, passes + repeats)):
             spare = self.spares.setdefault(side.name, [])
             while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
@@ -229,19 +267,73 @@ class Runner:
     def _prewarm_round(self) -> None:
         """prewarmed, --repeats auto: a worker a side for the round about to run, its imports done before
         the round times (as before the first timed step): round 2's were begun with round 1's, each
-        later round's here, after the look that opened it."""
+        later round's here, after the look that opened it. Hosted: its hosts' workers."""
+        if self.plan.chunk > 1:
+            self._prewarm_hosts(1)
+        else:
+            for side in (self.plan.a, self.plan.b):
+                spare = self.spares.setdefault(side.name, [])
+                if not spare:
+                    spare.append(self._new_worker(side))
+                    spare[-1].begin()
+        self._ready_before_timing()
+
+    def _prewarm_hosts(self, hosts: int) -> None:
+        """Hosted: a worker begun for each of the next `hosts` hosts a side, importing before anything times."""
         for side in (self.plan.a, self.plan.b):
-            spare = self.spares.setdefault(side.name, [])
-            if not spare:
+            spare = self.host_spares.setdefault(side.name, [])
+            while len(spare) < min(hosts, PREWARM_MAX_PER_SIDE):
                 spare.append(self._new_worker(side))
                 spare[-1].begin()
-        self._ready_before_timing()
+
+    @contextlib.contextmanager
+    def _hosting(self):
+        """One repeat (or round) of a chunk: each side's timed steps hand their children to one measuring
+        host, started as the side's first step needs it and ended with the repeat. Without chunks: nothing."""
+        try:
+            yield
+        finally:
+            self._end_hosts()
+
+    def _end_hosts(self) -> None:
+        for host in self.hosts.values():
+            self.used.append(host.worker)
+            host.close()
+        self.hosts.clear()
+
+    def _host(self, side: Side) -> Path | None:
+        """The socket of the side's host for the repeat under way: started if none is, or if the last
+        ended (a crash in an earlier op's run: said); None where none could be started (said: the step
+        runs in a process of its own)."""
+        host = self.hosts.get(side.name)
+        if host is not None and not host.alive():
+            print(f" (side {side.name}'s measuring host ended during an earlier op: a new one)", end="", flush=True)
+            self.log.write(f"side {side.name}: measuring host {host.pid} ended; a new one for the chunk's later ops\n")
+            self.used.append(host.worker)
+            host.close()
+            del self.hosts[side.name]
+        if side.name not in self.hosts:
+            spare = self.host_spares.get(side.name)
+            worker = spare.pop(0) if spare else self._new_worker(side)
+            self.hosts_started += 1
+            path = Path(self._open_cache_root()) / f"host-{side.name}-{self.hosts_started}.sock"
+            try:
+                self.hosts[side.name] = measuring.Host(worker, path, self.log)
+            except (measuring.HostGone, forkserver.WorkerDied) as exc:
+                print(f" (no measuring host: {exc}; this step in a process of its own)", end="", flush=True)
+                self.log.write(f"side {side.name}: no measuring host ({exc})\n")
+                self.used.append(worker)
+                worker.release()
+                return None
+            self.log.write(f"side {side.name}: measuring host {self.hosts[side.name].pid} at {path}\n")
+        return self.hosts[side.name].path
 
     def _ready_before_timing(self) -> None:
         """prewarmed: every begun worker's imports done before the first timed step. The repeats' are
         begun as the record ends and mostly done within the passes steps, but not where those were
         quick or the workers many (2 x --repeats at once)."""
-        for worker in (w for spare in self.spares.values() for w in spare):
+        for worker in (*(w for spares in (self.spares, self.host_spares) for spare in spares.values() for w in spare),
+                       *self.step_workers.values()):
             try:
                 worker.wait_ready()
             except forkserver.WorkerDied as exc:
@@ -262,44 +354,89 @@ class Runner:
         for side in (self.plan.a, self.plan.b):
             replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
             timed = self.plan.request("replay", str(record), replay_dir, "timing" if once else None, cases)
-            replay = self.step(side, timed, f"{what}: {side.name} replays A")
+            replay = self.step(side, timed, f"{what}: {side.name} replays A", hosted=self.plan.chunk > 1)
             if replay is not None:
                 runs[side.name].append(replay)
 
-    def _rounds(self, op: str, tag: str, op_dir: Path, runs: dict[str, list[Path]], record: Path) -> None:
-        """--repeats auto, after the first round: look at the op's rows (reports.sequential.settle over
+    def _rounds(self, timed_ops: list[_TimedOp]) -> None:
+        """--repeats auto, after the first round: look at each op's rows (reports.sequential.settle over
         compare.pair of its runs so far, as the report pairs them), and while some are open and a side
-        has fewer than max_repeats, one more repeat per side of the open rows alone. Each look is a
-        round in ab.json `rounds[op]`. A settled row stays so (settle's rule: its repeats after its
-        settling look are not used), and is not timed again."""
+        has fewer than max_repeats, one more repeat per side of the open rows alone, the chunk's ops
+        with open rows together (one host a side, where hosted). Each look is a round in ab.json
+        `rounds[op]`. A settled row stays so (settle's rule: its repeats after its settling look are not
+        used), and is not timed again."""
         from reports import compare, sequential  # imported beside the record by preload_reports
 
         plan = self.plan
         schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
         performance = backends.get(plan.options.backend).measures_performance
-        rounds = self.state.setdefault("rounds", {})[op] = []
-        timed: list[str] | None = None  # the first round times every row
+        looks = {t.op: self.state.setdefault("rounds", {}).setdefault(t.op, []) for t in timed_ops}
+        timed: dict[str, list[str] | None] = {t.op: None for t in timed_ops}  # the first round times every row
         for n in range(plan.first, plan.max_repeats + 1):  # repeats per side after each round
-            # `expected` the first round's: a row every run of which skipped is dropped, as the report drops it.
-            rows = compare.pair(runs["A"], runs["B"], plan.first, performance=performance,
-                                profiled=compare.profiled_runs(runs))
-            said = sequential.settle(rows, schedule, plan.fdr)
-            # A row settle does not name stays open: timed on, never dropped unjudged.
-            settled = {row.label: said[row.label] for row in rows
-                       if said.get(row.label, sequential.OPEN) != sequential.OPEN}
-            still = [row for row in rows if row.label not in settled]
-            rounds.append({"repeats": n, "timed": timed, "open": [row.label for row in still],
-                           "settled": dict(settled)})
-            self._save()
-            print(_round_line(tag, len(rounds), len(rows), still, settled, n == plan.max_repeats), flush=True)
-            if not still or n == plan.max_repeats:
+            todo = []
+            for t in (t for t in timed_ops if t.op in timed):
+                # `expected` the first round's: a row every run of which skipped is dropped, as the report drops it.
+                rows = compare.pair(t.runs["A"], t.runs["B"], plan.first, performance=performance,
+                                    profiled=compare.profiled_runs(t.runs))
+                said = sequential.settle(rows, schedule, plan.fdr)
+                # A row settle does not name stays open: timed on, never dropped unjudged.
+                settled = {row.label: said[row.label] for row in rows
+                           if said.get(row.label, sequential.OPEN) != sequential.OPEN}
+                still = [row for row in rows if row.label not in settled]
+                rounds = looks[t.op]
+                rounds.append({"repeats": n, "timed": timed[t.op], "open": [row.label for row in still],
+                               "settled": dict(settled)})
+                self._save()
+                print(_round_line(t.tag, len(rounds), len(rows), still, settled, n == plan.max_repeats), flush=True)
+                if not still or n == plan.max_repeats:
+                    del timed[t.op]
+                    continue
+                timed[t.op] = [row.label for row in still]
+                todo.append((t, still, len(rounds)))
+            if not todo:
                 return
             if plan.step_start == "prewarmed":
                 self._prewarm_round()
-            timed = [row.label for row in still]
-            cases = _case_ids(record, runs, [row.key for row in still])
-            self._repeat(op_dir, runs, record, n + 1,
-                         f"{tag} repeat {n + 1}/{plan.max_repeats} (round {len(rounds) + 1}, {len(still)} rows)", cases)
+            with self._hosting():
+                for t, still, k in todo:
+                    cases = _case_ids(t.record, t.runs, [row.key for row in still])
+                    self._repeat(t.op_dir, t.runs, t.record, n + 1,
+                                 f"{t.tag} repeat {n + 1}/{plan.max_repeats} (round {k + 1}, {len(still)} rows)", cases)
+
+    def _record_and_passes(self, i: int, op: str) -> _TimedOp | None:
+        """Op `i`'s record by A and each side's passes step; what its repeats need (None: no record)."""
+        plan = self.plan
+        tag = f"[{i}/{len(plan.ops)} {op}]"
+        if plan.step_start == "prewarmed":
+            self._prewarm(record=True)
+        runs = self.results.setdefault(op, {"record": [], "A": [], "B": []})
+        op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
+        # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
+        record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
+        once = plan.step_passes == "once"
+        # Where passes run once the A/B reads the record's configs alone: not its IR, nor its timings.
+        record = self.step(plan.a, plan.request("record", op, record_dir, "configs" if once else None),
+                           f"{tag} A records")
+        if record is None:
+            return None
+        runs["record"].append(record)
+        if plan.step_start == "prewarmed":
+            self._prewarm(record=False)
+        if once:
+            from reports import compare  # imported beside the record by preload_reports
+
+            # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
+            # timings no verdict uses (so it times at a token budget): a kernel timed in a process
+            # after the profiler ran in it is slower (on an H200, 1-2 us kernels by 10-20%, for the
+            # rest of the process), so the repeats never profile. It also compiles B's kernels
+            # before any repeat times them.
+            for side in (plan.a, plan.b):
+                passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
+                passed = self.step(side, plan.request("replay", str(record), passes_dir, "passes"),
+                                   f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
+                if passed is not None:
+                    runs.setdefault(compare.passes_key(side.name), []).append(passed)
+        return _TimedOp(op, tag, op_dir, runs, record)
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
@@ -321,45 +458,29 @@ class Runner:
         preload = preload_reports()
         results = self.results
         self._save()
-        for i, op in enumerate(plan.ops, 1):
-            tag = f"[{i}/{len(plan.ops)} {op}]"
-            if plan.step_start == "prewarmed":
-                self._prewarm(record=True)
-            runs = results.setdefault(op, {"record": [], "A": [], "B": []})
-            op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
-            # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
-            record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
-            once = plan.step_passes == "once"
-            # Where passes run once the A/B reads the record's configs alone: not its IR, nor its timings.
-            record = self.step(plan.a, plan.request("record", op, record_dir, "configs" if once else None),
-                               f"{tag} A records")
-            if record is None:
-                continue
-            runs["record"].append(record)
-            if plan.step_start == "prewarmed":
-                self._prewarm(record=False)
-            if once:
-                from reports import compare  # imported beside the record by preload_reports
-
-                # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
-                # timings no verdict uses (so it times at a token budget): a kernel timed in a process
-                # after the profiler ran in it is slower (on an H200, 1-2 us kernels by 10-20%, for the
-                # rest of the process), so the repeats never profile. It also compiles B's kernels
-                # before any repeat times them.
+        numbered = list(enumerate(plan.ops, 1))
+        for start in range(0, len(numbered), plan.chunk):
+            if plan.chunk > 1 and plan.step_start != "fresh":
+                # The chunk's hosts' workers, and its hosted steps', import beside its records and passes.
+                self._prewarm_hosts(plan.first_repeats)
                 for side in (plan.a, plan.b):
-                    passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
-                    passed = self.step(side, plan.request("replay", str(record), passes_dir, "passes"),
-                                       f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
-                    if passed is not None:
-                        runs.setdefault(compare.passes_key(side.name), []).append(passed)
+                    if side.name not in self.step_workers:
+                        self.step_workers[side.name] = self._new_worker(side, preload=False)
+                        self.step_workers[side.name].begin()
+            timed_ops = [t for i, op in numbered[start:start + plan.chunk]
+                         if (t := self._record_and_passes(i, op)) is not None]
             preload.join()  # before any timed step: no import of the parent's beside one
+            if not timed_ops:
+                continue
             if plan.step_start == "prewarmed":
                 self._ready_before_timing()
             for r in range(1, plan.first_repeats + 1):
                 of = f"{r}/{plan.repeats}" if not plan.sequential else f"{r}/{plan.first} (round 1)"
-                self._repeat(op_dir, runs, record, r, f"{tag} repeat {of}")
+                with self._hosting():
+                    for t in timed_ops:
+                        self._repeat(t.op_dir, t.runs, t.record, r, f"{t.tag} repeat {of}")
             if plan.sequential:
-                self._rounds(op, tag, op_dir, runs, record)
+                self._rounds(timed_ops)
         self.state["complete"] = True
         self._save()
         return results

@@ -67,6 +67,7 @@ def resolve_plan(request: ABRequest) -> Plan:
         plan.fdr = experiment.fdr  # between 0 and 1: the parser checked it as the option declares
     plan.step_start = experiment.step_start or plan.step_start
     plan.step_passes = experiment.step_passes or plan.step_passes
+    plan.chunk = experiment.chunk or plan.chunk
     for side, env, python, key in ((plan.a, experiment.a_env, experiment.a_python, "a"),
                                    (plan.b, experiment.b_env, experiment.b_python, "b")):
         side.env.update(_env_pairs(list(env), f"--{key}-env"))
