@@ -175,9 +175,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     side.add_argument("--ops", nargs="+", metavar="[REPO:]OP[@FILE]", default=None,
                       help="operators to compare (with a corpus option below: a batch selection)")
     options.ExperimentOptions.add_arguments({"experiment": side}, "ab")
-    side.add_argument("--continue", dest="continue_from", type=options.DIR_PATH, metavar="AB_DIR", default=None,
-                      help="go on from an interrupted A/B of the same plan: its completed steps are taken over, "
-                           "not run again (a corpus A/B's --resume gives each op's A/B its last one)")
+    side.add_argument("--continue", dest="continue_from", type=options.DIR_PATH, metavar="AB_DIR", action="append",
+                      default=[],
+                      help="go on from an interrupted A/B of the same experiment: the completed steps of its ops are "
+                           "taken over, not run again (repeatable; a corpus A/B's --resume gives each op's A/B its "
+                           "last one)")
+    # A corpus A/B's own, for a chunk of ops: each op's single-op view of the A/B (harness.sessions.corpus_ab).
+    side.add_argument("--op-dir", dest="op_dirs", action="append", metavar="OP=DIR", default=[], help=argparse.SUPPRESS)
     side.add_argument("--compare", nargs=2, type=options.DIR_PATH, metavar=("DIR_A", "DIR_B"), default=None,
                       help="compare two existing run dirs, or two batch dirs (a corpus report: the corpus "
                            "screened under A, then under B), without running anything")
@@ -245,8 +249,9 @@ def batch_request(args: argparse.Namespace) -> commands.BatchRequest:
 def ab_request(args: argparse.Namespace) -> commands.ABRequest:
     return commands.ABRequest(
         plan=args.plan, ops=_tuple(args.ops), experiment=options.ExperimentOptions.from_namespace(args),
-        run=options.RunOptions.from_namespace(args), continue_from=args.continue_from,
+        run=options.RunOptions.from_namespace(args), continue_from=tuple(args.continue_from),
         compare=_tuple(args.compare), out=args.out, run_dir=args.named_run_dir,
+        op_dirs=tuple((op, Path(d)) for op, _, d in (item.partition("=") for item in args.op_dirs)),
         corpus=options.CorpusOptions.from_namespace(args), how=options.BatchOptions.from_namespace(args))
 
 

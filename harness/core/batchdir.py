@@ -47,6 +47,10 @@ def is_batch_dir(path: Path) -> bool:
     return os.path.lexists(Path(path) / BATCH_JSON)
 
 
+# A corpus A/B's chunks of ops, each timed as one A/B (harness.sessions.corpus_ab): its dir under the batch's.
+CHUNKS = "chunks"
+
+
 def op_dir(batch_dir: Path, key: str) -> Path:
     """The dir of the op whose catalog key (`repo:op@op_file`) is `key`."""
     return batch_dir / "ops" / key.replace(":", "__", 1).replace("/", ".")

@@ -50,10 +50,13 @@ class ABRequest:
     ops: tuple[str, ...] | None = None
     experiment: ExperimentOptions = ExperimentOptions()
     run: RunOptions = RunOptions()
-    continue_from: Path | None = None
+    continue_from: tuple[Path, ...] = ()  # interrupted A/Bs whose completed steps are taken over
     compare: tuple[Path, Path] | None = None
     out: Path | None = None
     run_dir: Path | None = None  # the A/B dir itself (--run-dir), new or empty
+    # (op, dir): each op's own A/B dir besides the A/B's, a single-op A/B's ab.json and report (--op-dir):
+    # a corpus A/B's chunk of ops gives each op the dir its status row names.
+    op_dirs: tuple[tuple[str, Path], ...] = ()
     # A batch option given makes it a corpus A/B (harness.sessions.corpus_ab.wanted): CorpusABRequest.of.
     corpus: CorpusOptions = CorpusOptions()
     how: BatchOptions = BatchOptions()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
 from harness.sessions.ab.session import resolve_plan, say_if_a_a
 from harness.sessions.ab.sides import build_side_env
 from harness.sessions.batch import facts as batch_facts
+from harness.sessions.batch.executor import NotStarted
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
@@ -133,6 +135,9 @@ class CorpusAB(batch.Batch):
             say_if_a_a(plan)
             run, ops = plan.options, plan.ops
         run = run.without_measurement()  # (the batch drops the device: each op is given its own)
+        if plan.chunk > 1 and request.corpus.executor in ("ray", "slurm"):
+            print(f"note: chunk {plan.chunk}: the {request.corpus.executor} executor runs each op's A/B as a task "
+                  "of its own (chunks are the local executor's device threads')")
         print(f"A/B {plan.name}: A = {plan.a.describe()}; B = {plan.b.describe()}; {plan.describe_repeats()}; "
               "each op's whole A/B on one device")
         backend = resolve.resolve_backend(run.backend).name
@@ -159,11 +164,73 @@ class CorpusAB(batch.Batch):
     def _command(self, entry, device: int, dtypes: list[str] | None, run_dir: Path) -> list[str]:
         plan_file = run_dir.parent.parent / PLAN_FILE
         rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
-        target = entry.id if catalog.needs_checkout(entry.repo) else entry.op
         over = RunOptions(dtypes=tuple(dtypes) if dtypes else None)  # the batch's dtype fallback, over the plan's
         earlier = _interrupted(run_dir.parent.parent, run_dir)
-        return ["ab", str(plan_file), "--ops", target, "--device", str(device), "--color", "never",
+        return ["ab", str(plan_file), "--ops", _target(entry), "--device", str(device), "--color", "never",
                 "--run-dir", str(run_dir), *over.to_argv(), *(["--continue", str(earlier)] if earlier else [])]
+
+    # --- chunks of ops ---------------------------------------------------------------------------
+    def run_shard(self, entries: list, device: int):
+        """The device's ops a chunk (the plan's `chunk`) at a time: each chunk one multi-op A/B, whose repeats
+        each side times in one measuring host (harness.sessions.ab.runner), writing each op's own A/B dir
+        (--op-dir) as its status row names it. An op that did not pass there runs its own job, as without
+        chunks, going on from what its chunk completed of it (--continue)."""
+        size = self.opts.plan.get("chunk", 1)
+        for start in range(0, len(entries), size):
+            chunk = entries[start:start + size]
+            if self.stopping.is_set():
+                return
+            ended = self._run_chunk(chunk, device) if len(chunk) > 1 else {}
+            for entry in chunk:
+                if entry.id in ended:
+                    yield ended[entry.id]
+                elif self.stopping.is_set():
+                    return
+                else:
+                    yield self.run_op(entry, device)
+
+    def _run_chunk(self, chunk: list, device: int) -> dict[str, batchdir.StatusRow]:
+        """The chunk's A/B in `chunks/chunk_<ts>/` under one guard and a timeout of --op-timeout per op; the
+        recorded rows of its ops that passed, and, where the batch's stop ended it, INTERRUPTED rows of the
+        others (a resume goes on from their own dirs)."""
+        chunk_dir = rundir.unclaimed_run_dir(rundir.make_dir(self.dir / batchdir.CHUNKS, under=self.dir), "chunk")
+        rundir.make_dir(chunk_dir)
+        plan_file = chunk_dir / PLAN_FILE
+        rundir.atomic_write_text(plan_file, yaml.safe_dump(self.opts.plan, sort_keys=False))
+        op_dirs, earlier = {}, []
+        for entry in chunk:
+            op_dir = rundir.make_dir(batchdir.op_dir(self.dir, entry.key), under=self.dir)
+            (op_dir / batchdir.COMPLETE).unlink(missing_ok=True)
+            attempt = next(op_dir / f"attempt{n}" for n in itertools.count(1) if not (op_dir / f"attempt{n}").exists())
+            op_dirs[entry.id] = self._run_dir(entry, rundir.make_dir(attempt))
+            found = _interrupted(op_dir, op_dirs[entry.id])
+            earlier += ["--continue", str(found)] if found else []
+        over = RunOptions(dtypes=self.opts.run.dtypes)
+        argv = ["ab", str(plan_file), "--ops", *map(_target, chunk), "--device", str(device), "--color", "never",
+                "--run-dir", str(chunk_dir / "ab"), *over.to_argv(), *earlier,
+                *(arg for entry in chunk for arg in ("--op-dir", f"{_target(entry)}={op_dirs[entry.id]}"))]
+        try:
+            code, _ = self._run_attempt(argv, chunk_dir / "batch.log", device,
+                                        timeout=self.opts.op_timeout * len(chunk))
+        except NotStarted:  # the stop came first: nothing of the chunk ran
+            return {}
+        where = chunk_dir.relative_to(self.dir)
+        rows = {}
+        for entry in chunk:
+            view = op_dirs[entry.id]
+            if code is None or not self._passed(code, view):
+                if self.stopping.is_set():
+                    rows[entry.id] = self.status_row(entry, device, "INTERRUPTED", code, 1, 0.0,
+                                                     view if self._wrote(view) else None,
+                                                     [f"interrupted in {where}"])
+                    self.record(entry, rows[entry.id])
+                continue  # its own job runs it, going on from its view
+            # Its share of the chunk's wall: its own steps' seconds.
+            spent = sum(s["seconds"] for s in _steps(view) if "seconds" in s and not s.get("taken_over"))
+            rows[entry.id] = self.status_row(entry, device, "PASS", code, 1, spent, view,
+                                             [f"timed with {len(chunk) - 1} other ops in {where}"])
+            self.record(entry, rows[entry.id])
+        return rows
 
     def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""
@@ -229,6 +296,11 @@ class CorpusAB(batch.Batch):
         files = corpus.write(self.dir, data)
         total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)
         return f"verdicts: {_said(total) or 'none'}; report: {', '.join(map(str, files))}"
+
+
+def _target(entry) -> str:
+    """The op as its A/B names it: a FlagGems op with its checkout's name and file, a built-in by name."""
+    return entry.id if catalog.needs_checkout(entry.repo) else entry.op
 
 
 def _said(counts: collections.Counter) -> str:

@@ -58,9 +58,12 @@ class Runner:
     dies is restarted once for the step, which is retried in a new run dir; after that the step
     fails."""
 
-    def __init__(self, plan: Plan, ab_dir: Path, earlier: list[dict] = ()):
+    def __init__(self, plan: Plan, ab_dir: Path, earlier: list[dict] = (), op_dirs: dict[str, Path] | None = None):
         self.plan = plan
         self.dir = ab_dir
+        # op -> its own A/B dir, kept as a single-op A/B's ab.json (a corpus A/B's chunk: each op's status row
+        # names it, and a resume goes on from it with --continue).
+        self.op_dirs = dict(op_dirs or {})
         # The completed steps of an interrupted A/B of this plan (--continue), by step and arguments: each
         # is taken over, not run again (see step).
         self.earlier = {(s["step"], same_args(s["args"])): s for s in earlier if s.get("usable") and s.get("step")}
@@ -82,9 +85,29 @@ class Runner:
         self.host_spares: dict[str, list[forkserver.Worker]] = {}
         self.hosts: dict[str, measuring.Host] = {}
         self.hosts_started = 0
+        self.hosted = False  # the chunk under way times in hosts: chunk > 1 and more than one op in it
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
+        for op, op_dir in self.op_dirs.items():
+            rundir.atomic_write_json(op_dir / "ab.json", self.op_state(op))
+
+    def op_state(self, op: str) -> dict:
+        """ab.json as a single-op A/B of `op` would have it: the plan of that op alone, its steps (its run
+        dirs stay in this A/B's dir), its rounds; `chunk` names the A/B it is part of."""
+        name = op_dir_name(op)
+
+        def mine(step: dict) -> bool:
+            return Path(step["run_dir"]).parent.parent.name == name if step.get("run_dir") else \
+                step.get("step", "").split("/")[0] == name
+
+        state = self.state
+        running = state.get("running")
+        return {"plan": {**state["plan"], "ops": [op]}, "steps": [s for s in state["steps"] if mine(s)],
+                **({"running": running} if running and mine(running) else {}),
+                **({"rounds": {op: state["rounds"][op]}} if op in state.get("rounds", {}) else {}),
+                **({"triton_caches": state["triton_caches"]} if "triton_caches" in state else {}),
+                "complete": state["complete"], "chunk": str(self.dir)}
 
     def _open_caches(self) -> None:
         """One Triton cache per side under the cache root, keyed by that side's compiler identity and
@@ -257,7 +280,7 @@ class Runner:
         passes = 1 if plan.step_passes == "once" else 0
         # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
         repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
-        repeats = 0 if plan.chunk > 1 else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
+        repeats = 0 if self.hosted else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
         for side, steps in ((plan.a, int(record) + passes + repeats), (plan.b, passes + repeats)):
             spare = self.spares.setdefault(side.name, [])
             while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
@@ -268,7 +291,7 @@ class Runner:
         """prewarmed, --repeats auto: a worker a side for the round about to run, its imports done before
         the round times (as before the first timed step): round 2's were begun with round 1's, each
         later round's here, after the look that opened it. Hosted: its hosts' workers."""
-        if self.plan.chunk > 1:
+        if self.hosted:
             self._prewarm_hosts(1)
         else:
             for side in (self.plan.a, self.plan.b):
@@ -354,7 +377,7 @@ class Runner:
         for side in (self.plan.a, self.plan.b):
             replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
             timed = self.plan.request("replay", str(record), replay_dir, "timing" if once else None, cases)
-            replay = self.step(side, timed, f"{what}: {side.name} replays A", hosted=self.plan.chunk > 1)
+            replay = self.step(side, timed, f"{what}: {side.name} replays A", hosted=self.hosted)
             if replay is not None:
                 runs[side.name].append(replay)
 
@@ -410,7 +433,7 @@ class Runner:
         if plan.step_start == "prewarmed":
             self._prewarm(record=True)
         runs = self.results.setdefault(op, {"record": [], "A": [], "B": []})
-        op_dir = self.dir / op.replace(":", "-").replace("@", "-").replace("/", "-")
+        op_dir = self.dir / op_dir_name(op)
         # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
         record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
         once = plan.step_passes == "once"
@@ -460,7 +483,8 @@ class Runner:
         self._save()
         numbered = list(enumerate(plan.ops, 1))
         for start in range(0, len(numbered), plan.chunk):
-            if plan.chunk > 1 and plan.step_start != "fresh":
+            self.hosted = plan.chunk > 1 and len(numbered[start:start + plan.chunk]) > 1
+            if self.hosted and plan.step_start != "fresh":
                 # The chunk's hosts' workers, and its hosted steps', import beside its records and passes.
                 self._prewarm_hosts(plan.first_repeats)
                 for side in (plan.a, plan.b):
@@ -484,6 +508,11 @@ class Runner:
         self.state["complete"] = True
         self._save()
         return results
+
+
+def op_dir_name(op: str) -> str:
+    """The dir of an op's steps in the A/B's dir."""
+    return op.replace(":", "-").replace("@", "-").replace("/", "-")
 
 
 def _round_line(tag: str, k: int, rows: int, still: list, settled: dict[str, str], cap: bool) -> str:

@@ -4,7 +4,9 @@ the first step, run (runner) and reported (reporting); or two run dirs compared 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -140,17 +142,26 @@ def check_plan(plan: Plan) -> None:
             resolve.check_selection(text, op, "builtin")
 
 
+def _op_dirs(given: tuple[tuple[str, Path], ...], plan: Plan) -> dict[str, Path]:
+    """--op-dir OP=DIR: each a new or empty dir claimed for an op of the plan."""
+    unknown = [op for op, _ in given if op not in plan.ops]
+    if unknown:
+        raise UsageError(f"--op-dir {clip(unknown)}: not an op of this A/B ({clip(plan.ops)})")
+    return {op: rundir.claim_named_dir(path, "ab.json") for op, path in given}
+
+
 def _continued(earlier_dir: Path, plan: Plan) -> list[dict]:
     """The steps of the interrupted A/B in `earlier_dir` (--continue) to take over, where it ran this plan
-    (its device aside: a step on another device is not taken over, its arguments differ); none, said,
-    where it ran another (a corpus A/B's op resumed under a dtype fallback, say)."""
+    (its device aside: a step on another device is not taken over, its arguments differ; its ops aside: a
+    step is taken over by its op's step of the same arguments, as a corpus A/B's chunk takes over each op's
+    own); none, said, where it ran another (a corpus A/B's op resumed under a dtype fallback, say)."""
     path = Path(earlier_dir) / "ab.json"
     try:
         state = abstate.read(path)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--continue {earlier_dir}: no readable ab.json ({exc})") from exc
-    stored = {k: v for k, v in state.get("plan", {}).items() if k != "device"}
-    if stored != json.loads(json.dumps(plan.to_dict())):
+    stored = {k: v for k, v in state.get("plan", {}).items() if k not in ("device", "ops")}
+    if stored != {k: v for k, v in json.loads(json.dumps(plan.to_dict())).items() if k != "ops"}:
         print(f"--continue {earlier_dir}: that A/B ran another plan: none of its steps is taken over")
         return []
     return state.get("steps", [])
@@ -179,7 +190,7 @@ def run_from_args(request: ABRequest) -> int:
     check_plan(plan)  # a corpus A/B's ops are a batch selection, checked by the batch
     say_if_a_a(plan)  # once the plan is known to run: not before an error in it
     # Read before the dir is claimed: a corrupt one leaves no A/B dir behind.
-    earlier = _continued(request.continue_from, plan) if request.continue_from else ()
+    earlier = [step for earlier_dir in request.continue_from for step in _continued(earlier_dir, plan)]
     if request.run_dir is not None:  # a corpus A/B names each op's A/B dir, to read it back from there
         ab_dir = rundir.claim_named_dir(request.run_dir, LOG_FILE)
     else:
@@ -190,7 +201,8 @@ def run_from_args(request: ABRequest) -> int:
         from reports import table
 
         print(table.not_performance_note(plan.options.backend))
-    runner = Runner(plan, ab_dir, earlier)
+    op_dirs = _op_dirs(request.op_dirs, plan)
+    runner = Runner(plan, ab_dir, earlier, op_dirs)
     interrupted = write_failed = None
     try:
         # A SIGTERM stops the A/B as Ctrl-C does (a corpus A/B stops each op's A/B so): the running
@@ -229,6 +241,12 @@ def run_from_args(request: ABRequest) -> int:
         schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
     code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
                   plan.first_repeats, plan.fdr, schedule)
+    for op, op_dir in op_dirs.items():  # each op's own report, as a single-op A/B of it writes it
+        if op in results:
+            with contextlib.redirect_stdout(io.StringIO()):  # the A/B's report above said it all
+                report(op_dir, [results[op]], {**context, "ir": {op: ir_per_op.get(op)}, "chunk": str(ab_dir)},
+                       [w for w in warnings if op in w or "INCOMPLETE" in w], {plan.options.backend},
+                       plan.first_repeats, plan.fdr, schedule)
     if write_failed:
         return rundir.EXIT_DISK_FULL
     return 128 + interrupted if interrupted else 1 if failed or unmeasured else code

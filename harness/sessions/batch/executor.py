@@ -62,7 +62,15 @@ class LocalExecutor:
         """The op's whole job, its status row recorded (the job's class says what it is)."""
         raise NotImplementedError
 
-    def _run_attempt(self, argv: list[str], log_path: Path, device: int) -> tuple[int | None, float]:
+    def run_shard(self, entries: list[Entry], device: int):
+        """A device thread's ops, in order: each one's recorded status row as its job ends."""
+        for entry in entries:
+            if self.stopping.is_set():
+                return
+            yield self.run_op(entry, device)
+
+    def _run_attempt(self, argv: list[str], log_path: Path, device: int,
+                     timeout: float | None = None) -> tuple[int | None, float]:
         """`python -m harness ARGV` for one attempt: forked by the device's warm worker where it has
         one, else fresh under the guard. A worker that cannot fork it (it never came up) is said in the
         op's log and its next row's notes, and the device's ops start fresh from here on."""
@@ -70,7 +78,8 @@ class LocalExecutor:
         if worker is not None:
             try:
                 code, seconds = self._watched(
-                    lambda log, running, gate: worker.start(argv, log, _dropped, guard=running, gate=gate), log_path)
+                    lambda log, running, gate: worker.start(argv, log, _dropped, guard=running, gate=gate), log_path,
+                    timeout)
             except forkserver.WorkerDied as exc:
                 worker.close()
                 del self.workers[device]
@@ -80,7 +89,7 @@ class LocalExecutor:
                 if worker.died:  # restarted by its next start: the retry is forked again
                     self._say(device, log_path, "its warm worker died during the attempt, which was killed with it")
                 return code, seconds
-        return self._attempt([sys.executable, "-m", "harness", *argv], log_path)
+        return self._attempt([sys.executable, "-m", "harness", *argv], log_path, timeout=timeout)
 
     def _say(self, device: int, log_path: Path, why: str) -> None:
         """In the op's log, and in the notes of the row its device finishes next."""
@@ -88,19 +97,21 @@ class LocalExecutor:
         with rundir.open_write(log_path) as log:
             log.write(f"\n{why}\n")
 
-    def _attempt(self, cmd: list[str], log_path: Path, **start_kw) -> tuple[int | None, float]:
-        """(exit code or None on timeout, seconds) of CMD started fresh.
+    def _attempt(self, cmd: list[str], log_path: Path, timeout: float | None = None,
+                 **start_kw) -> tuple[int | None, float]:
+        """(exit code or None on timeout, seconds) of CMD started fresh (`timeout`: instead of --op-timeout).
 
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
         when this process dies (by SIGKILL too) and marks it in the op dir's `.running` meanwhile."""
         # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
         return self._watched(lambda log, running, gate: launch.start(opguard.command(running, cmd, gate), log=log,
                                                                      with_parent=False, pass_fds=(gate,), **start_kw),
-                             log_path)
+                             log_path, timeout)
 
-    def _watched(self, start_child, log_path: Path) -> tuple[int | None, float]:
+    def _watched(self, start_child, log_path: Path, timeout: float | None = None) -> tuple[int | None, float]:
         """(exit code or None on timeout, seconds) of the child `start_child(log, running, gate)` starts, which
-        `stop` reaches while it runs and --op-timeout ends; its `.running` (the op dir's) is gone after it.
+        `stop` reaches while it runs and --op-timeout (or `timeout`) ends; its `.running` (the op dir's) is gone
+        after it.
 
         A stop is final: the child waits at `gate` (a pipe's read end) until it is known here, and that
         is decided under the lock `stop` takes to collect the children it kills. A stop set before that
@@ -128,7 +139,7 @@ class LocalExecutor:
                     if not go:
                         child.wait()  # it reads the closed gate and exits
                         raise NotStarted
-                    code = child.wait(self.opts.op_timeout)
+                    code = child.wait(self.opts.op_timeout if timeout is None else timeout)
                     if code is None:
                         child.stop(KILL_GRACE_S)
                 finally:
@@ -158,10 +169,8 @@ class LocalExecutor:
             try:
                 if forks and shards[device]:
                     self._begin_worker(device, workers_log, shards[device])
-                for entry in shards[device]:
-                    if self.stopping.is_set():
-                        return
-                    self.events.put(self.run_op(entry, device))
+                for row in self.run_shard(shards[device], device):
+                    self.events.put(row)
             except BaseException as exc:  # a fault of ours: raised by the batch, not left to hang it
                 self.events.put(exc)
             finally:
@@ -239,7 +248,8 @@ def stop_leftovers(batch_dir: Path) -> list[str]:
     """Stop the ops of a dead batch that still run (their guard could not end them: stopped, or
     killed alone), before this batch uses their devices. One line for each one stopped."""
     lines = []
-    for running in sorted(batch_dir.glob(f"ops/*/{opguard.RUNNING}")):
+    for running in sorted([*batch_dir.glob(f"ops/*/{opguard.RUNNING}"),
+                           *batch_dir.glob(f"{batchdir.CHUNKS}/*/{opguard.RUNNING}")]):
         facts = opguard.stop_leftover(running, KILL_GRACE_S)
         if facts is not None:
             lines.append(f"resume: stopped {running.parent.relative_to(batch_dir)}, still running from the dead "

@@ -237,10 +237,16 @@ class Batch(LocalExecutor):
             elapsed += seconds
         # The row names its last attempt's run dir that was written (a later attempt may have stopped before).
         run_dir = next((d for d in reversed(run_dirs) if self._wrote(d)), None)
+        return self.status_row(entry, device, status, code, attempts, elapsed, run_dir, notes)
+
+    def status_row(self, entry: Entry, device: int, status: str, code: int | None, attempts: int, elapsed: float,
+                   run_dir: Path | None, notes: list[str]) -> batchdir.StatusRow:
+        """The op's row from what its job found (an op whose cases all skipped is SKIP), its op dir marked
+        complete where a resume keeps the status."""
         facts = self._facts(run_dir)
         if status == "PASS" and facts["statuses"] and set(facts["statuses"]) == {"SKIPPED"}:
             status = "SKIP"
-            notes.append(f"skipped: {facts['skip_reason']}")  # upstream's reason, or the operator's
+            notes = [*notes, f"skipped: {facts['skip_reason']}"]  # upstream's reason, or the operator's
         row = batchdir.StatusRow(
             entry.op, entry.repo, entry.op_file, status, exit_code=code, attempts=attempts,
             elapsed_s=round(elapsed, 1), backend=self.opts.backend, device=device, timer=facts["timer"],
@@ -248,7 +254,7 @@ class Batch(LocalExecutor):
             replay_fallback_rows=facts["replay_fallback_rows"],
             run_dir=str(run_dir.relative_to(self.dir)) if run_dir else "", notes="; ".join(notes),
             extra=self._columns(facts))
-        batchdir.mark_complete(op_dir, status, self.opts.op_timeout)
+        batchdir.mark_complete(batchdir.op_dir(self.dir, entry.key), status, self.opts.op_timeout)
         return row
 
     def _triage(self, status: str, entry: Entry, device: int, dtypes: list[str] | None,

@@ -1,0 +1,27 @@
+"""An operator that writes what its process looks like as each case is built (leaky's leftovers: the
+variable, the sys.path entry, the working dir) into witness.txt in its run dir."""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from ops import Operator
+
+
+def inputs(shape, dtype, device):
+    run_dir = Path(sys.argv[1])  # the measuring child's one argument, as an exec'd child has it
+    with open(run_dir / "witness.txt", "a") as f:
+        f.write(f"env={os.environ.get('ZL_LEAKED', 'unset')} path={'/zl-leaked' in sys.path} cwd={os.getcwd()}\n")
+    return (torch.randn(*shape, dtype=dtype, device=device),)
+
+
+leak_witness = Operator(
+    name="leak_witness",
+    inputs=inputs,
+    baseline=lambda x: x + 1,
+    candidate=lambda x: x + 1,
+    dtypes=("fp32",),
+    shape_keys=("pointwise",),
+)

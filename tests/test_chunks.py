@@ -1,0 +1,298 @@
+"""An A/B that chunks its ops (`--chunk K`): each repeat of a chunk's ops is timed in one measuring host a
+side (harness.child.host), each op keeping a step, a run dir and an outcome of its own. A crash costs the
+crashing op's rows and the chunk's later ops go on in a new host; what one op's run changed for its
+process does not reach the next op's; an interrupted chunk goes on from its last completed step. The
+steps and hosts are real processes on the interpreter."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, load, pids_mentioning, wait_for
+
+from harness import cli
+from harness.core import options
+from harness.sessions import ab
+from harness.sessions.ab.plan import PlanError, plan_from_data
+
+CHUNK_OPS = REPO / "tests" / "resources" / "chunk_ops"
+PROBE = REPO / "tests" / "resources" / "user_ops" / "switch_probe.py"
+SHAPES = ("pointwise:\n  shapes: [[300], [2, 700]]\n  dtypes: [fp32]\n"
+          "softmax:\n  shapes: [[4, 300]]\n  dtypes: [fp32]\n")
+
+
+def _request(tmp_path, ops, *extra):
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(SHAPES)
+    return cli.parse_request(["ab", "--ops", *ops, "--backend", "interpreter", "--shapes", str(shapes),
+                              "--out", str(tmp_path / "runs"), *extra])
+
+
+def _ab_dir(out: str) -> Path:
+    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
+
+
+def _run_json(step_dir: Path) -> dict:
+    (run_dir,) = step_dir.iterdir()
+    return load(run_dir / "run.json")
+
+
+def _host(step_dir: Path) -> dict | None:
+    return _run_json(step_dir)["observed"].get("measuring_host")
+
+
+def _run_file(step_dir: Path, name: str) -> str:
+    (run_dir,) = step_dir.iterdir()
+    return (run_dir / name).read_text()
+
+
+@pytest.mark.e2e
+def test_a_chunks_repeat_runs_in_one_host_a_side_each_op_keeping_its_own_step(tmp_path, capsys):
+    code = ab.run_from_args(_request(tmp_path, ["switch_probe", "add"], "--ops-path", str(PROBE), "--b-env",
+                                     "ZL_TEST_SWITCH=1", "--repeats", "2", "--chunk", "2"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    hosts = {}
+    for r in (1, 2):
+        for side in "AB":
+            first, second = _host(d / "switch_probe" / f"{side}-{r}"), _host(d / "add" / f"{side}-{r}")
+            # One host for the repeat's side: the first op was its first run, the second its next.
+            assert first["pid"] == second["pid"] and (first["runs_before"], second["runs_before"]) == (0, 1)
+            hosts[(r, side)] = first["pid"]
+    assert len(set(hosts.values())) == 4  # a host per repeat and side: repeats stay processes of their own
+    # Each side's host runs its children in that side's environment.
+    assert set(_run_file(d / "switch_probe" / "B-1", "switch_seen.txt").split()) == {"1"}
+    assert set(_run_file(d / "switch_probe" / "A-2", "switch_seen.txt").split()) == {"unset"}
+    # The records and passes are a process an op, untouched by chunks.
+    for op in ("switch_probe", "add"):
+        assert _host(d / op / "A-record") is None and _host(d / op / "B-passes") is None
+    state = load(d / "ab.json")
+    assert [s["step"].split("/")[1] for s in state["steps"]][6:] == ["A-1", "B-1", "A-1", "B-1", "A-2", "B-2",
+                                                                     "A-2", "B-2"]
+    assert [s["step"].split("/")[0] for s in state["steps"]][6:8] == ["switch_probe", "switch_probe"]
+    assert all(s["usable"] for s in state["steps"]) and state["plan"]["chunk"] == 2
+    rows = load(d / "report.json")["rows"]
+    assert len(rows) == 4 and all(len(r["a_ms"]) == 2 and len(r["b_ms"]) == 2 for r in rows)
+
+
+@pytest.mark.e2e
+def test_a_crash_in_a_host_costs_its_op_and_the_chunks_later_ops_go_on_in_a_new_host(tmp_path, capsys):
+    code = ab.run_from_args(_request(tmp_path, ["host_crash", "add"], "--ops-path", str(CHUNK_OPS), "--b-env",
+                                     "ZL_TEST_CRASH=1", "--repeats", "2", "--chunk", "2"))
+    out = capsys.readouterr().out
+    assert code == 1, out  # an op with nothing to compare
+    d = _ab_dir(out)
+    state = load(d / "ab.json")
+    failed = [s["step"] for s in state["steps"] if not s["usable"]]
+    assert failed == ["host_crash/B-passes", "host_crash/B-1", "host_crash/B-2"]  # passes: a process of its own
+    assert "the measuring host ended during this run" in _run_file(d / "host_crash" / "B-1", "run.log")
+    for r in (1, 2):
+        crashed = _host(d / "host_crash" / f"B-{r}")
+        assert crashed is None  # it died before it could say
+        after = _host(d / "add" / f"B-{r}")
+        assert after["runs_before"] == 0  # a new host: the crashed one served nothing more
+        assert _host(d / "add" / f"A-{r}")["runs_before"] == 1  # A's host took both ops
+    assert "measuring host ended during an earlier op: a new one" in out
+    rows = load(d / "report.json")["rows"]
+    assert [len(r["b_ms"]) for r in rows if r["op"] == "add"] == [2, 2]  # the op after the crash: measured
+    assert [len(r["b_ms"]) for r in rows if r["op"] == "host_crash"] == [0, 0]
+
+
+@pytest.mark.e2e
+def test_what_one_ops_run_changed_for_the_host_does_not_reach_the_next_op(tmp_path, capsys):
+    code = ab.run_from_args(_request(tmp_path, ["leaky", "leak_witness"], "--ops-path", str(CHUNK_OPS),
+                                     "--repeats", "2", "--chunk", "2"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    for step in ("A-1", "B-1", "A-2", "B-2"):
+        leaked = _host(d / "leaky" / step)
+        assert "sys.path" in leaked["put_back_after"]
+        witness = _host(d / "leak_witness" / step)
+        assert witness["pid"] == leaked["pid"] and witness["runs_before"] == 1
+        assert set(_run_file(d / "leak_witness" / step, "witness.txt").splitlines()) == {
+            f"env=unset path=False cwd={REPO}"}
+
+
+@pytest.mark.e2e
+def test_an_interrupted_chunk_goes_on_from_its_last_completed_step_running_none_twice(tmp_path, monkeypatch,
+                                                                                       capsys):
+    real_launch = ab.Runner._launch
+    launched: list[str] = []
+
+    def launch(runner, side, request):
+        launched.append(f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}")
+        code, interrupted = real_launch(runner, side, request)
+        if launched[-1] == "add/A-1" and runner.earlier == {}:
+            return code, signal.SIGINT  # stopped as it ran: its rows are not the A/B's
+        return code, interrupted
+
+    monkeypatch.setattr(ab.Runner, "_launch", launch)
+    extra = ("--repeats", "2", "--chunk", "2")
+    assert ab.run_from_args(_request(tmp_path, ["softmax", "add"], *extra)) == 128 + signal.SIGINT
+    first = _ab_dir(capsys.readouterr().out)
+    before = load(first / "ab.json")
+    assert launched[-3:] == ["softmax/A-1", "softmax/B-1", "add/A-1"] and not before["complete"]
+    launched.clear()
+    assert ab.run_from_args(_request(tmp_path, ["softmax", "add"], *extra, "--continue", str(first))) == 0
+    second = _ab_dir(capsys.readouterr().out)
+    assert launched == ["add/A-1", "add/B-1", "softmax/A-2", "softmax/B-2", "add/A-2", "add/B-2"]
+    state = load(second / "ab.json")
+    assert [s["step"] for s in state["steps"] if s.get("taken_over")] == [s["step"] for s in before["steps"]]
+    # The continuation's hosts: A's first served add alone (softmax's repeat 1 was taken over).
+    assert _host(second / "add" / "A-1")["runs_before"] == 0
+    assert _host(second / "add" / "A-2")["runs_before"] == 1
+
+
+@pytest.mark.e2e
+def test_sequential_rounds_of_a_chunk_time_only_the_ops_with_open_rows_in_the_rounds_host(tmp_path, monkeypatch,
+                                                                                            capsys):
+    from reports import sequential
+
+    def settle(rows, schedule, fdr):  # softmax's rows settle at the first look, add's stay open to the cap
+        return {r.label: "same" if r.op == "softmax" else sequential.OPEN for r in rows}
+
+    monkeypatch.setattr(sequential, "settle", settle)
+    code = ab.run_from_args(_request(tmp_path, ["softmax", "add"], "--repeats", "auto", "--max-repeats", "4",
+                                     "--chunk", "2"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    assert not (d / "softmax" / "A-4").exists()
+    round_2 = _host(d / "add" / "A-4")
+    assert round_2["runs_before"] == 0 and round_2["pid"] != _host(d / "add" / "A-3")["pid"]
+    state = load(d / "ab.json")
+    assert [len(state["rounds"][op]) for op in ("softmax", "add")] == [1, 2]
+
+
+@pytest.mark.parametrize("chunk", [0, options.MAX_CHUNK + 1, "4", 1.5])
+def test_a_plans_chunk_outside_its_range_is_refused_in_one_line(tmp_path, chunk):
+    with pytest.raises(PlanError, match=f"'chunk' must be an integer from 1 to {options.MAX_CHUNK}"):
+        plan_from_data({"ops": ["add"], "chunk": chunk}, tmp_path / "p.yaml")
+
+
+def test_the_command_lines_chunk_is_the_plans_and_round_trips_through_its_stored_form(tmp_path):
+    plan = ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "3"))
+    assert plan.chunk == 3
+    assert plan_from_data(plan.to_dict(), "stored", Path("/")).chunk == 3
+    with pytest.raises(SystemExit):
+        cli.parse_request(["ab", "--ops", "add", "--chunk", "0"])
+
+
+# --- a corpus A/B's chunks -----------------------------------------------------------------------
+BATCH_OPS = REPO / "tests" / "resources" / "batch_ops"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """`python -m harness ab ARGS` (a corpus A/B in chunks of 2) in its own session; killed at teardown if
+    a failed test left it running."""
+    started = []
+
+    def start(*args, chunked: bool = True) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        base = ["--backend", "interpreter", "--repeats", "2", "--dtypes", "fp32", "--devices", "0", "--chunk", "2",
+                "--ops-path", str(BATCH_OPS), "--ops-path", str(CHUNK_OPS), "--out", str(tmp_path / "out")]
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "harness", "ab", *(base if chunked else []), *map(str, args)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+
+
+def _statuses(batch_dir: Path) -> dict[str, dict]:
+    with open(batch_dir / "ops_status.csv", newline="") as f:
+        return {r["op"]: r for r in csv.DictReader(f)}
+
+
+def _chunk_ab(batch_dir: Path) -> list[Path]:
+    return sorted((batch_dir / "chunks").glob("chunk_*/ab"))
+
+
+@pytest.mark.e2e
+def test_a_corpus_chunk_is_one_ab_whose_ops_each_keep_their_own_dir_row_and_report(corpus, tmp_path):
+    proc = corpus("--ops", "builtin:add", "fp32_op", "--b-env", "ZL_SIDE=b")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    d = next((tmp_path / "out").iterdir())
+    (chunk,) = _chunk_ab(d)
+    st = _statuses(d)
+    for op, key in (("add", "builtin__add"), ("fp32_op", "path__fp32_op")):
+        row = st[op]
+        assert row["status"] == "PASS" and row["attempts"] == "1" and row["verdicts"] == "n/a 2"
+        assert row["notes"] == f"timed with 1 other ops in chunks/{chunk.parent.name}"
+        own = d / row["run_dir"]
+        assert own.parent == d / "ops" / key / "attempt1"
+        state = load(own / "ab.json")  # a single-op A/B's, its steps in the chunk's dir
+        assert state["plan"]["ops"] == [load(chunk / "ab.json")["plan"]["ops"][0 if op == "add" else 1]]
+        assert state["complete"] and state["chunk"] == str(chunk) and len(state["steps"]) == 7
+        assert all(s["run_dir"].startswith(str(chunk)) for s in state["steps"])
+        assert len(load(own / "report.json")["rows"]) == 2
+    hosts = {(op, step): _host(chunk / op / step)["pid"] for op in ("add", "fp32_op") for step in ("A-1", "B-2")}
+    assert hosts[("add", "A-1")] == hosts[("fp32_op", "A-1")] != hosts[("add", "B-2")] == hosts[("fp32_op", "B-2")]
+    assert load(d / "report.json")["summary"]["ops_compared"] == 2  # the corpus report reads each op's own dir
+
+
+@pytest.mark.e2e
+def test_a_chunk_past_its_timeout_leaves_each_op_to_its_own_job_from_what_the_chunk_completed(corpus, tmp_path):
+    # fp32_op's record and passes complete in the chunk, hang_op's record hangs: the chunk is killed at
+    # 2 x --op-timeout; fp32_op's own job takes over its steps and times its repeats, hang_op's times out.
+    proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", "45")
+    out, _ = proc.communicate(timeout=45 * 3 + 240)
+    assert proc.returncode == 1, out
+    d = next((tmp_path / "out").iterdir())
+    st = _statuses(d)
+    assert st["fp32_op"]["status"] == "PASS" and st["fp32_op"]["verdicts"] == "n/a 2"
+    own = load(d / st["fp32_op"]["run_dir"] / "ab.json")
+    assert [s["step"].split("/")[1] for s in own["steps"] if s.get("taken_over")] == ["A-record", "A-passes",
+                                                                                      "B-passes"]
+    assert st["hang_op"]["status"] == "TIMEOUT" and st["hang_op"]["notes"].startswith("timeout after 45 s")
+    assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
+
+
+@pytest.mark.e2e
+def test_a_resume_that_lands_inside_a_chunk_runs_none_of_its_completed_steps_again(corpus, tmp_path):
+    proc = corpus("--ops", "fp32_op", "builtin:add")
+    d = _batch_dir_of(tmp_path / "out")
+
+    def add_timed_once() -> bool:  # the chunk is in its repeats: both records done, add's A-1 too
+        for view in d.glob("ops/builtin__add/attempt1/ab_*/ab.json"):
+            try:
+                return any(s["step"].endswith("/A-1") for s in load(view)["steps"])
+            except (OSError, ValueError):
+                return False
+        return False
+
+    assert wait_for(add_timed_once, 400)
+    os.kill(proc.pid, signal.SIGKILL)  # the chunk's guard sees its batch go and ends the chunk's A/B
+    proc.communicate(timeout=60)
+    assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
+    before = {op: [s["step"] for s in load(next(d.glob(f"ops/{key}/attempt1/ab_*/ab.json")))["steps"]]
+              for op, key in (("add", "builtin__add"), ("fp32_op", "path__fp32_op"))}
+    resumed = corpus("--resume", "--batch-dir", d, chunked=False)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    st = _statuses(d)
+    assert {r["status"] for r in st.values()} == {"PASS"}
+    first, second = _chunk_ab(d)
+    steps = load(second / "ab.json")["steps"]
+    taken = [s["step"] for s in steps if s.get("taken_over")]
+    assert sorted(taken) == sorted(step for steps_before in before.values() for step in steps_before)
+    ran = [s["step"] for s in steps if not s.get("taken_over")]
+    assert not set(ran) & set(taken) and "add/A-1" not in ran
+
+
+def _batch_dir_of(out_dir: Path) -> Path:
+    assert wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
+    return next(out_dir.iterdir())
