@@ -296,3 +296,25 @@ def test_a_resume_that_lands_inside_a_chunk_runs_none_of_its_completed_steps_aga
 def _batch_dir_of(out_dir: Path) -> Path:
     assert wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
     return next(out_dir.iterdir())
+
+
+@pytest.mark.e2e
+def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_undone_between(tmp_path, capsys):
+    """The FlagGems plugin patches the checkout's Benchmark class for its run; in a host the next op's run
+    patches the originals, not the last run's wrappers (which would feed its cases to the last run too)."""
+    checkout = REPO / "tests" / "resources" / "flaggems_checkout"
+    shapes = tmp_path / "fg_shapes.yaml"
+    shapes.write_text("softmax:\n  shapes: [[2, 8], [3, 16]]\n  dtypes: [fp32]\n"
+                      "log_softmax:\n  shapes: [[4, 8]]\n  dtypes: [fp32]\n")
+    request = cli.parse_request(["ab", "--ops", "flaggems:softmax", "flaggems:log_softmax@softmax", "--flaggems-dir",
+                                 str(checkout), "--backend", "interpreter", "--shapes", str(shapes), "--repeats", "2",
+                                 "--chunk", "2", "--out", str(tmp_path / "runs")])
+    code = ab.run_from_args(request)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    for step in ("A-1", "B-2"):
+        (first,), (second,) = ((d / op / step).iterdir() for op in ("flaggems-softmax", "flaggems-log_softmax-softmax"))
+        assert _host(first.parent)["pid"] == _host(second.parent)["pid"]
+        assert [r["case"] for r in load(first / "results.json")["rows"]] == ["fp32-2x8", "fp32-3x16"]
+        assert [r["case"] for r in load(second / "results.json")["rows"]] == ["fp32-4x8"]

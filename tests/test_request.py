@@ -18,7 +18,8 @@ from harness.sessions.ab import runner as ab_runner
 # Each request field beside its options and the argparse name it comes back as (an option's is its field's).
 DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
         "only": "only", "color": "color", "out": "out",
-        "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache", "cases": "cases"}
+        "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache", "cases": "cases",
+        "measuring_host": "measuring_host"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
     backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"), dtypes=("fp16", "bf16"),
@@ -29,7 +30,8 @@ REPLAY = RunRequest("replay", "/runs/x/mm_1", RunOptions(
     backend="cuda", device=1, shapes=Path("/s/other.yaml"), dtypes=("fp32",), ops_paths=("/ops/a",),
     flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, only="passes",
     color="always",
-    run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"), cases=("fp32-4x8,8", "fp32-2x2#2"))
+    run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"), cases=("fp32-4x8,8", "fp32-2x2#2"),
+    measuring_host=Path("/tmp/host-A-1.sock"))
 
 
 @pytest.mark.parametrize("request_", [RECORD, REPLAY], ids=["record", "replay"])
