@@ -2,7 +2,7 @@
 by hand on one GPU host (not collected by pytest; no nox needed).
 
     python3 tests/gpu/bench_corpus_flaggems.py --flaggems-dir FlagGems --out DIR [--plan P] [--sample 30]
-        [--seed 45] [--repeats 5] [--budget S] [--inventory 1124] [--b-env KEY=VAL ...]
+        [--seed 45] [--repeats 5] [--chunk K] [--budget S] [--inventory 1124] [--b-env KEY=VAL ...]
     python3 tests/gpu/bench_corpus_flaggems.py --backend interpreter --flaggems-dir tests/resources/flaggems_checkout \
         --sample 4 --repeats 2 --out /tmp/c     # the pipeline on a CPU
 
@@ -12,7 +12,8 @@ then, per op from its ab.json: its wall, its rows, its record and passes steps, 
 with the fixed cost in it (the step's wall minus the timer's device budget: rows x 2 sides x (warmup + rep);
 tests/gpu/bench_speed.py's measure) and the GPU work's share of the op's wall. The whole inventory's A/B at
 --repeats on one device is extrapolated from the ops that finished: inventory x their mean wall, with a 95%
-interval of that mean (t, over ops). Ops that timed out or failed are listed and counted apart.
+interval of that mean (t, over ops), scaled by the calls' wall over the rows' sum (what no op's row counts: the
+A/B parents', a chunk's hosts'). Ops that timed out or failed are listed and counted apart.
 `--budget S` stops the A/B after S seconds (SIGINT, which it takes as Ctrl-C) and the next call with the same
 --out resumes it (`ab --resume`): a sample longer than one device-tool call runs over several; the report
 reads every op finished so far. Writes DIR/report.json; exit 0 once a report was written.
@@ -37,6 +38,7 @@ from bench_speed import busy_s  # noqa: E402  (the fixed cost as bench_speed mea
 
 REPO = HERE.parents[1]
 INVENTORY = 1124  # FlagGems' 1,119 benchmark functions plus the built-ins
+WALLS = "calls_wall_s.txt"  # each call's wall, one a line: the whole A/B's, resumes included
 
 
 def run(args) -> int | None:
@@ -52,7 +54,8 @@ def run(args) -> int | None:
                 *(arg for d in args.flaggems_dir for arg in ("--flaggems-dir", d)),
                 *(arg for e in args.b_env for arg in ("--b-env", e)),
                 *(["--backend", args.backend] if args.backend else []),
-                *(["--op-timeout", str(args.op_timeout)] if args.op_timeout else [])]
+                *(["--op-timeout", str(args.op_timeout)] if args.op_timeout else []),
+                *(["--chunk", str(args.chunk)] if args.chunk else [])]
     with open(args.out / "corpus.log", "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT)
@@ -100,15 +103,22 @@ def report(args) -> dict:
             failed.append({"key": key, "status": row["status"], "elapsed_s": row["elapsed_s"], "notes": row["notes"]})
     walls = [o["elapsed_s"] for o in ops]
     result = {"batch_dir": str(batch_dir), "repeats": args.repeats, "ops": ops, "not_finished": failed}
+    # What no op's row counts (the A/B parents' and the hosts' start, a chunk's waits): the calls' wall over
+    # the rows' sum, applied to every op (>= 1).
+    calls = args.out / WALLS
+    total = sum(float(x) for x in calls.read_text().split()) if calls.is_file() else 0.0
+    spent = sum(walls) + sum(float(f["elapsed_s"] or 0) for f in failed)
+    overhead = max(1.0, total / spent) if spent else 1.0
     if len(walls) >= 2:
-        mean, sd = statistics.mean(walls), statistics.stdev(walls)
+        mean, sd = statistics.mean(walls) * overhead, statistics.stdev(walls) * overhead
         from scipy import stats
 
         half = stats.t.ppf(0.975, len(walls) - 1) * sd / math.sqrt(len(walls))
         result["corpus_h"] = {"estimate": round(args.inventory * mean / 3600, 2),
                               "ci95": [round(args.inventory * (mean - half) / 3600, 2),
                                        round(args.inventory * (mean + half) / 3600, 2)],
-                              "from_ops": len(walls), "inventory": args.inventory}
+                              "from_ops": len(walls), "inventory": args.inventory,
+                              "overhead_factor": round(overhead, 3), "calls_wall_s": round(total, 1)}
     print(f"{'op':<40} {'rows':>4} {'wall s':>7} {'record':>7} {'passes':>7} {'repeat':>7} {'fixed':>6} {'gpu %':>6}")
     for o in ops:
         fixed = o["fixed_per_step_s"]
@@ -134,6 +144,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--b-env", action="append", default=[])
+    parser.add_argument("--chunk", type=int, help="time the repeats of K ops in one process a side (ab --chunk)")
     parser.add_argument("--backend")
     parser.add_argument("--op-timeout", type=float)
     parser.add_argument("--budget", type=float, help="seconds this call runs the A/B before stopping it to resume")
@@ -143,6 +154,8 @@ def main() -> int:
     args.flaggems_dir = [str(Path(d).resolve()) if "=" not in d else d for d in args.flaggems_dir]
     began = time.monotonic()
     code = run(args)
+    with open(args.out / WALLS, "a") as f:
+        f.write(f"{time.monotonic() - began:.1f}\n")
     print(f"corpus A/B: {'stopped at --budget: run again to resume' if code is None else f'exit {code}'} "
           f"after {time.monotonic() - began:.0f} s")
     report(args)
