@@ -102,7 +102,7 @@ def serve(path: str) -> int:
 def _run(entry: Callable[[list[str]], int], request: dict, fds: list[int], served: int) -> int:
     """One step's child, here, with `fds` as its stdout and stderr; the process put back after it."""
     run_dir = request["run_dir"]
-    before = _ProcessState.take()
+    before = _ProcessState()  # taken before the run, put back after it
     sys.stdout.flush()
     sys.stderr.flush()
     kept = (os.dup(1), os.dup(2))
@@ -146,10 +146,6 @@ class _ProcessState:
         self.cwd = os.getcwd()
         self.handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
         self.torch = _torch_settings()
-
-    @classmethod
-    def take(cls) -> _ProcessState:
-        return cls()
 
     def restore(self) -> list[str]:
         """Put everything back; the names of what had changed beyond the run's own environment (the
