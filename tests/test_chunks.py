@@ -4,15 +4,11 @@ crashing op's rows and the chunk's later ops go on in a new host; what one op's 
 process does not reach the next op's; an interrupted chunk goes on from its last completed step. The
 steps and hosts are real processes on the interpreter."""
 
-import csv
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, pids_mentioning, wait_for
+from conftest import REPO, load
 
 from harness import cli
 from harness.core import options
@@ -182,120 +178,6 @@ def test_the_command_lines_chunk_is_the_plans_and_round_trips_through_its_stored
     assert plan_from_data(plan.to_dict(), "stored", Path("/")).chunk == 3
     with pytest.raises(SystemExit):
         cli.parse_request(["ab", "--ops", "add", "--chunk", "0"])
-
-
-# --- a corpus A/B's chunks -----------------------------------------------------------------------
-BATCH_OPS = REPO / "tests" / "resources" / "batch_ops"
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    """`python -m harness ab ARGS` (a corpus A/B in chunks of 2) in its own session; killed at teardown if
-    a failed test left it running."""
-    started = []
-
-    def start(*args, chunked: bool = True) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-        base = ["--backend", "interpreter", "--repeats", "2", "--dtypes", "fp32", "--devices", "0", "--chunk", "2",
-                "--ops-path", str(BATCH_OPS), "--ops-path", str(CHUNK_OPS), "--out", str(tmp_path / "out")]
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "harness", "ab", *(base if chunked else []), *map(str, args)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        return started[-1]
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
-
-
-def _statuses(batch_dir: Path) -> dict[str, dict]:
-    with open(batch_dir / "ops_status.csv", newline="") as f:
-        return {r["op"]: r for r in csv.DictReader(f)}
-
-
-def _chunk_ab(batch_dir: Path) -> list[Path]:
-    return sorted((batch_dir / "chunks").glob("chunk_*/ab"))
-
-
-@pytest.mark.e2e
-def test_a_corpus_chunk_is_one_ab_whose_ops_each_keep_their_own_dir_row_and_report(corpus, tmp_path):
-    proc = corpus("--ops", "builtin:add", "fp32_op", "--b-env", "ZL_SIDE=b")
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out
-    d = next((tmp_path / "out").iterdir())
-    (chunk,) = _chunk_ab(d)
-    st = _statuses(d)
-    for op, key in (("add", "builtin__add"), ("fp32_op", "path__fp32_op")):
-        row = st[op]
-        assert row["status"] == "PASS" and row["attempts"] == "1" and row["verdicts"] == "n/a 2"
-        assert row["notes"] == f"timed with 1 other ops in chunks/{chunk.parent.name}"
-        own = d / row["run_dir"]
-        assert own.parent == d / "ops" / key / "attempt1"
-        state = load(own / "ab.json")  # a single-op A/B's, its steps in the chunk's dir
-        assert state["plan"]["ops"] == [load(chunk / "ab.json")["plan"]["ops"][0 if op == "add" else 1]]
-        assert state["complete"] and state["chunk"] == str(chunk) and len(state["steps"]) == 7
-        assert all(s["run_dir"].startswith(str(chunk)) for s in state["steps"])
-        assert len(load(own / "report.json")["rows"]) == 2
-    hosts = {(op, step): _host(chunk / op / step)["pid"] for op in ("add", "fp32_op") for step in ("A-1", "B-2")}
-    assert hosts[("add", "A-1")] == hosts[("fp32_op", "A-1")] != hosts[("add", "B-2")] == hosts[("fp32_op", "B-2")]
-    assert load(d / "report.json")["summary"]["ops_compared"] == 2  # the corpus report reads each op's own dir
-
-
-@pytest.mark.e2e
-def test_a_chunk_past_its_timeout_leaves_each_op_to_its_own_job_from_what_the_chunk_completed(corpus, tmp_path):
-    # fp32_op's record and passes complete in the chunk, hang_op's record hangs: the chunk is killed at
-    # 2 x --op-timeout; fp32_op's own job takes over its steps and times its repeats, hang_op's times out.
-    proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", "45")
-    out, _ = proc.communicate(timeout=45 * 3 + 240)
-    assert proc.returncode == 1, out
-    d = next((tmp_path / "out").iterdir())
-    st = _statuses(d)
-    assert st["fp32_op"]["status"] == "PASS" and st["fp32_op"]["verdicts"] == "n/a 2"
-    own = load(d / st["fp32_op"]["run_dir"] / "ab.json")
-    assert [s["step"].split("/")[1] for s in own["steps"] if s.get("taken_over")] == ["A-record", "A-passes",
-                                                                                      "B-passes"]
-    assert st["hang_op"]["status"] == "TIMEOUT" and st["hang_op"]["notes"].startswith("timeout after 45 s")
-    assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
-
-
-@pytest.mark.e2e
-def test_a_resume_that_lands_inside_a_chunk_runs_none_of_its_completed_steps_again(corpus, tmp_path):
-    proc = corpus("--ops", "fp32_op", "builtin:add")
-    d = _batch_dir_of(tmp_path / "out")
-
-    def add_timed_once() -> bool:  # the chunk is in its repeats: both records done, add's A-1 too
-        for view in d.glob("ops/builtin__add/attempt1/ab_*/ab.json"):
-            try:
-                return any(s["step"].endswith("/A-1") for s in load(view)["steps"])
-            except (OSError, ValueError):
-                return False
-        return False
-
-    assert wait_for(add_timed_once, 400)
-    os.kill(proc.pid, signal.SIGKILL)  # the chunk's guard sees its batch go and ends the chunk's A/B
-    proc.communicate(timeout=60)
-    assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
-    before = {op: [s["step"] for s in load(next(d.glob(f"ops/{key}/attempt1/ab_*/ab.json")))["steps"]]
-              for op, key in (("add", "builtin__add"), ("fp32_op", "path__fp32_op"))}
-    resumed = corpus("--resume", "--batch-dir", d, chunked=False)
-    out, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, out
-    st = _statuses(d)
-    assert {r["status"] for r in st.values()} == {"PASS"}
-    first, second = _chunk_ab(d)
-    steps = load(second / "ab.json")["steps"]
-    taken = [s["step"] for s in steps if s.get("taken_over")]
-    assert sorted(taken) == sorted(step for steps_before in before.values() for step in steps_before)
-    ran = [s["step"] for s in steps if not s.get("taken_over")]
-    assert not set(ran) & set(taken) and "add/A-1" not in ran
-
-
-def _batch_dir_of(out_dir: Path) -> Path:
-    assert wait_for(lambda: out_dir.is_dir() and any(out_dir.iterdir()), 120)
-    return next(out_dir.iterdir())
 
 
 @pytest.mark.e2e
