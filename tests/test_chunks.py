@@ -12,6 +12,7 @@ from conftest import REPO, load
 
 from harness import cli
 from harness.core import options
+from harness.core.errors import UsageError
 from harness.sessions import ab
 from harness.sessions.ab.plan import PlanError, plan_from_data
 
@@ -200,3 +201,8 @@ def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_un
         assert _host(first.parent)["pid"] == _host(second.parent)["pid"]
         assert [r["case"] for r in load(first / "results.json")["rows"]] == ["fp32-2x8", "fp32-3x16"]
         assert [r["case"] for r in load(second / "results.json")["rows"]] == ["fp32-4x8"]
+
+
+def test_chunks_refuse_passes_on_every_step_whose_hooks_would_reach_the_next_ops_run(tmp_path):
+    with pytest.raises(UsageError, match="chunk 2: a chunk's hosts run timing-only repeats"):
+        ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "2", "--step-passes", "every"))

@@ -70,6 +70,10 @@ def resolve_plan(request: ABRequest) -> Plan:
     plan.step_start = experiment.step_start or plan.step_start
     plan.step_passes = experiment.step_passes or plan.step_passes
     plan.chunk = experiment.chunk or plan.chunk
+    if plan.chunk > 1 and plan.step_passes != "once":
+        # A step that collects IR or profiles leaves Triton hooks and the profiler's slowdown in its process.
+        raise UsageError(f"chunk {plan.chunk}: a chunk's hosts run timing-only repeats, and with --step-passes "
+                         f"{plan.step_passes} every repeat collects IR and profiles: use --step-passes once")
     for side, env, python, key in ((plan.a, experiment.a_env, experiment.a_python, "a"),
                                    (plan.b, experiment.b_env, experiment.b_python, "b")):
         side.env.update(_env_pairs(list(env), f"--{key}-env"))
