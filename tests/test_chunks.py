@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load
+from conftest import REPO, load, run_dir_of, wait_for
 
 from harness import cli
 from harness.core import options
@@ -206,3 +206,37 @@ def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_un
 def test_chunks_refuse_passes_on_every_step_whose_hooks_would_reach_the_next_ops_run(tmp_path):
     with pytest.raises(UsageError, match="chunk 2: a chunk's hosts run timing-only repeats"):
         ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "2", "--step-passes", "every"))
+
+
+@pytest.mark.e2e
+def test_a_host_runs_timing_replays_handed_to_it_and_refuses_any_other_run(tmp_path, harness):
+    """The host's protocol alone, through the command line a step runs: a replay that collects IR and profiles
+    (its passes) is refused, its step told why; a timing-only replay runs in the host; a SIGTERM while it
+    waits ends it, its socket removed."""
+    import os
+    import subprocess
+    import sys
+
+    record = harness("record", "add", "--backend", "interpreter", "--out", tmp_path)
+    assert record.returncode == 0, record.stdout + record.stderr
+    sock = tmp_path / "host.sock"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    host = subprocess.Popen([sys.executable, "-c", "import sys; from harness.child import host; "
+                             "sys.exit(host.serve(sys.argv[1]))", str(sock)], cwd=REPO, env=env)
+    try:
+        assert wait_for(sock.exists, 120)
+        refused = harness("replay", run_dir_of(record), "--measuring-host", sock, "--run-dir", tmp_path / "passes")
+        assert refused.returncode != 0
+        assert "the measuring host runs timing-only replays, not passes (replay, with IR and profiling)" in (
+            refused.stdout)
+        timed = harness("replay", run_dir_of(record), "--timing-only", "--measuring-host", sock,
+                        "--run-dir", tmp_path / "timed")
+        assert timed.returncode == 0, timed.stdout + timed.stderr
+        hosted = load(tmp_path / "timed" / "run.json")["observed"]["measuring_host"]
+        assert hosted["pid"] == host.pid and hosted["runs_before"] == 0  # the refused run counts for nothing
+        assert len(load(tmp_path / "timed" / "results.json")["rows"]) == 2
+    finally:
+        host.terminate()
+        assert host.wait(60) == 0
+    assert not sock.exists()

@@ -88,6 +88,15 @@ def serve(path: str) -> int:
                     for fd in fds:
                         os.close(fd)
                     continue
+                refused = _refusal(Path(request["run_dir"]))
+                if refused is not None:  # its step says it, exit 2, and nothing of the run starts here
+                    with contextlib.suppress(OSError):
+                        os.write(fds[0], f"error: {refused}\n".encode())
+                    for fd in fds:
+                        os.close(fd)
+                    with contextlib.suppress(OSError):
+                        forkserver.send(conn, {"exit": rundir.EXIT_BAD_INPUT})
+                    continue
                 code = _run(runner.entry, request, fds, served)
                 served += 1
                 with contextlib.suppress(OSError):
@@ -97,6 +106,21 @@ def serve(path: str) -> int:
         with contextlib.suppress(OSError):
             os.unlink(path)
     return 0
+
+
+def _refusal(run_dir: Path) -> str | None:
+    """Why a host does not run this run's child, or None: only timing replays (a record's autotune, IR
+    collection and the profiler leave caches, hooks and a slowdown in their process, for the next op)."""
+    from harness.core import spec as spec_mod
+
+    try:
+        run_spec = spec_mod.read(run_dir)
+    except (OSError, spec_mod.SpecError) as exc:
+        return f"the measuring host could not read {run_dir}'s spec ({exc})"
+    if run_spec.mode != "replay" or run_spec.passes:
+        return (f"the measuring host runs timing-only replays, not {run_dir.name} "
+                f"({run_spec.mode}{', with IR and profiling' if run_spec.passes else ''})")
+    return None
 
 
 def _run(entry: Callable[[list[str]], int], request: dict, fds: list[int], served: int) -> int:
