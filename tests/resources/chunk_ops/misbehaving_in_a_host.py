@@ -1,0 +1,38 @@
+"""Test-only operators for a chunk's measuring host: each does, in its candidate, what a host must survive.
+host_crash kills its process (as a segfault would) where ZL_TEST_CRASH is set: side B of an A/B that sets it
+loses this op's timed steps and, chunked, the host they ran in. leaky changes its process and leaves it so (an
+environment variable, sys.path, the working dir): in a process of its own that ends with the run; in a host it
+must not reach the next op's run (leak_witness)."""
+
+import os
+import signal
+import sys
+
+import torch
+
+from ops import Operator
+from ops.add import triton_add
+
+
+def _inputs(shape, dtype, device):
+    return (torch.randn(*shape, dtype=dtype, device=device), torch.randn(*shape, dtype=dtype, device=device))
+
+
+def _crash_where_asked(x, y):
+    if os.environ.get("ZL_TEST_CRASH"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return triton_add(x, y)
+
+
+def _leak(x, y):
+    os.environ["ZL_LEAKED"] = "1"
+    if "/zl-leaked" not in sys.path:
+        sys.path.append("/zl-leaked")
+    os.chdir("/")
+    return triton_add(x, y)
+
+
+# Spelled out as Operator(name=...) calls: the inventory scan reads them statically.
+COMMON = dict(inputs=_inputs, baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
+host_crash = Operator(name="host_crash", candidate=_crash_where_asked, **COMMON)
+leaky = Operator(name="leaky", candidate=_leak, **COMMON)
