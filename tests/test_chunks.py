@@ -117,6 +117,26 @@ def test_what_one_ops_run_changed_for_the_host_does_not_reach_the_next_op(tmp_pa
 
 
 @pytest.mark.e2e
+def test_two_ops_sharing_an_autotuned_kernel_each_replay_their_own_records_configs_in_one_host(tmp_path, capsys):
+    """The tuner outlives the first op's run in the host: the second op's run still injects from its own record
+    (a tuner left wrapped by the first run's patch answered the first run's picks, and its rows named none)."""
+    code = ab.run_from_args(_request(tmp_path, ["twin_a", "twin_b"], "--ops-path", str(CHUNK_OPS), "--repeats", "2",
+                                     "--chunk", "2"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    for op in ("twin_a", "twin_b"):
+        (record,) = (d / op / "A-record").iterdir()
+        picked = [row["configs"] for row in load(record / "results.json")["rows"]]
+        assert len(picked) == 2 and all(picked)
+        for step in ("A-1", "B-1", "A-2", "B-2"):
+            assert _host(d / op / step)["runs_before"] == (op == "twin_b")
+            assert _run_json(d / op / step)["observed"]["autotune"]["injected"] == 2
+            (run_dir,) = (d / op / step).iterdir()
+            assert [row["configs"] for row in load(run_dir / "results.json")["rows"]] == picked
+
+
+@pytest.mark.e2e
 def test_an_interrupted_chunk_goes_on_from_its_last_completed_step_running_none_twice(tmp_path, monkeypatch,
                                                                                        capsys):
     real_launch = ab.Runner._launch

@@ -336,6 +336,9 @@ class Tuner:
         return config
 
 
+tuner_run_unpatched = Tuner.run
+
+
 class LibTuner(Tuner):
     """FlagGems' LibTuner in miniature: its own run, a persistent cache that hands back bare
     configs, and the pre_hook re-attached from its own space."""
@@ -574,6 +577,30 @@ def test_install_wraps_once_and_uninstall_restores(patch_on):
     patch.install(Tuner)  # installable again after an uninstall
     Tuner().run((2,))
     assert patch.counts["recorded"] == 2
+
+
+@pytest.mark.parametrize("tuner_class", [Tuner, LibTuner])
+def test_a_run_leaves_its_tuners_caches_as_it_found_them_for_the_next_run_in_the_process(patch_on, tuner_class):
+    """A measuring host runs several replays in one process, each with a patch of its own, on tuners that
+    outlive them: what one run injected is not the next run's, and the next run's patch sees its lookups."""
+    own = {} if tuner_class is Tuner else PersistentCache()
+    tuner = tuner_class(cache=own)
+    first, _ = patch_on("replay", tuner_class=tuner_class, records=recorded(((1,), SPACE[0])))
+    assert tuner.run((1,)) is SPACE[0]
+    first.uninstall()
+    assert tuner.cache is own and (1,) not in own
+    second, log = patch_on("replay", tuner_class=tuner_class, records=recorded(((1,), SPACE[1])))
+    assert tuner.run((1,)) is SPACE[1] and tuner.swept == []
+    assert second.counts == counts(injected=1) and log.chosen == {KID: tuning.describe(SPACE[1])}
+
+
+def test_a_tuner_left_wrapped_by_a_run_that_never_uninstalled_is_observed_by_the_next_runs_patch(patch_on):
+    tuner = Tuner()
+    patch_on("replay", records=recorded(((1,), SPACE[0])))[0]  # its run crashed: never uninstalled
+    assert tuner.run((1,)) is SPACE[0]
+    Tuner.run = tuner_run_unpatched  # as the next run's process finds the class: its own patch
+    second, log = patch_on("replay", records=recorded(((1,), SPACE[1])))
+    assert tuner.run((1,)) is SPACE[1] and second.counts == counts(injected=1) and log.marks == []
 
 
 def test_single_config_kernels_record_their_pre_hook_config_only_where_it_is_reattached(patch_on):

@@ -193,14 +193,16 @@ def host_bench(kernel_call, quantiles=None, **_ignored):
 
 
 class _ObservedCache(dict):
-    """Triton's Autotuner cache (a dict), with each lookup reported to the patch."""
+    """Triton's Autotuner cache (a dict), with each lookup reported to the patch. A copy: `original`, the
+    tuner's own, is left as it was, and given back as the patch goes."""
 
     hook_reattached = False
 
-    def __init__(self, patch: AutotunePatch, tuner, initial):
+    def __init__(self, patch: AutotunePatch, tuner, initial: dict):
         super().__init__(initial)
         self._patch = patch
         self._tuner = tuner
+        self.original = initial
 
     def __contains__(self, key):
         self._patch.on_lookup(self._tuner, key, self)
@@ -237,6 +239,10 @@ class _OverlayCache:
         self._tuner = tuner
         self.inner = inner
         self.overlay: dict = {}
+
+    @property
+    def original(self):
+        return self.inner
 
     def __contains__(self, key):
         self._patch.on_lookup(self._tuner, key, self)
@@ -297,6 +303,9 @@ class AutotunePatch:
                        "not_recorded_pre_hook": 0, "outside_space": 0}
         self._injected_now = None
         self._originals: dict[type, Callable] = {}
+        # id(tuner) -> the tuner, whose cache this patch wraps: unwrapped as it goes. A tuner outlives the
+        # run in a process that runs several (a measuring host), and the next run's patch must see its lookups.
+        self._tuners: dict[int, object] = {}
         self._compile_errors = compile_error_types()
         # Wall time of the sweeps (benchmarking every config of a key, after its precompile): where a
         # record's time goes, beside the precompile's.
@@ -391,9 +400,13 @@ class AutotunePatch:
         if self.host_autotune and "do_bench" not in vars(tuner):
             vars(tuner)["do_bench"] = host_bench
         # Re-checked on every call: a LibTuner swaps its cache object when its tuning space changes.
-        if not isinstance(tuner.cache, (_ObservedCache, _OverlayCache)):
-            tuner.cache = (_ObservedCache(self, tuner, tuner.cache) if isinstance(tuner.cache, dict)
-                           else _OverlayCache(self, tuner, tuner.cache))
+        cache = tuner.cache
+        if not isinstance(cache, (_ObservedCache, _OverlayCache)) or cache._patch is not self:
+            if isinstance(cache, (_ObservedCache, _OverlayCache)):  # an earlier run's, not given back (it crashed)
+                cache = cache.original
+            tuner.cache = (_ObservedCache(self, tuner, cache) if isinstance(cache, dict)
+                           else _OverlayCache(self, tuner, cache))
+            self._tuners[id(tuner)] = tuner
         self._injected_now = None
         self._sweep = None
         self._call = (args, kwargs)
@@ -440,6 +453,14 @@ class AutotunePatch:
         tuner_class.run = run
 
     def uninstall(self) -> None:
+        """The tuners' run methods and caches as they were before this run: what it injected or swept is
+        not the next run's (a fresh process starts without them)."""
         for tuner_class, original in self._originals.items():
             tuner_class.run = original
         self._originals.clear()
+        for tuner in self._tuners.values():
+            if isinstance(tuner.cache, (_ObservedCache, _OverlayCache)) and tuner.cache._patch is self:
+                tuner.cache = tuner.cache.original
+            if vars(tuner).get("do_bench") is host_bench:
+                del vars(tuner)["do_bench"]
+        self._tuners.clear()
