@@ -204,7 +204,9 @@ def test_the_command_lines_chunk_is_the_plans_and_round_trips_through_its_stored
 @pytest.mark.e2e
 def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_undone_between(tmp_path, capsys):
     """The FlagGems plugin patches the checkout's Benchmark class for its run; in a host the next op's run
-    patches the originals, not the last run's wrappers (which would feed its cases to the last run too)."""
+    patches the originals, not the last run's wrappers (which would feed its cases to the last run too).
+    log_softmax's kernel is softmax's, behind a LibEntry that caches the tuner's pick per argument key: the
+    next op's run finds it empty and replays its own record's configs."""
     checkout = REPO / "tests" / "resources" / "flaggems_checkout"
     shapes = tmp_path / "fg_shapes.yaml"
     shapes.write_text("softmax:\n  shapes: [[2, 8], [3, 16]]\n  dtypes: [fp32]\n"
@@ -221,6 +223,11 @@ def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_un
         assert _host(first.parent)["pid"] == _host(second.parent)["pid"]
         assert [r["case"] for r in load(first / "results.json")["rows"]] == ["fp32-2x8", "fp32-3x16"]
         assert [r["case"] for r in load(second / "results.json")["rows"]] == ["fp32-4x8"]
+        for op, run_dir in (("flaggems-softmax", first), ("flaggems-log_softmax-softmax", second)):
+            (record,) = (d / op / "A-record").iterdir()
+            picked = [r["configs"] for r in load(record / "results.json")["rows"]]
+            assert all(picked) and [r["configs"] for r in load(run_dir / "results.json")["rows"]] == picked
+            assert load(run_dir / "run.json")["observed"]["autotune"]["injected"] == len(picked)
 
 
 def test_chunks_refuse_passes_on_every_step_whose_hooks_would_reach_the_next_ops_run(tmp_path):

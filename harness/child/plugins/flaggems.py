@@ -9,7 +9,9 @@ Once collection has imported the benchmark package, `Benchmark` is patched in pl
   collector and autotune records are told its name;
 - `get_latency`: our timer (graph replay where the backend can capture), one caliber per row;
 - `update_result`: upstream's structured result per dtype enriches the rows we wrote per case.
-FlagGems' LibTuner (its own `run` and a persistent config cache) is hooked by the autotune patch.
+FlagGems' LibTuner (its own `run` and a persistent config cache) is hooked by the autotune patch. Its
+LibEntry caches, per kernel in front of its tuners, the config chosen per argument key: each entry's cache
+starts this run empty, as in a process of its own (a measuring host runs several ops' replays in one).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class FlagGemsPlugin:
         self.options = ctx.spec.flaggems
         self.our_shapes = (shapes.load(ctx.run_dir / rundir.SHAPES_YAML) if self.options.shapes_file else None)
         self.patched: list[tuple[object, str, object]] = []  # (owner, name, original): put back as the run ends
+        self.entries_called: list = []  # LibEntry kernels this run called: their own run dropped as it ends
         self.case_counts: dict[str, int] = {}
         self.pending: list = []  # measurements of the current case, in call order
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
@@ -107,6 +110,8 @@ class FlagGemsPlugin:
                          # imported once by the warm worker that forked this run (harness.providers.flaggems.preload)
                          preloaded=name in flaggems.PRELOADED)
             libentry = sys.modules.get(f"{name}.utils.libentry")
+            if libentry is not None and "run" in vars(getattr(libentry, "LibEntry", object)):
+                self._empty_entries_as_first_called(libentry.LibEntry)
             if libentry is not None and hasattr(libentry, "LibTuner"):
                 self.autotune.install_on(libentry.LibTuner)
                 cache = getattr(libentry, "libcache", None)
@@ -122,6 +127,24 @@ class FlagGemsPlugin:
         if cache and self.options.libtuner_cache == "user":
             self.ctx.say(f"WARNING: LibTuner uses FlagGems' own persistent cache {cache['url']}: its winners are "
                          "shared across compilers and runs (use the default private cache for a clean sweep)")
+
+    def _empty_entries_as_first_called(self, entry_cls) -> None:
+        """A LibEntry's first call in this run empties its caches (what an earlier run in this process
+        chose would be replayed in place of this run's records, and its rows would name no config); that
+        entry's later calls go to LibEntry.run itself, nothing added to their launch."""
+        original = vars(entry_cls)["run"]
+        called = self.entries_called
+
+        def run(entry, *args, **kwargs):
+            for cache in (*getattr(entry, "kernel_cache", ()), getattr(entry, "_cpu_cache", None)):
+                if isinstance(cache, dict):
+                    cache.clear()
+            vars(entry)["run"] = original.__get__(entry)
+            called.append(entry)
+            return original(entry, *args, **kwargs)
+
+        self.patched.append((entry_cls, "run", original))
+        entry_cls.run = run
 
     def _patch_benchmark(self, base) -> None:
         if self.patched:
@@ -345,6 +368,9 @@ class FlagGemsPlugin:
             else:
                 setattr(owner, name, original)
         self.patched.clear()
+        for entry in self.entries_called:
+            vars(entry).pop("run", None)
+        self.entries_called.clear()
         if self.notes:
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems_notes": self.notes}})
 

@@ -16,6 +16,6 @@ def test_softmax():
 @pytest.mark.log_softmax
 def test_log_softmax():
     bench = base.UnaryReductionBenchmark(op_name="log_softmax", torch_op=torch.log_softmax,
-                                         dtypes=[torch.float32])
+                                         gems_op=flag_gems.log_softmax, dtypes=[torch.float32])
     bench.torch_op = lambda x: torch.log_softmax(x, dim=-1)
     bench.run()

@@ -20,4 +20,4 @@ def use_gems(exclude=None):
         _enabled[0] = False
 
 
-from flag_gems.ops import mm, scale, softmax  # noqa: E402,F401
+from flag_gems.ops import log_softmax, mm, scale, softmax  # noqa: E402,F401

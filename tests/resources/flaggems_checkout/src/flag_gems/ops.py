@@ -2,7 +2,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flag_gems.utils.libentry import libtuner
+from flag_gems.utils.libentry import libentry, libtuner
 
 PRE_HOOK_CALLS = [0]
 
@@ -12,6 +12,7 @@ def _zero_out(nargs):
     nargs["C"].zero_()
 
 
+@libentry()
 @triton.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})], key=["N"])
 @triton.jit
 def softmax_kernel(X, Y, N, BLOCK: tl.constexpr):
@@ -28,6 +29,10 @@ def softmax(x, dim=-1):
     n = x.shape[-1]
     softmax_kernel[(x.numel() // n,)](x, y, n)
     return y
+
+
+def log_softmax(x, dim=-1):
+    return torch.log(softmax(x, dim))  # softmax's kernel: two ops, one tuned kernel
 
 
 @libtuner(configs=[triton.Config({"BM": 16, "BN": 16}, pre_hook=_zero_out),

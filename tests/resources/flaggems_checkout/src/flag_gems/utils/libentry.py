@@ -1,6 +1,8 @@
 """A LibTuner in FlagGems' manner: an Autotuner subclass with its own run() and a persistent
 config cache (sqlite, keyed without compiler identity), configs may carry a pre_hook that run()
-re-attaches from its own space when the cache hands back a bare config."""
+re-attaches from its own space when the cache hands back a bare config. A LibEntry in FlagGems' manner:
+in front of a kernel's tuners, an in-process cache per argument key of the kernel and the config its
+tuner chose, so later calls with that key never reach the tuner."""
 
 import json
 import os
@@ -93,3 +95,28 @@ def libtuner(configs, key, strategy=None):
         return LibTuner(fn, fn.arg_names, configs, key, strategy)
 
     return decorator
+
+
+class LibEntry(triton.KernelInterface):
+    def __init__(self, fn):
+        self.fn = fn
+        self.kernel_cache = (dict(),)  # one per device, as FlagGems keeps them
+        self._cpu_cache = dict()
+
+    def run(self, *args, grid, warmup=False, **kwargs):
+        key = tuple(arg.dtype if hasattr(arg, "dtype") else (type(arg), arg) for arg in args)
+        cache = self._cpu_cache
+        if key not in cache:
+            kernel = self.fn.run(*args, grid=grid, warmup=warmup, **kwargs)
+            fn, constexprs = self.fn, {}
+            while isinstance(fn, Autotuner):  # down to the kernel (the interpreter's stands in for a JITFunction)
+                constexprs.update(fn.best_config.all_kwargs())
+                fn = fn.fn
+            cache[key] = (fn, constexprs)
+            return kernel
+        fn, constexprs = cache[key]
+        return fn.run(*args, grid=grid(constexprs) if callable(grid) else grid, warmup=warmup, **kwargs, **constexprs)
+
+
+def libentry():
+    return LibEntry
