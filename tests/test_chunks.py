@@ -113,7 +113,7 @@ def test_what_one_ops_run_changed_for_the_host_does_not_reach_the_next_op(tmp_pa
         witness = _host(d / "leak_witness" / step)
         assert witness["pid"] == leaked["pid"] and witness["runs_before"] == 1
         assert set(_run_file(d / "leak_witness" / step, "witness.txt").splitlines()) == {
-            f"env=unset path=False cwd={REPO}"}
+            f"env=unset path=False cwd={REPO} cycles=0"}
 
 
 @pytest.mark.e2e
@@ -185,6 +185,37 @@ def test_sequential_rounds_of_a_chunk_time_only_the_ops_with_open_rows_in_the_ro
     assert round_2["runs_before"] == 0 and round_2["pid"] != _host(d / "add" / "A-3")["pid"]
     state = load(d / "ab.json")
     assert [len(state["rounds"][op]) for op in ("softmax", "add")] == [1, 2]
+
+
+def test_a_hosts_put_back_frees_the_runs_garbage_in_cycles_and_names_what_else_it_restored(monkeypatch):
+    """What a run left for the next in its host, put back by the host as the run ends (in-process: the e2e test
+    above shows it through real runs, where an automatic collection may have come first)."""
+    import gc
+    import os
+    import sys
+    import weakref
+
+    from harness.child import host
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = host._ProcessState()
+
+    class Cycle:
+        pass
+
+    gc.disable()  # only the put-back's own collection may free it
+    try:
+        left = Cycle()
+        left.me = left
+        alive = weakref.ref(left)
+        del left
+        sys.path.append("/zl-left")
+        os.environ["ZL_LEFT"] = "1"
+        changed = before.restore()
+        assert alive() is None
+    finally:
+        gc.enable()
+    assert changed == ["sys.path"] and "/zl-left" not in sys.path and "ZL_LEFT" not in os.environ
 
 
 @pytest.mark.parametrize("chunk", [0, options.MAX_CHUNK + 1, "4", 1.5])

@@ -12,15 +12,16 @@ handlers stop that run. A run that ends the host (a crash, os._exit) closes the 
 says its child died, as for a forked child, and the A/B starts another host for the chunk's later ops.
 
 What a run may change for the process is put back before the next one: the environment, sys.path,
-the working dir, the signal handlers, torch's process-wide settings (child.plugins.torch_state), the
-device's cached memory; what had to be put back is written into that run's run.json
-(`observed.measuring_host`), with the host's pid and the runs it served before.
+the working dir, the signal handlers, torch's process-wide settings (child.plugins.torch_state), its
+garbage left in reference cycles, the device's cached memory; what had to be put back is written into
+that run's run.json (`observed.measuring_host`), with the host's pid and the runs it served before.
 
 `python -m harness.worker` forks `serve` for a step argv of [ARGV0, SOCKET]."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -188,6 +189,9 @@ class _ProcessState:
                 signal.signal(signum, handler)  # the run's own stop handlers, expected: not counted
         signal.alarm(0)
         changed += _restore_torch(self.torch)
+        # The run's garbage in cycles (its tensors among it) freed now, not by a collection inside the next
+        # run's timed loop; a walk of what the run made alone (the imports are frozen: child.plugins.heap).
+        gc.collect()
         _release_device_memory()
         return changed
 

@@ -1,12 +1,13 @@
 """Test-only operators for a chunk's measuring host: each does, in its candidate, what a host must survive.
 host_crash kills its process (as a segfault would) where ZL_TEST_CRASH is set: side B of an A/B that sets it
 loses this op's timed steps and, chunked, the host they ran in. leaky changes its process and leaves it so (an
-environment variable, sys.path, the working dir): in a process of its own that ends with the run; in a host it
-must not reach the next op's run (leak_witness)."""
+environment variable, sys.path, the working dir, a tensor in a reference cycle only a collection frees): in a
+process of its own that ends with the run; in a host it must not reach the next op's run (leak_witness)."""
 
 import os
 import signal
 import sys
+import weakref
 
 import torch
 
@@ -24,7 +25,17 @@ def _crash_where_asked(x, y):
     return triton_add(x, y)
 
 
+class LeftInACycle:
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.me = self
+
+
+LEFT: list[weakref.ref] = []  # what leak_witness looks for
+
+
 def _leak(x, y):
+    LEFT.append(weakref.ref(LeftInACycle(x.clone())))
     os.environ["ZL_LEAKED"] = "1"
     if "/zl-leaked" not in sys.path:
         sys.path.append("/zl-leaked")
