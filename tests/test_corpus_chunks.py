@@ -81,11 +81,12 @@ def test_a_corpus_chunk_is_one_ab_whose_ops_each_keep_their_own_dir_row_and_repo
 
 
 @pytest.mark.e2e
-def test_a_chunk_past_its_timeout_leaves_each_op_to_its_own_job_from_what_the_chunk_completed(corpus, tmp_path):
-    # fp32_op's record and passes complete in the chunk, hang_op's record hangs: the chunk is killed at
-    # 2 x --op-timeout; fp32_op's own job takes over its steps and times its repeats, hang_op's times out.
+def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_in_their_own_jobs(corpus, tmp_path):
+    # fp32_op's record and passes complete in the chunk, hang_op's record hangs: the chunk is ended as hang_op's
+    # steps pass --op-timeout (not at the chunk's 2 x --op-timeout), hang_op is TIMEOUT there, not run again;
+    # fp32_op's own job takes over its steps and times its repeats.
     proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", "45")
-    out, _ = proc.communicate(timeout=45 * 3 + 240)
+    out, _ = proc.communicate(timeout=45 * 2 + 240)
     assert proc.returncode == 1, out
     d = next((tmp_path / "out").iterdir())
     st = _statuses(d)
@@ -93,7 +94,14 @@ def test_a_chunk_past_its_timeout_leaves_each_op_to_its_own_job_from_what_the_ch
     own = load(d / st["fp32_op"]["run_dir"] / "ab.json")
     assert [s["step"].split("/")[1] for s in own["steps"] if s.get("taken_over")] == ["A-record", "A-passes",
                                                                                       "B-passes"]
-    assert st["hang_op"]["status"] == "TIMEOUT" and st["hang_op"]["notes"].startswith("timeout after 45 s")
+    (chunk,) = _chunk_ab(d)
+    assert st["hang_op"]["status"] == "TIMEOUT" and st["hang_op"]["notes"].startswith(
+        f"timeout after 45 s during case fp32-300 in {chunk.parent.relative_to(d)} (killed, not retried)")
+    assert st["hang_op"]["run_dir"].endswith(f"hang_op/attempt1/{Path(st['hang_op']['run_dir']).name}")
+    assert sorted(p.name for p in (d / Path(st["hang_op"]["run_dir"]).parent.parent).glob("attempt*")) == ["attempt1"]
+    # Ended for hang_op: its record step ran about --op-timeout, not the chunk's whole timeout.
+    record = load(chunk / "ab.json")["running"]
+    assert record["what"] == "[2/2 hang_op] A records"
     assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
 
 

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import itertools
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -31,10 +32,12 @@ from harness.core.options import RunOptions
 from harness.providers import catalog
 from harness.sessions import batch, resolve
 from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
+from harness.sessions.ab.runner import op_dir_name
 from harness.sessions.ab.session import resolve_plan, say_if_a_a
 from harness.sessions.ab.sides import build_side_env
 from harness.sessions.batch import facts as batch_facts
 from harness.sessions.batch.executor import NotStarted
+from harness.sessions.batch.facts import killed_during, killed_note
 
 PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
@@ -209,15 +212,34 @@ class CorpusAB(batch.Batch):
         argv = ["ab", str(plan_file), "--ops", *map(_target, chunk), "--device", str(device), "--color", "never",
                 "--run-dir", str(chunk_dir / "ab"), *over.to_argv(), *earlier,
                 *(arg for entry in chunk for arg in ("--op-dir", f"{_target(entry)}={op_dirs[entry.id]}"))]
+        names = {op_dir_name(_target(entry)): entry for entry in chunk}
+        hung: list = []  # the op found past --op-timeout, whose chunk is ended for it
+
+        def overdue() -> bool:
+            hung.extend(self._overdue(chunk_dir / "ab" / AB_JSON, names)[:1])
+            return bool(hung)
+
         try:
             code, _ = self._run_attempt(argv, chunk_dir / "batch.log", device,
-                                        timeout=self.opts.op_timeout * len(chunk))
+                                        timeout=self.opts.op_timeout * len(chunk), overdue=overdue)
         except NotStarted:  # the stop came first: nothing of the chunk ran
             return {}
         where = chunk_dir.relative_to(self.dir)
         rows = {}
+        if code is None and hung and not self.stopping.is_set():
+            # Its own job would spend --op-timeout again on it; the others' own jobs go on from their views.
+            entry = hung[0]
+            view = op_dirs[entry.id]
+            stopped_in = self._stopped_in(view)
+            what = f"timeout after {self.opts.op_timeout:.0f} s {killed_during(stopped_in)} in {where}"
+            killed_note(stopped_in, chunk_dir / "batch.log", what)
+            rows[entry.id] = self.status_row(entry, device, "TIMEOUT", None, 1, self.opts.op_timeout,
+                                             view if self._wrote(view) else None, [f"{what} (killed, not retried)"])
+            self.record(entry, rows[entry.id])
         for entry in chunk:
             view = op_dirs[entry.id]
+            if entry.id in rows:
+                continue
             if code is None or not self._passed(code, view):
                 if self.stopping.is_set():
                     rows[entry.id] = self.status_row(entry, device, "INTERRUPTED", code, 1, 0.0,
@@ -231,6 +253,22 @@ class CorpusAB(batch.Batch):
                                              [f"timed with {len(chunk) - 1} other ops in {where}"])
             self.record(entry, rows[entry.id])
         return rows
+
+    def _overdue(self, ab_json: Path, names: dict) -> list:
+        """The chunk's ops (of `names`: op dir -> entry) whose steps in it have taken longer than --op-timeout,
+        the one running counted to now (ab.json `running.started`)."""
+        try:
+            state = abstate.read(ab_json, plan_needed=False)
+        except (OSError, ValueError):  # not written yet
+            return []
+        spent = collections.Counter()
+        for step in state.get("steps", []):
+            if not step.get("taken_over") and isinstance(step.get("seconds"), (int, float)):
+                spent[str(step.get("step", "")).split("/")[0]] += step["seconds"]
+        running = state.get("running") or {}
+        if isinstance(running.get("started"), (int, float)) and running.get("run_dir"):
+            spent[Path(running["run_dir"]).parent.parent.name] += time.time() - running["started"]
+        return [names[name] for name, seconds in spent.items() if name in names and seconds > self.opts.op_timeout]
 
     def _passed(self, code: int, run_dir: Path) -> bool:
         """Its report was written, over rows to compare (or over an op that skipped every case)."""

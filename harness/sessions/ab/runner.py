@@ -188,7 +188,7 @@ class Runner:
             request = dataclasses.replace(request, measuring_host=self._host(side))
         # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it).
         self.state["running"] = {"what": what, "side": side.name, "args": request.to_argv(),
-                                 "run_dir": str(request.run_dir)}
+                                 "run_dir": str(request.run_dir), "started": round(time.time(), 1)}
         self._save()
         start = time.monotonic()
         code, interrupted = self._launch(side, request)

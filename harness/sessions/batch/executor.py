@@ -22,6 +22,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import backends
@@ -31,6 +32,7 @@ from harness.providers.catalog import Entry
 from harness.sessions.batch.options import Options
 
 KILL_GRACE_S = 10
+OVERDUE_POLL_S = 2  # how often a chunk's ops are looked at for one past --op-timeout
 
 
 def shard(key: str, n: int) -> int:
@@ -69,8 +71,8 @@ class LocalExecutor:
                 return
             yield self.run_op(entry, device)
 
-    def _run_attempt(self, argv: list[str], log_path: Path, device: int,
-                     timeout: float | None = None) -> tuple[int | None, float]:
+    def _run_attempt(self, argv: list[str], log_path: Path, device: int, timeout: float | None = None,
+                     overdue: Callable[[], bool] | None = None) -> tuple[int | None, float]:
         """`python -m harness ARGV` for one attempt: forked by the device's warm worker where it has
         one, else fresh under the guard. A worker that cannot fork it (it never came up) is said in the
         op's log and its next row's notes, and the device's ops start fresh from here on."""
@@ -79,7 +81,7 @@ class LocalExecutor:
             try:
                 code, seconds = self._watched(
                     lambda log, running, gate: worker.start(argv, log, _dropped, guard=running, gate=gate), log_path,
-                    timeout)
+                    timeout, overdue)
             except forkserver.WorkerDied as exc:
                 worker.close()
                 del self.workers[device]
@@ -89,7 +91,7 @@ class LocalExecutor:
                 if worker.died:  # restarted by its next start: the retry is forked again
                     self._say(device, log_path, "its warm worker died during the attempt, which was killed with it")
                 return code, seconds
-        return self._attempt([sys.executable, "-m", "harness", *argv], log_path, timeout=timeout)
+        return self._attempt([sys.executable, "-m", "harness", *argv], log_path, timeout=timeout, overdue=overdue)
 
     def _say(self, device: int, log_path: Path, why: str) -> None:
         """In the op's log, and in the notes of the row its device finishes next."""
@@ -98,7 +100,7 @@ class LocalExecutor:
             log.write(f"\n{why}\n")
 
     def _attempt(self, cmd: list[str], log_path: Path, timeout: float | None = None,
-                 **start_kw) -> tuple[int | None, float]:
+                 overdue: Callable[[], bool] | None = None, **start_kw) -> tuple[int | None, float]:
         """(exit code or None on timeout, seconds) of CMD started fresh (`timeout`: instead of --op-timeout).
 
         The op runs under harness.core.opguard, the leader of its process group, which ends the group
@@ -106,12 +108,13 @@ class LocalExecutor:
         # The guard, not a parent-death signal, ties the op to this batch: these are worker threads.
         return self._watched(lambda log, running, gate: launch.start(opguard.command(running, cmd, gate), log=log,
                                                                      with_parent=False, pass_fds=(gate,), **start_kw),
-                             log_path, timeout)
+                             log_path, timeout, overdue)
 
-    def _watched(self, start_child, log_path: Path, timeout: float | None = None) -> tuple[int | None, float]:
+    def _watched(self, start_child, log_path: Path, timeout: float | None = None,
+                 overdue: Callable[[], bool] | None = None) -> tuple[int | None, float]:
         """(exit code or None on timeout, seconds) of the child `start_child(log, running, gate)` starts, which
-        `stop` reaches while it runs and --op-timeout (or `timeout`) ends; its `.running` (the op dir's) is gone
-        after it.
+        `stop` reaches while it runs and --op-timeout (or `timeout`) ends, or `overdue` (asked every
+        OVERDUE_POLL_S) where it says so; its `.running` (the op dir's) is gone after it.
 
         A stop is final: the child waits at `gate` (a pipe's read end) until it is known here, and that
         is decided under the lock `stop` takes to collect the children it kills. A stop set before that
@@ -139,7 +142,7 @@ class LocalExecutor:
                     if not go:
                         child.wait()  # it reads the closed gate and exits
                         raise NotStarted
-                    code = child.wait(self.opts.op_timeout if timeout is None else timeout)
+                    code = self._wait(child, self.opts.op_timeout if timeout is None else timeout, overdue)
                     if code is None:
                         child.stop(KILL_GRACE_S)
                 finally:
@@ -150,6 +153,17 @@ class LocalExecutor:
             if opener is not None:
                 os.close(opener)
         return code, time.monotonic() - start
+
+    @staticmethod
+    def _wait(child, timeout: float, overdue: Callable[[], bool] | None) -> int | None:
+        if overdue is None:
+            return child.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            code = child.wait(min(left, OVERDUE_POLL_S))
+            if code is not None or overdue():
+                return code
+        return None
 
     # --- all ops ---------------------------------------------------------------------------------
     def device_of(self, entry: Entry) -> int:
