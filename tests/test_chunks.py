@@ -137,6 +137,48 @@ def test_two_ops_sharing_an_autotuned_kernel_each_replay_their_own_records_confi
 
 
 @pytest.mark.e2e
+def test_a_host_whose_run_set_what_it_cannot_put_back_ends_after_it_and_the_next_op_gets_a_new_one(tmp_path,
+                                                                                                   capsys):
+    code = ab.run_from_args(_request(tmp_path, ["allocator_setter", "add"], "--ops-path", str(CHUNK_OPS),
+                                     "--repeats", "2", "--chunk", "2"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    for step in ("A-1", "B-1", "A-2", "B-2"):
+        setter, after = _host(d / "allocator_setter" / step), _host(d / "add" / step)
+        assert setter["ended_after"] == "the run set Triton's allocator (triton.set_allocator)"
+        assert after["runs_before"] == 0 and after["pid"] != setter["pid"] and "ended_after" not in after
+    assert "ended during an earlier op" not in out  # an orderly end, not a crash
+    assert all(s["usable"] for s in load(d / "ab.json")["steps"])
+
+
+@pytest.mark.e2e
+def test_a_flaggems_op_of_another_checkout_than_the_hosts_runs_its_child_in_a_process_of_its_own(tmp_path, capsys):
+    """Two checkouts whose package has one name: the hosts' worker preloaded the first; the second's timed runs
+    are declined by the host and run in their steps' own processes, importing their own checkout's package."""
+    import shutil
+
+    first = REPO / "tests" / "resources" / "flaggems_checkout"
+    second = shutil.copytree(first, tmp_path / "second_checkout", ignore=shutil.ignore_patterns("__pycache__"))
+    shapes = tmp_path / "fg_shapes.yaml"
+    shapes.write_text("softmax:\n  shapes: [[2, 8]]\n  dtypes: [fp32]\n")
+    request = cli.parse_request(["ab", "--ops", "flaggems:softmax", "other:softmax", "--flaggems-dir", str(first),
+                                 "--flaggems-dir", f"other={second}", "--backend", "interpreter", "--shapes",
+                                 str(shapes), "--repeats", "2", "--chunk", "2", "--out", str(tmp_path / "runs")])
+    code = ab.run_from_args(request)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _ab_dir(out)
+    for step in ("A-1", "B-2"):
+        assert _host(d / "flaggems-softmax" / step)["runs_before"] == 0
+        assert _host(d / "other-softmax" / step) is None
+        assert (f"the child runs in a process of its own, not the measuring host: flag_gems was preloaded from "
+                f"{first / 'src'}, this run's checkout is {second}") in _run_file(d / "other-softmax" / step, "run.log")
+        package = _run_json(d / "other-softmax" / step)["observed"]["flaggems"]["package_file"]
+        assert Path(package).is_relative_to(second)
+
+
+@pytest.mark.e2e
 def test_an_interrupted_chunk_goes_on_from_its_last_completed_step_running_none_twice(tmp_path, monkeypatch,
                                                                                        capsys):
     real_launch = ab.Runner._launch
@@ -211,11 +253,32 @@ def test_a_hosts_put_back_frees_the_runs_garbage_in_cycles_and_names_what_else_i
         del left
         sys.path.append("/zl-left")
         os.environ["ZL_LEFT"] = "1"
+        try:  # a failed case's traceback, as pytest leaves it: its frames hold the case's tensors
+            raise ValueError("a failed case")
+        except ValueError as exc:
+            sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         changed = before.restore()
         assert alive() is None
     finally:
         gc.enable()
     assert changed == ["sys.path"] and "/zl-left" not in sys.path and "ZL_LEFT" not in os.environ
+    assert not any(hasattr(sys, name) for name in ("last_type", "last_value", "last_traceback"))
+    assert before.unrestorable() is None
+
+
+def test_a_run_in_a_host_freezes_nothing_the_host_froze_what_its_worker_imported(monkeypatch):
+    """child.plugins.heap freezes a process of its own as its cases are collected; in a host (frozen as it
+    started) a run's freeze would keep its pytest session, plugins and timer for the host's life."""
+    import gc
+
+    from harness.child.plugins import heap
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    for count, expected in ((0, [True]), (1500, [True])):
+        monkeypatch.setattr(gc, "get_freeze_count", lambda count=count: count)
+        heap.HeapPlugin().pytest_collection_finish(None)
+        assert frozen == expected
 
 
 @pytest.mark.parametrize("chunk", [0, options.MAX_CHUNK + 1, "4", 1.5])
@@ -254,6 +317,9 @@ def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_un
         assert _host(first.parent)["pid"] == _host(second.parent)["pid"]
         assert [r["case"] for r in load(first / "results.json")["rows"]] == ["fp32-2x8", "fp32-3x16"]
         assert [r["case"] for r in load(second / "results.json")["rows"]] == ["fp32-4x8"]
+        # Each run left the benchmark package's modules to be imported anew: the second imported them again.
+        assert all(load(run / "run.json")["observed"]["flaggems"]["benchmark_modules_dropped"] >= 3
+                   for run in (first, second))
         for op, run_dir in (("flaggems-softmax", first), ("flaggems-log_softmax-softmax", second)):
             (record,) = (d / op / "A-record").iterdir()
             picked = [r["configs"] for r in load(record / "results.json")["rows"]]

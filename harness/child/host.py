@@ -15,6 +15,9 @@ What a run may change for the process is put back before the next one: the envir
 the working dir, the signal handlers, torch's process-wide settings (child.plugins.torch_state), its
 garbage left in reference cycles, the device's cached memory; what had to be put back is written into
 that run's run.json (`observed.measuring_host`), with the host's pid and the runs it served before.
+A run that changed what cannot be put back (Triton's allocator) is the host's last (`ended_after`); a run
+the host would run otherwise than a process of its own (another checkout's package under a preloaded
+name, the profiler's timer) it declines, and its step runs the child itself.
 
 `python -m harness.worker` forks `serve` for a step argv of [ARGV0, SOCKET]."""
 
@@ -51,6 +54,9 @@ def serve(path: str) -> int:
     listening host) and run each connection's child until a SIGTERM or SIGINT finds the host idle."""
     from harness.child import runner
 
+    # What the worker imported, out of every collection's walk for the host's life (child.plugins.heap
+    # freezes in a process of its own; here each run's own objects stay collectable as it ends).
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     bound = f"{path}.{os.getpid()}"
     listener.bind(bound)
@@ -77,15 +83,19 @@ def serve(path: str) -> int:
                 break
             finally:
                 idle[0] = False
+            retire = False
             with conn:
                 request, fds = forkserver.recv(conn, 2)
                 if request is None or len(fds) != 2:
                     for fd in fds:
                         os.close(fd)
                     continue
+                declined = _declined(Path(request["run_dir"]))
                 try:
-                    forkserver.send(conn, {"pid": os.getpid()})
+                    forkserver.send(conn, {"declined": declined} if declined else {"pid": os.getpid()})
                 except OSError:  # the step is gone already: nothing of its run starts
+                    declined = "gone"
+                if declined:  # its step runs the child in a process of its own (said there)
                     for fd in fds:
                         os.close(fd)
                     continue
@@ -98,15 +108,41 @@ def serve(path: str) -> int:
                     with contextlib.suppress(OSError):
                         forkserver.send(conn, {"exit": rundir.EXIT_BAD_INPUT})
                     continue
-                code = _run(runner.entry, request, fds, served)
+                code, retire = _run(runner.entry, request, fds, served)
                 served += 1
                 with contextlib.suppress(OSError):
                     forkserver.send(conn, {"exit": code})
+            if retire:  # the A/B starts another host for the chunk's next op (exit 0: not a crash)
+                break
     finally:
         listener.close()
         with contextlib.suppress(OSError):
             os.unlink(path)
     return 0
+
+
+def _declined(run_dir: Path) -> str | None:
+    """Why this host leaves a run's child to a process of its own, or None: what the worker preloaded, or an
+    earlier run imported here, is not what the run's child would import (another checkout's package under
+    the same name, another FlagTune switch); or its timer is the profiler's (whose slowdown stays in a
+    process). Unreadable specs are _refusal's."""
+    from harness.core import spec as spec_mod
+    from harness.providers import flaggems
+
+    try:
+        run_spec = spec_mod.read(run_dir)
+    except (OSError, spec_mod.SpecError):
+        return None
+    if run_spec.timer == "profiler":
+        return "its timer is the profiler's, whose slowdown would stay in the host for the next op"
+    misfit = flaggems.preload_misfit(run_spec.flaggems)
+    if misfit is not None:
+        return misfit
+    if run_spec.flaggems is not None:
+        found = flaggems.package_dir(Path(run_spec.flaggems.root))
+        if found is not None and found[0] in sys.modules and found[0] not in flaggems.PRELOADED:
+            return f"{found[0]} was imported by an earlier run in this host, not preloaded by its worker"
+    return None
 
 
 def _refusal(run_dir: Path) -> str | None:
@@ -124,8 +160,9 @@ def _refusal(run_dir: Path) -> str | None:
     return None
 
 
-def _run(entry: Callable[[list[str]], int], request: dict, fds: list[int], served: int) -> int:
-    """One step's child, here, with `fds` as its stdout and stderr; the process put back after it."""
+def _run(entry: Callable[[list[str]], int], request: dict, fds: list[int], served: int) -> tuple[int, bool]:
+    """One step's child, here, with `fds` as its stdout and stderr; the process put back after it. (its exit
+    code, whether the host ends after it: it changed what cannot be put back)."""
     run_dir = request["run_dir"]
     before = _ProcessState()  # taken before the run, put back after it
     sys.stdout.flush()
@@ -155,11 +192,12 @@ def _run(entry: Callable[[list[str]], int], request: dict, fds: list[int], serve
             os.dup2(fd, target)
             os.close(fd)
     put_back = before.restore()
+    retire = before.unrestorable()
     with contextlib.suppress(OSError, ValueError):
         rundir.merge_json(Path(run_dir) / rundir.RUN_JSON, {"observed": {"measuring_host": {
             "pid": os.getpid(), "runs_before": served, "seconds": round(time.monotonic() - started, 3),
-            "put_back_after": put_back}}})
-    return code
+            "put_back_after": put_back, **({"ended_after": retire} if retire else {})}}})
+    return code, bool(retire)
 
 
 class _ProcessState:
@@ -171,6 +209,7 @@ class _ProcessState:
         self.cwd = os.getcwd()
         self.handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
         self.torch = _torch_settings()
+        self.triton_allocator = _triton_allocator()
 
     def restore(self) -> list[str]:
         """Put everything back; the names of what had changed beyond the run's own environment (the
@@ -188,12 +227,34 @@ class _ProcessState:
             if signal.getsignal(signum) is not handler:
                 signal.signal(signum, handler)  # the run's own stop handlers, expected: not counted
         signal.alarm(0)
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # a failed case's frames
+            if hasattr(sys, name):
+                delattr(sys, name)
         changed += _restore_torch(self.torch)
         # The run's garbage in cycles (its tensors among it) freed now, not by a collection inside the next
         # run's timed loop; a walk of what the run made alone (the imports are frozen: child.plugins.heap).
         gc.collect()
         _release_device_memory()
         return changed
+
+
+    def unrestorable(self) -> str | None:
+        """What the run changed that is not put back, and ends the host: Triton's allocator (FlagGems sets it
+        on first need and remembers it did, in module flags of its own; put back, its next run would wait
+        on it forever)."""
+        if _triton_allocator() != self.triton_allocator:
+            return "the run set Triton's allocator (triton.set_allocator)"
+        return None
+
+
+def _triton_allocator():
+    """Triton's allocators as set for the process (None: a Triton without set_allocator)."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:
+        return None
+    return tuple(getattr(_allocation, name).get() for name in ("_allocator", "_profile_allocator")
+                 if hasattr(getattr(_allocation, name, None), "get"))
 
 
 def _torch_settings() -> dict:
@@ -272,6 +333,10 @@ class HostGone(OSError):
     """No host listens at the socket: it ended (a crash in an earlier run) or never started."""
 
 
+class HostDeclined(Exception):
+    """The host leaves this run's child to a process of its own (its reason: _declined)."""
+
+
 def starter(path: str, environ: dict[str, str], run_dir: Path) -> Callable[..., launch.Child]:
     """A launch.run starter that hands the child of `run_dir` to the host at `path`, with `environ`
     (launch.child_environ: what a child of its own would get), its lines to on_stdout and on_stderr."""
@@ -297,6 +362,11 @@ def starter(path: str, environ: dict[str, str], run_dir: Path) -> Callable[..., 
             os.close(out_write)
             os.close(err_write)
         answer, _ = forkserver.recv(conn)
+        if answer is not None and answer.get("declined"):
+            for fd in (out_read, err_read):
+                os.close(fd)
+            conn.close()
+            raise HostDeclined(answer["declined"])
         streams = [os.fdopen(fd, "r", encoding="utf-8", errors="replace") for fd in (out_read, err_read)]
         if answer is None:
             for stream in streams:

@@ -124,7 +124,7 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
         from harness.child import host as measuring
 
         environ = launch.child_environ({"TRITON_CACHE_DIR": cache_dir}, visible)
-        tee.write(f"the child runs in the measuring host at {host}\n")
+        tee.write(f"the child is handed to the measuring host at {host}\n")
         try:
             code, signum = launch.run(argv, grace_s=CHILD_GRACE_S, on_stop=stopping,
                                       on_kill=lambda: tee.write("the child did not stop in time: its host killed\n"),
@@ -133,7 +133,10 @@ def run_child(run_dir: Path, run_spec: spec_mod.RunSpec, tee: _Tee, cache_dir: s
         except measuring.HostGone as exc:
             tee.write(f"error: {exc}\n")
             return EXIT_INCOMPLETE, None
-        return code, None if signum is None else signal.Signals(signum).name
+        except measuring.HostDeclined as exc:
+            tee.write(f"the child runs in a process of its own, not the measuring host: {exc}\n")
+        else:
+            return code, None if signum is None else signal.Signals(signum).name
     code, signum = launch.run(
         argv, grace_s=CHILD_GRACE_S, on_stop=stopping,
         call=_forked_child(run_dir, run_spec, tee),

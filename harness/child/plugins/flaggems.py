@@ -11,12 +11,16 @@ Once collection has imported the benchmark package, `Benchmark` is patched in pl
 - `update_result`: upstream's structured result per dtype enriches the rows we wrote per case.
 FlagGems' LibTuner (its own `run` and a persistent config cache) is hooked by the autotune patch. Its
 LibEntry caches, per kernel in front of its tuners, the config chosen per argument key: each entry's cache
-starts this run empty, as in a process of its own (a measuring host runs several ops' replays in one).
+starts this run empty, as in a process of its own (a measuring host runs several ops' replays in one). For
+the same reason the benchmark package's modules (conftest, base, the test files) leave sys.modules as the
+run ends: the next run in the process imports them anew, as a process of its own would (base binds
+conftest's Config, made per session, at its import).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from pathlib import Path
 
@@ -371,8 +375,23 @@ class FlagGemsPlugin:
         for entry in self.entries_called:
             vars(entry).pop("run", None)
         self.entries_called.clear()
+        dropped = _drop_modules_under(Path(self.options.root) / "benchmark")
+        rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems": {
+            "benchmark_modules_dropped": dropped}}})
         if self.notes:
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems_notes": self.notes}})
+
+
+def _drop_modules_under(root: Path) -> int:
+    """Remove from sys.modules every module whose file is under `root` (as given or resolved); how many."""
+    under = tuple(dict.fromkeys(f"{os.path.abspath(p)}{os.sep}" for p in (root, root.resolve())))
+    dropped = 0
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.startswith(under):
+            del sys.modules[name]
+            dropped += 1
+    return dropped
 
 
 def child_args(options: FlagGemsOptions, dtypes: list[str], color: bool) -> list[str]:

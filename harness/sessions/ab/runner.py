@@ -223,6 +223,7 @@ class Runner:
             code, interrupted = self._forked(side, worker, request, how)
             if interrupted is None and worker.died:
                 self.log.write(f"side {side.name}: the worker of its hosted steps died during the step\n")
+            self._end_host_if_done(side, request.run_dir)
             return code, interrupted
         worker = self._worker(side)
         try:
@@ -323,6 +324,21 @@ class Runner:
             self.used.append(host.worker)
             host.close()
         self.hosts.clear()
+
+    def _end_host_if_done(self, side: Side, run_dir: Path) -> None:
+        """The side's host ends after a run that changed what it cannot put back (its run.json says so):
+        closed here, before the next step could reach it as it exits; the next op gets a new one."""
+        host = self.hosts.get(side.name)
+        try:
+            ended = rundir.read_json(run_dir / rundir.RUN_JSON)["observed"]["measuring_host"].get("ended_after")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return
+        if host is None or not ended:
+            return
+        self.log.write(f"side {side.name}: measuring host {host.pid} ends after {run_dir.name}: {ended}\n")
+        self.used.append(host.worker)
+        host.close()
+        del self.hosts[side.name]
 
     def _host(self, side: Side) -> Path | None:
         """The socket of the side's host for the repeat under way: started if none is, or if the last

@@ -2,7 +2,9 @@
 host_crash kills its process (as a segfault would) where ZL_TEST_CRASH is set: side B of an A/B that sets it
 loses this op's timed steps and, chunked, the host they ran in. leaky changes its process and leaves it so (an
 environment variable, sys.path, the working dir, a tensor in a reference cycle only a collection frees): in a
-process of its own that ends with the run; in a host it must not reach the next op's run (leak_witness)."""
+process of its own that ends with the run; in a host it must not reach the next op's run (leak_witness).
+allocator_setter sets Triton's allocator, as FlagGems' Hopper mm does, which a host cannot put back: the host
+ends after its run."""
 
 import os
 import signal
@@ -10,6 +12,7 @@ import sys
 import weakref
 
 import torch
+import triton
 
 from ops import Operator
 from ops.add import triton_add
@@ -43,7 +46,13 @@ def _leak(x, y):
     return triton_add(x, y)
 
 
+def _set_allocator(x, y):
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=x.device))
+    return triton_add(x, y)
+
+
 # Spelled out as Operator(name=...) calls: the inventory scan reads them statically.
 COMMON = dict(inputs=_inputs, baseline=torch.add, shape_keys=("pointwise",), dtypes=("fp32",))
 host_crash = Operator(name="host_crash", candidate=_crash_where_asked, **COMMON)
 leaky = Operator(name="leaky", candidate=_leak, **COMMON)
+allocator_setter = Operator(name="allocator_setter", candidate=_set_allocator, **COMMON)
