@@ -192,6 +192,9 @@ def _run(entry: Callable[[list[str]], int], request: dict, fds: list[int], serve
             os.dup2(fd, target)
             os.close(fd)
     put_back = before.restore()
+    # What outlived the run and its collection (its imports, the libraries' caches) frozen with the rest: the
+    # next run's collections walk only what it makes.
+    gc.freeze()
     retire = before.unrestorable()
     with contextlib.suppress(OSError, ValueError):
         rundir.merge_json(Path(run_dir) / rundir.RUN_JSON, {"observed": {"measuring_host": {
