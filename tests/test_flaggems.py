@@ -339,3 +339,48 @@ def test_sparse_inputs_are_digested_not_failed_and_replay_matches(tmp_path, harn
     replay = harness("replay", run_dir)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert [r["input_sha256"] for r in rows_of(run_dir_of(replay))] == [r["input_sha256"] for r in rows]
+
+
+def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_floating_ones_left_to_it(
+        tmp_path, monkeypatch):
+    """Upstream's generate_tensor_input draws integers on the CPU and copies them: in every step, for every
+    case. Each benchmark module's name for it (base's own, a test file's import of it) draws them on the
+    device; a function of that name from outside the checkout is left alone; the run's end puts them back."""
+    import importlib
+    import sys
+
+    import torch
+
+    package = tmp_path / "benchmark"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text(
+        "import torch\ncalls = []\n\n\ndef generate_tensor_input(shape, dtype, device):\n"
+        "    calls.append(dtype)\n"
+        "    if dtype.is_floating_point:\n        return torch.randn(shape, dtype=dtype, device=device)\n"
+        "    return torch.randint(torch.iinfo(dtype).min, torch.iinfo(dtype).max, shape, dtype=dtype,\n"
+        "                         device='cpu').to(device)\n")
+    (package / "test_ints.py").write_text("from .base import generate_tensor_input  # noqa: F401\n")
+    (tmp_path / "elsewhere.py").write_text("def generate_tensor_input(shape, dtype, device):\n    return 'mine'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))  # the imports below leave with the test
+    base, test_ints, elsewhere = (importlib.import_module(m) for m in ("benchmark.base", "benchmark.test_ints",
+                                                                        "elsewhere"))
+    plugin = types.SimpleNamespace(patched=[])
+    patched = flaggems_plugin.FlagGemsPlugin._draw_integers_on_device(plugin, package)
+    assert patched == ["benchmark.base", "benchmark.test_ints"] and elsewhere.generate_tensor_input(0, 0, 0) == "mine"
+    for module in (base, test_ints):
+        for dtype in (torch.int16, torch.uint8, torch.bool):
+            drawn = module.generate_tensor_input((4096,), dtype, "cpu")
+            info = torch.iinfo(dtype) if dtype != torch.bool else types.SimpleNamespace(min=0, max=1)
+            assert drawn.dtype == dtype and drawn.shape == (4096,)
+            assert info.min <= int(drawn.min()) and int(drawn.max()) <= info.max and drawn.unique().numel() > 1
+        assert module.generate_tensor_input((8,), torch.float16, "cpu").dtype == torch.float16
+    assert base.calls == [torch.float16, torch.float16]  # upstream's own draw for floating tensors alone
+    torch.manual_seed(3)
+    first = base.generate_tensor_input((64,), torch.int32, "cpu")
+    torch.manual_seed(3)
+    assert torch.equal(first, base.generate_tensor_input((64,), torch.int32, "cpu"))  # seeded as every input
+    for owner, name, original in reversed(plugin.patched):
+        setattr(owner, name, original)
+    assert base.generate_tensor_input((8,), torch.int16, "cpu").device.type == "cpu" and len(base.calls) == 3
