@@ -91,7 +91,32 @@ def build(state: dict, rows: list[dict], skipped: dict[int, str]) -> dict:
             "ops": state["spec"]["ops"], "repeats": state["spec"]["repeats"],
             "max_repeats": state["spec"]["max_repeats"], "builds": builds, "groups": ordered,
             "probes": [{"probe": i, **done["probe"], "dir": done["dir"]} for i, done in enumerate(state["probes"], 1)],
-            "records": state["records"]}
+            "records": state["records"], "machines": machines(state)}
+
+
+def machines(state: dict) -> dict[str, list[int]]:
+    """Device name -> the probes whose steps ran on it (run.json `observed.device.device_name`, as each
+    step's run saw it); a probe on several is listed under each."""
+    found: dict[str, list[int]] = {}
+    for i, done in enumerate(state["probes"], 1):
+        for run_json in sorted(Path(done["dir"]).glob("*/*/*/" + rundir.RUN_JSON)):
+            try:
+                name = ((rundir.read_json(run_json).get("observed") or {}).get("device") or {}).get("device_name")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(name, str) and i not in found.setdefault(name, []):
+                found[name].append(i)
+    return found
+
+
+def mixed_machines(data: dict) -> str | None:
+    """The line a bisect whose probes ran on more than one kind of device gets, or None."""
+    seen = data.get("machines") or {}
+    if len(seen) < 2:
+        return None
+    said = "; ".join(f"{name}: probe{'s' * (len(p) > 1)} {', '.join(map(str, p))}" for name, p in seen.items())
+    return (f"MIXED MACHINES: its probes ran on {len(seen)} kinds of device ({said}): a B/A on one is not the "
+            "other's, and a confirm on one may not reproduce a search on the other. Bisect on one machine")
 
 
 def build_text(build: dict | None) -> str:
@@ -141,6 +166,9 @@ def render_text(data: dict, fmt: str = "simple") -> str:
     skipped = [b for b in data["builds"] if b["status"] == "skipped"]
     item = "- " if fmt == "github" else ""
     head = [item + head[0], *(f"{item}skipped build {b['index']} ({b['label']}): {b['reason']}" for b in skipped)]
+    mixed = mixed_machines(data)
+    if mixed:
+        head.append(item + mixed)
     body = []
     for group in data["groups"]:
         body += ["", *_group_lines(group, fmt)]
@@ -152,6 +180,6 @@ def write(out_dir: Path, data: dict) -> list[Path]:
     rundir.atomic_write_text(md, "# Bisect report\n\n" + render_text(data, "github") + "\n")
     rundir.atomic_write_json(js, data)
     page = _JINJA.get_template("bisect_report.html.j2").render(
-        data=data, build_text=build_text, ratio_text=ratio_text, cell=explain.cell)
+        data=data, build_text=build_text, ratio_text=ratio_text, cell=explain.cell, mixed=mixed_machines(data))
     rundir.atomic_write_text(html, page)
     return [md, js, html]

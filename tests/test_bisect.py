@@ -360,6 +360,32 @@ def bisect_dir_of(text: str) -> Path:
     raise AssertionError(text)
 
 
+def test_a_bisect_whose_probes_ran_on_two_kinds_of_device_says_so_above_its_groups(tmp_path):
+    """A resume on another machine (none of the first kind free) mixes their B/As: a confirm on one need not
+    reproduce a search on the other. The report names each device's probes, from the steps' run.json."""
+    from reports import bisect_report
+
+    probes = []
+    for i, device in enumerate(("NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"), 1):
+        run = tmp_path / f"probe-{i}" / "gelu" / "A-1" / "gelu_1"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"observed": {"device": {"device_name": device}}}))
+        probes.append({"probe": {"kind": "search", "a": 0, "b": 7, "repeats": 3, "rows": []},
+                       "dir": str(run.parents[2]), "verdicts": {}})
+    state = {"spec": {"builds": [{"label": str(k), "commit": None} for k in range(8)], "from_ab": None,
+                      "ops": ["gelu"], "repeats": 3, "max_repeats": 12},
+             "builds": {}, "records": {}, "probes": probes, "complete": True}
+    data = bisect_report.build(state, [], {})
+    assert data["machines"] == {"NVIDIA H200": [1, 2], "NVIDIA H100 80GB HBM3": [3]}
+    said = ("MIXED MACHINES: its probes ran on 2 kinds of device (NVIDIA H200: probes 1, 2; NVIDIA H100 80GB HBM3: "
+            "probe 3)")
+    assert said in bisect_report.render_text(data)
+    bisect_report.write(tmp_path, data)
+    assert said in (tmp_path / "bisect.md").read_text() and "MIXED MACHINES" in (tmp_path / "bisect.html").read_text()
+    state["probes"] = probes[:2]
+    assert "MIXED" not in bisect_report.render_text(bisect_report.build(state, [], {}))
+
+
 @pytest.mark.e2e
 def test_bisect_tells_two_groups_apart_skips_a_build_that_will_not_import_and_reports(tmp_path):
     # Row 300 slows at build 3, row 2x700 at build 6; build 2 does not import.
@@ -392,6 +418,9 @@ def test_bisect_tells_two_groups_apart_skips_a_build_that_will_not_import_and_re
     for name in ("bisect.md", "bisect.html"):
         text = (d / name).read_text()
         assert "FOUND" in text.upper() and "build 5" in text and "does not import" in text
+        assert "MIXED MACHINES" not in text  # one machine ran every probe
+    assert len(report["machines"]) == 1 and sorted(next(iter(report["machines"].values()))) == list(
+        range(1, len(report["probes"]) + 1))
 
 
 @pytest.mark.e2e
