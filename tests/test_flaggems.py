@@ -381,6 +381,17 @@ def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_f
     first = base.generate_tensor_input((64,), torch.int32, "cpu")
     torch.manual_seed(3)
     assert torch.equal(first, base.generate_tensor_input((64,), torch.int32, "cpu"))  # seeded as every input
+    real_randint, refused = torch.randint, []
+
+    def randint_without_int8_once(*args, **kwargs):  # the device's randint lacking a dtype: upstream's draw
+        if kwargs.get("dtype") == torch.int8 and not refused:
+            refused.append(True)
+            raise RuntimeError("\"random_\" not implemented for 'Char'")
+        return real_randint(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randint", randint_without_int8_once)
+    assert base.generate_tensor_input((8,), torch.int8, "cpu").dtype == torch.int8 and base.calls[-1] == torch.int8
+    monkeypatch.setattr(torch, "randint", real_randint)
     for owner, name, original in reversed(plugin.patched):
         setattr(owner, name, original)
-    assert base.generate_tensor_input((8,), torch.int16, "cpu").device.type == "cpu" and len(base.calls) == 3
+    assert base.generate_tensor_input((8,), torch.int16, "cpu").device.type == "cpu" and len(base.calls) == 4
