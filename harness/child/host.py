@@ -90,7 +90,8 @@ def serve(path: str) -> int:
                     for fd in fds:
                         os.close(fd)
                     continue
-                declined = _declined(Path(request["run_dir"]))
+                run_spec, unreadable = _spec(Path(request["run_dir"]))
+                declined = _declined(run_spec) if run_spec is not None else None
                 try:
                     forkserver.send(conn, {"declined": declined} if declined else {"pid": os.getpid()})
                 except OSError:  # the step is gone already: nothing of its run starts
@@ -99,7 +100,7 @@ def serve(path: str) -> int:
                     for fd in fds:
                         os.close(fd)
                     continue
-                refused = _refusal(Path(request["run_dir"]))
+                refused = unreadable or _refusal(Path(request["run_dir"]), run_spec)
                 if refused is not None:  # its step says it, exit 2, and nothing of the run starts here
                     with contextlib.suppress(OSError):
                         os.write(fds[0], f"error: {refused}\n".encode())
@@ -121,18 +122,23 @@ def serve(path: str) -> int:
     return 0
 
 
-def _declined(run_dir: Path) -> str | None:
+def _spec(run_dir: Path):
+    """(the run's spec, None) or (None, why the host cannot read it)."""
+    from harness.core import spec as spec_mod
+
+    try:
+        return spec_mod.read(run_dir), None
+    except (OSError, spec_mod.SpecError) as exc:
+        return None, f"the measuring host could not read {run_dir}'s spec ({exc})"
+
+
+def _declined(run_spec) -> str | None:
     """Why this host leaves a run's child to a process of its own, or None: what the worker preloaded, or an
     earlier run imported here, is not what the run's child would import (another checkout's package under
     the same name, another FlagTune switch); or its timer is the profiler's (whose slowdown stays in a
-    process). Unreadable specs are _refusal's."""
-    from harness.core import spec as spec_mod
+    process)."""
     from harness.providers import flaggems
 
-    try:
-        run_spec = spec_mod.read(run_dir)
-    except (OSError, spec_mod.SpecError):
-        return None
     if run_spec.timer == "profiler":
         return "its timer is the profiler's, whose slowdown would stay in the host for the next op"
     misfit = flaggems.preload_misfit(run_spec.flaggems)
@@ -145,15 +151,9 @@ def _declined(run_dir: Path) -> str | None:
     return None
 
 
-def _refusal(run_dir: Path) -> str | None:
+def _refusal(run_dir: Path, run_spec) -> str | None:
     """Why a host does not run this run's child, or None: only timing replays (a record's autotune, IR
     collection and the profiler leave caches, hooks and a slowdown in their process, for the next op)."""
-    from harness.core import spec as spec_mod
-
-    try:
-        run_spec = spec_mod.read(run_dir)
-    except (OSError, spec_mod.SpecError) as exc:
-        return f"the measuring host could not read {run_dir}'s spec ({exc})"
     if run_spec.mode != "replay" or run_spec.passes:
         return (f"the measuring host runs timing-only replays, not {run_dir.name} "
                 f"({run_spec.mode}{', with IR and profiling' if run_spec.passes else ''})")

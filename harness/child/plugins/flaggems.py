@@ -142,9 +142,10 @@ class FlagGemsPlugin:
         import torch
 
         patched = []
-        for name, module in _modules_under(root):
+        found = dict(_modules_under(root))
+        for name, module in found.items():
             original = vars(module).get("generate_tensor_input")
-            if not callable(original) or not _modules_under(root, getattr(original, "__module__", None) or ""):
+            if not callable(original) or getattr(original, "__module__", None) not in found:
                 continue
 
             def on_device(shape, dtype, device, _original=original):
@@ -411,16 +412,11 @@ class FlagGemsPlugin:
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems_notes": self.notes}})
 
 
-def _modules_under(root: Path, only: str | None = None) -> list[tuple[str, object]]:
-    """(name, module) of the imported modules whose file is under `root` (as given or resolved); `only`: that
-    module's alone."""
+def _modules_under(root: Path) -> list[tuple[str, object]]:
+    """(name, module) of the imported modules whose file is under `root` (as given or resolved)."""
     under = tuple(dict.fromkeys(f"{os.path.abspath(p)}{os.sep}" for p in (root, root.resolve())))
-    found = []
-    for name, module in list(sys.modules.items()) if only is None else [(only, sys.modules.get(only))]:
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and file.startswith(under):
-            found.append((name, module))
-    return found
+    return [(name, module) for name, module in list(sys.modules.items())
+            if isinstance(getattr(module, "__file__", None), str) and module.__file__.startswith(under)]
 
 
 def _drop_modules_under(root: Path) -> int:
