@@ -312,9 +312,11 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
             # counted exit 0 alone.
             step.setdefault("usable", step["exit"] == 0 and bool(step.get("run_dir")))
             if step["usable"]:
-                kind = ("record" if step["args"][0] == "record" else
-                        passes_key(step["side"]) if step.get("passes") else step["side"])
-                runs.setdefault(kind, []).append(Path(step["run_dir"]))
+                # A's record carries A's passes where the passes run once (older A/Bs: a step of their own).
+                record = step["args"][0] == "record"
+                kinds = ["record"] * record + [passes_key(step["side"])] * bool(step.get("passes"))
+                for kind in kinds or [step["side"]]:
+                    runs.setdefault(kind, []).append(Path(step["run_dir"]))
         notes = [f"step failed (exit {s['exit']}): {s['what']}" for s in state.get("steps", []) if not s["usable"]]
         if not state.get("complete"):
             notes.insert(0, "INCOMPLETE: the A/B stopped before its last step")

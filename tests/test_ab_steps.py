@@ -159,23 +159,21 @@ def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_
     assert ab_dir.parent == tmp_path / "runs" and ab_dir.name.startswith("ab_t_")
     assert out.startswith("A/B t: A = as is; B = new X=1; ops builtin:add mm@mm; 2 repeats interleaved\n"
                           f"ab dir: {ab_dir}\n")
-    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"] * 2
+    assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"] * 2
     # Each op's steps in a dir of its own, named so a path can hold it; each step's run dir named there.
     dirs = [t["run_dir"] for t in steps.told]
-    assert {d.parent.parent for d in dirs[:7]} == {ab_dir / "builtin-add"}
-    assert {d.parent.parent for d in dirs[7:]} == {ab_dir / "mm-mm"}
+    assert {d.parent.parent for d in dirs[:6]} == {ab_dir / "builtin-add"}
+    assert {d.parent.parent for d in dirs[6:]} == {ab_dir / "mm-mm"}
     assert all(d.name.startswith(f"{d.parent.parent.name}_") for d in dirs)
     # A's record measures the op; every replay replays that record, of that op.
     argvs = [t["argv"] for t in steps.told]
-    assert argvs[0][:2] == ["record", "builtin:add"] and argvs[7][:2] == ["record", "mm@mm"]
-    assert [a[:2] for a in argvs[1:7]] == [["replay", str(dirs[0])]] * 6
-    assert [a[:2] for a in argvs[8:]] == [["replay", str(dirs[7])]] * 6
-    # The one-off passes (IR, attribution) run once per side and op, in its passes step, timed at a token
-    # budget (no verdict reads their timings); every repeat times only; A's record leaves both out, its
-    # configs all that is read.
-    assert [a[-1] for a in (_only(argv) for argv in argvs[:7])] == [
-        "--configs-only", "--passes-only", "--passes-only", "--timing-only", "--timing-only", "--timing-only",
-        "--timing-only"]
+    assert argvs[0][:2] == ["record", "builtin:add"] and argvs[6][:2] == ["record", "mm@mm"]
+    assert [a[:2] for a in argvs[1:6]] == [["replay", str(dirs[0])]] * 5
+    assert [a[:2] for a in argvs[7:]] == [["replay", str(dirs[6])]] * 5
+    # The one-off passes (IR, attribution) run once per side and op, timed at a token budget (no verdict
+    # reads their timings): A's in its record, B's in its passes step; every repeat times only.
+    assert [a[-1] for a in (_only(argv) for argv in argvs[:6])] == [
+        "--passes-only", "--passes-only", "--timing-only", "--timing-only", "--timing-only", "--timing-only"]
     lines = out.splitlines()
     assert "[1/2 builtin:add] A records ... 1/1 ok (0 s)" in lines
     assert "[2/2 mm@mm] repeat 2/2: B replays A ... 1/1 ok (0 s)" in lines
@@ -184,12 +182,13 @@ def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_
     assert state["complete"] is True and "running" not in state and state["plan"]["name"] == "t"
     assert state["plan"]["device"] is None  # where it ran: the plan's yaml has no device (a corpus A/B sets one)
     assert [s["what"] for s in state["steps"][:4]] == [
-        "[1/2 builtin:add] A records", "[1/2 builtin:add] A's IR and kernels (not timed for the verdict)",
-        "[1/2 builtin:add] B's IR and kernels (not timed for the verdict)", "[1/2 builtin:add] repeat 1/2: A replays A"]
-    assert [s.get("passes", False) for s in state["steps"][:7]] == [False, True, True, False, False, False, False]
-    first = state["steps"][3]
+        "[1/2 builtin:add] A records", "[1/2 builtin:add] B's IR and kernels (not timed for the verdict)",
+        "[1/2 builtin:add] repeat 1/2: A replays A", "[1/2 builtin:add] repeat 1/2: B replays A"]
+    # A's record carries A's passes, B's passes step B's: each marked so (the reports read their IR and kernels).
+    assert [s.get("passes", False) for s in state["steps"][:6]] == [True, True, False, False, False, False]
+    first = state["steps"][2]
     assert (first["side"], first["args"], first["exit"], first["usable"], first["run_dir"]) == (
-        "A", argvs[3], 0, True, str(dirs[3]))
+        "A", argvs[2], 0, True, str(dirs[2]))
     assert 0 <= first["seconds"] < 0.5  # a stand-in step takes milliseconds
     report = load(ab_dir / "report.json")
     assert report["context"]["name"] == "t" and report["context"]["repeats"] == 2 and report["summary"]["fdr"] == 0.2
@@ -287,7 +286,7 @@ def test_a_side_whose_triton_is_unidentified_compiles_into_its_steps_own_caches(
         runner.close()
     assert set(runner.state["triton_caches"]) == {"B"}  # A's failure skips A only
     assert all(w.cache_root == str(runner.caches["B"].parent) for w in steps.workers)
-    assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, False, True, False, True, False, True]
+    assert [t["argv"][-2] == "--triton-cache" for t in steps.told] == [False, True, False, True, False, True]
     assert "side A: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)\n" \
         in (tmp_path / "ab.log").read_text()
 
@@ -300,14 +299,12 @@ def test_a_failed_repeat_fails_the_ab_and_no_timed_step_takes_on_the_passes(tmp_
     ab_dir = _ab_dir(out)
     assert "[1/1 add] repeat 1/2: A replays A ... 1/1 FAILED (exit 3) (0 s)" in out.splitlines()
     assert "[1/1 add] repeat 1/2: B replays A ... 1/1 finished with failed rows (exit 1) (0 s)" in out.splitlines()
-    # A's first repeat failed: its second still times only (the passes ran in A-passes); B's went through
+    # A's first repeat failed: its second still times only (the passes ran in A's record); B's went through
     # (failed rows are results).
-    assert [_only(t["argv"]) for t in steps.told] == [["--configs-only"], ["--passes-only"], ["--passes-only"],
-                                                     *[["--timing-only"]] * 4]
+    assert [_only(t["argv"]) for t in steps.told] == [["--passes-only"], ["--passes-only"], *[["--timing-only"]] * 4]
     state = load(ab_dir / "ab.json")
     assert [(s["exit"], s["usable"], s["run_dir"] is None) for s in state["steps"]] == [
-        (0, True, False), (0, True, False), (0, True, False), (3, False, False), (1, True, False), (0, True, False),
-        (0, True, False)]
+        (0, True, False), (0, True, False), (3, False, False), (1, True, False), (0, True, False), (0, True, False)]
     report = load(ab_dir / "report.json")
     assert "1 step(s) failed (see ab.log): [1/1 add] repeat 1/2: A replays A" in report["warnings"]
     assert not any(w.startswith("INCOMPLETE") for w in report["warnings"])
@@ -321,7 +318,7 @@ def test_an_op_whose_record_fails_has_no_rows_and_the_next_op_still_runs(tmp_pat
     args = _ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")
     assert ab.run_from_args(args) == 1
     report = load(_ab_dir(capsys.readouterr().out) / "report.json")
-    assert steps.schedule() == ["A-record", "A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.schedule() == ["A-record", "A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     assert steps.told[1]["argv"][:2] == ["record", "softmax"]
     assert "no rows to compare for add: a side has no completed run" in report["warnings"]
     assert "1 step(s) failed (see ab.log): [1/2 add] A records" in report["warnings"]
@@ -346,22 +343,22 @@ def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_pa
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 0
     out = capsys.readouterr().out
     ab_dir = _ab_dir(out)
-    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
-    retried = steps.told[5]
-    assert retried["argv"] == steps.told[4]["argv"] and retried["starter"] == steps.told[4]["starter"]
+    assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    retried = steps.told[4]
+    assert retried["argv"] == steps.told[3]["argv"] and retried["starter"] == steps.told[3]["starter"]
     assert not (retried["run_dir"] / "half").exists()  # nothing of the dead attempt stays
     assert "[1/1 add] repeat 1/2: B replays A ... 1/1 (its warm worker died: restarted, the step retried) 1/1 ok" \
         in out
     assert "side B: the warm worker died during the step: restarting it, retrying\n" in (ab_dir / "ab.log").read_text()
-    assert [s["usable"] for s in load(ab_dir / "ab.json")["steps"]] == [True] * 7
+    assert [s["usable"] for s in load(ab_dir / "ab.json")["steps"]] == [True] * 6
 
 
 def test_a_worker_that_never_comes_up_fails_the_step_after_one_retry(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "lost" if side_dir == "B-1" else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 1
     ab_dir = _ab_dir(capsys.readouterr().out)
-    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
-    step = load(ab_dir / "ab.json")["steps"][4]
+    assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
+    step = load(ab_dir / "ab.json")["steps"][3]
     assert (step["what"], step["exit"], step["usable"]) == ("[1/1 add] repeat 1/2: B replays A", 1, False)
     assert (ab_dir / "ab.log").read_text().count("side B: it never came up\n") == 2
 
@@ -371,15 +368,15 @@ def test_a_sigterm_during_a_step_stops_the_ab_and_reports_what_completed(tmp_pat
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 3\n")) == 128 + signal.SIGTERM
     out = capsys.readouterr().out
     ab_dir = _ab_dir(out)
-    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2"]
+    assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2"]
     assert "\ninterrupted (SIGTERM): stopping the running side and reporting what completed\n" in out
     assert "reporting what completed\n\ninterrupted" not in out  # said once, by the step
     state = load(ab_dir / "ab.json")
     assert state["complete"] is False and state["running"]["what"] == "[1/1 add] repeat 2/3: A replays A"
     assert (state["running"]["side"], state["running"]["args"], state["running"]["run_dir"]) == (
-        "A", steps.told[5]["argv"], str(steps.told[5]["run_dir"]))
+        "A", steps.told[4]["argv"], str(steps.told[4]["run_dir"]))
     report = load(ab_dir / "report.json")
-    assert report["warnings"][0] == "INCOMPLETE: interrupted after 5 completed steps; rows below cover only those"
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 4 completed steps; rows below cover only those"
     assert len(report["rows"][0]["a_ms"]) == 1 and not any("failed" in w for w in report["warnings"])
     assert not Path(state["triton_caches"]["A"]["dir"]).parent.exists()
 
@@ -390,7 +387,7 @@ def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert "\ninterrupted (SIGINT): reporting what completed\n" in out
     report = load(_ab_dir(out) / "report.json")
-    assert report["warnings"][0] == "INCOMPLETE: interrupted after 6 completed steps; rows below cover only those"
+    assert report["warnings"][0] == "INCOMPLETE: interrupted after 5 completed steps; rows below cover only those"
 
 
 def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_path, monkeypatch, capsys):
@@ -603,12 +600,12 @@ def test_the_command_line_picks_how_steps_start_and_which_carry_the_passes(tmp_p
     assert ab.run_from_args(args) == 0
     out = capsys.readouterr().out
     assert "A/B adhoc: A = as is; B = X=1; ops add; 2 repeats interleaved\n" in out
-    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
-    # Prewarmed by default: a worker of its own a step (7 more), B's in B's environment.
+    assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    # Prewarmed by default: a worker of its own a step (6 more), B's in B's environment.
     mine = [t["starter"].__self__ for t in steps.told]
-    assert len(steps.workers) == 2 + 7 and len({id(w) for w in mine}) == 7
+    assert len(steps.workers) == 2 + 6 and len({id(w) for w in mine}) == 6
     assert all(t["python"] is None for t in steps.told)
-    assert [bool(w.env.get("X")) for w in mine] == [False, False, True, False, True, False, True]
+    assert [bool(w.env.get("X")) for w in mine] == [False, True, False, True, False, True]
     with pytest.raises(UsageError, match=r"^--b-env 'novalue': expected KEY=VAL$"):
         ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--b-env", "novalue"))
 
@@ -665,26 +662,26 @@ def test_an_ab_calls_a_row_only_at_the_false_discovery_rate_it_was_given(tmp_pat
 
 def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_step_before_theirs(tmp_path, monkeypatch):
     """prewarmed: a fresh interpreter per step, as fresh, without its imports on the step's clock: the
-    workers of A's record and each side's passes step begun before A records, the repeats' as the record
-    ends (importing beside the untimed passes steps), each forking one step and told to end right after
-    it; the rest ended with the A/B."""
+    workers of A's record and B's passes step begun before A records, the repeats' as the record ends
+    (importing beside B's untimed passes step), each forking one step and told to end right after it; the
+    rest ended with the A/B."""
     steps = Steps(monkeypatch)
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\nstep_start: prewarmed\n")) == 0
-    per_op = 7  # A: record, passes, 2 repeats; B: passes, 2 repeats
+    per_op = 6  # A: record (carrying A's passes), 2 repeats; B: passes, 2 repeats
     assert len(steps.told) == 2 * per_op
-    assert steps.schedule()[:per_op] == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.schedule()[:per_op] == ["A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     starters = [t["starter"].__self__ for t in steps.told]
     assert len({id(w) for w in starters}) == len(steps.told)  # no worker forks two steps
-    # Before each op's record: its record's and passes steps' workers, begun; no repeat's yet.
+    # Before each op's record: its record's and B's passes step's workers, begun; no repeat's yet.
     for first in (0, per_op):
-        assert steps.told[first]["begun"] == [True] * (first + 3)
-    # Before A's passes step (the record done): every repeat's too, all begun.
+        assert steps.told[first]["begun"] == [True] * (first + 2)
+    # Before B's passes step (the record done): every repeat's too, all begun.
     for passes in (1, per_op + 1):
         assert steps.told[passes]["begun"] == [True] * (passes - 1 + per_op)
     # Before each op's first timed step, every worker begun had its imports done: none imports beside it.
-    for first_timed in (3, per_op + 3):
+    for first_timed in (2, per_op + 2):
         imported = steps.told[first_timed]["imported"][first_timed:]  # the workers of the steps to come
-        assert imported == [True] * (per_op - 3)
+        assert imported == [True] * (per_op - 2)
     # Each step's worker was told to end as its step did: before the next step started.
     assert all(id(before) in told["closed"] for before, told in zip(starters[:-1], steps.told[1:], strict=True))
     # Each step ran on its own side's worker (the side's environment and cache).
@@ -692,7 +689,7 @@ def test_prewarmed_steps_each_get_a_worker_of_their_own_begun_before_the_step_be
         assert told["argv"][-1].endswith(f"{told['side']}-d{told['side'].lower()}")
         assert worker.cache_root == str(Path(told["argv"][-1]).parent)
     # The first op's first workers import while the sides' Triton is identified (a subprocess each), not after.
-    assert steps.begun_when_identified == [[True] * 3] * 2
+    assert steps.begun_when_identified == [[True] * 2] * 2
     assert all(w.closed for w in steps.workers)
 
 
@@ -703,7 +700,7 @@ def test_prewarmed_workers_are_a_bounded_pool_whatever_the_repeats(tmp_path, mon
     steps = Steps(monkeypatch)
     plan = "ops: [add]\nrepeats: 40\nstep_start: prewarmed\nb: {env: {SIDE: b}}\n"
     assert ab.run_from_args(_ab(tmp_path, plan)) == 0
-    assert len(steps.told) == 1 + 2 + 2 * 40
+    assert len(steps.told) == 1 + 1 + 2 * 40
     # Each forked step waits at its start gate: a stop during its worker's start runs nothing of it.
     assert all(t["gated"] for t in steps.told)
     starters = [t["starter"].__self__ for t in steps.told]
@@ -717,14 +714,14 @@ def test_prewarmed_workers_are_a_bounded_pool_whatever_the_repeats(tmp_path, mon
 
 
 def test_prewarmed_workers_of_an_op_whose_record_failed_serve_the_next_op(tmp_path, monkeypatch):
-    """A record that failed leaves its op's passes workers unused: the next op's record and passes take
-    them (no more begun than its steps need), its repeats' come as its record ends."""
+    """A record that failed leaves its op's passes worker unused: the next op's passes step takes it (no
+    more begun than its steps need), its repeats' come as its record ends."""
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir == "A-record" and
                   not any(t["run_dir"].parent.name == "A-record" for t in steps.told[:-1]) else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\nstep_start: prewarmed\n")) == 1
-    assert steps.schedule() == ["A-record", "A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
-    assert len(steps.workers) == 8  # the failed record's, then the 7 of the second op's steps
-    assert steps.told[1]["begun"] == [True] * 4
+    assert steps.schedule() == ["A-record", "A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    assert len(steps.workers) == 7  # the failed record's, then the 6 of the second op's steps
+    assert steps.told[1]["begun"] == [True] * 3
 
 
 def test_the_reports_modules_are_imported_beside_the_first_steps_and_done_before_any_timed_one(tmp_path, monkeypatch):
@@ -764,9 +761,9 @@ def test_the_reports_modules_are_imported_beside_the_first_steps_and_done_before
 
     monkeypatch.setattr(ab_runner, "preload_reports", lambda: events.append(("begun", len(steps.told))) or Preload())
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\n")) == 0
-    # Begun before A's record; joined after each op's passes steps (A-record, A-passes, B-passes), before A-1.
-    assert events == [("begun", 0), ("joined", 3), ("joined", 10)]
-    assert [t["run_dir"].parent.name for t in steps.told][3] == "A-1"
+    # Begun before A's record; joined after each op's record and passes step (A-record, B-passes), before A-1.
+    assert events == [("begun", 0), ("joined", 2), ("joined", 8)]
+    assert [t["run_dir"].parent.name for t in steps.told][2] == "A-1"
 
 
 def test_prewarmed_steps_that_all_carry_the_passes_begin_no_worker_for_a_passes_step(tmp_path, monkeypatch):
@@ -793,6 +790,6 @@ def test_a_worker_that_died_importing_before_the_first_timed_step_is_said_and_it
     monkeypatch.setattr(FakeWorker, "wait_ready", wait_ready)
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: prewarmed\n")) == 0
     assert len(waited) == 4  # each repeat's worker, before the first repeat
-    assert steps.schedule() == ["A-record", "A-passes", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
     assert "the warm worker of /x did not start (exit 1; see the log): its step begins another\n" in log

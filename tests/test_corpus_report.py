@@ -326,19 +326,23 @@ def test_interpreter_timings_give_no_verdict_and_say_why(tmp_path):
 
 
 # --- per-op A/B dirs (harness.sessions.ab) ----------------------------------------------------------
-def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=(), ttgir=None, passes_ms=None):
+def _ab_dir(root, op, a_ms, b_ms, backend="cuda", failed_b=(), ttgir=None, passes_ms=None, a_passes_step=True):
     """A single-op ab dir: ab.json's steps as ab.Runner writes them, naming each step's run dir (a
     failed step's too: its rows FAILED); `failed_b`: the repeats (from 1) whose B replay failed;
     `ttgir`: (A's, B's) text of the row's one kernel, whose IR each run then collected, or with
-    `passes_ms` (each passes step's latency), only each side's passes step."""
+    `passes_ms` (each passes run's latency), only each side's passes run: a step of its own, or A's
+    record where not `a_passes_step` (as ab.Runner runs them now; older A/Bs had both steps)."""
     def variants(side, passes=False):
         if ttgir is None or (passes_ms is not None and not passes):
             return None
         return [("64", "fp16", "w4s3__fp16", ttgir[side == "B"], "l" * 16)]
 
+    record_passes = passes_ms is not None and not a_passes_step
+    record = _run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), passes_ms if record_passes else a_ms[0])],
+                  variants("A", record_passes))
     steps = [{"what": f"[1/1 {op}] A records", "side": "A", "args": ["record", op], "exit": 0, "usable": True,
-              "run_dir": str(_run(root / op / "A-record" / "r", [_row(op, "fp16", (64,), a_ms[0])], variants("A")))}]
-    for side in ("A", "B") if passes_ms is not None else ():
+              "run_dir": str(record), **({"passes": True} if record_passes else {})}]
+    for side in ("A", "B")[int(record_passes):] if passes_ms is not None else ():
         run = _run(root / op / f"{side}-passes" / "r", [_row(op, "fp16", (64,), passes_ms)], variants(side, True))
         steps.append({"what": f"[1/1 {op}] {side}'s IR and kernels", "side": side, "args": ["replay", "x"], "exit": 0,
                       "usable": True, "run_dir": str(run), "passes": True})
@@ -364,6 +368,17 @@ def test_ab_dirs_time_from_the_repeats_and_compare_ir_from_the_passes_steps(tmp_
     (row,) = corpus.from_ab_dirs([("builtin:mm", d)], {})["rows"]
     assert row["a_repeats_ms"] == [1.0, 1.002, 0.998] and row["b_repeats_ms"] == [1.0, 1.002, 0.998]
     assert row["run_a"].endswith("A-passes/r") and row["run_b"].endswith("B-passes/r")
+    assert row["ir"]["status"] == "changed"
+
+
+def test_ab_dirs_compare_a_s_ir_from_a_record_that_carried_a_s_passes(tmp_path):
+    # A's record carried A's passes (no A-passes step): A's IR is the record's, its latency in no verdict.
+    d = _ab_dir(tmp_path / "mm", "mm", [1.0, 1.002, 0.998], [1.0, 1.002, 0.998], ttgir=(TTGIR_A, TTGIR_B),
+                passes_ms=1.3, a_passes_step=False)
+    assert [s.get("passes", False) for s in load(d / "ab.json")["steps"][:2]] == [True, True]
+    (row,) = corpus.from_ab_dirs([("builtin:mm", d)], {})["rows"]
+    assert row["a_repeats_ms"] == [1.0, 1.002, 0.998] and row["b_repeats_ms"] == [1.0, 1.002, 0.998]
+    assert row["run_a"].endswith("A-record/r") and row["run_b"].endswith("B-passes/r")
     assert row["ir"]["status"] == "changed"
 
 

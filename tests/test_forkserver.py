@@ -71,7 +71,7 @@ def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start
     assert proc.returncode == 0, out
     d = _ab_dir(tmp_path)
     log = (d / "ab.log").read_text()
-    steps = ("A-record", "A-passes", "B-passes", *STEPS[1:]) if passes == "once" else STEPS
+    steps = ("A-record", "B-passes", *STEPS[1:]) if passes == "once" else STEPS
     assert sorted(p.name for p in (d / "add").iterdir()) == sorted(steps)
     # fork: one worker per side forks every step; prewarmed: a worker of its own forks each step (all
     # begun as the op starts); fresh: a process per step, no worker.
@@ -80,15 +80,13 @@ def test_steps_start_as_asked_and_one_off_passes_run_where_asked(tmp_path, start
     assert len(set(forked_by)) == {"fork": 2, "fresh": 0, "prewarmed": len(steps)}[start]
     assert log.count("-m harness.worker ") == len(set(forked_by))
     kinds = {step: _spec(d / "add" / step)["only"] for step in steps}
-    # once: each side's passes step, before the repeats, carries IR and attribution (what the reports
-    # read) and times at a token budget (no verdict uses its timings); every repeat times only; A's
-    # record leaves both out (its configs are what the A/B reads).
-    assert kinds == ({"A-record": "configs", "A-passes": "passes", "B-passes": "passes", "A-1": "timing",
-                      "B-1": "timing", "A-2": "timing", "B-2": "timing"} if passes == "once"
-                     else dict.fromkeys(STEPS))
+    # once: A's record and B's passes step, before the repeats, carry IR and attribution (what the reports
+    # read) and time at a token budget (no verdict uses their timings); every repeat times only.
+    assert kinds == ({"A-record": "passes", "B-passes": "passes", "A-1": "timing", "B-1": "timing", "A-2": "timing",
+                      "B-2": "timing"} if passes == "once" else dict.fromkeys(STEPS))
     recorded = [(s["side"], s.get("passes", False)) for s in load(d / "ab.json")["steps"]]
-    assert recorded == ([("A", False), ("A", True), ("B", True), ("A", False), ("B", False), ("A", False),
-                         ("B", False)] if passes == "once" else [("A", False)] + [("A", False), ("B", False)] * 2)
+    assert recorded == ([("A", True), ("B", True), ("A", False), ("B", False), ("A", False), ("B", False)]
+                        if passes == "once" else [("A", False)] + [("A", False), ("B", False)] * 2)
     # The verdicts stand on the repeats alone: each row has 2 latencies a side, not 3.
     assert {len(r["a_ms"]) for r in load(d / "report.json")["rows"]} == {2}
     assert load(d / "ab.json")["plan"]["step_start"] == start

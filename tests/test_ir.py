@@ -365,4 +365,4 @@ def test_compare_ir_of_an_ab_step_without_ir_points_to_the_run_that_has_it(tmp_p
     assert cli.main(["compare-ir", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert capsys.readouterr().err == (
         f"error: {tmp_path / 'a'} has no ttgir/index.tsv ({ONLY[only]}: an A/B collects IR in "
-        "each side's passes step (A-passes and B-passes))\n")
+        "A's record and B's passes step (A-record and B-passes; a bisect probe in A-passes and B-passes))\n")

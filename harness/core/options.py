@@ -673,8 +673,8 @@ class ExperimentOptions(OptionSet):
         check=lambda v: type(v) is int and 1 <= v <= MAX_CHUNK, what=f"an integer from 1 to {MAX_CHUNK}")
     step_passes: str | None = option(
         flag="--step-passes", group="experiment", commands=("ab",), choices=STEP_PASSES,
-        help="where IR collection and per-kernel attribution run: once (a step of their own per side, A-passes "
-             "and B-passes, whose timings no verdict uses; the record and every repeat time only) or every "
+        help="where IR collection and per-kernel attribution run: once per side (A's in its record, B's in a "
+             "step of its own, B-passes; their timings no verdict uses, every repeat times only) or every "
              "(every step) (default: once)",
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
 

@@ -334,7 +334,7 @@ def compare(run_a: Path, run_b: Path) -> list[dict]:
     return out
 
 
-# Why a run collected no IR where an A/B's passes steps carry it: its repeats and its record.
+# Why a run collected no IR where an A/B's passes carry it: its repeats, and a bisect's record.
 LEFT_TO_PASSES_STEPS = (ONLY["timing"], ONLY["configs"])
 
 
@@ -350,7 +350,8 @@ def _why_no_ir(run: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return "IR collection was off or it is not a run dir"
     if reason in LEFT_TO_PASSES_STEPS:
-        return f"{reason}: an A/B collects IR in each side's passes step (A-passes and B-passes)"
+        return (f"{reason}: an A/B collects IR in A's record and B's passes step (A-record and B-passes; a "
+                "bisect probe in A-passes and B-passes)")
     return f"IR collection off: {reason}"
 
 

@@ -73,7 +73,7 @@ def op_figures(ab_json: Path) -> dict:
     state = json.loads(ab_json.read_text())
     steps = [s for s in state["steps"] if s["usable"]]
     record = [s["seconds"] for s in steps if s["args"][0] == "record"]
-    passes = [s["seconds"] for s in steps if s.get("passes")]
+    passes = [s["seconds"] for s in steps if s.get("passes") and s["args"][0] != "record"]  # A's record: A's passes
     timed = [s for s in steps if s["args"][0] == "replay" and not s.get("passes")]
     busy = [busy_s(Path(s["run_dir"])) for s in timed]
     rows = len(json.loads((Path(timed[0]["run_dir"]) / "results.json").read_text())["rows"]) if timed else 0

@@ -10,6 +10,11 @@ printed; then one more, its pytest child profiled (DIR/<op>.child.prof), and the
 package (inclusive seconds of the outermost import, so nested imports are not counted twice) and the
 count of modules it imported that the worker had not.
 Prints, per op, the median forked replay wall and the tables. No nox needed.
+
+With --setup-steps the record and B's passes are forked from the warm process too, each profiled
+(DIR/<op>.record.prof, DIR/<op>.passes-cold.prof): the record as an A/B's (--passes-only: A's passes
+ride on it) into a fresh Triton cache, then B's passes in a cold cache of its own, as a side whose
+compiler differs compiles every kernel again.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ class ImportClock:
         self.bootstrap._find_and_load = self.original
 
 
-def forked_step(argv: list[str]) -> tuple[float, int]:
+def forked_step(argv: list[str], env: dict | None = None) -> tuple[float, int]:
     """(wall seconds, exit code) of `python -m harness ARGV` forked from this warm process."""
     from harness import worker
 
@@ -90,6 +95,7 @@ def forked_step(argv: list[str]) -> tuple[float, int]:
     if pid == 0:
         code = 1
         try:
+            os.environ.update(env or {})
             os.setsid()
             log = os.open(os.devnull, os.O_WRONLY)
             os.dup2(log, 1)
@@ -101,7 +107,7 @@ def forked_step(argv: list[str]) -> tuple[float, int]:
     return time.monotonic() - start, os.waitstatus_to_exitcode(status)
 
 
-def profile_child(out: Path, op_name: str) -> None:
+def profile_child(out: Path, op_name: str, kind: str = "child") -> None:
     """The forked pytest child (harness.sessions.run forks runner.entry) profiled, its imports clocked."""
     from harness.child import runner
 
@@ -119,7 +125,7 @@ def profile_child(out: Path, op_name: str) -> None:
                 finally:
                     prof.disable()
         finally:
-            prof.dump_stats(str(out / f"{op_name}.child.prof"))
+            prof.dump_stats(str(out / f"{op_name}.{kind}.prof"))
             new = sorted(set(sys.modules) - before)
             (out / f"{op_name}.imports.json").write_text(json.dumps(
                 {"seconds": dict(clock.seconds.most_common()), "new_modules": len(new),
@@ -127,6 +133,34 @@ def profile_child(out: Path, op_name: str) -> None:
 
     runner.entry = entry
     return original
+
+
+def setup_steps(op: str, name: str, record_dir: Path, work: Path, args) -> dict:
+    """The A/B's record of `op` and B's passes, forked from this warm process and profiled; their walls."""
+    extra = [*_flaggems_args(args.flaggems_dir), *(["--shapes", args.shapes] if args.shapes else []),
+             *(["--dtypes", args.dtypes] if args.dtypes else []),
+             *(["--backend", args.backend] if args.backend else [])]
+    steps = {
+        "record": (["record", op, "--run-dir", str(record_dir), "--passes-only", *extra], None),
+        "passes-cold": (["replay", str(record_dir), "--run-dir", str(work / name / "passes-cold"), "--passes-only"],
+                        {"TRITON_CACHE_DIR": str(work / name / "cold-cache")}),
+    }
+    walls = {}
+    for kind, (argv, env) in steps.items():
+        original = profile_child(args.out, name, kind)
+        try:
+            walls[kind], code = forked_step(argv, env)
+        finally:
+            sys.modules["harness.child.runner"].entry = original
+        print(f"{op}: {kind} forked, profiled: {walls[kind]:.2f} s (exit {code})")
+        if kind == "record" and code not in (0, 1):
+            raise SystemExit(f"{op}: the record failed")
+        stats = pstats.Stats(str(args.out / f"{name}.{kind}.prof"))
+        print(f"--- {op}: {kind} profile, top by cumulative time")
+        stats.sort_stats("cumulative").print_stats(40)
+        print(f"--- {op}: {kind} profile, top by own time")
+        stats.sort_stats("tottime").print_stats(15)
+    return walls
 
 
 def main() -> int:
@@ -138,6 +172,7 @@ def main() -> int:
     parser.add_argument("--no-preload", action="store_true", help="the checkout's package left to each step")
     parser.add_argument("--backend")
     parser.add_argument("--replays", type=int, default=3)
+    parser.add_argument("--setup-steps", action="store_true", help="the record and passes forked and profiled too")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     ops = args.op or ["builtin:softmax", "flaggems:exp", "flaggems:layer_norm"]
@@ -149,7 +184,8 @@ def main() -> int:
     records = {}
     for op in ops:
         records[op] = work / op.replace(":", "-") / "record"
-        record(op, records[op], args)
+        if not args.setup_steps:
+            record(op, records[op], args)
 
     # This process becomes a side's warm worker: the same imports and set-up, no device touched.
     start = time.monotonic()
@@ -165,16 +201,18 @@ def main() -> int:
 
     scratch = paths.make_private_dir("profile")
     if args.flaggems_dir and not args.no_preload:  # as a worker whose steps run FlagGems ops
-        preload = argparse.Namespace(backend=args.backend or "cuda", flagtune="0", facts_file=None,
-                                     preload=[str(Path(d.partition("=")[2] or d).resolve()) for d in args.flaggems_dir])
-        facts = worker._read_facts(preload, worker._start_facts(preload.backend, None))
+        backend = args.backend or "cuda"
+        facts = worker._read_facts(None, worker._start_facts(backend, None))
         if facts is not None:
-            worker._preload(preload, facts, scratch)
+            worker._preload(backend, [str(Path(d.partition("=")[2] or d).resolve()) for d in args.flaggems_dir],
+                            "0", facts, scratch)
     print(f"warm set-up: {time.monotonic() - start:.1f} s; cuda initialized here: {torch.cuda.is_initialized()}")
 
     summary = {}
     for op in ops:
         name = op.replace(":", "-")
+        if args.setup_steps:
+            summary[op] = setup_steps(op, name, records[op], work, args)
         walls = []
         for i in range(args.replays):
             argv = ["replay", str(records[op]), "--run-dir", str(work / name / f"r{i}"), "--timing-only"]
@@ -189,7 +227,7 @@ def main() -> int:
             sys.modules["harness.child.runner"].entry = original
         print(f"{op}: profiled forked replay: {wall:.2f} s (exit {code})")
         run_json = json.loads((work / name / "r0" / "run.json").read_text())
-        summary[op] = {"walls": walls, "median": statistics.median(walls), "profiled": wall,
+        summary[op] = {**summary.get(op, {}), "walls": walls, "median": statistics.median(walls), "profiled": wall,
                        "rows": run_json.get("outcome", {}).get("rows_done")}
         imports = json.loads((args.out / f"{name}.imports.json").read_text())
         print(f"--- {op}: child imports (inclusive s, outermost): "

@@ -1,5 +1,5 @@
-"""The A/B experiment: side A records once, each side replays A's configs once, untimed, for its IR
-and per-kernel attribution (the passes steps), then both sides replay A's configs in separate
+"""The A/B experiment: side A records once (carrying A's IR and per-kernel attribution), B replays A's
+configs once, untimed, for B's (its passes step), then both sides replay A's configs in separate
 processes, interleaved A B A B ... for N repeats, so drift and heat hit both sides alike.
 
 A side differs from the other by environment variables (a compiler switch) and/or a Python

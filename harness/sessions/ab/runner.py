@@ -1,4 +1,4 @@
-"""The A/B's runner: each op's steps (A's record, each side's passes, the interleaved repeats and,
+"""The A/B's runner: each op's steps (A's record with A's passes, B's passes, the interleaved repeats and,
 with --repeats auto, the rounds after the first), each in a process of its own, fresh or forked by a
 warm worker; the sides' Triton caches; ab.json and ab.log."""
 
@@ -34,7 +34,7 @@ from harness.sessions.ab.steps import (
 
 LOG_FILE = "ab.log"
 # prewarmed: at most this many workers a side importing or waiting at once, whatever --repeats asks (a
-# 3-repeat op begins 5 for A: its record, passes and repeats). A step past them gets a worker begun as it
+# 5-repeat op begins 6 for A: its record and repeats). A step past them gets a worker begun as it
 # starts, its imports paid before it times, nothing timed beside them.
 PREWARM_MAX_PER_SIDE = 6
 
@@ -273,16 +273,16 @@ class Runner:
 
     def _prewarm(self, record: bool) -> None:
         """prewarmed: a worker begun for each step to come, importing while no step measures. Before
-        the op's record (`record`): the record's and each side's passes step's; as the record ends,
-        each repeat's, importing beside the untimed passes steps. Fewer import faster: on an H200
-        host the record's worker, begun with all 12 others of a 3-repeat op, took 2.8 s. Where every
-        step runs the passes (no untimed step), all the op's workers are begun before its record."""
+        the op's record (`record`): the record's and B's passes step's; as the record ends, each
+        repeat's, importing beside B's untimed passes step. Fewer import faster: on an H200 host the
+        record's worker, begun with all 12 others of a 3-repeat op, took 2.8 s. Where every step runs
+        the passes (no untimed step), all the op's workers are begun before its record."""
         plan = self.plan
         passes = 1 if plan.step_passes == "once" else 0
         # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
         repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
         repeats = 0 if self.hosted else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
-        for side, steps in ((plan.a, int(record) + passes + repeats), (plan.b, passes + repeats)):
+        for side, steps in ((plan.a, int(record) + repeats), (plan.b, passes + repeats)):
             spare = self.spares.setdefault(side.name, [])
             while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
                 spare.append(self._new_worker(side))
@@ -369,7 +369,7 @@ class Runner:
 
     def _ready_before_timing(self) -> None:
         """prewarmed: every begun worker's imports done before the first timed step. The repeats' are
-        begun as the record ends and mostly done within the passes steps, but not where those were
+        begun as the record ends and mostly done within B's passes step, but not where that was
         quick or the workers many (2 x --repeats at once)."""
         for worker in (*(w for spares in (self.spares, self.host_spares) for spare in spares.values() for w in spare),
                        *self.step_workers.values()):
@@ -443,7 +443,8 @@ class Runner:
                                  f"{t.tag} repeat {n + 1}/{plan.max_repeats} (round {k + 1}, {len(still)} rows)", cases)
 
     def _record_and_passes(self, i: int, op: str) -> _TimedOp | None:
-        """Op `i`'s record by A and each side's passes step; what its repeats need (None: no record)."""
+        """Op `i`'s record by A (carrying A's passes) and B's passes step; what its repeats need (None: no
+        record)."""
         plan = self.plan
         tag = f"[{i}/{len(plan.ops)} {op}]"
         if plan.step_start == "prewarmed":
@@ -453,9 +454,12 @@ class Runner:
         # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
         record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
         once = plan.step_passes == "once"
-        # Where passes run once the A/B reads the record's configs alone: not its IR, nor its timings.
-        record = self.step(plan.a, plan.request("record", op, record_dir, "configs" if once else None),
-                           f"{tag} A records")
+        # Where passes run once A's record carries A's (IR, per-kernel attribution of the configs it picked,
+        # its sweeps' launches left out), timed at a token budget: the A/B reads its configs, not its
+        # timings. A step of A's own replaying them cost a process, every case's inputs and its profiler
+        # pass again (a FlagGems op's record and passes steps were each 20-45 s at its own shapes).
+        record = self.step(plan.a, plan.request("record", op, record_dir, "passes" if once else None),
+                           f"{tag} A records", passes=once)
         if record is None:
             return None
         runs["record"].append(record)
@@ -464,17 +468,17 @@ class Runner:
         if once:
             from reports import compare  # imported beside the record by preload_reports
 
-            # Each side's one-off passes (IR, per-kernel attribution) in a step of their own whose
-            # timings no verdict uses (so it times at a token budget): a kernel timed in a process
-            # after the profiler ran in it is slower (on an H200, 1-2 us kernels by 10-20%, for the
-            # rest of the process), so the repeats never profile. It also compiles B's kernels
-            # before any repeat times them.
-            for side in (plan.a, plan.b):
-                passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
-                passed = self.step(side, plan.request("replay", str(record), passes_dir, "passes"),
-                                   f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
-                if passed is not None:
-                    runs.setdefault(compare.passes_key(side.name), []).append(passed)
+            runs.setdefault(compare.passes_key(plan.a.name), []).append(record)
+            # B's one-off passes in a step of its own whose timings no verdict uses (so it times at a
+            # token budget): a kernel timed in a process after the profiler ran in it is slower (on an
+            # H200, 1-2 us kernels by 10-20%, for the rest of the process), so the repeats never
+            # profile. It also compiles B's kernels before any repeat times them.
+            side = plan.b
+            passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
+            passed = self.step(side, plan.request("replay", str(record), passes_dir, "passes"),
+                               f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
+            if passed is not None:
+                runs.setdefault(compare.passes_key(side.name), []).append(passed)
         return _TimedOp(op, tag, op_dir, runs, record)
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
