@@ -38,9 +38,9 @@ def test_each_side_reuses_its_own_cache_across_its_steps_and_never_the_others(tm
     by_side = {}
     for env, argv in steps:
         by_side.setdefault("B" if env.get("SWITCH") else "A", set()).add(argv_cache(argv))
-    assert len(steps) == 7  # A records, A's and B's passes, then A B A B
+    assert len(steps) == 6  # A records (with A's passes), B's passes, then A B A B
     # fork: both sides' workers, as the A/B starts; prewarmed: one a step, all before the first
-    assert len(begun) == {"fork": 2, "prewarmed": 7, "fresh": 0}[step_start]
+    assert len(begun) == {"fork": 2, "prewarmed": 6, "fresh": 0}[step_start]
     (cache_a,), (cache_b,) = by_side["A"], by_side["B"]
     assert cache_a != cache_b and None not in (cache_a, cache_b)
     keys = runner.state["triton_caches"]

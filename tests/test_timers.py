@@ -195,9 +195,9 @@ def flaggems_row(timers_by_side):
     results = FakeResults()
     timed_sides = []
 
-    def measure(name, fns):
+    def measure(name, fns, carried):
         (side,) = fns
-        timed_sides.append(side)
+        timed_sides.append((side, carried))
         return timers.Timed({side: Measurement([1.0], next(sides))}, "unused")
 
     plugin = FlagGemsPlugin(ctx, results, measure=measure, autotune=None)
@@ -207,7 +207,8 @@ def flaggems_row(timers_by_side):
     for _ in timers_by_side:
         plugin._latency(bench, lambda x: x, (torch.ones(2, 3),), {})
     (row,) = results.rows
-    assert timed_sides == ["baseline", "candidate"]  # named as upstream times them: its markers say which
+    # Named as upstream times them (its markers say which); the row carries the candidate's kernels alone.
+    assert timed_sides == [("baseline", False), ("candidate", True)]
     return row
 
 
@@ -490,6 +491,32 @@ def test_cold_graph_samples_within_the_flush_noise_are_marked():
     t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
     assert t.marks == ["L2_FLUSH_DOMINATES flush_ms=10 detail='the op takes less than the flush's own variation: its "
                        "cold time is not resolved by the graph timer; use --timer profiler'"]
+
+
+def test_only_the_sides_asked_for_are_attributed_and_marked():
+    t = FakeGraphTimer()
+    t._profile = lambda fn, calls: [[] for _ in range(calls)]  # a view op: profiled calls, no kernels
+    timed = t.measure_pair("alias", FNS, attributed=("candidate",))
+    assert timed.measurements["baseline"].kernels is None and timed.measurements["candidate"].kernels == []
+    assert [m.split()[1] for m in t.marks] == ["side=candidate"]
+
+
+def test_the_timing_plugin_attributes_the_side_whose_kernels_its_row_carries_alone():
+    asked = []
+
+    class Recording:
+        def measure_pair(self, name, fns, relocate, attributed):
+            asked.append(tuple(attributed))
+            return timers.Timed({side: Measurement([1.0], "graph") for side in fns}, "graph")
+
+    plugin = TimingPlugin(ctx=None)
+    plugin.timer = Recording()
+    fn = lambda: None  # noqa: E731
+    plugin.measure("add", {"baseline": fn, "candidate": fn})  # a built-in op's pair: the candidate's
+    plugin.measure("flaggems:mm", {"baseline": fn}, carried=False)  # upstream's torch call, before FlagGems'
+    plugin.measure("flaggems:mm", {"candidate": fn}, carried=True)
+    plugin.measure("flaggems:x", {"baseline": fn})  # a benchmark timing one side: that side's
+    assert asked == [("candidate",), (), ("candidate",), ("baseline",)]
 
 
 def test_every_side_is_attributed_after_timing_whatever_the_timer():

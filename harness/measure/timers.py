@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -220,14 +220,15 @@ class Timer:
 
     # --- public ------------------------------------------------------------------------------
     def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]],
-                     relocate: Callable[[], None] | None = None) -> Timed:
-        """Time every fn on one caliber, then attribute each side's device time to its kernels.
-        `relocate`, where given, moves the fns' inputs to fresh buffers before each later window."""
+                     relocate: Callable[[], None] | None = None, attributed: Collection[str] | None = None) -> Timed:
+        """Time every fn on one caliber, then attribute the device time of each side in `attributed`
+        (default: every side) to its kernels. `relocate`, where given, moves the fns' inputs to fresh
+        buffers before each later window."""
         self._relocate = relocate
         timed = self._time_pair(test_name, fns)
         if self.attribute and self.backend.profiler_activity:
             for side, measurement in timed.measurements.items():
-                if measurement.kernels is None:
+                if measurement.kernels is None and (attributed is None or side in attributed):
                     self._attribute(side, fns[side], measurement)
         return timed
 

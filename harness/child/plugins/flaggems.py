@@ -357,7 +357,9 @@ class FlagGemsPlugin:
         # Upstream times the baseline first, then the candidate: the side is named as it is timed,
         # so its markers (NO_DEVICE_WORK side=...) say which one.
         side = roles[min(len(self.pending), len(roles) - 1)]
-        measurement = self.measure(self.ctx.spec.op, {side: fn}).measurements[side]
+        # The row carries the kernels of the side timed last.
+        carried = len(self.pending) >= len(roles) - 1
+        measurement = self.measure(self.ctx.spec.op, {side: fn}, carried=carried).measurements[side]
         self.pending.append(measurement)
         if len(self.pending) == len(roles):
             self._row(bench, roles)

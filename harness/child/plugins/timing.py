@@ -49,11 +49,15 @@ class TimingPlugin:
             observed["max_noise"] = {"applied": False, "reason": reason}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": observed})
 
-    def measure(self, test_name, fns, relocate=None):
+    def measure(self, test_name, fns, relocate=None, carried=True):
         """(test name, {side: fn}[, relocate]) -> Timed: the test's `measure_pair`, and what the runner
-        hands the FlagGems plugin for upstream's `get_latency` (one side per call, the candidate last)."""
+        hands the FlagGems plugin for upstream's `get_latency` (one side per call, the candidate last;
+        `carried`: whether the row carries this call's kernels). Only the side whose kernels the row
+        carries is attributed: the candidate, or a call's one side. The baseline's profiler pass was
+        half of every passes step's profiling, for kernels no report reads."""
+        attributed = ("candidate",) if "candidate" in fns else fns if carried else ()
         try:
-            timed = self.timer.measure_pair(test_name, fns, relocate)
+            timed = self.timer.measure_pair(test_name, fns, relocate, attributed)
         except CapturePoisoned as exc:
             self.poisoned = str(exc)
             raise
