@@ -97,6 +97,13 @@ class Backend:
     # Default timing budgets (ms); the interpreter is orders of magnitude slower.
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
+    # Default within-process stopping (--max-noise, a fraction): a side stops sampling once its median's
+    # relative standard error is below it. On an H200 (session 26's A/B, 100 ms a side, ~50 graph replays)
+    # that error was 0.01-0.06% on 11 of 12 rows against 0.24-1.1% of spread between processes, which the
+    # verdict's repeats carry anyway: at 0.1% most sides stop after 10-15 replays, a third of the budget,
+    # and add at most (0.1/0.24)^2 = 17% to a row's variance between repeats (under 7% at 0.4%). A side
+    # that stays noisy still times its whole rep_ms.
+    max_noise: float = 0.001
     identity: Callable[[], dict] | None = None
     # A backend without device indices (the interpreter): how many runs it takes side by side,
     # numbered 0..n-1 like devices, so batch and the parallel sweep shard over it as over GPUs.

@@ -56,6 +56,7 @@ BACKEND = Backend(
     runs_shipped_shapes=False,
     warmup_ms=0.0,
     rep_ms=0.0,
+    max_noise=0.0,
     identity=identity,
     virtual_devices=lambda: os.cpu_count() or 1,  # one interpreter process per core
     # No device to ask: a package imports in a warm worker as it is.

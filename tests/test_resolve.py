@@ -247,3 +247,16 @@ def test_ab_takes_the_same_grammar_before_any_step():
     plan.ops = ["path:softmax"]
     with pytest.raises(UsageError, match="operator 'softmax' is builtin:softmax@softmax"):
         ab_session.check_plan(plan)
+
+
+@pytest.mark.parametrize(("backend", "given", "resolved"), [
+    ("cuda", None, 0.001), ("cuda", 0.0, 0.0), ("cuda", 0.02, 0.02), ("interpreter", None, 0.0)])
+def test_a_records_max_noise_is_the_backends_unless_given_and_zero_turns_it_off(backend, given, resolved,
+                                                                              monkeypatch):
+    """On a GPU a side stops sampling at 0.1% by default (a third of the budget: backends.base says why);
+    an explicit 0 times the whole budget; the interpreter's timings are no numbers to stop on."""
+    monkeypatch.setattr(resolve, "resolve_device", lambda backend, device: 0)  # no GPU here
+    argv = ["record", "add", "--backend", backend, *(["--max-noise", f"{given:%}"] if given is not None else [])]
+    request = cli.parse_request(argv)
+    spec = resolve._record_spec(request, backends.get(backend), op="add", dtypes=["fp32"], shapes_source="x")
+    assert spec.max_noise == pytest.approx(resolved)

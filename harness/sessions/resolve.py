@@ -189,7 +189,7 @@ def _record_spec(request: RunRequest, backend, **fields) -> spec_mod.RunSpec:
         warmup_ms=backend.warmup_ms if given.warmup_ms is None else given.warmup_ms,
         rep_ms=backend.rep_ms if given.rep_ms is None else given.rep_ms,
         windows=spec_mod.DEFAULT_WINDOWS if given.windows is None else given.windows,
-        max_noise=given.max_noise or 0.0,
+        max_noise=backend.max_noise if given.max_noise is None else given.max_noise,
         color=color_enabled(request.color), ir=request.ir, only=request.only,
         precompile=request.precompile,
         **fields)
