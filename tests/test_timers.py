@@ -696,7 +696,9 @@ def standin_timer(monkeypatch, warmup_ms=4.0, rep_ms=100.0, **device):
     accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda(replay_overhead_ms=REPLAY_MS, **device))
     marks = []
     backend = dataclasses.replace(backends.get("cuda"), profiler_activity=None)
-    return Timer(backend, "auto", warmup_ms, rep_ms, marks.append), accel, marks
+    timer = Timer(backend, "auto", warmup_ms, rep_ms, marks.append)
+    timer.host_clock = lambda: accel.host_s  # the host's clock: what the stand-in's calls cost it, not the test's
+    return timer, accel, marks
 
 
 def graph_captures(accel):
@@ -840,6 +842,16 @@ def test_the_direct_timers_calls_are_clamped(monkeypatch, rep_ms, reps):
     t, accel, _ = standin_timer(monkeypatch, warmup_ms=0.0, rep_ms=rep_ms)
     t.timer = "direct"
     assert len(t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms) == reps
+
+
+@pytest.mark.parametrize(("host_ms", "reps"), [(0.0, 256), (CALL_MS / 2, 256), (4 * CALL_MS, 64)])
+def test_the_direct_timer_counts_its_calls_at_the_slower_of_the_device_and_the_host(monkeypatch, host_ms, reps):
+    # 2 ms of budget: an op that waits on the host (4 device-calls' worth of host time a call) gets 2 ms of
+    # host time, not 8; one the device paces, the device's 2 ms.
+    t, accel, _ = standin_timer(monkeypatch, warmup_ms=0.0, rep_ms=2.0)
+    t.timer = "direct"
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS, host_ms=host_ms)}).measurements["x"]
+    assert abs(len(m.samples_ms) - reps) <= 1  # the host's clock in decimal seconds: a ceil may round up
 
 
 @pytest.mark.parametrize("timer", ["graph", "direct"])
