@@ -52,6 +52,7 @@ class FakeGraphTimer(Timer):
         self.attribute = True
         self.error, self.alive, self.graph_calls = error, alive, 0
         self.max_noise = 0.0
+        self._refused = {}
 
     def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
         return profile.per_call(events([("k", 0.001)]) * calls, calls)
@@ -92,6 +93,20 @@ def test_recoverable_failure_times_both_sides_direct_with_marker():
     assert timed.timer == "direct"
     assert {m.timer for m in timed.measurements.values()} == {"direct"}  # one caliber per row
     assert len(t.marks) == 1 and t.marks[0].startswith("TIMER_FALLBACK phase=capture reason=recoverable")
+
+
+def test_a_refused_capture_is_not_tried_again_on_the_tests_later_rows_with_those_sides():
+    error = "CUDA error: operation not permitted when stream is capturing"
+    t = FakeGraphTimer(error)
+    assert t.measure_pair("bincount", FNS).timer == "direct"
+    tried = t.graph_calls
+    later = t.measure_pair("bincount", FNS)
+    assert later.timer == "direct" and t.graph_calls == tried  # no capture, no warmup spent on one
+    assert t.marks[-1] == f"TIMER_FALLBACK phase=earlier_row reason=recoverable detail={error!r}"
+    # Another test, or the same test's other side alone (FlagGems times each side in a call of its own),
+    # tries its own capture.
+    assert t.measure_pair("gelu", FNS).timer == "graph" and t.graph_calls == tried + 2
+    assert t.measure_pair("bincount", {"candidate": FNS["candidate"]}).timer == "graph"
 
 
 def test_fatal_failure_reraises_and_reports_no_number():

@@ -209,6 +209,9 @@ class Timer:
         self._accel = None
         self.host_clock = time.perf_counter  # what a capture costs the host (tests give their own clock)
         self._captured_call_ms = 0.0  # the host time of one call in the last capture
+        # (test, its sides) -> the first line of the recoverable error its capture raised in this run: its
+        # later rows are timed directly without trying again (a failed capture cost a warmup and a check).
+        self._refused: dict[tuple[str, frozenset], str] = {}
         if backend.triton_driver:
             import torch
 
@@ -245,6 +248,10 @@ class Timer:
             self.mark(f"TIMER_FALLBACK phase=deny reason=capture_denied "
                       f"detail='{test_name} is on the {self.backend.name} capture deny list'")
             return Timed(self._windows(fns, self._direct), "direct")
+        refused = (test_name, frozenset(fns))
+        if refused in self._refused:
+            self.mark(f"TIMER_FALLBACK phase=earlier_row reason=recoverable detail={self._refused[refused]!r}")
+            return Timed(self._windows(fns, self._direct), "direct")
         try:
             return Timed(self._windows(fns, self._graph), "graph")
         except _CaptureFailed as failed:
@@ -257,6 +264,7 @@ class Timer:
                 raise failed.error from None
             self.mark(f"TIMER_FALLBACK phase={failed.phase} reason=recoverable detail={detail!r}")
             self._check_alive()
+            self._refused[refused] = detail
             return Timed(self._windows(fns, self._direct), "direct")
 
     def _windows(self, fns: dict[str, Callable[[], object]], timer) -> dict[str, Measurement]:
