@@ -755,16 +755,19 @@ def test_the_graph_timer_unrolls_to_the_replay_target_from_a_probe_and_divides_p
     assert m.l2_flush_ms is None and marks == []
 
 
-@pytest.mark.parametrize(("kernel_ms", "overhead_ms", "unroll"), [
-    (4.0, REPLAY_MS, 1),  # a replay of one call already lasts past the target
-    (2 ** -20, 2 ** -14, timers.GRAPH_MAX_UNROLL),  # a tiny kernel: the unroll is capped
-    (0.0, 0.0, timers.GRAPH_MAX_UNROLL),  # a replay that reads zero divides by nothing
+@pytest.mark.parametrize(("kernel_ms", "overhead_ms", "captures"), [
+    # A call past the target: the probe is sized by the direct estimate, one call, and timed as it is.
+    (4.0, REPLAY_MS, [1]),
+    (1.5, REPLAY_MS, [2]),  # two calls reach the target (FlagGems' 1G-element rows)
+    (2 ** -20, 2 ** -14, [timers.GRAPH_PROBE_CALLS, timers.GRAPH_MAX_UNROLL]),  # a tiny kernel: the unroll capped
+    (0.0, 0.0, [timers.GRAPH_PROBE_CALLS, timers.GRAPH_MAX_UNROLL]),  # a replay that reads zero divides by nothing
 ])
-def test_the_unroll_is_clamped_at_both_ends(monkeypatch, kernel_ms, overhead_ms, unroll):
+def test_the_unroll_is_clamped_at_both_ends(monkeypatch, kernel_ms, overhead_ms, captures):
     accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda(replay_overhead_ms=overhead_ms))
     backend = dataclasses.replace(backends.get("cuda"), profiler_activity=None)
     m = Timer(backend, "graph", 4.0, 100.0, lambda m: None).measure_pair("op", {"x": accel.op(kernel_ms)})
-    assert [calls for calls, _ in graph_captures(accel)] == [timers.GRAPH_PROBE_CALLS, unroll]
+    assert [calls for calls, _ in graph_captures(accel)] == captures
+    unroll = captures[-1]
     sample = (unroll * kernel_ms + overhead_ms) / unroll
     assert m.measurements["x"].samples_ms == [pytest.approx(sample)] * len(m.measurements["x"].samples_ms)
 

@@ -369,15 +369,20 @@ class Timer:
             fn()
         self._sync()
         body = fn if self.l2 == "warm" else self._flushed(fn)
-        graph = self._capture(body, GRAPH_PROBE_CALLS)
+        # The probe unrolls no more calls than the replay target needs at the direct estimate (an upper
+        # bound: it holds the launch gaps). A 1.5 ms call's 10-call probe, replayed 3 times, cost 45 ms of
+        # device time a side, then a second capture at 2 calls (FlagGems' 1G-element rows, 6 of acosh_'s 15).
+        probe = GRAPH_PROBE_CALLS if est <= 0 else max(1, min(GRAPH_PROBE_CALLS,
+                                                             math.ceil(GRAPH_REPLAY_TARGET_MS / est)))
+        graph = self._capture(body, probe)
         host_ms = self._captured_call_ms
         flush_ms = None
         try:
             graph.replay()
             self._sync()
-            per_call = min(self._replay_ms(graph) for _ in range(3)) / GRAPH_PROBE_CALLS
-            unroll = self._unroll(per_call, host_ms)
-            if unroll != GRAPH_PROBE_CALLS:
+            per_call = min(self._replay_ms(graph) for _ in range(3)) / probe
+            unroll = self._unroll(per_call, host_ms, probe)
+            if unroll != probe:
                 graph = None
                 graph = self._capture(body, unroll)
                 graph.replay()
@@ -395,11 +400,11 @@ class Timer:
             graph = None  # release the graph's memory pool before the next measurement
         return Measurement(samples, "graph", l2_flush_ms=flush_ms)
 
-    def _unroll(self, per_call_ms: float, host_ms: float) -> int:
+    def _unroll(self, per_call_ms: float, host_ms: float, probe: int = GRAPH_PROBE_CALLS) -> int:
         """Calls a replay unrolls: enough to reach GRAPH_REPLAY_TARGET_MS of device time, no more than
-        GRAPH_CAPTURE_BUDGET_MS of host time to capture (never fewer than the probe's, already paid)."""
+        GRAPH_CAPTURE_BUDGET_MS of host time to capture (never fewer than the probe's `probe`, already paid)."""
         unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET_MS / max(per_call_ms, 1e-6))))
-        affordable = max(GRAPH_PROBE_CALLS, math.floor(GRAPH_CAPTURE_BUDGET_MS / max(host_ms, 1e-9)))
+        affordable = max(probe, math.floor(GRAPH_CAPTURE_BUDGET_MS / max(host_ms, 1e-9)))
         if unroll <= affordable:
             return unroll
         self.mark(f"GRAPH_UNROLL_CAPPED unroll={affordable} wanted={unroll} host_ms_per_call={host_ms:.3g} "
