@@ -71,7 +71,7 @@ def test_a_process_an_op_leaves_ends_with_each_ab_step(tmp_path):
     proc = harness(tmp_path, "ab", "--ops", "leaving_op", "--ops-path", FAULT_OPS, "--backend", "interpreter",
                    "--repeats", "2", "--out", tmp_path / "ab", ZL_TEST_SETSID="1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert len(load(next((tmp_path / "ab").glob("ab_*/ab.json")))["steps"]) == 7  # each step started one
+    assert len(load(next((tmp_path / "ab").glob("ab_*/ab.json")))["steps"]) == 6  # each step started one
     assert left_by(tmp_path) == []
     assert private_dirs(tmp_path) == []
 
