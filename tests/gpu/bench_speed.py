@@ -110,10 +110,21 @@ def steps(ab_dir: Path) -> list[dict]:
 
 
 def busy_s(run_dir: Path) -> float:
-    """The timer's device budget for the run: rows x 2 sides (baseline, candidate) x (warmup + rep)."""
+    """The timer's device time for the run, per row and side (baseline, candidate): its warmup budget and
+    the samples it took (`samples.<side>.n`; a graph sample is a replay of about GRAPH_REPLAY_TARGET_MS, or
+    one call where that is longer, a direct one a call), at most its rep budget. Under --max-noise a side
+    stops early: rows x 2 x (warmup + rep) overstated it."""
+    from harness.measure.timers import GRAPH_REPLAY_TARGET_MS
+
     spec = json.loads((run_dir / "run.json").read_text())["spec"]
     rows = json.loads((run_dir / "results.json").read_text())["rows"]
-    return len(rows) * 2 * (spec["warmup_ms"] + spec["rep_ms"]) / 1000
+    total_ms = 0.0
+    for row in rows:
+        for side, sampled in (row.get("samples") or {}).items():
+            call_ms = row.get(f"{side}_ms") or 0.0
+            sample_ms = max(call_ms, GRAPH_REPLAY_TARGET_MS) if row.get("timer") == "graph" else call_ms
+            total_ms += spec["warmup_ms"] + min(spec["rep_ms"], (sampled.get("n") or 0) * sample_ms)
+    return total_ms / 1000
 
 
 def timing_only_replays(ab_dir: Path) -> list[dict]:
