@@ -312,11 +312,14 @@ def from_ab_dirs(items: list[tuple[str, Path]], context: dict, fdr: float = stat
             # counted exit 0 alone.
             step.setdefault("usable", step["exit"] == 0 and bool(step.get("run_dir")))
             if step["usable"]:
+                run, record = Path(step["run_dir"]), step["args"][0] == "record"
+                if record:
+                    runs["record"].append(run)
                 # A's record carries A's passes where the passes run once (older A/Bs: a step of their own).
-                record = step["args"][0] == "record"
-                kinds = ["record"] * record + [passes_key(step["side"])] * bool(step.get("passes"))
-                for kind in kinds or [step["side"]]:
-                    runs.setdefault(kind, []).append(Path(step["run_dir"]))
+                if step.get("passes"):
+                    runs.setdefault(passes_key(step["side"]), []).append(run)
+                elif not record:
+                    runs.setdefault(step["side"], []).append(run)
         notes = [f"step failed (exit {s['exit']}): {s['what']}" for s in state.get("steps", []) if not s["usable"]]
         if not state.get("complete"):
             notes.insert(0, "INCOMPLETE: the A/B stopped before its last step")

@@ -209,6 +209,7 @@ class Timer:
         self._accel = None
         self.host_clock = time.perf_counter  # what a capture costs the host (tests give their own clock)
         self._captured_call_ms = 0.0  # the host time of one call in the last capture
+        self._prepared_host_ms = 0.0  # the host time of one call in the last _prepare's estimate
         # (test, its sides) -> the first line of the recoverable error its capture raised in this run: its
         # later rows are timed directly without trying again (a failed capture cost a warmup and a check).
         self._refused: dict[tuple[str, frozenset], str] = {}
