@@ -178,69 +178,73 @@ def main() -> int:
     ops = args.op or ["builtin:softmax", "flaggems:exp", "flaggems:layer_norm"]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="profile_step"))
-    os.environ["TRITON_CACHE_DIR"] = str(work / "triton")
-    os.chdir(REPO)
+    scratch = None
+    try:
+        os.environ["TRITON_CACHE_DIR"] = str(work / "triton")
+        os.chdir(REPO)
 
-    records = {}
-    for op in ops:
-        records[op] = work / op.replace(":", "-") / "record"
-        if not args.setup_steps:
-            record(op, records[op], args)
+        records = {}
+        for op in ops:
+            records[op] = work / op.replace(":", "-") / "record"
+            if not args.setup_steps:
+                record(op, records[op], args)
 
-    # This process becomes a side's warm worker: the same imports and set-up, no device touched.
-    start = time.monotonic()
-    import backends
-    from harness import worker
-    from harness.core import deps, paths
+        # This process becomes a side's warm worker: the same imports and set-up, no device touched.
+        start = time.monotonic()
+        import backends
+        from harness import worker
+        from harness.core import deps, paths
 
-    os.environ.update(backends.get(args.backend or "cuda").child_env)  # as the A/B gives its workers
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    deps.use_deps_dir()
-    worker.import_once(args.backend or "cuda")
-    import torch
+        os.environ.update(backends.get(args.backend or "cuda").child_env)  # as the A/B gives its workers
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+        deps.use_deps_dir()
+        worker.import_once(args.backend or "cuda")
+        import torch
 
-    scratch = paths.make_private_dir("profile")
-    if args.flaggems_dir and not args.no_preload:  # as a worker whose steps run FlagGems ops
-        backend = args.backend or "cuda"
-        facts = worker._read_facts(None, worker._start_facts(backend, None))
-        if facts is not None:
-            worker._preload(backend, [str(Path(d.partition("=")[2] or d).resolve()) for d in args.flaggems_dir],
-                            "0", facts, scratch)
-    print(f"warm set-up: {time.monotonic() - start:.1f} s; cuda initialized here: {torch.cuda.is_initialized()}")
+        scratch = paths.make_private_dir("profile")
+        if args.flaggems_dir and not args.no_preload:  # as a worker whose steps run FlagGems ops
+            backend = args.backend or "cuda"
+            facts = worker._read_facts(None, worker._start_facts(backend, None))
+            if facts is not None:
+                worker._preload(backend, [str(Path(d.partition("=")[2] or d).resolve()) for d in args.flaggems_dir],
+                                "0", facts, scratch)
+        print(f"warm set-up: {time.monotonic() - start:.1f} s; cuda initialized here: {torch.cuda.is_initialized()}")
 
-    summary = {}
-    for op in ops:
-        name = op.replace(":", "-")
-        if args.setup_steps:
-            summary[op] = setup_steps(op, name, records[op], work, args)
-        walls = []
-        for i in range(args.replays):
-            argv = ["replay", str(records[op]), "--run-dir", str(work / name / f"r{i}"), "--timing-only"]
-            wall, code = forked_step(argv)
-            walls.append(wall)
-            print(f"{op}: forked replay {i + 1}: {wall:.2f} s (exit {code})")
-        original = profile_child(args.out, name)
-        try:
-            argv = ["replay", str(records[op]), "--run-dir", str(work / name / "profiled"), "--timing-only"]
-            wall, code = forked_step(argv)
-        finally:
-            sys.modules["harness.child.runner"].entry = original
-        print(f"{op}: profiled forked replay: {wall:.2f} s (exit {code})")
-        run_json = json.loads((work / name / "r0" / "run.json").read_text())
-        summary[op] = {**summary.get(op, {}), "walls": walls, "median": statistics.median(walls), "profiled": wall,
-                       "rows": run_json.get("outcome", {}).get("rows_done")}
-        imports = json.loads((args.out / f"{name}.imports.json").read_text())
-        print(f"--- {op}: child imports (inclusive s, outermost): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in list(imports["seconds"].items())[:15]))
-        print(f"    new modules in the child: {imports['new_modules']}: {imports['by_package'][:12]}")
-        for which in ("child",):
-            print(f"--- {op}: {which} profile, top by cumulative time")
-            stats = pstats.Stats(str(args.out / f"{name}.{which}.prof"))
-            stats.sort_stats("cumulative").print_stats(35)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
+        summary = {}
+        for op in ops:
+            name = op.replace(":", "-")
+            if args.setup_steps:
+                summary[op] = setup_steps(op, name, records[op], work, args)
+            walls = []
+            for i in range(args.replays):
+                argv = ["replay", str(records[op]), "--run-dir", str(work / name / f"r{i}"), "--timing-only"]
+                wall, code = forked_step(argv)
+                walls.append(wall)
+                print(f"{op}: forked replay {i + 1}: {wall:.2f} s (exit {code})")
+            original = profile_child(args.out, name)
+            try:
+                argv = ["replay", str(records[op]), "--run-dir", str(work / name / "profiled"), "--timing-only"]
+                wall, code = forked_step(argv)
+            finally:
+                sys.modules["harness.child.runner"].entry = original
+            print(f"{op}: profiled forked replay: {wall:.2f} s (exit {code})")
+            run_json = json.loads((work / name / "r0" / "run.json").read_text())
+            summary[op] = {**summary.get(op, {}), "walls": walls, "median": statistics.median(walls), "profiled": wall,
+                           "rows": run_json.get("outcome", {}).get("rows_done")}
+            imports = json.loads((args.out / f"{name}.imports.json").read_text())
+            print(f"--- {op}: child imports (inclusive s, outermost): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in list(imports["seconds"].items())[:15]))
+            print(f"    new modules in the child: {imports['new_modules']}: {imports['by_package'][:12]}")
+            for which in ("child",):
+                print(f"--- {op}: {which} profile, top by cumulative time")
+                stats = pstats.Stats(str(args.out / f"{name}.{which}.prof"))
+                stats.sort_stats("cumulative").print_stats(35)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1))
+    finally:  # a step that failed (SystemExit) leaves no work dir behind
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
