@@ -1,6 +1,8 @@
+import collections
 import dataclasses
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -53,6 +55,7 @@ class FakeGraphTimer(Timer):
         self.error, self.alive, self.graph_calls = error, alive, 0
         self.max_noise = 0.0
         self._refused = {}
+        self.host_clock, self.seconds = time.perf_counter, collections.Counter()
 
     def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
         return profile.per_call(events([("k", 0.001)]) * calls, calls)
@@ -481,6 +484,7 @@ class ScriptedReplays(Timer):
         self.replays = {"op": iter(op_ms), "flush": iter(flush_ms)}
         self.order = []
         self.max_noise = 0.0
+        self.host_clock, self.seconds = time.perf_counter, collections.Counter()
 
     def _capture(self, fn, calls):
         return types.SimpleNamespace(name="flush" if fn == self._flush else "op", replay=lambda: None)
@@ -697,6 +701,9 @@ def test_an_interpreter_run_says_once_that_its_rows_carry_no_kernels(tmp_path, h
     assert proc.stdout.count("per-kernel attribution not recorded: backend 'interpreter'") == 1
     rows = load(run_dir_of(proc) / rundir.RESULTS_JSON)["rows"]
     assert len(rows) > 1 and all(r["status"] == "SUCCESS" and "kernels" not in r for r in rows)
+    # Where the rows' timing went, by phase: the host timer warms up and samples, nothing else.
+    seconds = load(run_dir_of(proc) / rundir.RUN_JSON)["observed"]["timer_seconds"]
+    assert seconds.keys() == {"warmup", "samples"} and seconds["samples"] > 0
 
 
 # --- the graph and direct timers on a stand-in device (tests/standin_cuda.py) -------------------------
@@ -1073,3 +1080,16 @@ def test_a_stored_spec_with_max_noise_out_of_range_is_refused(tmp_path):
     spec_mod.write(tmp_path, spec)
     with pytest.raises(spec_mod.SpecError, match="max_noise 0.5 is not a fraction from 0 to 0.1"):
         spec_mod.read(tmp_path)
+
+
+def test_the_timer_adds_up_the_host_seconds_of_each_phase(monkeypatch):
+    # 1/64 ms of Python a call: the 512 warmups, the 3-call estimate and its discarded first call, the
+    # probe's 10 captured calls and the unroll's 214 are what each phase cost the host, over two sides.
+    host_ms = 2 ** -6
+    t, accel, _ = standin_timer(monkeypatch)
+    t.measure_pair("op", {"a": accel.op(CALL_MS, host_ms=host_ms), "b": accel.op(CALL_MS, host_ms=host_ms)})
+    assert dict(t.seconds).keys() == {"estimate", "warmup", "capture", "probe", "samples"}
+    assert t.seconds["estimate"] == pytest.approx(2 * 4 * host_ms / 1000)
+    assert t.seconds["warmup"] == pytest.approx(2 * 512 * host_ms / 1000)
+    assert t.seconds["capture"] == pytest.approx(2 * (timers.GRAPH_PROBE_CALLS + 214) * host_ms / 1000)
+    assert t.seconds["probe"] == t.seconds["samples"] == 0.0  # replays cost the stand-in's host nothing

@@ -19,6 +19,7 @@ of a flush-only graph of as many calls.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -213,6 +214,9 @@ class Timer:
         # (test, its sides) -> the first line of the recoverable error its capture raised in this run: its
         # later rows are timed directly without trying again (a failed capture cost a warmup and a check).
         self._refused: dict[tuple[str, frozenset], str] = {}
+        # Host seconds spent in each phase of the timer over the run (run.json observed.timer_seconds):
+        # where a step's time goes beyond the samples a verdict reads.
+        self.seconds: collections.Counter[str] = collections.Counter()
         if backend.triton_driver:
             import torch
 
@@ -221,6 +225,14 @@ class Timer:
                 # Allocated once, here: never inside a capture, whose memory pool would own it.
                 size = L2_FLUSH_FACTOR * backend.l2_cache_bytes()
                 self._flush_buffer = torch.empty(size, dtype=torch.int8, device=backend.torch_device())
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        started = self.host_clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self.host_clock() - started
 
     # --- public ------------------------------------------------------------------------------
     def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]],
@@ -233,7 +245,8 @@ class Timer:
         if self.attribute and self.backend.profiler_activity:
             for side, measurement in timed.measurements.items():
                 if measurement.kernels is None and (attributed is None or side in attributed):
-                    self._attribute(side, fns[side], measurement)
+                    with self._phase("attribution"):
+                        self._attribute(side, fns[side], measurement)
         return timed
 
     def _time_pair(self, test_name: str, fns: dict[str, Callable[[], object]]) -> Timed:
@@ -284,12 +297,13 @@ class Timer:
     def _sampled(self, take: Callable[[int], list[float]], reps: int) -> list[float]:
         """`reps` samples, `take(k)` giving k more at a time; fewer where max_noise is set and the
         samples' median is known within it (relative_error) first."""
-        if not self.max_noise:
-            return take(reps)
-        samples = take(min(reps, STOP_MIN_SAMPLES))
-        while len(samples) < reps and relative_error(samples) > self.max_noise:
-            samples += take(min(STOP_CHECK_EVERY, reps - len(samples)))
-        return samples
+        with self._phase("samples"):
+            if not self.max_noise:
+                return take(reps)
+            samples = take(min(reps, STOP_MIN_SAMPLES))
+            while len(samples) < reps and relative_error(samples) > self.max_noise:
+                samples += take(min(STOP_CHECK_EVERY, reps - len(samples)))
+            return samples
 
     def _sync(self) -> None:
         if self._accel is not None:
@@ -307,13 +321,20 @@ class Timer:
     def _prepare(self, fn) -> float:
         """Run once and discard (absorbs JIT and autotune), then estimate one call's time on the device
         (returned) and on the host's clock (kept in _prepared_host_ms)."""
-        self._sync()
-        fn()
-        self._sync()
-        started = self.host_clock()
-        est = self._event_pair_ms(fn, calls=3)
-        self._prepared_host_ms = (self.host_clock() - started) * 1000 / 3
-        return est
+        with self._phase("estimate"):
+            self._sync()
+            fn()
+            self._sync()
+            started = self.host_clock()
+            est = self._event_pair_ms(fn, calls=3)
+            self._prepared_host_ms = (self.host_clock() - started) * 1000 / 3
+            return est
+
+    def _warm_up(self, fn, budget_ms: float, per_call_ms: float, bounds: tuple[int, int] = WARMUP_RANGE) -> None:
+        with self._phase("warmup"):
+            for _ in range(clamp_count(budget_ms, per_call_ms, bounds)):
+                fn()
+            self._sync()
 
     def _direct(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None) -> Measurement:
         # Its calls are counted at the slower of the device's pace and the host's. An op that waits on
@@ -321,9 +342,7 @@ class Timer:
         # call on the host than on the device: counted at the device's pace, FlagGems' bincount took 1,000
         # samples of 0.09 ms a side, 0.26 s of wall a row on an H100, 2.5x its budgets.
         est = max(self._prepare(fn), self._prepared_host_ms)
-        for _ in range(clamp_count(self.warmup_ms if warmup_ms is None else warmup_ms, est, WARMUP_RANGE)):
-            fn()
-        self._sync()
+        self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
         reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, est, REPS_RANGE)
         flush = self._flush if self.l2 == "cold" else None
 
@@ -347,7 +366,7 @@ class Timer:
         accel = self._accel
         graph = getattr(accel, self.backend.graph_class)()
         try:
-            with scratch_rng(accel), accel.graph(graph, stream=accel.Stream()):
+            with self._phase("capture"), scratch_rng(accel), accel.graph(graph, stream=accel.Stream()):
                 started = self.host_clock()  # the calls alone: not the capture's own begin and end
                 for _ in range(calls):
                     fn()
@@ -366,9 +385,7 @@ class Timer:
 
     def _graph(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None) -> Measurement:
         est = self._prepare(fn)
-        for _ in range(clamp_count(self.warmup_ms if warmup_ms is None else warmup_ms, est, WARMUP_RANGE)):
-            fn()
-        self._sync()
+        self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
         body = fn if self.l2 == "warm" else self._flushed(fn)
         # The probe unrolls no more calls than the replay target needs at the direct estimate (an upper
         # bound: it holds the launch gaps). A 1.5 ms call's 10-call probe, replayed 3 times, cost 45 ms of
@@ -379,15 +396,17 @@ class Timer:
         host_ms = self._captured_call_ms
         flush_ms = None
         try:
-            graph.replay()
-            self._sync()
-            per_call = min(self._replay_ms(graph) for _ in range(3)) / probe
+            with self._phase("probe"):
+                graph.replay()
+                self._sync()
+                per_call = min(self._replay_ms(graph) for _ in range(3)) / probe
             unroll = self._unroll(per_call, host_ms, probe)
             if unroll != probe:
                 graph = None
                 graph = self._capture(body, unroll)
-                graph.replay()
-                self._sync()
+                with self._phase("probe"):
+                    graph.replay()
+                    self._sync()
             reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll, REPS_RANGE)
             if self.l2 == "warm":
                 samples = self._sampled(lambda k: [self._replay_ms(graph) / unroll for _ in range(k)], reps)
@@ -441,12 +460,11 @@ class Timer:
         """The summed device time of fn's kernels per call (profile.sample_means), and the
         attribution from the same events."""
         est = self._prepare(fn)
-        for _ in range(clamp_count(self.warmup_ms, est, WARMUP_RANGE)):
-            fn()
-        self._sync()
+        self._warm_up(fn, self.warmup_ms, est)
         per_sample = clamp_count(PROFILER_SAMPLE_MS, est, PROFILER_CALLS_PER_SAMPLE)
         reps = clamp_count(self.rep_ms, est * per_sample, PROFILER_SAMPLES_RANGE)
-        calls = self._profile(fn, reps * per_sample)
+        with self._phase("samples"):
+            calls = self._profile(fn, reps * per_sample)
         return Measurement(profile.sample_means(calls, per_sample), "profiler", kernels=profile.attribute(calls))
 
     # --- attribution and the L2 flush ----------------------------------------------------------
@@ -488,8 +506,8 @@ class Timer:
         start = time.perf_counter()
         fn()
         est = (time.perf_counter() - start) * 1e3
-        for _ in range(clamp_count(self.warmup_ms, est, (0, WARMUP_RANGE[1]))):
-            fn()
+        self._warm_up(fn, self.warmup_ms, est, (0, WARMUP_RANGE[1]))
+
         def take(calls: int) -> list[float]:
             samples = []
             for _ in range(calls):

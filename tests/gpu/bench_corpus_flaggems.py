@@ -78,7 +78,13 @@ def op_figures(ab_json: Path) -> dict:
     busy = [busy_s(Path(s["run_dir"])) for s in timed]
     rows = len(json.loads((Path(timed[0]["run_dir"]) / "results.json").read_text())["rows"]) if timed else 0
     wall = sum(s["seconds"] for s in state["steps"])
-    return {"op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
+    # Where a repeat step's time went: the timer's host seconds by phase (run.json observed.timer_seconds),
+    # the mean over the op's timed steps.
+    phases = [json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"].get("timer_seconds") or {}
+              for s in timed]
+    names = sorted({k for p in phases for k in p})
+    return {"timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
+            "op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
             "record_s": sum(record), "passes_s": sum(passes),
             "repeat_step_s": statistics.median(s["seconds"] for s in timed) if timed else None,
             "fixed_per_step_s": (statistics.median(s["seconds"] - b for s, b in zip(timed, busy, strict=True))
@@ -125,6 +131,10 @@ def report(args) -> dict:
         print(f"{o['key']:<40} {o['rows']:>4} {o['elapsed_s']:>7.1f} {o['record_s']:>7.1f} {o['passes_s']:>7.1f} "
               f"{o['repeat_step_s'] or 0:>7.2f} {fixed if fixed is not None else float('nan'):>6.2f} "
               f"{100 * (o['gpu_share'] or 0):>6.1f}")
+    for o in ops:
+        if o["timer_phases_s"]:
+            print(f"{o['key']:<40} a repeat step's timer, s: "
+                  + " ".join(f"{k} {v:.2f}" for k, v in o["timer_phases_s"].items()))
     for f in failed:
         print(f"{f['key']:<40} {f['status']} after {f['elapsed_s']} s: {f['notes'][:100]}")
     if "corpus_h" in result:

@@ -78,6 +78,13 @@ class TimingPlugin:
             row["kernels"] = self.kernels
         self.kernels = None
 
+    def pytest_sessionfinish(self, session):
+        # Host seconds by timer phase (estimate, warmup, capture, probe, samples, attribution): what the
+        # rows' timing cost beyond the samples; the rest of a step is its inputs, checks and start.
+        if self.timer is not None and self.timer.seconds:
+            seconds = {k: round(v, 3) for k, v in sorted(self.timer.seconds.items())}
+            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"timer_seconds": seconds}})
+
     def pytest_runtest_teardown(self, item):
         if self.poisoned is not None:
             item.session.shouldstop = f"capture poisoned the accelerator context: {self.poisoned}"
