@@ -11,6 +11,12 @@ the host queues replays faster than the device runs them, so the device never id
 boundary adds its own small gap. Per kernel: the per-call median of each way (unrolled; chained at
 several CHAIN_MS), its ratio to the unrolled one, the samples' relative sd, and the host seconds of the
 capture and of the sampling. Rounds alternate the ways, so clocks and heat are shared.
+
+Then the warmup a row needs: with the unrolled graph captured, per warmup budget W (ms of calls before
+sampling) and state before it (`busy`: right after other device work, as a row after a row; `idle`: after
+IDLE_S of an idle device, as a process's first row), the median of the 10 samples that follow, over the
+steady median (the same graph after 100 ms of replays): what the samples of a row read when its warmup is
+W. Rounds alternate the budgets.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ TARGET_MS = 2.0
 CHAINS_MS = (0.05, 0.2, 0.5)
 SAMPLES = 20
 ROUNDS = 3
+WARMUPS_MS = (0.0, 2.0, 5.0, 25.0)
+IDLE_S = 0.5
 
 
 def events_ms(run) -> float:
@@ -71,6 +79,31 @@ def way(fn, t_ms: float, chain_ms: float | None) -> dict:
     median = statistics.median(samples)
     return {"median": median, "sd": statistics.stdev(samples) / median, "capture_s": capture_s,
             "sampling_s": sampling_s, "calls": calls, "k": k}
+
+
+def warmup_effect(fn, t_ms: float) -> dict:
+    calls = max(1, min(20000, math.ceil(TARGET_MS / t_ms)))
+    graph, _ = capture(fn, calls)
+    for _ in range(50):
+        graph.replay()
+    steady = statistics.median(events_ms(graph.replay) / calls for _ in range(SAMPLES))
+    other = torch.empty(1 << 26, device="cuda")
+    got = {}
+    for _ in range(ROUNDS):
+        for state in ("busy", "idle"):
+            for w in WARMUPS_MS:
+                if state == "idle":
+                    torch.cuda.synchronize()
+                    time.sleep(IDLE_S)
+                else:
+                    for _ in range(20):
+                        other.zero_()  # ~5 ms of another row's device work
+                for _ in range(math.ceil(w / max(t_ms, 1e-3)) if w else 0):
+                    fn()
+                torch.cuda.synchronize()
+                samples = [events_ms(graph.replay) / calls for _ in range(10)]
+                got.setdefault((state, w), []).append(statistics.median(samples) / steady)
+    return {k: statistics.median(v) for k, v in got.items()}
 
 
 def kernels(flaggems: bool):
@@ -123,6 +156,9 @@ def main() -> int:
                   f"{1e3 * statistics.median(r['capture_s'] for r in rs):>11.1f}"
                   f"{1e3 * statistics.median(r['sampling_s'] for r in rs):>12.1f}"
                   f"{rs[0]['calls']:>6} x {rs[0]['k']}")
+        effect = warmup_effect(fn, t_ms)
+        print("after warmup W ms, the next 10 samples' median over the steady one: "
+              + "; ".join(f"{state} W={w:g}: {x:.4f}" for (state, w), x in effect.items()))
     return 0
 
 
