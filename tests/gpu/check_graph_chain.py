@@ -98,8 +98,10 @@ def warmup_effect(fn, t_ms: float) -> dict:
                 else:
                     for _ in range(20):
                         other.zero_()  # ~5 ms of another row's device work
-                for _ in range(math.ceil(w / max(t_ms, 1e-3)) if w else 0):
+                end = time.perf_counter() + w / 1e3  # calls for W ms, at the host's or the device's pace
+                while time.perf_counter() < end:
                     fn()
+                    torch.cuda.synchronize() if t_ms > 0.5 else None
                 torch.cuda.synchronize()
                 samples = [events_ms(graph.replay) / calls for _ in range(10)]
                 got.setdefault((state, w), []).append(statistics.median(samples) / steady)
