@@ -101,7 +101,8 @@ def warmup_effect(fn, t_ms: float) -> dict:
                 end = time.perf_counter() + w / 1e3  # calls for W ms, at the host's or the device's pace
                 while time.perf_counter() < end:
                     fn()
-                    torch.cuda.synchronize() if t_ms > 0.5 else None
+                    if t_ms > 0.5:  # a long call: the host would queue W ms of them many times over
+                        torch.cuda.synchronize()
                 torch.cuda.synchronize()
                 samples = [events_ms(graph.replay) / calls for _ in range(10)]
                 got.setdefault((state, w), []).append(statistics.median(samples) / steady)
