@@ -507,3 +507,35 @@ def test_device_touched_is_torchs_flag_and_true_where_torch_cannot_say(monkeypat
         assert cuda.device_touched() is flag
     assert backends.get("interpreter").device_touched() is True  # torch counts the CPU as initialized
     assert dataclasses.replace(cuda, torch_device_type="zl_none").device_touched() is True
+
+
+def test_a_records_pool_is_forked_before_the_checkouts_conftest_initializes_its_device(tmp_path, monkeypatch):
+    """FlagGems' benchmark conftest initializes the device at import: the pool is forked before pytest
+    loads it (pytest_load_initial_conftests, tryfirst), not spawned at the first sweep."""
+    started, touched = [], []
+
+    class Pool(precompile.Precompiler):
+        def start(self):
+            started.append(list(touched))
+            self.method = "fork"
+
+    monkeypatch.setattr(autotune.precompile, "Precompiler", Pool)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "conftest.py").write_text("import builtins\nbuiltins.zl_touch()\n")  # the device, initialized
+    (checkout / "test_op.py").write_text("def test_op():\n    pass\n")
+    monkeypatch.setattr("builtins.zl_touch", lambda: touched.append("conftest"), raising=False)
+    run_dir = tmp_path / "run"
+    (run_dir / "autotune_records").mkdir(parents=True)
+    (run_dir / "run.json").write_text("{}")
+    spec = types.SimpleNamespace(mode="record", precompile=True, replay_from=None, op="op", preset_records=None,
+                                 backend="cuda")
+    backend = types.SimpleNamespace(name="cuda", compiles_kernels=True, triton_driver=True,
+                                    device_touched=lambda: bool(touched))
+    ctx = types.SimpleNamespace(spec=spec, run_dir=run_dir, backend=backend, say=[].append,
+                                mark=lambda m: None, case_id="", configs={})
+    plugin = autotune.AutotunePlugin(ctx)
+    code = pytest.main([str(checkout), "-q", "-p", "no:cacheprovider", "--rootdir", str(checkout)], plugins=[plugin])
+    assert code == 0 and touched == ["conftest"]
+    assert started == [[]]  # once, and before the conftest ran
+    assert json.loads((run_dir / "run.json").read_text())["observed"]["autotune"]["precompile"]["pool"] == "fork"

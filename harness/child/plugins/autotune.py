@@ -20,21 +20,34 @@ class AutotunePlugin:
         self.precompiler: precompile.Precompiler | None = None
         self.off: str | None = None  # why there is no precompile
 
-    # First: its pool is forked before any other plugin's configure touches the device.
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_configure(self, config):
-        spec = self.ctx.spec
-        records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
-        if not spec.precompile:
+    def _set_up_pool(self) -> None:
+        """The run's precompile pool, once: none where precompile is off; for a record, which sweeps,
+        forked now if the device is untouched (a replay injects: its pool, for a key the record lacks, is
+        spawned then, as is a record's whose device something initialized first)."""
+        if self.precompiler is not None or self.off is not None:
+            return
+        if not self.ctx.spec.precompile:
             self.off = "turned off (--no-precompile)"
         elif not self.ctx.backend.compiles_kernels:
             self.off = f"backend '{self.ctx.backend.name}' compiles no kernels"
         else:
             self.precompiler = precompile.Precompiler()
-            # A record sweeps; a replay injects (its pool, for a key the record lacks, is spawned then).
-            # FlagGems' conftest may have initialized the device already: spawned too.
-            if spec.mode == "record" and not self.ctx.backend.device_touched():
+            if self.ctx.spec.mode == "record" and not self.ctx.backend.device_touched():
                 self.precompiler.start()
+
+    # Before the checkout's conftests load: FlagGems' initializes the device at import, after which the
+    # pool could only be spawned (each worker importing torch and Triton anew: ~4 s before a first compile).
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_load_initial_conftests(self, early_config, parser, args):
+        self._set_up_pool()
+
+    # First: where nothing came before (a run without conftests), the pool is forked before any other
+    # plugin's configure touches the device.
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config):
+        spec = self.ctx.spec
+        records_dir = self.ctx.run_dir / rundir.RECORDS_DIR
+        self._set_up_pool()
         if self.off:
             self.ctx.say(f"precompile off: {self.off}")
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
