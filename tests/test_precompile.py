@@ -10,8 +10,10 @@ import json
 import multiprocessing
 import signal
 import sys
+import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -478,7 +480,7 @@ def test_a_records_pool_is_forked_at_configure_only_while_its_device_is_untouche
 
     monkeypatch.setattr(autotune.precompile, "Precompiler", Pool)
     spec = types.SimpleNamespace(mode=mode, precompile=True, replay_from=str(tmp_path), op="op",
-                                 preset_records=None, backend="cuda")
+                                 preset_records=None, backend="cuda", token_timing=False)
     records = tmp_path / "autotune_records"
     records.mkdir()
     (records / "op.json").write_text('{"format": 1, "op": "op", "kernels": {}}')
@@ -529,7 +531,7 @@ def test_a_records_pool_is_forked_before_the_checkouts_conftest_initializes_its_
     (run_dir / "autotune_records").mkdir(parents=True)
     (run_dir / "run.json").write_text("{}")
     spec = types.SimpleNamespace(mode="record", precompile=True, replay_from=None, op="op", preset_records=None,
-                                 backend="cuda")
+                                 backend="cuda", token_timing=False)
     backend = types.SimpleNamespace(name="cuda", compiles_kernels=True, triton_driver=True,
                                     device_touched=lambda: bool(touched))
     ctx = types.SimpleNamespace(spec=spec, run_dir=run_dir, backend=backend, say=[].append,
@@ -538,4 +540,144 @@ def test_a_records_pool_is_forked_before_the_checkouts_conftest_initializes_its_
     code = pytest.main([str(checkout), "-q", "-p", "no:cacheprovider", "--rootdir", str(checkout)], plugins=[plugin])
     assert code == 0 and touched == ["conftest"]
     assert started == [[]]  # once, and before the conftest ran
-    assert json.loads((run_dir / "run.json").read_text())["observed"]["autotune"]["precompile"]["pool"] == "fork"
+    facts = json.loads((run_dir / "run.json").read_text())["observed"]["autotune"]["precompile"]
+    assert facts["pool"] == "fork" and facts["requests_written"] == 0  # no kernel compiled: none to hand on
+    assert json.loads((run_dir / precompile.REQUESTS_FILE).read_text())["requests"] == []
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its_jit_reads_them(
+        load_through_standin, tmp_path):
+    """A record writes every compile its JIT asked for; a passes step replaying it compiles them over its pool
+    into its own (empty) cache before its rows, and its JIT then finds each there: the same kernels, nothing
+    compiled anew, each JIT compile that came to one counted."""
+    tuned, _ = load_through_standin("tuned", tmp_path / "cache_a")
+    log = precompile.RequestLog()
+    log.install()
+    try:
+        tuned.launch()  # the sweep compiles both configs
+    finally:
+        log.uninstall()
+    log.write(tmp_path / precompile.REQUESTS_FILE)
+    requests = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
+    assert len(requests) == 2 and log.skipped == {}
+    assert [r.digest() for r in requests] == list(log.requests)  # read back as the compiles they were
+    assert [(r.options["num_warps"], r.constants) for r in requests] == [(4, {(3,): 64}), (8, {(3,): 128})]
+    compiled_a = sorted(p.name for p in (tmp_path / "cache_a").iterdir())
+
+    tuned, _ = load_through_standin("tuned", tmp_path / "cache_b")  # the other side: its own JIT, its own cache
+    pool = precompile.Precompiler(cpus=1)
+    ahead = precompile.Ahead(pool, requests)
+    try:
+        pool.start()
+        ahead.start()
+        hashes = [future.result(timeout=120) for future in ahead.futures.values()]
+        compiled_b = sorted(p.name for p in (tmp_path / "cache_b").iterdir() if p.name != precompile.LOCK_DIR)
+        ahead.install()
+        try:
+            tuned.launch()
+        finally:
+            ahead.uninstall()
+    finally:
+        pool.close()
+    assert compiled_b == [name for name in compiled_a if name != precompile.LOCK_DIR]  # the same compiles
+    jit = sorted(k.hash for k in tuned.double_kernel.fn.device_caches[0][0].values())
+    assert jit == sorted(hashes)
+    assert sorted(p.name for p in (tmp_path / "cache_b").iterdir() if p.name != precompile.LOCK_DIR) == compiled_b
+    assert ahead.counts == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0}
+
+
+class Held(concurrent.futures.Executor):
+    """A pool whose compiles have not started: each future pending until the test says."""
+
+    def __init__(self):
+        self.futures = []
+
+    def submit(self, fn, *args):
+        future = concurrent.futures.Future()
+        self.futures.append((future, fn, args))
+        return future
+
+
+def test_a_request_still_queued_is_taken_over_by_the_jit_and_one_compiling_is_waited_for(tmp_path):
+    requests = [precompile.Request("m", f"k{i}", None, {"x": "i32"}, {(1,): i}, {}, {"num_warps": 4}, None)
+                for i in range(3)]
+    pool = precompile.Precompiler(cpus=2, compile_fn=lambda r: r.qualname, executor_factory=lambda w, m: held)
+    held = Held()
+    ahead = precompile.Ahead(pool, requests)
+    ahead.start()
+    (queued, *_), (running, *_), (done, fn, args) = held.futures
+    assert running.set_running_or_notify_cancel()
+    done.set_running_or_notify_cancel()
+    done.set_result(fn(*args))
+    ahead._request = lambda kw: kw["request"]  # what the JIT asks for, as the hook would read it
+    ahead._seen({"request": requests[0]})
+    assert queued.cancelled()  # the JIT compiles it itself, now: it waits behind nothing
+    threading.Timer(0.05, lambda: running.set_exception(RuntimeError("ptxas died"))).start()
+    ahead._seen({"request": requests[1]})  # the worker's compile under way: waited for, then the JIT's own
+    ahead._seen({"request": requests[2]})
+    ahead._seen({"request": precompile.Request("m", "other", None, {}, {}, {}, {}, None)})  # not the record's
+    counts = dict(ahead.counts)
+    assert counts.pop("waited_s") > 0
+    assert counts == {"requests": 3, "ready": 1, "waited": 1, "taken_over": 1, "failed": 1}
+
+
+def test_a_request_round_trips_through_json_and_one_without_a_json_form_is_refused():
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    request = precompile.Request("m", "k", "/p/m.py", {"x_ptr": "*fp16", "t": ("i32", "i32")},
+                                 {(3,): 64, (4,): tl.float16, (5,): (1, None)}, {(0,): [["tt.divisibility", 16]]},
+                                 {"num_warps": 8, "extern_libs": (("libdevice", "/x.bc"),), "debug": False},
+                                 GPUTarget("cuda", 90, 32))
+    back = precompile.Request.from_json(json.loads(json.dumps(request.to_json())))
+    assert back == request and back.digest() == request.digest()
+    with pytest.raises(precompile.NotPersistable):
+        dataclasses.replace(request, constants={(3,): object()}).to_json()
+    assert precompile.read_requests(Path("/nonexistent")) == []
+
+
+@pytest.mark.parametrize("token_timing", [True, False])
+def test_only_a_passes_step_replaying_a_record_with_requests_compiles_them_ahead(tmp_path, monkeypatch, token_timing):
+    """A token-timed replay (the other side's passes step) starts its record's compiles before pytest loads
+    any conftest; a timed replay leaves its CPUs to its rows; a record writes its own compiles."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    started = []
+
+    class Pool(precompile.Precompiler):
+        def start(self):
+            started.append(self)
+            self.workers, self.method, self.executor = 2, "fork", Held()
+
+    monkeypatch.setattr(autotune.precompile, "Precompiler", Pool)
+    record = tmp_path / "record"
+    (record / "autotune_records").mkdir(parents=True)
+    (record / "autotune_records" / "op.json").write_text('{"format": 1, "op": "op", "kernels": {}}')
+    request = precompile.Request("m", "k", None, {"x": "i32"}, {}, {}, {"num_warps": 4}, GPUTarget("cuda", 90, 32))
+    (record / precompile.REQUESTS_FILE).write_text(json.dumps({"format": precompile.REQUESTS_FORMAT,
+                                                                "requests": [request.to_json()]}))
+    (tmp_path / "run.json").write_text("{}")
+    said = []
+    spec = types.SimpleNamespace(mode="replay", precompile=True, replay_from=str(record), op="op",
+                                 preset_records=None, backend="cuda", token_timing=token_timing)
+    backend = types.SimpleNamespace(name="cuda", compiles_kernels=True, triton_driver=True,
+                                    device_touched=lambda: False)
+    ctx = types.SimpleNamespace(spec=spec, run_dir=tmp_path, backend=backend, say=said.append,
+                                mark=lambda m: None, case_id="", configs={})
+    before = knobs.runtime.jit_cache_hook
+    plugin = autotune.AutotunePlugin(ctx)
+    plugin.pytest_load_initial_conftests(None, None, [])
+    plugin.pytest_configure(None)
+    assert (knobs.runtime.jit_cache_hook is not before) is token_timing
+    plugin.pytest_sessionfinish(None)
+    assert knobs.runtime.jit_cache_hook is before
+    facts = json.loads((tmp_path / "run.json").read_text())["observed"]["autotune"]["precompile"]
+    if token_timing:
+        assert started == [plugin.precompiler] and plugin.precompiler.executor is None  # closed
+        assert facts["ahead"]["requests"] == 1 and facts["pool"] == "fork"
+        assert said == ["precompile: the record's 1 compiles started ahead of the rows over 2 processes (fork)"]
+    else:
+        assert started == [] and "ahead" not in facts and said == []
+    assert not (tmp_path / precompile.REQUESTS_FILE).exists()  # a replay writes none

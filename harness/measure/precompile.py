@@ -8,6 +8,11 @@ pool into the run's own Triton cache, and let the sweep run as before: its compi
 cache hits of what this same compiler, in this same environment, produced moments earlier. The
 sweep still loads every kernel it benchmarks, so the IR collected is unchanged.
 
+An A/B's record also writes every compile its JIT asked for (RequestLog, REQUESTS_FILE in its run dir), and
+the other side's passes step, which replays that record under its own compiler, compiles them over its pool
+ahead of its rows (Ahead): one at a time, they were most of a FlagGems passes step (aminmax: 48 compiles in
+23.5 s on an H100).
+
 A config that cannot be precompiled (a kernel not importable in a worker, a worker's failure) is
 compiled by the sweep as it always was, and the row says so (AUTOTUNE_PRECOMPILE_FALLBACK). One that
 does not compile at all for the key (a compile error as Triton's autotuner classes them: a static
@@ -16,6 +21,7 @@ assert, too many resources) is only counted: its sweep drops it just the same.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import fcntl
 import hashlib
@@ -34,6 +40,8 @@ from harness.measure.tuning import compile_error_types
 # No more workers than this, whatever the host: each imports torch (hundreds of MB).
 MAX_WORKERS = 32
 LOCK_DIR = "zl_precompile_locks"
+REQUESTS_FILE = "compile_requests.json"
+REQUESTS_FORMAT = 1
 
 
 def usable_cpus() -> int:
@@ -70,6 +78,24 @@ class Request:
     options: dict
     target: object
 
+    def to_json(self) -> dict:
+        """JSON that `from_json` turns back into an equal Request (NotPersistable where a value has no JSON
+        form here: a function or an object passed as a constexpr)."""
+        data = {"module": self.module, "qualname": self.qualname, "path": self.path,
+                **{name: _pairs(getattr(self, name)) for name in ("signature", "constants", "attrs", "options")},
+                "target": _target_to_json(self.target)}
+        if Request.from_json(json.loads(json.dumps(data))).digest() != self.digest():
+            raise NotPersistable("its JSON form reads back as another compile")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Request:
+        from triton.backends.compiler import GPUTarget
+
+        maps = {name: {_decode(k): _decode(v) for k, v in data[name]}
+                for name in ("signature", "constants", "attrs", "options")}
+        return cls(data["module"], data["qualname"], data["path"], **maps, target=GPUTarget(**data["target"]))
+
     def digest(self) -> str:
         # Each dict in one order, whatever order it was built in (a dict's keys are all of one type).
         text = repr((self.module, self.qualname,
@@ -80,6 +106,47 @@ class Request:
 
 class NotPrecompilable(RuntimeError):
     """This config's compile cannot be shipped to a worker; the sweep compiles it."""
+
+
+class NotPersistable(NotPrecompilable):
+    """This compile has no JSON form (REQUESTS_FILE): the side replaying it compiles it itself."""
+
+
+def _encode(value):
+    import triton.language as tl
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if type(value) is tl.dtype:
+        return {"dtype": value.name}
+    raise NotPersistable(f"a {type(value).__name__} has no JSON form here")
+
+
+def _decode(value):
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict) and "tuple" in value:
+        return tuple(_decode(v) for v in value["tuple"])
+    if isinstance(value, dict) and "dtype" in value:
+        import triton.language as tl
+
+        return tl.dtype(value["dtype"])
+    return value
+
+
+def _pairs(mapping: dict) -> list:
+    # Keys are tuples (an argument's path) as often as names: a list of pairs keeps their type.
+    return [[_encode(k), _encode(v)] for k, v in mapping.items()]
+
+
+def _target_to_json(target) -> dict:
+    if not dataclasses.is_dataclass(target):
+        raise NotPersistable(f"a target of type {type(target).__name__}")
+    return {field.name: _encode(getattr(target, field.name)) for field in dataclasses.fields(target)}
 
 
 def _options_from(specialization_data: str) -> dict:
@@ -283,3 +350,122 @@ def _pool(workers: int, method: str):
 
     return concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                                   initializer=_worker_init)
+
+
+class _ChainedHook:
+    """A jit_cache_hook of ours in front of whatever hook was there, which still decides."""
+
+    def __init__(self):
+        self._previous = None
+        self._target = None
+
+    def install(self) -> None:
+        from triton import knobs
+
+        self._previous = knobs.runtime.jit_cache_hook
+        knobs.runtime.jit_cache_hook = self._hook
+
+    def uninstall(self) -> None:
+        from triton import knobs
+
+        if knobs.runtime.jit_cache_hook == self._hook:  # a bound method: equal, never the same object
+            knobs.runtime.jit_cache_hook = self._previous
+
+    def _request(self, kw: dict) -> Request:
+        if self._target is None:
+            from triton.runtime.driver import driver
+
+            self._target = driver.active.get_current_target()
+        return _request([kw], self._target)
+
+    def _hook(self, **kw):
+        try:
+            self._seen(kw)
+        except Exception:  # never the JIT's failure: the compile goes on as it would without us
+            pass
+        return self._previous(**kw) if self._previous is not None else None
+
+    def _seen(self, kw: dict) -> None:
+        raise NotImplementedError
+
+
+class RequestLog(_ChainedHook):
+    """Every compile this run's JIT asks for, as Requests another process can compile (`write`: REQUESTS_FILE).
+    A compile with no JSON form is counted by why, and left to the process replaying it."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests: dict[str, dict] = {}  # digest -> JSON, in the order first asked
+        self.skipped: dict[str, int] = {}
+
+    def _seen(self, kw: dict) -> None:
+        try:
+            request = self._request(kw)
+            self.requests.setdefault(request.digest(), request.to_json())
+        except Exception as exc:  # counted by kind: NotPersistable, NotPrecompilable, a hook we misread
+            reason = type(exc).__name__
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def write(self, path: Path) -> None:
+        from harness.core import rundir
+
+        rundir.atomic_write_json(path, {"format": REQUESTS_FORMAT, "requests": list(self.requests.values()),
+                                        "skipped": self.skipped})
+
+
+def read_requests(path: Path) -> list[Request]:
+    """The Requests of a REQUESTS_FILE; none where it is missing or of another format (an older record:
+    its replay compiles as it always did)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != REQUESTS_FORMAT:
+        return []
+    out = []
+    for item in data.get("requests", []):
+        try:
+            out.append(Request.from_json(item))
+        except Exception:  # one unreadable request: the JIT compiles that one itself
+            continue
+    return out
+
+
+class Ahead(_ChainedHook):
+    """A passes step's compiles, started over the pool before its rows (the record's requests, `start`).
+    When the JIT asks for one of them, it waits for the worker compiling it and then reads it from the
+    cache, or, where it is still queued, takes it over (cancels it and compiles it as always); never does
+    the JIT wait behind compiles it does not need yet. A request this compiler specializes otherwise, or
+    cannot compile, costs CPU only: the JIT compiles what it asks for."""
+
+    def __init__(self, precompiler: Precompiler, requests: list[Request]):
+        super().__init__()
+        self.precompiler = precompiler
+        self.requests = requests
+        self.futures: dict[str, object] = {}
+        self.counts = {"requests": len(requests), "ready": 0, "waited": 0, "taken_over": 0, "failed": 0,
+                       "waited_s": 0.0}
+
+    def start(self) -> None:
+        if not self.requests:
+            return
+        executor = self.precompiler._executor(len(self.requests))
+        for request in self.requests:
+            self.futures.setdefault(request.digest(), executor.submit(self.precompiler.compile_fn, request))
+
+    def _seen(self, kw: dict) -> None:
+        future = self.futures.get(self._request(kw).digest())
+        if future is None:
+            return
+        if future.cancel():
+            self.counts["taken_over"] += 1
+            return
+        if future.done():
+            self.counts["ready"] += 1
+        else:
+            started = time.monotonic()
+            concurrent.futures.wait([future])
+            self.counts["waited"] += 1
+            self.counts["waited_s"] = round(self.counts["waited_s"] + time.monotonic() - started, 3)
+        if future.exception() is not None:
+            self.counts["failed"] += 1

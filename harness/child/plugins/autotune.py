@@ -19,6 +19,8 @@ class AutotunePlugin:
         self.patch: tuning.AutotunePatch | None = None
         self.precompiler: precompile.Precompiler | None = None
         self.off: str | None = None  # why there is no precompile
+        self.request_log: precompile.RequestLog | None = None  # a record's compiles, for the other side
+        self.ahead: precompile.Ahead | None = None  # a passes step's: its record's compiles, started early
 
     def _set_up_pool(self) -> None:
         """The run's precompile pool, once: none where precompile is off; for a record, which sweeps,
@@ -31,9 +33,23 @@ class AutotunePlugin:
         elif not self.ctx.backend.compiles_kernels:
             self.off = f"backend '{self.ctx.backend.name}' compiles no kernels"
         else:
+            spec = self.ctx.spec
             self.precompiler = precompile.Precompiler()
-            if self.ctx.spec.mode == "record" and not self.ctx.backend.device_touched():
+            # A passes step (token-timed: the CPU its compiles take from the rows costs no verdict) replaying
+            # a record that wrote its compiles: the other side's, compiled here ahead of the rows.
+            ahead = (precompile.read_requests(Path(spec.replay_from) / precompile.REQUESTS_FILE)
+                     if spec.mode == "replay" and spec.token_timing else [])
+            if (spec.mode == "record" or ahead) and not self.ctx.backend.device_touched():
                 self.precompiler.start()
+            if spec.mode == "record":
+                self.request_log = precompile.RequestLog()
+                self.request_log.install()
+            if ahead:
+                self.ahead = precompile.Ahead(self.precompiler, ahead)
+                self.ahead.start()
+                self.ahead.install()
+                self.ctx.say(f"precompile: the record's {len(ahead)} compiles started ahead of the rows over "
+                             f"{self.precompiler.workers} processes ({self.precompiler.method})")
 
     # Before the checkout's conftests load: FlagGems' initializes the device at import, after which the
     # pool could only be spawned (each worker importing torch and Triton anew: ~4 s before a first compile).
@@ -94,9 +110,19 @@ class AutotunePlugin:
             return
         self.patch.uninstall()
         if self.precompiler is not None:
+            for hook in (self.request_log, self.ahead):
+                if hook is not None:
+                    hook.uninstall()
             self.precompiler.close()
             facts = {**self.precompiler.totals, "workers": self.precompiler.workers,
                      "pool": self.precompiler.method}
+            if self.request_log is not None:
+                self.request_log.write(self.ctx.run_dir / precompile.REQUESTS_FILE)
+                facts["requests_written"] = len(self.request_log.requests)
+                if self.request_log.skipped:
+                    facts["requests_not_written"] = self.request_log.skipped
+            if self.ahead is not None:
+                facts["ahead"] = self.ahead.counts
         else:
             facts = {"off": self.off}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
