@@ -537,7 +537,12 @@ def test_a_records_pool_is_forked_before_the_checkouts_conftest_initializes_its_
     ctx = types.SimpleNamespace(spec=spec, run_dir=run_dir, backend=backend, say=[].append,
                                 mark=lambda m: None, case_id="", configs={})
     plugin = autotune.AutotunePlugin(ctx)
-    code = pytest.main([str(checkout), "-q", "-p", "no:cacheprovider", "--rootdir", str(checkout)], plugins=[plugin])
+    # A pytest session inside this one: its conftest must not stay this suite's `conftest` module, nor its dir
+    # on sys.path, for the test files that come after on this worker.
+    monkeypatch.setitem(sys.modules, "conftest", sys.modules["conftest"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = pytest.main([str(checkout), "-q", "-p", "no:cacheprovider", "--rootdir", str(checkout),
+                        "--import-mode=importlib"], plugins=[plugin])
     assert code == 0 and touched == ["conftest"]
     assert started == [[]]  # once, and before the conftest ran
     facts = json.loads((run_dir / "run.json").read_text())["observed"]["autotune"]["precompile"]
