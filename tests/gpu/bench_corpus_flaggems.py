@@ -83,7 +83,14 @@ def op_figures(ab_json: Path) -> dict:
     phases = [json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"].get("timer_seconds") or {}
               for s in timed]
     names = sorted({k for p in phases for k in p})
+    # The passes and record steps' precompile: the record's pool (fork or spawn) and B's compiles done ahead.
+    pools = {}
+    for s in steps:
+        if s["args"][0] == "record" or s.get("passes"):
+            facts = json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"]
+            pools[s["step"].rsplit("/", 1)[-1]] = (facts.get("autotune") or {}).get("precompile") or {}
     return {"timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
+            "precompile": pools,
             "op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
             "record_s": sum(record), "passes_s": sum(passes),
             "repeat_step_s": statistics.median(s["seconds"] for s in timed) if timed else None,
@@ -132,6 +139,10 @@ def report(args) -> dict:
               f"{o['repeat_step_s'] or 0:>7.2f} {fixed if fixed is not None else float('nan'):>6.2f} "
               f"{100 * (o['gpu_share'] or 0):>6.1f}")
     for o in ops:
+        for step, facts in o["precompile"].items():
+            ahead = facts.get("ahead")
+            print(f"{o['key']:<40} {step}: pool {facts.get('pool')}, {facts.get('compiled', 0)} precompiled in "
+                  f"{facts.get('seconds', 0)} s" + (f", ahead {ahead}" if ahead else ""))
         if o["timer_phases_s"]:
             print(f"{o['key']:<40} a repeat step's timer, s: "
                   + " ".join(f"{k} {v:.2f}" for k, v in o["timer_phases_s"].items()))
