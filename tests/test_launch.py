@@ -303,3 +303,41 @@ def test_run_forwards_a_ctrl_c_to_a_forked_call_whose_handlers_are_pythons_own()
 
     code, signum = launch.run(["(a fork)"], grace_s=30, call=call, on_stdout=on_stdout)
     assert (code, signum) == (128 + signal.SIGINT, signal.SIGINT)
+
+
+def test_a_stop_signal_is_known_to_every_thread_as_it_arrives_before_the_main_threads_handler_runs():
+    """stops_on_signals: a thread deciding whether to start something sees a SIGINT or SIGTERM that reached
+    the process while the main thread has not run its handler yet (it is held here in a handler of its own);
+    another signal is no stop; outside the context nothing is."""
+    assert launch.stop_signal_arrived() is False
+    seen, went_on = [], threading.Event()
+
+    def usr1(signum, frame):
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, usr1)
+    try:
+        with launch.stops_on_signals():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert launch.stop_signal_arrived() is False  # a signal, not a stop
+            # The SIGTERM lands on the other thread, which asks at once; the main thread, blocked in its join,
+            # runs the Python handler only once the join returns.
+            answer = []
+
+            def ask():
+                signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+                answer.append(launch.stop_signal_arrived())
+                went_on.set()
+
+            t = threading.Thread(target=ask)
+            with pytest.raises(launch.Stopped):
+                t.start()
+                t.join()
+                time.sleep(5)  # the handler raises before this ends
+            t.join()
+            assert answer == [True] and went_on.is_set()
+            assert launch.stop_signal_arrived() is True  # it stays known
+        assert launch.stop_signal_arrived() is False  # the context's own: gone with it
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == [signal.SIGUSR1]

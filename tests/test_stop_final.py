@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import pytest
 from batch_fakes import ADD, options
@@ -26,7 +27,20 @@ def _run_stopped(tmp_path, op_start: str) -> batch.Batch:
     runner = batch.Batch(tmp_path, options(op_start=op_start, op_timeout=120.0), {})
     with launch.stops_on_signals(), pytest.raises(KeyboardInterrupt):
         runner.run([ADD], lambda row: None)
+    _device_threads_ended()
     return runner
+
+
+def _device_threads_ended() -> None:
+    """The batch's run ends some seconds after a stop (its joins are bounded); its device thread may still be
+    finishing the op it stopped (a warm worker still importing torch on a loaded machine): waited for, so the
+    op's row is there to check."""
+    deadline = time.monotonic() + STOP_SEEN_S
+    for t in threading.enumerate():
+        target = getattr(t, "_target", None)
+        if target is not None and target.__name__ == "device_thread":
+            t.join(max(0.0, deadline - time.monotonic()))
+            assert not t.is_alive(), "a device thread never finished after the stop"
 
 
 def _stopping_first(real, runner_of):
@@ -70,17 +84,34 @@ def test_a_stop_that_lands_as_the_device_threads_start_still_stops_the_batch(tmp
     """The issue's 'Ctrl-C as a batch starts': the KeyboardInterrupt is raised in the main thread just
     as it starts the device thread, before it waits for any row."""
     real = threading.Thread.start
+    sent = threading.Event()
 
     def start(self):
+        target = getattr(self, "_target", None)
+        if target is None or target.__name__ != "device_thread":
+            return real(self)
+
+        def held(*args):
+            # Not a step ahead of the signal, however this machine schedules the two threads: the thread goes
+            # on once the signal reached the process, while the main thread may still be on its way to the
+            # handler that stops the batch.
+            assert sent.wait(STOP_SEEN_S)
+            return target(*args)
+
+        held.__name__ = target.__name__
+        self._target = held
         real(self)
-        if getattr(self, "_target", None) is not None and self._target.__name__ == "device_thread":
+        try:
             os.kill(os.getpid(), signal.SIGINT)  # raised in this (the main) thread at its next instruction
+        finally:
+            sent.set()
 
     monkeypatch.setattr(threading.Thread, "start", start)
     runner = batch.Batch(tmp_path, options(op_start="fresh", op_timeout=120.0), {})
     try:
         with launch.stops_on_signals(), pytest.raises(KeyboardInterrupt):
             runner.run([ADD], lambda row: None)
+        _device_threads_ended()
         assert runner.stopping.is_set()  # the batch's stop ran: its device thread starts nothing
         rows = [runner.events.get_nowait() for _ in range(runner.events.qsize())]
         assert all((r.status, r.attempts) == ("INTERRUPTED", 0) for r in rows), rows
@@ -151,3 +182,19 @@ def test_a_stop_while_a_warm_worker_starts_a_step_runs_nothing_of_it(tmp_path):
     assert told == [signal.SIGINT]  # said once: an A/B stopped while its worker starts a step says so
     assert launch.run(step(ran), grace_s=5, starter=starter(False), gated=True, on_stop=told.append) == (0, None)
     assert ran.exists() and told == [signal.SIGINT]
+
+
+def test_a_stop_signal_whose_handler_has_not_run_yet_lets_no_op_start(tmp_path, monkeypatch):
+    """The gate asks launch.stop_signal_arrived too: a Ctrl-C that reached the process while the main thread,
+    not scheduled yet on a loaded machine, has not stopped the batch, still closes the op's gate."""
+    monkeypatch.setattr(launch, "stop_signal_arrived", lambda: True)
+    runner = batch.Batch(tmp_path, options(op_start="fresh", op_timeout=120.0), {})
+    try:
+        rows = []
+        runner.run([ADD], rows.append)
+        assert [(r.status, r.attempts) for r in rows] == [("INTERRUPTED", 0)]
+        assert runner.children == {}
+        op_dir = batchdir.op_dir(runner.dir, ADD.key)
+        assert [p for p in op_dir.rglob("*") if p.is_file() and p.name not in ("batch.log", ".complete")] == []
+    finally:
+        runner.stop()

@@ -436,10 +436,18 @@ def stops_on_signals():
     """Within it, a Ctrl-C raises KeyboardInterrupt and a SIGTERM Stopped(SIGTERM) in the main thread,
     so the caller's KeyboardInterrupt path (kill what runs, report what completed) covers both. SIGINT
     is set too because Python leaves it ignored where it started ignored: a command a shell script
-    ran in the background (`cmd &`) would not stop on a SIGINT to its group."""
+    ran in the background (`cmd &`) would not stop on a SIGINT to its group. Other threads learn of such
+    a signal the moment it arrives, before the main thread's handler runs (`stop_signal_arrived`)."""
     def stop(signum, frame):
         raise Stopped(signum)
 
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    with _arrived_lock:
+        outer = dict(_arrived)  # a stops_on_signals inside another: the outer's, back as it ends
+        _arrived.update(fd=read, seen=False)
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, stop)}
     try:
@@ -447,6 +455,34 @@ def stops_on_signals():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous_fd)
+        with _arrived_lock:
+            _arrived.update(outer)
+            os.close(read)
+        os.close(write)
+
+
+# Within stops_on_signals: the read end of the pipe Python's C-level signal handler writes each arriving
+# signal's number into (signal.set_wakeup_fd), and whether a stop signal was among them.
+_arrived: dict = {"fd": None, "seen": False}
+_arrived_lock = threading.Lock()
+
+
+def stop_signal_arrived() -> bool:
+    """Whether a SIGINT or SIGTERM reached this process inside stops_on_signals, from any thread: true as
+    soon as it arrived, while the main thread may not have run its handler yet (a device thread deciding,
+    under the GIL's switching, whether to let an op start must not start one past a Ctrl-C)."""
+    with _arrived_lock:
+        fd = _arrived["fd"]
+        while fd is not None and not _arrived["seen"]:
+            try:
+                got = os.read(fd, 64)
+            except BlockingIOError:
+                break
+            if not got:
+                break
+            _arrived["seen"] = any(b in (signal.SIGINT, signal.SIGTERM) for b in got)
+        return _arrived["seen"]
 
 
 class _Wake(Exception):

@@ -132,7 +132,8 @@ class LocalExecutor:
                     os.close(gate)
                 with self.lock:
                     self.children[child.pid] = child
-                    go = not self.stopping.is_set()
+                    # A stop signal that arrived while its handler waits for the main thread counts as the stop.
+                    go = not self.stopping.is_set() and not launch.stop_signal_arrived()
                 if go:
                     with contextlib.suppress(BrokenPipeError):  # it is gone already: its wait says how
                         os.write(opener, opguard.GO)
