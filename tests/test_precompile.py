@@ -589,7 +589,8 @@ def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its
     jit = sorted(k.hash for k in tuned.double_kernel.fn.device_caches[0][0].values())
     assert jit == sorted(hashes)
     assert sorted(p.name for p in (tmp_path / "cache_b").iterdir() if p.name != precompile.LOCK_DIR) == compiled_b
-    assert ahead.counts == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0}
+    assert ahead.facts() == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
+                             "unmatched": 0}
 
 
 class Held(concurrent.futures.Executor):
@@ -622,9 +623,12 @@ def test_a_request_still_queued_is_taken_over_by_the_jit_and_one_compiling_is_wa
     ahead._seen({"request": requests[1]})  # the worker's compile under way: waited for, then the JIT's own
     ahead._seen({"request": requests[2]})
     ahead._seen({"request": precompile.Request("m", "other", None, {}, {}, {}, {}, None)})  # not the record's
-    counts = dict(ahead.counts)
+    ahead._seen({"request": dataclasses.replace(requests[2], options={"num_warps": 8})})  # its options differ
+    ahead._hook(request=None)  # what a hook we misread raises is counted, and the JIT goes on
+    counts = ahead.facts()
     assert counts.pop("waited_s") > 0
-    assert counts == {"requests": 3, "ready": 1, "waited": 1, "taken_over": 1, "failed": 1}
+    assert counts == {"requests": 3, "ready": 1, "waited": 1, "taken_over": 1, "failed": 1, "unmatched": 2,
+                      "differs": {"kernel": 1, "options": 1}, "errors": {"AttributeError": 1}}
 
 
 def test_a_request_round_trips_through_json_and_one_without_a_json_form_is_refused():

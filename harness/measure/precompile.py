@@ -358,6 +358,7 @@ class _ChainedHook:
     def __init__(self):
         self._previous = None
         self._target = None
+        self.errors: dict[str, int] = {}  # what our part of the hook raised, by type (the JIT went on)
 
     def install(self) -> None:
         from triton import knobs
@@ -381,8 +382,8 @@ class _ChainedHook:
     def _hook(self, **kw):
         try:
             self._seen(kw)
-        except Exception:  # never the JIT's failure: the compile goes on as it would without us
-            pass
+        except Exception as exc:  # never the JIT's failure: the compile goes on as it would without us
+            self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
         return self._previous(**kw) if self._previous is not None else None
 
     def _seen(self, kw: dict) -> None:
@@ -444,7 +445,14 @@ class Ahead(_ChainedHook):
         self.requests = requests
         self.futures: dict[str, object] = {}
         self.counts = {"requests": len(requests), "ready": 0, "waited": 0, "taken_over": 0, "failed": 0,
-                       "waited_s": 0.0}
+                       "waited_s": 0.0, "unmatched": 0}
+        # Per field of Request, how many of the JIT's compiles that matched no request differed from the
+        # record's compile of the same kernel there ("kernel": none of that kernel): why nothing matched.
+        self.differs: dict[str, int] = {}
+
+    def facts(self) -> dict:
+        return {**self.counts, **({"differs": self.differs} if self.differs else {}),
+                **({"errors": self.errors} if self.errors else {})}
 
     def start(self) -> None:
         if not self.requests:
@@ -454,8 +462,15 @@ class Ahead(_ChainedHook):
             self.futures.setdefault(request.digest(), executor.submit(self.precompiler.compile_fn, request))
 
     def _seen(self, kw: dict) -> None:
-        future = self.futures.get(self._request(kw).digest())
+        request = self._request(kw)
+        future = self.futures.get(request.digest())
         if future is None:
+            self.counts["unmatched"] += 1
+            same = [r for r in self.requests if (r.module, r.qualname) == (request.module, request.qualname)]
+            fields = [f.name for f in dataclasses.fields(Request)
+                      if getattr(same[0], f.name) != getattr(request, f.name)] if same else ["kernel"]
+            for name in fields:
+                self.differs[name] = self.differs.get(name, 0) + 1
             return
         if future.cancel():
             self.counts["taken_over"] += 1

@@ -122,7 +122,7 @@ class AutotunePlugin:
                 if self.request_log.skipped:
                     facts["requests_not_written"] = self.request_log.skipped
             if self.ahead is not None:
-                facts["ahead"] = self.ahead.counts
+                facts["ahead"] = self.ahead.facts()
         else:
             facts = {"off": self.off}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
