@@ -21,6 +21,7 @@ assert, too many resources) is only counted: its sweep drops it just the same.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import fcntl
@@ -358,7 +359,7 @@ class _ChainedHook:
     def __init__(self):
         self._previous = None
         self._target = None
-        self.errors: dict[str, int] = {}  # what our part of the hook raised, by type (the JIT went on)
+        self.errors: collections.Counter[str] = collections.Counter()  # what our part raised, by type
 
     def install(self) -> None:
         from triton import knobs
@@ -383,7 +384,7 @@ class _ChainedHook:
         try:
             self._seen(kw)
         except Exception as exc:  # never the JIT's failure: the compile goes on as it would without us
-            self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
+            self.errors[type(exc).__name__] += 1
         return self._previous(**kw) if self._previous is not None else None
 
     def _seen(self, kw: dict) -> None:
@@ -392,26 +393,22 @@ class _ChainedHook:
 
 class RequestLog(_ChainedHook):
     """Every compile this run's JIT asks for, as Requests another process can compile (`write`: REQUESTS_FILE).
-    A compile with no JSON form is counted by why, and left to the process replaying it."""
+    A compile with no JSON form (NotPersistable, NotPrecompilable) is counted by kind in `errors`, and left to
+    the process replaying it."""
 
     def __init__(self):
         super().__init__()
         self.requests: dict[str, dict] = {}  # digest -> JSON, in the order first asked
-        self.skipped: dict[str, int] = {}
 
     def _seen(self, kw: dict) -> None:
-        try:
-            request = self._request(kw)
-            self.requests.setdefault(request.digest(), request.to_json())
-        except Exception as exc:  # counted by kind: NotPersistable, NotPrecompilable, a hook we misread
-            reason = type(exc).__name__
-            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        request = self._request(kw)
+        self.requests.setdefault(request.digest(), request.to_json())
 
     def write(self, path: Path) -> None:
         from harness.core import rundir
 
         rundir.atomic_write_json(path, {"format": REQUESTS_FORMAT, "requests": list(self.requests.values()),
-                                        "skipped": self.skipped})
+                                        "skipped": self.errors})
 
 
 def read_requests(path: Path) -> list[Request]:
@@ -448,11 +445,11 @@ class Ahead(_ChainedHook):
                        "waited_s": 0.0, "unmatched": 0}
         # Per field of Request, how many of the JIT's compiles that matched no request differed from the
         # record's compile of the same kernel there ("kernel": none of that kernel): why nothing matched.
-        self.differs: dict[str, int] = {}
+        self.differs: collections.Counter[str] = collections.Counter()
 
     def facts(self) -> dict:
-        return {**self.counts, **({"differs": self.differs} if self.differs else {}),
-                **({"errors": self.errors} if self.errors else {})}
+        return {**self.counts, **({"differs": dict(self.differs)} if self.differs else {}),
+                **({"errors": dict(self.errors)} if self.errors else {})}
 
     def start(self) -> None:
         if not self.requests:
@@ -469,8 +466,7 @@ class Ahead(_ChainedHook):
             same = [r for r in self.requests if (r.module, r.qualname) == (request.module, request.qualname)]
             fields = [f.name for f in dataclasses.fields(Request)
                       if getattr(same[0], f.name) != getattr(request, f.name)] if same else ["kernel"]
-            for name in fields:
-                self.differs[name] = self.differs.get(name, 0) + 1
+            self.differs.update(fields)
             return
         if future.cancel():
             self.counts["taken_over"] += 1

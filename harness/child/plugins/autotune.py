@@ -119,8 +119,8 @@ class AutotunePlugin:
             if self.request_log is not None:
                 self.request_log.write(self.ctx.run_dir / precompile.REQUESTS_FILE)
                 facts["requests_written"] = len(self.request_log.requests)
-                if self.request_log.skipped:
-                    facts["requests_not_written"] = self.request_log.skipped
+                if self.request_log.errors:
+                    facts["requests_not_written"] = dict(self.request_log.errors)
             if self.ahead is not None:
                 facts["ahead"] = self.ahead.facts()
         else:
