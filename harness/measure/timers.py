@@ -210,7 +210,6 @@ class Timer:
         self._accel = None
         self.host_clock = time.perf_counter  # what a capture costs the host (tests give their own clock)
         self._captured_call_ms = 0.0  # the host time of one call in the last capture
-        self._prepared_host_ms = 0.0  # the host time of one call in the last _prepare's estimate
         # (test, its sides) -> the first line of the recoverable error its capture raised in this run: its
         # later rows are timed directly without trying again (a failed capture cost a warmup and a check).
         self._refused: dict[tuple[str, frozenset], str] = {}
@@ -318,17 +317,16 @@ class Timer:
         end.synchronize()
         return start.elapsed_time(end) / calls
 
-    def _prepare(self, fn) -> float:
-        """Run once and discard (absorbs JIT and autotune), then estimate one call's time on the device
-        (returned) and on the host's clock (kept in _prepared_host_ms)."""
+    def _prepare(self, fn) -> tuple[float, float]:
+        """Run once and discard (absorbs JIT and autotune), then estimate one call's time: (on the device,
+        on the host's clock), ms."""
         with self._phase("estimate"):
             self._sync()
             fn()
             self._sync()
             started = self.host_clock()
             est = self._event_pair_ms(fn, calls=3)
-            self._prepared_host_ms = (self.host_clock() - started) * 1000 / 3
-            return est
+            return est, (self.host_clock() - started) * 1000 / 3
 
     def _warm_up(self, fn, budget_ms: float, per_call_ms: float, bounds: tuple[int, int] = WARMUP_RANGE) -> None:
         with self._phase("warmup"):
@@ -341,7 +339,7 @@ class Timer:
         # the host (a size read back, a copy to unpinned memory: what refuses a capture) takes longer a
         # call on the host than on the device: counted at the device's pace, FlagGems' bincount took 1,000
         # samples of 0.09 ms a side, 0.26 s of wall a row on an H100, 2.5x its budgets.
-        est = max(self._prepare(fn), self._prepared_host_ms)
+        est = max(self._prepare(fn))
         self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
         reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, est, REPS_RANGE)
         flush = self._flush if self.l2 == "cold" else None
@@ -384,7 +382,7 @@ class Timer:
         return start.elapsed_time(end)
 
     def _graph(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None) -> Measurement:
-        est = self._prepare(fn)
+        est, _ = self._prepare(fn)
         self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
         body = fn if self.l2 == "warm" else self._flushed(fn)
         # The probe unrolls no more calls than the replay target needs at the direct estimate (an upper
@@ -459,7 +457,7 @@ class Timer:
     def _profiled(self, fn) -> Measurement:
         """The summed device time of fn's kernels per call (profile.sample_means), and the
         attribution from the same events."""
-        est = self._prepare(fn)
+        est, _ = self._prepare(fn)
         self._warm_up(fn, self.warmup_ms, est)
         per_sample = clamp_count(PROFILER_SAMPLE_MS, est, PROFILER_CALLS_PER_SAMPLE)
         reps = clamp_count(self.rep_ms, est * per_sample, PROFILER_SAMPLES_RANGE)
