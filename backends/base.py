@@ -94,8 +94,11 @@ class Backend:
     # not (the interpreter runs every program in NumPy: minutes per GPU-sized case), a plan that names
     # one runs default_shapes instead, saying so.
     runs_shipped_shapes: bool = True
-    # Default timing budgets (ms); the interpreter is orders of magnitude slower.
-    warmup_ms: float = 25.0
+    # Default timing budgets (ms); the interpreter is orders of magnitude slower. The warmup: on an H200 a
+    # row's first samples after 0, 2, 5 or 25 ms of warmup, busy or idle before, read within +/-1% of the
+    # steady median with no trend in the budget (docs/performance.md), and 25 ms a side was a sixth of a
+    # FlagGems repeat step.
+    warmup_ms: float = 5.0
     rep_ms: float = 100.0
     # Default within-process stopping (--max-noise, a fraction): a side stops sampling once its median's
     # relative standard error is below it. On an H200 (session 26's A/B, 100 ms a side, ~50 graph replays)

@@ -492,22 +492,23 @@ class ScriptedReplays(Timer):
     def _sync(self):
         pass
 
-    def _replay_ms(self, graph):
-        self.order.append(graph.name)
+    def _replay_ms(self, graph, replays=1):
+        self.order.append((graph.name, replays))
         return next(self.replays[graph.name])
 
 
-def test_cold_graph_samples_interleave_op_and_flush_replays_and_subtract_the_flush():
+def test_cold_graph_samples_interleave_op_and_flush_chains_and_subtract_the_flush():
     t = ScriptedReplays(op_ms=[110, 112, 111], flush_ms=[100, 101, 99])
-    samples, flush_ms = t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
-    assert t.order == ["op", "flush", "op", "flush", "op", "flush"]
+    # Each sample is a chain of 2 replays of a 5-call graph: its time is over 10 calls.
+    samples, flush_ms = t._cold_graph_samples(t._capture(None, 5), unroll=5, chain=2, reps=3)
+    assert t.order == [("op", 2), ("flush", 2)] * 3
     assert flush_ms == pytest.approx(10.0) and samples == pytest.approx([1.0, 1.2, 1.1])
     assert t.marks == []
 
 
 def test_cold_graph_samples_within_the_flush_noise_are_marked():
     t = ScriptedReplays(op_ms=[100, 99, 101], flush_ms=[100, 100, 100])
-    t._cold_graph_samples(t._capture(None, 10), unroll=10, reps=3)
+    t._cold_graph_samples(t._capture(None, 10), unroll=10, chain=1, reps=3)
     assert t.marks == ["L2_FLUSH_DOMINATES flush_ms=10 detail='the op takes less than the flush's own variation: its "
                        "cold time is not resolved by the graph timer; use --timer profiler'"]
 
@@ -743,45 +744,56 @@ def test_the_graph_timer_discards_one_call_estimates_from_three_and_warms_up_bef
     assert accel.log[first_capture - 1] == ("synchronize",)  # the warmup has finished when capture starts
 
 
-def test_the_graph_timer_unrolls_to_the_replay_target_from_a_probe_and_divides_per_call(monkeypatch):
+def test_the_graph_timer_unrolls_a_short_graph_from_a_probe_and_chains_its_replays_into_samples(monkeypatch):
     # The device's 2nd replay (the probe's first timed one) is disturbed: the probe takes the fastest of three.
     t, accel, marks = standin_timer(monkeypatch, disturbed={1: 0.5})
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     (probe_calls, probe_state), (unroll, state) = graph_captures(accel)
     assert probe_calls == timers.GRAPH_PROBE_CALLS
     per_call = (probe_calls * CALL_MS + REPLAY_MS) / probe_calls  # the probe's replay, per call
-    # The fewest calls whose replay reaches the target: 214 calls of 0.009375 ms.
-    assert unroll * per_call >= timers.GRAPH_REPLAY_TARGET_MS > (unroll - 1) * per_call
+    # The graph: the fewest calls whose replay reaches GRAPH_UNROLL_MS, 54 calls of 0.009375 ms.
+    assert unroll * per_call >= timers.GRAPH_UNROLL_MS > (unroll - 1) * per_call
     assert probe_state == state == "copy of real" and accel.default_generators[0].state == "real"
-    # Each sample is one replay of the unrolled graph (its upload paid before timing), per call.
+    # A sample: the fewest back-to-back replays of it that reach GRAPH_SAMPLE_MS (4 of 0.50625 ms), per call.
+    chain = 4
+    assert chain * unroll * per_call >= timers.GRAPH_SAMPLE_MS > (chain - 1) * unroll * per_call
     per_replay = unroll * CALL_MS + REPLAY_MS
     assert m.timer == "graph" and m.samples_ms == [pytest.approx(per_replay / unroll)] * len(m.samples_ms)
-    assert len(m.samples_ms) == 50  # the 100 ms budget over the probe's 2.00625 ms per replay
+    assert len(m.samples_ms) == 50  # the 100 ms budget over the probe's 2.025 ms per sample
     replays = accel.steps("replay")
-    assert [n for _, _, n in replays] == [probe_calls] * 4 + [unroll] * (1 + len(m.samples_ms))
+    # The probe's 4, the timed graph's upload, then `chain` replays a sample and none beyond.
+    assert [n for _, _, n in replays] == [probe_calls] * 4 + [unroll] * (1 + chain * len(m.samples_ms))
     assert m.l2_flush_ms is None and marks == []
 
 
-@pytest.mark.parametrize(("kernel_ms", "overhead_ms", "captures"), [
-    # A call past the target: the probe is sized by the direct estimate, one call, and timed as it is.
-    (4.0, REPLAY_MS, [1]),
-    (1.5, REPLAY_MS, [2]),  # two calls reach the target (FlagGems' 1G-element rows)
-    (2 ** -20, 2 ** -14, [timers.GRAPH_PROBE_CALLS, timers.GRAPH_MAX_UNROLL]),  # a tiny kernel: the unroll capped
-    (0.0, 0.0, [timers.GRAPH_PROBE_CALLS, timers.GRAPH_MAX_UNROLL]),  # a replay that reads zero divides by nothing
+@pytest.mark.parametrize(("kernel_ms", "overhead_ms", "captures", "chain"), [
+    # A call past the sample's target: the probe is sized by the direct estimate, one call, timed as it is.
+    (4.0, REPLAY_MS, [1], 1),
+    (1.5, REPLAY_MS, [1], 2),  # FlagGems' 1G-element rows: one call a graph, two replays a sample
+    (0.2, REPLAY_MS, [3], 4),  # the 3 calls that reach GRAPH_UNROLL_MS
+    # A tiny kernel: the unroll capped, the sample 142 replays of 0.014 ms.
+    (2 ** -20, 2 ** -14, [timers.GRAPH_PROBE_CALLS, timers.GRAPH_MAX_UNROLL], 142),
+    # A replay that reads zero divides by nothing, and its chain stops at GRAPH_MAX_CHAIN replays a sample.
+    (0.0, 0.0, [timers.GRAPH_PROBE_CALLS, timers.GRAPH_MAX_UNROLL], timers.GRAPH_MAX_CHAIN),
 ])
-def test_the_unroll_is_clamped_at_both_ends(monkeypatch, kernel_ms, overhead_ms, captures):
+def test_the_unroll_and_the_chain_are_clamped_at_both_ends(monkeypatch, kernel_ms, overhead_ms, captures, chain):
     accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda(replay_overhead_ms=overhead_ms))
     backend = dataclasses.replace(backends.get("cuda"), profiler_activity=None)
     m = Timer(backend, "graph", 4.0, 100.0, lambda m: None).measure_pair("op", {"x": accel.op(kernel_ms)})
     assert [calls for calls, _ in graph_captures(accel)] == captures
     unroll = captures[-1]
     sample = (unroll * kernel_ms + overhead_ms) / unroll
-    assert m.measurements["x"].samples_ms == [pytest.approx(sample)] * len(m.measurements["x"].samples_ms)
+    samples = m.measurements["x"].samples_ms
+    assert samples == [pytest.approx(sample)] * len(samples)
+    # The probe's 4 replays, the second graph's upload where there is one, then `chain` replays a sample.
+    replays = [n for _, _, n in accel.steps("replay")]
+    assert len(replays) == 4 + len(captures) - 1 + chain * len(samples)
+    assert replays[-chain * len(samples):] == [unroll] * (chain * len(samples))
 
 
 @pytest.mark.parametrize(("host_ms", "unroll"), [
-    (0.01, 214),  # cheap Python: the unroll the device time asks for (2.5 ms of capture)
-    (125 / 64, 128),  # 128 calls are what 250 ms of capture affords
+    (0.01, 54),  # cheap Python: the unroll the device time asks for (0.54 ms of capture)
+    (125 / 16, 32),  # 32 calls are what 250 ms of capture affords
     (32.0, timers.GRAPH_PROBE_CALLS),  # fewer than the probe's: the probe graph is timed, not captured again
 ])
 def test_the_unroll_is_capped_by_what_capturing_a_call_costs_the_host(monkeypatch, host_ms, unroll):
@@ -791,19 +803,21 @@ def test_the_unroll_is_capped_by_what_capturing_a_call_costs_the_host(monkeypatc
     captures = [calls for calls, _ in graph_captures(accel)]
     assert captures == [timers.GRAPH_PROBE_CALLS] + ([unroll] if unroll != timers.GRAPH_PROBE_CALLS else [])
     assert m.samples_ms == [pytest.approx((unroll * CALL_MS + REPLAY_MS) / unroll)] * len(m.samples_ms)
-    if unroll == 214:
+    if unroll == 54:
         assert marks == []
     else:
-        assert marks == [f"GRAPH_UNROLL_CAPPED unroll={unroll} wanted=214 host_ms_per_call={host_ms:.3g} "
+        assert marks == [f"GRAPH_UNROLL_CAPPED unroll={unroll} wanted=54 host_ms_per_call={host_ms:.3g} "
                          f"device_ms_per_call={(10 * CALL_MS + REPLAY_MS) / 10:.3g}"]
 
 
 def test_a_probe_graph_of_the_right_size_is_timed_as_is(monkeypatch):
-    # 13/64 ms a call: the probe replays 10 calls in 2.046875 ms, 10 is the unroll, no second capture.
+    # 13/64 ms a call: the probe is the 3 calls that reach GRAPH_UNROLL_MS at the direct estimate, its
+    # replay 0.625 ms; 3 is the unroll, no second capture.
     t, accel, _ = standin_timer(monkeypatch)
     m = t.measure_pair("op", {"x": accel.op(13 / 64)}).measurements["x"]
-    assert graph_captures(accel) == [(timers.GRAPH_PROBE_CALLS, "copy of real")]
-    assert m.samples_ms == [pytest.approx((10 * 13 / 64 + REPLAY_MS) / 10)] * len(m.samples_ms)
+    assert graph_captures(accel) == [(3, "copy of real")]
+    assert m.samples_ms == [pytest.approx((3 * 13 / 64 + REPLAY_MS) / 3)] * len(m.samples_ms)
+    assert len(accel.steps("replay")) == 4 + 4 * len(m.samples_ms)  # the probe timed as is: 4 replays a sample
 
 
 @pytest.mark.parametrize(("rep_ms", "reps"), [(0.0, timers.REPS_RANGE[0]), (1e6, timers.REPS_RANGE[1])])
@@ -1017,15 +1031,16 @@ def test_the_graph_timer_stops_replaying_once_the_row_is_known_within_max_noise(
     t.max_noise = 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES  # 50 without (the 100 ms budget)
-    # The first 12 timed replays (after the probe's 4 and the timed graph's upload) are disturbed by a
-    # different amount each: it replays on past them, and no further than the first check that is within.
-    t, accel, _ = standin_timer(monkeypatch, disturbed={5 + i: 0.01 * (i % 4) for i in range(12)})
+    # The first 12 timed samples (after the probe's 4 replays and the timed graph's upload; 4 replays a
+    # sample) are disturbed by a different amount each: it samples on past them, and no further than the
+    # first check that is within.
+    t, accel, _ = standin_timer(monkeypatch, disturbed={5 + 4 * i: 0.04 * (i % 4) for i in range(12)})
     t.max_noise = 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     assert timers.STOP_MIN_SAMPLES < len(m.samples_ms) < 50
     assert timers.relative_error(m.samples_ms) <= 0.001
     assert timers.relative_error(m.samples_ms[:-timers.STOP_CHECK_EVERY]) > 0.001
-    assert len(accel.steps("replay")) == 4 + 1 + len(m.samples_ms)  # no replay beyond the samples kept
+    assert len(accel.steps("replay")) == 4 + 1 + 4 * len(m.samples_ms)  # no replay beyond the samples kept
 
 
 def test_the_cold_graph_timer_stops_its_paired_replays_together(monkeypatch):
@@ -1033,8 +1048,9 @@ def test_the_cold_graph_timer_stops_its_paired_replays_together(monkeypatch):
     t.l2, t._flush_buffer, t.max_noise = "cold", standin_cuda.Buffer(accel, 0.25), 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES and m.samples_ms == [pytest.approx(CALL_MS)] * 10
-    # probe 4, the timed graph's upload 1, the flush graph's 1, then one op and one flush replay a sample
-    assert len(accel.steps("replay")) == 4 + 1 + 1 + 2 * timers.STOP_MIN_SAMPLES
+    # probe 4, the timed graph's upload 1, the flush graph's 1, then a chain of op replays and one of flush
+    # replays a sample (4 each: the graph unrolls 2 calls of 0.26 ms)
+    assert len(accel.steps("replay")) == 4 + 1 + 1 + 2 * 4 * timers.STOP_MIN_SAMPLES
 
 
 def test_the_direct_timer_stops_at_a_check_and_synchronizes_once_a_check(monkeypatch):
@@ -1084,12 +1100,12 @@ def test_a_stored_spec_with_max_noise_out_of_range_is_refused(tmp_path):
 
 def test_the_timer_adds_up_the_host_seconds_of_each_phase(monkeypatch):
     # 1/64 ms of Python a call: the 512 warmups, the 3-call estimate and its discarded first call, the
-    # probe's 10 captured calls and the unroll's 214 are what each phase cost the host, over two sides.
+    # probe's 10 captured calls and the unroll's 54 are what each phase cost the host, over two sides.
     host_ms = 2 ** -6
     t, accel, _ = standin_timer(monkeypatch)
     t.measure_pair("op", {"a": accel.op(CALL_MS, host_ms=host_ms), "b": accel.op(CALL_MS, host_ms=host_ms)})
     assert dict(t.seconds).keys() == {"estimate", "warmup", "capture", "probe", "samples"}
     assert t.seconds["estimate"] == pytest.approx(2 * 4 * host_ms / 1000)
     assert t.seconds["warmup"] == pytest.approx(2 * 512 * host_ms / 1000)
-    assert t.seconds["capture"] == pytest.approx(2 * (timers.GRAPH_PROBE_CALLS + 214) * host_ms / 1000)
+    assert t.seconds["capture"] == pytest.approx(2 * (timers.GRAPH_PROBE_CALLS + 54) * host_ms / 1000)
     assert t.seconds["probe"] == t.seconds["samples"] == 0.0  # replays cost the stand-in's host nothing

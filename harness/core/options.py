@@ -426,7 +426,7 @@ class RunOptions(OptionSet):
         check=lambda v: v in L2_MODES, what=f"one of {', '.join(L2_MODES)}")
     warmup_ms: float | None = option(
         flag="--warmup-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,
-        help="warmup budget per measurement (default: the backend's, 25 on GPUs)",
+        help="warmup budget per measurement (default: the backend's, 5 on GPUs)",
         check=RULES["warmup_ms"][0], what=RULES["warmup_ms"][1])
     rep_ms: float | None = option(
         flag="--rep-ms", group="how", commands=RUNS, metavar="MS", type=nonneg_float, record_only=True,

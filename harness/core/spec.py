@@ -173,7 +173,7 @@ class RunSpec:
     # call (harness.measure.timers). Warm by default, which is also what a run.json written before
     # this field existed measured.
     l2: str = "warm"
-    warmup_ms: float = 25.0
+    warmup_ms: float = 5.0
     rep_ms: float = 100.0
     windows: int = DEFAULT_WINDOWS  # what a run.json written before this field existed measured too
     # Within-process stopping (harness.measure.timers, Timer.max_noise): 0, what a run.json written before

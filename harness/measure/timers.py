@@ -34,12 +34,18 @@ from harness.measure import profile
 WARMUP_RANGE = (1, 1000)
 REPS_RANGE = (10, 1000)
 HOST_REPS_RANGE = (3, 50)
-# One graph replay unrolls enough calls to last about this long, so the replay's own launch cost
-# (~10 us) vanishes against the kernels being timed: a 1.6 us kernel replayed one call at a time
-# reads 10x slow. The per-call estimate comes from a probe graph, never from host-side timing,
-# which for small kernels measures the Python launch path.
-GRAPH_REPLAY_TARGET_MS = 2.0
+# One sample replays the captured graph back to back until it lasts about GRAPH_SAMPLE_MS, so the
+# replay's own launch cost (~10 us) vanishes against the kernels being timed: a 1.6 us kernel replayed
+# one call at a time reads 10x slow. The graph itself unrolls calls for about GRAPH_UNROLL_MS only: its
+# capture pays each call's Python (FlagGems: 72-123 us a call, 80-90 ms to capture 2 ms of a 1-2 us
+# kernel), and a chain of 0.5 ms graphs read within 0.55% of one 2 ms graph on an H200, its samples' spread
+# no wider, at a quarter to a third of the capture (docs/performance.md, "A chain of short graph replays").
+# The per-call estimate comes from a probe graph, never from host-side timing, which for small kernels
+# measures the Python launch path.
+GRAPH_SAMPLE_MS = 2.0
+GRAPH_UNROLL_MS = 0.5
 GRAPH_PROBE_CALLS = 10
+GRAPH_MAX_CHAIN = 200  # a graph whose replay reads near zero (no device work) is not replayed without end
 GRAPH_MAX_UNROLL = 2000
 # The host time one capture of the unrolled graph may take. The unroll is sized by device time, and a
 # call whose Python costs far more than its kernel multiplied it: FlagGems' weight_int4pack benchmark
@@ -373,10 +379,12 @@ class Timer:
             raise _CaptureFailed("capture", exc) from exc
         return graph
 
-    def _replay_ms(self, graph) -> float:
+    def _replay_ms(self, graph, replays: int = 1) -> float:
+        """The device time of `replays` back-to-back replays of `graph`."""
         start, end = self._accel.Event(enable_timing=True), self._accel.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
@@ -385,11 +393,11 @@ class Timer:
         est, _ = self._prepare(fn)
         self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
         body = fn if self.l2 == "warm" else self._flushed(fn)
-        # The probe unrolls no more calls than the replay target needs at the direct estimate (an upper
+        # The probe unrolls no more calls than the graph's target needs at the direct estimate (an upper
         # bound: it holds the launch gaps). A 1.5 ms call's 10-call probe, replayed 3 times, cost 45 ms of
         # device time a side, then a second capture at 2 calls (FlagGems' 1G-element rows, 6 of acosh_'s 15).
         probe = GRAPH_PROBE_CALLS if est <= 0 else max(1, min(GRAPH_PROBE_CALLS,
-                                                             math.ceil(GRAPH_REPLAY_TARGET_MS / est)))
+                                                             math.ceil(GRAPH_UNROLL_MS / est)))
         graph = self._capture(body, probe)
         host_ms = self._captured_call_ms
         flush_ms = None
@@ -405,11 +413,13 @@ class Timer:
                 with self._phase("probe"):
                     graph.replay()
                     self._sync()
-            reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll, REPS_RANGE)
+            chain = max(1, min(GRAPH_MAX_CHAIN, math.ceil(GRAPH_SAMPLE_MS / max(per_call * unroll, 1e-9))))
+            reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll * chain, REPS_RANGE)
             if self.l2 == "warm":
-                samples = self._sampled(lambda k: [self._replay_ms(graph) / unroll for _ in range(k)], reps)
+                calls = unroll * chain
+                samples = self._sampled(lambda k: [self._replay_ms(graph, chain) / calls for _ in range(k)], reps)
             else:
-                samples, flush_ms = self._cold_graph_samples(graph, unroll, reps)
+                samples, flush_ms = self._cold_graph_samples(graph, unroll, chain, reps)
         except _CaptureFailed:
             raise
         except Exception as exc:
@@ -419,9 +429,9 @@ class Timer:
         return Measurement(samples, "graph", l2_flush_ms=flush_ms)
 
     def _unroll(self, per_call_ms: float, host_ms: float, probe: int = GRAPH_PROBE_CALLS) -> int:
-        """Calls a replay unrolls: enough to reach GRAPH_REPLAY_TARGET_MS of device time, no more than
+        """Calls the graph unrolls: enough to reach GRAPH_UNROLL_MS of device time, no more than
         GRAPH_CAPTURE_BUDGET_MS of host time to capture (never fewer than the probe's `probe`, already paid)."""
-        unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET_MS / max(per_call_ms, 1e-6))))
+        unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_UNROLL_MS / max(per_call_ms, 1e-6))))
         affordable = max(probe, math.floor(GRAPH_CAPTURE_BUDGET_MS / max(host_ms, 1e-9)))
         if unroll <= affordable:
             return unroll
@@ -429,9 +439,10 @@ class Timer:
                   f"device_ms_per_call={per_call_ms:.3g}")
         return affordable
 
-    def _cold_graph_samples(self, graph, unroll: int, reps: int) -> tuple[list[float], float]:
-        """(flush + op) replays interleaved with replays of a flush-only graph of as many calls, so
-        both see the same clocks; the flush's per-call time is subtracted (subtract_flush)."""
+    def _cold_graph_samples(self, graph, unroll: int, chain: int, reps: int) -> tuple[list[float], float]:
+        """(flush + op) samples interleaved with samples of a flush-only graph of as many calls, each a
+        chain of `chain` replays, so both see the same clocks; the flush's per-call time is subtracted
+        (subtract_flush)."""
         flush_graph = self._capture(self._flush, unroll)
         try:
             flush_graph.replay()
@@ -441,8 +452,8 @@ class Timer:
             def take(k: int) -> list[float]:
                 both = []
                 for _ in range(k):
-                    both.append(self._replay_ms(graph) / unroll)
-                    alone.append(self._replay_ms(flush_graph) / unroll)
+                    both.append(self._replay_ms(graph, chain) / (unroll * chain))
+                    alone.append(self._replay_ms(flush_graph, chain) / (unroll * chain))
                 return both
 
             both = self._sampled(take, reps)

@@ -112,10 +112,10 @@ def steps(ab_dir: Path) -> list[dict]:
 
 def busy_s(run_dir: Path) -> float:
     """The timer's device time for the run, per row and side (baseline, candidate): its warmup budget and
-    the samples it took (`samples.<side>.n`; a graph sample is a replay of about GRAPH_REPLAY_TARGET_MS, or
+    the samples it took (`samples.<side>.n`; a graph sample is replays of about GRAPH_SAMPLE_MS, or
     one call where that is longer, a direct one a call), at most its rep budget. Under --max-noise a side
     stops early: rows x 2 x (warmup + rep) overstated it."""
-    from harness.measure.timers import GRAPH_REPLAY_TARGET_MS
+    from harness.measure.timers import GRAPH_SAMPLE_MS
 
     spec = json.loads((run_dir / "run.json").read_text())["spec"]
     rows = json.loads((run_dir / "results.json").read_text())["rows"]
@@ -123,7 +123,7 @@ def busy_s(run_dir: Path) -> float:
     for row in rows:
         for side, sampled in (row.get("samples") or {}).items():
             call_ms = row.get(f"{side}_ms") or 0.0
-            sample_ms = max(call_ms, GRAPH_REPLAY_TARGET_MS) if row.get("timer") == "graph" else call_ms
+            sample_ms = max(call_ms, GRAPH_SAMPLE_MS) if row.get("timer") == "graph" else call_ms
             total_ms += spec["warmup_ms"] + min(spec["rep_ms"], (sampled.get("n") or 0) * sample_ms)
     return total_ms / 1000
 
