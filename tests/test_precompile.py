@@ -564,15 +564,15 @@ def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its
     finally:
         log.uninstall()
     log.write(tmp_path / precompile.REQUESTS_FILE)
-    requests = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
-    assert len(requests) == 2 and log.errors == {}
+    requests, defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
+    assert len(requests) == 2 and log.errors == {} and defaults["enable_fp_fusion"] is True
     assert [r.digest() for r in requests] == list(log.requests)  # read back as the compiles they were
     assert [(r.options["num_warps"], r.constants) for r in requests] == [(4, {(3,): 64}), (8, {(3,): 128})]
     compiled_a = sorted(p.name for p in (tmp_path / "cache_a").iterdir())
 
     tuned, _ = load_through_standin("tuned", tmp_path / "cache_b")  # the other side: its own JIT, its own cache
     pool = precompile.Precompiler(cpus=1)
-    ahead = precompile.Ahead(pool, requests)
+    ahead = precompile.Ahead(pool, requests, defaults)
     try:
         pool.start()
         ahead.start()
@@ -591,6 +591,62 @@ def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its
     assert sorted(p.name for p in (tmp_path / "cache_b").iterdir() if p.name != precompile.LOCK_DIR) == compiled_b
     assert ahead.facts() == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
                              "unmatched": 0}
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_side_whose_env_sets_another_default_option_compiles_the_records_requests_under_its_own(
+        load_through_standin, tmp_path, monkeypatch):
+    """The record compiled with fp fusion on (its env's default); the other side's env turns it off, so its
+    JIT asks for every compile with enable_fp_fusion=False. The record's defaults, written beside its
+    requests, let that side put its own in their place: its pool compiles what its JIT then finds ready."""
+    tuned, _ = load_through_standin("tuned", tmp_path / "cache_a")
+    log = precompile.RequestLog()
+    log.install()
+    try:
+        tuned.launch()
+    finally:
+        log.uninstall()
+    log.write(tmp_path / precompile.REQUESTS_FILE)
+    requests, defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
+    assert [r.options["enable_fp_fusion"] for r in requests] == [True, True]
+
+    tuned, _ = load_through_standin("tuned", tmp_path / "cache_b")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # after the loader, which sets the suite's 1
+    pool = precompile.Precompiler(cpus=1)
+    ahead = precompile.Ahead(pool, requests, defaults)
+    try:
+        pool.start()
+        ahead.start()
+        hashes = [future.result(timeout=120) for future in ahead.futures.values()]
+        ahead.install()
+        try:
+            tuned.launch()
+        finally:
+            ahead.uninstall()
+    finally:
+        pool.close()
+    assert [r.options["enable_fp_fusion"] for r in ahead.requests] == [False, False]
+    jit = sorted(k.hash for k in tuned.double_kernel.fn.device_caches[0][0].values())
+    assert jit == sorted(hashes)  # the pool's compiles are the JIT's
+    assert ahead.facts() == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
+                             "unmatched": 0, "translated": {"enable_fp_fusion": 2}}
+    # Without the record's defaults (an older record), nothing is translated and nothing matches.
+    requests_only = precompile.Ahead(precompile.Precompiler(cpus=1), requests)
+    assert requests_only.requests == requests and requests_only.translated == {}
+
+
+def test_translate_moves_only_options_left_at_the_recorders_default_where_the_defaults_differ():
+    base = precompile.Request("m", "k", None, {}, {}, {}, {"num_warps": 4, "enable_fp_fusion": True,
+                                                          "default_dot_input_precision": "tf32"}, None)
+    explicit = dataclasses.replace(base, options={**base.options, "enable_fp_fusion": False})
+    recorded = {"num_warps": 4, "enable_fp_fusion": True, "default_dot_input_precision": "tf32"}
+    own = {"num_warps": 4, "enable_fp_fusion": False, "default_dot_input_precision": "ieee"}
+    out, counts = precompile.translate([base, explicit], recorded, own)
+    assert out[0].options == {"num_warps": 4, "enable_fp_fusion": False, "default_dot_input_precision": "ieee"}
+    # A compile whose kernel set the option away from the recorder's default keeps it.
+    assert out[1].options == {"num_warps": 4, "enable_fp_fusion": False, "default_dot_input_precision": "ieee"}
+    assert counts == {"enable_fp_fusion": 1, "default_dot_input_precision": 2}
+    assert precompile.translate([base], recorded, recorded) == ([base], {})  # same defaults: as recorded
 
 
 class Held(concurrent.futures.Executor):
@@ -643,7 +699,7 @@ def test_a_request_round_trips_through_json_and_one_without_a_json_form_is_refus
     assert back == request and back.digest() == request.digest()
     with pytest.raises(precompile.NotPersistable):
         dataclasses.replace(request, constants={(3,): object()}).to_json()
-    assert precompile.read_requests(Path("/nonexistent")) == []
+    assert precompile.read_requests(Path("/nonexistent")) == ([], {})
 
 
 @pytest.mark.parametrize("token_timing", [True, False])

@@ -11,7 +11,10 @@ sweep still loads every kernel it benchmarks, so the IR collected is unchanged.
 An A/B's record also writes every compile its JIT asked for (RequestLog, REQUESTS_FILE in its run dir), and
 the other side's passes step, which replays that record under its own compiler, compiles them over its pool
 ahead of its rows (Ahead): one at a time, they were most of a FlagGems passes step (aminmax: 48 compiles in
-23.5 s on an H100).
+23.5 s on an H100). A side whose env sets another default option (TRITON_DEFAULT_FP_FUSION=0,
+TRITON_F32_DEFAULT) asks its JIT for that option wherever the record's compile took its own default: the
+record writes its defaults beside its requests, and the other side puts its own in their place
+(`translate`). Untranslated, no compile of an fp-fusion A/B matched on an H100.
 
 A config that cannot be precompiled (a kernel not importable in a worker, a worker's failure) is
 compiled by the sweep as it always was, and the row says so (AUTOTUNE_PRECOMPILE_FALLBACK). One that
@@ -148,6 +151,31 @@ def _target_to_json(target) -> dict:
     if not dataclasses.is_dataclass(target):
         raise NotPersistable(f"a target of type {type(target).__name__}")
     return {field.name: _encode(getattr(target, field.name)) for field in dataclasses.fields(target)}
+
+
+def option_defaults(target) -> dict:
+    """The options this process's compiler gives a compile that names none (its env's: fp fusion, the f32 dot
+    precision), in the form the JIT's hook hands them over (`_options_from`)."""
+    from triton.compiler import make_backend
+
+    options = make_backend(target).parse_options({}).__dict__
+    return _options_from(json.dumps({"options": options}))
+
+
+def translate(requests: list[Request], recorded_defaults: dict, own_defaults: dict
+              ) -> tuple[list[Request], collections.Counter]:
+    """The requests as this process's JIT will ask for them: an option the recording process left at its
+    default (`recorded_defaults`) takes this one's default where the two differ. An option the kernel set
+    to that same value itself is translated too: its request then matches nothing, and costs CPU only.
+    Also how many requests each option changed in."""
+    changed = {k: v for k, v in own_defaults.items() if k in recorded_defaults and recorded_defaults[k] != v}
+    counts: collections.Counter[str] = collections.Counter()
+    out = []
+    for request in requests:
+        moved = {k: v for k, v in changed.items() if request.options.get(k, v) == recorded_defaults[k]}
+        counts.update(moved.keys())
+        out.append(dataclasses.replace(request, options={**request.options, **moved}) if moved else request)
+    return out, counts
 
 
 def _options_from(specialization_data: str) -> dict:
@@ -407,26 +435,37 @@ class RequestLog(_ChainedHook):
     def write(self, path: Path) -> None:
         from harness.core import rundir
 
-        rundir.atomic_write_json(path, {"format": REQUESTS_FORMAT, "requests": list(self.requests.values()),
-                                        "skipped": self.errors})
+        data = {"format": REQUESTS_FORMAT, "requests": list(self.requests.values()), "skipped": self.errors}
+        if self._target is not None:  # the compiles' target, once one was seen: their defaults, for `translate`
+            try:
+                data["defaults"] = _pairs(option_defaults(self._target))
+            except Exception as exc:  # the other side then matches only compiles of its own defaults
+                self.errors[f"defaults: {type(exc).__name__}"] += 1
+                data["skipped"] = self.errors
+        rundir.atomic_write_json(path, data)
 
 
-def read_requests(path: Path) -> list[Request]:
-    """The Requests of a REQUESTS_FILE; none where it is missing or of another format (an older record:
-    its replay compiles as it always did)."""
+def read_requests(path: Path) -> tuple[list[Request], dict]:
+    """The Requests of a REQUESTS_FILE and the recording process's option defaults ({} where it wrote none);
+    no requests where it is missing or of another format (an older record: its replay compiles as it always
+    did)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return []
+        return [], {}
     if not isinstance(data, dict) or data.get("format") != REQUESTS_FORMAT:
-        return []
+        return [], {}
     out = []
     for item in data.get("requests", []):
         try:
             out.append(Request.from_json(item))
         except Exception:  # one unreadable request: the JIT compiles that one itself
             continue
-    return out
+    try:
+        defaults = {_decode(k): _decode(v) for k, v in data.get("defaults", [])}
+    except Exception:  # unreadable: nothing translated
+        defaults = {}
+    return out, defaults
 
 
 class Ahead(_ChainedHook):
@@ -436,10 +475,12 @@ class Ahead(_ChainedHook):
     the JIT wait behind compiles it does not need yet. A request this compiler specializes otherwise, or
     cannot compile, costs CPU only: the JIT compiles what it asks for."""
 
-    def __init__(self, precompiler: Precompiler, requests: list[Request]):
+    def __init__(self, precompiler: Precompiler, requests: list[Request], recorded_defaults: dict | None = None):
         super().__init__()
         self.precompiler = precompiler
         self.requests = requests
+        self.recorded_defaults = recorded_defaults or {}
+        self.translated: collections.Counter[str] = collections.Counter()  # option -> requests it changed in
         self.futures: dict[str, object] = {}
         self.counts = {"requests": len(requests), "ready": 0, "waited": 0, "taken_over": 0, "failed": 0,
                        "waited_s": 0.0, "unmatched": 0}
@@ -448,12 +489,20 @@ class Ahead(_ChainedHook):
         self.differs: collections.Counter[str] = collections.Counter()
 
     def facts(self) -> dict:
-        return {**self.counts, **({"differs": dict(self.differs)} if self.differs else {}),
+        return {**self.counts, **({"translated": dict(self.translated)} if self.translated else {}),
+                **({"differs": dict(self.differs)} if self.differs else {}),
                 **({"errors": dict(self.errors)} if self.errors else {})}
 
     def start(self) -> None:
         if not self.requests:
             return
+        if self.recorded_defaults:
+            try:
+                own = option_defaults(self.requests[0].target)
+            except Exception as exc:  # the requests stay as recorded: those of other defaults match nothing
+                self.errors[f"defaults: {type(exc).__name__}"] += 1
+            else:
+                self.requests, self.translated = translate(self.requests, self.recorded_defaults, own)
         executor = self.precompiler._executor(len(self.requests))
         for request in self.requests:
             self.futures.setdefault(request.digest(), executor.submit(self.precompiler.compile_fn, request))

@@ -37,15 +37,15 @@ class AutotunePlugin:
             self.precompiler = precompile.Precompiler()
             # A passes step (token-timed: the CPU its compiles take from the rows costs no verdict) replaying
             # a record that wrote its compiles: the other side's, compiled here ahead of the rows.
-            ahead = (precompile.read_requests(Path(spec.replay_from) / precompile.REQUESTS_FILE)
-                     if spec.mode == "replay" and spec.token_timing else [])
+            ahead, recorded_defaults = (precompile.read_requests(Path(spec.replay_from) / precompile.REQUESTS_FILE)
+                                        if spec.mode == "replay" and spec.token_timing else ([], {}))
             if (spec.mode == "record" or ahead) and not self.ctx.backend.device_touched():
                 self.precompiler.start()
             if spec.mode == "record":
                 self.request_log = precompile.RequestLog()
                 self.request_log.install()
             if ahead:
-                self.ahead = precompile.Ahead(self.precompiler, ahead)
+                self.ahead = precompile.Ahead(self.precompiler, ahead, recorded_defaults)
                 self.ahead.start()
                 self.ahead.install()
                 self.ctx.say(f"precompile: the record's {len(ahead)} compiles started ahead of the rows over "
