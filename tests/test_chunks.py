@@ -4,6 +4,7 @@ crashing op's rows and the chunk's later ops go on in a new host; what one op's 
 process does not reach the next op's; an interrupted chunk goes on from its last completed step. The
 steps and hosts are real processes on the interpreter."""
 
+import json
 import signal
 from pathlib import Path
 
@@ -277,8 +278,31 @@ def test_a_run_in_a_host_freezes_nothing_the_host_froze_what_its_worker_imported
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
     for count, expected in ((0, [True]), (1500, [True])):
         monkeypatch.setattr(gc, "get_freeze_count", lambda count=count: count)
-        heap.HeapPlugin().pytest_collection_finish(None)
+        heap.HeapPlugin(None).pytest_collection_finish(None)
         assert frozen == expected
+
+
+def test_a_run_counts_its_collections_and_their_seconds_by_generation_in_run_json(tmp_path):
+    """What the garbage collector cost the run (a FlagGems benchmark collects after every row): counted from
+    configure to the session's end, the callback gone after."""
+    import gc
+    import types
+
+    from harness.child.plugins import heap
+
+    (tmp_path / "run.json").write_text("{}")
+    plugin = heap.HeapPlugin(types.SimpleNamespace(run_dir=tmp_path))
+    plugin.pytest_configure(None)
+    gc.collect()
+    gc.collect(0)
+    gc.collect()
+    plugin.pytest_sessionfinish(None)
+    assert plugin._on_gc not in gc.callbacks
+    gc.collect()  # after the session: not counted
+    observed = json.loads((tmp_path / "run.json").read_text())["observed"]["gc"]
+    assert observed["collections"]["2"] == 2 and observed["collections"]["0"] >= 1
+    assert observed["seconds"].keys() == observed["collections"].keys()
+    assert all(v >= 0 for v in observed["seconds"].values())
 
 
 @pytest.mark.parametrize("chunk", [0, options.MAX_CHUNK + 1, "4", 1.5])

@@ -133,7 +133,7 @@ def build_plugins(ctx: RunContext, guard: StopGuard) -> list:
     autotune_plugin = autotune.AutotunePlugin(ctx)
     plugins = [ChildHooks(), guard, runinfo.RunInfoPlugin(ctx), seeds.SeedsPlugin(ctx), shapes.ShapesPlugin(ctx),
                autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin, gpu_state.GpuStatePlugin(ctx),
-               torch_state.TorchStatePlugin(ctx), heap.HeapPlugin()]
+               torch_state.TorchStatePlugin(ctx), heap.HeapPlugin(ctx)]
     if ctx.spec.flaggems is not None:
         plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin, timing_plugin.measure, autotune_plugin))
     return plugins
