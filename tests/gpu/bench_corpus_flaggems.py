@@ -120,7 +120,15 @@ def report(args) -> dict:
     # the rows' sum, applied to every op (>= 1).
     calls = args.out / WALLS
     total = sum(float(x) for x in calls.read_text().split()) if calls.is_file() else 0.0
-    spent = sum(walls) + sum(float(f["elapsed_s"] or 0) for f in failed)
+    # An op the budget stopped inside its chunk reads 0 s in ops_status.csv, though its steps ran: their seconds
+    # from its ab.json count as spent, or the factor charges them to every finished op (31.6 h for ~18 h).
+    finished = {o["op"] for o in ops}
+    unfinished_steps = 0.0
+    for ab_json in batch_dir.rglob("ab.json"):
+        state = json.loads(ab_json.read_text())
+        if state["plan"]["ops"][0] not in finished:
+            unfinished_steps += sum(st["seconds"] for st in state["steps"])
+    spent = sum(walls) + max(unfinished_steps, sum(float(f["elapsed_s"] or 0) for f in failed))
     overhead = max(1.0, total / spent) if spent else 1.0
     if len(walls) >= 2:
         mean, sd = statistics.mean(walls) * overhead, statistics.stdev(walls) * overhead
