@@ -633,6 +633,7 @@ def test_a_configs_only_record_profiles_nothing_and_times_at_the_token_budget(tm
     the full budget, and run.json says why."""
     plugin, said = timing_plugin(tmp_path, "cuda", only="configs")
     assert plugin.timer.attribute is False and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == TOKEN_BUDGET_MS
+    assert plugin.timer.sample_ms == timers.TOKEN_SAMPLE_MS  # one replay a graph sample
     observed = load(tmp_path / rundir.RUN_JSON)["observed"]
     assert observed["kernel_attribution"] == {"recorded": False, "reason": "a configs-only run (--configs-only)"}
     assert observed["timing"] == {"warmup_ms": 0.0, "rep_ms": 0.0, "reason": "a configs-only run (--configs-only): "
@@ -644,8 +645,10 @@ def test_a_passes_only_run_profiles_after_timing_at_the_token_budget_and_says_so
     full = timing_plugin(tmp_path / "full", "cuda")[0].timer
     assert (full.warmup_ms, full.rep_ms) == (25.0, 100.0) and "timing" not in load(
         tmp_path / "full" / rundir.RUN_JSON)["observed"]
+    assert full.sample_ms == timers.GRAPH_SAMPLE_MS
     plugin, said = timing_plugin(tmp_path, "cuda", only="passes")
     assert plugin.timer.attribute is True and (plugin.timer.warmup_ms, plugin.timer.rep_ms) == TOKEN_BUDGET_MS
+    assert plugin.timer.sample_ms == timers.TOKEN_SAMPLE_MS
     observed = load(tmp_path / rundir.RUN_JSON)["observed"]
     assert observed["kernel_attribution"]["recorded"] is True
     assert observed["timing"] == {"warmup_ms": 0.0, "rep_ms": 0.0, "reason": "a passes-only run (--passes-only): "
@@ -824,6 +827,16 @@ def test_a_probe_graph_of_the_right_size_is_timed_as_is(monkeypatch):
 def test_the_graph_timers_replays_are_clamped(monkeypatch, rep_ms, reps):
     t, accel, _ = standin_timer(monkeypatch, rep_ms=rep_ms)
     assert len(t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms) == reps
+
+
+def test_a_token_timed_graph_sample_is_one_replay(monkeypatch):
+    accel = standin_cuda.install(monkeypatch, standin_cuda.StandInCuda(replay_overhead_ms=REPLAY_MS))
+    backend = dataclasses.replace(backends.get("cuda"), profiler_activity=None)
+    timer = Timer(backend, "graph", *timers.TOKEN_BUDGET_MS, lambda m: None, sample_ms=timers.TOKEN_SAMPLE_MS)
+    samples = timer.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms
+    assert len(samples) == timers.REPS_RANGE[0]
+    # The probe's 4 replays, the 54-call graph's upload, then one replay a sample.
+    assert [n for _, _, n in accel.steps("replay")] == [timers.GRAPH_PROBE_CALLS] * 4 + [54] * (1 + len(samples))
 
 
 def test_cold_l2_graph_samples_are_the_op_alone_and_the_flush_is_its_own_graph(monkeypatch):

@@ -63,8 +63,10 @@ ATTRIBUTION_CALLS = (3, 20)
 # The (warmup, rep) budget of a run whose timings are for no comparison (spec.RunSpec.token_timing: an
 # A/B's record and passes steps): the fewest calls each timer takes (its ranges' lower bounds), enough
 # to size the profiler pass. In an A/B's passes steps the full budget was ~0.25 s a row on an H200 for
-# numbers no verdict reads.
+# numbers no verdict reads. Its graph samples are one replay each (TOKEN_SAMPLE_MS): the 10 chained 2 ms
+# samples were 0.4-2.2 s of a FlagGems record or passes step on an H100.
 TOKEN_BUDGET_MS = (0.0, 0.0)
+TOKEN_SAMPLE_MS = 0.0
 # Twice the L2: its replacement policy is not strict LRU, and a buffer of exactly its size leaves
 # some of the op's lines in place.
 L2_FLUSH_FACTOR = 2
@@ -201,8 +203,9 @@ def _first_line(exc: BaseException) -> str:
 class Timer:
     def __init__(self, backend: backends.Backend, timer: str, warmup_ms: float, rep_ms: float,
                  mark: Callable[[str], None], l2: str = "warm", windows: int = 1, attribute: bool = True,
-                 max_noise: float = 0.0):
+                 max_noise: float = 0.0, sample_ms: float = GRAPH_SAMPLE_MS):
         self.backend = backend
+        self.sample_ms = sample_ms  # a graph sample's length: the replays of its chain
         self.max_noise = max_noise  # 0: every timer samples its whole rep budget
         self.attribute = attribute  # the profiler pass after timing (off: a timing-only run)
         self.timer = backend.default_timer if timer == "auto" else timer
@@ -413,7 +416,7 @@ class Timer:
                 with self._phase("probe"):
                     graph.replay()
                     self._sync()
-            chain = max(1, min(GRAPH_MAX_CHAIN, math.ceil(GRAPH_SAMPLE_MS / max(per_call * unroll, 1e-9))))
+            chain = max(1, min(GRAPH_MAX_CHAIN, math.ceil(self.sample_ms / max(per_call * unroll, 1e-9))))
             reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll * chain, REPS_RANGE)
             if self.l2 == "warm":
                 calls = unroll * chain

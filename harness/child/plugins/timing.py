@@ -9,7 +9,15 @@ import pytest
 
 from harness.core import rundir
 from harness.core.spec import ONLY
-from harness.measure.timers import STOPPING_TIMERS, TOKEN_BUDGET_MS, WINDOWED_TIMERS, CapturePoisoned, Timer
+from harness.measure.timers import (
+    GRAPH_SAMPLE_MS,
+    STOPPING_TIMERS,
+    TOKEN_BUDGET_MS,
+    TOKEN_SAMPLE_MS,
+    WINDOWED_TIMERS,
+    CapturePoisoned,
+    Timer,
+)
 
 
 class TimingPlugin:
@@ -24,7 +32,8 @@ class TimingPlugin:
         warmup_ms, rep_ms = TOKEN_BUDGET_MS if spec.token_timing else (spec.warmup_ms, spec.rep_ms)
         self.timer = Timer(backend, spec.timer, warmup_ms, rep_ms, self.ctx.mark, l2=spec.l2,
                            windows=spec.windows, attribute=spec.passes,
-                           max_noise=0.0 if spec.token_timing else spec.max_noise)
+                           max_noise=0.0 if spec.token_timing else spec.max_noise,
+                           sample_ms=TOKEN_SAMPLE_MS if spec.token_timing else GRAPH_SAMPLE_MS)
         if not spec.passes:
             facts = {"recorded": False, "reason": ONLY[spec.only]}
         elif backend.profiler_activity:
