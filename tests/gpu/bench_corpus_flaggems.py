@@ -83,6 +83,15 @@ def op_figures(ab_json: Path) -> dict:
     phases = [json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"].get("timer_seconds") or {}
               for s in timed]
     names = sorted({k for p in phases for k in p})
+    # The garbage collections' seconds (run.json observed.gc, every generation) per kind of step: the record,
+    # B's passes, a repeat (mean): a FlagGems benchmark collects after every row.
+    def gc_s(step) -> float:
+        gc = json.loads((Path(step["run_dir"]) / "run.json").read_text())["observed"].get("gc") or {}
+        return sum(gc.get("seconds", {}).values())
+
+    gc_seconds = {"record": round(sum(gc_s(s) for s in steps if s["args"][0] == "record"), 3),
+                  "passes": round(sum(gc_s(s) for s in steps if s.get("passes") and s["args"][0] != "record"), 3),
+                  "repeat": round(statistics.mean(gc_s(s) for s in timed), 3) if timed else None}
     # The passes and record steps' precompile: the record's pool (fork or spawn) and B's compiles done ahead.
     pools = {}
     for s in steps:
@@ -90,6 +99,7 @@ def op_figures(ab_json: Path) -> dict:
             facts = json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"]
             pools[s["step"].rsplit("/", 1)[-1]] = (facts.get("autotune") or {}).get("precompile") or {}
     return {"timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
+            "gc_s": gc_seconds,
             "precompile": pools,
             "op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
             "record_s": sum(record), "passes_s": sum(passes),
@@ -154,6 +164,7 @@ def report(args) -> dict:
         if o["timer_phases_s"]:
             print(f"{o['key']:<40} a repeat step's timer, s: "
                   + " ".join(f"{k} {v:.2f}" for k, v in o["timer_phases_s"].items()))
+        print(f"{o['key']:<40} garbage collections, s: " + " ".join(f"{k} {v}" for k, v in o["gc_s"].items()))
     for f in failed:
         print(f"{f['key']:<40} {f['status']} after {f['elapsed_s']} s: {f['notes'][:100]}")
     if "corpus_h" in result:
