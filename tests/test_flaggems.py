@@ -231,6 +231,24 @@ def test_level_is_passed_through_recorded_and_pinned_on_replay(tmp_path):
     assert [r["case"] for r in rows_of(run_dir_of(proc))] == ["fp32-2x16", "fp32-3x48"]
 
 
+def test_upstreams_shape_file_is_parsed_in_c_to_the_same_shapes_and_put_back_as_the_run_ends(tmp_path):
+    import yaml
+
+    run_dir, _ = record(tmp_path, "flaggems:log_softmax@softmax", "--level", "comprehensive")
+    assert [r["case"] for r in rows_of(run_dir)] == ["fp32-2x16", "fp32-3x48"]  # core_shapes.yaml's, as before
+    parser = load(run_dir / "run.json")["observed"]["flaggems"]["shape_file_parser"]
+    assert parser == ("libyaml" if yaml.__with_libyaml__ else "pyyaml")
+    if not yaml.__with_libyaml__:
+        return
+    base = types.SimpleNamespace(yaml=yaml)
+    plugin = types.SimpleNamespace(patched=[])
+    assert flaggems_plugin.FlagGemsPlugin._parse_yaml_in_c(plugin, base) == "libyaml"
+    text = (REPO / "tests/resources/flaggems_checkout/benchmark/core_shapes.yaml").read_text()
+    assert base.yaml is not yaml and base.yaml.safe_load(text) == yaml.safe_load(text)
+    assert base.yaml.YAMLError is yaml.YAMLError  # what upstream catches around it
+    assert plugin.patched == [(base, "yaml", yaml)]  # put back with the run's other patches
+
+
 def test_flagtune_switch_must_match_the_record(tmp_path, monkeypatch):
     run_dir, _ = record(tmp_path, "flaggems:log_softmax@softmax", "--flagtune", "1")
     assert load(run_dir / "run.json")["spec"]["flaggems"]["flagtune"] == "1"
