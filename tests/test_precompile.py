@@ -550,34 +550,35 @@ def test_a_records_pool_is_forked_before_the_checkouts_conftest_initializes_its_
     assert json.loads((run_dir / precompile.REQUESTS_FILE).read_text())["requests"] == []
 
 
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its_jit_reads_them(
-        load_through_standin, tmp_path):
-    """A record writes every compile its JIT asked for; a passes step replaying it compiles them over its pool
-    into its own (empty) cache before its rows, and its JIT then finds each there: the same kernels, nothing
-    compiled anew, each JIT compile that came to one counted."""
+def _record_requests(load_through_standin, tmp_path):
+    """A record of `tuned` (its sweep compiles both configs into cache_a) through a RequestLog, its file written
+    and read back: (the log, the requests, the recording process's option defaults)."""
     tuned, _ = load_through_standin("tuned", tmp_path / "cache_a")
     log = precompile.RequestLog()
     log.install()
     try:
-        tuned.launch()  # the sweep compiles both configs
+        tuned.launch()
     finally:
         log.uninstall()
     log.write(tmp_path / precompile.REQUESTS_FILE)
-    requests, defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
-    assert len(requests) == 2 and log.errors == {} and defaults["enable_fp_fusion"] is True
-    assert [r.digest() for r in requests] == list(log.requests)  # read back as the compiles they were
-    assert [(r.options["num_warps"], r.constants) for r in requests] == [(4, {(3,): 64}), (8, {(3,): 128})]
-    compiled_a = sorted(p.name for p in (tmp_path / "cache_a").iterdir())
+    return (log, *precompile.read_requests(tmp_path / precompile.REQUESTS_FILE))
 
-    tuned, _ = load_through_standin("tuned", tmp_path / "cache_b")  # the other side: its own JIT, its own cache
+
+def _cache_files(cache_dir) -> list[str]:
+    return sorted(p.name for p in cache_dir.iterdir() if p.name != precompile.LOCK_DIR)
+
+
+def _passes_step_ahead(tuned, requests, defaults, cache_dir):
+    """The other side's passes step: its pool compiles the requests into `cache_dir` ahead, then its JIT launches
+    `tuned` with the Ahead hook in place: (the Ahead, the pool's kernel hashes, the cache's files before the
+    launch)."""
     pool = precompile.Precompiler(cpus=1)
     ahead = precompile.Ahead(pool, requests, defaults)
     try:
         pool.start()
         ahead.start()
         hashes = [future.result(timeout=120) for future in ahead.futures.values()]
-        compiled_b = sorted(p.name for p in (tmp_path / "cache_b").iterdir() if p.name != precompile.LOCK_DIR)
+        before_launch = _cache_files(cache_dir)
         ahead.install()
         try:
             tuned.launch()
@@ -585,10 +586,27 @@ def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its
             ahead.uninstall()
     finally:
         pool.close()
+    return ahead, hashes, before_launch
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its_jit_reads_them(
+        load_through_standin, tmp_path):
+    """A record writes every compile its JIT asked for; a passes step replaying it compiles them over its pool
+    into its own (empty) cache before its rows, and its JIT then finds each there: the same kernels, nothing
+    compiled anew, each JIT compile that came to one counted."""
+    log, requests, defaults = _record_requests(load_through_standin, tmp_path)
+    assert len(requests) == 2 and log.errors == {} and defaults["enable_fp_fusion"] is True
+    assert [r.digest() for r in requests] == list(log.requests)  # read back as the compiles they were
+    assert [(r.options["num_warps"], r.constants) for r in requests] == [(4, {(3,): 64}), (8, {(3,): 128})]
+    compiled_a = sorted(p.name for p in (tmp_path / "cache_a").iterdir())
+
+    tuned, _ = load_through_standin("tuned", tmp_path / "cache_b")  # the other side: its own JIT, its own cache
+    ahead, hashes, compiled_b = _passes_step_ahead(tuned, requests, defaults, tmp_path / "cache_b")
     assert compiled_b == [name for name in compiled_a if name != precompile.LOCK_DIR]  # the same compiles
     jit = sorted(k.hash for k in tuned.double_kernel.fn.device_caches[0][0].values())
     assert jit == sorted(hashes)
-    assert sorted(p.name for p in (tmp_path / "cache_b").iterdir() if p.name != precompile.LOCK_DIR) == compiled_b
+    assert _cache_files(tmp_path / "cache_b") == compiled_b
     assert ahead.facts() == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
                              "unmatched": 0}
 
@@ -599,40 +617,22 @@ def test_a_side_whose_env_sets_another_default_option_compiles_the_records_reque
     """The record compiled with fp fusion on (its env's default); the other side's env turns it off, so its
     JIT asks for every compile with enable_fp_fusion=False. The record's defaults, written beside its
     requests, let that side put its own in their place: its pool compiles what its JIT then finds ready."""
-    tuned, _ = load_through_standin("tuned", tmp_path / "cache_a")
-    log = precompile.RequestLog()
-    log.install()
-    try:
-        tuned.launch()
-    finally:
-        log.uninstall()
-    log.write(tmp_path / precompile.REQUESTS_FILE)
-    requests, defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
+    _, requests, defaults = _record_requests(load_through_standin, tmp_path)
     assert [r.options["enable_fp_fusion"] for r in requests] == [True, True]
 
     tuned, _ = load_through_standin("tuned", tmp_path / "cache_b")
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # after the loader, which sets the suite's 1
-    pool = precompile.Precompiler(cpus=1)
-    ahead = precompile.Ahead(pool, requests, defaults)
-    try:
-        pool.start()
-        ahead.start()
-        hashes = [future.result(timeout=120) for future in ahead.futures.values()]
-        ahead.install()
-        try:
-            tuned.launch()
-        finally:
-            ahead.uninstall()
-    finally:
-        pool.close()
+    ahead, hashes, _ = _passes_step_ahead(tuned, requests, defaults, tmp_path / "cache_b")
     assert [r.options["enable_fp_fusion"] for r in ahead.requests] == [False, False]
     jit = sorted(k.hash for k in tuned.double_kernel.fn.device_caches[0][0].values())
     assert jit == sorted(hashes)  # the pool's compiles are the JIT's
     assert ahead.facts() == {"requests": 2, "ready": 2, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
                              "unmatched": 0, "translated": {"enable_fp_fusion": 2}}
     # Without the record's defaults (an older record), nothing is translated and nothing matches.
-    requests_only = precompile.Ahead(precompile.Precompiler(cpus=1), requests)
-    assert requests_only.requests == requests and requests_only.translated == {}
+    held = Held()
+    requests_only = precompile.Ahead(precompile.Precompiler(cpus=1, executor_factory=lambda w, m: held), requests)
+    requests_only.start()
+    assert requests_only.requests == requests and requests_only.translated == {} and len(held.futures) == 2
 
 
 def test_translate_moves_only_options_left_at_the_recorders_default_where_the_defaults_differ():

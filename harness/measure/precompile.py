@@ -440,8 +440,7 @@ class RequestLog(_ChainedHook):
             try:
                 data["defaults"] = _pairs(option_defaults(self._target))
             except Exception as exc:  # the other side then matches only compiles of its own defaults
-                self.errors[f"defaults: {type(exc).__name__}"] += 1
-                data["skipped"] = self.errors
+                self.errors[f"defaults: {type(exc).__name__}"] += 1  # `skipped` is this Counter
         rundir.atomic_write_json(path, data)
 
 

@@ -72,37 +72,33 @@ def op_figures(ab_json: Path) -> dict:
     """One op's A/B, from its ab.json: its steps' walls, its timed repeat step's fixed cost and GPU work."""
     state = json.loads(ab_json.read_text())
     steps = [s for s in state["steps"] if s["usable"]]
-    record = [s["seconds"] for s in steps if s["args"][0] == "record"]
-    passes = [s["seconds"] for s in steps if s.get("passes") and s["args"][0] != "record"]  # A's record: A's passes
+    records = [s for s in steps if s["args"][0] == "record"]
+    passes = [s for s in steps if s.get("passes") and s["args"][0] != "record"]  # A's record: A's passes
     timed = [s for s in steps if s["args"][0] == "replay" and not s.get("passes")]
+    observed = {s["run_dir"]: json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"] for s in steps}
     busy = [busy_s(Path(s["run_dir"])) for s in timed]
     rows = len(json.loads((Path(timed[0]["run_dir"]) / "results.json").read_text())["rows"]) if timed else 0
     wall = sum(s["seconds"] for s in state["steps"])
     # Where a repeat step's time went: the timer's host seconds by phase (run.json observed.timer_seconds),
     # the mean over the op's timed steps.
-    phases = [json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"].get("timer_seconds") or {}
-              for s in timed]
+    phases = [observed[s["run_dir"]].get("timer_seconds") or {} for s in timed]
     names = sorted({k for p in phases for k in p})
+
     # The garbage collections' seconds (run.json observed.gc, every generation) per kind of step: the record,
     # B's passes, a repeat (mean): a FlagGems benchmark collects after every row.
     def gc_s(step) -> float:
-        gc = json.loads((Path(step["run_dir"]) / "run.json").read_text())["observed"].get("gc") or {}
-        return sum(gc.get("seconds", {}).values())
+        return sum(((observed[step["run_dir"]].get("gc") or {}).get("seconds") or {}).values())
 
-    gc_seconds = {"record": round(sum(gc_s(s) for s in steps if s["args"][0] == "record"), 3),
-                  "passes": round(sum(gc_s(s) for s in steps if s.get("passes") and s["args"][0] != "record"), 3),
-                  "repeat": round(statistics.mean(gc_s(s) for s in timed), 3) if timed else None}
+    gc_seconds = {"record": round(sum(map(gc_s, records)), 3), "passes": round(sum(map(gc_s, passes)), 3),
+                  "repeat": round(statistics.mean(map(gc_s, timed)), 3) if timed else None}
     # The passes and record steps' precompile: the record's pool (fork or spawn) and B's compiles done ahead.
-    pools = {}
-    for s in steps:
-        if s["args"][0] == "record" or s.get("passes"):
-            facts = json.loads((Path(s["run_dir"]) / "run.json").read_text())["observed"]
-            pools[s["step"].rsplit("/", 1)[-1]] = (facts.get("autotune") or {}).get("precompile") or {}
+    pools = {s["step"].rsplit("/", 1)[-1]: (observed[s["run_dir"]].get("autotune") or {}).get("precompile") or {}
+             for s in steps if s["args"][0] == "record" or s.get("passes")}
     return {"timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
             "gc_s": gc_seconds,
             "precompile": pools,
             "op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
-            "record_s": sum(record), "passes_s": sum(passes),
+            "record_s": sum(s["seconds"] for s in records), "passes_s": sum(s["seconds"] for s in passes),
             "repeat_step_s": statistics.median(s["seconds"] for s in timed) if timed else None,
             "fixed_per_step_s": (statistics.median(s["seconds"] - b for s, b in zip(timed, busy, strict=True))
                                  if timed else None),
