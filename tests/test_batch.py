@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,11 @@ def batch_dir_of(text: str) -> Path:
     raise AssertionError(text)
 
 
-def start_batch(tmp_path, *args):
+def start_batch(tmp_path, *args, **extra_env: str):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["ZL_TEST_STATE_DIR"] = str(tmp_path)
+    env.update(extra_env)
     return subprocess.Popen([sys.executable, "-m", "harness", "batch", "--backend", "interpreter",
                              "--ops-path", str(OPS), "--out", str(tmp_path / "out"), *map(str, args)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -207,16 +209,30 @@ def test_gpu_backend_without_device_is_one_clear_error(harness):
 def test_ray_executor_gives_the_same_statuses_files_and_resume(tmp_path):
     import ray  # noqa: F401  (the tests session installs ray: missing, this test fails, never skips)
 
-    proc = start_batch(tmp_path, "--ops", "builtin:add", "crash_op", "--executor", "ray", "--devices", "0,1")
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 1, out
-    d = batch_dir_of(out)
-    st = statuses(d)
-    assert st["add"]["status"] == "PASS" and st["crash_op"]["status"] == "FAIL"
-    assert "exit 3 twice in a row" in st["crash_op"]["notes"]
-    run_dir = d / st["add"]["run_dir"]  # gathered back from the task's scratch dir
-    assert (run_dir / "results.json").is_file() and (d / "ops" / "builtin__add" / ".complete").is_file()
-    assert "builtin,add,fp32" in (d / "summary.csv").read_text()
-    again = start_batch(tmp_path, "--ops", "builtin:add", "--executor", "ray", "--resume", "--batch-dir", d)
-    out, _ = again.communicate(timeout=300)
-    assert again.returncode == 0 and "1 already done" in out
+    # The local Ray instance's session dirs go under RAY_TMPDIR (the user's /tmp/ray otherwise), ours to
+    # remove. Short, not tmp_path: Ray's unix sockets live under it.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="zlray", dir="/tmp"))
+    users_ray = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray"
+    sessions_before = set(users_ray.glob("session_*"))
+    try:
+        proc = start_batch(tmp_path, "--ops", "builtin:add", "crash_op", "--executor", "ray", "--devices", "0,1",
+                           RAY_TMPDIR=str(ray_tmp))
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 1, out
+        d = batch_dir_of(out)
+        st = statuses(d)
+        assert st["add"]["status"] == "PASS" and st["crash_op"]["status"] == "FAIL"
+        assert "exit 3 twice in a row" in st["crash_op"]["notes"]
+        run_dir = d / st["add"]["run_dir"]  # gathered back from the task's scratch dir
+        assert (run_dir / "results.json").is_file() and (d / "ops" / "builtin__add" / ".complete").is_file()
+        assert "builtin,add,fp32" in (d / "summary.csv").read_text()
+        again = start_batch(tmp_path, "--ops", "builtin:add", "--executor", "ray", "--resume", "--batch-dir", d,
+                            RAY_TMPDIR=str(ray_tmp))
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0 and "1 already done" in out
+        assert any((ray_tmp / "ray").glob("session_*"))  # the instances were under it
+        assert wait_for(lambda: not pids_mentioning(str(ray_tmp)), 30), \
+            f"processes of the Ray instance left: {pids_mentioning(str(ray_tmp))}"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert set(users_ray.glob("session_*")) == sessions_before
