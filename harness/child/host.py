@@ -53,10 +53,11 @@ def serve(path: str) -> int:
     """Listen at `path` (bound under another name, then renamed: a step that finds the path finds a
     listening host) and run each connection's child until a SIGTERM or SIGINT finds the host idle."""
     from harness.child import runner
+    from harness.child.plugins import heap
 
-    # What the worker imported, out of every collection's walk for the host's life (child.plugins.heap
-    # freezes in a process of its own; here each run's own objects stay collectable as it ends).
-    gc.freeze()
+    # What the worker imported, out of every collection's walk for the host's life; each run's own objects
+    # stay collectable as it ends.
+    heap.freeze_for_many_runs()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     bound = f"{path}.{os.getpid()}"
     listener.bind(bound)

@@ -9,18 +9,29 @@ inside a timed loop. Frozen, a collection walks only what the cases made; their 
 as before. The child ends without the interpreter's teardown, so nothing frozen needs unfreezing. In a
 measuring host (harness.child.host), which froze what its worker imported as it started, a run freezes
 nothing: what it made (its pytest session, plugins, timer) is freed as it ends, not kept for the host's life.
-What is left to walk was counted: a record or passes step's own heap (its compiles, lazy imports, the
-libraries' caches) still made each of a FlagGems step's collections cost ~0.2 s, 2.5-10.6 s a step on an
-H100 (as of deeb708). So in a process of its own, what survives each full collection is frozen too: every
-object is walked by at most one full collection, the next walks only what was made since. An object
-frozen while alive is still freed by its reference count; one that becomes garbage in a cycle later is
-kept until the process ends with its run (never in a host, which freezes only as a run ends)."""
+What is left to walk is counted (run.json `observed.gc`, with `frozen`: the objects out of its walk
+as the run ends). A process of its own once froze only where nothing was frozen yet, which is never
+on CPython 3.12 (as of 504efe4): its record and passes steps' collections walked every import, 2.5-10.6 s a
+FlagGems step on an H100, while the hosts' repeats took 0.03 s for the same 15 collections."""
 
 import collections
 import gc
 import time
 
 from harness.core import rundir
+
+# Whether this process serves many runs (a measuring host, frozen as it starts): its runs freeze nothing.
+# Not read off gc.get_freeze_count(): CPython 3.12 starts with objects frozen (375), so a process of its
+# own looked like a host and froze nothing, every collection walking the imports (0.2 s each on an H100).
+_serves_many_runs = False
+
+
+def freeze_for_many_runs() -> None:
+    """What this process imported, out of every collection's walk for its life: a measuring host's, as it
+    starts; each run it serves then freezes nothing of its own (harness.child.host freezes what outlived it)."""
+    global _serves_many_runs
+    _serves_many_runs = True
+    gc.freeze()
 
 
 class HeapPlugin:
@@ -29,7 +40,6 @@ class HeapPlugin:
         self.collections: collections.Counter[str] = collections.Counter()  # by generation
         self.seconds: collections.Counter[str] = collections.Counter()
         self._started: float | None = None
-        self.freeze_survivors = False  # this process ends with its run (not a host)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -39,16 +49,13 @@ class HeapPlugin:
             self.collections[generation] += 1
             self.seconds[generation] += time.perf_counter() - self._started
             self._started = None
-            if self.freeze_survivors and generation == "2":
-                gc.freeze()
 
     def pytest_configure(self, config):
         gc.callbacks.append(self._on_gc)
 
     def pytest_collection_finish(self, session):
-        if gc.get_freeze_count() == 0:
+        if not _serves_many_runs:
             gc.freeze()
-            self.freeze_survivors = True
 
     def pytest_sessionfinish(self, session):
         if self._on_gc in gc.callbacks:
