@@ -243,8 +243,21 @@ def judge_sequential(rows: list[compare.PairedRow], schedule: Schedule, fdr: flo
     """The report's verdicts over a sequential A/B (compare.judge's, for rows timed by `schedule`):
     each row's comparison is its data at its last look, with p = p*, its running interval, q over
     every row's p*, SAME within 1 +/- resolve. Sets each row's `sequential` Settlement and its
-    incomplete flags against the repeats its schedule asked of it."""
-    states = replay(rows, schedule, fdr)
+    incomplete flags against the repeats its schedule asked of it.
+
+    Each op's rows are replayed alone, as the runner settled them after each round: the prior and BH of
+    each look are that op's, so a row stops here where it stopped there (replayed together, another op's
+    rows moved its interval: rows the runner stopped SAME came back open, short of repeats, in an H100
+    A/A of two ops). The calls are then BH over every row's p*: the FDR holds over the report."""
+    states = {}
+    by_op: dict[str, list[compare.PairedRow]] = {}
+    for r in rows:
+        by_op.setdefault(r.op, []).append(r)
+    for op_rows in by_op.values():
+        states.update(replay(op_rows, schedule, fdr))
+    judged = [r for r in rows if states[r.key].q is not None]
+    for r, q in zip(judged, stats.bh([states[r.key].p for r in judged]), strict=True):
+        states[r.key].q = q
     for r in rows:
         s = states[r.key]
         if s.q is None:  # n/a, or no comparison

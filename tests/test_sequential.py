@@ -45,16 +45,16 @@ def test_a_schedule_refuses_what_the_rule_cannot_use_and_comes_from_the_plan():
     assert sequential.Schedule.from_plan(plan) == sequential.Schedule(first=4, cap=10, resolve=0.02)
 
 
-def _rows(rng, repeats=12):
+def _rows(rng, repeats=12, op="op", noise=1.0):
     """One op's rows, timed in `repeats` processes a side: quiet big rows, some changed by 1% or 6%,
-    and noisy small ones."""
+    and noisy small ones; `noise` scales every row's."""
     specs = [(0.5, 0.002, 1.0)] * 12 + [(0.3, 0.002, 1.01)] * 4 + [(0.4, 0.002, 1.06)] * 2 + [(0.003, 0.03, 1.0)] * 6
     rows = []
     for i, (latency, sd, effect) in enumerate(specs):
-        a = list(latency * np.exp(rng.normal(0, sd, repeats)))
-        b = list(latency * effect * np.exp(rng.normal(0, sd, repeats)))
+        a = list(latency * np.exp(rng.normal(0, sd * noise, repeats)))
+        b = list(latency * effect * np.exp(rng.normal(0, sd * noise, repeats)))
         rows.append(compare.PairedRow(
-            op="op", dtype="fp32", shape=(i,), a_ms=a, b_ms=b, a_control_ms=[], b_control_ms=[], timers={"graph"},
+            op=op, dtype="fp32", shape=(i,), a_ms=a, b_ms=b, a_control_ms=[], b_control_ms=[], timers={"graph"},
             flags=[], configs_a={}, configs_b={}, comparison=stats.compare(a, b),
             a_procs=[f"A-{j}" for j in range(repeats)], b_procs=[f"B-{j}" for j in range(repeats)]))
     return rows
@@ -106,6 +106,31 @@ def test_the_runner_after_each_round_and_the_report_settle_every_row_alike():
     sequential.judge(again, schedule=schedule)
     assert [(r.verdict, r.comparison.ratio, r.sequential.repeats) for r in again] == [
         (r.verdict, r.comparison.ratio, r.sequential.repeats) for r in rows]
+
+
+def test_a_report_of_several_ops_settles_each_row_where_the_runner_settled_it_op_by_op():
+    """The runner looks at each op's rows alone after a round; the report judges every op's at once (its
+    FDR holds over the report). A row the runner stopped as SAME must not come back open, short of its
+    repeats, because another op's rows changed its look: on an H100 A/A of add and gelu, 11 rows did."""
+    schedule = sequential.Schedule(cap=12)
+    rng = np.random.default_rng(11)
+    full = _rows(rng, op="quiet", noise=0.5) + _rows(rng, op="loud", noise=2.5)
+    given = {r.label: schedule.first for r in full}
+    seen = {}
+    for _ in range(schedule.cap - schedule.first + 1):
+        for op in ("quiet", "loud"):
+            timed = _as_timed([r for r in full if r.op == op], {k: v for k, v in given.items() if k.startswith(op)})
+            for label, reason in sequential.settle(timed, schedule, stats.FDR).items():
+                seen[label] = reason
+                if reason == sequential.OPEN:
+                    given[label] += 1
+    rows = []
+    for op in ("quiet", "loud"):
+        rows += _as_timed([r for r in full if r.op == op], {k: v for k, v in given.items() if k.startswith(op)})
+    sequential.judge(rows, schedule=schedule)
+    assert {r.label: r.sequential.reason for r in rows} == seen
+    assert not any(r.flags for r in rows)
+    assert {r.label: r.sequential.repeats for r in rows} == {k: min(v, schedule.cap) for k, v in given.items()}
 
 
 def test_failed_flagged_and_not_applicable_rows_stop_with_their_reason_and_a_missing_repeat_shows():

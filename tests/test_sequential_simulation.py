@@ -97,10 +97,11 @@ def test_sequential_null_rows_are_called_no_more_often_than_the_fdr_promises():
 
 
 def test_at_equal_gpu_time_the_sequential_rule_calls_more_true_one_percent_changes_than_five_fixed_repeats():
-    # A third of the rows changed by 1% either way. Fixed: 5 repeats every row. Sequential: a cap of 7
-    # (looks at 3, 6 and 7), chosen so its mean repeats per row stay within the fixed run's 5 (at 8: 5.4).
+    # A third of the rows changed by 1% either way. Fixed: 5 repeats every row. Sequential: a cap of 8
+    # (looks at 3, 6 and 8), chosen so its mean repeats per row stay within the fixed run's 5 (4.9; at 9:
+    # 5.3), each op's rows settled alone as the runner settles them.
     rng = np.random.default_rng(47)
-    schedule = sequential.Schedule(cap=7)
+    schedule = sequential.Schedule(cap=8)
     fixed_calls = sequential_calls = cost = rows_seen = 0
     false_shares = []
     for _ in range(16):
@@ -133,13 +134,16 @@ def test_rows_stop_where_they_should():
     def stops(rows, reason=None):
         return [r.sequential.repeats for r in rows if reason is None or r.sequential.reason == reason]
 
-    # Big quiet rows: SAME within 1%, mostly at the second look (the first spends too little of the error
-    # rate to settle 0.25% rows at 3 repeats: O'Brien-Fleming's shape); a 5% change on them called at the first.
-    assert all(r.sequential.reason == sequential.SAME for r in quiet)
-    assert np.mean(np.array(stops(quiet)) <= second) >= 0.8
+    # Big quiet rows: SAME within 1%, mostly by the second look (the first spends too little of the error
+    # rate to settle 0.25% rows at 3 repeats: O'Brien-Fleming's shape); a 5% change on them called at the
+    # first. Each op's 10 rows are settled alone (its own prior, as the runner has it): a few quiet rows
+    # whose op drew an outlier repeat early do not resolve 1%, none is called.
+    assert np.mean([r.sequential.reason == sequential.SAME for r in quiet]) >= 0.9
+    assert not any(_called(quiet))
+    assert np.mean(np.array(stops(quiet)) <= second) >= 0.75
     assert np.mean(np.array(stops(big_change, sequential.CALLED)) == first) >= 0.9
     # 10-30 us rows at 0.5% with a 1% change need more: most go past the second look, and most are called.
-    assert np.mean(np.array(stops(middling)) > second) >= 0.8
+    assert np.mean(np.array(stops(middling)) > second) >= 0.75
     assert len(stops(middling, sequential.CALLED)) >= 0.6 * len(middling)
     # 2-4.5 us two-state rows cannot resolve 1% by the cap: they stop early, named futile, never SAME.
     assert np.mean(np.array(stops(hopeless, sequential.FUTILE)) == first) >= 0.6
