@@ -80,8 +80,8 @@ NOT_RUN_HERE = {
     "./python' --ops mm": "builds Triton from source; tests/test_bisect.py bisects a git range of a tiny repo",
     "nox -s bisect -- --resume runs/bisect_20261205-001935": "resumes a GPU bisect; tests/test_bisect.py resumes "
                                                               "one after kill -9",
-    "nox -s bisect -- --builds tests/gpu/bisect_builds.yaml --ops mm softmax add rms_norm gelu --shapes SHAPES "
-    "--repeats 3": "the H200 check of issue 51: needs a cuda GPU",
+    "nox -s bisect -- --builds tests/gpu/bisect_builds.yaml --ops mm softmax add rms_norm gelu --shapes "
+    "tests/gpu/bisect_shapes.yaml --repeats 3": "the GPU check of issue 51: needs a cuda GPU",
 }
 
 # The commands run here, in this order (a placeholder is filled from an earlier one's output), each
