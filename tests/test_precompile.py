@@ -684,7 +684,8 @@ def test_a_request_still_queued_is_taken_over_by_the_jit_and_one_compiling_is_wa
     counts = ahead.facts()
     assert counts.pop("waited_s") > 0
     assert counts == {"requests": 3, "ready": 1, "waited": 1, "taken_over": 1, "failed": 1, "unmatched": 2,
-                      "differs": {"kernel": 1, "options": 1}, "errors": {"AttributeError": 1}}
+                      "differs": {"kernel": 1, "options": 1}, "failures": {"RuntimeError: ptxas died": 1},
+                      "errors": {"AttributeError": 1}}
 
 
 def test_a_request_round_trips_through_json_and_one_without_a_json_form_is_refused():

@@ -467,6 +467,9 @@ def read_requests(path: Path) -> tuple[list[Request], dict]:
     return out, defaults
 
 
+FAILURES_KEPT = 5  # Ahead's facts name its most common compile failures, not every one
+
+
 class Ahead(_ChainedHook):
     """A passes step's compiles, started over the pool before its rows (the record's requests, `start`).
     When the JIT asks for one of them, it waits for the worker compiling it and then reads it from the
@@ -486,10 +489,14 @@ class Ahead(_ChainedHook):
         # Per field of Request, how many of the JIT's compiles that matched no request differed from the
         # record's compile of the same kernel there ("kernel": none of that kernel): why nothing matched.
         self.differs: collections.Counter[str] = collections.Counter()
+        # Why the pool's compiles of requests the JIT asked for failed (each compiled again by the JIT), by
+        # the first line of what they raised: on an H100, 6 of acosh_'s 7 under TRITON_DEFAULT_FP_FUSION=0.
+        self.failures: collections.Counter[str] = collections.Counter()
 
     def facts(self) -> dict:
         return {**self.counts, **({"translated": dict(self.translated)} if self.translated else {}),
                 **({"differs": dict(self.differs)} if self.differs else {}),
+                **({"failures": dict(self.failures.most_common(FAILURES_KEPT))} if self.failures else {}),
                 **({"errors": dict(self.errors)} if self.errors else {})}
 
     def start(self) -> None:
@@ -528,3 +535,4 @@ class Ahead(_ChainedHook):
             self.counts["waited_s"] = round(self.counts["waited_s"] + time.monotonic() - started, 3)
         if future.exception() is not None:
             self.counts["failed"] += 1
+            self.failures[_first_line(future.exception())] += 1
