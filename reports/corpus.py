@@ -201,8 +201,8 @@ def _assemble(kind: str, ops: list[_OpResult], unpaired: list[dict], context: di
               note: str | None, sources: dict, fdr: float, schedule: sequential.Schedule | None = None) -> dict:
     rows, per_op = [], []
     all_paired = []
-    # Over the whole corpus: the more rows of a latency, the better their prior; and the FDR holds
-    # over the report.
+    # Over the whole corpus: the more rows of a latency, the better their prior (fixed repeats; sequential
+    # ones settle each op's rows alone, as the runner did); and the FDR holds over the report.
     sequential.judge([r for op in ops for r in op.rows], fdr, schedule)
     for op in ops:
         indexes = tuple(ir_index.launched(d) if d else None for d in (op.run_a, op.run_b))

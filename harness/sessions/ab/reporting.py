@@ -71,7 +71,8 @@ def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, war
     are judged over all the groups' rows at once (compare.judge: calls at `fdr`). On a backend whose
     timings are not performance numbers the pipeline runs all the same, but every report says so at
     its top and calls no verdict. `schedule` (reports.sequential.Schedule): the rows were timed in
-    rounds (--repeats auto), `expected` their first round's; judged look by look (reports.sequential)."""
+    rounds (--repeats auto), `expected` their first round's; judged look by look, each op's rows settled
+    alone as the runner settled them (reports.sequential)."""
     from reports import ab_report, compare, corpus, corpus_html, explain, sequential, table
 
     given_warnings = list(warnings)  # the page finds the calls on identical IR itself
