@@ -131,6 +131,8 @@ def test_a_report_of_several_ops_settles_each_row_where_the_runner_settled_it_op
     assert {r.label: r.sequential.reason for r in rows} == seen
     assert not any(r.flags for r in rows)
     assert {r.label: r.sequential.repeats for r in rows} == {k: min(v, schedule.cap) for k, v in given.items()}
+    # The calls are the report's: Benjamini-Hochberg over every op's rows' p*, not each op's alone.
+    assert [r.comparison.q for r in rows] == pytest.approx(stats.bh([r.comparison.p for r in rows]))
 
 
 def test_failed_flagged_and_not_applicable_rows_stop_with_their_reason_and_a_missing_repeat_shows():
