@@ -267,10 +267,11 @@ def test_a_hosts_put_back_frees_the_runs_garbage_in_cycles_and_names_what_else_i
     assert before.unrestorable() is None
 
 
-def test_a_run_in_a_host_freezes_nothing_a_process_of_its_own_freezes_its_imports(monkeypatch):
-    """child.plugins.heap freezes a process of its own as its cases are collected, whatever its interpreter
-    froze as it started (CPython 3.12: 375 objects); in a host (frozen as it started) a run's freeze would
-    keep its pytest session, plugins and timer for the host's life."""
+def test_a_process_freezes_its_imports_once_whatever_its_interpreter_froze_as_it_started(monkeypatch):
+    """child.plugins.heap freezes a process's imports as its first run's cases are collected, though the
+    interpreter froze some objects as it started (CPython 3.12: 375); a later run in the same process, or a
+    run in a host (frozen as it started), freezes nothing: that would keep its pytest session, plugins and
+    timer, or an earlier run's garbage, for the process's life."""
     import gc
 
     from harness.child.plugins import heap
@@ -278,16 +279,14 @@ def test_a_run_in_a_host_freezes_nothing_a_process_of_its_own_freezes_its_import
     frozen = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
     monkeypatch.setattr(gc, "get_freeze_count", lambda: 375)
+    monkeypatch.setattr(heap, "_imports_frozen", False)  # put back after: this process's own is not ours
     heap.HeapPlugin(None).pytest_collection_finish(None)
     assert frozen == [True]
-    monkeypatch.setattr(heap, "_serves_many_runs", False)  # put back after, as the host sets it for good
-    heap.freeze_for_many_runs()
-    assert frozen == [True, True]
     heap.HeapPlugin(None).pytest_collection_finish(None)
-    assert frozen == [True, True]
+    assert frozen == [True]
 
 
-def test_a_host_says_it_serves_many_runs_before_it_listens(monkeypatch, tmp_path):
+def test_a_host_freezes_its_imports_before_it_listens(monkeypatch, tmp_path):
     """Else each run it serves freezes its own pytest session and plugins for the host's life."""
     import gc
 
@@ -300,10 +299,10 @@ def test_a_host_says_it_serves_many_runs_before_it_listens(monkeypatch, tmp_path
     serving = []
 
     def listen(*args):
-        serving.append(heap._serves_many_runs)
+        serving.append(heap._imports_frozen)
         raise Listening
 
-    monkeypatch.setattr(heap, "_serves_many_runs", False)
+    monkeypatch.setattr(heap, "_imports_frozen", False)
     monkeypatch.setattr(gc, "freeze", lambda: None)  # the test process's heap stays as it is
     monkeypatch.setattr(host.socket, "socket", listen)
     with pytest.raises(Listening):

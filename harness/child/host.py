@@ -57,7 +57,7 @@ def serve(path: str) -> int:
 
     # What the worker imported, out of every collection's walk for the host's life; each run's own objects
     # stay collectable as it ends.
-    heap.freeze_for_many_runs()
+    heap.freeze_imports()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     bound = f"{path}.{os.getpid()}"
     listener.bind(bound)

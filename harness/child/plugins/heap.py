@@ -20,17 +20,17 @@ import time
 
 from harness.core import rundir
 
-# Whether this process serves many runs (a measuring host, frozen as it starts): its runs freeze nothing.
-# Not read off gc.get_freeze_count(): CPython 3.12 starts with objects frozen (375), so a process of its
-# own looked like a host and froze nothing, every collection walking the imports (0.2 s each on an H100).
-_serves_many_runs = False
+# Whether this process froze its imports already: a measuring host as it starts (the runs it serves then
+# freeze nothing of their own: they are freed as they end, not kept for the host's life), else its first
+# run. Not read off gc.get_freeze_count(): CPython 3.12 starts with objects frozen (375), so a process of
+# its own looked frozen and froze nothing, every collection walking the imports (0.2 s each on an H100).
+_imports_frozen = False
 
 
-def freeze_for_many_runs() -> None:
-    """What this process imported, out of every collection's walk for its life: a measuring host's, as it
-    starts; each run it serves then freezes nothing of its own (harness.child.host freezes what outlived it)."""
-    global _serves_many_runs
-    _serves_many_runs = True
+def freeze_imports() -> None:
+    """What this process imported, out of every collection's walk for its life."""
+    global _imports_frozen
+    _imports_frozen = True
     gc.freeze()
 
 
@@ -54,8 +54,8 @@ class HeapPlugin:
         gc.callbacks.append(self._on_gc)
 
     def pytest_collection_finish(self, session):
-        if not _serves_many_runs:
-            gc.freeze()
+        if not _imports_frozen:
+            freeze_imports()
 
     def pytest_sessionfinish(self, session):
         if self._on_gc in gc.callbacks:
