@@ -271,9 +271,7 @@ def judge_sequential(rows: list[compare.PairedRow], schedule: Schedule, fdr: flo
         if verdict not in (stats.FASTER, stats.SLOWER):
             verdict = stats.SAME if 1 - schedule.resolve <= s.lo and s.hi <= 1 + schedule.resolve else stats.NOISY
         r.comparison = dataclasses.replace(s.last.comparison, lo=s.lo, hi=s.hi, p=s.p, q=s.q, verdict=verdict)
-    rounds = {}
-    for r in rows:
-        rounds[r.op] = max(rounds.get(r.op, 0), len(r.a_ms), len(r.b_ms))
+    rounds = {op: max(len(ms) for r in op_rows for ms in (r.a_ms, r.b_ms)) for op, op_rows in by_op.items()}
     for r in rows:
         s = states[r.key]
         r.sequential = s

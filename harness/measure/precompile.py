@@ -533,6 +533,7 @@ class Ahead(_ChainedHook):
             concurrent.futures.wait([future])
             self.counts["waited"] += 1
             self.counts["waited_s"] = round(self.counts["waited_s"] + time.monotonic() - started, 3)
-        if future.exception() is not None:
+        failure = future.exception()
+        if failure is not None:
             self.counts["failed"] += 1
-            self.failures[_first_line(future.exception())] += 1
+            self.failures[_first_line(failure)] += 1
