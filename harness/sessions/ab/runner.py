@@ -271,18 +271,21 @@ class Runner:
         options = self.plan.options
         return flaggems.preload_for(self.plan.ops, options.flaggems_dirs, options.flagtune, options.device)
 
-    def _prewarm(self, record: bool) -> None:
+    def _prewarm(self, record: bool, next_record: bool = False) -> None:
         """prewarmed: a worker begun for each step to come, importing while no step measures. Before
         the op's record (`record`): the record's and B's passes step's; as the record ends, each
-        repeat's, importing beside B's untimed passes step. Fewer import faster: on an H200 host the
-        record's worker, begun with all 12 others of a 3-repeat op, took 2.8 s. Where every step runs
-        the passes (no untimed step), all the op's workers are begun before its record."""
+        repeat's, and the next op's record's where one follows (`next_record`), importing beside B's
+        untimed passes step: begun as that record began, its imports were on the record's clock (4-11
+        s of a FlagGems record on an H100). Fewer import faster: on an H200 host the record's worker,
+        begun with all 12 others of a 3-repeat op, took 2.8 s. Where every step runs the passes (no
+        untimed step), all the op's workers are begun before its record."""
         plan = self.plan
         passes = 1 if plan.step_passes == "once" else 0
         # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
         repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
         repeats = 0 if self.hosted else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
-        for side, steps in ((plan.a, int(record) + repeats), (plan.b, passes + repeats)):
+        ahead = int(next_record and not record and bool(passes))
+        for side, steps in ((plan.a, int(record) + repeats + ahead), (plan.b, passes + repeats)):
             spare = self.spares.setdefault(side.name, [])
             while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
                 spare.append(self._new_worker(side))
@@ -464,7 +467,7 @@ class Runner:
             return None
         runs["record"].append(record)
         if plan.step_start == "prewarmed":
-            self._prewarm(record=False)
+            self._prewarm(record=False, next_record=i < len(plan.ops))
         if once:
             from reports import compare  # imported beside the record by preload_reports
 
