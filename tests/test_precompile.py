@@ -612,6 +612,37 @@ def test_the_other_sides_passes_step_compiles_the_records_requests_ahead_and_its
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_kernel_generated_into_a_file_kept_out_of_sys_modules_is_compiled_ahead_with_what_its_loader_set(
+        load_through_standin, tmp_path):
+    """FlagGems' generated pointwise kernels: their module is loaded from its file, not registered, and its
+    loader then puts the scalar JIT function the kernel calls in its globals. The request names the file and
+    that link (the function, one attribute below the decorator's object its module holds), so a worker loads
+    the file and links it as the loader did: the pool compiles the kernel the JIT then finds ready. (On an
+    H100, 6 of acosh_'s 7 compiles failed in the pool: no module named '_gen_module_..._rank_1'.)"""
+    generated, _ = load_through_standin("generated", tmp_path / "cache_a")
+    log = precompile.RequestLog()
+    log.install()
+    try:
+        generated.launch(generated.build(tmp_path))
+    finally:
+        log.uninstall()
+    log.write(tmp_path / precompile.REQUESTS_FILE)
+    (request,), defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
+    assert (request.module, request.qualname) == ("_zl_gen_module_rank_1", "triple_kernel")
+    assert request.path == str(tmp_path / "zl_generated_rank_1.py") and "_zl_gen_module_rank_1" not in sys.modules
+    assert request.links == (("triple", "generated", "triple._scalar_fn"),)  # tl, triton: the file imports them
+
+    generated, _ = load_through_standin("generated", tmp_path / "cache_b")  # the other side, its own JIT
+    module = generated.build(tmp_path)
+    ahead, hashes, compiled = _passes_step_ahead(types.SimpleNamespace(launch=lambda: generated.launch(module)),
+                                                 [request], defaults, tmp_path / "cache_b")
+    assert ahead.facts() == {"requests": 1, "ready": 1, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
+                             "unmatched": 0}
+    jit = [k.hash for k in module.triple_kernel.device_caches[0][0].values()]
+    assert jit == hashes and _cache_files(tmp_path / "cache_b") == compiled  # nothing compiled anew
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_side_whose_env_sets_another_default_option_compiles_the_records_requests_under_its_own(
         load_through_standin, tmp_path, monkeypatch):
     """The record compiled with fp fusion on (its env's default); the other side's env turns it off, so its

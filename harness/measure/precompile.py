@@ -24,10 +24,12 @@ assert, too many resources) is only counted: its sweep drops it just the same.
 
 from __future__ import annotations
 
+import ast
 import collections
 import concurrent.futures
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -71,7 +73,9 @@ def sweep_configs(tuner, kwargs: dict) -> list:
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One compile, as the JIT would do it, in a form a worker process can rebuild: where the
-    kernel lives (module, qualified name, source file) and the compile's own inputs."""
+    kernel lives (module, qualified name, source file) and the compile's own inputs. `links`: for a
+    module loaded from its file and kept out of sys.modules, the globals its loader set after loading
+    it that the kernel names, each (name, module, dotted path to the object there)."""
 
     module: str
     qualname: str
@@ -81,13 +85,14 @@ class Request:
     attrs: dict
     options: dict
     target: object
+    links: tuple = ()
 
     def to_json(self) -> dict:
         """JSON that `from_json` turns back into an equal Request (NotPersistable where a value has no JSON
         form here: a function or an object passed as a constexpr)."""
         data = {"module": self.module, "qualname": self.qualname, "path": self.path,
                 **{name: _pairs(getattr(self, name)) for name in ("signature", "constants", "attrs", "options")},
-                "target": _target_to_json(self.target)}
+                "target": _target_to_json(self.target), "links": [list(link) for link in self.links]}
         if Request.from_json(json.loads(json.dumps(data))).digest() != self.digest():
             raise NotPersistable("its JSON form reads back as another compile")
         return data
@@ -98,7 +103,8 @@ class Request:
 
         maps = {name: {_decode(k): _decode(v) for k, v in data[name]}
                 for name in ("signature", "constants", "attrs", "options")}
-        return cls(data["module"], data["qualname"], data["path"], **maps, target=GPUTarget(**data["target"]))
+        return cls(data["module"], data["qualname"], data["path"], **maps, target=GPUTarget(**data["target"]),
+                   links=tuple(tuple(link) for link in data.get("links", ())))
 
     def digest(self) -> str:
         # Each dict in one order, whatever order it was built in (a dict's keys are all of one type).
@@ -221,9 +227,71 @@ def _request(seen: list[dict], target) -> Request:
     if "<locals>" in base.__qualname__:
         raise NotPrecompilable(f"{base.__qualname__} is defined inside a function: a worker cannot import it")
     module = sys.modules.get(base.__module__)
-    path = getattr(module, "__file__", None)
+    path, links = getattr(module, "__file__", None), ()
+    code = getattr(base, "__code__", None)
+    if module is None and code is not None and os.path.isfile(code.co_filename):
+        # Loaded from its file and kept out of sys.modules (FlagGems' generated code): that file, and what
+        # its loader put in its globals afterwards (FlagGems: the scalar function the kernel calls).
+        path = code.co_filename
+        links = _links(base, path)
     return Request(base.__module__, base.__qualname__, path, dict(comp["signature"]), dict(comp["constants"]),
-                   dict(comp["configs"][0]), _options_from(comp["specialization_data"]), target)
+                   dict(comp["configs"][0]), _options_from(comp["specialization_data"]), target, links)
+
+
+@functools.lru_cache(maxsize=256)
+def _bound_by_file(path: str) -> frozenset[str]:
+    """The names a module's file binds at its top level (defs, classes, imports, assignments, in its
+    if/try blocks too)."""
+    names = set()
+    stack = list(ast.parse(Path(path).read_text(), path).body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        else:
+            names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+            stack.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+    return frozenset(names)
+
+
+def _links(base, path: str) -> tuple:
+    """The globals the kernel `base` names that its file does not bind, each as (name, module, dotted path)
+    where the object is reachable so in this process: by its module and qualified name, or one attribute
+    below (a wrapper's: FlagGems' PointwiseDynamicFunction holds the JIT function as `_scalar_fn`). One not
+    reachable so is left out: a worker's compile that needs it fails and the JIT compiles it (`failures`)."""
+    named, codes = set(), [base.__code__]
+    while codes:  # the kernel's code and the code nested in it
+        code = codes.pop()
+        named.update(code.co_names)
+        codes.extend(c for c in code.co_consts if hasattr(c, "co_names"))
+    links = []
+    for name in sorted(named - _bound_by_file(path)):
+        value = base.__globals__.get(name, _MISSING)
+        if value is _MISSING or name.startswith("__"):
+            continue
+        if type(value) is type(sys):
+            links.append((name, value.__name__, ""))
+            continue
+        source = sys.modules.get(getattr(value, "__module__", None) or "")
+        qualname = getattr(value, "__qualname__", None)
+        if source is None or not qualname or "<locals>" in qualname:
+            continue
+        try:
+            found = functools.reduce(getattr, qualname.split("."), source)
+        except AttributeError:
+            continue
+        if found is value:
+            links.append((name, source.__name__, qualname))
+        else:
+            below = [attr for attr, v in getattr(found, "__dict__", {}).items() if v is value]
+            if below:
+                links.append((name, source.__name__, f"{qualname}.{below[0]}"))
+    return tuple(links)
+
+
+_MISSING = object()
 
 
 def _jit_function(request: Request):
@@ -240,6 +308,9 @@ def _jit_function(request: Request):
         module = importlib.util.module_from_spec(spec)
         sys.modules[request.module] = module
         spec.loader.exec_module(module)
+        for name, source, dotted in request.links:  # as its loader set them after loading it
+            target = importlib.import_module(source)
+            vars(module)[name] = functools.reduce(getattr, dotted.split("."), target) if dotted else target
     obj = module
     for part in request.qualname.split("."):
         obj = getattr(obj, part)
