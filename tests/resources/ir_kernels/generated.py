@@ -26,6 +26,7 @@ def triple(x):
 
 
 CODE = '''import triton
+import triton.language as tl
 
 
 @triton.jit
