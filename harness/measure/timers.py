@@ -33,6 +33,12 @@ from harness.measure import profile
 
 WARMUP_RANGE = (1, 1000)
 REPS_RANGE = (10, 1000)
+# The direct timer's samples are single calls, each as noisy as the call (a host-synced op's: ~10% sd), so
+# its --max-noise is seldom met and it took its whole budget: FlagGems' bincount, 1,000 samples a side, a
+# repeat step 21 s for 72 rows on an H100. Across that op's repeats a side, the sd between processes of
+# the candidate/baseline median was 1.54% at 250 samples, 1.47% at 1,000 and 1.69% at 100
+# (docs/performance.md, "The direct timer's samples"): past 250 the samples narrow little the verdict reads.
+DIRECT_REPS_RANGE = (10, 250)
 HOST_REPS_RANGE = (3, 50)
 # One sample replays the captured graph back to back until it lasts about GRAPH_SAMPLE_MS, so the
 # replay's own launch cost (~10 us) vanishes against the kernels being timed: a 1.6 us kernel replayed
@@ -350,7 +356,7 @@ class Timer:
         # samples of 0.09 ms a side, 0.26 s of wall a row on an H100, 2.5x its budgets.
         est = max(self._prepare(fn))
         self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
-        reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, est, REPS_RANGE)
+        reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, est, DIRECT_REPS_RANGE)
         flush = self._flush if self.l2 == "cold" else None
 
         def take(calls: int) -> list[float]:
