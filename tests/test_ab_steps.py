@@ -796,37 +796,3 @@ def test_a_worker_that_died_importing_before_the_first_timed_step_is_said_and_it
     assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
     assert "the warm worker of /x did not start (exit 1; see the log): its step begins another\n" in log
-
-
-def test_a_chunks_hosts_are_begun_after_its_first_record_not_beside_it(tmp_path, monkeypatch):
-    """--chunk: the hosts' workers (one a repeat and side) and the hosted steps' forking workers import beside
-    the chunk's passes steps and later records, not its first record (a dozen imports held that record's start
-    back 5-6 s on an H100); all begun, and imported, before the first timed step."""
-    steps = Steps(monkeypatch)
-    hosts = []
-
-    class Host:  # the measuring host, as the runner drives it: begun from a spare worker, closed with its repeat
-        def __init__(self, worker, path, log):
-            worker.wait_ready()
-            self.worker, self.path, self.pid = worker, path, len(hosts)
-            hosts.append(self)
-
-        def alive(self):
-            return True
-
-        def close(self):
-            self.worker.release()
-
-    monkeypatch.setattr(ab_runner.measuring, "Host", Host)
-    assert ab.run_from_args(_ab(tmp_path, "ops: [add, gelu]\nrepeats: 2\nchunk: 2\n")) == 0
-    assert steps.schedule() == ["A-record", "B-passes", "A-record", "B-passes", "A-1", "B-1", "A-1", "B-1",
-                                "A-2", "B-2", "A-2", "B-2"]
-    # The first record: its own worker and B's passes step's, nothing else begun.
-    assert steps.told[0]["begun"] == [True, True]
-    # Its passes step: the hosts' 2 a side and the 2 forking workers begun as the record ended (with the next
-    # record's worker).
-    host_workers = {id(h.worker) for h in hosts}
-    begun_by_passes = steps.workers[:len(steps.told[1]["begun"])]
-    assert len(hosts) == 4 and host_workers <= {id(w) for w in begun_by_passes}
-    assert len(begun_by_passes) == 2 + 1 + 4 + 2  # + the next record's, the hosts', the forking ones
-    assert all(steps.told[4]["begun"])

@@ -86,7 +86,6 @@ class Runner:
         self.hosts: dict[str, measuring.Host] = {}
         self.hosts_started = 0
         self.hosted = False  # the chunk under way times in hosts: chunk > 1 and more than one op in it
-        self.hosts_to_begin = False  # its hosts' workers not begun yet: they are after its first record
 
     def _save(self) -> None:
         rundir.atomic_write_json(self.dir / "ab.json", self.state)
@@ -306,20 +305,6 @@ class Runner:
                     spare[-1].begin()
         self._ready_before_timing()
 
-    def _begin_chunk_hosts(self) -> None:
-        """Hosted, once the chunk's first record has run: its hosts' workers and its hosted steps' forking
-        worker, importing beside its passes steps and later records. Begun with the chunk, a dozen imports
-        beside its first record held that record's start back 5-6 s on an H100 (the chunk's later records
-        started within 1 s)."""
-        if not self.hosts_to_begin:
-            return
-        self.hosts_to_begin = False
-        self._prewarm_hosts(self.plan.first_repeats)
-        for side in (self.plan.a, self.plan.b):
-            if side.name not in self.step_workers:
-                self.step_workers[side.name] = self._new_worker(side, preload=False)
-                self.step_workers[side.name].begin()
-
     def _prewarm_hosts(self, hosts: int) -> None:
         """Hosted: a worker begun for each of the next `hosts` hosts a side, importing before anything times."""
         for side in (self.plan.a, self.plan.b):
@@ -478,7 +463,6 @@ class Runner:
         # pass again (a FlagGems op's record and passes steps were each 20-45 s at its own shapes).
         record = self.step(plan.a, plan.request("record", op, record_dir, "passes" if once else None),
                            f"{tag} A records", passes=once)
-        self._begin_chunk_hosts()
         if record is None:
             return None
         runs["record"].append(record)
@@ -523,7 +507,13 @@ class Runner:
         numbered = list(enumerate(plan.ops, 1))
         for start in range(0, len(numbered), plan.chunk):
             self.hosted = plan.chunk > 1 and len(numbered[start:start + plan.chunk]) > 1
-            self.hosts_to_begin = self.hosted and plan.step_start != "fresh"
+            if self.hosted and plan.step_start != "fresh":
+                # The chunk's hosts' workers, and its hosted steps', import beside its records and passes.
+                self._prewarm_hosts(plan.first_repeats)
+                for side in (plan.a, plan.b):
+                    if side.name not in self.step_workers:
+                        self.step_workers[side.name] = self._new_worker(side, preload=False)
+                        self.step_workers[side.name].begin()
             timed_ops = [t for i, op in numbered[start:start + plan.chunk]
                          if (t := self._record_and_passes(i, op)) is not None]
             preload.join()  # before any timed step: no import of the parent's beside one
