@@ -117,7 +117,8 @@ def test_an_op_past_its_timeout_is_killed_with_its_steps(corpus, tmp_path):
 
 @pytest.mark.e2e
 def test_kill_9_then_resume_continues_where_it_stopped(corpus, tmp_path):
-    proc = corpus("--ops", "builtin:add", "fp32_op", "--devices", "0")
+    # An op a process (--chunk 1): the kill lands between two ops' A/Bs (a chunk's: tests/test_corpus_chunks.py).
+    proc = corpus("--ops", "builtin:add", "fp32_op", "--devices", "0", "--chunk", "1")
     d = _batch_dir(tmp_path / "out")
     assert wait_for(lambda: (d / "ops_status.csv").is_file() and "PASS" in (d / "ops_status.csv").read_text(), 400)
     os.kill(proc.pid, signal.SIGKILL)
@@ -184,6 +185,26 @@ def test_a_single_op_without_corpus_options_is_todays_ab():
     for meta in taken:
         extra = [meta.flag] if meta.flag_only else [meta.flag, examples.get(meta.flag, "3")]
         assert corpus_ab.wanted(_args("--ops", "softmax", *extra)), extra
+
+
+def test_a_corpus_ab_times_its_ops_in_chunks_unless_its_plan_or_command_line_names_another(tmp_path):
+    """Each chunk pays its A/B's start once (5-7 s on an H100 with FlagGems): a corpus A/B run as the README
+    shows it, without --chunk, takes CORPUS_CHUNK; a plan's or the command line's chunk wins, 1 included, and
+    the remote executors (an op a task) and every-step passes (no hosts) keep one op a process."""
+    def chunk(*argv, plan_text=None):
+        if plan_text is not None:
+            (tmp_path / "plan.yaml").write_text(plan_text)
+            argv = (str(tmp_path / "plan.yaml"), *argv)
+        (extra, _, _) = prepare(_args(*argv, "--all", "--backend", "interpreter"), {})
+        return extra["plan"]["chunk"]
+
+    assert corpus_ab.CORPUS_CHUNK == 8
+    assert chunk() == chunk("--ops", "add", "gelu") == chunk(plan_text="ops: [add]\n") == 8
+    assert chunk("--chunk", "1") == 1 and chunk("--chunk", "3") == 3
+    assert chunk(plan_text="ops: [add]\nchunk: 1\n") == 1
+    assert chunk("--chunk", "2", plan_text="ops: [add]\nchunk: 1\n") == 2
+    assert chunk("--executor", "slurm") == 1
+    assert chunk(plan_text="ops: [add]\nstep_passes: every\n") == 1
 
 
 def test_the_op_job_runs_the_plan_on_its_device(tmp_path):

@@ -41,8 +41,8 @@ NOT_RUN_HERE = {
     "nox -s ab -- --ops softmax mm --b-env KEY=VAL --repeats 5": "too long for CI: 26 steps, 3 min on "
                                                                  "the interpreter (tests/test_ab.py runs --b-env "
                                                                  "ad hoc A/Bs at 2 repeats)",
-    "nox -s ab -- --all --b-env KEY=VAL --chunk 8": "the whole inventory: hours on a GPU (tests/test_chunks.py "
-                                                    "runs corpus A/Bs in chunks on the interpreter)",
+    "nox -s ab -- --all --b-env KEY=VAL": "the whole inventory: hours on a GPU (tests/test_chunks.py "
+                                          "runs corpus A/Bs in chunks on the interpreter)",
     "nox -s ab -- ops/ab_f32_ieee.yaml --all --flaggems-dir ~/FlagGems --devices 0,1,2,3":
         "needs a FlagGems checkout and 4 devices",
     "nox -s ab -- --ops softmax builtin:mm flaggems:softmax_backward@softmax --b-python /opt/b/bin/python "

@@ -669,7 +669,8 @@ class ExperimentOptions(OptionSet):
         help="time the repeats of up to K ops in one process a side (a measuring host per repeat and side, "
              "forked by a warm worker: one device start and one pytest start per chunk, not per op); each op's "
              "step keeps its run dir, a crash costs its op's rows and the chunk's later ops go on in a new "
-             f"host; records and passes stay a process an op; 1 to {MAX_CHUNK} (default 1: a process a step)",
+             f"host; records and passes stay a process an op; 1 to {MAX_CHUNK} (default: 8 for a corpus A/B on the "
+             "local executor, whose chunks each start an A/B; else 1, a process a step)",
         check=lambda v: type(v) is int and 1 <= v <= MAX_CHUNK, what=f"an integer from 1 to {MAX_CHUNK}")
     step_passes: str | None = option(
         flag="--step-passes", group="experiment", commands=("ab",), choices=STEP_PASSES,
