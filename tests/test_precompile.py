@@ -6,6 +6,7 @@ its cache lookups and its sweep are Triton's own."""
 
 import concurrent.futures
 import dataclasses
+import gc
 import json
 import multiprocessing
 import signal
@@ -619,27 +620,41 @@ def test_a_kernel_generated_into_a_file_kept_out_of_sys_modules_is_compiled_ahea
     that link (the function, one attribute below the decorator's object its module holds), so a worker loads
     the file and links it as the loader did: the pool compiles the kernel the JIT then finds ready. (On an
     H100, 6 of acosh_'s 7 compiles failed in the pool: no module named '_gen_module_..._rank_1'.)"""
-    generated, _ = load_through_standin("generated", tmp_path / "cache_a")
-    log = precompile.RequestLog()
-    log.install()
-    try:
-        generated.launch(generated.build(tmp_path))
-    finally:
-        log.uninstall()
-    log.write(tmp_path / precompile.REQUESTS_FILE)
-    (request,), defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
-    assert (request.module, request.qualname) == ("_zl_gen_module_rank_1", "triple_kernel")
-    assert request.path == str(tmp_path / "zl_generated_rank_1.py") and "_zl_gen_module_rank_1" not in sys.modules
-    assert request.links == (("triple", "generated", "triple._scalar_fn"),)  # tl, triton: the file imports them
+    built = []  # the generated modules, outside what the fixture releases: their kernels released here
 
-    generated, _ = load_through_standin("generated", tmp_path / "cache_b")  # the other side, its own JIT
-    module = generated.build(tmp_path)
-    ahead, hashes, compiled = _passes_step_ahead(types.SimpleNamespace(launch=lambda: generated.launch(module)),
-                                                 [request], defaults, tmp_path / "cache_b")
-    assert ahead.facts() == {"requests": 1, "ready": 1, "waited": 0, "taken_over": 0, "failed": 0, "waited_s": 0.0,
-                             "unmatched": 0}
-    jit = [k.hash for k in module.triple_kernel.device_caches[0][0].values()]
-    assert jit == hashes and _cache_files(tmp_path / "cache_b") == compiled  # nothing compiled anew
+    def build(generated):
+        built.append(generated.build(tmp_path))
+        return built[-1]
+
+    try:
+        generated, _ = load_through_standin("generated", tmp_path / "cache_a")
+        log = precompile.RequestLog()
+        log.install()
+        try:
+            generated.launch(build(generated))
+        finally:
+            log.uninstall()
+        log.write(tmp_path / precompile.REQUESTS_FILE)
+        (request,), defaults = precompile.read_requests(tmp_path / precompile.REQUESTS_FILE)
+        assert (request.module, request.qualname) == ("_zl_gen_module_rank_1", "triple_kernel")
+        assert request.path == str(tmp_path / "zl_generated_rank_1.py") and "_zl_gen_module_rank_1" not in sys.modules
+        assert request.links == (("triple", "generated", "triple._scalar_fn"),)  # tl, triton: the file imports them
+
+        generated, _ = load_through_standin("generated", tmp_path / "cache_b")  # the other side, its own JIT
+        module = build(generated)
+        ahead, hashes, compiled = _passes_step_ahead(types.SimpleNamespace(launch=lambda: generated.launch(module)),
+                                                     [request], defaults, tmp_path / "cache_b")
+        assert ahead.facts() == {"requests": 1, "ready": 1, "waited": 0, "taken_over": 0, "failed": 0,
+                                 "waited_s": 0.0, "unmatched": 0}
+        jit = [k.hash for k in module.triple_kernel.device_caches[0][0].values()]
+        assert jit == hashes and _cache_files(tmp_path / "cache_b") == compiled  # nothing compiled anew
+    finally:
+        # While the stand-in driver is active (a CompiledKernel unloads from it as it goes), and so that no
+        # later test's compiled-kernel scan finds them.
+        for module in built:
+            module.triple_kernel.device_caches.clear()
+        built.clear()
+        gc.collect()
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
