@@ -38,6 +38,7 @@ import os
 import signal
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -271,7 +272,7 @@ def _links(base, path: str) -> tuple:
         value = base.__globals__.get(name, _MISSING)
         if value is _MISSING or name.startswith("__"):
             continue
-        if type(value) is type(sys):
+        if isinstance(value, types.ModuleType):
             links.append((name, value.__name__, ""))
             continue
         source = sys.modules.get(getattr(value, "__module__", None) or "")
@@ -279,7 +280,7 @@ def _links(base, path: str) -> tuple:
         if source is None or not qualname or "<locals>" in qualname:
             continue
         try:
-            found = functools.reduce(getattr, qualname.split("."), source)
+            found = _attribute(source, qualname)
         except AttributeError:
             continue
         if found is value:
@@ -292,6 +293,11 @@ def _links(base, path: str) -> tuple:
 
 
 _MISSING = object()
+
+
+def _attribute(obj, dotted: str):
+    """`obj`'s attribute at the dotted path (`obj` itself for "")."""
+    return functools.reduce(getattr, dotted.split("."), obj) if dotted else obj
 
 
 def _jit_function(request: Request):
@@ -309,11 +315,8 @@ def _jit_function(request: Request):
         sys.modules[request.module] = module
         spec.loader.exec_module(module)
         for name, source, dotted in request.links:  # as its loader set them after loading it
-            target = importlib.import_module(source)
-            vars(module)[name] = functools.reduce(getattr, dotted.split("."), target) if dotted else target
-    obj = module
-    for part in request.qualname.split("."):
-        obj = getattr(obj, part)
+            vars(module)[name] = _attribute(importlib.import_module(source), dotted)
+    obj = _attribute(module, request.qualname)
     while not isinstance(obj, JITFunction):  # an autotuner, heuristics or LibEntry around it
         obj = obj.fn
     return obj

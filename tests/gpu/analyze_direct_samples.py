@@ -12,12 +12,15 @@ more samples buy the verdict nothing, since it reads the spread between processe
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness.core.results import read_results  # noqa: E402
 
 KS = (10, 25, 50, 100, 250, 500, 1000)
 
@@ -27,11 +30,11 @@ def side_samples(op_dir: Path) -> dict[tuple[str, str], list[tuple[list[float], 
     out: dict[tuple[str, str], list] = {}
     for results in sorted(op_dir.glob("[AB]-[0-9]*/*/results.json")):
         side = results.parent.parent.name.split("-")[0]
-        for row in json.loads(results.read_text())["rows"]:
-            samples = row.get("samples") or {}
-            if row.get("timer") != "direct" or "candidate" not in samples or "baseline" not in samples:
+        for row in read_results(results.parent):
+            samples = row.samples or {}
+            if row.timer != "direct" or "candidate" not in samples or "baseline" not in samples:
                 continue
-            out.setdefault((row["case"], side), []).append((samples["candidate"]["raw"], samples["baseline"]["raw"]))
+            out.setdefault((row.case, side), []).append((samples["candidate"]["raw"], samples["baseline"]["raw"]))
     return out
 
 

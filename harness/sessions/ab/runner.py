@@ -284,7 +284,7 @@ class Runner:
         # --repeats auto: round 2's too, ready before round 1 times (used if any row is left open).
         repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
         repeats = 0 if self.hosted else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
-        ahead = int(next_record and not record and bool(passes))
+        ahead = int(next_record and passes)  # given as a record ends: its B-passes step is what it imports beside
         for side, steps in ((plan.a, int(record) + repeats + ahead), (plan.b, passes + repeats)):
             spare = self.spares.setdefault(side.name, [])
             while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
