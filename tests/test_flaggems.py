@@ -217,6 +217,15 @@ def test_a_file_without_a_key_keeps_upstream_shapes_and_says_so(tmp_path):
     assert note in proc.stdout.splitlines()
 
 
+def test_a_run_collects_only_its_nodes_file_and_the_checkouts_conftest_still_loads(tmp_path, monkeypatch):
+    # FlagGems' benchmark/ holds ~700 files; a node of each was made on every step before its test ran.
+    log = tmp_path / "collected.txt"
+    monkeypatch.setenv("ZL_TEST_COLLECT_LOG", str(log))
+    run_dir, _ = record(tmp_path, "flaggems:softmax")
+    assert log.read_text().split() == ["test_softmax.py"]
+    assert [r["status"] for r in rows_of(run_dir)] == ["SUCCESS"] * len(rows_of(run_dir))
+
+
 def test_level_is_passed_through_recorded_and_pinned_on_replay(tmp_path):
     core, _ = record(tmp_path, "flaggems:log_softmax@softmax")
     comprehensive, _ = record(tmp_path, "flaggems:log_softmax@softmax", "--level", "comprehensive")

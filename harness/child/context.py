@@ -106,7 +106,7 @@ class RunContext:
         self.running = None
         # Kept current on disk: a run killed outright (SIGKILL, a batch timeout) still says
         # which case it was in.
-        rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}})
+        rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": case_id}}, durable=False)
         hook.pytest_zl_case_started(case_id=case_id, shape_label=shape_label)
 
     def stop(self, reason: str, code: int | None = None) -> None:
@@ -139,7 +139,7 @@ class RunContext:
         row itself, so that run.json never names as running a case whose row results.json holds
         (a kill between the two writes leaves it naming none)."""
         self.running_case = None
-        rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": None}})
+        rundir.merge_json(self.run_dir / rundir.RUN_JSON, {"observed": {"running_case": None}}, durable=False)
 
     def dtype_problem(self, dtype: str) -> str | None:
         """Why this backend computes `dtype` wrongly (Backend.dtype_problem), probed once per run and

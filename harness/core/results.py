@@ -160,7 +160,7 @@ def _backend_measures(run_dir: Path) -> bool:
                            f"({clip_text(str(exc))})") from exc
 
 
-def write_results(run_dir: Path, rows: list[ResultRow]) -> None:
+def write_results(run_dir: Path, rows: list[ResultRow], durable: bool = True) -> None:
     """Atomically: the child rewrites the file after every row, and a crash must keep the last one whole."""
     rundir.atomic_write_json(Path(run_dir) / rundir.RESULTS_JSON,
-                             {"format": RESULTS_FORMAT, "rows": [r.to_dict() for r in rows]})
+                             {"format": RESULTS_FORMAT, "rows": [r.to_dict() for r in rows]}, durable)

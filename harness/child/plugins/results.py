@@ -89,8 +89,12 @@ class ResultsPlugin:
             self.hook.pytest_zl_row_ready(row=row)
             self.ctx.rows.append(row)
             self.ctx.end_case()
-            self._flush()
+            self._flush(durable=False)  # whole if the process dies; on disk for good as the run ends
         self._print_row(row)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        self._flush()
 
     def update_rows(self) -> None:
         """Rows already added were enriched in place (FlagGems: upstream metrics per dtype)."""
@@ -134,14 +138,14 @@ class ResultsPlugin:
             return crash.message[:2000]
         return str(report.longrepr)[-2000:]
 
-    def _flush(self) -> None:
+    def _flush(self, durable: bool = True) -> None:
         # Typed on the way out, so a row a plugin got wrong stops the run here rather than every
         # report that reads it later. The rows stay dicts until then: plugins add to a row while
         # it lands (pytest_zl_row_ready) and FlagGems after it (update_rows, which has them all
         # typed again). Each row is typed once, not on every rewrite of the file.
         for i in range(len(self._typed), len(self.ctx.rows)):
             self._typed.append(ResultRow.from_dict(self.ctx.rows[i], f"writing results.json: row {i}"))
-        write_results(self.ctx.run_dir, self._typed)
+        write_results(self.ctx.run_dir, self._typed, durable)
 
     def _print_row(self, row) -> None:
         n, total = len(self.ctx.rows), len(self.ctx.cases) or "?"

@@ -86,8 +86,8 @@ def _stop_the_group_once_a_row_is_landing():
     write = rundir.atomic_write_json
     seen = {"running": False, "sent": False}
 
-    def write_then_stop(path, data):
-        write(path, data)
+    def write_then_stop(path, data, durable=True):
+        write(path, data, durable)
         name = Path(path).name
         running = data.get("observed", {}).get("running_case") if name == rundir.RUN_JSON else None
         seen["running"] = seen["running"] or running is not None
