@@ -38,7 +38,7 @@ def test_a_row_reads_back_as_written_and_writes_back_the_same(tmp_path, row):
     (got,) = results.read_results(write(tmp_path / "run", {"format": 1, "rows": [row]}))
     assert got.to_dict() == row and list(got.to_dict()) == list(row)  # the keys in the child's order too
     (tmp_path / "again").mkdir()
-    results.write_results(tmp_path / "again", [got])
+    results.write_results(tmp_path / "again", [results.encode_row(got)])
     assert json.loads((tmp_path / "again" / "results.json").read_text()) == {"format": 1, "rows": [row]}
 
 

@@ -6,6 +6,7 @@ row, instead of failing as a KeyError in whichever report reads it first."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -160,7 +161,14 @@ def _backend_measures(run_dir: Path) -> bool:
                            f"({clip_text(str(exc))})") from exc
 
 
-def write_results(run_dir: Path, rows: list[ResultRow], durable: bool = True) -> None:
-    """Atomically: the child rewrites the file after every row, and a crash must keep the last one whole."""
-    rundir.atomic_write_json(Path(run_dir) / rundir.RESULTS_JSON,
-                             {"format": RESULTS_FORMAT, "rows": [r.to_dict() for r in rows]}, durable)
+def encode_row(row: ResultRow) -> str:
+    """A row as results.json holds it, on one line: encoded once, however often the file is rewritten."""
+    return json.dumps(row.to_dict(), default=str)
+
+
+def write_results(run_dir: Path, encoded: list[str], durable: bool = True) -> None:
+    """Atomically: the child rewrites the file after every row, and a crash must keep the last one whole.
+    The rows as encode_row made them: the child keeps each row's encoding, since re-encoding every row on
+    every rewrite (pretty-printed, in Python) cost a 42-row FlagGems step 0.6 s on an H100 host."""
+    text = f'{{"format": {RESULTS_FORMAT}, "rows": [\n' + ",\n".join(encoded) + "\n]}\n"
+    rundir.atomic_write_text(Path(run_dir) / rundir.RESULTS_JSON, text, durable)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core.results import ResultRow, write_results
+from harness.core.results import ResultRow, encode_row, write_results
 from harness.providers import shapes
 from reports import table
 
@@ -35,7 +35,7 @@ class ResultsPlugin:
         self.ctx = ctx
         self.hook = None  # pytest's hook relay, set at configure (harness.child.hookspec)
         self._pending: dict | None = None
-        self._typed: list[ResultRow] = []  # ctx.rows as written, typed once each
+        self._encoded: list[str] = []  # ctx.rows as written, typed and encoded once each
 
     def pytest_configure(self, config):
         self.hook = config.hook
@@ -98,7 +98,7 @@ class ResultsPlugin:
 
     def update_rows(self) -> None:
         """Rows already added were enriched in place (FlagGems: upstream metrics per dtype)."""
-        self._typed.clear()
+        self._encoded.clear()
         self._flush()
 
     def pytest_report_teststatus(self, report, config):
@@ -142,10 +142,10 @@ class ResultsPlugin:
         # Typed on the way out, so a row a plugin got wrong stops the run here rather than every
         # report that reads it later. The rows stay dicts until then: plugins add to a row while
         # it lands (pytest_zl_row_ready) and FlagGems after it (update_rows, which has them all
-        # typed again). Each row is typed once, not on every rewrite of the file.
-        for i in range(len(self._typed), len(self.ctx.rows)):
-            self._typed.append(ResultRow.from_dict(self.ctx.rows[i], f"writing results.json: row {i}"))
-        write_results(self.ctx.run_dir, self._typed, durable)
+        # typed again). Each row is typed and encoded once, not on every rewrite of the file.
+        for i in range(len(self._encoded), len(self.ctx.rows)):
+            self._encoded.append(encode_row(ResultRow.from_dict(self.ctx.rows[i], f"writing results.json: row {i}")))
+        write_results(self.ctx.run_dir, self._encoded, durable)
 
     def _print_row(self, row) -> None:
         n, total = len(self.ctx.rows), len(self.ctx.cases) or "?"
