@@ -155,6 +155,34 @@ def test_a_cases_statistics_are_waited_for_unless_they_may_run_beside_the_next_c
     assert {r["warps"] for r in ir_index.read_stats(tmp_path).values()} == {4} and len(started) == 2
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_more_statistics_are_extracted_at_once_where_the_timings_are_for_no_comparison(
+        hopper_kernels, tmp_path, monkeypatch, background):
+    monkeypatch.setattr(ir, "STATS_THREADS", 1)
+    monkeypatch.setattr(ir, "BACKGROUND_STATS_THREADS", 2)
+    lock, running, most, second = threading.Lock(), [0], [0], threading.Event()
+
+    def extract(asm, meta, tools, limits, loaded):  # the first waits for a second to start beside it
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            if running[0] == 2:
+                second.set()
+        second.wait(30 if background else 1)
+        with lock:
+            running[0] -= 1
+        return {"warps": meta["num_warps"]}
+
+    monkeypatch.setattr(ir.kernel_stats, "extract", extract)
+    collector = ir.IRCollector(tmp_path, background_stats=background)
+    hopper_kernels[0].function, hopper_kernels[1].function = 4100, 4101
+    collector.shape = "64"
+    launch(collector, 4100)
+    launch(collector, 4101)
+    collector.write()
+    assert most[0] == (2 if background else 1) and len(ir_index.read_stats(tmp_path)) == 2
+
+
 def test_statistics_that_cannot_be_read_are_said_and_the_ir_is_still_written(hopper_kernels, tmp_path):
     collector = ir.IRCollector(tmp_path, limits={"regs_per_sm": 65536})  # a device limit missing
     hopper_kernels[0].function = 3000

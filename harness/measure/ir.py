@@ -145,8 +145,11 @@ def variant_of(compiled) -> Variant:
                    dtype=_dtype(src.signature), align=_align(src), stage_sha=tuple(stage_sha))
 
 
-# Launched variants whose statistics are extracted at once (each runs a disassembler process).
+# Launched variants whose statistics are extracted at once (each runs a disassembler process): few beside
+# a measurement, half the host's cores where the timings are for no comparison (a record's or passes'
+# 40-60 variants of 0.3 s each).
 STATS_THREADS = 4
+BACKGROUND_STATS_THREADS = max(STATS_THREADS, (os.cpu_count() or 1) // 2)
 
 
 class IRCollector:
@@ -287,7 +290,8 @@ class IRCollector:
         # The driver's own counts, set once the kernel was loaded (it was: it launched).
         loaded = {k: getattr(obj, k, None) for k in ("n_regs", "n_spills")}
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(STATS_THREADS, thread_name_prefix="zl_kernel_stats")
+            threads = BACKGROUND_STATS_THREADS if self.background_stats else STATS_THREADS
+            self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="zl_kernel_stats")
         self._extracting[h] = self._pool.submit(self._variant_stats, obj.asm, meta, loaded)
 
     def _variant_stats(self, asm: Mapping, meta: dict, loaded: dict) -> dict:
