@@ -93,6 +93,15 @@ def test_one_run_per_side_compares_raw_samples(tmp_path):
     assert paired.comparison.n_a == 3 and paired.comparison.verdict == stats.FASTER
 
 
+def test_an_ab_stopped_after_its_first_repeat_takes_no_raw_samples_for_repeats_and_calls_nothing(tmp_path):
+    a = runs(tmp_path, "a", [row(cand=1.0, raw=([1.0, 1.01, 0.99], [2.0, 2.02]))])
+    b = runs(tmp_path, "b", [row(cand=0.5, raw=([0.5, 0.51, 0.49], [2.1, 2.12]))])
+    (paired,) = compare.pair(a, b, expected=5)
+    assert paired.a_ms == [1.0] and paired.b_ms == [0.5] and not paired.single
+    assert paired.comparison.verdict == stats.NOISY
+    assert paired.flags == ["incomplete_a(1/5)", "incomplete_b(1/5)"]
+
+
 def test_one_run_per_side_without_samples_uses_the_median(tmp_path):
     a = runs(tmp_path, "a", [row(cand=1.0)])
     b = runs(tmp_path, "b", [row(cand=0.5)])
