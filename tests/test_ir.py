@@ -126,6 +126,17 @@ def test_dump_writes_used_variants_index_and_legend(hopper_kernels, tmp_path):
     assert collector.unreadable == 1
 
 
+def two_variants_launched(hopper_kernels, tmp_path, monkeypatch, extract, background):
+    """A collector whose case launched two variants, their statistics extracted by `extract`."""
+    monkeypatch.setattr(ir.kernel_stats, "extract", extract)
+    collector = ir.IRCollector(tmp_path, background_stats=background)
+    hopper_kernels[0].function, hopper_kernels[1].function = 4000, 4001
+    collector.shape = "64"
+    launch(collector, 4000)
+    launch(collector, 4001)
+    return collector
+
+
 @pytest.mark.parametrize("background", [False, True])
 def test_a_cases_statistics_are_waited_for_unless_they_may_run_beside_the_next_cases(
         hopper_kernels, tmp_path, monkeypatch, background):
@@ -136,12 +147,7 @@ def test_a_cases_statistics_are_waited_for_unless_they_may_run_beside_the_next_c
         release.wait(30)
         return {"warps": meta["num_warps"]}
 
-    monkeypatch.setattr(ir.kernel_stats, "extract", extract)
-    collector = ir.IRCollector(tmp_path, background_stats=background)
-    hopper_kernels[0].function, hopper_kernels[1].function = 4000, 4001
-    collector.shape = "64"
-    launch(collector, 4000)
-    launch(collector, 4001)
+    collector = two_variants_launched(hopper_kernels, tmp_path, monkeypatch, extract, background)
     if not background:  # a case's write waits for its variants' statistics, extracted at once
         threading.Timer(0.5, release.set).start()
         collector.write(final=False)
@@ -173,12 +179,7 @@ def test_more_statistics_are_extracted_at_once_where_the_timings_are_for_no_comp
             running[0] -= 1
         return {"warps": meta["num_warps"]}
 
-    monkeypatch.setattr(ir.kernel_stats, "extract", extract)
-    collector = ir.IRCollector(tmp_path, background_stats=background)
-    hopper_kernels[0].function, hopper_kernels[1].function = 4100, 4101
-    collector.shape = "64"
-    launch(collector, 4100)
-    launch(collector, 4101)
+    collector = two_variants_launched(hopper_kernels, tmp_path, monkeypatch, extract, background)
     collector.write()
     assert most[0] == (2 if background else 1) and len(ir_index.read_stats(tmp_path)) == 2
 

@@ -31,7 +31,7 @@ from harness.core.errors import UsageError
 from harness.core.options import RunOptions
 from harness.providers import catalog
 from harness.sessions import batch, resolve
-from harness.sessions.ab.plan import DEFAULT_PLAN, Plan, PlanError, plan_from_data
+from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
 from harness.sessions.ab.runner import op_dir_name
 from harness.sessions.ab.session import resolve_plan, say_if_a_a
 from harness.sessions.ab.sides import build_side_env
@@ -139,12 +139,9 @@ class CorpusAB(batch.Batch):
                                  "it with nox -s batch -- --resume --batch-dir DIR")
             plan = _plan_of(stored["plan"], f"stored in {request.corpus.batch_dir / batchdir.BATCH_JSON}")
         else:
-            plan = resolve_plan(request.ab)
+            plan = resolve_plan(request.ab, CORPUS_CHUNK if request.corpus.executor == "local" else 1)
             say_if_a_a(plan)
             run, ops = plan.options, plan.ops
-            if (request.corpus.executor == "local" and plan.step_passes == "once"
-                    and not _chunk_named(request.ab)):
-                plan.chunk = CORPUS_CHUNK
         run = run.without_measurement()  # (the batch drops the device: each op is given its own)
         if plan.chunk > 1 and request.corpus.executor in ("ray", "slurm"):
             print(f"note: chunk {plan.chunk}: the {request.corpus.executor} executor runs each op's A/B as a task "
@@ -342,15 +339,6 @@ class CorpusAB(batch.Batch):
         files = corpus.write(self.dir, data)
         total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)
         return f"verdicts: {_said(total) or 'none'}; report: {', '.join(map(str, files))}"
-
-
-def _chunk_named(request: ABRequest) -> bool:
-    """Whether the command line (--chunk) or the plan file names the A/B's chunk."""
-    if request.experiment.chunk is not None:
-        return True
-    if request.plan is None and request.ops:  # --ops without a plan: nothing else names it
-        return False
-    return "chunk" in rundir.read_yaml_mapping(Path(request.plan or DEFAULT_PLAN), PlanError, "plan")
 
 
 def _target(entry) -> str:

@@ -21,7 +21,7 @@ from harness.core.options import AUTO, FDR, UPSTREAM
 from harness.core.results import ResultsError
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
-from harness.sessions.ab.plan import DEFAULT_PLAN, Plan, PlanError, Side, load_plan
+from harness.sessions.ab.plan import DEFAULT_PLAN, Plan, PlanError, Side, plan_from_data
 from harness.sessions.ab.reporting import report, validity
 from harness.sessions.ab.runner import LOG_FILE, Runner
 from harness.sessions.ab.steps import StepInterrupted
@@ -42,13 +42,18 @@ def say_if_a_a(plan: Plan) -> None:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
 
 
-def resolve_plan(request: ABRequest) -> Plan:
-    """The plan from its file (or --ops), with the experiment and run options the request gives over it."""
+def resolve_plan(request: ABRequest, default_chunk: int = 1) -> Plan:
+    """The plan from its file (or --ops), with the experiment and run options the request gives over it.
+    `default_chunk`: the chunk where neither the plan nor --chunk names one and passes run once (a corpus
+    A/B's on the local executor)."""
     try:
         if request.plan is not None or not request.ops:
-            plan = load_plan(request.plan or DEFAULT_PLAN)
+            path = Path(request.plan or DEFAULT_PLAN)
+            data = rundir.read_yaml_mapping(path, PlanError, "plan")
+            plan, chunk_named = plan_from_data(data, path), "chunk" in data
         else:
             plan = Plan(name="adhoc", ops=list(request.ops), a=Side("A", "as is"), b=Side("B", ""))
+            chunk_named = False
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
     if request.ops:
@@ -69,7 +74,10 @@ def resolve_plan(request: ABRequest) -> Plan:
         plan.fdr = experiment.fdr  # between 0 and 1: the parser checked it as the option declares
     plan.step_start = experiment.step_start or plan.step_start
     plan.step_passes = experiment.step_passes or plan.step_passes
-    plan.chunk = experiment.chunk or plan.chunk
+    if experiment.chunk is not None:
+        plan.chunk = experiment.chunk
+    elif not chunk_named and plan.step_passes == "once":
+        plan.chunk = default_chunk
     if plan.chunk > 1 and plan.step_passes != "once":
         # A step that collects IR or profiles leaves Triton hooks and the profiler's slowdown in its process.
         raise UsageError(f"chunk {plan.chunk}: a chunk's hosts run timing-only repeats, and with --step-passes "
