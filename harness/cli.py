@@ -78,6 +78,8 @@ def _add_common(parser: argparse.ArgumentParser, command: str, named: str | None
                           "several runs of one compiler (the A/B gives each side its own) (default: private)")
     # An A/B's own: its chunked timed steps hand their child to the side's host (harness.child.host).
     out.add_argument("--measuring-host", metavar="SOCKET", type=Path, default=None, help=argparse.SUPPRESS)
+    # An A/B's own: the lock of the device its steps share (harness.measure.device_gate).
+    out.add_argument("--device-gate", metavar="FILE", type=Path, default=None, help=argparse.SUPPRESS)
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="terminal colour (run.log is always plain) (default: auto)")
     if command in ("record", "replay"):
@@ -276,7 +278,8 @@ def run_request(args: argparse.Namespace) -> RunRequest:
             args.command, args.run_dir if replay else args.op, options.RunOptions.from_namespace(args),
             sweep_devices=args.sweep_devices, ir=args.ir, only=args.only, precompile=args.precompile,
             color=args.color, out=args.out, run_dir=args.named_run_dir, triton_cache=args.triton_cache,
-            measuring_host=args.measuring_host, cases=_tuple(args.cases) if replay else None)
+            measuring_host=args.measuring_host, device_gate=args.device_gate,
+            cases=_tuple(args.cases) if replay else None)
     except ValueError as exc:  # a list of cases that is no list of distinct ids: as its session says it
         raise UsageError(str(exc)) from None
 

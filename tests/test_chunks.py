@@ -70,10 +70,22 @@ def test_a_chunks_repeat_runs_in_one_host_a_side_each_op_keeping_its_own_step(tm
     for op in ("switch_probe", "add"):
         assert _host(d / op / "A-record") is None and _host(d / op / "B-passes") is None
     state = load(d / "ab.json")
-    assert [s["step"].split("/")[1] for s in state["steps"]][4:] == ["A-1", "B-1", "A-1", "B-1", "A-2", "B-2",
-                                                                     "A-2", "B-2"]
-    assert [s["step"].split("/")[0] for s in state["steps"]][4:6] == ["switch_probe", "switch_probe"]
+    steps = {s["step"]: s for s in state["steps"]}
+    for op in ("switch_probe", "add"):  # each op its record, B's passes, then its repeats as they alternate
+        assert [s["step"].split("/")[1] for s in state["steps"] if s["step"].startswith(f"{op}/")] == [
+            "A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
+    # The records and passes ran in a thread beside the repeats: add's began before switch_probe's repeats ended.
+    assert {k for k, s in steps.items() if s.get("beside")} == {f"{op}/{k}" for op in ("switch_probe", "add")
+                                                                 for k in ("A-record", "B-passes")}
+    last = steps["switch_probe/B-2"]
+    assert steps["add/A-record"]["started"] < last["started"] + last["seconds"]
     assert all(s["usable"] for s in state["steps"]) and state["plan"]["chunk"] == 2
+    # They shared the device through the A/B's gate: each repeat held it while timing its rows, each record and
+    # passes step while its cases ran.
+    gates = {k: _run_json(d / k)["observed"]["device_gate"] for k in steps}
+    assert len({g["path"] for g in gates.values()}) == 1
+    for k, gate in gates.items():
+        assert gate["held"] >= 1 and gate["role"].startswith("beside" if steps[k].get("beside") else "timed"), k
     rows = load(d / "report.json")["rows"]
     assert len(rows) == 4 and all(len(r["a_ms"]) == 2 and len(r["b_ms"]) == 2 for r in rows)
 
@@ -179,31 +191,43 @@ def test_a_flaggems_op_of_another_checkout_than_the_hosts_runs_its_child_in_a_pr
         assert Path(package).is_relative_to(second)
 
 
+# The main thread's steps (the repeats; with records first, the records and passes too) before the stop, and in
+# the continuation.
+INTERRUPTED = {
+    "first": (["softmax/A-1", "softmax/B-1", "add/A-1"],
+              ["add/A-1", "add/B-1", "softmax/A-2", "softmax/B-2", "add/A-2", "add/B-2"]),
+    "beside": (["softmax/A-1", "softmax/B-1", "softmax/A-2", "softmax/B-2", "add/A-1"],
+               ["add/A-1", "add/B-1", "add/A-2", "add/B-2"]),
+}
+
+
 @pytest.mark.e2e
+@pytest.mark.parametrize("records", sorted(INTERRUPTED))
 def test_an_interrupted_chunk_goes_on_from_its_last_completed_step_running_none_twice(tmp_path, monkeypatch,
-                                                                                       capsys):
+                                                                                       capsys, records):
     real_launch = ab.Runner._launch
     launched: list[str] = []
 
-    def launch(runner, side, request):
+    def launch(runner, side, request, host=None):
         launched.append(f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}")
-        code, interrupted = real_launch(runner, side, request)
+        code, interrupted = real_launch(runner, side, request, host)
         if launched[-1] == "add/A-1" and runner.earlier == {}:
             return code, signal.SIGINT  # stopped as it ran: its rows are not the A/B's
         return code, interrupted
 
     monkeypatch.setattr(ab.Runner, "_launch", launch)
-    extra = ("--repeats", "2", "--chunk", "2")
+    extra = ("--repeats", "2", "--chunk", "2", "--chunk-records", records)
     assert ab.run_from_args(_request(tmp_path, ["softmax", "add"], *extra)) == 128 + signal.SIGINT
     first = _ab_dir(capsys.readouterr().out)
     before = load(first / "ab.json")
-    assert launched[-3:] == ["softmax/A-1", "softmax/B-1", "add/A-1"] and not before["complete"]
+    stopped_at, then = INTERRUPTED[records]
+    assert launched[-len(stopped_at):] == stopped_at and not before["complete"]
     launched.clear()
     assert ab.run_from_args(_request(tmp_path, ["softmax", "add"], *extra, "--continue", str(first))) == 0
     second = _ab_dir(capsys.readouterr().out)
-    assert launched == ["add/A-1", "add/B-1", "softmax/A-2", "softmax/B-2", "add/A-2", "add/B-2"]
+    assert launched == then
     state = load(second / "ab.json")
-    assert [s["step"] for s in state["steps"] if s.get("taken_over")] == [s["step"] for s in before["steps"]]
+    assert sorted(s["step"] for s in state["steps"] if s.get("taken_over")) == sorted(s["step"] for s in before["steps"])
     # The continuation's hosts: A's first served add alone (softmax's repeat 1 was taken over).
     assert _host(second / "add" / "A-1")["runs_before"] == 0
     assert _host(second / "add" / "A-2")["runs_before"] == 1

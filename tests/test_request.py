@@ -19,7 +19,7 @@ from harness.sessions.ab import runner as ab_runner
 DEST = {"command": "command", "target": None, "sweep_devices": "sweep_devices", "ir": "ir",
         "only": "only", "color": "color", "out": "out",
         "run_dir": "named_run_dir", "precompile": "precompile", "triton_cache": "triton_cache", "cases": "cases",
-        "measuring_host": "measuring_host"}
+        "measuring_host": "measuring_host", "device_gate": "device_gate"}
 
 RECORD = RunRequest("record", "flaggems:mm@blas", RunOptions(
     backend="interpreter", device=3, shapes=Path("/s/shapes.yaml"), dtypes=("fp16", "bf16"),
@@ -31,7 +31,7 @@ REPLAY = RunRequest("replay", "/runs/x/mm_1", RunOptions(
     flaggems_dirs=("flaggems=/fg",), level="core", flagtune="0", libtuner_cache="private"), ir=False, only="passes",
     color="always",
     run_dir=Path("/runs/y/mm_2"), triton_cache=Path("/cache/b"), cases=("fp32-4x8,8", "fp32-2x2#2"),
-    measuring_host=Path("/tmp/host-A-1.sock"))
+    measuring_host=Path("/tmp/host-A-1.sock"), device_gate=Path("/tmp/ab/device.gate"))
 
 
 @pytest.mark.parametrize("request_", [RECORD, REPLAY], ids=["record", "replay"])

@@ -13,7 +13,19 @@ import pytest
 from harness.child import hookspec
 from harness.child.console import Console
 from harness.child.context import RunContext
-from harness.child.plugins import autotune, gpu_state, heap, ir, results, runinfo, seeds, shapes, timing, torch_state
+from harness.child.plugins import (
+    autotune,
+    device_gate,
+    gpu_state,
+    heap,
+    ir,
+    results,
+    runinfo,
+    seeds,
+    shapes,
+    timing,
+    torch_state,
+)
 from harness.child.plugins import flaggems as flaggems_plugin
 from harness.core import launch, rundir
 from harness.core import spec as spec_mod
@@ -129,11 +141,12 @@ def build_plugins(ctx: RunContext, guard: StopGuard) -> list:
     another left on the context, so the order of this list does not matter
     (tests/test_child_wiring.py runs it reversed)."""
     results_plugin = results.ResultsPlugin(ctx)
-    timing_plugin = timing.TimingPlugin(ctx)
-    autotune_plugin = autotune.AutotunePlugin(ctx)
+    gate_plugin = device_gate.DeviceGatePlugin(ctx)
+    timing_plugin = timing.TimingPlugin(ctx, gate_plugin.timing)
+    autotune_plugin = autotune.AutotunePlugin(ctx, gate_plugin.unheld)
     plugins = [ChildHooks(), guard, runinfo.RunInfoPlugin(ctx), seeds.SeedsPlugin(ctx), shapes.ShapesPlugin(ctx),
                autotune_plugin, ir.IRPlugin(ctx), timing_plugin, results_plugin, gpu_state.GpuStatePlugin(ctx),
-               torch_state.TorchStatePlugin(ctx), heap.HeapPlugin(ctx)]
+               torch_state.TorchStatePlugin(ctx), heap.HeapPlugin(ctx), gate_plugin]
     if ctx.spec.flaggems is not None:
         plugins.append(flaggems_plugin.FlagGemsPlugin(ctx, results_plugin, timing_plugin.measure, autotune_plugin))
     return plugins

@@ -28,6 +28,7 @@ DONE = {
     "exit": (lambda v: v is None or type(v) is int, "an exit code or null"),
     "usable": (lambda v: isinstance(v, bool), "true or false"),
 }
+RUNNING = ("running", "running_beside")  # the steps under way: the main thread's, and one beside it
 PLAN = {
     "backend": (is_text, "a backend name"),
     # One a side too: a corpus report pairs an A/B of single runs (its basis says so).
@@ -55,9 +56,10 @@ def problem(state: Any, plan_needed: bool = True) -> str | None:
     steps = state.get("steps", [])
     if not isinstance(steps, list):
         return f"steps = {clip(steps)} is not a list"
-    running = state.get("running")
     checked = [(f"steps[{i}]", s, {**STEP, **DONE}) for i, s in enumerate(steps)]
-    for where, step, fields in checked + ([("running", running, STEP)] if running is not None else []):
+    # `running_beside`: a chunk's record or passes step under way beside its repeats (ab.runner).
+    checked += [(key, state[key], STEP) for key in RUNNING if state.get(key) is not None]
+    for where, step, fields in checked:
         if not isinstance(step, dict):
             return f"{where} = {clip(step)} is not a mapping"
         # Steps written before steps carried `usable` count exit 0 alone (reports.corpus).

@@ -493,6 +493,50 @@ class _Wake(Exception):
 GATE_GO = b"1"
 
 
+def run_beside(argv: list[str], *, stop: threading.Event, grace_s: float, starter: Callable[..., Child],
+               on_stop: Callable[[], None] | None = None, **start_kw) -> tuple[int, bool]:
+    """`run` for a thread other than the main one (which alone can take signals): `starter(argv, gate=...,
+    **start_kw)` started at its gate, as `run(gated=True)` starts it, and waited for; `stop` set (the main
+    thread was stopped) sends it SIGINT, and after `grace_s` a kill; `on_stop()` says so. A stop set before
+    the start starts nothing. (its exit code, whether it was stopped)"""
+    if stop.is_set():
+        return -signal.SIGINT, True
+    gate, opener = os.pipe()
+    try:
+        child = starter(argv, gate=gate, **start_kw)
+    except BaseException:
+        os.close(opener)
+        raise
+    finally:
+        os.close(gate)
+    if stop.is_set():  # it exits at the closed gate, having run nothing
+        os.close(opener)
+        child.wait()
+        return -signal.SIGINT, True
+    with contextlib.suppress(BrokenPipeError):
+        os.write(opener, GATE_GO)
+    os.close(opener)
+    try:
+        while True:
+            code = child.wait(0.2)
+            if code is not None:
+                return code, False
+            if stop.is_set():
+                break
+        if on_stop is not None:
+            on_stop()
+        child.send(signal.SIGINT)
+        code = child.wait(grace_s)
+        if code is None:
+            child.kill()
+            code = child.wait()
+        return code, True
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+
+
 def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         on_stop: Callable[[int], None] | None = None, on_kill: Callable[[], None] | None = None,
         starter: Callable[..., Child] | None = None, gated: bool = False, **start_kw) -> tuple[int, int | None]:

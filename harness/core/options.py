@@ -40,6 +40,9 @@ STEP_STARTS = ("fork", "fresh", "prewarmed")
 OP_STARTS = ("fork", "fresh")
 # Where an A/B's one-off passes (IR, per-kernel attribution) run: one untimed step per side, or every step.
 STEP_PASSES = ("once", "every")
+# Where a chunk's records and passes run: the later ops' beside the earlier ops' repeats (sharing the device
+# through a gate, harness.measure.device_gate), or all of them before its first repeat.
+CHUNK_RECORDS = ("beside", "first")
 
 # Ceilings on counts a request can ask for: each repeat is two processes, each window a capture a row.
 MAX_REPEATS = 100
@@ -678,6 +681,13 @@ class ExperimentOptions(OptionSet):
              "step of its own, B-passes; their timings no verdict uses, every repeat times only) or every "
              "(every step) (default: once)",
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
+    chunk_records: str | None = option(
+        flag="--chunk-records", group="experiment", commands=("ab",), choices=CHUNK_RECORDS,
+        help="where a chunk's records and B's passes run: beside (each op's repeats begin as its passes end, "
+             "while the next ops record; a timed row holds the device while it is timed, a record or passes "
+             "step while its cases run the device, not while they compile, and its processes run at a lower "
+             "CPU priority) or first (all of them before the chunk's first repeat) (default: beside)",
+        check=lambda v: v in CHUNK_RECORDS, what=f"one of {', '.join(CHUNK_RECORDS)}")
 
 
 def _bisect_option(flag: str, **declared):

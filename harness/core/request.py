@@ -35,6 +35,9 @@ class RunRequest:
     # Its child runs in the measuring host listening at this socket (an A/B's chunk: harness.child.host),
     # not in a process of its own. How the step runs, not what it measures: its spec does not say it.
     measuring_host: Path | None = None
+    # The device gate it shares its device through (RunSpec.device_gate): an A/B's, whose next ops' records
+    # and passes run beside its timed repeats.
+    device_gate: Path | None = None
 
     def __post_init__(self) -> None:
         if self.command not in COMMANDS:
@@ -69,7 +72,8 @@ class RunRequest:
         for case in self.cases or ():
             argv += ["--case", case]
         for flag, value in (("--color", self.color), ("--out", self.out), ("--run-dir", self.run_dir),
-                            ("--triton-cache", self.triton_cache), ("--measuring-host", self.measuring_host)):
+                            ("--triton-cache", self.triton_cache), ("--measuring-host", self.measuring_host),
+                            ("--device-gate", self.device_gate)):
             if value is not None:
                 argv += [flag, str(value)]
         return argv

@@ -198,6 +198,10 @@ class RunSpec:
     # Parallel sweep: devices asked for, and the merged picks the measurement injects.
     sweep_devices: int = 0
     preset_records: str | None = None
+    # The lock file of a device this run shares with others of its A/B (harness.measure.device_gate): a
+    # timed run holds it while it times a row, a token-timing run beside them while its cases run the
+    # device; None: the run has its device to itself.
+    device_gate: str | None = None
     # A FlagGems-style benchmark; None for built-in ops. In run.json, its fields as an object.
     flaggems: FlagGemsOptions | None = None
     version: int = SPEC_VERSION

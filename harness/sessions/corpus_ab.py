@@ -82,7 +82,7 @@ def _steps(ab_dir: Path) -> list[dict]:
     included ([] before it wrote one)."""
     path = ab_dir / AB_JSON
     state = abstate.read(path, plan_needed=False) if path.is_file() else {}
-    return [*state.get("steps", []), *([state["running"]] if state.get("running") else [])]
+    return [*state.get("steps", []), *(state[key] for key in abstate.RUNNING if state.get(key))]
 
 
 def _record_dir(ab_dir: Path) -> Path | None:
@@ -270,9 +270,13 @@ class CorpusAB(batch.Batch):
         for step in state.get("steps", []):
             if not step.get("taken_over") and isinstance(step.get("seconds"), (int, float)):
                 spent[str(step.get("step", "")).split("/")[0]] += step["seconds"]
-        running = state.get("running") or {}
-        if isinstance(running.get("started"), (int, float)) and running.get("run_dir"):
-            spent[Path(running["run_dir"]).parent.parent.name] += time.time() - running["started"]
+        # While a record or passes step runs beside the repeats, the repeat under way may be waiting for the
+        # device it holds (harness.measure.device_gate): that wait is charged to the op beside, not to the
+        # repeat's (a record hung in a case would otherwise time out the op whose repeat waits on it).
+        running = [state[key] for key in abstate.RUNNING if state.get(key)]
+        for step in running[-1:]:
+            if isinstance(step.get("started"), (int, float)) and step.get("run_dir"):
+                spent[Path(step["run_dir"]).parent.parent.name] += time.time() - step["started"]
         return [names[name] for name, seconds in spent.items() if name in names and seconds > self.opts.op_timeout]
 
     def _passed(self, code: int, run_dir: Path) -> bool:

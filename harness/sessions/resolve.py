@@ -191,7 +191,7 @@ def _record_spec(request: RunRequest, backend, **fields) -> spec_mod.RunSpec:
         windows=spec_mod.DEFAULT_WINDOWS if given.windows is None else given.windows,
         max_noise=backend.max_noise if given.max_noise is None else given.max_noise,
         color=color_enabled(request.color), ir=request.ir, only=request.only,
-        precompile=request.precompile,
+        precompile=request.precompile, device_gate=_gate(request),
         **fields)
 
 
@@ -386,8 +386,12 @@ def _replay_spec(request: RunRequest, run_dir: Path, source: spec_mod.RunSpec, b
         source, mode="replay", backend=backend.name, replay_from=str(run_dir.resolve()),
         color=color_enabled(request.color), ir=request.ir, only=request.only,
         precompile=request.precompile, cases=None if request.cases is None else list(request.cases),
-        sweep_devices=0,
+        sweep_devices=0, device_gate=_gate(request),
         preset_records=None, **fields)
+
+
+def _gate(request: RunRequest) -> str | None:
+    return None if request.device_gate is None else str(request.device_gate)
 
 
 def color_enabled(choice: str) -> bool:

@@ -14,8 +14,10 @@ CONFIG_SEPARATOR = " | "
 
 
 class AutotunePlugin:
-    def __init__(self, ctx):
+    def __init__(self, ctx, unheld=lambda fn: fn):
         self.ctx = ctx
+        # A sweep's precompile, CPU-bound, runs with the device gate let go (plugins.device_gate).
+        self.unheld = unheld
         self.patch: tuning.AutotunePatch | None = None
         self.precompiler: precompile.Precompiler | None = None
         self.off: str | None = None  # why there is no precompile
@@ -68,7 +70,7 @@ class AutotunePlugin:
             self.ctx.say(f"precompile off: {self.off}")
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
                       host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(),
-                      precompile=self.precompiler.run if self.precompiler else None)
+                      precompile=self.unheld(self.precompiler.run) if self.precompiler else None)
         if spec.mode == "record":
             rundir.make_dir(records_dir)
             rundir.atomic_write_json(records_dir / "meta.json", {

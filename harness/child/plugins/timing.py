@@ -5,6 +5,8 @@ session when a capture attempt poisoned the accelerator context.
 Where the backend has no device profiler, rows carry no `kernels` and one line per run says why
 (also in run.json `observed.kernel_attribution`)."""
 
+import contextlib
+
 import pytest
 
 from harness.core import rundir
@@ -21,8 +23,10 @@ from harness.measure.timers import (
 
 
 class TimingPlugin:
-    def __init__(self, ctx):
+    def __init__(self, ctx, timing=contextlib.nullcontext):
         self.ctx = ctx
+        # Held around each row's timing: the device gate of a run that shares its device (plugins.device_gate).
+        self.timing = timing
         self.timer: Timer | None = None
         self.poisoned = None
         self.kernels: list[dict] | None = None
@@ -66,7 +70,8 @@ class TimingPlugin:
         half of every passes step's profiling, for kernels no report reads."""
         attributed = ("candidate",) if "candidate" in fns else fns if carried else ()
         try:
-            timed = self.timer.measure_pair(test_name, fns, relocate, attributed)
+            with self.timing():
+                timed = self.timer.measure_pair(test_name, fns, relocate, attributed)
         except CapturePoisoned as exc:
             self.poisoned = str(exc)
             raise

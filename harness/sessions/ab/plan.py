@@ -14,6 +14,7 @@ from harness.core import bounded, paths, rundir
 from harness.core.errors import clip, clip_text
 from harness.core.options import (
     AUTO,
+    CHUNK_RECORDS,
     DEFAULT_MAX_REPEATS,
     DEFAULT_RESOLVE,
     FDR,
@@ -88,6 +89,8 @@ class Plan:
     step_passes: str = "once"
     # Ops whose repeats one measuring host a side times (harness.child.host); 1: each step a process of its own.
     chunk: int = 1
+    # Where a chunk's records and passes run (options.CHUNK_RECORDS): beside its repeats, or first.
+    chunk_records: str = "beside"
 
     def request(self, command: str, target: str, run_dir: Path, only: str | None = None,
                 cases: tuple[str, ...] | None = None) -> RunRequest:
@@ -201,10 +204,12 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     fdr = data.get("fdr", FDR)
     if not valid_fdr(fdr):
         raise PlanError(f"plan {path}: 'fdr' must be a number between 0 and 1, not {clip(fdr)}")
-    for name, choices in (("step_start", STEP_STARTS), ("step_passes", STEP_PASSES)):
-        if data.get(name) is not None and data[name] not in choices:
-            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(choices)}, not {clip(data[name])}")
-    steps = {name: data[name] for name in ("step_start", "step_passes") if data.get(name) is not None}
+    choices = {"step_start": STEP_STARTS, "step_passes": STEP_PASSES, "chunk_records": CHUNK_RECORDS}
+    for name, allowed_values in choices.items():
+        if data.get(name) is not None and data[name] not in allowed_values:
+            raise PlanError(f"plan {path}: '{name}' must be one of {', '.join(allowed_values)}, not "
+                            f"{clip(data[name])}")
+    steps = {name: data[name] for name in choices if data.get(name) is not None}
     chunk = data.get("chunk", 1)
     if type(chunk) is not int or not 1 <= chunk <= MAX_CHUNK:
         raise PlanError(f"plan {path}: 'chunk' must be an integer from 1 to {MAX_CHUNK}, not {clip(chunk)}")

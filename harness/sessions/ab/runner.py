@@ -1,6 +1,8 @@
 """The A/B's runner: each op's steps (A's record with A's passes, B's passes, the interleaved repeats and,
 with --repeats auto, the rounds after the first), each in a process of its own, fresh or forked by a
-warm worker; the sides' Triton caches; ab.json and ab.log."""
+warm worker; the sides' Triton caches; ab.json and ab.log. In a chunk of ops, the records and passes of
+its later ops run beside the repeats of its earlier ones (`_Beside`), sharing the device through a gate
+(harness.measure.device_gate)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +41,7 @@ LOG_FILE = "ab.log"
 # 5-repeat op begins 6 for A: its record and repeats). A step past them gets a worker begun as it
 # starts, its imports paid before it times, nothing timed beside them.
 PREWARM_MAX_PER_SIDE = 6
+GATE_FILE = "device.gate"  # in the A/B's private dir: the lock its chunk's steps share the device through
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,14 +88,20 @@ class Runner:
         # the workers begun for its hosts to come, one a host, and the hosts of the repeat under way.
         self.step_workers: dict[str, forkserver.Worker] = {}
         self.host_spares: dict[str, list[forkserver.Worker]] = {}
-        self.hosts: dict[str, measuring.Host] = {}
+        # (side, repeat) -> its host: each repeat of a chunk a host a side, replaying the chunk's ops in turn
+        self.hosts: dict[tuple[str, int], measuring.Host] = {}
         self.hosts_started = 0
         self.hosted = False  # the chunk under way times in hosts: chunk > 1 and more than one op in it
+        # The device gate of a chunk whose records and passes run beside its repeats (None: none do).
+        self.gate: Path | None = None
+        # A step beside the main thread's (its records and passes) shares the state, the log and `used`.
+        self._lock = threading.RLock()
 
     def _save(self) -> None:
-        rundir.atomic_write_json(self.dir / "ab.json", self.state)
-        for op, op_dir in self.op_dirs.items():
-            rundir.atomic_write_json(op_dir / "ab.json", self.op_state(op))
+        with self._lock:
+            rundir.atomic_write_json(self.dir / "ab.json", self.state)
+            for op, op_dir in self.op_dirs.items():
+                rundir.atomic_write_json(op_dir / "ab.json", self.op_state(op))
 
     def op_state(self, op: str) -> dict:
         """ab.json as a single-op A/B of `op` would have it: the plan of that op alone, its steps (its run
@@ -102,9 +113,9 @@ class Runner:
                 step.get("step", "").split("/")[0] == name
 
         state = self.state
-        running = state.get("running")
+        running = next((s for s in (state.get("running"), state.get("running_beside")) if s and mine(s)), None)
         return {"plan": {**state["plan"], "ops": [op]}, "steps": [s for s in state["steps"] if mine(s)],
-                **({"running": running} if running and mine(running) else {}),
+                **({"running": running} if running else {}),
                 **({"rounds": {op: state["rounds"][op]}} if op in state.get("rounds", {}) else {}),
                 **({"triton_caches": state["triton_caches"]} if "triton_caches" in state else {}),
                 "complete": state["complete"], "chunk": str(self.dir)}
@@ -169,49 +180,83 @@ class Runner:
         self.log.close()
 
     def step(self, side: Side, request: RunRequest, what: str, passes: bool = False,
-             hosted: bool = False) -> Path | None:
+             host: int | None = None, beside: threading.Event | None = None) -> Path | None:
         """One harness invocation; its run dir if it went through every case (rows that failed in it
         are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
         (its own session: only through us), which writes its summary; then StepInterrupted.
-        `hosted`: its child runs in the side's measuring host for the repeat under way."""
-        request = dataclasses.replace(request, triton_cache=self.caches.get(side.name))
+        `host`: its child runs in the side's measuring host of that repeat. `beside`: it runs in a
+        thread beside the main one's steps (_Beside), stopped when that event is set."""
+        request = dataclasses.replace(request, triton_cache=self.caches.get(side.name), device_gate=self.gate)
         # The op's dir and the step's (`softmax/B-4`): what a step is, across an A/B and its continuation.
         step_id = f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}"
         done = self.earlier.get((step_id, same_args(request.to_argv())))
         if done is not None:  # completed by the interrupted A/B this one continues: not run twice
             print(f"{what}: done before ({done['run_dir']})", flush=True)
-            self.state["steps"].append({**done, "what": what, "taken_over": True})
-            self._save()
+            with self._lock:
+                self.state["steps"].append({**done, "what": what, "taken_over": True})
+                self._save()
             return Path(done["run_dir"])
-        print(f"{what} ...", end="", flush=True)
-        if hosted:
-            request = dataclasses.replace(request, measuring_host=self._host(side))
-        # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it).
-        self.state["running"] = {"what": what, "side": side.name, "args": request.to_argv(),
-                                 "run_dir": str(request.run_dir), "started": round(time.time(), 1)}
-        self._save()
+        # A line a step as it ends where steps run beside others (a chunk's records beside its repeats).
+        whole = beside is not None or self.gate is not None
+        if not whole:
+            print(f"{what} ...", end="", flush=True)
+        if host is not None:
+            request = dataclasses.replace(request, measuring_host=self._host(side, host))
+        # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it). A step
+        # beside the main thread's is `running_beside`.
+        running = "running" if beside is None else "running_beside"
+        started = round(time.time(), 1)
+        with self._lock:
+            self.state[running] = {"what": what, "side": side.name, "args": request.to_argv(),
+                                   "run_dir": str(request.run_dir), "started": started}
+            self._save()
         start = time.monotonic()
-        code, interrupted = self._launch(side, request)
+        code, interrupted = self._launch(side, request, host) if beside is None else \
+            self._launch_beside(side, request, beside)
         if interrupted is not None:
             raise StepInterrupted(interrupted)
         elapsed = time.monotonic() - start
         run_dir = request.run_dir if (request.run_dir / rundir.RUN_JSON).is_file() else None
         usable = run_dir is not None and (code == 0 or went_through(run_dir))
         said = "ok" if code == 0 else f"finished with failed rows (exit {code})" if usable else f"FAILED (exit {code})"
-        print(f" {said} ({elapsed:.0f} s)", flush=True)
-        del self.state["running"]
-        self.state["steps"].append({"what": what, "step": step_id, "side": side.name, "args": request.to_argv(),
-                                    "exit": code, "usable": usable, "run_dir": str(run_dir) if run_dir else None,
-                                    "seconds": round(elapsed, 1), **({"passes": True} if passes else {})})
-        self._save()
+        print(f"{what}: {said} ({elapsed:.0f} s)" if whole else f" {said} ({elapsed:.0f} s)", flush=True)
+        with self._lock:
+            del self.state[running]
+            self.state["steps"].append({"what": what, "step": step_id, "side": side.name, "args": request.to_argv(),
+                                        "exit": code, "usable": usable, "run_dir": str(run_dir) if run_dir else None,
+                                        "started": started, "seconds": round(elapsed, 1),
+                                        **({"passes": True} if passes else {}),
+                                        **({"beside": True} if beside is not None else {})})
+            self._save()
         if code == rundir.EXIT_DISK_FULL:  # the step's outcome says a write failed: so would the next step's
             raise rundir.RunWriteFault(what, request.run_dir)
         return run_dir if usable else None
 
-    def _launch(self, side: Side, request: RunRequest) -> tuple[int, int | None]:
+    def _launch_beside(self, side: Side, request: RunRequest, stop: threading.Event) -> tuple[int, int | None]:
+        """A step of a thread beside the main one: forked by the side's next worker, as `_launch` forks it,
+        stopped when `stop` is set (the main thread was stopped). (its exit code, SIGINT if stopped or None)"""
+        if self.plan.step_start == "fresh":
+            raise ValueError("a step beside the repeats is forked by a warm worker")
+        worker = self._worker(side)
+        try:
+            try:
+                code, stopped = launch.run_beside(request.to_argv(), stop=stop, grace_s=STEP_GRACE_S,
+                                                  starter=worker.start, log=self.log, on_stdout=lambda line: None)
+            except forkserver.WorkerDied as exc:  # it never came up, or died before forking the step
+                self.log.write(f"side {side.name}: {exc}\n")
+                worker.died = True
+                code, stopped = 1, False
+        finally:
+            if self.plan.step_start == "prewarmed":
+                worker.release()
+                with self._lock:
+                    self.used = [w for w in (*self.used, worker) if not w.ended()]
+        return code, signal.SIGINT if stopped else None
+
+    def _launch(self, side: Side, request: RunRequest, host: int | None = None) -> tuple[int, int | None]:
         """(the step's exit code, the signal forwarded to it or None)."""
         how = {"grace_s": STEP_GRACE_S, "forward": (signal.SIGINT, signal.SIGTERM), "log": self.log,
-               "on_stdout": case_progress,
+               "on_stdout": case_progress if self.gate is None else lambda line: None,
                "on_stop": lambda s: print(f"\ninterrupted ({signal.Signals(s).name}): stopping the running side "
                                           "and reporting what completed", flush=True)}
         if self.plan.step_start == "fresh":
@@ -223,7 +268,7 @@ class Runner:
             code, interrupted = self._forked(side, worker, request, how)
             if interrupted is None and worker.died:
                 self.log.write(f"side {side.name}: the worker of its hosted steps died during the step\n")
-            self._end_host_if_done(side, request.run_dir)
+            self._end_host_if_done(side, host, request.run_dir)
             return code, interrupted
         worker = self._worker(side)
         try:
@@ -238,7 +283,8 @@ class Runner:
             if self.plan.step_start == "prewarmed":  # one step a worker: it ends now
                 worker.release()
                 # Those that exited are collected as they go, the rest (still exiting) at close.
-                self.used = [w for w in (*self.used, worker) if not w.ended()]
+                with self._lock:
+                    self.used = [w for w in (*self.used, worker) if not w.ended()]
         return code, interrupted
 
     def _worker(self, side: Side) -> forkserver.Worker:
@@ -324,14 +370,15 @@ class Runner:
 
     def _end_hosts(self) -> None:
         for host in self.hosts.values():
-            self.used.append(host.worker)
+            with self._lock:
+                self.used.append(host.worker)
             host.close()
         self.hosts.clear()
 
-    def _end_host_if_done(self, side: Side, run_dir: Path) -> None:
-        """The side's host ends after a run that changed what it cannot put back (its run.json says so):
-        closed here, before the next step could reach it as it exits; the next op gets a new one."""
-        host = self.hosts.get(side.name)
+    def _end_host_if_done(self, side: Side, r: int, run_dir: Path) -> None:
+        """The side's host of repeat `r` ends after a run that changed what it cannot put back (its run.json
+        says so): closed here, before the next step could reach it as it exits; the next op gets a new one."""
+        host = self.hosts.get((side.name, r))
         try:
             ended = rundir.read_json(run_dir / rundir.RUN_JSON)["observed"]["measuring_host"].get("ended_after")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -339,42 +386,48 @@ class Runner:
         if host is None or not ended:
             return
         self.log.write(f"side {side.name}: measuring host {host.pid} ends after {run_dir.name}: {ended}\n")
-        self.used.append(host.worker)
+        with self._lock:
+            self.used.append(host.worker)
         host.close()
-        del self.hosts[side.name]
+        del self.hosts[(side.name, r)]
 
-    def _host(self, side: Side) -> Path | None:
-        """The socket of the side's host for the repeat under way: started if none is, or if the last
-        ended (a crash in an earlier op's run: said); None where none could be started (said: the step
-        runs in a process of its own)."""
-        host = self.hosts.get(side.name)
+    def _host(self, side: Side, r: int) -> Path | None:
+        """The socket of the side's host for repeat `r`: started if none is, or if the last ended (a crash
+        in an earlier op's run: said); None where none could be started (said: the step runs in a process
+        of its own)."""
+        key = (side.name, r)
+        host = self.hosts.get(key)
         if host is not None and not host.alive():
             print(f" (side {side.name}'s measuring host ended during an earlier op: a new one)", end="", flush=True)
             self.log.write(f"side {side.name}: measuring host {host.pid} ended; a new one for the chunk's later ops\n")
-            self.used.append(host.worker)
+            with self._lock:
+                self.used.append(host.worker)
             host.close()
-            del self.hosts[side.name]
-        if side.name not in self.hosts:
+            del self.hosts[key]
+        if key not in self.hosts:
             spare = self.host_spares.get(side.name)
             worker = spare.pop(0) if spare else self._new_worker(side)
             self.hosts_started += 1
             path = Path(self._open_cache_root()) / f"host-{side.name}-{self.hosts_started}.sock"
             try:
-                self.hosts[side.name] = measuring.Host(worker, path, self.log)
+                self.hosts[key] = measuring.Host(worker, path, self.log)
             except (measuring.HostGone, forkserver.WorkerDied) as exc:
                 print(f" (no measuring host: {exc}; this step in a process of its own)", end="", flush=True)
                 self.log.write(f"side {side.name}: no measuring host ({exc})\n")
-                self.used.append(worker)
+                with self._lock:
+                    self.used.append(worker)
                 worker.release()
                 return None
-            self.log.write(f"side {side.name}: measuring host {self.hosts[side.name].pid} at {path}\n")
-        return self.hosts[side.name].path
+            self.log.write(f"side {side.name}: measuring host {self.hosts[key].pid} at {path}\n")
+        return self.hosts[key].path
 
-    def _ready_before_timing(self) -> None:
+    def _ready_before_timing(self, hosts_only: bool = False) -> None:
         """prewarmed: every begun worker's imports done before the first timed step. The repeats' are
         begun as the record ends and mostly done within B's passes step, but not where that was
-        quick or the workers many (2 x --repeats at once)."""
-        for worker in (*(w for spares in (self.spares, self.host_spares) for spare in spares.values() for w in spare),
+        quick or the workers many (2 x --repeats at once). `hosts_only`: the hosts' and their steps'
+        workers (the others are a thread's beside the repeats, begun as it goes)."""
+        spares = (self.host_spares,) if hosts_only else (self.spares, self.host_spares)
+        for worker in (*(w for kind in spares for spare in kind.values() for w in spare),
                        *self.step_workers.values()):
             try:
                 worker.wait_ready()
@@ -396,7 +449,7 @@ class Runner:
         for side in (self.plan.a, self.plan.b):
             replay_dir = rundir.unclaimed_run_dir(op_dir / f"{side.name}-{r}", op_dir.name)
             timed = self.plan.request("replay", str(record), replay_dir, "timing" if once else None, cases)
-            replay = self.step(side, timed, f"{what}: {side.name} replays A", hosted=self.hosted)
+            replay = self.step(side, timed, f"{what}: {side.name} replays A", host=r if self.hosted else None)
             if replay is not None:
                 runs[side.name].append(replay)
 
@@ -445,14 +498,15 @@ class Runner:
                     self._repeat(t.op_dir, t.runs, t.record, n + 1,
                                  f"{t.tag} repeat {n + 1}/{plan.max_repeats} (round {k + 1}, {len(still)} rows)", cases)
 
-    def _record_and_passes(self, i: int, op: str) -> _TimedOp | None:
+    def _record_and_passes(self, i: int, op: str, beside: threading.Event | None = None) -> _TimedOp | None:
         """Op `i`'s record by A (carrying A's passes) and B's passes step; what its repeats need (None: no
-        record)."""
+        record). `beside`: run in a thread beside the repeats (step)."""
         plan = self.plan
         tag = f"[{i}/{len(plan.ops)} {op}]"
         if plan.step_start == "prewarmed":
             self._prewarm(record=True)
-        runs = self.results.setdefault(op, {"record": [], "A": [], "B": []})
+        with self._lock:
+            runs = self.results.setdefault(op, {"record": [], "A": [], "B": []})
         op_dir = self.dir / op_dir_name(op)
         # Each step's run dir is named here, `<op>_<ts>` in a step dir of its own, and read back from there.
         record_dir = rundir.unclaimed_run_dir(op_dir / "A-record", op_dir.name)
@@ -462,7 +516,7 @@ class Runner:
         # timings. A step of A's own replaying them cost a process, every case's inputs and its profiler
         # pass again (a FlagGems op's record and passes steps were each 20-45 s at its own shapes).
         record = self.step(plan.a, plan.request("record", op, record_dir, "passes" if once else None),
-                           f"{tag} A records", passes=once)
+                           f"{tag} A records", passes=once, beside=beside)
         if record is None:
             return None
         runs["record"].append(record)
@@ -479,10 +533,53 @@ class Runner:
             side = plan.b
             passes_dir = rundir.unclaimed_run_dir(op_dir / compare.passes_key(side.name), op_dir.name)
             passed = self.step(side, plan.request("replay", str(record), passes_dir, "passes"),
-                               f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True)
+                               f"{tag} {side.name}'s IR and kernels (not timed for the verdict)", passes=True,
+                               beside=beside)
             if passed is not None:
                 runs.setdefault(compare.passes_key(side.name), []).append(passed)
         return _TimedOp(op, tag, op_dir, runs, record)
+
+    def _first_repeats(self, t: _TimedOp, r: int) -> None:
+        of = f"{r}/{self.plan.repeats}" if not self.plan.sequential else f"{r}/{self.plan.first} (round 1)"
+        self._repeat(t.op_dir, t.runs, t.record, r, f"{t.tag} repeat {of}")
+
+    def _chunk_in_turn(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
+        """The chunk's records and passes, then its repeats: each repeat a host a side (where hosted)
+        replaying the chunk's ops in turn."""
+        timed_ops = [t for i, op in chunk if (t := self._record_and_passes(i, op)) is not None]
+        preload.join()  # before any timed step: no import of the parent's beside one
+        if not timed_ops:
+            return []
+        if self.plan.step_start == "prewarmed":
+            self._ready_before_timing()
+        for r in range(1, self.plan.first_repeats + 1):
+            with self._hosting():
+                for t in timed_ops:
+                    self._first_repeats(t, r)
+        return timed_ops
+
+    def _chunk_beside(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
+        """The chunk's records and passes in a thread beside its repeats (_Beside), op after op, and each
+        op's repeats as soon as its passes are done, while the next ops record: each repeat a host a side
+        for the whole chunk, replaying its ops in turn as `_chunk_in_turn`'s do. They share the device
+        through the gate: a timed row holds it while it is timed, a record or passes step while its cases
+        run the device, not while they compile (harness.measure.device_gate)."""
+        self.gate = self._open_cache_root() / GATE_FILE
+        timed_ops: list[_TimedOp] = []
+        beside = _Beside(self, chunk)
+        try:
+            with self._hosting():
+                for t in beside:
+                    if not timed_ops:
+                        preload.join()  # before any timed step: no import of the parent's beside one
+                        self._ready_before_timing(hosts_only=True)
+                    timed_ops.append(t)
+                    for r in range(1, self.plan.first_repeats + 1):
+                        self._first_repeats(t, r)
+        finally:
+            beside.close()
+            self.gate = None
+        return timed_ops
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
         """op -> {"A": [replay dirs], "B": [replay dirs], "record": [dir]}"""
@@ -506,7 +603,8 @@ class Runner:
         self._save()
         numbered = list(enumerate(plan.ops, 1))
         for start in range(0, len(numbered), plan.chunk):
-            self.hosted = plan.chunk > 1 and len(numbered[start:start + plan.chunk]) > 1
+            chunk = numbered[start:start + plan.chunk]
+            self.hosted = plan.chunk > 1 and len(chunk) > 1
             if self.hosted and plan.step_start != "fresh":
                 # The chunk's hosts' workers, and its hosted steps', import beside its records and passes.
                 self._prewarm_hosts(plan.first_repeats)
@@ -514,23 +612,61 @@ class Runner:
                     if side.name not in self.step_workers:
                         self.step_workers[side.name] = self._new_worker(side, preload=False)
                         self.step_workers[side.name].begin()
-            timed_ops = [t for i, op in numbered[start:start + plan.chunk]
-                         if (t := self._record_and_passes(i, op)) is not None]
-            preload.join()  # before any timed step: no import of the parent's beside one
-            if not timed_ops:
-                continue
-            if plan.step_start == "prewarmed":
-                self._ready_before_timing()
-            for r in range(1, plan.first_repeats + 1):
-                of = f"{r}/{plan.repeats}" if not plan.sequential else f"{r}/{plan.first} (round 1)"
-                with self._hosting():
-                    for t in timed_ops:
-                        self._repeat(t.op_dir, t.runs, t.record, r, f"{t.tag} repeat {of}")
-            if plan.sequential:
+            if self.hosted and plan.chunk_records == "beside" and plan.step_start != "fresh":
+                timed_ops = self._chunk_beside(chunk, preload)
+            else:
+                timed_ops = self._chunk_in_turn(chunk, preload)
+            if plan.sequential and timed_ops:
                 self._rounds(timed_ops)
         self.state["complete"] = True
         self._save()
         return results
+
+
+class _Beside:
+    """A chunk's records and passes, op after op, in a thread beside the main one's repeats. Iterated (by the
+    main thread): each op that recorded, as its passes end, in the chunk's order; an op whose record
+    failed is left out. A step of it that raised (a worker, a write) raises there too. `close`: stops the
+    step under way (the main thread was stopped, or is done) and waits for the thread."""
+
+    _END = object()
+
+    def __init__(self, runner: Runner, chunk: list[tuple[int, str]]):
+        self.runner = runner
+        self.chunk = chunk
+        self.stop = threading.Event()
+        self.ready: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="records beside the repeats", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for i, op in self.chunk:
+                if self.stop.is_set():
+                    return
+                self.ready.put(self.runner._record_and_passes(i, op, beside=self.stop))
+        except BaseException as exc:  # StepInterrupted once stopped: the main thread's own stop says so
+            self.error = exc
+        finally:
+            self.ready.put(self._END)
+
+    def __iter__(self):
+        while True:
+            try:
+                item = self.ready.get(timeout=0.5)  # in steps: a Ctrl-C reaches the main thread between them
+            except queue.Empty:
+                continue
+            if item is self._END:
+                if self.error is not None and not isinstance(self.error, StepInterrupted):
+                    raise self.error
+                return
+            if item is not None:
+                yield item
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def op_dir_name(op: str) -> str:

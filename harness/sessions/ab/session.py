@@ -74,6 +74,7 @@ def resolve_plan(request: ABRequest, default_chunk: int = 1) -> Plan:
         plan.fdr = experiment.fdr  # between 0 and 1: the parser checked it as the option declares
     plan.step_start = experiment.step_start or plan.step_start
     plan.step_passes = experiment.step_passes or plan.step_passes
+    plan.chunk_records = experiment.chunk_records or plan.chunk_records
     if experiment.chunk is not None:
         plan.chunk = experiment.chunk
     elif not chunk_named and plan.step_passes == "once":

@@ -1,0 +1,145 @@
+"""The device gate: one device shared by an A/B's timed repeats and, beside them, the records and passes
+of its next ops, whose timings no verdict reads. A lock file (flock) of the A/B's: a timed run holds it
+while it times a row (`timing`), a run beside (`beside`, a token-timing run) holds it while its cases run
+and lets it go while it compiles, so the device runs one of them at a time and its compilers the CPU-bound
+rest beside the timing. A run beside also lowers its CPU priority (`BESIDE_NICENESS`): its compiles must
+not take the timing host's cores."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# A run beside the timing and its compile pools (which inherit it): below the timed host's priority.
+BESIDE_NICENESS = 10
+
+
+class DeviceGate:
+    """The lock at `path`, held by this process in nested sections (`held`) and let go for the length of a
+    `released` one inside them. `facts`: how often and how long it waited for the lock and held it."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic):
+        self.path = Path(path)
+        self.clock = clock
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._depth = 0  # nested held sections
+        self._released = 0  # nested released sections inside them
+        self._since = 0.0
+        self.counts = {"held": 0, "waits": 0, "waited_s": 0.0, "held_s": 0.0, "released": 0}
+
+    def _lock(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            started = self.clock()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self.counts["waits"] += 1
+            self.counts["waited_s"] = round(self.counts["waited_s"] + self.clock() - started, 3)
+        self.counts["held"] += 1
+        self._since = self.clock()
+
+    def _unlock(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self.counts["held_s"] = round(self.counts["held_s"] + self.clock() - self._since, 3)
+
+    @property
+    def holding(self) -> bool:
+        return self._depth > 0 and self._released == 0
+
+    @contextlib.contextmanager
+    def held(self):
+        if self._depth == 0:
+            self._lock()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._released == 0:
+                self._unlock()
+
+    def release(self) -> None:
+        """Let the lock go until `reacquire` (a compile's start and end): nothing where it is not held."""
+        if self._depth == 0:
+            return
+        if self._released == 0:
+            self._unlock()
+            self.counts["released"] += 1
+        self._released += 1
+
+    def reacquire(self) -> None:
+        if self._released == 0:
+            return
+        self._released -= 1
+        if self._released == 0:
+            self._lock()
+
+    @contextlib.contextmanager
+    def released(self):
+        self.release()
+        try:
+            yield
+        finally:
+            self.reacquire()
+
+    def close(self) -> None:
+        if self._depth and not self._released:
+            self._unlock()
+        self._depth = self._released = 0
+        os.close(self._fd)
+
+    def facts(self) -> dict:
+        return dict(self.counts)
+
+
+class CompileRelease:
+    """Triton's JIT hooks letting `gate` go for the length of each compile: installed in front of the hooks
+    there (so the gate is let go before another hook waits on a compile pool), and taken out as it goes."""
+
+    def __init__(self, gate: DeviceGate):
+        self.gate = gate
+        self._previous: dict[str, Callable | None] = {}
+
+    def install(self) -> None:
+        from triton import knobs
+
+        self._previous = {"jit_cache_hook": knobs.runtime.jit_cache_hook,
+                          "jit_post_compile_hook": knobs.runtime.jit_post_compile_hook}
+        knobs.runtime.jit_cache_hook = self._before
+        knobs.runtime.jit_post_compile_hook = self._after
+
+    def uninstall(self) -> None:
+        from triton import knobs
+
+        for name, hook in (("jit_cache_hook", self._before), ("jit_post_compile_hook", self._after)):
+            if getattr(knobs.runtime, name) == hook:  # a bound method: equal, never the same object
+                setattr(knobs.runtime, name, self._previous.get(name))
+        self._previous = {}
+
+    def _before(self, **kw):
+        self.gate.release()
+        previous = self._previous.get("jit_cache_hook")
+        handled = previous(**kw) if previous is not None else None
+        if handled:  # the JIT compiles nothing and calls no post-compile hook
+            self.gate.reacquire()
+        return handled
+
+    def _after(self, **kw):
+        self.gate.reacquire()
+        previous = self._previous.get("jit_post_compile_hook")
+        return previous(**kw) if previous is not None else None
+
+
+def open_gate(path: str | None, beside: bool) -> DeviceGate | None:
+    """The run's gate, where its spec names one (None: it has the device to itself). A run beside the
+    timing lowers its priority here, for itself and the processes it starts."""
+    if path is None:
+        return None
+    if beside:
+        with contextlib.suppress(OSError):
+            os.nice(BESIDE_NICENESS)
+    return DeviceGate(Path(path))
