@@ -55,7 +55,8 @@ def run(args) -> int | None:
                 *(arg for e in args.b_env for arg in ("--b-env", e)),
                 *(["--backend", args.backend] if args.backend else []),
                 *(["--op-timeout", str(args.op_timeout)] if args.op_timeout else []),
-                *(["--chunk", str(args.chunk)] if args.chunk else [])]
+                *(["--chunk", str(args.chunk)] if args.chunk else []),
+                *(["--chunk-records", args.chunk_records] if args.chunk_records else [])]
     with open(args.out / "corpus.log", "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT)
@@ -122,8 +123,8 @@ def report(args) -> dict:
             failed.append({"key": key, "status": row["status"], "elapsed_s": row["elapsed_s"], "notes": row["notes"]})
     walls = [o["elapsed_s"] for o in ops]
     result = {"batch_dir": str(batch_dir), "repeats": args.repeats, "ops": ops, "not_finished": failed}
-    # What no op's row counts (the A/B parents' and the hosts' start, a chunk's waits): the calls' wall over
-    # the rows' sum, applied to every op (>= 1).
+    # The calls' wall over the rows' sum, applied to every op: above 1 where no op's row counts it (the A/B
+    # parents' and the hosts' start, a chunk's waits), below where an op's steps ran beside another's.
     calls = args.out / WALLS
     total = sum(float(x) for x in calls.read_text().split()) if calls.is_file() else 0.0
     # An op the budget stopped inside its chunk reads 0 s in ops_status.csv, though its steps ran: their seconds
@@ -135,7 +136,7 @@ def report(args) -> dict:
         if state["plan"]["ops"][0] not in finished:
             unfinished_steps += sum(st["seconds"] for st in state["steps"])
     spent = sum(walls) + max(unfinished_steps, sum(float(f["elapsed_s"] or 0) for f in failed))
-    overhead = max(1.0, total / spent) if spent else 1.0
+    overhead = total / spent if spent and total else 1.0
     if len(walls) >= 2:
         mean, sd = statistics.mean(walls) * overhead, statistics.stdev(walls) * overhead
         from scipy import stats
@@ -181,6 +182,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--b-env", action="append", default=[])
     parser.add_argument("--chunk", type=int, help="time the repeats of K ops in one process a side (ab --chunk)")
+    parser.add_argument("--chunk-records", choices=("beside", "first"), help="ab --chunk-records")
     parser.add_argument("--backend")
     parser.add_argument("--op-timeout", type=float)
     parser.add_argument("--budget", type=float, help="seconds this call runs the A/B before stopping it to resume")
