@@ -227,7 +227,8 @@ def test_an_interrupted_chunk_goes_on_from_its_last_completed_step_running_none_
     second = _ab_dir(capsys.readouterr().out)
     assert launched == then
     state = load(second / "ab.json")
-    assert sorted(s["step"] for s in state["steps"] if s.get("taken_over")) == sorted(s["step"] for s in before["steps"])
+    taken_over = sorted(s["step"] for s in state["steps"] if s.get("taken_over"))
+    assert taken_over == sorted(s["step"] for s in before["steps"])
     # The continuation's hosts: A's first served add alone (softmax's repeat 1 was taken over).
     assert _host(second / "add" / "A-1")["runs_before"] == 0
     assert _host(second / "add" / "A-2")["runs_before"] == 1
@@ -440,3 +441,49 @@ def test_a_host_runs_timing_replays_handed_to_it_and_refuses_any_other_run(tmp_p
         host.terminate()
         assert host.wait(60) == 0
     assert not sock.exists()
+
+
+@pytest.mark.e2e
+def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_reports_what_completed(tmp_path):
+    # hang_op's record hangs in its first case, holding the device beside fp32_op's repeats (which wait for it):
+    # a SIGINT to the A/B stops the repeat under way and that record, each writing its outcome, and the A/B
+    # reports what completed; nothing it started is left (the autouse fixture).
+    import os
+    import subprocess
+    import sys
+
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(SHAPES)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "fp32_op", "hang_op", "--ops-path",
+                             str(REPO / "tests" / "resources" / "batch_ops"), "--backend", "interpreter", "--shapes",
+                             str(shapes), "--dtypes", "fp32", "--repeats", "2", "--chunk", "2", "--out",
+                             str(tmp_path / "runs")], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        def hanging() -> bool:
+            for path in (tmp_path / "runs").glob("ab_*/ab.json"):
+                beside = json.loads(path.read_text() or "{}").get("running_beside") or {}
+                if beside.get("what", "").endswith("hang_op] A records"):
+                    run_json = Path(beside["run_dir"]) / "run.json"
+                    return run_json.is_file() and load(run_json)["observed"].get("running_case") is not None
+            return False
+
+        assert wait_for(hanging, 180)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "INCOMPLETE" in out
+    d = _ab_dir(out)
+    state = load(d / "ab.json")
+    # Where it stopped, as a stopped step of the main thread's stays `running`: a continuation runs it again.
+    record = state["running_beside"]
+    assert record["what"].endswith("hang_op] A records") and "hang_op/A-record" not in [s["step"] for s in
+                                                                                         state["steps"]]
+    outcome = load(Path(record["run_dir"]) / "run.json")["observed"]["outcome"]
+    assert outcome["status"] == "INCOMPLETE" and "interrupted" in outcome["reason"]

@@ -16,7 +16,8 @@ STEP_GRACE_S = 30  # for an interrupted step to write its results and summary
 
 def same_args(argv: list[str]) -> tuple[str, ...]:
     """A step's arguments less what each A/B names afresh (its run dir, its sides' caches, hosts and device
-    gate): equal for the same step of an A/B and of its continuation, down to the record a replay replays and its cases."""
+    gate): equal for the same step of an A/B and of its continuation, down to the record a replay replays and
+    its cases."""
     out, skip = [], False
     for arg in argv:
         if skip:
