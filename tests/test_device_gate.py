@@ -100,11 +100,17 @@ def test_a_compile_lets_the_gate_go_before_the_hooks_there_run_and_takes_it_back
     gate.close()
 
 
-def test_a_run_beside_the_timing_lowers_its_cpu_priority_and_a_timed_one_keeps_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cores, left", [(16, 14), (4, 4)])
+def test_a_run_beside_the_timing_lowers_its_cpu_priority_and_leaves_cores_to_the_timed_one(tmp_path, monkeypatch,
+                                                                                          cores, left):
     niced: list[int] = []
+    pinned: list[set] = []
     monkeypatch.setattr(device_gate.os, "nice", niced.append)
-    assert device_gate.open_gate(None, beside=True) is None and niced == []
+    monkeypatch.setattr(device_gate.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(device_gate.os, "sched_setaffinity", lambda pid, cpus: pinned.append(set(cpus)))
+    assert device_gate.open_gate(None, beside=True) is None and niced == [] and pinned == []
     device_gate.open_gate(str(tmp_path / "g"), beside=False).close()
-    assert niced == []
+    assert niced == [] and pinned == []
     device_gate.open_gate(str(tmp_path / "g"), beside=True).close()
     assert niced == [device_gate.BESIDE_NICENESS]
+    assert pinned == ([set(range(left))] if left < cores else [])  # a small host: nothing to leave

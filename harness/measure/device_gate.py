@@ -2,8 +2,9 @@
 of its next ops, whose timings no verdict reads. A lock file (flock) of the A/B's: a timed run holds it
 while it times a row (`timing`), a run beside (`beside`, a token-timing run) holds it while its cases run
 and lets it go while it compiles, so the device runs one of them at a time and its compilers the CPU-bound
-rest beside the timing. A run beside also lowers its CPU priority (`BESIDE_NICENESS`): its compiles must
-not take the timing host's cores."""
+rest beside the timing. A run beside also lowers its CPU priority (`BESIDE_NICENESS`) and leaves
+`TIMING_CORES` of the host's cores out of its own (and so out of its compile pools' and statistics'): its
+compiles must not take the cores of the host launching the timed graphs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 # A run beside the timing and its compile pools (which inherit it): below the timed host's priority.
 BESIDE_NICENESS = 10
+TIMING_CORES = 2  # left to the timed host by a run beside it, where it has more than twice as many
 
 
 class DeviceGate:
@@ -142,4 +144,8 @@ def open_gate(path: str | None, beside: bool) -> DeviceGate | None:
     if beside:
         with contextlib.suppress(OSError):
             os.nice(BESIDE_NICENESS)
+        with contextlib.suppress(OSError, AttributeError):  # (no affinity outside Linux)
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) > 2 * TIMING_CORES:  # this thread's, and whatever it starts from now on
+                os.sched_setaffinity(0, cpus[:-TIMING_CORES])
     return DeviceGate(Path(path))
