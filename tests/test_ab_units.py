@@ -164,7 +164,8 @@ def _plan(tmp_path, text):
     ("windows: 2.0", "'windows' must be an integer from 1 to 64, not 2.0"),
     ("- ops: [add]", "top level must be a mapping"),
     # The plan's options are its own fields, not a mapping of their own (Plan.options is the resolved set).
-    ("options: {}", "unknown fields ['options'] (allowed: ['a', 'b', 'backend', 'chunk', 'device', 'dtypes', 'fdr', "
+    ("options: {}", "unknown fields ['options'] (allowed: ['a', 'b', 'backend', 'chunk', 'chunk_records', 'device', "
+                    "'dtypes', 'fdr', "
                     "'first', 'flaggems_dirs', 'flagtune', 'l2', 'level', 'libtuner_cache', 'max_noise', "
                     "'max_repeats', 'name', 'ops', 'ops_paths', 'rep_ms', 'repeats', 'resolve', 'seed', 'shapes', "
                     "'step_passes', 'step_start', 'timer', 'warmup_ms', 'windows'])"),

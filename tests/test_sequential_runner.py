@@ -111,9 +111,9 @@ def test_an_ab_interrupted_mid_round_goes_on_from_its_last_completed_step_runnin
     real_launch = ab.Runner._launch
     launched: list[str] = []
 
-    def launch(runner, side, request):
+    def launch(runner, side, request, host=None):
         launched.append(request.run_dir.parent.name)
-        code, interrupted = real_launch(runner, side, request)
+        code, interrupted = real_launch(runner, side, request, host)
         if request.run_dir.parent.name == "B-4" and runner.earlier == {}:
             return code, signal.SIGINT  # stopped as it ran: its rows, if any, are not the A/B's
         return code, interrupted
