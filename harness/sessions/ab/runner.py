@@ -539,7 +539,8 @@ class Runner:
                 runs.setdefault(compare.passes_key(side.name), []).append(passed)
         return _TimedOp(op, tag, op_dir, runs, record)
 
-    def _first_repeats(self, t: _TimedOp, r: int) -> None:
+    def _timed_repeat(self, t: _TimedOp, r: int) -> None:
+        """Repeat `r` of op `t` in the first round (every repeat of a fixed --repeats)."""
         of = f"{r}/{self.plan.repeats}" if not self.plan.sequential else f"{r}/{self.plan.first} (round 1)"
         self._repeat(t.op_dir, t.runs, t.record, r, f"{t.tag} repeat {of}")
 
@@ -555,7 +556,7 @@ class Runner:
         for r in range(1, self.plan.first_repeats + 1):
             with self._hosting():
                 for t in timed_ops:
-                    self._first_repeats(t, r)
+                    self._timed_repeat(t, r)
         return timed_ops
 
     def _chunk_beside(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
@@ -575,7 +576,7 @@ class Runner:
                         self._ready_before_timing(hosts_only=True)
                     timed_ops.append(t)
                     for r in range(1, self.plan.first_repeats + 1):
-                        self._first_repeats(t, r)
+                        self._timed_repeat(t, r)
         finally:
             beside.close()
             self.gate = None
