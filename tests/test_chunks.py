@@ -51,7 +51,7 @@ def _run_file(step_dir: Path, name: str) -> str:
 @pytest.mark.e2e
 def test_a_chunks_repeat_runs_in_one_host_a_side_each_op_keeping_its_own_step(tmp_path, capsys):
     code = ab.run_from_args(_request(tmp_path, ["switch_probe", "add"], "--ops-path", str(PROBE), "--b-env",
-                                     "ZL_TEST_SWITCH=1", "--repeats", "2", "--chunk", "2"))
+                                     "ZL_TEST_SWITCH=1", "--repeats", "2", "--chunk", "2", "--chunk-records", "beside"))
     out = capsys.readouterr().out
     assert code == 0, out
     d = _ab_dir(out)
@@ -458,7 +458,8 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "fp32_op", "hang_op", "--ops-path",
                              str(REPO / "tests" / "resources" / "batch_ops"), "--backend", "interpreter", "--shapes",
-                             str(shapes), "--dtypes", "fp32", "--repeats", "2", "--chunk", "2", "--out",
+                             str(shapes), "--dtypes", "fp32", "--repeats", "2", "--chunk", "2", "--chunk-records",
+                             "beside", "--out",
                              str(tmp_path / "runs")], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

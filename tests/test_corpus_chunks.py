@@ -81,11 +81,13 @@ def test_a_corpus_chunk_is_one_ab_whose_ops_each_keep_their_own_dir_row_and_repo
 
 
 @pytest.mark.e2e
-def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_in_their_own_jobs(corpus, tmp_path):
+@pytest.mark.parametrize("records", ["first", "beside"])
+def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_in_their_own_jobs(corpus, tmp_path,
+                                                                                                  records):
     # fp32_op's record and passes complete in the chunk, hang_op's record hangs: the chunk is ended as hang_op's
     # steps pass --op-timeout (not at the chunk's 2 x --op-timeout), hang_op is TIMEOUT there, not run again;
     # fp32_op's own job takes over its steps and times its repeats.
-    proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", "45")
+    proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", "45", "--chunk-records", records)
     out, _ = proc.communicate(timeout=45 * 2 + 240)
     assert proc.returncode == 1, out
     d = next((tmp_path / "out").iterdir())
@@ -101,9 +103,10 @@ def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_
     assert st["hang_op"]["run_dir"].endswith(f"hang_op/attempt1/{Path(st['hang_op']['run_dir']).name}")
     assert sorted(p.name for p in (d / Path(st["hang_op"]["run_dir"]).parent.parent).glob("attempt*")) == ["attempt1"]
     # Ended for hang_op: its record step ran about --op-timeout, not the chunk's whole timeout.
-    # Beside fp32_op's repeats: still running as the chunk's A/B stopped it, or ended by the kill just before.
+    # Running as the chunk's A/B stopped it (beside fp32_op's repeats: there, or ended by the kill just before).
     state = load(chunk / "ab.json")
-    record = state.get("running_beside") or next(s for s in state["steps"] if s["step"].startswith("hang_op/"))
+    record = state.get("running_beside") or state.get("running") or next(
+        s for s in state["steps"] if s["step"].startswith("hang_op/"))
     assert record["what"] == "[2/2 hang_op] A records"
     assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
 

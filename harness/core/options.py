@@ -683,10 +683,11 @@ class ExperimentOptions(OptionSet):
         check=lambda v: v in STEP_PASSES, what=f"one of {', '.join(STEP_PASSES)}")
     chunk_records: str | None = option(
         flag="--chunk-records", group="experiment", commands=("ab",), choices=CHUNK_RECORDS,
-        help="where a chunk's records and B's passes run: beside (each op's repeats begin as its passes end, "
-             "while the next ops record; a timed row holds the device while it is timed, a record or passes "
-             "step while its cases run the device, not while they compile, and its processes run at a lower "
-             "CPU priority) or first (all of them before the chunk's first repeat) (default: beside)",
+        help="where a chunk's records and B's passes run: first (all of them before the chunk's first repeat) "
+             "or beside (each op's repeats begin as its passes end, while the next ops record; a timed row holds "
+             "the device while it is timed, a record or passes step while its cases run the device, not while "
+             "they compile, at a lower CPU priority; quicker, and on an H100 the repeats timed beside records "
+             "spread more between processes) (default: first)",
         check=lambda v: v in CHUNK_RECORDS, what=f"one of {', '.join(CHUNK_RECORDS)}")
 
 

@@ -89,8 +89,9 @@ class Plan:
     step_passes: str = "once"
     # Ops whose repeats one measuring host a side times (harness.child.host); 1: each step a process of its own.
     chunk: int = 1
-    # Where a chunk's records and passes run (options.CHUNK_RECORDS): beside its repeats, or first.
-    chunk_records: str = "beside"
+    # Where a chunk's records and passes run (options.CHUNK_RECORDS): first, or beside its repeats (a chunk
+    # 27% quicker on an H100, its exposed ops' between-process spread up to 2.3x: docs/performance.md).
+    chunk_records: str = "first"
 
     def request(self, command: str, target: str, run_dir: Path, only: str | None = None,
                 cases: tuple[str, ...] | None = None) -> RunRequest:
