@@ -392,9 +392,17 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
     pumps = tuple(threading.Thread(target=pump, args=(stream, write), daemon=True)
                   for stream, write in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))
                   if stream is not None and write is not None)
-    for thread in pumps:
-        thread.start()
-    return Child(proc, own_group, pumps)
+    child = Child(proc, own_group, pumps)
+    try:
+        for thread in pumps:
+            thread.start()
+    except BaseException:  # a Ctrl-C a line's callback raised before the caller has the child to stop
+        child.kill()
+        proc.wait()
+        with _STARTED_LOCK:
+            _STARTED.discard(proc.pid)
+        raise
+    return child
 
 
 def teed(log: IO[str], on_line: Callable[[str], None]) -> Callable[[str], None]:
