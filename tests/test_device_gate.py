@@ -63,6 +63,12 @@ def test_a_released_section_lets_another_in_and_takes_the_device_back_after(tmp_
     with gate.released():  # outside a held section: nothing to let go
         assert not gate.holding
     assert gate.facts()["released"] == 1 and gate.facts()["held"] == 2
+    with gate.held():
+        gate.release()  # a compile that raised: its post-compile hook never comes
+    with gate.held():
+        assert gate.holding and not _taken_by_another(path)
+        gate.release()  # the next compile lets it go as any other
+        assert _taken_by_another(path)
     gate.close()
 
 

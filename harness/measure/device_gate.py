@@ -61,8 +61,11 @@ class DeviceGate:
             yield
         finally:
             self._depth -= 1
-            if self._depth == 0 and self._released == 0:
-                self._unlock()
+            if self._depth == 0:
+                if self._released == 0:
+                    self._unlock()
+                # A compile that raised never said it ended: what it let go ends with the section.
+                self._released = 0
 
     def release(self) -> None:
         """Let the lock go until `reacquire` (a compile's start and end): nothing where it is not held."""
