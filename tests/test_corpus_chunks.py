@@ -103,10 +103,11 @@ def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_
     assert st["hang_op"]["run_dir"].endswith(f"hang_op/attempt1/{Path(st['hang_op']['run_dir']).name}")
     assert sorted(p.name for p in (d / Path(st["hang_op"]["run_dir"]).parent.parent).glob("attempt*")) == ["attempt1"]
     # Ended for hang_op: its record step ran about --op-timeout, not the chunk's whole timeout.
-    # Running as the chunk's A/B stopped it (beside fp32_op's repeats: there, or ended by the kill just before).
+    # Running as the chunk's A/B stopped it (beside fp32_op's repeats: there, or ended by the kill just before,
+    # fp32_op's repeat under way waiting for the device it held).
     state = load(chunk / "ab.json")
-    record = state.get("running_beside") or state.get("running") or next(
-        s for s in state["steps"] if s["step"].startswith("hang_op/"))
+    record = next(s for s in (state.get("running_beside"), state.get("running"), *state["steps"])
+                  if s and s["what"].startswith("[2/2 hang_op]"))
     assert record["what"] == "[2/2 hang_op] A records"
     assert wait_for(lambda: not pids_mentioning(str(d)), 60), pids_mentioning(str(d))
 
