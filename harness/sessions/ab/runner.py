@@ -247,11 +247,16 @@ class Runner:
                 worker.died = True
                 code, stopped = 1, False
         finally:
-            if self.plan.step_start == "prewarmed":
-                worker.release()
-                with self._lock:
-                    self.used = [w for w in (*self.used, worker) if not w.ended()]
+            self._done_with(worker)
         return code, signal.SIGINT if stopped else None
+
+    def _done_with(self, worker: forkserver.Worker) -> None:
+        """prewarmed: one step a worker, which ends now; those that exited are collected as they go, the rest
+        (still exiting) at close."""
+        if self.plan.step_start == "prewarmed":
+            worker.release()
+            with self._lock:
+                self.used = [w for w in (*self.used, worker) if not w.ended()]
 
     def _launch(self, side: Side, request: RunRequest, host: int | None = None) -> tuple[int, int | None]:
         """(the step's exit code, the signal forwarded to it or None)."""
@@ -280,11 +285,7 @@ class Runner:
                 shutil.rmtree(request.run_dir, ignore_errors=True)
                 code, interrupted = self._forked(side, worker, request, how)
         finally:
-            if self.plan.step_start == "prewarmed":  # one step a worker: it ends now
-                worker.release()
-                # Those that exited are collected as they go, the rest (still exiting) at close.
-                with self._lock:
-                    self.used = [w for w in (*self.used, worker) if not w.ended()]
+            self._done_with(worker)
         return code, interrupted
 
     def _worker(self, side: Side) -> forkserver.Worker:
