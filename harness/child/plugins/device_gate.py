@@ -1,8 +1,9 @@
 """Device gate: a run that shares its device with others of its A/B (its spec's `device_gate`,
 harness.measure.device_gate). A timed run holds the gate while a row is timed (the timing plugin asks
-for `timing`); a token-timing run beside the timing holds it while each case runs and lets it go while
-Triton compiles and while an autotune sweep's configs precompile. run.json `observed.device_gate` says
-how often and how long the run waited for the device and held it."""
+for `timing`), the runs beside paused meanwhile; a token-timing run beside the timing holds it while each
+case runs and lets it go (its queued work done) while Triton compiles and while an autotune sweep's configs
+precompile. run.json `observed.device_gate` says how often and how long the run waited for the device
+and held it (a timed run: how often and how long it paused runs beside)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,17 @@ class DeviceGatePlugin:
     def __init__(self, ctx):
         self.ctx = ctx
         self.beside = ctx.spec.token_timing
-        self.gate = device_gate.open_gate(ctx.spec.device_gate, self.beside)
+        self.gate = device_gate.open_gate(ctx.spec.device_gate, self.beside, settle=self._settle)
         self._compiles: device_gate.CompileRelease | None = None
+
+    def _settle(self) -> None:
+        """What this run queued on the device ends before a timed row takes it (a compile lets the gate go
+        between a case's kernels)."""
+        backend = self.ctx.backend
+        if backend.device_touched():
+            import torch
+
+            getattr(torch, backend.torch_device_type).synchronize()
 
     def timing(self):
         """Held while a timed run times a row; nothing beside (its whole case holds it) or without a gate."""
@@ -55,7 +65,7 @@ class DeviceGatePlugin:
         if self.gate is None:
             return
         role = "beside the timing: held while its cases ran, not while it compiled" if self.beside else \
-            "timed: held while each row was timed"
+            "timed: held while each row was timed, the runs beside paused"
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"device_gate": {
             "path": str(self.gate.path), "role": role, **self.gate.facts()}}})
 
