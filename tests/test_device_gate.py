@@ -132,12 +132,13 @@ def test_a_run_beside_the_timing_lowers_its_cpu_priority_and_leaves_cores_to_the
 BESIDE = """
 import os, sys, time
 from harness.measure import device_gate
-gate = device_gate.open_gate(sys.argv[1], beside=True)
-pool = os.fork()
-if pool == 0:  # its compile pool: a process of its group
-    while True:
-        time.sleep(0.01)
-print(int(gate.registered is not None), pool, flush=True)
+if os.fork() == 0:  # the step's run (its pytest child), in the step's group: it opens the gate
+    gate = device_gate.open_gate(sys.argv[1], beside=True)
+    pool = os.fork()
+    if pool == 0:  # its compile pool
+        while True:
+            time.sleep(0.01)
+    print(int(gate.registered is not None), os.getpid(), pool, flush=True)
 while True:
     time.sleep(0.01)
 """
@@ -184,19 +185,19 @@ def test_a_timed_row_pauses_the_runs_beside_and_their_pools_while_it_holds_the_d
     path = tmp_path / "device.gate"
     beside, other = _python(BESIDE, path), _python("import time; print(1, flush=True); time.sleep(600)")
     try:
-        registered, pool = map(int, beside.stdout.readline().split())
+        registered, run, pool = map(int, beside.stdout.readline().split())
         assert registered == 1 and other.stdout.readline() == "1\n"
         # A file left by a run beside that is gone, whose pid another process took: never paused.
         (tmp_path / "device.gate.beside" / str(other.pid)).write_text("1")
         assert device_gate.beside_groups(path) == [beside.pid]
         timed = device_gate.open_gate(str(path), beside=False)
         with timed.held():
-            assert wait_for(lambda: _stopped([beside.pid, pool]) == [True, True], 10, 0.05)
+            assert wait_for(lambda: _stopped([beside.pid, run, pool]) == [True] * 3, 10, 0.05)
             assert _state(other.pid) != "T"
             with timed.held():  # nested: still the one pause
                 time.sleep(0.05)
-            assert _stopped([beside.pid, pool]) == [True, True]
-        assert wait_for(lambda: _stopped([beside.pid, pool]) == [False, False], 10, 0.05)
+            assert _stopped([beside.pid, run, pool]) == [True] * 3
+        assert wait_for(lambda: _stopped([beside.pid, run, pool]) == [False] * 3, 10, 0.05)
         facts = timed.facts()
         assert facts["paused"] == 1 and facts["paused_s"] > 0 and facts["held"] == 1
         timed.close()
@@ -204,16 +205,14 @@ def test_a_timed_row_pauses_the_runs_beside_and_their_pools_while_it_holds_the_d
         _end(beside, other)
 
 
-def test_a_run_beside_ends_its_registration_and_one_not_leading_its_group_registers_none(tmp_path, linux_proc):
+def test_a_run_beside_registers_its_group_and_ends_its_registration_as_it_closes(tmp_path, linux_proc):
     path = tmp_path / "device.gate"
     gate = device_gate.DeviceGate(path)
-    leader = os.getpgrp() == os.getpid()
-    mine = device_gate.register_beside(path)
-    assert (mine is not None) == leader  # the test process leads its group only when run alone
-    gate.registered = mine
+    gate.registered = device_gate.register_beside(path)
+    assert gate.registered.name == str(os.getpgrp())
+    assert device_gate.beside_groups(path) == []  # never this process's own group
     gate.close()
     assert not any((tmp_path / "device.gate.beside").glob("*"))
-    assert device_gate.beside_groups(path) == []
 
 
 def test_a_timed_run_killed_mid_row_leaves_the_runs_beside_paused_until_its_ab_resumes_them(tmp_path, linux_proc):
@@ -221,15 +220,15 @@ def test_a_timed_run_killed_mid_row_leaves_the_runs_beside_paused_until_its_ab_r
     beside = _python(BESIDE, path)
     timed = None
     try:
-        _, pool = map(int, beside.stdout.readline().split())
+        _, run, pool = map(int, beside.stdout.readline().split())
         timed = _python(TIMED, path)
         assert timed.stdout.readline() == "timing\n"
-        assert wait_for(lambda: _stopped([beside.pid, pool]) == [True, True], 10, 0.05)
+        assert wait_for(lambda: _stopped([beside.pid, run, pool]) == [True] * 3, 10, 0.05)
         timed.kill()
         timed.wait(30)
-        assert _stopped([beside.pid, pool]) == [True, True]  # nothing resumed them
+        assert _stopped([beside.pid, run, pool]) == [True] * 3  # nothing resumed them
         assert device_gate.resume_beside(path) == 1
-        assert wait_for(lambda: _stopped([beside.pid, pool]) == [False, False], 10, 0.05)
+        assert wait_for(lambda: _stopped([beside.pid, run, pool]) == [False] * 3, 10, 0.05)
     finally:
         _end(beside, *([timed] if timed else []))
 
@@ -265,17 +264,17 @@ def test_an_ab_resumes_the_runs_beside_after_each_timed_step_however_it_ended(tm
     def killed_mid_row(side, request, host=None):
         timed = _python(TIMED, path)
         assert timed.stdout.readline() == "timing\n"
-        assert wait_for(lambda: _stopped([beside.pid, pool]) == [True, True], 10, 0.05)
+        assert wait_for(lambda: _stopped([beside.pid, run, pool]) == [True] * 3, 10, 0.05)
         timed.kill()
         timed.stdout.close()
         return timed.wait(30), None
 
     monkeypatch.setattr(runner, "_launch", killed_mid_row)
     try:
-        _, pool = map(int, beside.stdout.readline().split())
+        _, run, pool = map(int, beside.stdout.readline().split())
         request = RunRequest("replay", str(tmp_path / "record"), run_dir=tmp_path / "add" / "A-1" / "run")
         assert runner.step(plan.a, request, "[1/1 add] repeat 1/2: A replays A") is None
-        assert _stopped([beside.pid, pool]) == [False, False]
+        assert _stopped([beside.pid, run, pool]) == [False] * 3
         assert runner.state["steps"][-1]["exit"] == -signal.SIGKILL
     finally:
         runner.close()

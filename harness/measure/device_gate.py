@@ -9,8 +9,8 @@ compiles must not take the cores of the host launching the timed graphs.
 While a timed run holds the gate, the runs beside it are paused (SIGSTOP to their process groups, SIGCONT as
 it lets go): a chunk's repeats timed beside its next ops' compiles spread 1.6-2.3x more between processes
 (docs/performance.md), the samples within a process no noisier. A run beside says where it can be paused by a
-file in the gate's `.beside` dir (its pid, group leader of its tree, and the pid's start time, so a stale file
-never pauses a process that took the pid over). A timed run resumes them in a `finally`; its A/B resumes them
+file in the gate's `.beside` dir (its process group, and its leader's start time, so a stale file never
+pauses a process that took the pid over). A timed run resumes them in a `finally`; its A/B resumes them
 again after each of its steps (`resume_beside`), so a timed run killed mid-row leaves nothing stopped."""
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ def _start_time(pid: int) -> str | None:
 
 
 def register_beside(gate: Path) -> Path | None:
-    """This process (a run beside the timing) as one the timed runs pause: its file in the gate's `.beside`
-    dir, None where it cannot be paused alone (not its group's leader: the group is its starter's too)."""
-    pid = os.getpid()
-    started = _start_time(pid)
-    if started is None or os.getpgrp() != pid:
+    """This process's group (a run beside the timing: the step's own, which its A/B starts in a group of its
+    own, its pools inside it) as one the timed runs pause: its file in the gate's `.beside` dir, named by the
+    group and holding its leader's start time; None where the leader is not known (gone, or no /proc)."""
+    group = os.getpgrp()
+    started = _start_time(group)
+    if started is None:
         return None
     folder = _beside_dir(gate)
     folder.mkdir(exist_ok=True)
-    mine = folder / str(pid)
+    mine = folder / str(group)
     mine.write_text(started)
     return mine
 
