@@ -501,14 +501,11 @@ class _Wake(Exception):
 GATE_GO = b"1"
 
 
-def run_beside(argv: list[str], *, stop: threading.Event, grace_s: float, starter: Callable[..., Child],
-               on_stop: Callable[[], None] | None = None, **start_kw) -> tuple[int, bool]:
-    """`run` for a thread other than the main one (which alone can take signals): `starter(argv, gate=...,
-    **start_kw)` started at its gate, as `run(gated=True)` starts it, and waited for; `stop` set (the main
-    thread was stopped) sends it SIGINT, and after `grace_s` a kill; `on_stop()` says so. A stop set before
-    the start starts nothing. (its exit code, whether it was stopped)"""
-    if stop.is_set():
-        return -signal.SIGINT, True
+def _start_gated(starter: Callable[..., Child], argv: list[str], stopped: Callable[[], bool],
+                 **start_kw) -> Child | None:
+    """`starter(argv, gate=..., **start_kw)`, its child waiting at the gate (a pipe's read end) until it is
+    told to go: None where `stopped()` says a stop came while it started (the child read the gate closed and
+    exited, having run nothing; waited for)."""
     gate, opener = os.pipe()
     try:
         child = starter(argv, gate=gate, **start_kw)
@@ -517,13 +514,27 @@ def run_beside(argv: list[str], *, stop: threading.Event, grace_s: float, starte
         raise
     finally:
         os.close(gate)
-    if stop.is_set():  # it exits at the closed gate, having run nothing
+    if stopped():
         os.close(opener)
         child.wait()
-        return -signal.SIGINT, True
-    with contextlib.suppress(BrokenPipeError):
+        return None
+    with contextlib.suppress(BrokenPipeError):  # gone already: its wait says how
         os.write(opener, GATE_GO)
     os.close(opener)
+    return child
+
+
+def run_beside(argv: list[str], *, stop: threading.Event, grace_s: float, starter: Callable[..., Child],
+               on_stop: Callable[[], None] | None = None, **start_kw) -> tuple[int, bool]:
+    """`run` for a thread other than the main one (which alone can take signals): `starter(argv, gate=...,
+    **start_kw)` started at its gate, as `run(gated=True)` starts it, and waited for; `stop` set (the main
+    thread was stopped) sends it SIGINT, and after `grace_s` a kill; `on_stop()` says so. A stop set before
+    the start starts nothing. (its exit code, whether it was stopped)"""
+    if stop.is_set():
+        return -signal.SIGINT, True
+    child = _start_gated(starter, argv, stop.is_set, **start_kw)
+    if child is None:
+        return -signal.SIGINT, True
     try:
         while True:
             code = child.wait(0.2)
@@ -578,22 +589,10 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         if not gated:
             child = (starter or start)(argv, **start_kw)
         else:
-            gate, opener = os.pipe()
-            try:
-                child = (starter or start)(argv, gate=gate, **start_kw)
-            except BaseException:
-                os.close(opener)
-                raise
-            finally:
-                os.close(gate)
-            if got:  # it came while the child was being started: it exits at the gate, having run nothing
-                os.close(opener)
+            child = _start_gated(starter or start, argv, lambda: bool(got), **start_kw)
+            if child is None:  # it came while the child was being started
                 stopped(got[0])
-                child.wait()
                 return -got[0], got[0]
-            with contextlib.suppress(BrokenPipeError):  # gone already: its wait says how
-                os.write(opener, GATE_GO)
-            os.close(opener)
         try:
             deadline = None
             while True:
