@@ -47,6 +47,7 @@ CORRUPT = [
     (state(steps=[{**STEP, "usable": "yes"}]), "steps[0].usable = 'yes' is not true or false"),
     (state(running={"what": "x", "side": "A", "args": "record"}), "running.args = 'record' is not a command line"),
     (state(complete="no"), "complete = 'no' is not true or false"),
+    (state(device_gate=["/dev/zero"]), "device_gate = ['/dev/zero'] is not a path"),
 ]
 
 

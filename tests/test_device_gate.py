@@ -279,3 +279,51 @@ def test_an_ab_resumes_the_runs_beside_after_each_timed_step_however_it_ended(tm
     finally:
         runner.close()
         _end(beside)
+
+
+def test_the_gate_names_the_role_of_its_holder_while_it_holds_it_and_none_after(tmp_path):
+    path = tmp_path / "device.gate"
+    timed, beside = device_gate.DeviceGate(path, pauses=True), device_gate.DeviceGate(path)
+    assert device_gate.held_by(path) is None
+    with timed.held():
+        assert device_gate.held_by(path) == device_gate.TIMED
+    with beside.held():
+        assert device_gate.held_by(path) == device_gate.BESIDE
+        with beside.released():  # compiling: no one holds it
+            assert device_gate.held_by(path) is None
+    assert device_gate.held_by(path) is None
+    timed.close()
+    beside.close()
+    # A holder killed with the gate left its name; what an ab.json names may be anything.
+    path.write_text(f"{device_gate.TIMED} 999999999")
+    assert device_gate.held_by(path) is None
+    os.mkfifo(tmp_path / "fifo")
+    assert [device_gate.held_by(p) for p in (tmp_path / "fifo", tmp_path, tmp_path / "none", None)] == [None] * 4
+
+
+@pytest.mark.parametrize("holder, charged", [(None, "beside_op"), ("beside", "beside_op"), ("timed", "timed_op")])
+def test_a_corpus_chunk_charges_the_op_holding_the_device_when_its_repeat_and_a_step_beside_both_run(
+        tmp_path, monkeypatch, holder, charged):
+    # A repeat hung timing a row pauses the step beside (and a record hung in a case makes the repeat wait): the
+    # time is the holder's op's, and the step beside's where neither holds the device (it compiles).
+    import json
+    import types
+
+    from harness.sessions import corpus_ab
+
+    gate = tmp_path / "device.gate"
+    held = device_gate.DeviceGate(gate, pauses=holder == "timed") if holder else None
+    now = time.time()
+    step = {"side": "A", "args": ["replay"], "started": now - 100}
+    ab_json = tmp_path / "ab.json"
+    ab_json.write_text(json.dumps({
+        "plan": {"backend": "interpreter", "repeats": 2}, "steps": [], "device_gate": str(gate),
+        "running": {**step, "what": "timed_op repeat", "run_dir": str(tmp_path / "timed_op" / "A-1" / "r")},
+        "running_beside": {**step, "what": "beside_op record",
+                           "run_dir": str(tmp_path / "beside_op" / "A-record" / "r")}}))
+    names = {"timed_op": "timed entry", "beside_op": "beside entry"}
+    runner = types.SimpleNamespace(opts=types.SimpleNamespace(op_timeout=60))
+    with held.held() if held else contextlib.nullcontext():
+        assert corpus_ab.CorpusAB._overdue(runner, ab_json, names) == [names[charged]]
+    if held:
+        held.close()

@@ -51,6 +51,8 @@ def problem(state: Any, plan_needed: bool = True) -> str | None:
         return found
     if plan.get("repeats") == AUTO and not valid_max_repeats(plan.get("max_repeats")):
         return f"plan.max_repeats = {clip(plan.get('max_repeats'))} is not a count of repeats"
+    if not is_text(state.get("device_gate", "")):
+        return f"device_gate = {clip(state['device_gate'])} is not a path"
     if not isinstance(state.get("complete", False), bool):
         return f"complete = {clip(state['complete'])} is not true or false"
     steps = state.get("steps", [])

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,28 @@ from pathlib import Path
 # A run beside the timing and its compile pools (which inherit it): below the timed host's priority.
 BESIDE_NICENESS = 10
 TIMING_CORES = 2  # left to the timed host by a run beside it, where it has more than twice as many
+
+
+TIMED, BESIDE = "timed", "beside"  # a holder's role, written in the lock file while it holds it (held_by)
+
+
+def held_by(gate: str | os.PathLike | None) -> str | None:
+    """The role of the run holding the gate at `gate` now (TIMED or BESIDE), None where no run holds it: the
+    one a wait is charged to (a corpus A/B's --op-timeout)."""
+    if gate is None:
+        return None
+    try:
+        fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)  # named by an ab.json: never wait on what it names
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            role, pid = os.read(fd, 64).decode().split(" ")
+        finally:
+            os.close(fd)
+        os.kill(int(pid), 0)  # one killed holding it left its name: the kernel let the lock go
+    except (OSError, ValueError):
+        return None
+    return role if role in (TIMED, BESIDE) else None
 
 
 def _beside_dir(gate: Path) -> Path:
@@ -95,6 +118,7 @@ class DeviceGate:
         self.path = Path(path)
         self.clock = clock
         self.pauses = pauses
+        self.role = TIMED if pauses else BESIDE
         self.settle = settle  # the device's queued work ends before another takes it (a release)
         self.registered: Path | None = None  # this run's file where the timed runs pause it (register_beside)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -116,6 +140,8 @@ class DeviceGate:
             self.counts["waited_s"] = round(self.counts["waited_s"] + self.clock() - started, 3)
         self.counts["held"] += 1
         self._since = self.clock()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{self.role} {os.getpid()}".encode(), 0)
         if self.pauses:
             self._paused = _signal_groups(beside_groups(self.path), signal.SIGSTOP)
             self.counts["paused"] += bool(self._paused)
@@ -127,6 +153,7 @@ class DeviceGate:
                 self.counts["paused_s"] = round(self.counts["paused_s"] + self.clock() - self._since, 3)
                 self._paused = []
         finally:
+            os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             self.counts["held_s"] = round(self.counts["held_s"] + self.clock() - self._since, 3)
 

@@ -29,6 +29,7 @@ from harness.core import abstate, batchdir, rundir
 from harness.core.commands import ABRequest, CorpusABRequest
 from harness.core.errors import UsageError
 from harness.core.options import RunOptions
+from harness.measure import device_gate
 from harness.providers import catalog
 from harness.sessions import batch, resolve
 from harness.sessions.ab.plan import Plan, PlanError, plan_from_data
@@ -270,10 +271,13 @@ class CorpusAB(batch.Batch):
         for step in state.get("steps", []):
             if not step.get("taken_over") and isinstance(step.get("seconds"), (int, float)):
                 spent[str(step.get("step", "")).split("/")[0]] += step["seconds"]
-        # While a record or passes step runs beside the repeats, the repeat under way may be waiting for the
-        # device it holds (harness.measure.device_gate): that wait is charged to the op beside, not to the
-        # repeat's (a record hung in a case would otherwise time out the op whose repeat waits on it).
+        # While a record or passes step runs beside the repeats, one of the two may be waiting for the device
+        # the other holds (harness.measure.device_gate), or paused by it: the time is charged to the holder's op
+        # (a record hung in a case, or a repeat hung timing a row, would otherwise time out the other's op),
+        # and to the step beside where neither holds it.
         running = [state[key] for key in abstate.RUNNING if state.get(key)]
+        if len(running) > 1 and device_gate.held_by(state.get("device_gate")) == device_gate.TIMED:
+            running = running[:1]
         for step in running[-1:]:
             if isinstance(step.get("started"), (int, float)) and step.get("run_dir"):
                 spent[Path(step["run_dir"]).parent.parent.name] += time.time() - step["started"]

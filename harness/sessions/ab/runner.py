@@ -572,6 +572,9 @@ class Runner:
         through the gate: a timed row holds it while it is timed, a record or passes step while its cases
         run the device, not while they compile (harness.measure.device_gate)."""
         self.gate = self._open_cache_root() / GATE_FILE
+        with self._lock:  # who holds it, for a corpus A/B's --op-timeout (device_gate.held_by)
+            self.state["device_gate"] = str(self.gate)
+            self._save()
         timed_ops: list[_TimedOp] = []
         beside = _Beside(self, chunk)
         try:
@@ -586,6 +589,8 @@ class Runner:
         finally:
             beside.close()
             self.gate = None
+            with self._lock:
+                self.state.pop("device_gate", None)
         return timed_ops
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
