@@ -34,10 +34,18 @@ REPO = Path(__file__).resolve().parent.parent
 collect_ignore = ["resources"]
 
 
-def run_harness(*args, cwd=REPO, timeout=600):
-    """`python -m harness ...` in a subprocess, as the nox sessions run it."""
+def harness_env(**extra: str) -> dict[str, str]:
+    """The environment of a `python -m harness` subprocess, as the nox sessions give it: the checkout on its
+    path, and each backend choosing for itself whether Triton interprets (not this process's setting);
+    `extra` on top."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return {**env, **extra}
+
+
+def run_harness(*args, cwd=REPO, timeout=600):
+    """`python -m harness ...` in a subprocess, as the nox sessions run it."""
+    env = harness_env()
     return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, load
+from conftest import REPO, harness_env, load
 from result_rows import result_row
 
 from harness import cli
@@ -264,8 +264,7 @@ def test_ctrl_c_or_sigterm_stops_the_running_side_and_reports_what_completed(tmp
 
     from conftest import REPO
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     # 30 repeats: a warm worker's replay of add takes well under a second, and a loaded machine can leave
     # this loop asleep for seconds; at 3 repeats the A/B once completed every step before the signal came.
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "add", "--backend", "interpreter",

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, in_a_case, pids_mentioning, wait_for
+from conftest import REPO, harness_env, in_a_case, pids_mentioning, wait_for
 
 from harness.core import batchdir
 from harness.core.paths import OPS_DIR
@@ -36,8 +36,7 @@ def batch_dir_of(text: str) -> Path:
 
 
 def start_batch(tmp_path, *args, **extra_env: str):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     env["ZL_TEST_STATE_DIR"] = str(tmp_path)
     env.update(extra_env)
     return subprocess.Popen([sys.executable, "-m", "harness", "batch", "--backend", "interpreter",

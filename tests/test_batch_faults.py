@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive, group_pids, load, wait_for
+from conftest import REPO, alive, group_pids, harness_env, load, wait_for
 from result_rows import result_row
 
 import backends
@@ -30,8 +30,7 @@ def harness_batch(tmp_path):
     started = []
 
     def start(*args) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env = harness_env()
         env["ZL_TEST_STATE_DIR"] = str(tmp_path)
         started.append(subprocess.Popen([sys.executable, "-m", "harness", "batch", *map(str, args)], cwd=REPO,
                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

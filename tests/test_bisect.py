@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, run_harness
+from conftest import REPO, harness_env, load, run_harness
 
 from harness.sessions.bisect import builds, search
 
@@ -330,8 +330,7 @@ def test_a_builds_list_whose_ends_are_not_the_abs_sides_is_named_in_a_note(capsy
 # --- end to end ----------------------------------------------------------------------------------------
 def measuring_harness(*args, timeout=900, **popen):
     """`python -m harness ARGS` with the interpreter's timings read as performance (see the script)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     argv = [sys.executable, str(RESOURCES / "measuring_harness.py"), *map(str, args)]
     if popen:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, harness_env
 
 from harness.core import bounded, launch, opguard, rundir
 from harness.core import spec as spec_mod
@@ -43,8 +43,7 @@ def _limit_memory():
 
 def bounded_harness(*args) -> subprocess.CompletedProcess:
     """`python -m harness ARGS` with MEMORY_LIMIT of address space and TIMEOUT_S to finish."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit_memory)
 
@@ -165,8 +164,7 @@ def test_a_running_file_that_is_not_the_guards_is_refused_before_any_group_is_si
     request = {"backend": "interpreter", "selection": ["builtin:add@add"], "op_timeout": 60}
     (d / "batch.json").write_text(json.dumps({"selected": ["builtin:add@add"], "request": request}))
     (op / opguard.RUNNING).write_bytes(text.encode("utf-8", "surrogateescape"))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     proc = subprocess.run([sys.executable, "-m", "harness", "batch", "--resume", "--batch-dir", str(d)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
                           start_new_session=True)  # a group of its own: under the old code it killed it

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, run_dir_of, wait_for
+from conftest import REPO, harness_env, load, run_dir_of, wait_for
 
 from harness import cli
 from harness.core import options
@@ -415,15 +415,13 @@ def test_a_host_runs_timing_replays_handed_to_it_and_refuses_any_other_run(tmp_p
     """The host's protocol alone, through the command line a step runs: a replay that collects IR and profiles
     (its passes) is refused, its step told why; a timing-only replay runs in the host; a SIGTERM while it
     waits ends it, its socket removed."""
-    import os
     import subprocess
     import sys
 
     record = harness("record", "add", "--backend", "interpreter", "--out", tmp_path)
     assert record.returncode == 0, record.stdout + record.stderr
     sock = tmp_path / "host.sock"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     host = subprocess.Popen([sys.executable, "-c", "import sys; from harness.child import host; "
                              "sys.exit(host.serve(sys.argv[1]))", str(sock)], cwd=REPO, env=env)
     try:
@@ -455,8 +453,7 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
 
     shapes = tmp_path / "shapes.yaml"
     shapes.write_text(SHAPES)
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env = harness_env()
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "fp32_op", "hang_op", "--ops-path",
                              str(REPO / "tests" / "resources" / "batch_ops"), "--backend", "interpreter", "--shapes",
                              str(shapes), "--dtypes", "fp32", "--repeats", "2", "--chunk", "2", "--chunk-records",

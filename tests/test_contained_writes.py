@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, harness_env
 
 from harness.core import batchdir, rundir
 
@@ -127,8 +127,7 @@ def test_the_batch_owner_lock_refuses_a_link(tmp_path, outside):
 
 
 def _batch(*args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     return subprocess.run([sys.executable, "-m", "harness", "batch", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from batch_fakes import HangingOp
-from conftest import REPO, in_a_case, load, pids_mentioning, wait_for
+from conftest import REPO, harness_env, in_a_case, load, pids_mentioning, wait_for
 from result_rows import result_row
 
 import backends
@@ -44,8 +44,7 @@ def corpus(tmp_path):
     started = []
 
     def start(*args) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env = harness_env()
         env["ZL_TEST_STATE_DIR"] = str(tmp_path)
         started.append(subprocess.Popen(
             [sys.executable, "-m", "harness", "ab", "--backend", "interpreter", "--repeats", "2",
@@ -134,8 +133,7 @@ def test_kill_9_then_resume_continues_where_it_stopped(corpus, tmp_path):
     resumed = corpus("--resume", "--batch-dir", d)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 2 and "--resume continues the A/B stored in the batch dir" in out, out
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     resumed = subprocess.run([sys.executable, "-m", "harness", "ab", "--resume", "--batch-dir", str(d)], cwd=REPO,
                              env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

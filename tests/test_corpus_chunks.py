@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, pids_mentioning, wait_for
+from conftest import REPO, harness_env, load, pids_mentioning, wait_for
 
 CHUNK_OPS = REPO / "tests" / "resources" / "chunk_ops"
 
@@ -31,8 +31,7 @@ def corpus(tmp_path):
     started = []
 
     def start(*args, chunked: bool = True) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env = harness_env()
         base = ["--backend", "interpreter", "--repeats", "2", "--dtypes", "fp32", "--devices", "0", "--chunk", "2",
                 "--ops-path", str(BATCH_OPS), "--ops-path", str(CHUNK_OPS), "--out", str(tmp_path / "out")]
         started.append(subprocess.Popen(

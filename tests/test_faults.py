@@ -12,20 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, pids_mentioning, run_dir_of, wait_gone
+from conftest import REPO, harness_env, load, pids_mentioning, run_dir_of, wait_gone
 
 from harness.core import rundir
 
 pytestmark = pytest.mark.e2e
 FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
 PLANNED = 8
-
-
-def harness_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.update(extra)
-    return env
 
 
 def shapes_file(tmp_path: Path, op: str, n: int = PLANNED) -> Path:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load, pids_mentioning, wait_for
+from conftest import REPO, harness_env, load, pids_mentioning, wait_for
 
 from harness.sessions import ab
 
@@ -26,8 +26,7 @@ def _ab(tmp_path: Path, *args, slow_s: float | None = None, slow_first_only: boo
     the first step's process of slow_op waits slow_s."""
     if "--step-start" not in args:
         args = (*args, "--step-start", "fork")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     env["ZL_TEST_STATE_DIR"] = str(tmp_path)
     if slow_s is not None:
         env["ZL_TEST_SLOW_S"] = str(slow_s)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, group_pids, load, pids_mentioning, wait_for, wait_gone
+from conftest import REPO, group_pids, harness_env, load, pids_mentioning, wait_for, wait_gone
 
 pytestmark = pytest.mark.e2e
 FAULT_OPS = REPO / "tests" / "resources" / "fault_ops"
@@ -21,8 +21,7 @@ BATCH_OPS = REPO / "tests" / "resources" / "batch_ops"
 def env_for(tmp_path: Path, **extra) -> dict:
     """The harness's environment, with its own temp dir (where private caches go) and the mark the
     leaving op names its process with."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env.update(TMPDIR=str(tmp_path / "tmp"), ZL_TEST_MARK=f"left-by-{tmp_path}", **extra)
     return env

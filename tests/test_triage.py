@@ -3,14 +3,13 @@ pytest node, which tells a failure of upstream's (FAIL_UPSTREAM, not counted as 
 (FAIL). Run for real on a copy of the fixture checkout (pytest writes caches into a checkout):
 `test_triage.py::test_broken_upstream` fails everywhere, `::test_ours_only` only under our child."""
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load
+from conftest import REPO, harness_env, load
 from test_batch import statuses
 
 CHECKOUT = REPO / "tests" / "resources" / "flaggems_checkout"
@@ -22,8 +21,7 @@ def checkout(tmp_path) -> Path:
 
 
 def batch(*args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     return subprocess.run([sys.executable, "-m", "harness", "batch", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 

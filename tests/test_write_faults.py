@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, harness_env
 
 from harness.core import rundir
 
@@ -126,8 +126,7 @@ def test_an_ab_whose_step_ends_by_a_failed_write_stops_there_and_exits_so(tmp_pa
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (rundir.RESERVE_BYTES // 2, rundir.RESERVE_BYTES // 2))
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     proc = subprocess.run([sys.executable, "-m", "harness", "ab", "--ops", "softmax", "--backend", "interpreter",
                            "--repeats", "2", "--out", str(tmp_path / "runs")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600, preexec_fn=limited)
@@ -165,8 +164,7 @@ def test_a_batch_whose_op_ends_by_a_failed_write_stops_there_and_exits_75(tmp_pa
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (rundir.RESERVE_BYTES // 2, rundir.RESERVE_BYTES // 2))
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = harness_env()
     d = tmp_path / "batch"
     proc = subprocess.run([sys.executable, "-m", "harness", "batch", "--ops", "softmax", "add", "--backend",
                            "interpreter", "--devices", "0", "--batch-dir", str(d)], cwd=REPO, env=env,
