@@ -9,7 +9,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from conftest import REPO, alive, wait_for
@@ -343,37 +342,3 @@ def test_a_stop_signal_is_known_to_every_thread_as_it_arrives_before_the_main_th
         signal.signal(signal.SIGUSR1, previous)
     assert seen == [signal.SIGUSR1]
 
-
-def test_run_beside_stops_a_child_that_was_paused_as_soon_as_its_stop_comes():
-    # A step beside the timing may be paused (SIGSTOP, harness.measure.device_gate) when the A/B is stopped:
-    # it takes the SIGINT and ends in its grace, not killed at the grace's end.
-    out: list[str] = []
-    stop = threading.Event()
-    ended: list[tuple] = []
-
-    def starter(argv, gate, **kw):
-        return launch.start(argv, **kw)
-
-    def beside():
-        started = time.monotonic()
-        code, stopped = launch.run_beside(py("""
-            import os, signal, sys, time
-            signal.signal(signal.SIGINT, lambda *_: sys.exit(7))
-            print(os.getpid(), flush=True)
-            time.sleep(60)
-            """), stop=stop, grace_s=30, starter=starter, on_stdout=out.append)
-        ended.append((code, stopped, time.monotonic() - started))
-
-    thread = threading.Thread(target=beside)
-    thread.start()
-    try:
-        assert wait_for(lambda: out, 30, 0.05)
-        pid = int(out[0])
-        os.kill(pid, signal.SIGSTOP)
-        assert wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", 10, 0.05)
-        stop.set()
-    finally:
-        stop.set()
-        thread.join(60)
-    (code, stopped, seconds), = ended
-    assert (code, stopped) == (7, True) and seconds < 25

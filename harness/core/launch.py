@@ -545,7 +545,6 @@ def run_beside(argv: list[str], *, stop: threading.Event, grace_s: float, starte
         if on_stop is not None:
             on_stop()
         child.send(signal.SIGINT)
-        child.send(signal.SIGCONT)  # a child paused (a timed row's device gate) takes it only once it runs
         code = child.wait(grace_s)
         if code is None:
             child.kill()

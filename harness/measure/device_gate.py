@@ -6,19 +6,14 @@ rest beside the timing. A run beside also lowers its CPU priority (`BESIDE_NICEN
 `TIMING_CORES` of the host's cores out of its own (and so out of its compile pools' and statistics'): its
 compiles must not take the cores of the host launching the timed graphs.
 
-While a timed run holds the gate, the runs beside it are paused (SIGSTOP to their process groups, SIGCONT as
-it lets go): a chunk's repeats timed beside its next ops' compiles spread 1.6-2.3x more between processes
-(docs/performance.md), the samples within a process no noisier. A run beside says where it can be paused by a
-file in the gate's `.beside` dir (its process group, and its leader's start time, so a stale file never
-pauses a process that took the pid over). A timed run resumes them in a `finally`; its A/B resumes them
-again after each of its steps (`resume_beside`), so a timed run killed mid-row leaves nothing stopped."""
+The lock file names the role of its holder while it is held (`held_by`): a corpus A/B charges a wait to the
+op whose step holds the device."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
-import signal
 import stat
 import time
 from collections.abc import Callable
@@ -51,84 +46,22 @@ def held_by(gate: str | os.PathLike | None) -> str | None:
     return role if role in (TIMED, BESIDE) else None
 
 
-def _beside_dir(gate: Path) -> Path:
-    return gate.with_name(gate.name + ".beside")
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of process `pid` (Linux /proc, in clock ticks since boot), None where it is gone or
-    unknown: with the pid, a name no later process can take."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def register_beside(gate: Path) -> Path | None:
-    """This process's group (a run beside the timing: the step's own, which its A/B starts in a group of its
-    own, its pools inside it) as one the timed runs pause: its file in the gate's `.beside` dir, named by the
-    group and holding its leader's start time; None where the leader is not known (gone, or no /proc)."""
-    group = os.getpgrp()
-    started = _start_time(group)
-    if started is None:
-        return None
-    folder = _beside_dir(gate)
-    folder.mkdir(exist_ok=True)
-    mine = folder / str(group)
-    mine.write_text(started)
-    return mine
-
-
-def beside_groups(gate: Path) -> list[int]:
-    """The process groups of the runs beside registered at `gate` and still alive (this one's never)."""
-    found = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(_beside_dir(gate)):
-            if not entry.name.isdigit() or int(entry.name) == os.getpgrp():
-                continue
-            with contextlib.suppress(OSError):
-                if _start_time(int(entry.name)) == Path(entry.path).read_text():
-                    found.append(int(entry.name))
-    return found
-
-
-def _signal_groups(groups: list[int], signum: int) -> list[int]:
-    """Those of `groups` that took `signum`."""
-    took = []
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signum)
-            took.append(pgid)
-    return took
-
-
-def resume_beside(gate: Path) -> int:
-    """SIGCONT to every run beside registered at `gate` (whatever paused it may be gone); how many."""
-    return len(_signal_groups(beside_groups(gate), signal.SIGCONT))
-
-
 class DeviceGate:
     """The lock at `path`, held by this process in nested sections (`held`) and let go for the length of a
     `released` one inside them. `facts`: how often and how long it waited for the lock and held it.
-    `pauses`: while it holds the lock, the runs beside registered at `path` are paused (a timed run)."""
+    `role`: what it holds the lock for (TIMED, BESIDE), written in the lock file while it does."""
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic, pauses: bool = False,
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic, role: str = BESIDE,
                  settle: Callable[[], None] | None = None):
         self.path = Path(path)
         self.clock = clock
-        self.pauses = pauses
-        self.role = TIMED if pauses else BESIDE
+        self.role = role
         self.settle = settle  # the device's queued work ends before another takes it (a release)
-        self.registered: Path | None = None  # this run's file where the timed runs pause it (register_beside)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self._depth = 0  # nested held sections
         self._released = 0  # nested released sections inside them
         self._since = 0.0
-        self._paused: list[int] = []
         self.counts = {"held": 0, "waits": 0, "waited_s": 0.0, "held_s": 0.0, "released": 0}
-        if pauses:
-            self.counts.update(paused=0, paused_s=0.0)
 
     def _lock(self) -> None:
         try:
@@ -142,20 +75,11 @@ class DeviceGate:
         self._since = self.clock()
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{self.role} {os.getpid()}".encode(), 0)
-        if self.pauses:
-            self._paused = _signal_groups(beside_groups(self.path), signal.SIGSTOP)
-            self.counts["paused"] += bool(self._paused)
 
     def _unlock(self) -> None:
-        try:
-            if self._paused:
-                _signal_groups(self._paused, signal.SIGCONT)
-                self.counts["paused_s"] = round(self.counts["paused_s"] + self.clock() - self._since, 3)
-                self._paused = []
-        finally:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self.counts["held_s"] = round(self.counts["held_s"] + self.clock() - self._since, 3)
+        os.ftruncate(self._fd, 0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self.counts["held_s"] = round(self.counts["held_s"] + self.clock() - self._since, 3)
 
     @property
     def holding(self) -> bool:
@@ -207,9 +131,6 @@ class DeviceGate:
             self._unlock()
         self._depth = self._released = 0
         os.close(self._fd)
-        if self.registered is not None:
-            self.registered.unlink(missing_ok=True)
-            self.registered = None
 
     def facts(self) -> dict:
         return dict(self.counts)
@@ -255,18 +176,16 @@ class CompileRelease:
 
 def open_gate(path: str | None, beside: bool, settle: Callable[[], None] | None = None) -> DeviceGate | None:
     """The run's gate, where its spec names one (None: it has the device to itself). A run beside the
-    timing lowers its priority here, for itself and the processes it starts, and registers where the timed
-    runs pause it; it `settle`s the device each time it lets the gate go. A timed run pauses those."""
+    timing lowers its priority here, for itself and the processes it starts, and `settle`s the device each
+    time it lets the gate go."""
     if path is None:
         return None
     if not beside:
-        return DeviceGate(Path(path), pauses=True)
+        return DeviceGate(Path(path), role=TIMED)
     with contextlib.suppress(OSError):
         os.nice(BESIDE_NICENESS)
     with contextlib.suppress(OSError, AttributeError):  # (no affinity outside Linux)
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) > 2 * TIMING_CORES:  # this thread's, and whatever it starts from now on
             os.sched_setaffinity(0, cpus[:-TIMING_CORES])
-    gate = DeviceGate(Path(path), settle=settle)
-    gate.registered = register_beside(gate.path)
-    return gate
+    return DeviceGate(Path(path), role=BESIDE, settle=settle)

@@ -1,9 +1,8 @@
 """Device gate: a run that shares its device with others of its A/B (its spec's `device_gate`,
 harness.measure.device_gate). A timed run holds the gate while a row is timed (the timing plugin asks
-for `timing`), the runs beside paused meanwhile; a token-timing run beside the timing holds it while each
-case runs and lets it go (its queued work done) while Triton compiles and while an autotune sweep's configs
-precompile. run.json `observed.device_gate` says how often and how long the run waited for the device
-and held it (a timed run: how often and how long it paused runs beside)."""
+for `timing`); a token-timing run beside the timing holds it while each case runs and lets it go (its queued
+work done) while Triton compiles and while an autotune sweep's configs precompile. run.json
+`observed.device_gate` says how often and how long the run waited for the device and held it."""
 
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ class DeviceGatePlugin:
         if self.gate is None:
             return
         role = "beside the timing: held while its cases ran, not while it compiled" if self.beside else \
-            "timed: held while each row was timed, the runs beside paused"
+            "timed: held while each row was timed"
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"device_gate": {
             "path": str(self.gate.path), "role": role, **self.gate.facts()}}})
 

@@ -24,7 +24,6 @@ from harness.child import host as measuring
 from harness.core import forkserver, host_modules, launch, paths, rundir
 from harness.core.request import RunRequest
 from harness.core.results import read_results
-from harness.measure import device_gate
 from harness.providers import flaggems
 from harness.sessions.ab.plan import Plan, PlanError, Side
 from harness.sessions.ab.reporting import preload_reports
@@ -212,12 +211,8 @@ class Runner:
                                    "run_dir": str(request.run_dir), "started": started}
             self._save()
         start = time.monotonic()
-        try:
-            code, interrupted = self._launch(side, request, host) if beside is None else \
-                self._launch_beside(side, request, beside)
-        finally:
-            if beside is None and self.gate is not None:  # a timed run killed mid-row resumed nothing it paused
-                device_gate.resume_beside(self.gate)
+        code, interrupted = self._launch(side, request, host) if beside is None else \
+            self._launch_beside(side, request, beside)
         if interrupted is not None:
             raise StepInterrupted(interrupted)
         elapsed = time.monotonic() - start
