@@ -13,6 +13,7 @@ verdict nothing, since it reads the spread between processes.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -41,13 +42,14 @@ def side_samples(op_dir: Path, timer: str) -> dict[tuple[str, str], list[tuple[l
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    timer = "direct"
-    if args[:1] == ["--timer"]:
-        timer, args = args[1], args[2:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timer", choices=sorted(KS), default="direct")
+    parser.add_argument("op_dirs", nargs="+", type=Path)
+    args = parser.parse_args()
+    timer = args.timer
     ks = KS[timer]
     groups = {}
-    for op_dir in map(Path, args):
+    for op_dir in args.op_dirs:
         groups.update({(op_dir.name, *key): value for key, value in side_samples(op_dir, timer).items()})
     full = {key: reps for key, reps in groups.items()
             if len(reps) >= 3 and all(min(len(c), len(b)) >= ks[-1] for c, b in reps)}
