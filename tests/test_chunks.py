@@ -14,6 +14,7 @@ from conftest import REPO, harness_env, load, run_dir_of, wait_for
 from harness import cli
 from harness.core import options
 from harness.core.errors import UsageError
+from harness.measure import device_gate
 from harness.sessions import ab
 from harness.sessions.ab.plan import PlanError, plan_from_data
 
@@ -80,6 +81,7 @@ def test_a_chunks_repeat_runs_in_one_host_a_side_each_op_keeping_its_own_step(tm
     last = steps["switch_probe/B-2"]
     assert steps["add/A-record"]["started"] < last["started"] + last["seconds"]
     assert all(s["usable"] for s in state["steps"]) and state["plan"]["chunk"] == 2
+    assert "device_gate" not in state  # named while the chunk's records ran beside, no longer
     # They shared the device through the A/B's gate: each repeat held it while timing its rows, each record and
     # passes step while its cases ran.
     gates = {k: _run_json(d / k)["observed"]["device_gate"] for k in steps}
@@ -469,6 +471,10 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
             return False
 
         assert wait_for(hanging, 180)
+        # The hung record holds the device, and the A/B's state names the gate that says so (a corpus A/B's
+        # timeout charges the holder's op).
+        (view,) = (tmp_path / "runs").glob("ab_*/ab.json")
+        assert device_gate.held_by(json.loads(view.read_text())["device_gate"]) == device_gate.BESIDE
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:

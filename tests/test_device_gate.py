@@ -137,7 +137,7 @@ def test_a_run_beside_settles_its_device_work_each_time_it_lets_the_gate_go_and_
     gate.close()
 
 
-def test_the_gate_names_the_role_of_its_holder_while_it_holds_it_and_none_after(tmp_path):
+def test_the_gate_names_the_role_of_its_holder_while_it_holds_it_and_none_after(tmp_path, monkeypatch):
     path = tmp_path / "device.gate"
     timed, beside = device_gate.DeviceGate(path, role=device_gate.TIMED), device_gate.DeviceGate(path)
     assert device_gate.held_by(path) is None
@@ -151,10 +151,16 @@ def test_the_gate_names_the_role_of_its_holder_while_it_holds_it_and_none_after(
     timed.close()
     beside.close()
     # A holder killed with the gate left its name; what an ab.json names may be anything.
-    path.write_text(f"{device_gate.TIMED} 999999999")
-    assert device_gate.held_by(path) is None
+    for text in (f"{device_gate.TIMED} 999999999", f"{device_gate.TIMED} 0", f"{device_gate.TIMED} -1",
+                 f"{device_gate.TIMED} {10 ** 30}", "", "x" * 10_000):
+        path.write_text(text)
+        assert device_gate.held_by(path) is None, text
     os.mkfifo(tmp_path / "fifo")
-    assert [device_gate.held_by(p) for p in (tmp_path / "fifo", tmp_path, tmp_path / "none", None)] == [None] * 4
+    opened: list[str] = []
+    monkeypatch.setattr(device_gate.os, "open", lambda p, *a, real=os.open: opened.append(str(p)) or real(p, *a))
+    paths = (tmp_path / "fifo", tmp_path, tmp_path / "none", "/dev/zero", None)
+    assert [device_gate.held_by(p) for p in paths] == [None] * 5
+    assert opened == []  # no device, FIFO or dir opened: only a regular file is read
 
 
 @pytest.mark.parametrize("holder, charged", [(None, "beside_op"), ("beside", "beside_op"), ("timed", "timed_op")])
@@ -183,3 +189,30 @@ def test_a_corpus_chunk_charges_the_op_holding_the_device_when_its_repeat_and_a_
         assert corpus_ab.CorpusAB._overdue(runner, ab_json, names) == [names[charged]]
     if held:
         held.close()
+
+
+def test_a_name_the_gate_cannot_write_never_keeps_the_device_held(tmp_path, monkeypatch):
+    path = tmp_path / "device.gate"
+    gate = device_gate.DeviceGate(path, role=device_gate.TIMED)
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(device_gate.os, "pwrite", full)
+    monkeypatch.setattr(device_gate.os, "ftruncate", full)
+    with gate.held():
+        assert not _taken_by_another(path)
+    assert _taken_by_another(path) and gate.facts()["held"] == 1
+    gate.close()
+
+
+def test_a_run_beside_gets_the_settle_it_is_given_and_a_timed_one_its_role(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_gate.os, "nice", lambda n: None)
+    monkeypatch.setattr(device_gate.os, "sched_setaffinity", lambda pid, cpus: None)
+    settle = object()
+    beside = device_gate.open_gate(str(tmp_path / "g"), beside=True, settle=settle)
+    timed = device_gate.open_gate(str(tmp_path / "g"), beside=False, settle=settle)
+    assert (beside.role, beside.settle, timed.role, timed.settle) == (device_gate.BESIDE, settle, device_gate.TIMED,
+                                                                      None)
+    beside.close()
+    timed.close()

@@ -341,4 +341,3 @@ def test_a_stop_signal_is_known_to_every_thread_as_it_arrives_before_the_main_th
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert seen == [signal.SIGUSR1]
-

@@ -33,15 +33,19 @@ def held_by(gate: str | os.PathLike | None) -> str | None:
     if gate is None:
         return None
     try:
-        fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)  # named by an ab.json: never wait on what it names
+        # Named by an ab.json: open no device, never wait on what it names (a FIFO), read no more than a holder
+        # writes.
+        if not stat.S_ISREG(os.stat(gate).st_mode):
+            return None
+        fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
             role, pid = os.read(fd, 64).decode().split(" ")
         finally:
             os.close(fd)
+        if int(pid) <= 0:  # kill(0 or -1) would ask about a group
+            return None
         os.kill(int(pid), 0)  # one killed holding it left its name: the kernel let the lock go
-    except (OSError, ValueError):
+    except (OSError, ValueError, OverflowError):
         return None
     return role if role in (TIMED, BESIDE) else None
 
@@ -73,11 +77,13 @@ class DeviceGate:
             self.counts["waited_s"] = round(self.counts["waited_s"] + self.clock() - started, 3)
         self.counts["held"] += 1
         self._since = self.clock()
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{self.role} {os.getpid()}".encode(), 0)
+        with contextlib.suppress(OSError):  # the name is for a reader's accounting: a full disk must not hold the lock
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{self.role} {os.getpid()}".encode(), 0)
 
     def _unlock(self) -> None:
-        os.ftruncate(self._fd, 0)
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self.counts["held_s"] = round(self.counts["held_s"] + self.clock() - self._since, 3)
 

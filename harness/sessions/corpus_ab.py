@@ -272,9 +272,11 @@ class CorpusAB(batch.Batch):
             if not step.get("taken_over") and isinstance(step.get("seconds"), (int, float)):
                 spent[str(step.get("step", "")).split("/")[0]] += step["seconds"]
         # While a record or passes step runs beside the repeats, one of the two may be waiting for the device
-        # the other holds (harness.measure.device_gate), or paused by it: the time is charged to the holder's op
-        # (a record hung in a case, or a repeat hung timing a row, would otherwise time out the other's op),
-        # and to the step beside where neither holds it.
+        # the other holds (harness.measure.device_gate): the time is charged to the holder's op (a record hung
+        # in a case, or a repeat hung timing a row, would otherwise time out the other's op), and to the step
+        # beside where neither holds it. Each look charges the whole of the running step's time to the op whose
+        # step holds the device then: a hang holds it for good, so the look that ends the chunk charges the
+        # hung op.
         running = [state[key] for key in abstate.RUNNING if state.get(key)]
         if len(running) > 1 and device_gate.held_by(state.get("device_gate")) == device_gate.TIMED:
             running = running[:1]

@@ -586,6 +586,7 @@ class Runner:
             self.gate = None
             with self._lock:
                 self.state.pop("device_gate", None)
+                self._save()
         return timed_ops
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
