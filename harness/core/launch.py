@@ -502,10 +502,10 @@ GATE_GO = b"1"
 
 
 def _start_gated(starter: Callable[..., Child], argv: list[str], stopped: Callable[[], bool],
-                 **start_kw) -> Child | None:
+                 on_stop: Callable[[], None] = lambda: None, **start_kw) -> Child | None:
     """`starter(argv, gate=..., **start_kw)`, its child waiting at the gate (a pipe's read end) until it is
-    told to go: None where `stopped()` says a stop came while it started (the child read the gate closed and
-    exited, having run nothing; waited for)."""
+    told to go: None where `stopped()` says a stop came while it started (`on_stop()` says so at once; the
+    child reads the gate closed and exits, having run nothing, and is waited for)."""
     gate, opener = os.pipe()
     try:
         child = starter(argv, gate=gate, **start_kw)
@@ -516,6 +516,7 @@ def _start_gated(starter: Callable[..., Child], argv: list[str], stopped: Callab
         os.close(gate)
     if stopped():
         os.close(opener)
+        on_stop()  # before the wait: a warm worker may still be importing before it forks the child
         child.wait()
         return None
     with contextlib.suppress(BrokenPipeError):  # gone already: its wait says how
@@ -588,9 +589,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         if not gated:
             child = (starter or start)(argv, **start_kw)
         else:
-            child = _start_gated(starter or start, argv, lambda: bool(got), **start_kw)
+            child = _start_gated(starter or start, argv, lambda: bool(got), lambda: stopped(got[0]), **start_kw)
             if child is None:  # it came while the child was being started
-                stopped(got[0])
                 return -got[0], got[0]
         try:
             deadline = None
