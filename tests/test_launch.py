@@ -341,3 +341,23 @@ def test_a_stop_signal_is_known_to_every_thread_as_it_arrives_before_the_main_th
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert seen == [signal.SIGUSR1]
+
+
+def test_a_stop_that_comes_during_a_gated_start_is_said_before_the_child_is_waited_for():
+    # A warm worker may still be importing when the stop comes: the user hears of it at once, not once the
+    # worker has forked the child that reads its gate closed.
+    order: list[str] = []
+
+    class Late:
+        def wait(self, timeout=None):
+            order.append("waited")
+            return -signal.SIGINT
+
+    def starter(argv, gate):
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C arrives while the child is being started
+        return Late()
+
+    code, signum = launch.run(["(a warm worker's step)"], grace_s=5, starter=starter, gated=True,
+                              on_stop=lambda s: order.append(f"said {signal.Signals(s).name}"))
+    assert (code, signum) == (-signal.SIGINT, signal.SIGINT)
+    assert order == ["said SIGINT", "waited"]
