@@ -39,12 +39,13 @@ def held_by(gate: str | os.PathLike | None) -> str | None:
             return None
         fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            role, pid = os.read(fd, 64).decode().split(" ")
+            role, pid_text = os.read(fd, 64).decode().split(" ")
         finally:
             os.close(fd)
-        if int(pid) <= 0:  # kill(0 or -1) would ask about a group
+        pid = int(pid_text)
+        if pid <= 0:  # kill(0 or -1) would ask about a group
             return None
-        os.kill(int(pid), 0)  # one killed holding it left its name: the kernel let the lock go
+        os.kill(pid, 0)  # one killed holding it left its name: the kernel let the lock go
     except (OSError, ValueError, OverflowError):
         return None
     return role if role in (TIMED, BESIDE) else None

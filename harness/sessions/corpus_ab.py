@@ -278,9 +278,9 @@ class CorpusAB(batch.Batch):
         # step holds the device then: a hang holds it for good, so the look that ends the chunk charges the
         # hung op.
         running = [state[key] for key in abstate.RUNNING if state.get(key)]
-        if len(running) > 1 and device_gate.held_by(state.get("device_gate")) == device_gate.TIMED:
-            running = running[:1]
-        for step in running[-1:]:
+        if running:
+            timed_holds = device_gate.held_by(state.get("device_gate")) == device_gate.TIMED
+            step = running[0] if timed_holds else running[-1]
             if isinstance(step.get("started"), (int, float)) and step.get("run_dir"):
                 spent[Path(step["run_dir"]).parent.parent.name] += time.time() - step["started"]
         return [names[name] for name, seconds in spent.items() if name in names and seconds > self.opts.op_timeout]
