@@ -2,6 +2,7 @@
 before triton decorates any kernel (i.e. before any ops module is imported)."""
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -89,6 +90,29 @@ def _end_run(signum, frame):
 
 signal.signal(signal.SIGTERM, _end_run)
 launch.end_with_starter()  # under `nox -s tests`: SIGTERM once nox is gone, however it died
+
+
+@pytest.fixture(autouse=True)
+def closes_the_pipes_of_its_children(monkeypatch):
+    """Every test: the pipes of each child it started are closed after it (once leaves_no_process, torn
+    down first, ended what still ran). A test that fails while reading its child leaves the Popen to its
+    traceback; its files would be finalized unclosed in some later test, which the suite's warnings-as-
+    errors would fail instead."""
+    started = []
+
+    class Tracked(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Tracked)
+    yield
+    for proc in started:
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):  # stdin's last flush to a child that is gone
+                    stream.close()
+        proc.poll()  # its exit noted, where leaves_no_process reaped it: not "still running" when collected
 
 
 @pytest.fixture(autouse=True)

@@ -338,6 +338,41 @@ def test_two_claimants_past_the_emptiness_check_together_never_share_a_named_dir
     assert [p.name for p in listed(checked)] == [rundir.RUN_LOG]
 
 
+def test_a_named_dirs_first_file_holds_its_whole_text_from_the_moment_it_has_its_name(tmp_path, monkeypatch):
+    """A reader polling the dir (a corpus A/B reading an op's ab.json, a test a bisect.json), or a crash
+    right after the claim, never finds the first file empty or part-written."""
+    path, text = tmp_path / "bisect", '{"probes": []}\n'
+    seen_while_written = []
+    opened = rundir.open_write
+
+    def watched(target, how="a", binary=False):
+        f = opened(target, how, binary)
+        write = f.write
+
+        def write_and_look(data):
+            seen_while_written.append((path / "bisect.json").exists())
+            return write(data)
+
+        f.write = write_and_look
+        return f
+
+    monkeypatch.setattr(rundir, "open_write", watched)
+    claimed = rundir.claim_named_dir(path, "bisect.json", text)
+    assert seen_while_written == [False]  # written aside, named once whole
+    assert [p.name for p in claimed.iterdir()] == ["bisect.json"] and (claimed / "bisect.json").read_text() == text
+    assert os.stat(claimed / "bisect.json").st_nlink == 1  # the aside name is gone: open_write takes it later
+
+
+def test_a_claim_whose_first_file_cannot_be_written_leaves_no_dir(tmp_path, monkeypatch):
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir.os, "link", full)
+    with pytest.raises(OSError):
+        rundir.claim_named_dir(tmp_path / "run", "ab.json", "{}")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unclaimed_name_is_the_one_a_claim_would_take_now(tmp_path):
     now = dt.datetime(2026, 11, 29, 10, 0, 0)
     assert rundir.unclaimed_run_dir(tmp_path, "flaggems:mm", now) == tmp_path / "flaggems_mm_20261129-100000"

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,11 +59,13 @@ def unclaimed_run_dir(root: Path, op: str, now: _dt.datetime | None = None) -> P
     raise RuntimeError(f"no free run directory name under {root}")
 
 
-def claim_named_dir(path: Path, first_file: str) -> Path:
+def claim_named_dir(path: Path, first_file: str, text: str = "") -> Path:
     """Exactly `path` (its parent resolved), the dir a parent named: created with its parents, or one
-    that exists and is empty. Creating its `first_file` exclusively is the claim, so two claimants of
-    one path never share it; a dir that holds anything is refused in one line, a link at `path` as
-    LinkRefused (a dir is created or found, never adopted through a link)."""
+    that exists and is empty. Its `first_file`, holding `text`, appearing there is the claim: written
+    aside, then linked to its name, which fails where the name exists, so two claimants of one path
+    never share it, and no reader (nor a crash) ever finds the file without its whole text. A dir that
+    holds anything is refused in one line, a link at `path` as LinkRefused (a dir is created or found,
+    never adopted through a link)."""
     path = Path(os.path.abspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     path = path.parent.resolve() / path.name
@@ -73,13 +76,20 @@ def claim_named_dir(path: Path, first_file: str) -> Path:
         raise taken from None
     if any(path.iterdir()):
         raise taken
+    aside = path / f".{first_file}.{os.getpid()}-{threading.get_native_id()}.claim"  # each claimant its own
     try:
-        open_write(path / first_file, "x").close()
+        with open_write(aside, "x") as f:
+            f.write(text)
+        os.link(aside, path / first_file)
     except FileExistsError:
         raise taken from None
     except OSError:
-        path.rmdir()  # empty, as checked: a claim that failed leaves no run dir
+        aside.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.rmdir()  # empty, as checked: a claim that failed leaves no run dir
         raise
+    finally:
+        aside.unlink(missing_ok=True)
     return path
 
 
@@ -293,8 +303,13 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
         raise
 
 
+def json_text(data: Any) -> str:
+    """`data` as every JSON file of a run or batch dir holds it."""
+    return json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+
+
 def atomic_write_json(path: Path, data: Any, durable: bool = True) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", durable)
+    atomic_write_text(path, json_text(data), durable)
 
 
 @contextlib.contextmanager

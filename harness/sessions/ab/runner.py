@@ -66,14 +66,15 @@ class Runner:
     def __init__(self, plan: Plan, ab_dir: Path, earlier: list[dict] = (), op_dirs: dict[str, Path] | None = None):
         self.plan = plan
         self.dir = ab_dir
-        # op -> its own A/B dir, kept as a single-op A/B's ab.json (a corpus A/B's chunk: each op's status row
-        # names it, and a resume goes on from it with --continue).
-        self.op_dirs = dict(op_dirs or {})
         # The completed steps of an interrupted A/B of this plan (--continue), by step and arguments: each
         # is taken over, not run again (see step).
         self.earlier = {(s["step"], same_args(s["args"])): s for s in earlier if s.get("usable") and s.get("step")}
-        self.log = rundir.open_write(ab_dir / LOG_FILE)
         self.state = {"plan": {**plan.to_dict(), "device": plan.options.device}, "steps": [], "complete": False}
+        # op -> its own A/B dir, kept as a single-op A/B's ab.json (a corpus A/B's chunk: each op's status row
+        # names it, and a resume goes on from it with --continue): claimed by that ab.json, whole from the start.
+        self.op_dirs = {op: rundir.claim_named_dir(path, "ab.json", rundir.json_text(self.op_state(op)))
+                        for op, path in (op_dirs or {}).items()}
+        self.log = rundir.open_write(ab_dir / LOG_FILE)
         # op -> {"record": [dir], "A": [replay dirs], "B": [replay dirs]}, filled as steps finish,
         # so an interrupted A/B still reports what completed.
         self.results: dict[str, dict[str, list[Path]]] = {}

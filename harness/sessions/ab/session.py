@@ -156,11 +156,11 @@ def check_plan(plan: Plan) -> None:
 
 
 def _op_dirs(given: tuple[tuple[str, Path], ...], plan: Plan) -> dict[str, Path]:
-    """--op-dir OP=DIR: each a new or empty dir claimed for an op of the plan."""
+    """--op-dir OP=DIR: each for an op of the plan (the Runner claims it, a new or empty dir)."""
     unknown = [op for op, _ in given if op not in plan.ops]
     if unknown:
         raise UsageError(f"--op-dir {clip(unknown)}: not an op of this A/B ({clip(plan.ops)})")
-    return {op: rundir.claim_named_dir(path, "ab.json") for op, path in given}
+    return dict(given)
 
 
 def _continued(earlier_dir: Path, plan: Plan) -> list[dict]:
@@ -254,7 +254,7 @@ def run_from_args(request: ABRequest) -> int:
         schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
     code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
                   plan.first_repeats, plan.fdr, schedule)
-    for op, op_dir in op_dirs.items():  # each op's own report, as a single-op A/B of it writes it
+    for op, op_dir in runner.op_dirs.items():  # each op's own report, as a single-op A/B of it writes it
         if op in results:
             with contextlib.redirect_stdout(io.StringIO()):  # the A/B's report above said it all
                 report(op_dir, [results[op]], {**context, "ir": {op: ir_per_op.get(op)}, "chunk": str(ab_dir)},

@@ -326,13 +326,13 @@ def run_from_args(request: BisectRequest) -> int:
         print(f"resuming {bisect_dir}: {len(state['probes'])} probe(s) done, none run again", flush=True)
     else:
         spec = resolve_spec(request)
-        if request.run_dir is not None:
-            bisect_dir = rundir.claim_named_dir(request.run_dir, BISECT_JSON)
-        else:
-            bisect_dir = rundir.claim_run_dir(paths.runs_root(request.out), "bisect")
         state = {"format": FORMAT, "spec": spec, "builds": {}, "records": dict(spec["records"]),
                  "rows": spec["rows"], "probes": [], "complete": False}
-        rundir.atomic_write_json(bisect_dir / BISECT_JSON, state)
+        if request.run_dir is not None:  # claimed by its bisect.json, whole from the start
+            bisect_dir = rundir.claim_named_dir(request.run_dir, BISECT_JSON, rundir.json_text(state))
+        else:
+            bisect_dir = rundir.claim_run_dir(paths.runs_root(request.out), "bisect")
+            rundir.atomic_write_json(bisect_dir / BISECT_JSON, state)
         print(f"bisect over {len(spec['builds'])} builds, ops {' '.join(spec['ops'])}\nbisect dir: {bisect_dir}",
               flush=True)
     session = Bisect(bisect_dir, state)
