@@ -240,6 +240,25 @@ def test_run_forwards_a_signal_that_came_before_the_child_existed(monkeypatch):
     assert time.monotonic() - started < 30
 
 
+def test_a_signal_that_comes_after_the_childs_end_was_seen_is_not_lost(monkeypatch):
+    """It came while run ended the child's orphans, its own handler still in place: it reaches the handler
+    run found (here Python's Ctrl-C), as if it came just after run returned. Lost, an A/B whose step
+    ended as the Ctrl-C or SIGTERM came went on to its next step and never stopped."""
+    real_end_orphans = launch.end_orphans
+
+    def orphans_ended_as_a_signal_comes():
+        os.kill(os.getpid(), signal.SIGINT)
+        real_end_orphans()
+
+    monkeypatch.setattr(launch, "end_orphans", orphans_ended_as_a_signal_comes)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch.run(py("pass"), grace_s=30)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_run_kills_a_child_that_outlives_the_grace():
     out, killed = [], []
 

@@ -574,6 +574,7 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     (its exit code, the signal forwarded or None)"""
     got: list[int] = []
     waiting = False
+    told = False  # whether what run returns or raises says that a signal came
     stopped = on_stop or (lambda signum: None)
 
     def handler(signum, frame):
@@ -585,12 +586,14 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
     try:
         if got:  # a stop that came as the handlers went in: final, nothing is started after it
             stopped(got[0])
+            told = True
             return -got[0], got[0]
         if not gated:
             child = (starter or start)(argv, **start_kw)
         else:
             child = _start_gated(starter or start, argv, lambda: bool(got), lambda: stopped(got[0]), **start_kw)
             if child is None:  # it came while the child was being started
+                told = True
                 return -got[0], got[0]
         try:
             deadline = None
@@ -608,13 +611,16 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
                     continue
                 waiting = False
                 if code is not None:
+                    told = bool(got)
                     return code, got[0] if got else None
                 if on_kill is not None:
                     on_kill()
                 child.kill()
+                told = True
                 return child.wait(), got[0]
         except BaseException:  # a signal not forwarded, say: the child does not outlive this wait
             waiting = False
+            told = True  # the exception goes on: what it stops stops anyway
             child.kill()
             child.wait()
             raise
@@ -622,3 +628,8 @@ def run(argv: list[str], *, grace_s: float, forward: Iterable[int] = FORWARDED,
         end_orphans()
         for s, h in previous.items():
             signal.signal(s, h)
+        if got and not told:
+            # It came once the child's end was seen, before the handlers went back (ending the orphans
+            # takes a while on a loaded machine): raised again for them, as if it came just after run
+            # returned. Dropped, the caller went on to its next step as if nothing had come.
+            signal.raise_signal(got[0])
