@@ -242,6 +242,27 @@ def test_hold_names_the_ops_group_and_keeps_its_lock_while_open(tmp_path):
         assert not opguard._lock_free(f)
         held.close()
         assert opguard._lock_free(f)
+    assert [p.name for p in tmp_path.iterdir()] == [opguard.RUNNING]  # nothing left aside
+
+
+def test_the_running_file_is_found_whole_and_locked_or_not_at_all(tmp_path, monkeypatch):
+    """A batch watching its op, or a test, that opens `.running` as soon as it exists finds the group
+    named and the lock held: never an empty file whose guard is alive (read as one that died before it
+    wrote, its op left running)."""
+    running = tmp_path / opguard.RUNNING
+    seen = []
+    dump = opguard.json.dump
+
+    def dump_and_look(facts, f):
+        seen.append(running.exists())
+        dump(facts, f)
+
+    monkeypatch.setattr(opguard.json, "dump", dump_and_look)
+    held = opguard.hold(running, 42, ["python"])
+    try:
+        assert seen == [False] and json.loads(running.read_text())["batch_pid"] == 42
+    finally:
+        held.close()
 
 
 def test_a_forked_step_waited_for_from_two_threads_reads_its_exit_once():

@@ -66,10 +66,19 @@ def hold(running: Path, batch_pid: int, cmd: list[str]):
     """Take RUNNING_FILE's lock for this process, the leader of its op's group, and name the group
     in it: the guard does, and so does a step that a batch's warm worker forked (harness.core.forkserver),
     whose lock its forked children share. Returns the open file: the lock lasts while any of them holds it."""
-    f = rundir.open_write(running, "w")
-    fcntl.flock(f, fcntl.LOCK_EX)
-    json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": batch_pid, "command": cmd}, f)
-    f.flush()
+    # Written and locked aside, then renamed into place: whoever opens RUNNING_FILE (a resume, a batch
+    # watching its op) finds it whole and locked, never empty or part-written.
+    aside = running.with_name(f"{running.name}.{os.getpid()}.new")
+    f = rundir.open_write(aside, "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "batch_pid": batch_pid, "command": cmd}, f)
+        f.flush()
+        os.replace(aside, running)
+    except BaseException:
+        f.close()
+        aside.unlink(missing_ok=True)
+        raise
     return f
 
 
