@@ -796,3 +796,25 @@ def test_a_worker_that_died_importing_before_the_first_timed_step_is_said_and_it
     assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     log = next((tmp_path / "runs").glob("ab_*/ab.log")).read_text()
     assert "the warm worker of /x did not start (exit 1; see the log): its step begins another\n" in log
+
+
+def test_each_op_dir_of_a_chunk_holds_its_whole_ab_json_from_its_claim(tmp_path):
+    """A corpus A/B reads an op's ab.json while the chunk runs (its steps, its timeout's charge): from the
+    moment the chunk claims the op's dir it is the op's plan and no step yet, never an empty file."""
+    from harness.core import abstate
+
+    plan = ab.plan_from_data({"ops": ["add", "softmax"], "repeats": 2, "backend": "interpreter"}, tmp_path / "p.yaml")
+    chunk = tmp_path / "chunk"
+    chunk.mkdir()
+    runner = ab.Runner(plan, chunk, op_dirs={"add": tmp_path / "add", "softmax": tmp_path / "softmax"})
+    try:
+        for op in ("add", "softmax"):
+            state = abstate.read(tmp_path / op / "ab.json")
+            assert (state["plan"]["ops"], state["steps"], state["chunk"]) == ([op], [], str(chunk))
+            assert [p.name for p in (tmp_path / op).iterdir()] == ["ab.json"]
+    finally:
+        runner.close()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")
+    with pytest.raises(UsageError, match="exists and is not an empty dir"):
+        ab.Runner(plan, chunk, op_dirs={"add": tmp_path / "taken"})
