@@ -474,7 +474,9 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
         # The hung record holds the device, and the A/B's state names the gate that says so (a corpus A/B's
         # timeout charges the holder's op).
         (view,) = (tmp_path / "runs").glob("ab_*/ab.json")
-        assert device_gate.held_by(json.loads(view.read_text())["device_gate"]) == device_gate.BESIDE
+        # Waited for: the record names its case before it takes the gate, and a repeat may be timing a row.
+        assert wait_for(lambda: device_gate.held_by(json.loads(view.read_text())["device_gate"]) == device_gate.BESIDE,
+                        180)
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:

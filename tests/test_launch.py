@@ -259,6 +259,30 @@ def test_a_signal_that_comes_after_the_childs_end_was_seen_is_not_lost(monkeypat
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_stop_held_off_while_the_child_started_ends_that_child_when_it_is_handled(monkeypatch):
+    """A Ctrl-C that came during the Popen (held off there, so that none strikes between the fork and the
+    handle) is handled as the mask lifts: the child is killed and reaped there, its pipe closed, not left
+    running where no caller has its handle (and end_orphans skips what start counts as its own)."""
+    popen = subprocess.Popen
+    started = []
+
+    def popen_as_a_ctrl_c_comes(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # held off: start holds SIGINT and SIGTERM here
+        return started[-1]
+
+    monkeypatch.setattr(launch.subprocess, "Popen", popen_as_a_ctrl_c_comes)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch.start(py("import time; time.sleep(60)"), on_stdout=lambda line: None, with_parent=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    [proc] = started
+    assert proc.returncode == -signal.SIGKILL and proc.stdout.closed
+    assert proc.pid not in launch.children()
+
+
 def test_run_kills_a_child_that_outlives_the_grace():
     out, killed = [], []
 

@@ -161,3 +161,29 @@ def test_shards_measure_as_the_run_does_l2_included_and_are_read_back_by_name(tm
         assert RunOptions.from_namespace(ns).measurement() == RunOptions(
             seed=3, timer="direct", l2="cold", warmup_ms=1.5, rep_ms=7.0, windows=2, max_noise=0.002)
         assert ns.named_run_dir.parent == tmp_path / sweep.SWEEP_DIR / f"shard{i}" and ns.out is None
+
+
+def test_a_ctrl_c_while_the_shards_start_leaves_none_of_those_started_running(tmp_path, monkeypatch):
+    """Shard 0 started, the Ctrl-C comes as shard 1 starts: shard 0 is killed and waited for, and every
+    shard's log is closed."""
+    events, logs = [], []
+
+    class Shard:
+        def kill(self):
+            events.append("killed")
+
+        def wait(self, timeout=None):
+            events.append("waited")
+            return -9
+
+    def start(argv, log=None):
+        logs.append(log)
+        if len(logs) == 2:
+            raise KeyboardInterrupt
+        return Shard()
+
+    monkeypatch.setattr(sweep.launch, "start", start)
+    monkeypatch.setattr(sweep, "sweep_devices", lambda backend, n: [0, 1])
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(spec(), [[4, 16], [8, 16], [2, 16]], 2, tmp_path, lambda line: None, tmp_path / "cache")
+    assert events == ["killed", "waited"] and all(log.closed for log in logs)

@@ -79,6 +79,8 @@ def serve(path: str) -> int:
                 signal.signal(signum, handler)
             try:
                 idle[0] = True
+                if stopping:  # it came between the loop's test and here: accept would wait for no one
+                    break
                 conn, _ = listener.accept()
             except _Stop:
                 break

@@ -387,18 +387,29 @@ def start(argv: list[str], *, log: IO[str] | None = None, on_stdout: Callable[[s
                                         preexec_fn=die_with_parent() if with_parent else None, pass_fds=pass_fds,
                                         **streams)
             _STARTED.add(proc.pid)
-    finally:
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        raise
     pumps = tuple(threading.Thread(target=pump, args=(stream, write), daemon=True)
                   for stream, write in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))
                   if stream is not None and write is not None)
     child = Child(proc, own_group, pumps)
     try:
+        # A signal held off during the start is handled here, as the mask lifts: where its handler
+        # raises (a Ctrl-C), the child is still ours to end, not left running unseen.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
         for thread in pumps:
             thread.start()
-    except BaseException:  # a Ctrl-C a line's callback raised before the caller has the child to stop
+    except BaseException:  # that, or a Ctrl-C a line's callback raised, before the caller has the child to stop
         child.kill()
         proc.wait()
+        for thread in pumps:
+            if thread.ident is not None:  # started: it ends with the child's output, closing its stream
+                thread.join(timeout=PUMP_JOIN_S)
+        if not any(thread.is_alive() for thread in pumps):
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
         with _STARTED_LOCK:
             _STARTED.discard(proc.pid)
         raise

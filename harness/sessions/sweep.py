@@ -91,20 +91,24 @@ def run(run_spec: spec_mod.RunSpec, shape_list: list, n: int, run_dir: Path, log
     # Measured as the run is: a shard is the record this run would make of its shapes. Every option a
     # replay keeps as recorded (harness.core.options: record-only) is the spec's, so none can be left out.
     measurement = {f.name: getattr(run_spec, f.name) for f, meta in declared(RunOptions) if meta.record_only}
-    for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
-        shard_file = sweep_dir / f"shard{i}.yaml"
-        shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
-        shard_dirs.append(rundir.unclaimed_run_dir(sweep_dir / f"shard{i}", run_spec.op))
-        options = RunOptions(backend=run_spec.backend, device=device, shapes=shard_file, dtypes=run_spec.dtypes,
-                             ops_paths=run_spec.ops_paths, **measurement)
-        request = RunRequest("record", run_spec.op, options, ir=False, precompile=run_spec.precompile, color="never",
-                             run_dir=shard_dirs[i], triton_cache=cache_dir)
-        out = open(sweep_dir / f"shard{i}.log", "w")
-        # Each shard leads its own group (a Ctrl-C kills it whole) and dies with this run.
-        running.append((i, launch.start(request.command_line(), log=out), out))
-    log(f"parallel sweep: {len(shape_list)} shapes over devices {devices} "
-        f"({', '.join(str(len(s)) for s in shards)} shapes each)\n")
-    try:
+    try:  # a Ctrl-C while the shards start leaves none of those started behind
+        for i, (device, shard_shapes) in enumerate(zip(devices, shards, strict=True)):
+            shard_file = sweep_dir / f"shard{i}.yaml"
+            shard_file.write_text(yaml.safe_dump({run_spec.op: {"shapes": shard_shapes, "dtypes": run_spec.dtypes}}))
+            shard_dirs.append(rundir.unclaimed_run_dir(sweep_dir / f"shard{i}", run_spec.op))
+            options = RunOptions(backend=run_spec.backend, device=device, shapes=shard_file, dtypes=run_spec.dtypes,
+                                 ops_paths=run_spec.ops_paths, **measurement)
+            request = RunRequest("record", run_spec.op, options, ir=False, precompile=run_spec.precompile,
+                                 color="never", run_dir=shard_dirs[i], triton_cache=cache_dir)
+            out = rundir.open_write(sweep_dir / f"shard{i}.log", "w")
+            try:
+                # Each shard leads its own group (a Ctrl-C kills it whole) and dies with this run.
+                running.append((i, launch.start(request.command_line(), log=out), out))
+            except BaseException:
+                out.close()
+                raise
+        log(f"parallel sweep: {len(shape_list)} shapes over devices {devices} "
+            f"({', '.join(str(len(s)) for s in shards)} shapes each)\n")
         codes = {i: child.wait() for i, child, _ in running}
     except KeyboardInterrupt:
         for _, child, _ in running:  # Ctrl-C leaves no shard behind
