@@ -390,6 +390,30 @@ def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, 
     assert report["warnings"][0] == "INCOMPLETE: interrupted after 5 completed steps; rows below cover only those"
 
 
+def test_a_second_ctrl_c_during_the_cleanup_lets_it_end_whole_then_stops(tmp_path, monkeypatch, capsys):
+    """The first Ctrl-C stopped a step; a second one, while the A/B ends its workers and removes its side
+    caches, waits for that to end (nothing left running, no cache left), then stops the A/B there."""
+    Steps(monkeypatch, fate=lambda side_dir, attempt: "ctrl_c" if side_dir == "B-2" else "ok")
+    close = ab.Runner.close
+    closed = []
+
+    def close_as_a_second_ctrl_c_comes(runner):
+        os.kill(os.getpid(), signal.SIGINT)
+        close(runner)
+        closed.append(runner)
+
+    monkeypatch.setattr(ab.Runner, "close", close_as_a_second_ctrl_c_comes)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    [runner] = closed  # the close ran to its end before the second Ctrl-C was taken
+    assert runner.log.closed and runner.workers == {} and runner._cache_root is None
+    assert not Path(runner.state["triton_caches"]["A"]["dir"]).parent.exists()
+
+
 def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_path, monkeypatch, capsys):
     Steps(monkeypatch)
     named = tmp_path / "named"

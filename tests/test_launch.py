@@ -283,6 +283,36 @@ def test_a_stop_held_off_while_the_child_started_ends_that_child_when_it_is_hand
     assert proc.pid not in launch.children()
 
 
+def test_a_stop_during_a_deferred_cleanup_is_taken_once_it_ends_and_a_thread_defers_nothing():
+    done = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with launch.stops_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)  # a third, impatient: still one stop
+                time.sleep(0.1)  # where it would have struck
+                done.append("cleaned up")
+        assert done == ["cleaned up"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # Off the main thread no handler can be set: the cleanup runs as it would without it.
+    errors = []
+
+    def in_a_thread():
+        try:
+            with launch.stops_deferred():
+                done.append("thread")
+        except Exception as exc:  # noqa: BLE001 - what the assertion below shows
+            errors.append(exc)
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join(10)
+    assert errors == [] and done[-1] == "thread"
+
+
 def test_run_kills_a_child_that_outlives_the_grace():
     out, killed = [], []
 

@@ -504,6 +504,26 @@ def stop_signal_arrived() -> bool:
         return _arrived["seen"]
 
 
+@contextlib.contextmanager
+def stops_deferred():
+    """Within it, a Ctrl-C or SIGTERM waits: the cleanup after a first stop (processes stopped and
+    reaped, caches removed, logs closed) runs whole when a second comes while it runs (an impatient
+    Ctrl-C, a scheduler's SIGTERM after its grace), and the first such signal is handled as it ends,
+    by the handlers it found. The main thread only (where Python runs handlers); elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in FORWARDED}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if got:
+            signal.raise_signal(got[0])
+
+
 class _Wake(Exception):
     """Raised by the signal handler of `run` to end its wait for the child."""
 

@@ -234,7 +234,8 @@ def run_from_args(request: ABRequest) -> int:
         print(f"\n{exc}: stopping, reporting what completed", flush=True)
         results = runner.results
     finally:
-        runner.close()
+        with launch.stops_deferred():  # a second Ctrl-C leaves no worker or host running, no side cache
+            runner.close()
     warnings, ir_per_op = validity(results)
     if interrupted or not runner.state["complete"]:
         done = sum(1 for s in runner.state["steps"] if s["usable"])

@@ -211,15 +211,17 @@ class LocalExecutor:
                 remaining -= 1
                 on_done(row)
         except BaseException:  # Ctrl-C, SIGTERM, a device thread's fault: no op runs on
-            self.stop()
+            with launch.stops_deferred():  # a second Ctrl-C leaves no op running
+                self.stop()
             raise
         finally:
-            for t in threads:
-                t.join(timeout=KILL_GRACE_S + 5)
-            launch.end_orphans()  # what an op's guard, killed outright, left behind
-            paths.remove_abandoned()  # the private cache of an op killed outright (a stopped one, on timeout)
-            if workers_log is not None:
-                workers_log.close()
+            with launch.stops_deferred():
+                for t in threads:
+                    t.join(timeout=KILL_GRACE_S + 5)
+                launch.end_orphans()  # what an op's guard, killed outright, left behind
+                paths.remove_abandoned()  # the private cache of an op killed outright (a stopped one, on timeout)
+                if workers_log is not None:
+                    workers_log.close()
 
     def _begin_worker(self, device: int, log, entries: list[Entry]) -> None:
         """The device's warm worker, begun by its device thread, which it outlives by nothing (its death
