@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_dirs import timed_runs  # noqa: E402
 
 from reports import compare, stats  # noqa: E402
 
 KS = (8, 6, 4)
-
-
-def timed_runs(op_dir: Path, side: str) -> list[Path]:
-    return sorted(p.parent for p in op_dir.glob(f"{side}-[0-9]*/*/results.json"))
 
 
 def spread_subset(rows: list, k: int) -> list[bool]:

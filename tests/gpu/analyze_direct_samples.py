@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_dirs import timed_runs  # noqa: E402
 
 from harness.core.results import read_results  # noqa: E402
 
@@ -31,9 +34,8 @@ BANDS_US = ((0, 10), (10, 100), (100, float("inf")))
 def side_samples(op_dir: Path, timer: str) -> dict[tuple[str, str], list[tuple[list[float], list[float]]]]:
     """(row case, side) -> per repeat: (candidate samples, baseline samples), rows of `timer` only."""
     out: dict[tuple[str, str], list] = {}
-    for results in sorted(op_dir.glob("[AB]-[0-9]*/*/results.json")):
-        side = results.parent.parent.name.split("-")[0]
-        for row in read_results(results.parent):
+    for side in ("A", "B"):
+        for row in (row for run in timed_runs(op_dir, side) for row in read_results(run)):
             samples = row.samples or {}
             if row.timer != timer or "candidate" not in samples or "baseline" not in samples:
                 continue

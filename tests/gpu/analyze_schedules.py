@@ -26,6 +26,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_dirs import op_dirs, timed_runs  # noqa: E402
 
 from reports import compare, sequential, stats  # noqa: E402
 
@@ -65,14 +68,8 @@ def parse_schedule(text: str) -> Weighed:
 
 
 def op_runs(ab_dir: Path) -> dict[str, dict[str, list[Path]]]:
-    """Each op dir's timed repeats per side (the run dirs of A-1.., B-1..), in repeat order."""
-    out = {}
-    for op_dir in sorted(p for p in ab_dir.iterdir() if (p / "A-1").is_dir()):
-        out[op_dir.name] = {side: [next(step.glob("*/results.json")).parent
-                                   for step in sorted(op_dir.glob(f"{side}-[0-9]*"),
-                                                      key=lambda p: int(p.name.split("-")[1]))
-                                   if next(step.glob("*/results.json"), None)] for side in ("A", "B")}
-    return out
+    """Each op's timed repeats per side, in repeat order."""
+    return {op_dir.name: {side: timed_runs(op_dir, side) for side in ("A", "B")} for op_dir in op_dirs(ab_dir)}
 
 
 def rows_of(runs: dict[str, dict[str, list[Path]]]) -> list[compare.PairedRow]:

@@ -18,18 +18,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_dirs import timed_runs  # noqa: E402
 
 from harness.core.results import read_results  # noqa: E402
 
 
 def _repeats(op_dir: Path, side: str) -> list[dict]:
     """Per repeat of `side`, in order: case -> row, of the rows with both timings."""
-    out = []
-    for step in sorted(op_dir.glob(f"{side}-[0-9]*"), key=lambda p: int(p.name.split("-")[1])):
-        results = sorted(step.glob("*/results.json"))
-        rows = read_results(results[0].parent) if results else []
-        out.append({r.case: r for r in rows if r.candidate_ms and r.baseline_ms})
-    return out
+    return [{r.case: r for r in read_results(run) if r.candidate_ms and r.baseline_ms}
+            for run in timed_runs(op_dir, side)]
 
 
 def _sd(xs: list[float]) -> float:
