@@ -259,15 +259,18 @@ def _run_as_tree(session: nox.Session, *args: str, **kwargs) -> None:
     it would without this handler: the sessions after this one (`nox -s tests lint`) do not start."""
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     stopped: list[int] = []
+    ended = threading.Event()
 
     def pass_on(signum, frame) -> None:
         stopped.append(signum)
-        _pass_on(signum, frame)
+        if not _pass_on(signum, frame):  # the command has not started yet: it gets the signal once it has
+            threading.Thread(target=_pass_on_once_started, args=(signum, ended), daemon=True).start()
 
     previous = signal.signal(signal.SIGTERM, pass_on)
     try:
         session.run(*args, **kwargs)
     finally:
+        ended.set()
         signal.signal(signal.SIGTERM, previous)
         _end_children()
         if stopped:
@@ -275,14 +278,24 @@ def _run_as_tree(session: nox.Session, *args: str, **kwargs) -> None:
             sys.exit(128 + stopped[0])
 
 
-def _pass_on(signum, frame) -> None:
-    """`signum` to this process's children: the session's command (and what came here as its subreaper).
-    nox's wait for the command goes on, and sees it end. Raised here as a KeyboardInterrupt instead, it
-    could land as that wait reaps the command, and lose its exit status: Python's subprocess then reads
-    the command as having exited 0, and nox calls the session successful."""
-    for pid in _children():
+def _pass_on(signum, frame) -> int:
+    """`signum` to this process's children: the session's command (and what came here as its subreaper);
+    how many. nox's wait for the command goes on, and sees it end. Raised here as a KeyboardInterrupt
+    instead, it could land as that wait reaps the command, and lose its exit status: Python's subprocess
+    then reads the command as having exited 0, and nox calls the session successful."""
+    children = _children()
+    for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
+    return len(children)
+
+
+def _pass_on_once_started(signum: int, ended: threading.Event) -> None:
+    """`signum` to the session's command as soon as it has started (a stop that came before it did would
+    otherwise let it run whole), unless the session's run ends first."""
+    while not ended.wait(0.05):
+        if _pass_on(signum, None):
+            return
 
 
 def _end_children() -> None:

@@ -58,6 +58,8 @@ def test_a_test_run_stopped_by_sigterm_ends_what_its_tests_started(tmp_path, wor
 
 
 FIXTURE_NOXFILE = f"""
+import os
+import signal
 import sys
 
 sys.path.insert(0, {str(REPO)!r})
@@ -80,6 +82,25 @@ def spinner(session):
 @nox.session(venv_backend="none")
 def after(session):
     open(session.posargs[0] + ".after", "w").close()
+
+
+class StoppedAsItStarts:
+    # The session, stopped by a SIGTERM to nox just before its command starts.
+
+    def __init__(self, session):
+        self.session = session
+
+    def run(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self.session.run(*args, **kwargs)
+
+    def log(self, *args):
+        self.session.log(*args)
+
+
+@nox.session(venv_backend="none")
+def early(session):
+    zl._run_as_tree(StoppedAsItStarts(session), sys.executable, "-c", TREE, *session.posargs)
 """
 
 
@@ -105,3 +126,19 @@ def test_a_nox_session_stopped_by_sigterm_leaves_nothing_of_its_command(tmp_path
     assert wait_gone(str(marker)) == [], pids_mentioning(str(marker))
     if session == "spinner":  # not a terminal: no line redrawn in place, no spinner, the status it reached
         assert "\r" not in out and "\u280b" not in out and re.search(r"^\d+/6000 mutants$", out, re.MULTILINE), out
+
+
+def test_a_sigterm_to_nox_before_its_command_started_stops_the_command_once_it_has(tmp_path):
+    """Recorded with no command to pass it to, the stop reaches the command as it starts: it does not run
+    whole (here: ten minutes of spinner) before nox exits 143."""
+    (tmp_path / "noxfile.py").write_text(FIXTURE_NOXFILE)
+    marker = tmp_path / "started"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
+        "UV": "zl-no-such-uv"}
+    proc = subprocess.Popen([sys.executable, "-m", "nox", "-f", str(tmp_path / "noxfile.py"), "-s", "early", "after",
+                             "--", str(marker)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "stopped by SIGTERM" in out and not (tmp_path / "started.after").exists(), out
+    assert wait_gone(str(marker)) == [], pids_mentioning(str(marker))
