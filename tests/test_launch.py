@@ -268,7 +268,10 @@ def test_a_stop_held_off_while_the_child_started_ends_that_child_when_it_is_hand
 
     def popen_as_a_ctrl_c_comes(*args, **kwargs):
         started.append(popen(*args, **kwargs))
-        os.kill(os.getpid(), signal.SIGINT)  # held off: start holds SIGINT and SIGTERM here
+        # To this (the main) thread, which start holds SIGINT off in: a signal to the process could go to
+        # another thread (pytest-xdist's), which holds nothing off (start's with_parent is for processes
+        # without other threads).
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         return started[-1]
 
     monkeypatch.setattr(launch.subprocess, "Popen", popen_as_a_ctrl_c_comes)
