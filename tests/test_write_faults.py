@@ -64,8 +64,8 @@ def _write_points(tmp_path) -> list[tuple[str, int, str]]:
     log = tmp_path / "writes.log"
     proc = _record(tmp_path / "counted", {"ZL_TEST_WRITE_LOG": str(log)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # The file each call is for: an atomic write's temporary `.NAME.PID.tmp` is NAME's.
-    calls = [(role, int(n), re.sub(r"\.\d+\.tmp$", "", Path(path).name.lstrip(".")))
+    # The file each call is for: an atomic write's temporary `.NAME.PID-TID.tmp` is NAME's.
+    calls = [(role, int(n), re.sub(r"\.\d+-\d+\.tmp$", "", Path(path).name.lstrip(".")))
              for role, n, path in (line.split(" ", 2) for line in log.read_text().splitlines())]
     child = [c for c in calls if c[0] == "child"]
     first = {}

@@ -76,20 +76,14 @@ def claim_named_dir(path: Path, first_file: str, text: str = "") -> Path:
         raise taken from None
     if any(path.iterdir()):
         raise taken
-    aside = path / f".{first_file}.{os.getpid()}-{threading.get_native_id()}.claim"  # each claimant its own
     try:
-        with open_write(aside, "x") as f:
-            f.write(text)
-        os.link(aside, path / first_file)
+        atomic_write_text(path / first_file, text, exclusive=True)
     except FileExistsError:
         raise taken from None
     except OSError:
-        aside.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             path.rmdir()  # empty, as checked: a claim that failed leaves no run dir
         raise
-    finally:
-        aside.unlink(missing_ok=True)
     return path
 
 
@@ -273,14 +267,17 @@ def record_outcome(run_dir: Path, outcome: Outcome, **facts) -> None:
     merge_json(Path(run_dir) / RUN_JSON, {"observed": {"outcome": outcome.to_json(), **facts}})
 
 
-def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
+def atomic_write_text(path: Path, text: str, durable: bool = True, exclusive: bool = False) -> None:
     """Write whole or not at all: on any failure the temporary file is removed and the previous
     file stays as it was; a full disk raises DiskFull naming `path`, any other failed write an
     OSError naming it. The temporary file is new (O_EXCL, never a link: open_write) in a dir that is
     no link, so the rename puts a file of ours at `path`, whatever was planted there. Not `durable`:
-    whole after the process dies, not after the machine does (no fsync: ~3 ms a write, four a row)."""
+    whole after the process dies, not after the machine does (no fsync: ~3 ms a write, four a row).
+    `exclusive`: a new file, linked to its name rather than renamed over it, FileExistsError where
+    the name exists (the claim of a named dir: two claimants never both get it)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Each writer its own: this process's threads too (a named dir's claimants, a step beside the main one).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_native_id()}.tmp")
     if os.path.islink(path.parent):
         raise LinkRefused(path.parent, "a symlink as a dir")
     made = False
@@ -292,7 +289,11 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException as exc:
         if made:
             tmp.unlink(missing_ok=True)
