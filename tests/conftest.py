@@ -92,6 +92,15 @@ signal.signal(signal.SIGTERM, _end_run)
 launch.end_with_starter()  # under `nox -s tests`: SIGTERM once nox is gone, however it died
 
 
+@pytest.fixture
+def pythons_ctrl_c():
+    """Python's own Ctrl-C handler (a KeyboardInterrupt) for the test, whatever the test runner installed
+    (mutmut's workers ignore SIGINT); the runner's back after it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(autouse=True)
 def closes_the_pipes_of_its_children(monkeypatch):
     """Every test: the pipes of each child it started are closed after it (once leaves_no_process, torn

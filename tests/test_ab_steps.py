@@ -390,7 +390,7 @@ def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, 
     assert report["warnings"][0] == "INCOMPLETE: interrupted after 5 completed steps; rows below cover only those"
 
 
-def test_a_second_ctrl_c_during_the_cleanup_lets_it_end_whole_then_stops(tmp_path, monkeypatch, capsys):
+def test_a_second_ctrl_c_during_the_cleanup_lets_it_end_whole_then_stops(tmp_path, monkeypatch, pythons_ctrl_c):
     """The first Ctrl-C stopped a step; a second one, while the A/B ends its workers and removes its side
     caches, waits for that to end (nothing left running, no cache left), then stops the A/B there."""
     Steps(monkeypatch, fate=lambda side_dir, attempt: "ctrl_c" if side_dir == "B-2" else "ok")
@@ -403,12 +403,8 @@ def test_a_second_ctrl_c_during_the_cleanup_lets_it_end_whole_then_stops(tmp_pat
         closed.append(runner)
 
     monkeypatch.setattr(ab.Runner, "close", close_as_a_second_ctrl_c_comes)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n"))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n"))
     [runner] = closed  # the close ran to its end before the second Ctrl-C was taken
     assert runner.log.closed and runner.workers == {} and runner._cache_root is None
     assert not Path(runner.state["triton_caches"]["A"]["dir"]).parent.exists()

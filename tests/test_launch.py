@@ -240,7 +240,7 @@ def test_run_forwards_a_signal_that_came_before_the_child_existed(monkeypatch):
     assert time.monotonic() - started < 30
 
 
-def test_a_signal_that_comes_after_the_childs_end_was_seen_is_not_lost(monkeypatch):
+def test_a_signal_that_comes_after_the_childs_end_was_seen_is_not_lost(monkeypatch, pythons_ctrl_c):
     """It came while run ended the child's orphans, its own handler still in place: it reaches the handler
     run found (here Python's Ctrl-C), as if it came just after run returned. Lost, an A/B whose step
     ended as the Ctrl-C or SIGTERM came went on to its next step and never stopped."""
@@ -251,15 +251,11 @@ def test_a_signal_that_comes_after_the_childs_end_was_seen_is_not_lost(monkeypat
         real_end_orphans()
 
     monkeypatch.setattr(launch, "end_orphans", orphans_ended_as_a_signal_comes)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            launch.run(py("pass"), grace_s=30)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(py("pass"), grace_s=30)
 
 
-def test_a_stop_held_off_while_the_child_started_ends_that_child_when_it_is_handled(monkeypatch):
+def test_a_stop_held_off_while_the_child_started_ends_that_child_when_it_is_handled(monkeypatch, pythons_ctrl_c):
     """A Ctrl-C that came during the Popen (held off there, so that none strikes between the fork and the
     handle) is handled as the mask lifts: the child is killed and reaped there, its pipe closed, not left
     running where no caller has its handle (and end_orphans skips what start counts as its own)."""
@@ -275,31 +271,23 @@ def test_a_stop_held_off_while_the_child_started_ends_that_child_when_it_is_hand
         return started[-1]
 
     monkeypatch.setattr(launch.subprocess, "Popen", popen_as_a_ctrl_c_comes)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            launch.start(py("import time; time.sleep(60)"), on_stdout=lambda line: None, with_parent=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        launch.start(py("import time; time.sleep(60)"), on_stdout=lambda line: None, with_parent=True)
     [proc] = started
     assert proc.returncode == -signal.SIGKILL and proc.stdout.closed
     assert proc.pid not in launch.children()
 
 
-def test_a_stop_during_a_deferred_cleanup_is_taken_once_it_ends_and_a_thread_defers_nothing():
+def test_a_stop_during_a_deferred_cleanup_is_taken_once_it_ends_and_a_thread_defers_nothing(pythons_ctrl_c):
     done = []
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with launch.stops_deferred():
-                os.kill(os.getpid(), signal.SIGINT)
-                os.kill(os.getpid(), signal.SIGINT)  # a third, impatient: still one stop
-                time.sleep(0.1)  # where it would have struck
-                done.append("cleaned up")
-        assert done == ["cleaned up"]
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        with launch.stops_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # a third, impatient: still one stop
+            time.sleep(0.1)  # where it would have struck
+            done.append("cleaned up")
+    assert done == ["cleaned up"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     # Off the main thread no handler can be set: the cleanup runs as it would without it.
     errors = []
 
@@ -332,24 +320,19 @@ def test_run_kills_a_child_that_outlives_the_grace():
     assert (code, signum, killed) == (-signal.SIGKILL, signal.SIGTERM, [1])
 
 
-def test_run_passes_a_signal_it_does_not_forward_on_and_leaves_no_child():
+def test_run_passes_a_signal_it_does_not_forward_on_and_leaves_no_child(pythons_ctrl_c):
     out = []
 
     def on_stdout(line):
         out.append(line)
         os.kill(os.getpid(), signal.SIGINT)
 
-    # Python's own Ctrl-C handler, whatever the test runner installed (mutmut's workers ignore SIGINT)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            launch.run(py("""
-                import os, time
-                print(os.getpid(), flush=True)
-                time.sleep(60)
-                """), grace_s=30, forward=(signal.SIGTERM,), on_stdout=on_stdout)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(py("""
+            import os, time
+            print(os.getpid(), flush=True)
+            time.sleep(60)
+            """), grace_s=30, forward=(signal.SIGTERM,), on_stdout=on_stdout)
     assert not alive(int(out[0]))
 
 

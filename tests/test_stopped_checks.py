@@ -104,17 +104,22 @@ def early(session):
 """
 
 
+def _fixture_nox(tmp_path, session: str, marker):
+    """`nox -s SESSION after -- MARKER` on the fixture noxfile, in a session of its own. `after` stands for
+    the session named after the stopped one (`nox -s tests lint`): it must not start."""
+    (tmp_path / "noxfile.py").write_text(FIXTURE_NOXFILE)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
+        "UV": "zl-no-such-uv"}
+    return subprocess.Popen([sys.executable, "-m", "nox", "-f", str(tmp_path / "noxfile.py"), "-s", session, "after",
+                             "--", str(marker)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # bytes: a \r would read as \n in text
+
+
 @pytest.mark.parametrize("session", ["tree", "spinner"])
 @pytest.mark.parametrize("how", ["sigterm-to-nox-and-group", "sigterm-to-nox"])
 def test_a_nox_session_stopped_by_sigterm_leaves_nothing_of_its_command(tmp_path, session, how):
-    (tmp_path / "noxfile.py").write_text(FIXTURE_NOXFILE)
     marker = tmp_path / "started"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
-        "UV": "zl-no-such-uv"}
-    # `after` stands for the session named after the stopped one (`nox -s tests lint`): it must not start.
-    proc = subprocess.Popen([sys.executable, "-m", "nox", "-f", str(tmp_path / "noxfile.py"), "-s", session, "after",
-                             "--", str(marker)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # bytes: a \r would read as \n in text
+    proc = _fixture_nox(tmp_path, session, marker)
     assert wait_for(lambda: _started(proc, marker), 120), proc.communicate()[0]
     if how == "sigterm-to-nox":
         os.kill(proc.pid, signal.SIGTERM)  # as `kill PID` does
@@ -131,13 +136,8 @@ def test_a_nox_session_stopped_by_sigterm_leaves_nothing_of_its_command(tmp_path
 def test_a_sigterm_to_nox_before_its_command_started_stops_the_command_once_it_has(tmp_path):
     """Recorded with no command to pass it to, the stop reaches the command as it starts: it does not run
     whole (here: ten minutes of spinner) before nox exits 143."""
-    (tmp_path / "noxfile.py").write_text(FIXTURE_NOXFILE)
     marker = tmp_path / "started"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")} | {
-        "UV": "zl-no-such-uv"}
-    proc = subprocess.Popen([sys.executable, "-m", "nox", "-f", str(tmp_path / "noxfile.py"), "-s", "early", "after",
-                             "--", str(marker)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = _fixture_nox(tmp_path, "early", marker)
     out = proc.communicate(timeout=120)[0].decode()
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "stopped by SIGTERM" in out and not (tmp_path / "started.after").exists(), out
