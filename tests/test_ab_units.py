@@ -167,8 +167,8 @@ def _plan(tmp_path, text):
     ("options: {}", "unknown fields ['options'] (allowed: ['a', 'b', 'backend', 'chunk', 'chunk_records', 'device', "
                     "'dtypes', 'fdr', "
                     "'first', 'flaggems_dirs', 'flagtune', 'l2', 'level', 'libtuner_cache', 'max_noise', "
-                    "'max_repeats', 'name', 'ops', 'ops_paths', 'rep_ms', 'repeats', 'resolve', 'seed', 'shapes', "
-                    "'step_passes', 'step_start', 'timer', 'warmup_ms', 'windows'])"),
+                    "'max_repeats', 'name', 'ops', 'ops_paths', 'record_jobs', 'rep_ms', 'repeats', 'resolve', "
+                    "'seed', 'shapes', 'step_passes', 'step_start', 'timer', 'warmup_ms', 'windows'])"),
 ])
 def test_a_plan_field_no_step_could_take_is_refused_in_one_line_naming_the_file(tmp_path, line, message):
     path = _plan(tmp_path, line if line.startswith("- ") else f"ops: [add]\n{line}\n")

@@ -28,7 +28,26 @@ DONE = {
     "exit": (lambda v: v is None or type(v) is int, "an exit code or null"),
     "usable": (lambda v: isinstance(v, bool), "true or false"),
 }
-RUNNING = ("running", "running_beside")  # the steps under way: the main thread's, and one beside it
+# The steps under way: the main thread's (`running`), and those of the threads beside it (a chunk's records
+# and B's passes: `running_beside`, then `running_beside_2`, ... one a record job).
+RUNNING, BESIDE = "running", "running_beside"
+
+
+def beside_key(job: int) -> str:
+    """The key of the step that record job `job` (0-based) runs beside the main thread's."""
+    return BESIDE if job == 0 else f"{BESIDE}_{job + 1}"
+
+
+def running_keys(state: dict) -> list[str]:
+    """The keys of `state`'s steps under way: the main thread's first, then the jobs' beside it in order."""
+    beside = sorted((k for k in state if k == BESIDE or (k.startswith(BESIDE + "_") and k[len(BESIDE) + 1:].isdigit())),
+                    key=lambda k: 1 if k == BESIDE else int(k[len(BESIDE) + 1:]))
+    return [*([RUNNING] if RUNNING in state else []), *beside]
+
+
+def running_steps(state: dict) -> list[dict]:
+    """The steps under way (running_keys), those set."""
+    return [state[key] for key in running_keys(state) if state.get(key)]
 PLAN = {
     "backend": (is_text, "a backend name"),
     # One a side too: a corpus report pairs an A/B of single runs (its basis says so).
@@ -59,8 +78,7 @@ def problem(state: Any, plan_needed: bool = True) -> str | None:
     if not isinstance(steps, list):
         return f"steps = {clip(steps)} is not a list"
     checked = [(f"steps[{i}]", s, {**STEP, **DONE}) for i, s in enumerate(steps)]
-    # `running_beside`: a chunk's record or passes step under way beside its repeats (ab.runner).
-    checked += [(key, state[key], STEP) for key in RUNNING if state.get(key) is not None]
+    checked += [(key, state[key], STEP) for key in running_keys(state) if state.get(key) is not None]
     for where, step, fields in checked:
         if not isinstance(step, dict):
             return f"{where} = {clip(step)} is not a mapping"

@@ -49,6 +49,9 @@ MAX_REPEATS = 100
 # Ops whose repeat one measuring host a side runs (harness.child.host): past it a host's one device context
 # holds more of the A/B than a crash should cost.
 MAX_CHUNK = 64
+# A chunk's records and B's passes at once (--record-jobs): each a process with its device context and inputs.
+MAX_RECORD_JOBS = 8
+DEFAULT_RECORD_JOBS = 1
 # A run's measured fields (seed, budgets, windows, device) are ranged in harness.core.spec (RULES), which a
 # run.json is read back by too. An op's timeout past a week is a typo; 1e308 overflowed a clock (a traceback).
 MAX_OP_TIMEOUT_S = 7 * 24 * 3600
@@ -689,6 +692,14 @@ class ExperimentOptions(OptionSet):
              "they compile, at a lower CPU priority; quicker, and on an H100 the repeats timed beside records "
              "spread more between processes) (default: first)",
         check=lambda v: v in CHUNK_RECORDS, what=f"one of {', '.join(CHUNK_RECORDS)}")
+    record_jobs: int | None = option(
+        flag="--record-jobs", group="experiment", commands=("ab",), metavar="J", type=int,
+        help="with --chunk: how many of a chunk's ops record (and run B's passes) at once, no repeat timed "
+             "meanwhile: their compiles share the host's cores, their cases the device, one at a time through a "
+             "gate (no verdict reads their timings); a step that fails beside others runs again alone; "
+             f"1 to {MAX_RECORD_JOBS} (default: {DEFAULT_RECORD_JOBS})",
+        check=lambda v: type(v) is int and 1 <= v <= MAX_RECORD_JOBS,
+        what=f"an integer from 1 to {MAX_RECORD_JOBS}")
 
 
 def _bisect_option(flag: str, **declared):

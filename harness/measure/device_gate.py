@@ -25,11 +25,12 @@ TIMING_CORES = 2  # left to the timed host by a run beside it, where it has more
 
 
 TIMED, BESIDE = "timed", "beside"  # a holder's role, written in the lock file while it holds it (held_by)
+_NAME_BYTES = 8192  # the most of a holder's name (role, pid, run dir) a reader reads
 
 
-def held_by(gate: str | os.PathLike | None) -> str | None:
-    """The role of the run holding the gate at `gate` now (TIMED or BESIDE), None where no run holds it: the
-    one a wait is charged to (a corpus A/B's --op-timeout)."""
+def holder(gate: str | os.PathLike | None) -> tuple[str, str | None] | None:
+    """(the role of the run holding the gate at `gate` now, TIMED or BESIDE; the run dir it named or None);
+    None where no run holds it. A corpus A/B charges a wait to the op whose step holds the device."""
     if gate is None:
         return None
     try:
@@ -39,7 +40,7 @@ def held_by(gate: str | os.PathLike | None) -> str | None:
             return None
         fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            role, pid_text = os.read(fd, 64).decode().split(" ")
+            role, pid_text, *owner = os.read(fd, _NAME_BYTES).decode().split(" ", 2)
         finally:
             os.close(fd)
         pid = int(pid_text)
@@ -48,7 +49,13 @@ def held_by(gate: str | os.PathLike | None) -> str | None:
         os.kill(pid, 0)  # one killed holding it left its name: the kernel let the lock go
     except (OSError, ValueError, OverflowError):
         return None
-    return role if role in (TIMED, BESIDE) else None
+    return (role, owner[0] if owner and owner[0] else None) if role in (TIMED, BESIDE) else None
+
+
+def held_by(gate: str | os.PathLike | None) -> str | None:
+    """The role of the run holding the gate at `gate` now (TIMED or BESIDE), None where no run holds it."""
+    found = holder(gate)
+    return None if found is None else found[0]
 
 
 class DeviceGate:
@@ -57,8 +64,9 @@ class DeviceGate:
     `role`: what it holds the lock for (TIMED, BESIDE), written in the lock file while it does."""
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic, role: str = BESIDE,
-                 settle: Callable[[], None] | None = None):
+                 settle: Callable[[], None] | None = None, owner: str | None = None):
         self.path = Path(path)
+        self.owner = owner  # written after role and pid while held: its run dir (which of several steps beside)
         self.clock = clock
         self.role = role
         self.settle = settle  # the device's queued work ends before another takes it (a release)
@@ -80,7 +88,8 @@ class DeviceGate:
         self._since = self.clock()
         with contextlib.suppress(OSError):  # the name is for a reader's accounting: a full disk must not hold the lock
             os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, f"{self.role} {os.getpid()}".encode(), 0)
+            name = " ".join((self.role, str(os.getpid()), *([self.owner] if self.owner else [])))
+            os.pwrite(self._fd, name.encode()[:_NAME_BYTES], 0)
 
     def _unlock(self) -> None:
         with contextlib.suppress(OSError):
@@ -181,18 +190,19 @@ class CompileRelease:
         return previous(**kw) if previous is not None else None
 
 
-def open_gate(path: str | None, beside: bool, settle: Callable[[], None] | None = None) -> DeviceGate | None:
+def open_gate(path: str | None, beside: bool, settle: Callable[[], None] | None = None,
+              owner: str | None = None) -> DeviceGate | None:
     """The run's gate, where its spec names one (None: it has the device to itself). A run beside the
     timing lowers its priority here, for itself and the processes it starts, and `settle`s the device each
     time it lets the gate go."""
     if path is None:
         return None
     if not beside:
-        return DeviceGate(Path(path), role=TIMED)
+        return DeviceGate(Path(path), role=TIMED, owner=owner)
     with contextlib.suppress(OSError):
         os.nice(BESIDE_NICENESS)
     with contextlib.suppress(OSError, AttributeError):  # (no affinity outside Linux)
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) > 2 * TIMING_CORES:  # this thread's, and whatever it starts from now on
             os.sched_setaffinity(0, cpus[:-TIMING_CORES])
-    return DeviceGate(Path(path), role=BESIDE, settle=settle)
+    return DeviceGate(Path(path), role=BESIDE, settle=settle, owner=owner)

@@ -83,12 +83,13 @@ def _steps(ab_dir: Path) -> list[dict]:
     included ([] before it wrote one)."""
     path = ab_dir / AB_JSON
     state = abstate.read(path, plan_needed=False) if path.is_file() else {}
-    return [*state.get("steps", []), *(state[key] for key in abstate.RUNNING if state.get(key))]
+    return [*state.get("steps", []), *abstate.running_steps(state)]
 
 
 def _record_dir(ab_dir: Path) -> Path | None:
-    """A's record's run dir, as the A/B named it (None: the record wrote none)."""
-    record = next((s for s in _steps(ab_dir) if s["args"][0] == "record"), None)
+    """A's record's run dir, as the A/B named it (None: the record wrote none); the last one's where a record
+    that failed beside others ran again alone."""
+    record = next((s for s in reversed(_steps(ab_dir)) if s["args"][0] == "record"), None)
     return Path(record["run_dir"]) if record and record["run_dir"] else None
 
 
@@ -271,16 +272,13 @@ class CorpusAB(batch.Batch):
         for step in state.get("steps", []):
             if not step.get("taken_over") and isinstance(step.get("seconds"), (int, float)):
                 spent[str(step.get("step", "")).split("/")[0]] += step["seconds"]
-        # While a record or passes step runs beside the repeats, one of the two may be waiting for the device
-        # the other holds (harness.measure.device_gate): the time is charged to the holder's op (a record hung
-        # in a case, or a repeat hung timing a row, would otherwise time out the other's op), and to the step
-        # beside where neither holds it. Each look charges the whole of the running step's time to the op whose
-        # step holds the device then: a hang holds it for good, so the look that ends the chunk charges the
-        # hung op.
-        running = [state[key] for key in abstate.RUNNING if state.get(key)]
-        if running:
-            timed_holds = device_gate.held_by(state.get("device_gate")) == device_gate.TIMED
-            step = running[0] if timed_holds else running[-1]
+        # While record or passes steps run beside the repeats (or beside each other, --record-jobs), one may be
+        # waiting for the device another holds (harness.measure.device_gate): the time is charged to the holder's
+        # op (a record hung in a case, or a repeat hung timing a row, would otherwise time out the others' ops),
+        # and to each step beside where none holds it. Each look charges the whole of a running step's time to
+        # the op whose step holds the device then: a hang holds it for good, so the look that ends the chunk
+        # charges the hung op.
+        for step in _charged(state):
             if isinstance(step.get("started"), (int, float)) and step.get("run_dir"):
                 spent[Path(step["run_dir"]).parent.parent.name] += time.time() - step["started"]
         return [names[name] for name, seconds in spent.items() if name in names and seconds > self.opts.op_timeout]
@@ -295,7 +293,7 @@ class CorpusAB(batch.Batch):
 
     def _rejected(self, code: int, run_dir: Path) -> bool:
         """A's record rejected the dtypes: the A/B's first step says so as a record run would."""
-        record = next((s for s in _steps(run_dir) if s["args"][0] == "record" and "exit" in s), None)
+        record = next((s for s in reversed(_steps(run_dir)) if s["args"][0] == "record" and "exit" in s), None)
         return record is not None and record["exit"] != 0 and batch_facts.dtype_rejected(
             record["exit"], Path(record["run_dir"]) if record["run_dir"] else None)
 
@@ -349,6 +347,30 @@ class CorpusAB(batch.Batch):
         files = corpus.write(self.dir, data)
         total = collections.Counter(r["verdict"] for r in data["rows"] if r["op_key"] in passed)
         return f"verdicts: {_said(total) or 'none'}; report: {', '.join(map(str, files))}"
+
+
+def _charged(state: dict) -> list[dict]:
+    """The running steps whose time counts to their ops now (_overdue): the holder of the device gate's, else
+    every step beside the main thread's (none holds the device), else the main thread's."""
+    running = abstate.running_steps(state)
+    if not running:
+        return []
+    held = device_gate.holder(state.get("device_gate"))
+    if held is not None and held[0] == device_gate.TIMED:
+        return running[:1]
+    beside = [state[key] for key in abstate.running_keys(state) if key != abstate.RUNNING and state.get(key)]
+    if held is not None and held[1] is not None:
+        holders = [step for step in beside if _same_path(step.get("run_dir"), held[1])]
+        if holders:
+            return holders
+    return beside or running[-1:]
+
+
+def _same_path(a, b) -> bool:
+    try:
+        return isinstance(a, str) and Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def _target(entry) -> str:

@@ -2,7 +2,7 @@
 by hand on one GPU host (not collected by pytest; no nox needed).
 
     python3 tests/gpu/bench_corpus_flaggems.py --flaggems-dir FlagGems --out DIR [--plan P] [--sample 30]
-        [--seed 45] [--repeats 5] [--chunk K] [--budget S] [--inventory 1124] [--b-env KEY=VAL ...]
+        [--seed 45] [--repeats 5] [--chunk K] [--record-jobs J] [--budget S] [--inventory 1124] [--b-env KEY=VAL ...]
     python3 tests/gpu/bench_corpus_flaggems.py --backend interpreter --flaggems-dir tests/resources/flaggems_checkout \
         --sample 4 --repeats 2 --out /tmp/c     # the pipeline on a CPU
 
@@ -56,7 +56,8 @@ def run(args) -> int | None:
                 *(["--backend", args.backend] if args.backend else []),
                 *(["--op-timeout", str(args.op_timeout)] if args.op_timeout else []),
                 *(["--chunk", str(args.chunk)] if args.chunk else []),
-                *(["--chunk-records", args.chunk_records] if args.chunk_records else [])]
+                *(["--chunk-records", args.chunk_records] if args.chunk_records else []),
+                *(["--record-jobs", str(args.record_jobs)] if args.record_jobs else [])]
     with open(args.out / "corpus.log", "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT)
@@ -183,6 +184,7 @@ def main() -> int:
     parser.add_argument("--b-env", action="append", default=[])
     parser.add_argument("--chunk", type=int, help="time the repeats of K ops in one process a side (ab --chunk)")
     parser.add_argument("--chunk-records", choices=("beside", "first"), help="ab --chunk-records")
+    parser.add_argument("--record-jobs", type=int, help="ab --record-jobs")
     parser.add_argument("--backend")
     parser.add_argument("--op-timeout", type=float)
     parser.add_argument("--budget", type=float, help="seconds this call runs the A/B before stopping it to resume")

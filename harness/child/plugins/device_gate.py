@@ -18,7 +18,8 @@ class DeviceGatePlugin:
     def __init__(self, ctx):
         self.ctx = ctx
         self.beside = ctx.spec.token_timing
-        self.gate = device_gate.open_gate(ctx.spec.device_gate, self.beside, settle=self._settle)
+        self.gate = device_gate.open_gate(ctx.spec.device_gate, self.beside, settle=self._settle,
+                                          owner=str(ctx.run_dir))
         self._compiles: device_gate.CompileRelease | None = None
 
     def _settle(self) -> None:

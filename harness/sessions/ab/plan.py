@@ -16,10 +16,12 @@ from harness.core.options import (
     AUTO,
     CHUNK_RECORDS,
     DEFAULT_MAX_REPEATS,
+    DEFAULT_RECORD_JOBS,
     DEFAULT_RESOLVE,
     FDR,
     FIRST_REPEATS,
     MAX_CHUNK,
+    MAX_RECORD_JOBS,
     MAX_REPEATS,
     MAX_RESOLVE,
     MIN_RESOLVE,
@@ -92,6 +94,8 @@ class Plan:
     # Where a chunk's records and passes run (options.CHUNK_RECORDS): first, or beside its repeats (a chunk
     # 27% quicker on an H100, its exposed ops' between-process spread up to 2.3x: docs/performance.md).
     chunk_records: str = "first"
+    # How many of a chunk's records (with B's passes) run at once (harness.sessions.ab.runner._Records).
+    record_jobs: int = DEFAULT_RECORD_JOBS
 
     def request(self, command: str, target: str, run_dir: Path, only: str | None = None,
                 cases: tuple[str, ...] | None = None) -> RunRequest:
@@ -214,9 +218,13 @@ def plan_from_data(data: dict, path, base: Path | None = None) -> Plan:
     chunk = data.get("chunk", 1)
     if type(chunk) is not int or not 1 <= chunk <= MAX_CHUNK:
         raise PlanError(f"plan {path}: 'chunk' must be an integer from 1 to {MAX_CHUNK}, not {clip(chunk)}")
+    record_jobs = data.get("record_jobs", DEFAULT_RECORD_JOBS)
+    if type(record_jobs) is not int or not 1 <= record_jobs <= MAX_RECORD_JOBS:
+        raise PlanError(f"plan {path}: 'record_jobs' must be an integer from 1 to {MAX_RECORD_JOBS}, not "
+                        f"{clip(record_jobs)}")
     return Plan(name=str(data.get("name") or Path(path).stem), ops=ops, repeats=repeats, fdr=float(fdr),
                 options=options, **sequential, a=_side(data.get("a"), "A", str(path), base),
-                b=_side(data.get("b"), "B", str(path), base), chunk=chunk, **steps)
+                b=_side(data.get("b"), "B", str(path), base), chunk=chunk, record_jobs=record_jobs, **steps)
 
 
 def _sequential_fields(data: dict, path) -> dict:

@@ -1,8 +1,8 @@
 """The A/B's runner: each op's steps (A's record with A's passes, B's passes, the interleaved repeats and,
 with --repeats auto, the rounds after the first), each in a process of its own, fresh or forked by a
-warm worker; the sides' Triton caches; ab.json and ab.log. In a chunk of ops, the records and passes of
-its later ops run beside the repeats of its earlier ones (`_Beside`), sharing the device through a gate
-(harness.measure.device_gate)."""
+warm worker; the sides' Triton caches; ab.json and ab.log. In a chunk of ops, the records and passes of its
+ops run --record-jobs at a time (`_Records`) before its repeats, or beside the repeats of its earlier ops,
+sharing the device through a gate (harness.measure.device_gate)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import backends
 from harness.child import host as measuring
-from harness.core import forkserver, host_modules, launch, paths, rundir
+from harness.core import abstate, forkserver, host_modules, launch, paths, rundir
 from harness.core.request import RunRequest
 from harness.core.results import read_results
 from harness.providers import flaggems
@@ -97,6 +97,9 @@ class Runner:
         self.gate: Path | None = None
         # A step beside the main thread's (its records and passes) shares the state, the log and `used`.
         self._lock = threading.RLock()
+        # The record job (_Records) of the thread running a step beside the main one: its worker (fork) and the
+        # ab.json key of its step under way (abstate.beside_key) are its own.
+        self._job = threading.local()
 
     def _save(self) -> None:
         with self._lock:
@@ -114,7 +117,7 @@ class Runner:
                 step.get("step", "").split("/")[0] == name
 
         state = self.state
-        running = next((s for s in (state.get("running"), state.get("running_beside")) if s and mine(s)), None)
+        running = next((s for s in abstate.running_steps(state) if mine(s)), None)
         return {"plan": {**state["plan"], "ops": [op]}, "steps": [s for s in state["steps"] if mine(s)],
                 **({"running": running} if running else {}),
                 **({"rounds": {op: state["rounds"][op]}} if op in state.get("rounds", {}) else {}),
@@ -186,7 +189,7 @@ class Runner:
         are reported as such, not dropped with the run), else None. A Ctrl-C goes on to the step
         (its own session: only through us), which writes its summary; then StepInterrupted.
         `host`: its child runs in the side's measuring host of that repeat. `beside`: it runs in a
-        thread beside the main one's steps (_Beside), stopped when that event is set."""
+        thread beside the main one's steps (_Records), stopped when that event is set."""
         request = dataclasses.replace(request, triton_cache=self.caches.get(side.name), device_gate=self.gate)
         # The op's dir and the step's (`softmax/B-4`): what a step is, across an A/B and its continuation.
         step_id = f"{request.run_dir.parent.parent.name}/{request.run_dir.parent.name}"
@@ -204,8 +207,8 @@ class Runner:
         if host is not None:
             request = dataclasses.replace(request, measuring_host=self._host(side, host))
         # The step under way, until it joins `steps`: where a stopped A/B was (a corpus A/B reads it). A step
-        # beside the main thread's is `running_beside`.
-        running = "running" if beside is None else "running_beside"
+        # beside the main thread's is its record job's (`running_beside`, `running_beside_2`, ...).
+        running = abstate.RUNNING if beside is None else abstate.beside_key(self._job_number())
         started = round(time.time(), 1)
         with self._lock:
             self.state[running] = {"what": what, "side": side.name, "args": request.to_argv(),
@@ -289,16 +292,24 @@ class Runner:
             self._done_with(worker)
         return code, interrupted
 
+    def _job_number(self) -> int:
+        """The record job of this thread (0: the main thread's, or the first job's)."""
+        return getattr(self._job, "number", 0)
+
     def _worker(self, side: Side) -> forkserver.Worker:
-        """The worker to fork the side's next step: fork, the side's one; prewarmed, its next spare
-        (a new one where none is left, e.g. after an interrupted op)."""
-        if self.plan.step_start == "prewarmed":
-            spare = self.spares.get(side.name)
-            return spare.pop(0) if spare else self._new_worker(side)
-        worker = self.workers.get(side.name)
-        if worker is None:
-            worker = self.workers[side.name] = self._new_worker(side)
-        return worker
+        """The worker to fork the side's next step: fork, the side's one (a record job's own past the first:
+        a worker forks one step at a time); prewarmed, its next spare (a new one where none is left, e.g.
+        after an interrupted op)."""
+        with self._lock:
+            if self.plan.step_start == "prewarmed":
+                spare = self.spares.get(side.name)
+                return spare.pop(0) if spare else self._new_worker(side)
+            job = self._job_number()
+            key = side.name if job == 0 else f"{side.name}/{job + 1}"
+            worker = self.workers.get(key)
+            if worker is None:
+                worker = self.workers[key] = self._new_worker(side)
+            return worker
 
     def _new_worker(self, side: Side, preload: bool = True) -> forkserver.Worker:
         """`preload`: the A/B's operator libraries imported too (not for a worker of hosted steps, whose
@@ -333,11 +344,12 @@ class Runner:
         repeats = plan.first_repeats + int(plan.sequential) if not record or not passes else 0
         repeats = 0 if self.hosted else repeats  # hosted: their hosts' workers are begun per chunk (_prewarm_hosts)
         ahead = int(next_record and passes)  # given as a record ends: its B-passes step is what it imports beside
-        for side, steps in ((plan.a, int(record) + repeats + ahead), (plan.b, passes + repeats)):
-            spare = self.spares.setdefault(side.name, [])
-            while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
-                spare.append(self._new_worker(side))
-                spare[-1].begin()
+        with self._lock:  # record jobs prewarm beside each other
+            for side, steps in ((plan.a, int(record) + repeats + ahead), (plan.b, passes + repeats)):
+                spare = self.spares.setdefault(side.name, [])
+                while len(spare) < min(steps, PREWARM_MAX_PER_SIDE):
+                    spare.append(self._new_worker(side))
+                    spare[-1].begin()
 
     def _prewarm_round(self) -> None:
         """prewarmed, --repeats auto: a worker a side for the round about to run, its imports done before
@@ -547,9 +559,12 @@ class Runner:
         self._repeat(t.op_dir, t.runs, t.record, r, f"{t.tag} repeat {of}")
 
     def _chunk_in_turn(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
-        """The chunk's records and passes, then its repeats: each repeat a host a side (where hosted)
-        replaying the chunk's ops in turn."""
-        timed_ops = [t for i, op in chunk if (t := self._record_and_passes(i, op)) is not None]
+        """The chunk's records and passes (--record-jobs at a time), then its repeats: each repeat a host a
+        side (where hosted) replaying the chunk's ops in turn."""
+        if self.plan.record_jobs > 1 and len(chunk) > 1 and self.plan.step_start != "fresh":
+            timed_ops = self._records_together(chunk)
+        else:
+            timed_ops = [t for i, op in chunk if (t := self._record_and_passes(i, op)) is not None]
         preload.join()  # before any timed step: no import of the parent's beside one
         if not timed_ops:
             return []
@@ -561,33 +576,92 @@ class Runner:
                     self._timed_repeat(t, r)
         return timed_ops
 
-    def _chunk_beside(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
-        """The chunk's records and passes in a thread beside its repeats (_Beside), op after op, and each
-        op's repeats as soon as its passes are done, while the next ops record: each repeat a host a side
-        for the whole chunk, replaying its ops in turn as `_chunk_in_turn`'s do. They share the device
-        through the gate: a timed row holds it while it is timed, a record or passes step while its cases
-        run the device, not while they compile (harness.measure.device_gate)."""
+    def _records_together(self, chunk: list[tuple[int, str]]) -> list[_TimedOp]:
+        """The chunk's records and B's passes, --record-jobs at a time, sharing the device through the gate
+        (their cases one at a time, their compiles beside each other's); then, alone, those of an op whose
+        steps failed beside others (a failure of its own fails again; one of the device's memory that the
+        others held does not). In the chunk's order."""
+        done: dict[int, _TimedOp | None] = {}
+        with self._gated():
+            records = _Records(self, chunk, self.plan.record_jobs)
+            try:
+                for i, t in records:
+                    done[i] = t
+            finally:
+                records.close()
+        timed_ops = []
+        for i, op in chunk:
+            t = done.get(i)
+            if self._needs_alone(t):
+                name = op_dir_name(op)
+                with self._lock:
+                    self.results[op] = {"record": [], "A": [], "B": []}
+                    for step in self.state["steps"]:  # not the A/B's failures: what this op reads is the run alone
+                        if str(step.get("step", "")).split("/")[0] == name and not step.get("taken_over"):
+                            step["run_again"] = True
+                    self._save()
+                print(f"[{i}/{len(self.plan.ops)} {op}] its record or B's passes failed beside others' (a crash, or "
+                      "a device fault in a row): again, alone", flush=True)
+                t = self._record_and_passes(i, op)
+            if t is not None:
+                timed_ops.append(t)
+        return timed_ops
+
+    def _needs_alone(self, t: _TimedOp | None) -> bool:
+        """Its record or B's passes, run beside others', did not go through, or a row of theirs failed on what
+        the backend calls a device fault (capture_markers.fatal: out of memory among them), which the others'
+        memory or work may have caused."""
+        if t is None:
+            return True
+        from reports import compare  # imported beside the record by preload_reports
+
+        dirs = [t.record, *t.runs.get(compare.passes_key(self.plan.b.name), [])]
+        if self.plan.step_passes == "once" and len(dirs) < 2:
+            return True
+        fatal = backends.get(self.plan.options.backend).capture_markers.fatal
+        try:
+            return any(row.error and any(marker in row.error for marker in fatal)
+                       for run_dir in dirs for row in read_results(run_dir))
+        except (OSError, ValueError):
+            return True
+
+    @contextlib.contextmanager
+    def _gated(self):
+        """The chunk's steps share the device through the gate (harness.measure.device_gate) for the section."""
         self.gate = self._open_cache_root() / GATE_FILE
-        with self._lock:  # who holds it, for a corpus A/B's --op-timeout (device_gate.held_by)
+        with self._lock:  # who holds it, for a corpus A/B's --op-timeout (device_gate.holder)
             self.state["device_gate"] = str(self.gate)
             self._save()
-        timed_ops: list[_TimedOp] = []
-        beside = _Beside(self, chunk)
         try:
-            with self._hosting():
-                for t in beside:
-                    if not timed_ops:
-                        preload.join()  # before any timed step: no import of the parent's beside one
-                        self._ready_before_timing(hosts_only=True)
-                    timed_ops.append(t)
-                    for r in range(1, self.plan.first_repeats + 1):
-                        self._timed_repeat(t, r)
+            yield
         finally:
-            beside.close()
             self.gate = None
             with self._lock:
                 self.state.pop("device_gate", None)
                 self._save()
+
+    def _chunk_beside(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
+        """The chunk's records and passes in threads beside its repeats (_Records, --record-jobs of them), and
+        each op's repeats as soon as its passes are done, while the next ops record: each repeat a host a
+        side for the whole chunk, replaying its ops in turn as `_chunk_in_turn`'s do. They share the device
+        through the gate: a timed row holds it while it is timed, a record or passes step while its cases
+        run the device, not while they compile (harness.measure.device_gate)."""
+        timed_ops: list[_TimedOp] = []
+        with self._gated():
+            records = _Records(self, chunk, self.plan.record_jobs)
+            try:
+                with self._hosting():
+                    for _, t in records:
+                        if t is None:
+                            continue
+                        if not timed_ops:
+                            preload.join()  # before any timed step: no import of the parent's beside one
+                            self._ready_before_timing(hosts_only=True)
+                        timed_ops.append(t)
+                        for r in range(1, self.plan.first_repeats + 1):
+                            self._timed_repeat(t, r)
+            finally:
+                records.close()
         return timed_ops
 
     def run(self) -> dict[str, dict[str, list[Path]]]:
@@ -632,50 +706,60 @@ class Runner:
         return results
 
 
-class _Beside:
-    """A chunk's records and passes, op after op, in a thread beside the main one's repeats. Iterated (by the
-    main thread): each op that recorded, as its passes end, in the chunk's order; an op whose record
-    failed is left out. A step of it that raised (a worker, a write) raises there too. `close`: stops the
-    step under way (the main thread was stopped, or is done) and waits for the thread."""
+class _Records:
+    """A chunk's records and B's passes, op after op, in `jobs` threads beside the main one (which times repeats,
+    or waits). Iterated (by the main thread): (each op's number, what its repeats need or None where its record
+    failed) as its passes end. A step of it that raised (a worker, a write) raises there too, once every job
+    has ended. `close`: stops the steps under way (the main thread was stopped, or is done) and waits for the
+    jobs."""
 
-    _END = object()
-
-    def __init__(self, runner: Runner, chunk: list[tuple[int, str]]):
+    def __init__(self, runner: Runner, chunk: list[tuple[int, str]], jobs: int = 1):
         self.runner = runner
-        self.chunk = chunk
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        for item in chunk:
+            self.todo.put(item)
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="records beside the repeats", daemon=True)
-        self.thread.start()
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(n,), name=f"record job {n + 1}", daemon=True)
+                        for n in range(max(1, min(jobs, len(chunk))))]
+        self.left = len(self.threads)
+        for thread in self.threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _run(self, number: int) -> None:
+        self.runner._job.number = number
         try:
-            for i, op in self.chunk:
-                if self.stop.is_set():
+            while not self.stop.is_set():
+                try:
+                    i, op = self.todo.get_nowait()
+                except queue.Empty:
                     return
-                self.ready.put(self.runner._record_and_passes(i, op, beside=self.stop))
+                self.ready.put((i, self.runner._record_and_passes(i, op, beside=self.stop)))
         except BaseException as exc:  # StepInterrupted once stopped: the main thread's own stop says so
-            self.error = exc
+            self.errors.append(exc)
+            self.stop.set()  # the other jobs start no more steps: the A/B ends on the error
         finally:
-            self.ready.put(self._END)
+            self.ready.put(None)
 
     def __iter__(self):
-        while True:
+        while self.left:
             try:
                 item = self.ready.get(timeout=0.5)  # in steps: a Ctrl-C reaches the main thread between them
             except queue.Empty:
                 continue
-            if item is self._END:
-                if self.error is not None and not isinstance(self.error, StepInterrupted):
-                    raise self.error
-                return
-            if item is not None:
+            if item is None:
+                self.left -= 1
+            else:
                 yield item
+        raised = [exc for exc in self.errors if not isinstance(exc, StepInterrupted)]
+        if raised:
+            raise raised[0]
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
 
 
 def op_dir_name(op: str) -> str:

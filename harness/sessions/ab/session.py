@@ -75,6 +75,8 @@ def resolve_plan(request: ABRequest, default_chunk: int = 1) -> Plan:
     plan.step_start = experiment.step_start or plan.step_start
     plan.step_passes = experiment.step_passes or plan.step_passes
     plan.chunk_records = experiment.chunk_records or plan.chunk_records
+    if experiment.record_jobs is not None:
+        plan.record_jobs = experiment.record_jobs
     if experiment.chunk is not None:
         plan.chunk = experiment.chunk
     elif not chunk_named and plan.step_passes == "once":
@@ -240,9 +242,13 @@ def run_from_args(request: ABRequest) -> int:
     if interrupted or not runner.state["complete"]:
         done = sum(1 for s in runner.state["steps"] if s["usable"])
         warnings.insert(0, f"INCOMPLETE: interrupted after {done} completed steps; rows below cover only those")
-    failed = [s["what"] for s in runner.state["steps"] if not s["usable"]]
+    failed = [s["what"] for s in runner.state["steps"] if not s["usable"] and not s.get("run_again")]
     if failed:
         warnings.append(f"{len(failed)} step(s) failed (see ab.log): " + "; ".join(failed))
+    again = sorted({s["what"] for s in runner.state["steps"] if s.get("run_again")})
+    if again:
+        warnings.append(f"{len(again)} step(s) ran again alone after failing beside other ops' (see ab.log): "
+                        + "; ".join(again))
     unmeasured = [op for op, runs in results.items() if not runs["A"] or not runs["B"]]
     if unmeasured:
         warnings.append(f"no rows to compare for {', '.join(unmeasured)}: a side has no completed run")

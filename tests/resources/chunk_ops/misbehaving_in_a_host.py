@@ -4,7 +4,8 @@ loses this op's timed steps and, chunked, the host they ran in. leaky changes it
 environment variable, sys.path, the working dir, a tensor in a reference cycle only a collection frees): in a
 process of its own that ends with the run; in a host it must not reach the next op's run (leak_witness).
 allocator_setter sets Triton's allocator, as FlagGems' Hopper mm does, which a host cannot put back: the host
-ends after its run."""
+ends after its run. crash_once kills its process the first time it runs where ZL_TEST_CRASH_ONCE names a file
+not there yet (it makes it first): a step that failed for a reason of the moment, run again."""
 
 import os
 import signal
@@ -25,6 +26,18 @@ def _inputs(shape, dtype, device):
 def _crash_where_asked(x, y):
     if os.environ.get("ZL_TEST_CRASH"):
         os.kill(os.getpid(), signal.SIGKILL)
+    return triton_add(x, y)
+
+
+def _crash_the_first_time(x, y):
+    flag = os.environ.get("ZL_TEST_CRASH_ONCE")
+    if flag:
+        try:
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
     return triton_add(x, y)
 
 
@@ -56,3 +69,4 @@ COMMON = dict(inputs=_inputs, baseline=torch.add, shape_keys=("pointwise",), dty
 host_crash = Operator(name="host_crash", candidate=_crash_where_asked, **COMMON)
 leaky = Operator(name="leaky", candidate=_leak, **COMMON)
 allocator_setter = Operator(name="allocator_setter", candidate=_set_allocator, **COMMON)
+crash_once = Operator(name="crash_once", candidate=_crash_the_first_time, **COMMON)
