@@ -16,6 +16,7 @@ from conftest import REPO, harness_env, load, wait_for
 
 from harness import cli
 from harness.core import abstate, options
+from harness.core.errors import UsageError
 from harness.measure import device_gate
 from harness.sessions import ab
 from harness.sessions.ab.plan import PlanError, plan_from_data
@@ -169,3 +170,9 @@ def test_the_command_lines_record_jobs_is_the_plans_and_round_trips_through_its_
     assert ab.resolve_plan(_request(tmp_path, ["add"])).record_jobs == options.DEFAULT_RECORD_JOBS
     with pytest.raises(SystemExit):
         cli.parse_request(["ab", "--ops", "add", "--record-jobs", "0"])
+
+
+@pytest.mark.parametrize("extra", [(), ("--chunk", "1"), ("--chunk", "2", "--step-start", "fresh")])
+def test_record_jobs_where_no_chunk_records_together_is_refused_not_ignored(tmp_path, extra):
+    with pytest.raises(UsageError, match="--record-jobs 2: a chunk's ops record together"):
+        ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--record-jobs", "2", *extra))

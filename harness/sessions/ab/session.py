@@ -85,6 +85,11 @@ def resolve_plan(request: ABRequest, default_chunk: int = 1) -> Plan:
         # A step that collects IR or profiles leaves Triton hooks and the profiler's slowdown in its process.
         raise UsageError(f"chunk {plan.chunk}: a chunk's hosts run timing-only repeats, and with --step-passes "
                          f"{plan.step_passes} every repeat collects IR and profiles: use --step-passes once")
+    if experiment.record_jobs not in (None, 1) and (plan.chunk == 1 or plan.step_start == "fresh"):
+        # Its jobs are a chunk's, each forked by a warm worker of its own: asked for where none runs, said so.
+        why = f"chunk {plan.chunk}" if plan.chunk == 1 else "--step-start fresh"
+        raise UsageError(f"--record-jobs {experiment.record_jobs}: a chunk's ops record together, forked by warm "
+                         f"workers; with {why} each op records alone: give --chunk K (K > 1) and a warm step start")
     for side, env, python, key in ((plan.a, experiment.a_env, experiment.a_python, "a"),
                                    (plan.b, experiment.b_env, experiment.b_python, "b")):
         side.env.update(_env_pairs(list(env), f"--{key}-env"))
