@@ -220,3 +220,39 @@ def test_a_run_beside_gets_the_settle_it_is_given_and_a_timed_one_its_role(tmp_p
                                                                       None)
     beside.close()
     timed.close()
+
+
+@pytest.mark.parametrize("device_type, touched, freed", [("cuda", True, True), ("cuda", False, False),
+                                                          ("cpu", True, False)])
+def test_a_run_beside_gives_its_cached_device_memory_back_after_each_case_while_it_holds_the_gate(
+        tmp_path, monkeypatch, device_type, touched, freed):
+    # Several records at once (--record-jobs): a case's inputs cached by its allocator would be held from the
+    # next record's cases. A stand-in device module records what the plugin asks of it, and whether the gate
+    # was still held then.
+    import types
+
+    import torch
+
+    from harness.child.plugins.device_gate import DeviceGatePlugin
+
+    monkeypatch.setattr(device_gate.os, "nice", lambda n: None)
+    monkeypatch.setattr(device_gate.os, "sched_setaffinity", lambda pid, cpus: None)
+    path = tmp_path / "device.gate"
+    asked: list[tuple[str, bool]] = []
+    stand_in = types.SimpleNamespace(synchronize=lambda: asked.append(("synchronize", not _taken_by_another(path))),
+                                     empty_cache=lambda: asked.append(("empty_cache", not _taken_by_another(path))))
+    monkeypatch.setattr(torch, "cuda", stand_in)
+    backend = types.SimpleNamespace(torch_device_type=device_type, device_touched=lambda: touched,
+                                    compiles_kernels=False)
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(token_timing=True, device_gate=str(path)), backend=backend,
+                                run_dir=tmp_path)
+    plugin = DeviceGatePlugin(ctx)
+    for _ in range(2):  # each case
+        case = plugin.pytest_runtest_call(item=None)
+        next(case)
+        assert not _taken_by_another(path)  # held while the case runs
+        with pytest.raises(StopIteration):
+            case.send(None)
+        assert _taken_by_another(path)
+    plugin.pytest_unconfigure(config=None)
+    assert asked == ([("synchronize", True), ("empty_cache", True)] * 2 if freed else [])

@@ -1,7 +1,8 @@
 """Device gate: a run that shares its device with others of its A/B (its spec's `device_gate`,
 harness.measure.device_gate). A timed run holds the gate while a row is timed (the timing plugin asks
 for `timing`); a token-timing run beside the timing holds it while each case runs and lets it go (its queued
-work done) while Triton compiles and while an autotune sweep's configs precompile. run.json
+work done) while Triton compiles and while an autotune sweep's configs precompile, and gives its cached
+device memory back after each case. run.json
 `observed.device_gate` says how often and how long the run waited for the device and held it."""
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ class DeviceGatePlugin:
             finally:
                 if self._compiles is not None:
                     self._compiles.uninstall()
+                self._free_cached_memory()
+
+    def _free_cached_memory(self) -> None:
+        """A run beside others gives its cached device memory back after each case, before it lets the gate go:
+        the others' cases then find the device's memory as free as this case found it, not held by its
+        allocator's cache (several records at once, --record-jobs, each holding its largest case's inputs)."""
+        backend = self.ctx.backend
+        if backend.torch_device_type != "cpu" and backend.device_touched():
+            import torch
+
+            self._settle()
+            getattr(torch, backend.torch_device_type).empty_cache()
 
     def pytest_sessionfinish(self, session):
         if self.gate is None:
