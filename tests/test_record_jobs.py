@@ -176,3 +176,59 @@ def test_the_command_lines_record_jobs_is_the_plans_and_round_trips_through_its_
 def test_record_jobs_where_no_chunk_records_together_is_refused_not_ignored(tmp_path, extra):
     with pytest.raises(UsageError, match="--record-jobs 2: a chunk's ops record together"):
         ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--record-jobs", "2", *extra))
+
+
+class _StandInRunner:
+    """What _Records asks of the runner: each op's record and passes, as a stand-in that records which job ran
+    it and, for `blocks`, waits until the jobs are stopped."""
+
+    def __init__(self, raises: str | None = None, blocks: str | None = None):
+        import threading
+
+        self._job = threading.local()
+        self.raises, self.blocks = raises, blocks
+        self.ran: list[tuple[str, int]] = []
+        self.saw_stop: list[str] = []
+
+    def _record_and_passes(self, i, op, beside):
+        self.ran.append((op, self._job.number))
+        if op == self.raises:
+            raise OSError(f"{op}: a write failed")
+        if op == self.blocks:
+            assert beside.wait(60)
+            self.saw_stop.append(op)
+            from harness.sessions.ab.steps import StepInterrupted
+
+            raise StepInterrupted(signal.SIGINT)
+        return None if op == "no_record" else f"timed {op}"
+
+
+def test_record_jobs_take_the_chunks_ops_in_turn_each_in_its_own_job_and_yield_each_as_it_ends():
+    from harness.sessions.ab.runner import _Records
+
+    runner = _StandInRunner()
+    chunk = [(1, "a"), (2, "no_record"), (3, "c"), (4, "d"), (5, "e")]
+    records = _Records(runner, chunk, jobs=3)
+    try:
+        got = dict(records)
+    finally:
+        records.close()
+    assert got == {1: "timed a", 2: None, 3: "timed c", 4: "timed d", 5: "timed e"}
+    assert sorted(op for op, _ in runner.ran) == ["a", "c", "d", "e", "no_record"]
+    assert {job for _, job in runner.ran} <= {0, 1, 2} and len(records.threads) == 3
+    assert len(_Records(_StandInRunner(), chunk[:2], jobs=8).threads) == 2  # no more jobs than ops
+
+
+def test_a_job_that_raises_stops_the_others_steps_and_the_error_reaches_the_main_thread_once_all_ended():
+    from harness.sessions.ab.runner import _Records
+
+    runner = _StandInRunner(raises="a", blocks="b")
+    records = _Records(runner, [(1, "b"), (2, "a"), (3, "c")], jobs=2)
+    try:
+        with pytest.raises(OSError, match="a: a write failed"):
+            list(records)
+    finally:
+        records.close()
+    assert runner.saw_stop == ["b"]  # stopped, not waited for to its end
+    assert "c" not in [op for op, _ in runner.ran]  # no step started after the error
+    assert not any(t.is_alive() for t in records.threads)
