@@ -88,8 +88,9 @@ def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_
     # fp32_op's record and passes complete in the chunk, hang_op's record hangs: the chunk is ended as hang_op's
     # steps pass --op-timeout (not at the chunk's 2 x --op-timeout), hang_op is TIMEOUT there, not run again;
     # fp32_op's own job takes over its steps and times its repeats. Together (--record-jobs 2), fp32_op's steps
-    # beside the hung record wait for the device it holds: not charged to fp32_op.
-    how = ("--record-jobs", "2") if records == "together" else ("--chunk-records", records)
+    # beside the hung record wait for the device it holds: not charged to fp32_op. Together is a corpus A/B's default.
+    how = {"first": ("--chunk-records", "first", "--record-jobs", "1"), "beside": ("--chunk-records", "beside"),
+           "together": ()}[records]
     proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", "45", *how)
     out, _ = proc.communicate(timeout=45 * 2 + 240)
     assert proc.returncode == 1, out

@@ -232,3 +232,23 @@ def test_a_job_that_raises_stops_the_others_steps_and_the_error_reaches_the_main
     assert runner.saw_stop == ["b"]  # stopped, not waited for to its end
     assert "c" not in [op for op, _ in runner.ran]  # no step started after the error
     assert not any(t.is_alive() for t in records.threads)
+
+
+def test_a_corpus_ab_records_4_at_a_time_unless_its_plan_or_command_line_names_how_many_or_it_records_beside(
+        tmp_path):
+    from harness.sessions.corpus_ab import CORPUS_CHUNK, CORPUS_RECORD_JOBS
+
+    def jobs(*extra, plan=None):
+        request = _request(tmp_path, ["add", "softmax"], *extra)
+        if plan is not None:
+            path = tmp_path / "plan.yaml"
+            path.write_text(plan)
+            request = cli.parse_request(["ab", str(path), "--backend", "interpreter", "--out", str(tmp_path / "r")])
+        return ab.resolve_plan(request, CORPUS_CHUNK, CORPUS_RECORD_JOBS).record_jobs
+
+    assert CORPUS_RECORD_JOBS == 4 and jobs() == 4
+    assert jobs("--record-jobs", "2") == 2 and jobs("--chunk", "1") == 1
+    assert jobs("--chunk-records", "beside") == 1  # beside the repeats: one record at a time unless asked
+    assert jobs("--step-start", "fresh") == 1
+    assert jobs(plan="ops: [add, softmax]\nrecord_jobs: 1\n") == 1 and jobs(plan="ops: [add, softmax]\n") == 4
+    assert ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "4")).record_jobs == 1  # not a corpus

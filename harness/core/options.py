@@ -697,7 +697,8 @@ class ExperimentOptions(OptionSet):
         help="with --chunk: how many of a chunk's ops record (and run B's passes) at once, no repeat timed "
              "meanwhile: their compiles share the host's cores, their cases the device, one at a time through a "
              "gate (no verdict reads their timings); a step that fails beside others runs again alone; "
-             f"1 to {MAX_RECORD_JOBS} (default: {DEFAULT_RECORD_JOBS})",
+             f"1 to {MAX_RECORD_JOBS} (default: 4 for a corpus A/B on the local executor whose chunks record "
+             f"first, else {DEFAULT_RECORD_JOBS})",
         check=lambda v: type(v) is int and 1 <= v <= MAX_RECORD_JOBS,
         what=f"an integer from 1 to {MAX_RECORD_JOBS}")
 

@@ -46,6 +46,10 @@ PLAN_FILE = "plan.yaml"  # in an op's dir: the plan its A/B runs
 # record back 5-7 s on an H100, and whose hosts time a FlagGems repeat step in 0.9-1.25 s against
 # 1.7-1.85 s a process a step (docs/performance.md, "Chunks of ops").
 CORPUS_CHUNK = 8
+# And its records and B's passes, where neither its plan nor --record-jobs names how many at once (chunks
+# whose records run first): on an H100, a chunk of four FlagGems ops recorded in 67.6 s with 4 against 90.7 s
+# one at a time, the chunk's wall 16% shorter at 3 repeats (docs/performance.md, "Records together").
+CORPUS_RECORD_JOBS = 4
 AB_JSON = "ab.json"  # in a single-op A/B dir: its steps (harness.sessions.ab)
 
 
@@ -141,7 +145,8 @@ class CorpusAB(batch.Batch):
                                  "it with nox -s batch -- --resume --batch-dir DIR")
             plan = _plan_of(stored["plan"], f"stored in {request.corpus.batch_dir / batchdir.BATCH_JSON}")
         else:
-            plan = resolve_plan(request.ab, CORPUS_CHUNK if request.corpus.executor == "local" else 1)
+            local = request.corpus.executor == "local"
+            plan = resolve_plan(request.ab, CORPUS_CHUNK if local else 1, CORPUS_RECORD_JOBS if local else 1)
             say_if_a_a(plan)
             run, ops = plan.options, plan.ops
         run = run.without_measurement()  # (the batch drops the device: each op is given its own)

@@ -42,18 +42,19 @@ def say_if_a_a(plan: Plan) -> None:
         print("note: sides A and B are identical: this is an A/A run (measures noise)")
 
 
-def resolve_plan(request: ABRequest, default_chunk: int = 1) -> Plan:
+def resolve_plan(request: ABRequest, default_chunk: int = 1, default_record_jobs: int = 1) -> Plan:
     """The plan from its file (or --ops), with the experiment and run options the request gives over it.
     `default_chunk`: the chunk where neither the plan nor --chunk names one and passes run once (a corpus
-    A/B's on the local executor)."""
+    A/B's on the local executor); `default_record_jobs`, likewise its record jobs, where its chunks record
+    first with warm workers."""
     try:
         if request.plan is not None or not request.ops:
             path = Path(request.plan or DEFAULT_PLAN)
             data = rundir.read_yaml_mapping(path, PlanError, "plan")
-            plan, chunk_named = plan_from_data(data, path), "chunk" in data
+            plan, chunk_named, jobs_named = plan_from_data(data, path), "chunk" in data, "record_jobs" in data
         else:
             plan = Plan(name="adhoc", ops=list(request.ops), a=Side("A", "as is"), b=Side("B", ""))
-            chunk_named = False
+            chunk_named = jobs_named = False
     except PlanError as exc:
         raise UsageError(str(exc)) from exc
     if request.ops:
@@ -85,6 +86,9 @@ def resolve_plan(request: ABRequest, default_chunk: int = 1) -> Plan:
         # A step that collects IR or profiles leaves Triton hooks and the profiler's slowdown in its process.
         raise UsageError(f"chunk {plan.chunk}: a chunk's hosts run timing-only repeats, and with --step-passes "
                          f"{plan.step_passes} every repeat collects IR and profiles: use --step-passes once")
+    if experiment.record_jobs is None and not jobs_named and plan.chunk > 1 and plan.chunk_records == "first" \
+            and plan.step_start != "fresh":
+        plan.record_jobs = default_record_jobs
     if experiment.record_jobs not in (None, 1) and (plan.chunk == 1 or plan.step_start == "fresh"):
         # Its jobs are a chunk's, each forked by a warm worker of its own: asked for where none runs, said so.
         why = f"chunk {plan.chunk}" if plan.chunk == 1 else "--step-start fresh"
