@@ -194,6 +194,36 @@ def test_waiting_for_a_begun_workers_imports_readies_it_or_closes_one_that_died(
             assert live.close() == 0
 
 
+def test_a_worker_begun_in_a_thread_that_ended_is_begun_again_by_the_thread_that_uses_it(tmp_path):
+    """A record job's spare: begun in one job's thread, which ended (the worker then gets SIGTERM), then used by
+    another's. It is begun again where it is used and its step goes through (CI saw the step fail)."""
+    import threading
+
+    from harness.core import forkserver
+
+    with open(tmp_path / "ab.log", "w+") as log:
+        worker = forkserver.Worker(sys.executable, log, {}, str(REPO), None, "interpreter")
+
+        def begin_and_end_once_it_has_imported():  # its word unread: a spare no step has used yet
+            import select
+
+            worker.begin()
+            assert select.select([worker.sock], [], [], 120)[0]
+
+        thread = threading.Thread(target=begin_and_end_once_it_has_imported)
+        thread.start()
+        thread.join()
+        assert not worker.ready
+        first = worker.child.pid
+        assert wait_for(lambda: worker.child.proc.poll() is not None, 60)  # ended with its thread
+        try:
+            child = worker.start(["--version"], log=log, on_stdout=lambda line: None)
+            assert child.wait(120) is not None and worker.child.pid != first
+        finally:
+            worker.close()
+    assert "its starting thread ended before it served; begun again" in (tmp_path / "ab.log").read_text()
+
+
 def test_the_worker_computes_once_what_every_step_would_and_touches_no_device():
     """harness.worker._warm, in a process of its own as a worker is: Triton's cache key computed (its
     lru cache filled, so a forked step's first compile or cache hit does not hash Triton again), the

@@ -155,6 +155,11 @@ class Preload:
                 *(arg for checkout in self.checkouts for arg in ("--preload", checkout))]
 
 
+# How a worker ends when the thread that began it ends (launch.end_with's SIGTERM): before its handler is set,
+# or through it.
+_ENDED_BY_ITS_THREAD = (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
 class WorkerDied(RuntimeError):
     """The worker is gone: it never came up, or it died."""
 
@@ -199,6 +204,8 @@ class Worker:
         self.sock: socket.socket | None = None
         self.ready = False  # it said so: its imports are done
         self.died = False  # during the last step: the step was killed with it
+        self.ended_unready: int | None = None  # the exit code of one that ended before it said it was ready
+        self.served = 0  # steps it forked
 
     def begin(self) -> None:
         """Start the worker without waiting for its imports (the A/B starts both sides' at once,
@@ -220,6 +227,9 @@ class Worker:
         self.sock = ours
         self.ready = False
 
+    def _ended_by_its_thread(self) -> bool:
+        return not self.served and self.child.proc.poll() in _ENDED_BY_ITS_THREAD
+
     def wait_ready(self) -> None:
         """Wait for a begun worker's imports to be done; WorkerDied (and it is closed: its step starts
         a new one) if it never says so."""
@@ -236,6 +246,7 @@ class Worker:
         self.sock.settimeout(None)
         if ready is None:
             code = self.close()
+            self.ended_unready = code
             raise WorkerDied(f"the warm worker of {self.python} did not start ({launch.describe_exit(code)}; "
                              "see the log)")
         self.ready = True
@@ -246,12 +257,25 @@ class Worker:
         stderr to `log`; holding `guard`'s lock (a batch op's `.running`) while it runs, in this
         process's name; first waiting at `gate` for its starter's go, when given (opguard.passed_gate).
         WorkerDied when there is no live worker to fork it."""
-        # One that died while importing is not started again here: it says why below, once.
-        if self.child is None or (self.ready and self.child.proc.poll() is not None):
+        # One that died while importing is not started again here: it says why below, once. One ended by the end
+        # of the thread that began it (launch.end_with) before it served a step is: a record job's spare, begun
+        # in another job's thread (ab.runner._Records).
+        if self.child is None or (self.ready or self._ended_by_its_thread()) and self.child.proc.poll() is not None:
+            if self.child is not None and not self.served:
+                self.log.write("worker: its starting thread ended before it served; begun again\n")
             self.close()
             self._spawn()
         if not self.ready:
-            self._await_ready()
+            try:
+                self._await_ready()
+            except WorkerDied:
+                if self.ended_unready not in _ENDED_BY_ITS_THREAD:
+                    raise
+                # Ended by the end of the thread that began it (launch.end_with), before it served: a spare
+                # begun in another record job's thread (ab.runner._Records). Begun again, by this thread, once.
+                self.log.write("worker: its starting thread ended before it served; begun again\n")
+                self._spawn()
+                self._await_ready()
         self.died = False
         log.write(f"\n$ (forked by worker {self.child.pid}) {' '.join(argv)}\n")
         log.flush()
@@ -270,6 +294,7 @@ class Worker:
             stdout.close()
             self.died = True
             raise WorkerDied("the warm worker died before it forked the step")
+        self.served += 1
         pump = threading.Thread(target=launch.pump, args=(stdout, launch.teed(log, on_stdout)), daemon=True)
         pump.start()
         return launch.Child(_Step(self, answer["pid"]), own_group=True, pumps=(pump,))
