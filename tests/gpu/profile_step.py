@@ -3,7 +3,8 @@
     python3 tests/gpu/profile_step.py --flaggems-dir third_party/FlagGems --out DIR \
         [--op flaggems:exp --op builtin:softmax ...] [--shapes FILE] [--replays 3]
 
-Per op: a fresh `record` (it compiles into a Triton cache of the op's own), then, from this process set
+Per op: a fresh `record` (it compiles into the Triton cache its replays read, as an A/B side's: `--triton-cache`;
+without it each run compiles into a private cache of its own), then, from this process set
 up as a side's warm worker is (harness.worker: its imports and `_warm`), `--replays` timing-only replays
 forked as the worker forks them (the checkouts' packages preloaded, unless --no-preload), each step's wall
 printed; then one more, its pytest child profiled (DIR/<op>.child.prof), and the child's imports by top-level
@@ -43,6 +44,7 @@ def _flaggems_args(flaggems_dirs: list[str]) -> list[str]:
 
 def record(op: str, run_dir: Path, args) -> None:
     argv = [sys.executable, "-m", "harness", "record", op, "--run-dir", str(run_dir), "--no-ir",
+            "--triton-cache", os.environ["TRITON_CACHE_DIR"],
             *_flaggems_args(args.flaggems_dir), *(["--shapes", args.shapes] if args.shapes else []),
             *(["--dtypes", args.dtypes] if args.dtypes else []), *(["--backend", args.backend] if args.backend else [])]
     start = time.monotonic()
@@ -85,7 +87,7 @@ class ImportClock:
         self.bootstrap._find_and_load = self.original
 
 
-def forked_step(argv: list[str], env: dict | None = None) -> tuple[float, int]:
+def forked_step(argv: list[str]) -> tuple[float, int]:
     """(wall seconds, exit code) of `python -m harness ARGV` forked from this warm process."""
     from harness import worker
 
@@ -95,7 +97,6 @@ def forked_step(argv: list[str], env: dict | None = None) -> tuple[float, int]:
     if pid == 0:
         code = 1
         try:
-            os.environ.update(env or {})
             os.setsid()
             log = os.open(os.devnull, os.O_WRONLY)
             os.dup2(log, 1)
@@ -141,15 +142,16 @@ def setup_steps(op: str, name: str, record_dir: Path, work: Path, args) -> dict:
              *(["--dtypes", args.dtypes] if args.dtypes else []),
              *(["--backend", args.backend] if args.backend else [])]
     steps = {
-        "record": (["record", op, "--run-dir", str(record_dir), "--passes-only", *extra], None),
-        "passes-cold": (["replay", str(record_dir), "--run-dir", str(work / name / "passes-cold"), "--passes-only"],
-                        {"TRITON_CACHE_DIR": str(work / name / "cold-cache")}),
+        "record": ["record", op, "--run-dir", str(record_dir), "--passes-only", "--triton-cache",
+                   os.environ["TRITON_CACHE_DIR"], *extra],
+        "passes-cold": ["replay", str(record_dir), "--run-dir", str(work / name / "passes-cold"), "--passes-only",
+                        "--triton-cache", str(work / name / "cold-cache")],
     }
     walls = {}
-    for kind, (argv, env) in steps.items():
+    for kind, argv in steps.items():
         original = profile_child(args.out, name, kind)
         try:
-            walls[kind], code = forked_step(argv, env)
+            walls[kind], code = forked_step(argv)
         finally:
             sys.modules["harness.child.runner"].entry = original
         print(f"{op}: {kind} forked, profiled: {walls[kind]:.2f} s (exit {code})")
@@ -217,13 +219,15 @@ def main() -> int:
                 summary[op] = setup_steps(op, name, records[op], work, args)
             walls = []
             for i in range(args.replays):
-                argv = ["replay", str(records[op]), "--run-dir", str(work / name / f"r{i}"), "--timing-only"]
+                argv = ["replay", str(records[op]), "--run-dir", str(work / name / f"r{i}"), "--timing-only",
+                        "--triton-cache", os.environ["TRITON_CACHE_DIR"]]
                 wall, code = forked_step(argv)
                 walls.append(wall)
                 print(f"{op}: forked replay {i + 1}: {wall:.2f} s (exit {code})")
             original = profile_child(args.out, name)
             try:
-                argv = ["replay", str(records[op]), "--run-dir", str(work / name / "profiled"), "--timing-only"]
+                argv = ["replay", str(records[op]), "--run-dir", str(work / name / "profiled"), "--timing-only",
+                        "--triton-cache", os.environ["TRITON_CACHE_DIR"]]
                 wall, code = forked_step(argv)
             finally:
                 sys.modules["harness.child.runner"].entry = original
