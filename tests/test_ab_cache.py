@@ -5,6 +5,7 @@ step of the other side; removed when the A/B ends."""
 from pathlib import Path
 
 import pytest
+from conftest import load, run_harness
 
 from harness.core import forkserver, identity, launch
 from harness.core.options import RunOptions
@@ -79,3 +80,37 @@ def test_a_side_whose_python_cannot_say_its_triton_gets_no_shared_cache_and_the_
     assert "side B: no kernel reuse across its steps: its Triton could not be identified (/bin/false exited 1)" \
         in (tmp_path / "ab.log").read_text()
     runner.close()
+
+
+# Stands in for a kernel compiled into the run's Triton cache: a new entry the first time, found there after.
+COMPILES_ONCE = '''
+import os
+import torch
+from ops import Operator
+
+def _compiled(x):
+    os.makedirs(os.path.join(os.environ["TRITON_CACHE_DIR"], "standin_kernel_key"), exist_ok=True)
+    return x * 3
+
+compiles_once = Operator(name="compiles_once", inputs=lambda shape, dtype, device: (torch.ones(*shape, dtype=dtype),),
+                         baseline=lambda x: x * 3, candidate=_compiled, dtypes=("fp32",), shape_keys=("pointwise",))
+'''
+
+
+def test_a_run_says_how_many_entries_it_wrote_into_its_triton_cache(tmp_path):
+    # A replay that compiled (a kernel its record should have left in the side's cache) is seen in its run.json.
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "compiles_once.py").write_text(COMPILES_ONCE)
+    (tmp_path / "shapes.yaml").write_text("compiles_once:\n  shapes: [[8], [16]]\n")
+    cache = tmp_path / "cache"
+    record = run_harness("record", "compiles_once", "--backend", "interpreter", "--ops-path", tmp_path / "ops",
+                         "--shapes", tmp_path / "shapes.yaml", "--triton-cache", cache, "--run-dir", tmp_path / "r")
+    assert record.returncode == 0, record.stdout + record.stderr
+    (cache / "found_before").mkdir()  # an entry another run wrote
+    replay = run_harness("replay", tmp_path / "r", "--timing-only", "--triton-cache", cache, "--run-dir",
+                         tmp_path / "r2")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    private = run_harness("replay", tmp_path / "r", "--timing-only", "--run-dir", tmp_path / "r3")
+    assert private.returncode == 0, private.stdout + private.stderr
+    written = [load(tmp_path / name / "run.json")["observed"]["triton_cache_written"] for name in ("r", "r2", "r3")]
+    assert written == [1, 0, 1]

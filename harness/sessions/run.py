@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import re
 import shutil
 import signal
@@ -334,8 +335,13 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
                 run_spec = dataclasses.replace(run_spec, preset_records=str(swept.merged))
                 spec_mod.write(run_dir, run_spec)
         rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache": cache_note}})
+        cached = _cache_entries(cache_dir)
         code, interrupted = run_child(run_dir, run_spec, tee, str(cache_dir), host)
         rundir.release_space(run_dir)  # the child is gone: room for this process's own account
+        # Whether the run compiled (a kernel or launcher not found in a shared cache: a replay's should all be
+        # there); runs beside it writing the same cache count too.
+        written = len(_cache_entries(cache_dir) - cached)
+        rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache_written": written}})
         outcome = finish(run_dir, code, interrupted, planned, tee)
         tee.write(f"\n{summary_line(run_spec.mode, outcome, planned, _rows_skipped(run_dir))}; run dir: {run_dir}\n")
         if tee.log_error is not None:
@@ -350,6 +356,14 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
         rundir.release_space(run_dir)  # however the run ended (a stopped sweep, say)
     # This process was stopped: that is the account, whatever the child recorded before it stopped.
     return 128 + getattr(signal, interrupted) if interrupted else outcome.exit_code
+
+
+def _cache_entries(cache_dir: Path) -> set[str]:
+    """The Triton cache's entries (one a compiled kernel or launcher, named by its key)."""
+    try:
+        return set(os.listdir(cache_dir))
+    except OSError:
+        return set()
 
 
 def _write_inputs(run_dir: Path, run_spec: spec_mod.RunSpec,

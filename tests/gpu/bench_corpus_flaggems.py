@@ -96,7 +96,13 @@ def op_figures(ab_json: Path) -> dict:
     # The passes and record steps' precompile: the record's pool (fork or spawn) and B's compiles done ahead.
     pools = {s["step"].rsplit("/", 1)[-1]: (observed[s["run_dir"]].get("autotune") or {}).get("precompile") or {}
              for s in steps if s["args"][0] == "record" or s.get("passes")}
-    return {"timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
+    # Entries the steps wrote into their side's Triton cache (run.json observed.triton_cache_written): a repeat
+    # that writes any compiled what its record or passes should have left there.
+    def written(kind_steps) -> int:
+        return sum(observed[s["run_dir"]].get("triton_cache_written") or 0 for s in kind_steps)
+
+    return {"cache_written": {"record": written(records), "passes": written(passes), "repeats": written(timed)},
+            "timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
             "gc_s": gc_seconds,
             "precompile": pools,
             "op": state["plan"]["ops"][0], "rows": rows, "steps_wall_s": round(wall, 1),
@@ -163,6 +169,8 @@ def report(args) -> dict:
             print(f"{o['key']:<40} a repeat step's timer, s: "
                   + " ".join(f"{k} {v:.2f}" for k, v in o["timer_phases_s"].items()))
         print(f"{o['key']:<40} garbage collections, s: " + " ".join(f"{k} {v}" for k, v in o["gc_s"].items()))
+        print(f"{o['key']:<40} Triton cache entries written: "
+              + " ".join(f"{k} {v}" for k, v in o["cache_written"].items()))
     for f in failed:
         print(f"{f['key']:<40} {f['status']} after {f['elapsed_s']} s: {f['notes'][:100]}")
     if "corpus_h" in result:
