@@ -62,6 +62,26 @@ def load(path: Path):
     return json.loads(Path(path).read_text())
 
 
+def ab_dir_in(out: str) -> Path:
+    """The A/B dir an `ab` names in its output ("ab dir: D")."""
+    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
+
+
+# Two pointwise rows and a softmax row, small enough for the interpreter: an A/B of built-ins or test ops.
+AB_SHAPES = ("pointwise:\n  shapes: [[300], [2, 700]]\n  dtypes: [fp32]\n"
+             "softmax:\n  shapes: [[4, 300]]\n  dtypes: [fp32]\n")
+
+
+def ab_request(tmp_path: Path, ops: list[str], *extra: str):
+    """An interpreter `ab` request over `ops` at AB_SHAPES, its runs under tmp_path/runs."""
+    from harness import cli  # here, not above: nothing may import Triton before TRITON_INTERPRET is set
+
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(AB_SHAPES)
+    return cli.parse_request(["ab", "--ops", *ops, "--backend", "interpreter", "--shapes", str(shapes),
+                              "--out", str(tmp_path / "runs"), *extra])
+
+
 @pytest.fixture
 def harness():
     return run_harness

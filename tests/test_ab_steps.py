@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load
+from conftest import ab_dir_in, load
 from result_rows import result_row
 
 from harness import cli
@@ -146,16 +146,13 @@ def _ab(tmp_path, plan_text, *argv):
     return cli.parse_request(["ab", str(plan), "--backend", "interpreter", *out, *argv])
 
 
-def _ab_dir(out: str) -> Path:
-    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
-
 
 def test_a_records_once_then_the_sides_replay_its_record_interleaved_and_the_ab_passes(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch)
     args = _ab(tmp_path, "name: t\nops: [builtin:add, mm@mm]\nrepeats: 2\nfdr: 0.2\nb: {label: new, env: {X: '1'}}\n")
     assert ab.run_from_args(args) == 0
     out = capsys.readouterr().out
-    ab_dir = _ab_dir(out)
+    ab_dir = ab_dir_in(out)
     assert ab_dir.parent == tmp_path / "runs" and ab_dir.name.startswith("ab_t_")
     assert out.startswith("A/B t: A = as is; B = new X=1; ops builtin:add mm@mm; 2 repeats interleaved\n"
                           f"ab dir: {ab_dir}\n")
@@ -207,7 +204,7 @@ def test_each_step_is_told_its_sides_interpreter_environment_cache_and_how_to_st
     monkeypatch.setattr(ab_runner, "build_side_env", lambda side, log: built)
     args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\nb: {env: {X: '1'}, requirements: [triton]}\n")
     assert ab.run_from_args(args) == 0
-    ab_dir = _ab_dir(capsys.readouterr().out)
+    ab_dir = ab_dir_in(capsys.readouterr().out)
     a, b = steps.workers
     state = load(ab_dir / "ab.json")
     caches = {name: state["triton_caches"][name]["dir"] for name in "AB"}
@@ -248,7 +245,7 @@ def test_a_fresh_step_is_a_process_of_its_sides_interpreter_with_its_sides_envir
     monkeypatch.setattr(ab_runner, "build_side_env", build)
     args = _ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fresh\nb: {env: {X: '1'}, requirements: [triton]}\n")
     assert ab.run_from_args(args) == 0
-    assert steps.workers == [] and logs == [("B", str(_ab_dir(capsys.readouterr().out) / "ab.log"))]
+    assert steps.workers == [] and logs == [("B", str(ab_dir_in(capsys.readouterr().out) / "ab.log"))]
     for told in steps.told:
         if told["side"] == "A":
             assert (told["python"], told["env"], told["pythonpath"]) == (sys.executable, {}, None)
@@ -269,7 +266,7 @@ def test_a_side_whose_env_does_not_build_stops_the_ab_before_any_step(tmp_path, 
     args = _ab(tmp_path, "ops: [add]\nb: {requirements: [triton]}\n")
     with pytest.raises(UsageError) as refused:
         ab.run_from_args(args)
-    ab_dir = _ab_dir(capsys.readouterr().out)
+    ab_dir = ab_dir_in(capsys.readouterr().out)
     assert str(refused.value) == (f"side B: building its env failed (Command '['pip', 'install']' returned non-zero "
                                   f"exit status 1.); see {ab_dir / 'ab.log'}")
     assert steps.told == []
@@ -296,7 +293,7 @@ def test_a_failed_repeat_fails_the_ab_and_no_timed_step_takes_on_the_passes(tmp_
     args = _ab(tmp_path, "ops: [add]\nrepeats: 2\n")
     assert ab.run_from_args(args) == 1
     out = capsys.readouterr().out
-    ab_dir = _ab_dir(out)
+    ab_dir = ab_dir_in(out)
     assert "[1/1 add] repeat 1/2: A replays A ... 1/1 FAILED (exit 3) (0 s)" in out.splitlines()
     assert "[1/1 add] repeat 1/2: B replays A ... 1/1 finished with failed rows (exit 1) (0 s)" in out.splitlines()
     # A's first repeat failed: its second still times only (the passes ran in A's record); B's went through
@@ -317,7 +314,7 @@ def test_an_op_whose_record_fails_has_no_rows_and_the_next_op_still_runs(tmp_pat
                   len(steps.told) == 1 else "ok")
     args = _ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")
     assert ab.run_from_args(args) == 1
-    report = load(_ab_dir(capsys.readouterr().out) / "report.json")
+    report = load(ab_dir_in(capsys.readouterr().out) / "report.json")
     assert steps.schedule() == ["A-record", "A-record", "B-passes", "A-1", "B-1", "A-2", "B-2"]
     assert steps.told[1]["argv"][:2] == ["record", "softmax"]
     assert "no rows to compare for add: a side has no completed run" in report["warnings"]
@@ -328,7 +325,7 @@ def test_a_side_with_no_usable_replay_leaves_the_ab_failed_without_a_failed_step
                                                                                                capsys):
     Steps(monkeypatch, fate=lambda side_dir, attempt: "fails" if side_dir.startswith("B") else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add, softmax]\nrepeats: 2\n")) == 1
-    report = load(_ab_dir(capsys.readouterr().out) / "report.json")
+    report = load(ab_dir_in(capsys.readouterr().out) / "report.json")
     assert report["warnings"][-2:] == [
         "6 step(s) failed (see ab.log): [1/2 add] B's IR and kernels (not timed for the verdict); [1/2 add] repeat "
         "1/2: B replays A; [1/2 add] repeat 2/2: B replays A; [2/2 softmax] B's IR and kernels (not timed for the "
@@ -342,7 +339,7 @@ def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_pa
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "dies" if side_dir == "B-1" and attempt == 1 else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 0
     out = capsys.readouterr().out
-    ab_dir = _ab_dir(out)
+    ab_dir = ab_dir_in(out)
     assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
     retried = steps.told[4]
     assert retried["argv"] == steps.told[3]["argv"] and retried["starter"] == steps.told[3]["starter"]
@@ -356,7 +353,7 @@ def test_a_step_whose_warm_worker_died_is_retried_once_in_a_clean_run_dir(tmp_pa
 def test_a_worker_that_never_comes_up_fails_the_step_after_one_retry(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "lost" if side_dir == "B-1" else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 1
-    ab_dir = _ab_dir(capsys.readouterr().out)
+    ab_dir = ab_dir_in(capsys.readouterr().out)
     assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "B-1", "A-2", "B-2"]
     step = load(ab_dir / "ab.json")["steps"][3]
     assert (step["what"], step["exit"], step["usable"]) == ("[1/1 add] repeat 1/2: B replays A", 1, False)
@@ -367,7 +364,7 @@ def test_a_sigterm_during_a_step_stops_the_ab_and_reports_what_completed(tmp_pat
     steps = Steps(monkeypatch, fate=lambda side_dir, attempt: "stopped" if side_dir == "A-2" else "ok")
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 3\n")) == 128 + signal.SIGTERM
     out = capsys.readouterr().out
-    ab_dir = _ab_dir(out)
+    ab_dir = ab_dir_in(out)
     assert steps.schedule() == ["A-record", "B-passes", "A-1", "B-1", "A-2"]
     assert "\ninterrupted (SIGTERM): stopping the running side and reporting what completed\n" in out
     assert "reporting what completed\n\ninterrupted" not in out  # said once, by the step
@@ -386,7 +383,7 @@ def test_a_ctrl_c_between_steps_stops_the_ab_and_says_so(tmp_path, monkeypatch, 
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\nrepeats: 2\nstep_start: fork\n")) == 128 + signal.SIGINT
     out = capsys.readouterr().out
     assert "\ninterrupted (SIGINT): reporting what completed\n" in out
-    report = load(_ab_dir(out) / "report.json")
+    report = load(ab_dir_in(out) / "report.json")
     assert report["warnings"][0] == "INCOMPLETE: interrupted after 5 completed steps; rows below cover only those"
 
 
@@ -415,7 +412,7 @@ def test_the_ab_dir_is_the_one_named_and_an_a_a_run_says_it_measures_noise(tmp_p
     named = tmp_path / "named"
     assert ab.run_from_args(_ab(tmp_path, "ops: [add]\n", "--run-dir", str(named))) == 0
     out = capsys.readouterr().out
-    assert _ab_dir(out) == named and (named / "report.json").is_file() and not (tmp_path / "runs").exists()
+    assert ab_dir_in(out) == named and (named / "report.json").is_file() and not (tmp_path / "runs").exists()
     assert out.startswith("note: sides A and B are identical: this is an A/A run (measures noise)\n")
     assert out.splitlines()[3] == table.not_performance_note("interpreter")  # said before any step
 
@@ -639,13 +636,13 @@ def test_a_timer_or_l2_mode_the_backend_lacks_is_refused_before_any_step(tmp_pat
     assert steps.told == []
 
 
-def test_an_op_named_by_its_pytest_node_keeps_its_steps_in_the_ab_dir(tmp_path, monkeypatch, capsys):
+def test_an_op_named_by_its_pytest_node_keeps_its_steps_in_theab_dir_in(tmp_path, monkeypatch, capsys):
     steps = Steps(monkeypatch)
     node = tmp_path / "fg" / "benchmark" / "test_mm.py"
     node.parent.mkdir(parents=True)
     node.write_text("def test_mm():\n    pass\n")
     assert ab.run_from_args(_ab(tmp_path, f"ops: ['{node}::test_mm']\nflaggems_dirs: [fg]\n")) == 0
-    ab_dir = _ab_dir(capsys.readouterr().out)
+    ab_dir = ab_dir_in(capsys.readouterr().out)
     op_dir = ab_dir / f"{node}::test_mm".replace(":", "-").replace("/", "-")
     assert {t["run_dir"].parent.parent for t in steps.told} == {op_dir} and op_dir.parent == ab_dir
 

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import REPO, harness_env, load, run_dir_of, wait_for
+from conftest import AB_SHAPES, REPO, ab_dir_in, ab_request, harness_env, load, run_dir_of, wait_for
 
 from harness import cli
 from harness.core import options
@@ -20,19 +20,8 @@ from harness.sessions.ab.plan import PlanError, plan_from_data
 
 CHUNK_OPS = REPO / "tests" / "resources" / "chunk_ops"
 PROBE = REPO / "tests" / "resources" / "user_ops" / "switch_probe.py"
-SHAPES = ("pointwise:\n  shapes: [[300], [2, 700]]\n  dtypes: [fp32]\n"
-          "softmax:\n  shapes: [[4, 300]]\n  dtypes: [fp32]\n")
 
 
-def _request(tmp_path, ops, *extra):
-    shapes = tmp_path / "shapes.yaml"
-    shapes.write_text(SHAPES)
-    return cli.parse_request(["ab", "--ops", *ops, "--backend", "interpreter", "--shapes", str(shapes),
-                              "--out", str(tmp_path / "runs"), *extra])
-
-
-def _ab_dir(out: str) -> Path:
-    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
 
 
 def _run_json(step_dir: Path) -> dict:
@@ -51,11 +40,11 @@ def _run_file(step_dir: Path, name: str) -> str:
 
 @pytest.mark.e2e
 def test_a_chunks_repeat_runs_in_one_host_a_side_each_op_keeping_its_own_step(tmp_path, capsys):
-    code = ab.run_from_args(_request(tmp_path, ["switch_probe", "add"], "--ops-path", str(PROBE), "--b-env",
+    code = ab.run_from_args(ab_request(tmp_path, ["switch_probe", "add"], "--ops-path", str(PROBE), "--b-env",
                                      "ZL_TEST_SWITCH=1", "--repeats", "2", "--chunk", "2", "--chunk-records", "beside"))
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     hosts = {}
     for r in (1, 2):
         for side in "AB":
@@ -94,11 +83,11 @@ def test_a_chunks_repeat_runs_in_one_host_a_side_each_op_keeping_its_own_step(tm
 
 @pytest.mark.e2e
 def test_a_crash_in_a_host_costs_its_op_and_the_chunks_later_ops_go_on_in_a_new_host(tmp_path, capsys):
-    code = ab.run_from_args(_request(tmp_path, ["host_crash", "add"], "--ops-path", str(CHUNK_OPS), "--b-env",
+    code = ab.run_from_args(ab_request(tmp_path, ["host_crash", "add"], "--ops-path", str(CHUNK_OPS), "--b-env",
                                      "ZL_TEST_CRASH=1", "--repeats", "2", "--chunk", "2"))
     out = capsys.readouterr().out
     assert code == 1, out  # an op with nothing to compare
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     state = load(d / "ab.json")
     failed = [s["step"] for s in state["steps"] if not s["usable"]]
     assert failed == ["host_crash/B-passes", "host_crash/B-1", "host_crash/B-2"]  # passes: a process of its own
@@ -117,11 +106,11 @@ def test_a_crash_in_a_host_costs_its_op_and_the_chunks_later_ops_go_on_in_a_new_
 
 @pytest.mark.e2e
 def test_what_one_ops_run_changed_for_the_host_does_not_reach_the_next_op(tmp_path, capsys):
-    code = ab.run_from_args(_request(tmp_path, ["leaky", "leak_witness"], "--ops-path", str(CHUNK_OPS),
+    code = ab.run_from_args(ab_request(tmp_path, ["leaky", "leak_witness"], "--ops-path", str(CHUNK_OPS),
                                      "--repeats", "2", "--chunk", "2"))
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     for step in ("A-1", "B-1", "A-2", "B-2"):
         leaked = _host(d / "leaky" / step)
         assert "sys.path" in leaked["put_back_after"]
@@ -135,11 +124,11 @@ def test_what_one_ops_run_changed_for_the_host_does_not_reach_the_next_op(tmp_pa
 def test_two_ops_sharing_an_autotuned_kernel_each_replay_their_own_records_configs_in_one_host(tmp_path, capsys):
     """The tuner outlives the first op's run in the host: the second op's run still injects from its own record
     (a tuner left wrapped by the first run's patch answered the first run's picks, and its rows named none)."""
-    code = ab.run_from_args(_request(tmp_path, ["twin_a", "twin_b"], "--ops-path", str(CHUNK_OPS), "--repeats", "2",
+    code = ab.run_from_args(ab_request(tmp_path, ["twin_a", "twin_b"], "--ops-path", str(CHUNK_OPS), "--repeats", "2",
                                      "--chunk", "2"))
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     for op in ("twin_a", "twin_b"):
         (record,) = (d / op / "A-record").iterdir()
         picked = [row["configs"] for row in load(record / "results.json")["rows"]]
@@ -154,11 +143,11 @@ def test_two_ops_sharing_an_autotuned_kernel_each_replay_their_own_records_confi
 @pytest.mark.e2e
 def test_a_host_whose_run_set_what_it_cannot_put_back_ends_after_it_and_the_next_op_gets_a_new_one(tmp_path,
                                                                                                    capsys):
-    code = ab.run_from_args(_request(tmp_path, ["allocator_setter", "add"], "--ops-path", str(CHUNK_OPS),
+    code = ab.run_from_args(ab_request(tmp_path, ["allocator_setter", "add"], "--ops-path", str(CHUNK_OPS),
                                      "--repeats", "2", "--chunk", "2"))
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     for step in ("A-1", "B-1", "A-2", "B-2"):
         setter, after = _host(d / "allocator_setter" / step), _host(d / "add" / step)
         assert setter["ended_after"] == "the run set Triton's allocator (triton.set_allocator)"
@@ -183,7 +172,7 @@ def test_a_flaggems_op_of_another_checkout_than_the_hosts_runs_its_child_in_a_pr
     code = ab.run_from_args(request)
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     for step in ("A-1", "B-2"):
         assert _host(d / "flaggems-softmax" / step)["runs_before"] == 0
         assert _host(d / "other-softmax" / step) is None
@@ -219,14 +208,14 @@ def test_an_interrupted_chunk_goes_on_from_its_last_completed_step_running_none_
 
     monkeypatch.setattr(ab.Runner, "_launch", launch)
     extra = ("--repeats", "2", "--chunk", "2", "--chunk-records", records)
-    assert ab.run_from_args(_request(tmp_path, ["softmax", "add"], *extra)) == 128 + signal.SIGINT
-    first = _ab_dir(capsys.readouterr().out)
+    assert ab.run_from_args(ab_request(tmp_path, ["softmax", "add"], *extra)) == 128 + signal.SIGINT
+    first = ab_dir_in(capsys.readouterr().out)
     before = load(first / "ab.json")
     stopped_at, then, served = INTERRUPTED[records]
     assert launched[-len(stopped_at):] == stopped_at and not before["complete"]
     launched.clear()
-    assert ab.run_from_args(_request(tmp_path, ["softmax", "add"], *extra, "--continue", str(first))) == 0
-    second = _ab_dir(capsys.readouterr().out)
+    assert ab.run_from_args(ab_request(tmp_path, ["softmax", "add"], *extra, "--continue", str(first))) == 0
+    second = ab_dir_in(capsys.readouterr().out)
     assert launched == then
     state = load(second / "ab.json")
     taken_over = sorted(s["step"] for s in state["steps"] if s.get("taken_over"))
@@ -245,11 +234,11 @@ def test_sequential_rounds_of_a_chunk_time_only_the_ops_with_open_rows_in_the_ro
         return {r.label: "same" if r.op == "softmax" else sequential.OPEN for r in rows}
 
     monkeypatch.setattr(sequential, "settle", settle)
-    code = ab.run_from_args(_request(tmp_path, ["softmax", "add"], "--repeats", "auto", "--max-repeats", "4",
+    code = ab.run_from_args(ab_request(tmp_path, ["softmax", "add"], "--repeats", "auto", "--max-repeats", "4",
                                      "--chunk", "2"))
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     assert not (d / "softmax" / "A-4").exists()
     round_2 = _host(d / "add" / "A-4")
     assert round_2["runs_before"] == 0 and round_2["pid"] != _host(d / "add" / "A-3")["pid"]
@@ -367,7 +356,7 @@ def test_a_plans_chunk_outside_its_range_is_refused_in_one_line(tmp_path, chunk)
 
 
 def test_the_command_lines_chunk_is_the_plans_and_round_trips_through_its_stored_form(tmp_path):
-    plan = ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "3"))
+    plan = ab.resolve_plan(ab_request(tmp_path, ["add", "softmax"], "--chunk", "3"))
     assert plan.chunk == 3
     assert plan_from_data(plan.to_dict(), "stored", Path("/")).chunk == 3
     with pytest.raises(SystemExit):
@@ -390,7 +379,7 @@ def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_un
     code = ab.run_from_args(request)
     out = capsys.readouterr().out
     assert code == 0, out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     for step in ("A-1", "B-2"):
         (first,), (second,) = ((d / op / step).iterdir() for op in ("flaggems-softmax", "flaggems-log_softmax-softmax"))
         assert _host(first.parent)["pid"] == _host(second.parent)["pid"]
@@ -408,7 +397,7 @@ def test_flaggems_ops_in_one_host_each_get_their_own_rows_the_benchmark_patch_un
 
 def test_chunks_refuse_passes_on_every_step_whose_hooks_would_reach_the_next_ops_run(tmp_path):
     with pytest.raises(UsageError, match="chunk 2: a chunk's hosts run timing-only repeats"):
-        ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "2", "--step-passes", "every"))
+        ab.resolve_plan(ab_request(tmp_path, ["add", "softmax"], "--chunk", "2", "--step-passes", "every"))
 
 
 @pytest.mark.e2e
@@ -453,7 +442,7 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
     import sys
 
     shapes = tmp_path / "shapes.yaml"
-    shapes.write_text(SHAPES)
+    shapes.write_text(AB_SHAPES)
     env = harness_env()
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "fp32_op", "hang_op", "--ops-path",
                              str(REPO / "tests" / "resources" / "batch_ops"), "--backend", "interpreter", "--shapes",
@@ -485,7 +474,7 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGINT, out
     assert "INCOMPLETE" in out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     state = load(d / "ab.json")
     # Where it stopped, as a stopped step of the main thread's stays `running`: a continuation runs it again.
     record = state["running_beside"]

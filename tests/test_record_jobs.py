@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, harness_env, load, wait_for
+from conftest import AB_SHAPES, REPO, ab_dir_in, ab_request, harness_env, load, wait_for
 
 from harness import cli
 from harness.core import abstate, options
@@ -23,18 +23,8 @@ from harness.sessions.ab.plan import PlanError, plan_from_data
 from harness.sessions.corpus_ab import _charged
 
 CHUNK_OPS = REPO / "tests" / "resources" / "chunk_ops"
-SHAPES = "pointwise:\n  shapes: [[300], [2, 700]]\n  dtypes: [fp32]\nsoftmax:\n  shapes: [[4, 300]]\n  dtypes: [fp32]\n"
 
 
-def _request(tmp_path, ops, *extra):
-    shapes = tmp_path / "shapes.yaml"
-    shapes.write_text(SHAPES)
-    return cli.parse_request(["ab", "--ops", *ops, "--backend", "interpreter", "--shapes", str(shapes),
-                              "--out", str(tmp_path / "runs"), *extra])
-
-
-def _ab_dir(out: str) -> Path:
-    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
 
 
 def _gate_facts(step: dict) -> dict | None:
@@ -45,13 +35,13 @@ def _gate_facts(step: dict) -> dict | None:
 def test_records_run_together_before_the_repeats_and_one_that_crashed_beside_others_runs_again_alone(tmp_path,
                                                                                                      capsys):
     flag = tmp_path / "crashed"
-    code = ab.run_from_args(_request(tmp_path, ["crash_once", "add", "softmax"], "--ops-path", str(CHUNK_OPS),
+    code = ab.run_from_args(ab_request(tmp_path, ["crash_once", "add", "softmax"], "--ops-path", str(CHUNK_OPS),
                                      "--a-env", f"ZL_TEST_CRASH_ONCE={flag}", "--repeats", "2", "--chunk", "3",
                                      "--record-jobs", "2"))
     out = capsys.readouterr().out
     assert code == 0, out
     assert flag.exists()
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     state = load(d / "ab.json")
     steps = state["steps"]
     records = [s for s in steps if s["step"].endswith("/A-record")]
@@ -86,7 +76,7 @@ def test_a_stop_while_records_run_together_stops_every_jobs_step_and_reports_wha
     # hang_op's record hangs in its first case holding the device; fp32_op's, beside it, waits for it or has
     # ended. A SIGINT stops every job's step, each writing its outcome; nothing is left (the autouse fixture).
     shapes = tmp_path / "shapes.yaml"
-    shapes.write_text(SHAPES)
+    shapes.write_text(AB_SHAPES)
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "--ops", "hang_op", "fp32_op", "--ops-path",
                              str(REPO / "tests" / "resources" / "batch_ops"), "--backend", "interpreter", "--shapes",
                              str(shapes), "--dtypes", "fp32", "--repeats", "2", "--chunk", "2", "--record-jobs", "2",
@@ -112,7 +102,7 @@ def test_a_stop_while_records_run_together_stops_every_jobs_step_and_reports_wha
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGINT, out
     assert "INCOMPLETE" in out
-    state = load(_ab_dir(out) / "ab.json")
+    state = load(ab_dir_in(out) / "ab.json")
     stopped = [s for s in abstate.running_steps(state) if s["what"].endswith("hang_op] A records")]
     assert len(stopped) == 1 and "hang_op/A-record" not in [s["step"] for s in state["steps"]]
     outcome = load(Path(stopped[0]["run_dir"]) / "run.json")["observed"]["outcome"]
@@ -164,10 +154,10 @@ def test_a_plans_record_jobs_outside_its_range_is_refused_in_one_line(tmp_path, 
 
 
 def test_the_command_lines_record_jobs_is_the_plans_and_round_trips_through_its_stored_form(tmp_path):
-    plan = ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "2", "--record-jobs", "3"))
+    plan = ab.resolve_plan(ab_request(tmp_path, ["add", "softmax"], "--chunk", "2", "--record-jobs", "3"))
     assert plan.record_jobs == 3
     assert plan_from_data(plan.to_dict(), "stored", Path("/")).record_jobs == 3
-    assert ab.resolve_plan(_request(tmp_path, ["add"])).record_jobs == options.DEFAULT_RECORD_JOBS
+    assert ab.resolve_plan(ab_request(tmp_path, ["add"])).record_jobs == options.DEFAULT_RECORD_JOBS
     with pytest.raises(SystemExit):
         cli.parse_request(["ab", "--ops", "add", "--record-jobs", "0"])
 
@@ -175,7 +165,7 @@ def test_the_command_lines_record_jobs_is_the_plans_and_round_trips_through_its_
 @pytest.mark.parametrize("extra", [(), ("--chunk", "1"), ("--chunk", "2", "--step-start", "fresh")])
 def test_record_jobs_where_no_chunk_records_together_is_refused_not_ignored(tmp_path, extra):
     with pytest.raises(UsageError, match="--record-jobs 2: a chunk's ops record together"):
-        ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--record-jobs", "2", *extra))
+        ab.resolve_plan(ab_request(tmp_path, ["add", "softmax"], "--record-jobs", "2", *extra))
 
 
 class _StandInRunner:
@@ -239,7 +229,7 @@ def test_a_corpus_ab_records_4_at_a_time_unless_its_plan_or_command_line_names_h
     from harness.sessions.corpus_ab import CORPUS_CHUNK, CORPUS_RECORD_JOBS
 
     def jobs(*extra, plan=None):
-        request = _request(tmp_path, ["add", "softmax"], *extra)
+        request = ab_request(tmp_path, ["add", "softmax"], *extra)
         if plan is not None:
             path = tmp_path / "plan.yaml"
             path.write_text(plan)
@@ -251,4 +241,4 @@ def test_a_corpus_ab_records_4_at_a_time_unless_its_plan_or_command_line_names_h
     assert jobs("--chunk-records", "beside") == 1  # beside the repeats: one record at a time unless asked
     assert jobs("--step-start", "fresh") == 1
     assert jobs(plan="ops: [add, softmax]\nrecord_jobs: 1\n") == 1 and jobs(plan="ops: [add, softmax]\n") == 4
-    assert ab.resolve_plan(_request(tmp_path, ["add", "softmax"], "--chunk", "4")).record_jobs == 1  # not a corpus
+    assert ab.resolve_plan(ab_request(tmp_path, ["add", "softmax"], "--chunk", "4")).record_jobs == 1  # not a corpus

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, load, run_dir_of
+from conftest import REPO, ab_dir_in, load, run_dir_of
 
 from harness import cli
 from harness.core import options
@@ -30,9 +30,6 @@ def _args(tmp_path, *extra):
     return cli.parse_request(["ab", "--ops", "add", "--backend", "interpreter", "--shapes", str(shapes),
                                           "--out", str(tmp_path / "runs"), *extra])
 
-
-def _ab_dir(out: str) -> Path:
-    return Path(next(line for line in out.splitlines() if line.startswith("ab dir: "))[len("ab dir: "):])
 
 
 class StandIn:
@@ -72,7 +69,7 @@ def test_later_rounds_replay_only_the_open_rows_until_none_is_open(tmp_path, mon
                                  "add fp32 64": (5, "same")})
     ab.run_from_args(_args(tmp_path, "--repeats", "auto", "--max-repeats", "7"))
     out = capsys.readouterr().out
-    d = _ab_dir(out)
+    d = ab_dir_in(out)
     op_dir = d / "add"
     state = load(d / "ab.json")
     assert state["complete"] and state["plan"]["repeats"] == "auto" and state["plan"]["max_repeats"] == 7
@@ -121,14 +118,14 @@ def test_an_ab_interrupted_mid_round_goes_on_from_its_last_completed_step_runnin
     monkeypatch.setattr(ab.Runner, "_launch", launch)
     args = _args(tmp_path, "--repeats", "auto", "--max-repeats", "5")
     assert ab.run_from_args(args) == 128 + signal.SIGINT
-    first = _ab_dir(capsys.readouterr().out)
+    first = ab_dir_in(capsys.readouterr().out)
     before = load(first / "ab.json")
     assert before["running"]["run_dir"].startswith(str(first / "add" / "B-4"))
     assert launched[-2:] == ["A-4", "B-4"] and not before["complete"]
     launched.clear()
     ab.run_from_args(_args(tmp_path, "--repeats", "auto", "--max-repeats", "5", "--continue", str(first)))
     out = capsys.readouterr().out
-    second = _ab_dir(out)
+    second = ab_dir_in(out)
     assert launched == ["B-4", "A-5", "B-5"]
     state = load(second / "ab.json")
     assert state["complete"]
