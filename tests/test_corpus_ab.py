@@ -602,3 +602,21 @@ def test_a_slurm_task_runs_on_the_one_device_its_allocation_shows():
     with pytest.raises(slurm_executor.TaskDeviceError, match="sees 2 cuda devices"):
         slurm_executor.task_device(cuda, 0, {"CUDA_VISIBLE_DEVICES": "2,3"})
     assert slurm_executor.task_device(backends.get("interpreter"), 1, {}) == 1
+
+
+def test_a_chunks_own_bound_leaves_its_ops_their_timeouts_and_room_for_its_start(tmp_path, monkeypatch):
+    # Behind each op's --op-timeout (overdue), the chunk's A/B as a whole is bounded: past its ops' timeouts
+    # added up, by one more for its start, which no op's steps hold (its workers' imports on a loaded host).
+    plan = ab.load_plan(REPO / "ops" / "ab_f32_ieee.yaml")
+    opts = corpus_ab.ABOptions(RunOptions(backend="interpreter"), [0], plan=plan.to_dict(), op_timeout=40)
+    runner = corpus_ab.CorpusAB(tmp_path, opts, {})
+    bounds = []
+
+    def attempt(argv, log_path, device, timeout=None, overdue=None):
+        bounds.append(timeout)
+        raise corpus_ab.NotStarted
+
+    monkeypatch.setattr(runner, "_run_attempt", attempt)
+    chunk = [catalog.Entry("builtin", op, op, f"ops/{op}.py") for op in ("add", "softmax", "mm")]
+    assert runner._run_chunk(chunk, 0) == {}
+    assert bounds == [40 * 4]

@@ -205,9 +205,9 @@ class CorpusAB(batch.Batch):
                     yield self.run_op(entry, device)
 
     def _run_chunk(self, chunk: list, device: int) -> dict[str, batchdir.StatusRow]:
-        """The chunk's A/B in `chunks/chunk_<ts>/` under one guard and a timeout of --op-timeout per op; the
-        recorded rows of its ops that passed, and, where the batch's stop ended it, INTERRUPTED rows of the
-        others (a resume goes on from their own dirs)."""
+        """The chunk's A/B in `chunks/chunk_<ts>/` under one guard and a timeout of --op-timeout per op (one more
+        for the chunk's own start); the recorded rows of its ops that passed, and, where the batch's stop ended
+        it, INTERRUPTED rows of the others (a resume goes on from their own dirs)."""
         chunk_dir = rundir.unclaimed_run_dir(rundir.make_dir(self.dir / batchdir.CHUNKS, under=self.dir), "chunk")
         rundir.make_dir(chunk_dir)
         plan_file = chunk_dir / PLAN_FILE
@@ -232,8 +232,11 @@ class CorpusAB(batch.Batch):
             return bool(hung)
 
         try:
+            # The chunk's own bound, behind each op's (overdue): one --op-timeout more than its ops', for what no
+            # op's steps hold (its A/B's start and workers' imports: tens of seconds on a loaded host, where a
+            # bound of its ops' alone ended chunks with no op past its own).
             code, _ = self._run_attempt(argv, chunk_dir / "batch.log", device,
-                                        timeout=self.opts.op_timeout * len(chunk), overdue=overdue)
+                                        timeout=self.opts.op_timeout * (len(chunk) + 1), overdue=overdue)
         except NotStarted:  # the stop came first: nothing of the chunk ran
             return {}
         where = chunk_dir.relative_to(self.dir)
