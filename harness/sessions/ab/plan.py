@@ -124,6 +124,12 @@ class Plan:
                 f"up to {self.max_repeats} (resolving {percent_text(self.resolve)})")
 
     @property
+    def records_in_jobs(self) -> bool:
+        """Whether a chunk's records can run --record-jobs at a time: a chunk of several ops whose steps warm
+        workers fork (each job a worker of its own)."""
+        return self.chunk > 1 and self.step_start != "fresh"
+
+    @property
     def first_repeats(self) -> int:
         """The repeats per side every row gets: all of them, or the first round's."""
         return self.first if self.sequential else self.repeats

@@ -561,7 +561,7 @@ class Runner:
     def _chunk_in_turn(self, chunk: list[tuple[int, str]], preload) -> list[_TimedOp]:
         """The chunk's records and passes (--record-jobs at a time), then its repeats: each repeat a host a
         side (where hosted) replaying the chunk's ops in turn."""
-        if self.plan.record_jobs > 1 and len(chunk) > 1 and self.plan.step_start != "fresh":
+        if self.plan.record_jobs > 1 and len(chunk) > 1 and self.plan.records_in_jobs:
             timed_ops = self._records_together(chunk)
         else:
             timed_ops = [t for i, op in chunk if (t := self._record_and_passes(i, op)) is not None]
@@ -581,14 +581,8 @@ class Runner:
         (their cases one at a time, their compiles beside each other's); then, alone, those of an op whose
         steps failed beside others (a failure of its own fails again; one of the device's memory that the
         others held does not). In the chunk's order."""
-        done: dict[int, _TimedOp | None] = {}
-        with self._gated():
-            records = _Records(self, chunk, self.plan.record_jobs)
-            try:
-                for i, t in records:
-                    done[i] = t
-            finally:
-                records.close()
+        with self._recording(chunk) as records:
+            done: dict[int, _TimedOp | None] = dict(records)
         timed_ops = []
         for i, op in chunk:
             t = done.get(i)
@@ -626,14 +620,19 @@ class Runner:
             return True
 
     @contextlib.contextmanager
-    def _gated(self):
-        """The chunk's steps share the device through the gate (harness.measure.device_gate) for the section."""
+    def _recording(self, chunk: list[tuple[int, str]]):
+        """The chunk's records and B's passes, --record-jobs threads taking its ops in turn (_Records, yielded),
+        all of the section's steps sharing the device through the gate (harness.measure.device_gate)."""
         self.gate = self._open_cache_root() / GATE_FILE
         with self._lock:  # who holds it, for a corpus A/B's --op-timeout (device_gate.holder)
             self.state["device_gate"] = str(self.gate)
             self._save()
         try:
-            yield
+            records = _Records(self, chunk, self.plan.record_jobs)
+            try:
+                yield records
+            finally:
+                records.close()
         finally:
             self.gate = None
             with self._lock:
@@ -647,21 +646,16 @@ class Runner:
         through the gate: a timed row holds it while it is timed, a record or passes step while its cases
         run the device, not while they compile (harness.measure.device_gate)."""
         timed_ops: list[_TimedOp] = []
-        with self._gated():
-            records = _Records(self, chunk, self.plan.record_jobs)
-            try:
-                with self._hosting():
-                    for _, t in records:
-                        if t is None:
-                            continue
-                        if not timed_ops:
-                            preload.join()  # before any timed step: no import of the parent's beside one
-                            self._ready_before_timing(hosts_only=True)
-                        timed_ops.append(t)
-                        for r in range(1, self.plan.first_repeats + 1):
-                            self._timed_repeat(t, r)
-            finally:
-                records.close()
+        with self._recording(chunk) as records, self._hosting():
+            for _, t in records:
+                if t is None:
+                    continue
+                if not timed_ops:
+                    preload.join()  # before any timed step: no import of the parent's beside one
+                    self._ready_before_timing(hosts_only=True)
+                timed_ops.append(t)
+                for r in range(1, self.plan.first_repeats + 1):
+                    self._timed_repeat(t, r)
         return timed_ops
 
     def run(self) -> dict[str, dict[str, list[Path]]]:

@@ -86,10 +86,9 @@ def resolve_plan(request: ABRequest, default_chunk: int = 1, default_record_jobs
         # A step that collects IR or profiles leaves Triton hooks and the profiler's slowdown in its process.
         raise UsageError(f"chunk {plan.chunk}: a chunk's hosts run timing-only repeats, and with --step-passes "
                          f"{plan.step_passes} every repeat collects IR and profiles: use --step-passes once")
-    if experiment.record_jobs is None and not jobs_named and plan.chunk > 1 and plan.chunk_records == "first" \
-            and plan.step_start != "fresh":
+    if experiment.record_jobs is None and not jobs_named and plan.records_in_jobs and plan.chunk_records == "first":
         plan.record_jobs = default_record_jobs
-    if experiment.record_jobs not in (None, 1) and (plan.chunk == 1 or plan.step_start == "fresh"):
+    if experiment.record_jobs not in (None, 1) and not plan.records_in_jobs:
         # Its jobs are a chunk's, each forked by a warm worker of its own: asked for where none runs, said so.
         why = f"chunk {plan.chunk}" if plan.chunk == 1 else "--step-start fresh"
         raise UsageError(f"--record-jobs {experiment.record_jobs}: a chunk's ops record together, forked by warm "
