@@ -341,7 +341,10 @@ def _execute(run_spec: spec_mod.RunSpec, shape_list: list, out: Path | None, nam
         # Whether the run compiled (a kernel or launcher not found in a shared cache: a replay's should all be
         # there); runs beside it writing the same cache count too.
         written = len(_cache_entries(cache_dir) - cached)
-        rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache_written": written}})
+        try:
+            rundir.merge_json(run_dir / rundir.RUN_JSON, {"observed": {"triton_cache_written": written}})
+        except FileNotFoundError:
+            pass  # a run dir deleted under the run: finish says so
         outcome = finish(run_dir, code, interrupted, planned, tee)
         tee.write(f"\n{summary_line(run_spec.mode, outcome, planned, _rows_skipped(run_dir))}; run dir: {run_dir}\n")
         if tee.log_error is not None:
