@@ -113,6 +113,23 @@ def op_figures(ab_json: Path) -> dict:
             "gpu_share": round(sum(busy) / wall, 3) if wall else None, "complete": state.get("complete", False)}
 
 
+def chunk_walls(batch_dir: Path) -> list[tuple[int, float]]:
+    """(ops, wall seconds) of each chunk that ran whole within one call: its A/B complete and none of its steps
+    taken over from an attempt an earlier call stopped (a resumed chunk's ops' walls leave those out). The wall
+    runs from the chunk's plan file, written as the corpus A/B began the chunk (else its first step), to its last
+    step's end: its A/B's start, its records together and its repeats, each second once."""
+    out = []
+    for ab_json in sorted((batch_dir / "chunks").glob("*/ab/ab.json")):
+        state = json.loads(ab_json.read_text())
+        steps = state.get("steps", [])
+        if not state.get("complete") or not steps or any(s.get("taken_over") for s in steps):
+            continue
+        plan = ab_json.parent.parent / "plan.yaml"
+        began = plan.stat().st_mtime if plan.is_file() else min(s["started"] for s in steps)
+        out.append((len(state["plan"]["ops"]), max(s["started"] + s["seconds"] for s in steps) - began))
+    return out
+
+
 def report(args) -> dict:
     batch_dir = _batch_dir(args.out / "corpus")
     if batch_dir is None:
@@ -154,6 +171,23 @@ def report(args) -> dict:
                                        round(args.inventory * (mean + half) / 3600, 2)],
                               "from_ops": len(walls), "inventory": args.inventory,
                               "overhead_factor": round(overhead, 3), "calls_wall_s": round(total, 1)}
+    # From whole chunks' walls: what a call cost per op, overlap and the chunks' starts counted once (the
+    # estimate above sums steps' seconds, which overlap while records run together, and misses a resumed
+    # chunk's taken-over steps).
+    chunks = chunk_walls(batch_dir)
+    if chunks:
+        per_op = [wall / n for n, wall in chunks]
+        mean = sum(wall for _, wall in chunks) / sum(n for n, _ in chunks)
+        half = 0.0
+        if len(per_op) >= 2:
+            from scipy import stats
+
+            half = stats.t.ppf(0.975, len(per_op) - 1) * statistics.stdev(per_op) / math.sqrt(len(per_op))
+        result["corpus_h_by_chunk"] = {"estimate": round(args.inventory * mean / 3600, 2),
+                                       "ci95": [round(args.inventory * (mean - half) / 3600, 2),
+                                                round(args.inventory * (mean + half) / 3600, 2)],
+                                       "chunks": [[n, round(wall, 1)] for n, wall in chunks],
+                                       "s_per_op": round(mean, 1)}
     print(f"{'op':<40} {'rows':>4} {'wall s':>7} {'record':>7} {'passes':>7} {'repeat':>7} {'fixed':>6} {'gpu %':>6}")
     for o in ops:
         fixed = o["fixed_per_step_s"]
@@ -177,6 +211,10 @@ def report(args) -> dict:
         c = result["corpus_h"]
         print(f"whole corpus ({c['inventory']} ops, {args.repeats} repeats, one device): ~{c['estimate']} h "
               f"(95% {c['ci95'][0]}-{c['ci95'][1]} h, from {c['from_ops']} ops; {len(failed)} not finished)")
+    if "corpus_h_by_chunk" in result:
+        c = result["corpus_h_by_chunk"]
+        print(f"whole corpus from whole chunks' walls: ~{c['estimate']} h (95% {c['ci95'][0]}-{c['ci95'][1]} h over "
+              f"{len(c['chunks'])} chunks, {c['s_per_op']} s an op; chunks (ops, s): {c['chunks']})")
     (args.out / "report.json").write_text(json.dumps(result, indent=1))
     return result
 
