@@ -1,5 +1,7 @@
 import collections
 import dataclasses
+import json
+import math
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from conftest import load, run_dir_of
 import backends
 from harness import cli
 from harness.child.plugins.flaggems import FlagGemsPlugin
-from harness.child.plugins.timing import TimingPlugin
+from harness.child.plugins.timing import TimingPlugin, recorded_sizes
 from harness.core import paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
@@ -60,7 +62,7 @@ class FakeGraphTimer(Timer):
     def _profile(self, fn, calls):  # the attribution pass's profile: one kernel per call
         return profile.per_call(events([("k", 0.001)]) * calls, calls)
 
-    def _graph(self, fn, warmup_ms=None, rep_ms=None):
+    def _graph(self, fn, warmup_ms=None, rep_ms=None, sizes=None):
         self.graph_calls += 1
         if self.error is not None and self.graph_calls == 2:  # the candidate refuses capture
             raise _CaptureFailed("capture", RuntimeError(self.error))
@@ -142,7 +144,7 @@ class WindowRecorder(FakeGraphTimer):
         self.warmup_ms, self.rep_ms, self.windows = 40.0, 100.0, 4
         self.levels, self.calls = levels, []
 
-    def _graph(self, fn, warmup_ms=None, rep_ms=None):
+    def _graph(self, fn, warmup_ms=None, rep_ms=None, sizes=None):
         side = fn()
         window = sum(1 for s, *_ in self.calls if s == side)
         self.calls.append((side, warmup_ms, rep_ms))
@@ -525,7 +527,7 @@ def test_the_timing_plugin_attributes_the_side_whose_kernels_its_row_carries_alo
     asked = []
 
     class Recording:
-        def measure_pair(self, name, fns, relocate, attributed):
+        def measure_pair(self, name, fns, relocate, attributed, sizes):
             asked.append(tuple(attributed))
             return timers.Timed({side: Measurement([1.0], "graph") for side in fns}, "graph")
 
@@ -1124,3 +1126,138 @@ def test_the_timer_adds_up_the_host_seconds_of_each_phase(monkeypatch):
     assert t.seconds["warmup"] == pytest.approx(2 * 512 * host_ms / 1000)
     assert t.seconds["capture"] == pytest.approx(2 * (timers.GRAPH_PROBE_CALLS + 54) * host_ms / 1000)
     assert t.seconds["probe"] == t.seconds["samples"] == 0.0  # replays cost the stand-in's host nothing
+
+
+# --- a replay's graphs sized by its record's -------------------------------------------------------
+def recorded(monkeypatch, kernel_ms=CALL_MS, **op) -> timers.GraphSizes:
+    """The graph sizes a record's side carries, from the real timer on a stand-in device of its own."""
+    t, accel, _ = standin_timer(monkeypatch)
+    m = t.measure_pair("op", {"x": accel.op(kernel_ms, **op)}).measurements["x"]
+    assert t.sized == {"probed": 1} and m.summary()["graph_sizes"] == m.graph_sizes.to_json()
+    return m.graph_sizes
+
+
+def test_a_replay_captures_its_graph_once_at_the_records_unroll_and_estimates_nothing(monkeypatch):
+    sizes = recorded(monkeypatch)
+    assert (sizes.unroll, sizes.capped) == (54, None) and sizes.estimate_ms == CALL_MS
+    t, accel, marks = standin_timer(monkeypatch)
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS, first_call_ms=50.0)}, sizes={"x": sizes}).measurements["x"]
+    # No estimate: the warmup (the budget over the record's estimate, 512 calls) takes the first call.
+    assert accel.launches_before_first_capture() == 512 and accel.log[0] == ("launch", "first call")
+    assert graph_captures(accel) == [(54, "copy of real")] and t.sized == {"record": 1}
+    # The upload, the two replays that check the record's call time, then 5 replays a sample: the chain
+    # reaches GRAPH_SAMPLE_MS at the 54-call graph's own call time (the record's probe of 10 calls read
+    # its replay overhead as a larger share of each call, and chained 4).
+    assert [n for _, _, n in accel.steps("replay")] == [54] * (1 + 2 + 5 * len(m.samples_ms))
+    assert m.samples_ms == [pytest.approx((54 * CALL_MS + REPLAY_MS) / 54)] * len(m.samples_ms)
+    assert m.graph_sizes.unroll == 54 and marks == [] and "estimate" not in t.seconds
+
+
+@pytest.mark.parametrize("factor", [4.0, 0.25])
+def test_a_replay_whose_call_is_far_from_the_records_sizes_its_graph_afresh(monkeypatch, factor):
+    sizes = recorded(monkeypatch)
+    t, accel, _ = standin_timer(monkeypatch)
+    m = t.measure_pair("op", {"x": accel.op(CALL_MS * factor)}, sizes={"x": sizes}).measurements["x"]
+    per_call = (54 * CALL_MS * factor + REPLAY_MS) / 54
+    unroll = math.ceil(timers.GRAPH_UNROLL_MS / per_call)
+    assert graph_captures(accel) == [(54, "copy of real"), (unroll, "copy of real")] and t.sized == {"resized": 1}
+    assert m.samples_ms == [pytest.approx((unroll * CALL_MS * factor + REPLAY_MS) / unroll)] * len(m.samples_ms)
+    assert m.graph_sizes.unroll == unroll
+
+
+def test_a_call_within_the_resize_factor_keeps_the_records_unroll(monkeypatch):
+    sizes = recorded(monkeypatch)
+    t, accel, _ = standin_timer(monkeypatch)
+    t.measure_pair("op", {"x": accel.op(CALL_MS * 1.5)}, sizes={"x": sizes})
+    assert graph_captures(accel) == [(54, "copy of real")] and t.sized == {"record": 1}
+
+
+def test_a_records_capped_unroll_is_kept_and_said_again_on_the_replays_row(monkeypatch):
+    sizes = recorded(monkeypatch, host_ms=125 / 16)
+    assert sizes.unroll == 32 and sizes.capped.startswith("GRAPH_UNROLL_CAPPED unroll=32 wanted=54")
+    t, accel, marks = standin_timer(monkeypatch)
+    t.measure_pair("op", {"x": accel.op(CALL_MS, host_ms=125 / 16)}, sizes={"x": sizes})
+    assert graph_captures(accel) == [(32, "copy of real")] and marks == [sizes.capped]
+
+
+def test_only_the_sides_with_sizes_skip_their_probe(monkeypatch):
+    sizes = recorded(monkeypatch)
+    t, accel, _ = standin_timer(monkeypatch)
+    t.measure_pair("op", {"baseline": accel.op(CALL_MS), "candidate": accel.op(CALL_MS)}, sizes={"candidate": sizes})
+    assert [calls for calls, _ in graph_captures(accel)] == [timers.GRAPH_PROBE_CALLS, 54, 54]
+    assert t.sized == {"probed": 1, "record": 1}
+
+
+@pytest.mark.parametrize("data", [
+    None, [], {}, {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5},  # a field missing
+    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5, "capped": None, "more": 1},
+    {"estimate_ms": "0.1", "per_call_ms": 0.1, "unroll": 5, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": float("nan"), "unroll": 5, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": -1.0, "unroll": 5, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 0, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5.0, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": True, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": timers.GRAPH_MAX_UNROLL + 1, "capped": None},
+    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5, "capped": 3},
+])
+def test_stored_graph_sizes_that_are_not_what_the_timer_writes_are_not_used(data):
+    assert timers.GraphSizes.from_json(data) is None
+
+
+def test_graph_sizes_round_trip_through_json():
+    sizes = timers.GraphSizes(0.01, 0.009, 54, "GRAPH_UNROLL_CAPPED unroll=54")
+    assert timers.GraphSizes.from_json(json.loads(json.dumps(sizes.to_json()))) == sizes
+
+
+def sized_row(case, **sides):
+    return {"case": case, "status": "SUCCESS",
+            "samples": {side: {"n": 10, **({"graph_sizes": s.to_json()} if s else {})} for side, s in sides.items()}}
+
+
+def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_it_sized(tmp_path, monkeypatch):
+    record = tmp_path / "record"
+    record.mkdir()
+    one, two = timers.GraphSizes(CALL_MS, CALL_MS, 54), timers.GraphSizes(0.5, 0.5, 1)
+    rows = [sized_row("fp16-8", baseline=one, candidate=two), sized_row("fp16-16", baseline=None, candidate=two),
+            sized_row("twice", candidate=one), sized_row("twice", candidate=one), {"case": 3}, "not a row"]
+    (record / rundir.RESULTS_JSON).write_text(json.dumps({"rows": rows}))
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    spec = spec_mod.RunSpec("add", "cuda", "replay", 0, ["fp16"], "default", replay_from=str(record))
+    ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), mark=lambda m: None, say=print, run_dir=replay)
+    plugin = TimingPlugin(ctx)
+    plugin.pytest_configure(None)
+    # A case on two rows would not say which row's sizes are whose: neither is used.
+    assert plugin.sizes == {"fp16-8": {"baseline": one, "candidate": two}, "fp16-16": {"candidate": two}}
+    asked = []
+
+    def measure_pair(name, fns, relocate, attributed, sizes):
+        asked.append(sizes)
+        return timers.Timed({k: Measurement([1.0], "graph") for k in fns}, "graph")
+
+    plugin.timer.measure_pair = measure_pair
+    for case in ("fp16-8", "twice", "fp16-16"):
+        plugin.pytest_zl_case_started(case, case)
+        plugin.measure("add", {"baseline": None, "candidate": None})
+    assert asked == [{"baseline": one, "candidate": two}, None, {"candidate": two}]
+    plugin.timer.sized.update(record=3, probed=1)
+    plugin.pytest_sessionfinish(None)
+    assert load(replay / rundir.RUN_JSON)["observed"]["graph_sizes"] == {"probed": 1, "record": 3}
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (None, "its record's results.json could not be read"),
+    ("[1, 2]", "its record's results.json could not be read"),
+    ('{"rows": 5}', "its record's results.json has no rows"),
+    ('{"rows": [{"case": "a", "samples": {"candidate": {"n": 3}}}]}', "its record's rows carry no graph sizes"),
+])
+def test_a_replay_without_sizes_to_go_by_probes_and_says_why(tmp_path, content, reason):
+    if content is not None:
+        (tmp_path / rundir.RESULTS_JSON).write_text(content)
+    sizes, why = recorded_sizes(tmp_path)
+    assert sizes == {} and why.startswith(reason)
+
+
+def test_a_record_and_a_run_of_another_timer_read_no_sizes(tmp_path):
+    plugin, _ = timing_plugin(tmp_path, "cuda")
+    assert plugin.sizes == {} and plugin.sizes_missing is None

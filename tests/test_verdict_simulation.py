@@ -110,7 +110,7 @@ class TwoStateTimer(timers.Timer):
         self.timer, self.warmup_ms, self.rep_ms, self.l2, self.windows = "graph", 25.0, 100.0, "warm", windows
         self.rng = rng
 
-    def _graph(self, fn, warmup_ms=None, rep_ms=None):
+    def _graph(self, fn, warmup_ms=None, rep_ms=None, sizes=None):
         level = 2.5e-3 * (SLOW_STATE if self.rng.random() < SLOW_SHARE else 1.0)
         return timers.Measurement(list(level * np.exp(self.rng.normal(0, 0.002, 20))), "graph")
 
@@ -118,8 +118,10 @@ class TwoStateTimer(timers.Timer):
 def _between_process_sd(windows):
     rng = np.random.default_rng(99)
     timer = TwoStateTimer(rng, windows)  # one per process: each draws its windows' states afresh
-    latencies = [timer._windows({"candidate": lambda: None}, timer._graph)["candidate"].latency_ms
-                 for _ in range(400)]
+    def graph(side, fn, warmup_ms, rep_ms):
+        return timer._graph(fn, warmup_ms, rep_ms)
+
+    latencies = [timer._windows({"candidate": lambda: None}, graph)["candidate"].latency_ms for _ in range(400)]
     return float(np.std(np.log(latencies), ddof=1))
 
 

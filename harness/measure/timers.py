@@ -93,6 +93,13 @@ WINDOWED_TIMERS = ("graph", "direct")
 STOP_MIN_SAMPLES = 10
 STOP_CHECK_EVERY = 5
 STOPPING_TIMERS = ("graph", "direct", "host")
+# A replay sizes each row's graph from its record's (GraphSizes): one capture, at the record's unroll, where
+# the estimate (4 calls, 2 syncs), the probe's capture and its 4 replays were ~10 ms a side-row, 13-17% of a
+# FlagGems repeat step on an H100 (docs/performance.md). Two timed replays of that graph check the record's
+# call time still holds; a call RESIZE_FACTOR times slower or faster (the other side's compiler) re-sizes the
+# graph as a probe would, so the replay's launch cost stays as small a share of each call as the record's.
+RESIZE_FACTOR = 2.0
+SIZE_CHECK_REPLAYS = 2
 
 
 def relative_error(samples_ms: list[float]) -> float:
@@ -114,6 +121,36 @@ def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -
     return max(lo, min(hi, math.ceil(budget_ms / per_call_ms)))
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphSizes:
+    """How the graph timer sized a side's graph: one call's device time at the first calls' estimate
+    (what its warmup counts by), one call's device time inside the graph, the calls the graph unrolls, and
+    the marker its unroll cap left (GRAPH_UNROLL_CAPPED), if any. On the row's samples (`graph_sizes`), for
+    the replays of its record."""
+    estimate_ms: float
+    per_call_ms: float
+    unroll: int
+    capped: str | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data) -> GraphSizes | None:
+        """The sizes a stored row carries, or None where they are missing or not what this writes (an
+        older record's row, a hand-edited file): that row's graph is then sized by its own probe."""
+        if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(cls)}:
+            return None
+        estimate, per_call, unroll, capped = (data["estimate_ms"], data["per_call_ms"], data["unroll"],
+                                              data["capped"])
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                      for v in (estimate, per_call))
+        if not (numbers and isinstance(unroll, int) and not isinstance(unroll, bool)
+                and 1 <= unroll <= GRAPH_MAX_UNROLL and (capped is None or isinstance(capped, str))):
+            return None
+        return cls(float(estimate), float(per_call), unroll, capped)
+
+
 @dataclasses.dataclass
 class Measurement:
     samples_ms: list[float]
@@ -124,6 +161,8 @@ class Measurement:
     l2_flush_ms: float | None = None
     # Each measurement window's median, where the timer spread the measurement over windows.
     windows_ms: list[float] | None = None
+    # How the graph timer sized its graph (its first window's): what a replay of this record sizes by.
+    graph_sizes: GraphSizes | None = None
 
     @property
     def median_ms(self) -> float:
@@ -142,7 +181,8 @@ class Measurement:
         flush = [m.l2_flush_ms for m in parts if m.l2_flush_ms is not None]
         return cls([s for m in parts for s in m.samples_ms], parts[0].timer,
                    l2_flush_ms=float(np.mean(flush)) if flush else None,
-                   windows_ms=[m.median_ms for m in parts] if len(parts) > 1 else None)
+                   windows_ms=[m.median_ms for m in parts] if len(parts) > 1 else None,
+                   graph_sizes=parts[0].graph_sizes)
 
     def summary(self) -> dict:
         a = np.asarray(self.samples_ms)
@@ -151,7 +191,8 @@ class Measurement:
                 "max": float(a.max()), "p20": float(np.percentile(a, 20)),
                 "p80": float(np.percentile(a, 80)), "latency": self.latency_ms,
                 **({"windows_ms": self.windows_ms} if self.windows_ms else {}),
-                **({"l2_flush_ms": self.l2_flush_ms} if self.l2_flush_ms is not None else {})}
+                **({"l2_flush_ms": self.l2_flush_ms} if self.l2_flush_ms is not None else {}),
+                **({"graph_sizes": self.graph_sizes.to_json()} if self.graph_sizes is not None else {})}
 
 
 @dataclasses.dataclass
@@ -231,6 +272,9 @@ class Timer:
         # Host seconds spent in each phase of the timer over the run (run.json observed.timer_seconds):
         # where a step's time goes beyond the samples a verdict reads.
         self.seconds: collections.Counter[str] = collections.Counter()
+        # Graph sides by how their graph was sized (run.json observed.graph_sizes): by a probe, by the
+        # record this run replays, or afresh where the record's call time no longer held.
+        self.sized: collections.Counter[str] = collections.Counter()
         if backend.triton_driver:
             import torch
 
@@ -250,12 +294,14 @@ class Timer:
 
     # --- public ------------------------------------------------------------------------------
     def measure_pair(self, test_name: str, fns: dict[str, Callable[[], object]],
-                     relocate: Callable[[], None] | None = None, attributed: Collection[str] | None = None) -> Timed:
+                     relocate: Callable[[], None] | None = None, attributed: Collection[str] | None = None,
+                     sizes: dict[str, GraphSizes] | None = None) -> Timed:
         """Time every fn on one caliber, then attribute the device time of each side in `attributed`
         (default: every side) to its kernels. `relocate`, where given, moves the fns' inputs to fresh
-        buffers before each later window."""
+        buffers before each later window. `sizes`: a side's graph sizes from the record this run replays
+        (the graph timer's alone)."""
         self._relocate = relocate
-        timed = self._time_pair(test_name, fns)
+        timed = self._time_pair(test_name, fns, sizes or {})
         if self.attribute and self.backend.profiler_activity:
             for side, measurement in timed.measurements.items():
                 if measurement.kernels is None and (attributed is None or side in attributed):
@@ -263,7 +309,7 @@ class Timer:
                         self._attribute(side, fns[side], measurement)
         return timed
 
-    def _time_pair(self, test_name: str, fns: dict[str, Callable[[], object]]) -> Timed:
+    def _time_pair(self, test_name: str, fns: dict[str, Callable[[], object]], sizes: dict[str, GraphSizes]) -> Timed:
         """If any side cannot be captured, all sides are timed directly, so a row never compares a
         graph number with a direct one."""
         if self.timer == "profiler":
@@ -271,17 +317,20 @@ class Timer:
         if self.timer == "host":
             return Timed({k: self._host(fn) for k, fn in fns.items()}, "host")
         if self.timer == "direct":
-            return Timed(self._windows(fns, self._direct), "direct")
+            return Timed(self._windows(fns, self._direct_side), "direct")
         if test_name in self.backend.capture_deny:
             self.mark(f"TIMER_FALLBACK phase=deny reason=capture_denied "
                       f"detail='{test_name} is on the {self.backend.name} capture deny list'")
-            return Timed(self._windows(fns, self._direct), "direct")
+            return Timed(self._windows(fns, self._direct_side), "direct")
         refused = (test_name, frozenset(fns))
         if refused in self._refused:
             self.mark(f"TIMER_FALLBACK phase=earlier_row reason=recoverable detail={self._refused[refused]!r}")
-            return Timed(self._windows(fns, self._direct), "direct")
+            return Timed(self._windows(fns, self._direct_side), "direct")
+        def graph(side, fn, warmup_ms, rep_ms):
+            return self._graph(fn, warmup_ms, rep_ms, sizes.get(side))
+
         try:
-            return Timed(self._windows(fns, self._graph), "graph")
+            return Timed(self._windows(fns, graph), "graph")
         except _CaptureFailed as failed:
             verdict = self.backend.classify_capture_error(failed.error)
             detail = _first_line(failed.error)
@@ -293,10 +342,14 @@ class Timer:
             self.mark(f"TIMER_FALLBACK phase={failed.phase} reason=recoverable detail={detail!r}")
             self._check_alive()
             self._refused[refused] = detail
-            return Timed(self._windows(fns, self._direct), "direct")
+            return Timed(self._windows(fns, self._direct_side), "direct")
+
+    def _direct_side(self, side: str, fn, warmup_ms: float, rep_ms: float) -> Measurement:
+        return self._direct(fn, warmup_ms, rep_ms)
 
     def _windows(self, fns: dict[str, Callable[[], object]], timer) -> dict[str, Measurement]:
-        """Each side timed in `self.windows` windows, the sides alternating window by window."""
+        """Each side timed in `self.windows` windows, the sides alternating window by window; `timer(side,
+        fn, warmup_ms, rep_ms)` times one."""
         parts: dict[str, list[Measurement]] = {k: [] for k in fns}
         relocate = getattr(self, "_relocate", None)
         for window in range(self.windows):
@@ -304,7 +357,7 @@ class Timer:
                 relocate()
             warmup = self.warmup_ms if window == 0 else self.warmup_ms / self.windows
             for k, fn in fns.items():
-                parts[k].append(timer(fn, warmup, self.rep_ms / self.windows))
+                parts[k].append(timer(k, fn, warmup, self.rep_ms / self.windows))
         return {k: Measurement.of_windows(ms) for k, ms in parts.items()}
 
     # --- timers ------------------------------------------------------------------------------
@@ -398,30 +451,18 @@ class Timer:
         end.synchronize()
         return start.elapsed_time(end)
 
-    def _graph(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None) -> Measurement:
-        est, _ = self._prepare(fn)
+    def _graph(self, fn, warmup_ms: float | None = None, rep_ms: float | None = None,
+               sizes: GraphSizes | None = None) -> Measurement:
+        est = self._prepare(fn)[0] if sizes is None else sizes.estimate_ms
         self._warm_up(fn, self.warmup_ms if warmup_ms is None else warmup_ms, est)
         body = fn if self.l2 == "warm" else self._flushed(fn)
-        # The probe unrolls no more calls than the graph's target needs at the direct estimate (an upper
-        # bound: it holds the launch gaps). A 1.5 ms call's 10-call probe, replayed 3 times, cost 45 ms of
-        # device time a side, then a second capture at 2 calls (FlagGems' 1G-element rows, 6 of acosh_'s 15).
-        probe = GRAPH_PROBE_CALLS if est <= 0 else max(1, min(GRAPH_PROBE_CALLS,
-                                                             math.ceil(GRAPH_UNROLL_MS / est)))
-        graph = self._capture(body, probe)
-        host_ms = self._captured_call_ms
         flush_ms = None
+        graph = None
         try:
-            with self._phase("probe"):
-                graph.replay()
-                self._sync()
-                per_call = min(self._replay_ms(graph) for _ in range(3)) / probe
-            unroll = self._unroll(per_call, host_ms, probe)
-            if unroll != probe:
-                graph = None
-                graph = self._capture(body, unroll)
-                with self._phase("probe"):
-                    graph.replay()
-                    self._sync()
+            if sizes is None:
+                graph, per_call, unroll, capped = self._probed_graph(body, est)
+            else:
+                graph, per_call, unroll, capped = self._sized_graph(body, sizes)
             chain = max(1, min(GRAPH_MAX_CHAIN, math.ceil(self.sample_ms / max(per_call * unroll, 1e-9))))
             reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll * chain, REPS_RANGE)
             if self.l2 == "warm":
@@ -435,18 +476,70 @@ class Timer:
             raise _CaptureFailed("replay", exc) from exc
         finally:
             graph = None  # release the graph's memory pool before the next measurement
-        return Measurement(samples, "graph", l2_flush_ms=flush_ms)
+        return Measurement(samples, "graph", l2_flush_ms=flush_ms,
+                           graph_sizes=GraphSizes(est, per_call, unroll, capped))
 
-    def _unroll(self, per_call_ms: float, host_ms: float, probe: int = GRAPH_PROBE_CALLS) -> int:
-        """Calls the graph unrolls: enough to reach GRAPH_UNROLL_MS of device time, no more than
-        GRAPH_CAPTURE_BUDGET_MS of host time to capture (never fewer than the probe's `probe`, already paid)."""
+    def _probed_graph(self, body, est: float):
+        """(graph, one call's device time in it, its unroll, its cap marker or None): a probe graph of a
+        few calls timed for the unroll, captured again at that unroll where it differs."""
+        # The probe unrolls no more calls than the graph's target needs at the direct estimate (an upper
+        # bound: it holds the launch gaps). A 1.5 ms call's 10-call probe, replayed 3 times, cost 45 ms of
+        # device time a side, then a second capture at 2 calls (FlagGems' 1G-element rows, 6 of acosh_'s 15).
+        probe = GRAPH_PROBE_CALLS if est <= 0 else max(1, min(GRAPH_PROBE_CALLS,
+                                                             math.ceil(GRAPH_UNROLL_MS / est)))
+        graph = self._capture(body, probe)
+        host_ms = self._captured_call_ms
+        with self._phase("probe"):
+            graph.replay()
+            self._sync()
+            per_call = min(self._replay_ms(graph) for _ in range(3)) / probe
+        unroll, capped = self._unroll(per_call, host_ms, probe)
+        if unroll != probe:
+            graph = None
+            graph = self._capture(body, unroll)
+            with self._phase("probe"):
+                graph.replay()
+                self._sync()
+        self.sized["probed"] += 1
+        return graph, per_call, unroll, capped
+
+    def _sized_graph(self, body, sizes: GraphSizes):
+        """The same, the graph captured once at the record's unroll (its cap marker said again) and its
+        call time checked by SIZE_CHECK_REPLAYS replays: sized afresh where the call is RESIZE_FACTOR
+        times slower or faster than the record's."""
+        graph = self._capture(body, sizes.unroll)
+        host_ms = self._captured_call_ms
+        with self._phase("probe"):
+            graph.replay()  # its upload, as the probe's first replay
+            self._sync()
+            per_call = min(self._replay_ms(graph) for _ in range(SIZE_CHECK_REPLAYS)) / sizes.unroll
+        if sizes.per_call_ms / RESIZE_FACTOR <= per_call <= sizes.per_call_ms * RESIZE_FACTOR:
+            if sizes.capped is not None:
+                self.mark(sizes.capped)
+            self.sized["record"] += 1
+            return graph, per_call, sizes.unroll, sizes.capped
+        unroll, capped = self._unroll(per_call, host_ms, sizes.unroll)
+        if unroll != sizes.unroll:
+            graph = None
+            graph = self._capture(body, unroll)
+            with self._phase("probe"):
+                graph.replay()
+                self._sync()
+        self.sized["resized"] += 1
+        return graph, per_call, unroll, capped
+
+    def _unroll(self, per_call_ms: float, host_ms: float, probe: int = GRAPH_PROBE_CALLS) -> tuple[int, str | None]:
+        """(calls the graph unrolls, the cap's marker or None): enough to reach GRAPH_UNROLL_MS of device
+        time, no more than GRAPH_CAPTURE_BUDGET_MS of host time to capture (never fewer than the probe's
+        `probe`, already paid)."""
         unroll = max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_UNROLL_MS / max(per_call_ms, 1e-6))))
         affordable = max(probe, math.floor(GRAPH_CAPTURE_BUDGET_MS / max(host_ms, 1e-9)))
         if unroll <= affordable:
-            return unroll
-        self.mark(f"GRAPH_UNROLL_CAPPED unroll={affordable} wanted={unroll} host_ms_per_call={host_ms:.3g} "
+            return unroll, None
+        capped = (f"GRAPH_UNROLL_CAPPED unroll={affordable} wanted={unroll} host_ms_per_call={host_ms:.3g} "
                   f"device_ms_per_call={per_call_ms:.3g}")
-        return affordable
+        self.mark(capped)
+        return affordable, capped
 
     def _cold_graph_samples(self, graph, unroll: int, chain: int, reps: int) -> tuple[list[float], float]:
         """(flush + op) samples interleaved with samples of a flush-only graph of as many calls, each a

@@ -6,10 +6,11 @@ Where the backend has no device profiler, rows carry no `kernels` and one line p
 (also in run.json `observed.kernel_attribution`)."""
 
 import contextlib
+from pathlib import Path
 
 import pytest
 
-from harness.core import rundir
+from harness.core import bounded, rundir
 from harness.core.spec import ONLY
 from harness.measure.timers import (
     GRAPH_SAMPLE_MS,
@@ -18,8 +19,36 @@ from harness.measure.timers import (
     TOKEN_SAMPLE_MS,
     WINDOWED_TIMERS,
     CapturePoisoned,
+    GraphSizes,
     Timer,
 )
+
+
+def recorded_sizes(record_dir: Path) -> tuple[dict[str, dict[str, GraphSizes]], str | None]:
+    """({case id: {side: its graph sizes}} from the rows of the record at `record_dir`, the reason there
+    are none or None). A case id on more than one row is left out: its rows would not say which is which."""
+    try:
+        rows = bounded.read_json(Path(record_dir) / rundir.RESULTS_JSON).get("rows")
+    except (OSError, ValueError, AttributeError) as exc:  # InputRefused is a ValueError
+        return {}, f"its record's {rundir.RESULTS_JSON} could not be read: {str(exc).splitlines()[0][:200]}"
+    if not isinstance(rows, list):
+        return {}, f"its record's {rundir.RESULTS_JSON} has no rows"
+    found: dict[str, dict[str, GraphSizes]] = {}
+    seen: set[str] = set()
+    for row in rows:
+        case = row.get("case") if isinstance(row, dict) else None
+        if not isinstance(case, str):
+            continue
+        if case in seen:
+            found.pop(case, None)
+            continue
+        seen.add(case)
+        samples = row.get("samples")
+        sides = {side: sizes for side, summary in (samples.items() if isinstance(samples, dict) else ())
+                 if isinstance(summary, dict) and (sizes := GraphSizes.from_json(summary.get("graph_sizes")))}
+        if sides:
+            found[case] = sides
+    return found, None if found else "its record's rows carry no graph sizes"
 
 
 class TimingPlugin:
@@ -30,6 +59,10 @@ class TimingPlugin:
         self.timer: Timer | None = None
         self.poisoned = None
         self.kernels: list[dict] | None = None
+        self.case_id: str | None = None
+        # A replay's graphs are sized by its record's (harness.measure.timers.GraphSizes), case by case.
+        self.sizes: dict[str, dict[str, GraphSizes]] = {}
+        self.sizes_missing: str | None = None
 
     def pytest_configure(self, config):
         spec, backend = self.ctx.spec, self.ctx.backend
@@ -60,6 +93,8 @@ class TimingPlugin:
             reason = f"the {self.timer.timer} timer samples in one profile"
             self.ctx.say(f"--max-noise not applied: {reason}; each side times its whole --rep-ms budget")
             observed["max_noise"] = {"applied": False, "reason": reason}
+        if spec.replay_from is not None and self.timer.timer == "graph":
+            self.sizes, self.sizes_missing = recorded_sizes(Path(spec.replay_from))
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": observed})
 
     def measure(self, test_name, fns, relocate=None, carried=True):
@@ -71,7 +106,7 @@ class TimingPlugin:
         attributed = ("candidate",) if "candidate" in fns else fns if carried else ()
         try:
             with self.timing():
-                timed = self.timer.measure_pair(test_name, fns, relocate, attributed)
+                timed = self.timer.measure_pair(test_name, fns, relocate, attributed, self.sizes.get(self.case_id))
         except CapturePoisoned as exc:
             self.poisoned = str(exc)
             raise
@@ -85,6 +120,7 @@ class TimingPlugin:
 
     def pytest_zl_case_started(self, case_id, shape_label):
         self.kernels = None
+        self.case_id = case_id
 
     def pytest_zl_row_ready(self, row):
         # The side under test: the candidate, or the one side a FlagGems benchmark timed.
@@ -98,6 +134,12 @@ class TimingPlugin:
         if self.timer is not None and self.timer.seconds:
             seconds = {k: round(v, 3) for k, v in sorted(self.timer.seconds.items())}
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"timer_seconds": seconds}})
+        if self.timer is not None and self.timer.sized:
+            # Graph sides by how each graph was sized: by its own probe, by the record's sizes, or afresh
+            # where the record's call time no longer held; and why a replay had no sizes to go by.
+            sized = {**dict(sorted(self.timer.sized.items())),
+                     **({"no_record_sizes": self.sizes_missing} if self.sizes_missing else {})}
+            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"graph_sizes": sized}})
 
     def pytest_runtest_teardown(self, item):
         if self.poisoned is not None:

@@ -23,7 +23,7 @@ class CaptureKillsContext(timers.Timer):
         self.timer = "graph"
         self.backend = backends.get("cuda")  # whose markers classify the capture error
 
-    def _graph(self, fn, warmup_ms=None, rep_ms=None):
+    def _graph(self, fn, warmup_ms=None, rep_ms=None, sizes=None):
         raise timers._CaptureFailed("capture", RuntimeError(DEAD_CONTEXT))
 
 
