@@ -22,6 +22,7 @@ reads every op finished so far. Writes DIR/report.json; exit 0 once a report was
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import signal
@@ -101,7 +102,14 @@ def op_figures(ab_json: Path) -> dict:
     def written(kind_steps) -> int:
         return sum(observed[s["run_dir"]].get("triton_cache_written") or 0 for s in kind_steps)
 
+    # Graph sides of the repeats by how each was sized (run.json observed.graph_sizes): by the record's sizes,
+    # afresh where its call time no longer held, by a probe.
+    sized = collections.Counter()
+    for s in timed:
+        sized.update({k: v for k, v in (observed[s["run_dir"]].get("graph_sizes") or {}).items() if isinstance(v, int)})
+
     return {"cache_written": {"record": written(records), "passes": written(passes), "repeats": written(timed)},
+            "repeat_graph_sizes": dict(sized),
             "timer_phases_s": {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in names},
             "gc_s": gc_seconds,
             "precompile": pools,
@@ -204,7 +212,9 @@ def report(args) -> dict:
                   + " ".join(f"{k} {v:.2f}" for k, v in o["timer_phases_s"].items()))
         print(f"{o['key']:<40} garbage collections, s: " + " ".join(f"{k} {v}" for k, v in o["gc_s"].items()))
         print(f"{o['key']:<40} Triton cache entries written: "
-              + " ".join(f"{k} {v}" for k, v in o["cache_written"].items()))
+              + " ".join(f"{k} {v}" for k, v in o["cache_written"].items())
+              + "; repeats' graphs sized: " + (" ".join(f"{k} {v}" for k, v in o["repeat_graph_sizes"].items())
+                                               or "none"))
     for f in failed:
         print(f"{f['key']:<40} {f['status']} after {f['elapsed_s']} s: {f['notes'][:100]}")
     if "corpus_h" in result:
