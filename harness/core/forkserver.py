@@ -227,6 +227,14 @@ class Worker:
         self.sock = ours
         self.ready = False
 
+    def _begin_again(self) -> None:
+        """A new worker in place of one ended by the end of the thread that began it (launch.end_with) before it
+        served a step: a record job's spare, begun in another job's thread (ab.runner._Records). Begun again, by
+        this thread, once."""
+        self.log.write("worker: its starting thread ended before it served; begun again\n")
+        self.close()
+        self._spawn()
+
     def _ended_by_its_thread(self) -> bool:
         return not self.served and self.child.proc.poll() in _ENDED_BY_ITS_THREAD
 
@@ -258,23 +266,23 @@ class Worker:
         process's name; first waiting at `gate` for its starter's go, when given (opguard.passed_gate).
         WorkerDied when there is no live worker to fork it."""
         # One that died while importing is not started again here: it says why below, once. One ended by the end
-        # of the thread that began it (launch.end_with) before it served a step is: a record job's spare, begun
-        # in another job's thread (ab.runner._Records).
-        if self.child is None or (self.ready or self._ended_by_its_thread()) and self.child.proc.poll() is not None:
-            if self.child is not None and not self.served:
-                self.log.write("worker: its starting thread ended before it served; begun again\n")
-            self.close()
+        # of the thread that began it is, whether found dead now or while this waits for its word (it can end
+        # after saying it was ready).
+        if self.child is None:
             self._spawn()
+        elif (self.ready or self._ended_by_its_thread()) and self.child.proc.poll() is not None:
+            if self.served:
+                self.close()
+                self._spawn()
+            else:
+                self._begin_again()
         if not self.ready:
             try:
                 self._await_ready()
             except WorkerDied:
                 if self.ended_unready not in _ENDED_BY_ITS_THREAD:
                     raise
-                # Ended by the end of the thread that began it (launch.end_with), before it served: a spare
-                # begun in another record job's thread (ab.runner._Records). Begun again, by this thread, once.
-                self.log.write("worker: its starting thread ended before it served; begun again\n")
-                self._spawn()
+                self._begin_again()
                 self._await_ready()
         self.died = False
         log.write(f"\n$ (forked by worker {self.child.pid}) {' '.join(argv)}\n")
