@@ -766,8 +766,10 @@ def test_the_graph_timer_unrolls_a_short_graph_from_a_probe_and_chains_its_repla
     assert m.timer == "graph" and m.samples_ms == [pytest.approx(per_replay / unroll)] * len(m.samples_ms)
     assert len(m.samples_ms) == 50  # the 100 ms budget over the probe's 2.025 ms per sample
     replays = accel.steps("replay")
-    # The probe's 4, the timed graph's upload, then `chain` replays a sample and none beyond.
-    assert [n for _, _, n in replays] == [probe_calls] * 4 + [unroll] * (1 + chain * len(m.samples_ms))
+    # The probe's 4, the timed graph's upload and one replay timed (its call time, for its replays' sizes:
+    # m.graph_sizes), then `chain` replays a sample and none beyond.
+    assert [n for _, _, n in replays] == [probe_calls] * 4 + [unroll] * (2 + chain * len(m.samples_ms))
+    assert m.graph_sizes == timers.GraphSizes(CALL_MS, per_replay / unroll, unroll)
     assert m.l2_flush_ms is None and marks == []
 
 
@@ -790,9 +792,10 @@ def test_the_unroll_and_the_chain_are_clamped_at_both_ends(monkeypatch, kernel_m
     sample = (unroll * kernel_ms + overhead_ms) / unroll
     samples = m.measurements["x"].samples_ms
     assert samples == [pytest.approx(sample)] * len(samples)
-    # The probe's 4 replays, the second graph's upload where there is one, then `chain` replays a sample.
+    # The probe's 4 replays, the second graph's upload and timed replay where there is one, then `chain`
+    # replays a sample.
     replays = [n for _, _, n in accel.steps("replay")]
-    assert len(replays) == 4 + len(captures) - 1 + chain * len(samples)
+    assert len(replays) == 4 + 2 * (len(captures) - 1) + chain * len(samples)
     assert replays[-chain * len(samples):] == [unroll] * (chain * len(samples))
 
 
@@ -837,8 +840,8 @@ def test_a_token_timed_graph_sample_is_one_replay(monkeypatch):
     timer = Timer(backend, "graph", *timers.TOKEN_BUDGET_MS, lambda m: None, sample_ms=timers.TOKEN_SAMPLE_MS)
     samples = timer.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"].samples_ms
     assert len(samples) == timers.REPS_RANGE[0]
-    # The probe's 4 replays, the 54-call graph's upload, then one replay a sample.
-    assert [n for _, _, n in accel.steps("replay")] == [timers.GRAPH_PROBE_CALLS] * 4 + [54] * (1 + len(samples))
+    # The probe's 4 replays, the 54-call graph's upload and timed replay, then one replay a sample.
+    assert [n for _, _, n in accel.steps("replay")] == [timers.GRAPH_PROBE_CALLS] * 4 + [54] * (2 + len(samples))
 
 
 def test_cold_l2_graph_samples_are_the_op_alone_and_the_flush_is_its_own_graph(monkeypatch):
@@ -1048,16 +1051,16 @@ def test_the_graph_timer_stops_replaying_once_the_row_is_known_within_max_noise(
     t.max_noise = 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES  # 50 without (the 100 ms budget)
-    # The first 12 timed samples (after the probe's 4 replays and the timed graph's upload; 4 replays a
-    # sample) are disturbed by a different amount each: it samples on past them, and no further than the
-    # first check that is within.
-    t, accel, _ = standin_timer(monkeypatch, disturbed={5 + 4 * i: 0.04 * (i % 4) for i in range(12)})
+    # The first 12 timed samples (after the probe's 4 replays and the timed graph's upload and timed replay;
+    # 4 replays a sample) are disturbed by a different amount each: it samples on past them, and no further
+    # than the first check that is within.
+    t, accel, _ = standin_timer(monkeypatch, disturbed={6 + 4 * i: 0.04 * (i % 4) for i in range(12)})
     t.max_noise = 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     assert timers.STOP_MIN_SAMPLES < len(m.samples_ms) < 50
     assert timers.relative_error(m.samples_ms) <= 0.001
     assert timers.relative_error(m.samples_ms[:-timers.STOP_CHECK_EVERY]) > 0.001
-    assert len(accel.steps("replay")) == 4 + 1 + 4 * len(m.samples_ms)  # no replay beyond the samples kept
+    assert len(accel.steps("replay")) == 4 + 2 + 4 * len(m.samples_ms)  # no replay beyond the samples kept
 
 
 def test_the_cold_graph_timer_stops_its_paired_replays_together(monkeypatch):
@@ -1065,9 +1068,9 @@ def test_the_cold_graph_timer_stops_its_paired_replays_together(monkeypatch):
     t.l2, t._flush_buffer, t.max_noise = "cold", standin_cuda.Buffer(accel, 0.25), 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
     assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES and m.samples_ms == [pytest.approx(CALL_MS)] * 10
-    # probe 4, the timed graph's upload 1, the flush graph's 1, then a chain of op replays and one of flush
-    # replays a sample (4 each: the graph unrolls 2 calls of 0.26 ms)
-    assert len(accel.steps("replay")) == 4 + 1 + 1 + 2 * 4 * timers.STOP_MIN_SAMPLES
+    # probe 4, the timed graph's upload and timed replay 2, the flush graph's 1, then a chain of op replays
+    # and one of flush replays a sample (4 each: the graph unrolls 2 calls of 0.26 ms)
+    assert len(accel.steps("replay")) == 4 + 2 + 1 + 2 * 4 * timers.STOP_MIN_SAMPLES
 
 
 def test_the_direct_timer_stops_at_a_check_and_synchronizes_once_a_check(monkeypatch):
@@ -1172,6 +1175,16 @@ def test_a_call_within_the_resize_factor_keeps_the_records_unroll(monkeypatch):
     assert graph_captures(accel) == [(54, "copy of real")] and t.sized == {"record": 1}
 
 
+def test_a_tiny_kernels_replay_compares_its_graphs_call_time_with_the_records_graph_not_its_probe(monkeypatch):
+    # ~1 us a call: the record's 10-call probe read 2.5 us a call (its replay's overhead over 10 calls), its
+    # 197-call graph 1.06 us. The same kernel replayed keeps the record's graph.
+    sizes = recorded(monkeypatch, kernel_ms=2 ** -10)
+    assert sizes.unroll == 197 and sizes.call_ms == pytest.approx((197 * 2 ** -10 + REPLAY_MS) / 197)
+    t, accel, _ = standin_timer(monkeypatch)
+    t.measure_pair("op", {"x": accel.op(2 ** -10)}, sizes={"x": sizes})
+    assert graph_captures(accel) == [(197, "copy of real")] and t.sized == {"record": 1}
+
+
 def test_a_records_capped_unroll_is_kept_and_said_again_on_the_replays_row(monkeypatch):
     sizes = recorded(monkeypatch, host_ms=125 / 16)
     assert sizes.unroll == 32 and sizes.capped.startswith("GRAPH_UNROLL_CAPPED unroll=32 wanted=54")
@@ -1189,16 +1202,16 @@ def test_only_the_sides_with_sizes_skip_their_probe(monkeypatch):
 
 
 @pytest.mark.parametrize("data", [
-    None, [], {}, {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5},  # a field missing
-    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5, "capped": None, "more": 1},
-    {"estimate_ms": "0.1", "per_call_ms": 0.1, "unroll": 5, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": float("nan"), "unroll": 5, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": -1.0, "unroll": 5, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 0, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5.0, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": True, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": timers.GRAPH_MAX_UNROLL + 1, "capped": None},
-    {"estimate_ms": 0.1, "per_call_ms": 0.1, "unroll": 5, "capped": 3},
+    None, [], {}, {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": 5},  # a field missing
+    {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": 5, "capped": None, "more": 1},
+    {"estimate_ms": "0.1", "call_ms": 0.1, "unroll": 5, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": float("nan"), "unroll": 5, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": -1.0, "unroll": 5, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": 0, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": 5.0, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": True, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": timers.GRAPH_MAX_UNROLL + 1, "capped": None},
+    {"estimate_ms": 0.1, "call_ms": 0.1, "unroll": 5, "capped": 3},
 ])
 def test_stored_graph_sizes_that_are_not_what_the_timer_writes_are_not_used(data):
     assert timers.GraphSizes.from_json(data) is None

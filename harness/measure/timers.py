@@ -123,12 +123,12 @@ def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -
 
 @dataclasses.dataclass(frozen=True)
 class GraphSizes:
-    """How the graph timer sized a side's graph: one call's device time at the first calls' estimate
-    (what its warmup counts by), one call's device time inside the graph, the calls the graph unrolls, and
-    the marker its unroll cap left (GRAPH_UNROLL_CAPPED), if any. On the row's samples (`graph_sizes`), for
-    the replays of its record."""
+    """How the graph timer sized a side's graph: one call's device time at the first calls' estimate (what
+    its warmup counts by), one call's device time in the graph as captured (its replay over its calls: what a
+    replay's own check compares), the calls the graph unrolls, and the marker its unroll cap left
+    (GRAPH_UNROLL_CAPPED), if any. On the row's samples (`graph_sizes`), for the replays of its record."""
     estimate_ms: float
-    per_call_ms: float
+    call_ms: float
     unroll: int
     capped: str | None = None
 
@@ -141,14 +141,13 @@ class GraphSizes:
         older record's row, a hand-edited file): that row's graph is then sized by its own probe."""
         if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(cls)}:
             return None
-        estimate, per_call, unroll, capped = (data["estimate_ms"], data["per_call_ms"], data["unroll"],
-                                              data["capped"])
+        estimate, call, unroll, capped = data["estimate_ms"], data["call_ms"], data["unroll"], data["capped"]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                      for v in (estimate, per_call))
+                      for v in (estimate, call))
         if not (numbers and isinstance(unroll, int) and not isinstance(unroll, bool)
                 and 1 <= unroll <= GRAPH_MAX_UNROLL and (capped is None or isinstance(capped, str))):
             return None
-        return cls(float(estimate), float(per_call), unroll, capped)
+        return cls(float(estimate), float(call), unroll, capped)
 
 
 @dataclasses.dataclass
@@ -460,9 +459,9 @@ class Timer:
         graph = None
         try:
             if sizes is None:
-                graph, per_call, unroll, capped = self._probed_graph(body, est)
+                graph, per_call, unroll, capped, call_ms = self._probed_graph(body, est)
             else:
-                graph, per_call, unroll, capped = self._sized_graph(body, sizes)
+                graph, per_call, unroll, capped, call_ms = self._sized_graph(body, sizes)
             chain = max(1, min(GRAPH_MAX_CHAIN, math.ceil(self.sample_ms / max(per_call * unroll, 1e-9))))
             reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll * chain, REPS_RANGE)
             if self.l2 == "warm":
@@ -477,56 +476,56 @@ class Timer:
         finally:
             graph = None  # release the graph's memory pool before the next measurement
         return Measurement(samples, "graph", l2_flush_ms=flush_ms,
-                           graph_sizes=GraphSizes(est, per_call, unroll, capped))
+                           graph_sizes=GraphSizes(est, call_ms, unroll, capped))
+
+    def _uploaded(self, graph, calls: int, timed: int = 0) -> float | None:
+        """Replay a new graph of `calls` calls once (its upload), then `timed` times: one call's device time
+        in it, the fastest of them (None where none is timed)."""
+        with self._phase("probe"):
+            graph.replay()
+            self._sync()
+            return min(self._replay_ms(graph) for _ in range(timed)) / calls if timed else None
 
     def _probed_graph(self, body, est: float):
-        """(graph, one call's device time in it, its unroll, its cap marker or None): a probe graph of a
-        few calls timed for the unroll, captured again at that unroll where it differs."""
+        """(graph, one call's device time to size its chain by, its unroll, its cap marker or None, one call's
+        device time in it): a probe graph of a few calls timed for the unroll, captured again at that unroll
+        where it differs (and replayed once more, timed, for the last figure)."""
         # The probe unrolls no more calls than the graph's target needs at the direct estimate (an upper
         # bound: it holds the launch gaps). A 1.5 ms call's 10-call probe, replayed 3 times, cost 45 ms of
         # device time a side, then a second capture at 2 calls (FlagGems' 1G-element rows, 6 of acosh_'s 15).
         probe = GRAPH_PROBE_CALLS if est <= 0 else max(1, min(GRAPH_PROBE_CALLS,
                                                              math.ceil(GRAPH_UNROLL_MS / est)))
         graph = self._capture(body, probe)
-        host_ms = self._captured_call_ms
-        with self._phase("probe"):
-            graph.replay()
-            self._sync()
-            per_call = min(self._replay_ms(graph) for _ in range(3)) / probe
-        unroll, capped = self._unroll(per_call, host_ms, probe)
+        per_call = self._uploaded(graph, probe, 3)
+        unroll, capped = self._unroll(per_call, self._captured_call_ms, probe)
+        call_ms = per_call
         if unroll != probe:
             graph = None
             graph = self._capture(body, unroll)
-            with self._phase("probe"):
-                graph.replay()
-                self._sync()
+            call_ms = self._uploaded(graph, unroll, 1)
         self.sized["probed"] += 1
-        return graph, per_call, unroll, capped
+        return graph, per_call, unroll, capped, call_ms
 
     def _sized_graph(self, body, sizes: GraphSizes):
-        """The same, the graph captured once at the record's unroll (its cap marker said again) and its
-        call time checked by SIZE_CHECK_REPLAYS replays: sized afresh where the call is RESIZE_FACTOR
-        times slower or faster than the record's."""
+        """The same, the graph captured once at the record's unroll (its cap marker said again) and its call
+        time checked by SIZE_CHECK_REPLAYS replays against the record's: sized afresh, as from a probe, where
+        it is RESIZE_FACTOR times slower or faster."""
         graph = self._capture(body, sizes.unroll)
         host_ms = self._captured_call_ms
-        with self._phase("probe"):
-            graph.replay()  # its upload, as the probe's first replay
-            self._sync()
-            per_call = min(self._replay_ms(graph) for _ in range(SIZE_CHECK_REPLAYS)) / sizes.unroll
-        if sizes.per_call_ms / RESIZE_FACTOR <= per_call <= sizes.per_call_ms * RESIZE_FACTOR:
+        per_call = self._uploaded(graph, sizes.unroll, SIZE_CHECK_REPLAYS)
+        if sizes.call_ms / RESIZE_FACTOR <= per_call <= sizes.call_ms * RESIZE_FACTOR:
             if sizes.capped is not None:
                 self.mark(sizes.capped)
             self.sized["record"] += 1
-            return graph, per_call, sizes.unroll, sizes.capped
+            return graph, per_call, sizes.unroll, sizes.capped, per_call
         unroll, capped = self._unroll(per_call, host_ms, sizes.unroll)
+        call_ms = per_call
         if unroll != sizes.unroll:
             graph = None
             graph = self._capture(body, unroll)
-            with self._phase("probe"):
-                graph.replay()
-                self._sync()
+            call_ms = self._uploaded(graph, unroll, 1)
         self.sized["resized"] += 1
-        return graph, per_call, unroll, capped
+        return graph, per_call, unroll, capped, call_ms
 
     def _unroll(self, per_call_ms: float, host_ms: float, probe: int = GRAPH_PROBE_CALLS) -> tuple[int, str | None]:
         """(calls the graph unrolls, the cap's marker or None): enough to reach GRAPH_UNROLL_MS of device
