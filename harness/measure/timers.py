@@ -93,11 +93,12 @@ WINDOWED_TIMERS = ("graph", "direct")
 STOP_MIN_SAMPLES = 10
 STOP_CHECK_EVERY = 5
 STOPPING_TIMERS = ("graph", "direct", "host")
-# A replay sizes each row's graph from its record's (GraphSizes): one capture, at the record's unroll, where
-# the estimate (4 calls, 2 syncs), the probe's capture and its 4 replays were ~10 ms a side-row, 13-17% of a
-# FlagGems repeat step on an H100 (docs/performance.md). Two timed replays of that graph check the record's
-# call time still holds; a call RESIZE_FACTOR times slower or faster (the other side's compiler) re-sizes the
-# graph as a probe would, so the replay's launch cost stays as small a share of each call as the record's.
+# A replay sizes each row's graph from its record's (GraphSizes): one capture, at the record's unroll, instead
+# of the estimate (4 calls, 2 syncs) and the probe (a capture, 4 replays): ~30% of the timer's work outside the
+# samples, 3-8% of a FlagGems repeat step on an H100 (docs/performance.md, "At chunk 8"). Two timed replays of
+# that graph check the record's call time still holds; a call RESIZE_FACTOR times slower or faster (the other
+# side's compiler) re-sizes the graph as a probe would, so the replay's launch cost stays as small a share of
+# each call as the record's.
 RESIZE_FACTOR = 2.0
 SIZE_CHECK_REPLAYS = 2
 
