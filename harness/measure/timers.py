@@ -92,6 +92,12 @@ WINDOWED_TIMERS = ("graph", "direct")
 # no stopping rule.
 STOP_MIN_SAMPLES = 10
 STOP_CHECK_EVERY = 5
+# A graph sample is a 2 ms chain of replays, not one call: its first check comes after 5. From an H100 corpus
+# A/B's repeats (docs/performance.md, "Graph samples a side"), the median of a side's first 5 samples spread
+# between processes 4% more than of its first 10 on rows under 10 us and ~20% more above, for ~30% less of a
+# FlagGems repeat step (the samples were ~60% of it): as much of the verdict's precision per device-second
+# or more, in every latency band.
+GRAPH_STOP_MIN_SAMPLES = 5
 STOPPING_TIMERS = ("graph", "direct", "host")
 # A replay sizes each row's graph from its record's (GraphSizes): one capture, at the record's unroll, instead
 # of the estimate (4 calls, 2 syncs) and the probe (a capture, 4 replays): ~30% of the timer's work outside the
@@ -361,13 +367,13 @@ class Timer:
         return {k: Measurement.of_windows(ms) for k, ms in parts.items()}
 
     # --- timers ------------------------------------------------------------------------------
-    def _sampled(self, take: Callable[[int], list[float]], reps: int) -> list[float]:
+    def _sampled(self, take: Callable[[int], list[float]], reps: int, first: int = STOP_MIN_SAMPLES) -> list[float]:
         """`reps` samples, `take(k)` giving k more at a time; fewer where max_noise is set and the
-        samples' median is known within it (relative_error) first."""
+        samples' median is known within it (relative_error) first, checked after `first`."""
         with self._phase("samples"):
             if not self.max_noise:
                 return take(reps)
-            samples = take(min(reps, STOP_MIN_SAMPLES))
+            samples = take(min(reps, first))
             while len(samples) < reps and relative_error(samples) > self.max_noise:
                 samples += take(min(STOP_CHECK_EVERY, reps - len(samples)))
             return samples
@@ -467,7 +473,8 @@ class Timer:
             reps = clamp_count(self.rep_ms if rep_ms is None else rep_ms, per_call * unroll * chain, REPS_RANGE)
             if self.l2 == "warm":
                 calls = unroll * chain
-                samples = self._sampled(lambda k: [self._replay_ms(graph, chain) / calls for _ in range(k)], reps)
+                samples = self._sampled(lambda k: [self._replay_ms(graph, chain) / calls for _ in range(k)], reps,
+                                        GRAPH_STOP_MIN_SAMPLES)
             else:
                 samples, flush_ms = self._cold_graph_samples(graph, unroll, chain, reps)
         except _CaptureFailed:
@@ -558,7 +565,7 @@ class Timer:
                     alone.append(self._replay_ms(flush_graph, chain) / (unroll * chain))
                 return both
 
-            both = self._sampled(take, reps)
+            both = self._sampled(take, reps, GRAPH_STOP_MIN_SAMPLES)
         finally:
             flush_graph = None
         samples, flush_ms = subtract_flush(both, alone)
