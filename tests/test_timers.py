@@ -12,6 +12,7 @@ import pytest
 import standin_cuda
 import torch
 from conftest import load, run_dir_of
+from result_rows import result_row
 
 import backends
 from harness import cli
@@ -20,6 +21,7 @@ from harness.child.plugins.timing import TimingPlugin, recorded_sizes
 from harness.core import paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
+from harness.core.results import RESULTS_FORMAT
 from harness.core.spec import FlagGemsOptions
 from harness.measure import profile, timers
 from harness.measure.timers import TOKEN_BUDGET_MS, Measurement, Timer, _CaptureFailed
@@ -1050,14 +1052,15 @@ def test_the_graph_timer_stops_replaying_once_the_row_is_known_within_max_noise(
     t, accel, _ = standin_timer(monkeypatch)
     t.max_noise = 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
-    assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES  # 50 without (the 100 ms budget)
+    # A graph sample is a chain of replays: its first check comes after 5 (a direct timer's after 10).
+    assert len(m.samples_ms) == timers.GRAPH_STOP_MIN_SAMPLES == 5  # 50 without (the 100 ms budget)
     # The first 12 timed samples (after the probe's 4 replays and the timed graph's upload and timed replay;
     # 4 replays a sample) are disturbed by a different amount each: it samples on past them, and no further
     # than the first check that is within.
     t, accel, _ = standin_timer(monkeypatch, disturbed={6 + 4 * i: 0.04 * (i % 4) for i in range(12)})
     t.max_noise = 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
-    assert timers.STOP_MIN_SAMPLES < len(m.samples_ms) < 50
+    assert timers.GRAPH_STOP_MIN_SAMPLES < len(m.samples_ms) < 50
     assert timers.relative_error(m.samples_ms) <= 0.001
     assert timers.relative_error(m.samples_ms[:-timers.STOP_CHECK_EVERY]) > 0.001
     assert len(accel.steps("replay")) == 4 + 2 + 4 * len(m.samples_ms)  # no replay beyond the samples kept
@@ -1067,10 +1070,10 @@ def test_the_cold_graph_timer_stops_its_paired_replays_together(monkeypatch):
     t, accel, _ = standin_timer(monkeypatch)
     t.l2, t._flush_buffer, t.max_noise = "cold", standin_cuda.Buffer(accel, 0.25), 0.001
     m = t.measure_pair("op", {"x": accel.op(CALL_MS)}).measurements["x"]
-    assert len(m.samples_ms) == timers.STOP_MIN_SAMPLES and m.samples_ms == [pytest.approx(CALL_MS)] * 10
+    assert m.samples_ms == [pytest.approx(CALL_MS)] * timers.GRAPH_STOP_MIN_SAMPLES
     # probe 4, the timed graph's upload and timed replay 2, the flush graph's 1, then a chain of op replays
     # and one of flush replays a sample (4 each: the graph unrolls 2 calls of 0.26 ms)
-    assert len(accel.steps("replay")) == 4 + 2 + 1 + 2 * 4 * timers.STOP_MIN_SAMPLES
+    assert len(accel.steps("replay")) == 4 + 2 + 1 + 2 * 4 * timers.GRAPH_STOP_MIN_SAMPLES
 
 
 def test_the_direct_timer_stops_at_a_check_and_synchronizes_once_a_check(monkeypatch):
@@ -1223,8 +1226,8 @@ def test_graph_sizes_round_trip_through_json():
 
 
 def sized_row(case, **sides):
-    return {"case": case, "status": "SUCCESS",
-            "samples": {side: {"n": 10, **({"graph_sizes": s.to_json()} if s else {})} for side, s in sides.items()}}
+    return result_row(case=case, samples={side: {"n": 10, **({"graph_sizes": s.to_json()} if s else {})}
+                                          for side, s in sides.items()})
 
 
 def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_it_sized(tmp_path, monkeypatch):
@@ -1232,8 +1235,8 @@ def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_
     record.mkdir()
     one, two = timers.GraphSizes(CALL_MS, CALL_MS, 54), timers.GraphSizes(0.5, 0.5, 1)
     rows = [sized_row("fp16-8", baseline=one, candidate=two), sized_row("fp16-16", baseline=None, candidate=two),
-            sized_row("twice", candidate=one), sized_row("twice", candidate=one), {"case": 3}, "not a row"]
-    (record / rundir.RESULTS_JSON).write_text(json.dumps({"rows": rows}))
+            sized_row("twice", candidate=one), sized_row("twice", candidate=one), sized_row("none", candidate=None)]
+    (record / rundir.RESULTS_JSON).write_text(json.dumps({"format": RESULTS_FORMAT, "rows": rows}))
     replay = tmp_path / "replay"
     replay.mkdir()
     spec = spec_mod.RunSpec("add", "cuda", "replay", 0, ["fp16"], "default", replay_from=str(record))
@@ -1259,14 +1262,16 @@ def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_
 
 
 @pytest.mark.parametrize(("content", "reason"), [
-    (None, "its record's results.json could not be read"),
-    ("[1, 2]", "its record's results.json could not be read"),
-    ('{"rows": 5}', "its record's results.json has no rows"),
-    ('{"rows": [{"case": "a", "samples": {"candidate": {"n": 3}}}]}', "its record's rows carry no graph sizes"),
+    (None, "its record's rows could not be read: "),
+    ([1, 2], "its record's rows could not be read: "),
+    ({"format": RESULTS_FORMAT, "rows": 5}, "its record's rows could not be read: "),
+    ({"format": RESULTS_FORMAT, "rows": [{"case": "a"}]}, "its record's rows could not be read: "),
+    ({"format": RESULTS_FORMAT, "rows": [result_row(case="a", samples={"candidate": {"n": 3}})]},
+     "its record's rows carry no graph sizes"),
 ])
 def test_a_replay_without_sizes_to_go_by_probes_and_says_why(tmp_path, content, reason):
     if content is not None:
-        (tmp_path / rundir.RESULTS_JSON).write_text(content)
+        (tmp_path / rundir.RESULTS_JSON).write_text(json.dumps(content))
     sizes, why = recorded_sizes(tmp_path)
     assert sizes == {} and why.startswith(reason)
 

@@ -447,8 +447,8 @@ class RunOptions(OptionSet):
         flag="--max-noise", group="how", commands=RUNS, metavar="PCT", type=lambda text: percent(text),
         show=lambda v: percent_text(v), record_only=True,
         help="graph, direct and host timers: stop timing a side once its median is known within PCT (its relative "
-             "standard error; NVBench's stdrel rule), after 10 samples; --rep-ms stays the most it times; 0 "
-             "turns it off (default: the backend's, 0.1%% on GPUs)",
+             "standard error; NVBench's stdrel rule), after 5 graph samples (10 of the others); --rep-ms stays the "
+             "most it times; 0 turns it off (default: the backend's, 0.1%% on GPUs)",
         check=RULES["max_noise"][0], what=f"a percentage from 0% to {MAX_NOISE:.0%}")
     # Each op's device is the batch's choice: not stored.
     device: int | None = option(

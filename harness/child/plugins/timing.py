@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.core import bounded, rundir
+from harness.core import rundir
+from harness.core.results import ResultsError, read_results
 from harness.core.spec import ONLY
 from harness.measure.timers import (
     GRAPH_SAMPLE_MS,
@@ -28,26 +29,20 @@ def recorded_sizes(record_dir: Path) -> tuple[dict[str, dict[str, GraphSizes]], 
     """({case id: {side: its graph sizes}} from the rows of the record at `record_dir`, the reason there
     are none or None). A case id on more than one row is left out: its rows would not say which is which."""
     try:
-        rows = bounded.read_json(Path(record_dir) / rundir.RESULTS_JSON).get("rows")
-    except (OSError, ValueError, AttributeError) as exc:  # InputRefused is a ValueError
-        return {}, f"its record's {rundir.RESULTS_JSON} could not be read: {str(exc).splitlines()[0][:200]}"
-    if not isinstance(rows, list):
-        return {}, f"its record's {rundir.RESULTS_JSON} has no rows"
+        rows = read_results(Path(record_dir))
+    except ResultsError as exc:
+        return {}, f"its record's rows could not be read: {exc}"
     found: dict[str, dict[str, GraphSizes]] = {}
     seen: set[str] = set()
     for row in rows:
-        case = row.get("case") if isinstance(row, dict) else None
-        if not isinstance(case, str):
+        if row.case in seen:
+            found.pop(row.case, None)
             continue
-        if case in seen:
-            found.pop(case, None)
-            continue
-        seen.add(case)
-        samples = row.get("samples")
-        sides = {side: sizes for side, summary in (samples.items() if isinstance(samples, dict) else ())
+        seen.add(row.case)
+        sides = {side: sizes for side, summary in (row.samples or {}).items()
                  if isinstance(summary, dict) and (sizes := GraphSizes.from_json(summary.get("graph_sizes")))}
         if sides:
-            found[case] = sides
+            found[row.case] = sides
     return found, None if found else "its record's rows carry no graph sizes"
 
 
