@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection
 import numpy as np
 
 import backends
+from harness.core import bounded
 from harness.measure import profile
 
 WARMUP_RANGE = (1, 1000)
@@ -146,15 +147,23 @@ class GraphSizes:
     def from_json(cls, data) -> GraphSizes | None:
         """The sizes a stored row carries, or None where they are missing or not what this writes (an
         older record's row, a hand-edited file): that row's graph is then sized by its own probe."""
-        if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(cls)}:
+        if bounded.field_problem("graph_sizes", data, GRAPH_SIZES_FIELDS) is not None or set(data) != set(
+                GRAPH_SIZES_FIELDS):
             return None
-        estimate, call, unroll, capped = data["estimate_ms"], data["call_ms"], data["unroll"], data["capped"]
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                      for v in (estimate, call))
-        if not (numbers and isinstance(unroll, int) and not isinstance(unroll, bool)
-                and 1 <= unroll <= GRAPH_MAX_UNROLL and (capped is None or isinstance(capped, str))):
-            return None
-        return cls(float(estimate), float(call), unroll, capped)
+        return cls(float(data["estimate_ms"]), float(data["call_ms"]), data["unroll"], data["capped"])
+
+
+def _ms(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+GRAPH_SIZES_FIELDS: bounded.Fields = {
+    "estimate_ms": (_ms, "a number of ms >= 0"),
+    "call_ms": (_ms, "a number of ms >= 0"),
+    "unroll": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= GRAPH_MAX_UNROLL,
+               f"a whole number of calls from 1 to {GRAPH_MAX_UNROLL}"),
+    "capped": (lambda v: v is None or isinstance(v, str), "a marker or null"),
+}
 
 
 @dataclasses.dataclass
