@@ -1553,3 +1553,39 @@ def test_a_large_selection_is_told_its_rough_cost_and_that_a_stop_is_safe(tmp_pa
                         f"rough cost: 5 ops x ~21 s (a typical op on one H200) / 2 devices = ~0.0 h; no op runs past "
                         f"--op-timeout 600 s. Ctrl-C stops it safely; `--resume --batch-dir {d}` carries on where it "
                         "stopped"]
+
+
+def ray_payload(scratch: Path, op: str, text: str) -> bytes:
+    """A Ray task's tar.gz of its scratch batch dir's ops/ (ray_executor._run_remote's), one op dir."""
+    import io
+    import tarfile
+
+    (scratch / "ops" / op).mkdir(parents=True)
+    (scratch / "ops" / op / "ab.json").write_text(json.dumps({"run_dir": f"{scratch}/ops/{op}/A-1", "note": text}))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(scratch / "ops", arcname="ops")
+    return buf.getvalue()
+
+
+def test_a_ray_tasks_op_dir_lands_whole_or_not_at_all(tmp_path, monkeypatch):
+    batch_dir, scratch = tmp_path / "batch", tmp_path / "scratch"
+    (batch_dir / "ops" / "add").mkdir(parents=True)
+    (batch_dir / "ops" / "add" / "left_by_an_earlier_run.json").write_text("{}")
+    ray_executor._gather(batch_dir, ray_payload(scratch, "add", "first"), str(scratch))
+    # Its paths point into the batch dir, and the op dir is the task's alone (an earlier run's files are gone).
+    assert sorted(p.name for p in (batch_dir / "ops" / "add").iterdir()) == ["ab.json"]
+    assert json.loads((batch_dir / "ops" / "add" / "ab.json").read_text())["run_dir"] == f"{batch_dir}/ops/add/A-1"
+    assert sorted(p.name for p in batch_dir.iterdir()) == ["ops"]  # no staging left
+    # Stopped midway (Ctrl-C while its files are rebased): no op dir half written, the one before untouched.
+    calls = []
+
+    def stopped(op_dir, old, new):
+        calls.append(op_dir)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_executor, "_rebase", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        ray_executor._gather(batch_dir, ray_payload(tmp_path / "scratch2", "mul", "second"), str(tmp_path / "scratch2"))
+    assert calls and not (batch_dir / "ops" / "mul").exists()
+    assert sorted(p.name for p in batch_dir.iterdir()) == ["ops"]

@@ -27,6 +27,7 @@ import dataclasses
 import io
 import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 from harness.core import batchdir, paths, rundir
@@ -163,12 +164,23 @@ def _run(runner, todo: list[Entry], on_done, address: str | None, shard, log) ->
 
 
 def _gather(batch_dir: Path, payload: bytes, scratch: str) -> None:
-    """Unpack a task's per-op dir into the batch dir, its JSON files' paths rebased onto it."""
-    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz") as tar:
-        tar.extractall(batch_dir, filter="data")
-        op_dirs = {Path(*Path(m.name).parts[:2]) for m in tar.getmembers() if len(Path(m.name).parts) > 1}
-    for op_dir in op_dirs:
-        _rebase(batch_dir / op_dir, scratch, str(batch_dir))
+    """Unpack a task's per-op dir into the batch dir, its JSON files' paths rebased onto it: unpacked and
+    rebased in a staging dir beside the op dirs first, each then renamed into place, so a parent stopped
+    midway leaves no op dir half written (its op runs again on --resume)."""
+    staging = Path(tempfile.mkdtemp(prefix=".gather-", dir=batch_dir))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz") as tar:
+            tar.extractall(staging, filter="data")
+            op_dirs = {Path(*Path(m.name).parts[:2]) for m in tar.getmembers() if len(Path(m.name).parts) > 1}
+        for op_dir in op_dirs:
+            _rebase(staging / op_dir, scratch, str(batch_dir))
+            target = batch_dir / op_dir
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():  # an earlier attempt's, replaced whole
+                shutil.rmtree(target)
+            (staging / op_dir).rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _first_line(exc: BaseException) -> str:
