@@ -95,9 +95,9 @@ STOP_MIN_SAMPLES = 10
 STOP_CHECK_EVERY = 5
 # A graph sample is a 2 ms chain of replays, not one call: its first check comes after 5. From an H100 corpus
 # A/B's repeats (docs/performance.md, "Graph samples a side"), the median of a side's first 5 samples spread
-# between processes 4% more than of its first 10 on rows under 10 us and ~20% more above, for ~20% less of a
-# FlagGems repeat step (its samples were ~45% of it): as much of the verdict's precision per device-second
-# or more, in every latency band.
+# between processes 4% more than of its first 10 on rows under 10 us and ~20% more above (0.18-0.20% ->
+# 0.22-0.24%: a ~0.3% interval at 5 repeats, well inside 1%), for ~20% less of a FlagGems repeat step (its
+# samples were ~45% of it): where the noise lies between processes (small kernels), a device-second buys more.
 GRAPH_STOP_MIN_SAMPLES = 5
 STOPPING_TIMERS = ("graph", "direct", "host")
 # A replay sizes each row's graph from its record's (GraphSizes): one capture, at the record's unroll, instead
