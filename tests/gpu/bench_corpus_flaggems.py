@@ -124,8 +124,15 @@ def op_figures(ab_json: Path) -> dict:
 def chunk_walls(batch_dir: Path) -> list[tuple[int, float]]:
     """(ops, wall seconds) of each chunk that ran whole within one call: its A/B complete and none of its steps
     taken over from an attempt an earlier call stopped (a resumed chunk's ops' walls leave those out). The wall
-    runs from the chunk's plan file, written as the corpus A/B began the chunk (else its first step), to its last
-    step's end: its A/B's start, its records together and its repeats, each second once."""
+    runs from the chunk's plan file, written as the corpus A/B began the chunk (else its first step), to the last
+    of its steps' ends and its ops' own reports (each op's, written after the chunk's: ~1 s an op, the device
+    idle): its A/B's start, its records together, its repeats and its reports, each second once."""
+    reported: dict[str, float] = collections.defaultdict(float)  # a chunk's A/B dir -> its ops' last report
+    for op_report in batch_dir.glob("ops/*/attempt*/*/report.json"):
+        chunk = json.loads(op_report.read_text()).get("context", {}).get("chunk")
+        if chunk:
+            reported[str(Path(chunk).resolve())] = max(reported[str(Path(chunk).resolve())],
+                                                       op_report.stat().st_mtime)
     out = []
     for ab_json in sorted((batch_dir / "chunks").glob("*/ab/ab.json")):
         state = json.loads(ab_json.read_text())
@@ -134,7 +141,8 @@ def chunk_walls(batch_dir: Path) -> list[tuple[int, float]]:
             continue
         plan = ab_json.parent.parent / "plan.yaml"
         began = plan.stat().st_mtime if plan.is_file() else min(s["started"] for s in steps)
-        out.append((len(state["plan"]["ops"]), max(s["started"] + s["seconds"] for s in steps) - began))
+        ended = max(max(s["started"] + s["seconds"] for s in steps), reported[str(ab_json.parent.resolve())])
+        out.append((len(state["plan"]["ops"]), ended - began))
     return out
 
 
