@@ -48,6 +48,8 @@ def running_keys(state: dict) -> list[str]:
 def running_steps(state: dict) -> list[dict]:
     """The steps under way (running_keys), those set."""
     return [state[key] for key in running_keys(state) if state.get(key)]
+
+
 PLAN = {
     "backend": (is_text, "a backend name"),
     # One a side too: a corpus report pairs an A/B of single runs (its basis says so).
