@@ -245,8 +245,9 @@ def test_upstreams_shape_file_is_parsed_in_c_to_the_same_shapes_and_put_back_as_
 
     run_dir, _ = record(tmp_path, "flaggems:log_softmax@softmax", "--level", "comprehensive")
     assert [r["case"] for r in rows_of(run_dir)] == ["fp32-2x16", "fp32-3x48"]  # core_shapes.yaml's, as before
-    parser = load(run_dir / "run.json")["observed"]["flaggems"]["shape_file_parser"]
-    assert parser == ("libyaml" if yaml.__with_libyaml__ else "pyyaml")
+    facts = load(run_dir / "run.json")["observed"]["flaggems"]
+    assert facts["shape_file_parser"] == ("libyaml" if yaml.__with_libyaml__ else "pyyaml")
+    assert facts["host_draws_on_device"] == {}  # the interpreter's device is the host: its draws are upstream's
     if not yaml.__with_libyaml__:
         return
     base = types.SimpleNamespace(yaml=yaml)
@@ -422,3 +423,62 @@ def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_f
     for owner, name, original in reversed(plugin.patched):
         setattr(owner, name, original)
     assert base.generate_tensor_input((8,), torch.int16, "cpu").device.type == "cpu" and len(base.calls) == 4
+
+
+BIG = (1024, flaggems_plugin.HOST_DRAW_MIN_ELEMENTS // 1024)
+
+
+REAL_HOST_DRAWS = flaggems_plugin.HostDrawsOnDevice
+
+
+def meta_draws(handed: list):
+    """HostDrawsOnDevice onto the meta device (what a CPU machine has besides the host), its copy back a
+    stand-in that records what it was handed and gives back host zeros of that dtype and shape."""
+    import torch
+
+    def to_host(tensor):
+        handed.append((tensor.device.type, tensor.dtype, tuple(tensor.shape)))
+        return torch.zeros(tensor.shape, dtype=tensor.dtype)
+
+    return REAL_HOST_DRAWS("meta", to_host)
+
+
+def test_an_input_iterators_big_host_draws_are_made_on_its_device_and_handed_back_on_the_host():
+    import torch
+
+    real = {name: getattr(torch, name) for name in flaggems_plugin.HOST_DRAWS}
+    handed = []
+    with meta_draws(handed) as draws:
+        drawn = [torch.randint(0, 8, BIG, dtype=torch.int16, device="cpu"),  # bitwise_right_shift_'s
+                 torch.randn(*BIG),  # sizes as arguments, the default device (the host)
+                 torch.rand(size=BIG, dtype=torch.float16)]
+        kept = [torch.randint(0, 8, (BIG[0] - 1, BIG[1])),  # one element short of the least moved
+                torch.randint(-3, 4, BIG, generator=torch.Generator().manual_seed(1)),  # its own generator
+                torch.randn(BIG, requires_grad=True)]
+        asked_on_device = torch.randint(0, 8, BIG, device="meta")
+    assert handed == [("meta", torch.int16, BIG), ("meta", torch.float32, BIG), ("meta", torch.float16, BIG)]
+    assert draws.moved == {"randint": 1, "randn": 1, "rand": 1}
+    assert all(t.device.type == "cpu" and tuple(t.shape) in (BIG, (BIG[0] - 1, BIG[1])) for t in drawn + kept)
+    assert all(t.unique().numel() > 1 for t in kept) and kept[2].requires_grad  # upstream's own draws
+    assert asked_on_device.device.type == "meta"
+    assert {name: getattr(torch, name) for name in flaggems_plugin.HOST_DRAWS} == real  # put back
+
+
+def test_a_benchmark_on_a_device_draws_its_inputs_through_it_and_the_run_counts_them(monkeypatch):
+    import torch
+
+    handed = []
+    monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: meta_draws(handed))
+
+    def inputs():
+        yield torch.randn(4), torch.randint(0, 8, BIG, device="cpu")
+        yield torch.randint(0, 8, BIG, dtype=torch.int32), torch.randint(0, 8, (2,))
+
+    plugin = types.SimpleNamespace(host_draws={})
+    on_device, on_host, it = types.SimpleNamespace(device="meta"), types.SimpleNamespace(device="cpu"), inputs()
+    first = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
+    flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
+    assert plugin.host_draws == {"randint": 2} and len(handed) == 2 and first[1].device.type == "cpu"
+    # A benchmark on the host (the interpreter's) draws as upstream does.
+    assert flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_host, iter([(torch.randn(*BIG),)]))
+    assert plugin.host_draws == {"randint": 2} and len(handed) == 2

@@ -69,6 +69,79 @@ def _roles(metrics) -> list[str]:
     roles = [role for metric, role in (("latency_base", "baseline"), ("latency", "candidate")) if metric in metrics]
     return roles or ["baseline"]
 
+# Torch's random draws a benchmark's input iterator may make on the host, and the fewest elements one must have
+# to be drawn on the device instead. Torch draws on the host one element at a time (1G int16 in 3.1 s on a
+# 2-core CI machine); bitwise_right_shift_ draws its shift amounts so, `torch.randint(0, 8, shape,
+# device="cpu").to(device)`, 1G elements in 4 of its 10 cases, and each of its steps (record, passes, every
+# repeat) took ~47 s on an H100 host for 0.65 s of timing; ~15 benchmark files draw so. Such a draw is made on
+# the benchmark's device from the same distribution (the same arguments), seeded as every input is, and handed
+# back on the host as asked (copied back); smaller draws, and any that names a generator, an output,
+# pinned memory, a gradient or a layout, stay upstream's.
+HOST_DRAWS = ("randint", "randn", "rand")
+HOST_DRAW_MIN_ELEMENTS = 1 << 20
+
+
+def _drawn_elements(args, kwargs) -> int:
+    """The element count a torch.randint / randn / rand call asks for: its `size`, else its last sequence
+    argument (randint's low and high are scalars), else randn's and rand's integer arguments."""
+    import math
+
+    size = kwargs.get("size")
+    if size is None:
+        sequences = [a for a in args if isinstance(a, (tuple, list))]
+        size = sequences[-1] if sequences else [a for a in args if isinstance(a, int)] or None
+    try:
+        return math.prod(int(n) for n in size) if size is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+class HostDrawsOnDevice:
+    """While entered, torch's HOST_DRAWS of HOST_DRAW_MIN_ELEMENTS or more on the host are made on `device` and
+    copied back (`to_host`); `moved` counts them by function."""
+
+    def __init__(self, device, to_host=lambda tensor: tensor.cpu()):
+        self.device = device
+        self.to_host = to_host
+        self.moved: dict[str, int] = {}
+        self.originals: dict = {}
+
+    def _draw(self, name: str, original):
+        import torch
+
+        def draw(*args, **kwargs):
+            target = kwargs.get("device")
+            on_host = torch.device(target).type == "cpu" if target is not None else \
+                torch.get_default_device().type == "cpu"
+            kept = ("generator", "out", "pin_memory", "requires_grad", "layout")
+            if (not on_host or any(kwargs.get(k) for k in kept)
+                    or _drawn_elements(args, kwargs) < HOST_DRAW_MIN_ELEMENTS):
+                return original(*args, **kwargs)
+            try:
+                drawn = original(*args, **{**kwargs, "device": self.device})
+            except (RuntimeError, TypeError):  # a dtype the device's generator lacks: upstream's own draw
+                return original(*args, **kwargs)
+            self.moved[name] = self.moved.get(name, 0) + 1
+            return self.to_host(drawn)
+
+        return draw
+
+    def __enter__(self):
+        import torch
+
+        self.originals = {name: getattr(torch, name) for name in HOST_DRAWS}
+        for name, original in self.originals.items():
+            setattr(torch, name, self._draw(name, original))
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        for name, original in self.originals.items():
+            setattr(torch, name, original)
+        self.originals = {}
+
+
 _INHERITED = object()  # a patched attribute the class did not define itself: deleted, not set, when put back
 
 
@@ -90,6 +163,7 @@ class FlagGemsPlugin:
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
         self.notes: list[str] = []
         self.current: dict | None = None  # the case being measured: benchmark, dtype, label, id
+        self.host_draws: dict[str, int] = {}  # HostDrawsOnDevice.moved, over the run's input iterators
 
     def pytest_configure(self, config):
         self.hook = config.hook
@@ -315,7 +389,7 @@ class FlagGemsPlugin:
             while True:
                 seed_everything(plugin.ctx.spec.seed)  # inputs built lazily: byte-identical on both sides
                 try:
-                    item = next(inputs)
+                    item = plugin._next_input(bench, inputs)
                 except StopIteration:
                     return
                 # Named (and counted, so later ids stay the record's) whether timed or not: a replay of
@@ -327,6 +401,24 @@ class FlagGemsPlugin:
                 yield item
 
         bench.get_input_iter = seeded
+
+    def _next_input(self, bench, inputs):
+        """The iterator's next input, its big host draws made on the benchmark's device (HostDrawsOnDevice)."""
+        import torch
+
+        device = getattr(bench, "device", None)
+        try:
+            on_device = device is not None and torch.device(device).type != "cpu"
+        except (RuntimeError, TypeError):
+            on_device = False
+        if not on_device:
+            return next(inputs)
+        with HostDrawsOnDevice(device) as draws:
+            try:
+                return next(inputs)
+            finally:
+                for name, n in draws.moved.items():
+                    self.host_draws[name] = self.host_draws.get(name, 0) + n
 
     def _flush_pending(self) -> None:
         """Timings of a case that ended with fewer than its metrics promised (a benchmark timing
@@ -445,7 +537,7 @@ class FlagGemsPlugin:
         self.entries_called.clear()
         dropped = _drop_modules_under(Path(self.options.root) / "benchmark")
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems": {
-            "benchmark_modules_dropped": dropped}}})
+            "benchmark_modules_dropped": dropped, "host_draws_on_device": self.host_draws}}})
         if self.notes:
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"flaggems_notes": self.notes}})
 
