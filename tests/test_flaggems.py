@@ -247,7 +247,8 @@ def test_upstreams_shape_file_is_parsed_in_c_to_the_same_shapes_and_put_back_as_
     assert [r["case"] for r in rows_of(run_dir)] == ["fp32-2x16", "fp32-3x48"]  # core_shapes.yaml's, as before
     facts = load(run_dir / "run.json")["observed"]["flaggems"]
     assert facts["shape_file_parser"] == ("libyaml" if yaml.__with_libyaml__ else "pyyaml")
-    assert facts["host_draws_on_device"] == {}  # the interpreter's device is the host: its draws are upstream's
+    # The interpreter's device is the host: its draws are upstream's.
+    assert facts["host_draws_on_device"] == {"moved": {}, "refused": {}}
     if not yaml.__with_libyaml__:
         return
     base = types.SimpleNamespace(yaml=yaml)
@@ -474,11 +475,25 @@ def test_a_benchmark_on_a_device_draws_its_inputs_through_it_and_the_run_counts_
         yield torch.randn(4), torch.randint(0, 8, BIG, device="cpu")
         yield torch.randint(0, 8, BIG, dtype=torch.int32), torch.randint(0, 8, (2,))
 
-    plugin = types.SimpleNamespace(host_draws={})
+    plugin = types.SimpleNamespace(host_draws={"moved": {}, "refused": {}})
     on_device, on_host, it = types.SimpleNamespace(device="meta"), types.SimpleNamespace(device="cpu"), inputs()
     first = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
     flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
-    assert plugin.host_draws == {"randint": 2} and len(handed) == 2 and first[1].device.type == "cpu"
+    assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {}} and len(handed) == 2
+    assert first[1].device.type == "cpu"
     # A benchmark on the host (the interpreter's) draws as upstream does.
     assert flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_host, iter([(torch.randn(*BIG),)]))
-    assert plugin.host_draws == {"randint": 2} and len(handed) == 2
+    assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {}} and len(handed) == 2
+    # A draw the device refuses (a dtype its generator lacks) is upstream's, on the host, and counted.
+    real_randint = torch.randint
+
+    def no_int8_on_device(*args, **kwargs):
+        if kwargs.get("device") == "meta" and kwargs.get("dtype") == torch.int8:
+            raise RuntimeError("\"random_\" not implemented for 'Char'")
+        return real_randint(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randint", no_int8_on_device)
+    drawn, = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, (
+        (torch.randint(0, 8, BIG, dtype=torch.int8),) for _ in range(1)))
+    assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {"randint": 1}} and len(handed) == 2
+    assert drawn.device.type == "cpu" and drawn.dtype == torch.int8 and drawn.unique().numel() > 1

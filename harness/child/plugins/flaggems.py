@@ -98,12 +98,14 @@ def _drawn_elements(args, kwargs) -> int:
 
 class HostDrawsOnDevice:
     """While entered, torch's HOST_DRAWS of HOST_DRAW_MIN_ELEMENTS or more on the host are made on `device` and
-    copied back (`to_host`); `moved` counts them by function."""
+    copied back (`to_host`); `moved` counts them by function, `refused` those the device refused (drawn on the
+    host, as upstream does)."""
 
     def __init__(self, device, to_host=lambda tensor: tensor.cpu()):
         self.device = device
         self.to_host = to_host
         self.moved: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
         self.originals: dict = {}
 
     def _draw(self, name: str, original):
@@ -120,6 +122,7 @@ class HostDrawsOnDevice:
             try:
                 drawn = original(*args, **{**kwargs, "device": self.device})
             except (RuntimeError, TypeError):  # a dtype the device's generator lacks: upstream's own draw
+                self.refused[name] = self.refused.get(name, 0) + 1
                 return original(*args, **kwargs)
             self.moved[name] = self.moved.get(name, 0) + 1
             return self.to_host(drawn)
@@ -163,7 +166,8 @@ class FlagGemsPlugin:
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
         self.notes: list[str] = []
         self.current: dict | None = None  # the case being measured: benchmark, dtype, label, id
-        self.host_draws: dict[str, int] = {}  # HostDrawsOnDevice.moved, over the run's input iterators
+        # HostDrawsOnDevice's counts over the run's input iterators: {"moved": {function: n}, "refused": {...}}
+        self.host_draws: dict[str, dict[str, int]] = {"moved": {}, "refused": {}}
 
     def pytest_configure(self, config):
         self.hook = config.hook
@@ -417,8 +421,9 @@ class FlagGemsPlugin:
             try:
                 return next(inputs)
             finally:
-                for name, n in draws.moved.items():
-                    self.host_draws[name] = self.host_draws.get(name, 0) + n
+                for kind, counts in (("moved", draws.moved), ("refused", draws.refused)):
+                    for name, n in counts.items():
+                        self.host_draws[kind][name] = self.host_draws[kind].get(name, 0) + n
 
     def _flush_pending(self) -> None:
         """Timings of a case that ended with fewer than its metrics promised (a benchmark timing
