@@ -497,3 +497,24 @@ def test_a_benchmark_on_a_device_draws_its_inputs_through_it_and_the_run_counts_
         (torch.randint(0, 8, BIG, dtype=torch.int8),) for _ in range(1)))
     assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {"randint": 1}} and len(handed) == 2
     assert drawn.device.type == "cpu" and drawn.dtype == torch.int8 and drawn.unique().numel() > 1
+
+
+def test_each_input_the_benchmarks_iterator_yields_is_drawn_through_it(monkeypatch):
+    import torch
+
+    handed, begun = [], []
+    monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: meta_draws(handed))
+    plugin = flaggems_plugin.FlagGemsPlugin.__new__(flaggems_plugin.FlagGemsPlugin)
+    plugin.our_shapes, plugin.case_counts, plugin.host_draws = None, {}, {"moved": {}, "refused": {}}
+    plugin.ctx = types.SimpleNamespace(spec=types.SimpleNamespace(seed=0), selects=lambda case: True)
+    plugin._begin_case = lambda bench, dtype, item, case_id, label: begun.append(case_id)
+
+    def own_inputs(dtype):  # upstream's iterator: its inputs built as each is asked for
+        for rows in (BIG[0], 8):
+            yield torch.randn(rows, BIG[1]), torch.randint(0, 8, (rows, BIG[1]), dtype=dtype, device="cpu")
+
+    bench = types.SimpleNamespace(device="meta", get_input_iter=own_inputs)
+    plugin._take_inputs(bench)
+    assert len(list(bench.get_input_iter(torch.int16))) == 2
+    assert begun == [f"int16-{BIG[0]}x{BIG[1]},{BIG[0]}x{BIG[1]}", f"int16-8x{BIG[1]},8x{BIG[1]}"]
+    assert plugin.host_draws["moved"] == {"randn": 1, "randint": 1} and len(handed) == 2  # the big case's alone
