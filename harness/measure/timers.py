@@ -147,8 +147,8 @@ class GraphSizes:
     def from_json(cls, data) -> GraphSizes | None:
         """The sizes a stored row carries, or None where they are missing or not what this writes (an
         older record's row, a hand-edited file): that row's graph is then sized by its own probe."""
-        if bounded.field_problem("graph_sizes", data, GRAPH_SIZES_FIELDS) is not None or set(data) != set(
-                GRAPH_SIZES_FIELDS):
+        problem = bounded.field_problem("graph_sizes", data, GRAPH_SIZES_FIELDS)
+        if problem is not None or set(data) != set(GRAPH_SIZES_FIELDS):  # a field it does not write: not its
             return None
         return cls(float(data["estimate_ms"]), float(data["call_ms"]), data["unroll"], data["capped"])
 

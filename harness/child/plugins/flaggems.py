@@ -20,6 +20,7 @@ conftest's Config, made per session, at its import).
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import sys
 from pathlib import Path
@@ -69,6 +70,7 @@ def _roles(metrics) -> list[str]:
     roles = [role for metric, role in (("latency_base", "baseline"), ("latency", "candidate")) if metric in metrics]
     return roles or ["baseline"]
 
+
 # Torch's random draws a benchmark's input iterator may make on the host, and the fewest elements one must have
 # to be drawn on the device instead. Torch draws on the host one element at a time (1G int16 in 3.1 s on a
 # 2-core CI machine); bitwise_right_shift_ draws its shift amounts so, `torch.randint(0, 8, shape,
@@ -79,13 +81,12 @@ def _roles(metrics) -> list[str]:
 # pinned memory, a gradient or a layout, stay upstream's.
 HOST_DRAWS = ("randint", "randn", "rand")
 HOST_DRAW_MIN_ELEMENTS = 1 << 20
+UPSTREAM_DRAW_KEYWORDS = ("generator", "out", "pin_memory", "requires_grad", "layout")  # any named: upstream's draw
 
 
 def _drawn_elements(args, kwargs) -> int:
     """The element count a torch.randint / randn / rand call asks for: its `size`, else its last sequence
     argument (randint's low and high are scalars), else randn's and rand's integer arguments."""
-    import math
-
     size = kwargs.get("size")
     if size is None:
         sequences = [a for a in args if isinstance(a, (tuple, list))]
@@ -113,10 +114,8 @@ class HostDrawsOnDevice:
 
         def draw(*args, **kwargs):
             target = kwargs.get("device")
-            on_host = torch.device(target).type == "cpu" if target is not None else \
-                torch.get_default_device().type == "cpu"
-            kept = ("generator", "out", "pin_memory", "requires_grad", "layout")
-            if (not on_host or any(kwargs.get(k) for k in kept)
+            where = torch.device(target) if target is not None else torch.get_default_device()
+            if (where.type != "cpu" or any(kwargs.get(k) for k in UPSTREAM_DRAW_KEYWORDS)
                     or _drawn_elements(args, kwargs) < HOST_DRAW_MIN_ELEMENTS):
                 return original(*args, **kwargs)
             try:
