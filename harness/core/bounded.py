@@ -10,6 +10,7 @@ not executable), rather than that it does not exist."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -235,6 +236,11 @@ def load_yaml(text: str) -> Any:
 
 # A stored mapping's fields and what each must be: name -> (check, what it must be, said in the refusal).
 Fields = dict[str, tuple[Any, str]]
+
+
+def finite_number(value) -> bool:
+    """A field's number as JSON and YAML read it back: an int or float (not a bool), neither NaN nor infinite."""
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 def field_problem(where: str, data: Any, fields: Fields, required: bool = True) -> str | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import types
 import typing
@@ -35,16 +34,14 @@ MAX_WINDOWS = 64  # each window a capture a row
 MAX_NOISE = 0.1  # --max-noise, a fraction: a side known within 10% is no measurement a verdict can use
 
 
-def _finite(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
-
-
 RULES = {
     "seed": (lambda v: type(v) is int and 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
-    "warmup_ms": (lambda v: _finite(v) and 0 <= v <= MAX_BUDGET_MS, f"a number of ms from 0 to {MAX_BUDGET_MS}"),
-    "rep_ms": (lambda v: _finite(v) and 0 <= v <= MAX_BUDGET_MS, f"a number of ms from 0 to {MAX_BUDGET_MS}"),
+    "warmup_ms": (lambda v: bounded.finite_number(v) and 0 <= v <= MAX_BUDGET_MS,
+                  f"a number of ms from 0 to {MAX_BUDGET_MS}"),
+    "rep_ms": (lambda v: bounded.finite_number(v) and 0 <= v <= MAX_BUDGET_MS,
+               f"a number of ms from 0 to {MAX_BUDGET_MS}"),
     "windows": (lambda v: type(v) is int and 1 <= v <= MAX_WINDOWS, f"an integer from 1 to {MAX_WINDOWS}"),
-    "max_noise": (lambda v: _finite(v) and 0 <= v <= MAX_NOISE, f"a fraction from 0 to {MAX_NOISE}"),
+    "max_noise": (lambda v: bounded.finite_number(v) and 0 <= v <= MAX_NOISE, f"a fraction from 0 to {MAX_NOISE}"),
     "device": (lambda v: type(v) is int and v >= 0, "a device index (an integer >= 0)"),
 }
 # A run that does part of the work (`--timing-only`, `--passes-only`, `--configs-only`: RunSpec.only),

@@ -129,6 +129,16 @@ def clamp_count(budget_ms: float, per_call_ms: float, bounds: tuple[int, int]) -
     return max(lo, min(hi, math.ceil(budget_ms / per_call_ms)))
 
 
+# What a row's stored graph sizes must be (GraphSizes.from_json): anything else is sized by its own probe.
+GRAPH_SIZES_FIELDS: bounded.Fields = {
+    "estimate_ms": (lambda v: bounded.finite_number(v) and v >= 0, "a number of ms >= 0"),
+    "call_ms": (lambda v: bounded.finite_number(v) and v >= 0, "a number of ms >= 0"),
+    "unroll": (lambda v: type(v) is int and 1 <= v <= GRAPH_MAX_UNROLL,
+               f"a whole number of calls from 1 to {GRAPH_MAX_UNROLL}"),
+    "capped": (lambda v: v is None or isinstance(v, str), "a marker or null"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphSizes:
     """How the graph timer sized a side's graph: one call's device time at the first calls' estimate (what
@@ -152,18 +162,6 @@ class GraphSizes:
             return None
         return cls(float(data["estimate_ms"]), float(data["call_ms"]), data["unroll"], data["capped"])
 
-
-def _ms(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-GRAPH_SIZES_FIELDS: bounded.Fields = {
-    "estimate_ms": (_ms, "a number of ms >= 0"),
-    "call_ms": (_ms, "a number of ms >= 0"),
-    "unroll": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= GRAPH_MAX_UNROLL,
-               f"a whole number of calls from 1 to {GRAPH_MAX_UNROLL}"),
-    "capped": (lambda v: v is None or isinstance(v, str), "a marker or null"),
-}
 
 
 @dataclasses.dataclass

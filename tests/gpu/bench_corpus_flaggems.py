@@ -131,8 +131,8 @@ def chunk_walls(batch_dir: Path) -> list[tuple[int, float]]:
     for op_report in batch_dir.glob("ops/*/attempt*/*/report.json"):
         chunk = json.loads(op_report.read_text()).get("context", {}).get("chunk")
         if chunk:
-            reported[str(Path(chunk).resolve())] = max(reported[str(Path(chunk).resolve())],
-                                                       op_report.stat().st_mtime)
+            key = str(Path(chunk).resolve())
+            reported[key] = max(reported[key], op_report.stat().st_mtime)
     out = []
     for ab_json in sorted((batch_dir / "chunks").glob("*/ab/ab.json")):
         state = json.loads(ab_json.read_text())
