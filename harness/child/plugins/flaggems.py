@@ -73,7 +73,7 @@ def _roles(metrics) -> list[str]:
 
 # Torch's random draws a benchmark's input iterator may make on the host, and the fewest elements one must have
 # to be drawn on the device instead. Torch draws on the host one element at a time (1G int16 in 3.1 s on a
-# 2-core CI machine); bitwise_right_shift_ draws its shift amounts so, `torch.randint(0, 8, shape,
+# loaded 2-core CPU machine); bitwise_right_shift_ draws its shift amounts so, `torch.randint(0, 8, shape,
 # device="cpu").to(device)`, 1G elements in 4 of its 10 cases, and each of its steps (record, passes, every
 # repeat) took ~47 s on an H100 host for 0.65 s of timing; ~15 benchmark files draw so. Such a draw is made on
 # the benchmark's device from the same distribution (the same arguments), seeded as every input is, and handed
