@@ -25,6 +25,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import signal
 import statistics
 import subprocess
@@ -59,9 +60,14 @@ def run(args) -> int | None:
                 *(["--chunk", str(args.chunk)] if args.chunk else []),
                 *(["--chunk-records", args.chunk_records] if args.chunk_records else []),
                 *(["--record-jobs", str(args.record_jobs)] if args.record_jobs else [])]
+    env = dict(os.environ)
+    if args.profile_hosts:  # each hosted run profiled (tests/gpu/profile_hosts.py reads them)
+        args.profile_hosts.mkdir(parents=True, exist_ok=True)
+        env["ZL_BENCH_HOST_PROFILE"] = str(args.profile_hosts.resolve())
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(HERE / "host_profile"), env.get("PYTHONPATH"))))
     with open(args.out / "corpus.log", "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, env=env)
         try:
             code = proc.wait(timeout=args.budget)
         except subprocess.TimeoutExpired:
@@ -253,6 +259,8 @@ def main() -> int:
     parser.add_argument("--op-timeout", type=float)
     parser.add_argument("--budget", type=float, help="seconds this call runs the A/B before stopping it to resume")
     parser.add_argument("--inventory", type=int, default=INVENTORY)
+    parser.add_argument("--profile-hosts", type=Path, help="each run a measuring host serves profiled into DIR "
+                        "(tests/gpu/profile_hosts.py)")
     args = parser.parse_args()
     args.out = args.out.resolve()
     args.flaggems_dir = [str(Path(d).resolve()) if "=" not in d else d for d in args.flaggems_dir]

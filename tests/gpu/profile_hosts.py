@@ -1,0 +1,83 @@
+"""Where a measuring host's time goes, op by op (issue 45): run by hand on a GPU host (not collected by pytest).
+
+    python3 tests/gpu/bench_corpus_flaggems.py ... --profile-hosts DIR    # each hosted run profiled into DIR
+    python3 tests/gpu/profile_hosts.py DIR [--top 30]
+
+The first line runs the corpus sample with tests/gpu/host_profile/sitecustomize.py on PYTHONPATH, which profiles
+each run a chunk's measuring host serves (one op's timed replay) into DIR/<run dir name>.prof. This one sums
+them per op: the run's seconds under the profiler, and the share in each of the parts a replay is made of (the
+timer, the inputs drawn, their digests, FlagGems' use_gems() entered and left, collections, pytest's set-up and
+collection, the rows written), what is left outside them; then the functions that cost most over all runs.
+cProfile slows Python-heavy parts more than device waits: read the parts against each other, not as walls."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pstats
+import re
+from pathlib import Path
+
+# (name, file suffix, function names): a part's seconds are the cumulative seconds of its functions (none of
+# them calls another part's).
+PARTS = (
+    ("timer", "harness/measure/timers.py", ("measure_pair",)),
+    ("inputs", "harness/child/plugins/flaggems.py", ("_next_input",)),
+    ("digest", "harness/child/plugins/seeds.py", ("input_sha256",)),
+    ("use_gems", "flag_gems/__init__.py", ("__enter__", "__exit__")),
+    ("gc", "~", ("<built-in method gc.collect>",)),
+    ("pytest set-up", "_pytest/config/__init__.py", ("_prepareconfig",)),
+    ("collection", "_pytest/main.py", ("pytest_collection",)),
+    ("rows written", "harness/child/plugins/results.py", ("add_row", "update_rows")),
+    ("run.json", "harness/core/rundir.py", ("merge_json",)),
+)
+ENTRY = ("harness/child/runner.py", "entry")
+
+
+def op_of(prof: Path) -> str:
+    return re.sub(r"_\d{8}-\d{6}(-\d+)?$", "", prof.stem)
+
+
+def parts(stats: pstats.Stats) -> dict[str, float]:
+    out = collections.Counter()
+    for (file, _, name), (_, _, _, cumulative, _) in stats.stats.items():
+        if file.endswith(ENTRY[0]) and name == ENTRY[1]:
+            out["run"] += cumulative
+        for part, suffix, names in PARTS:
+            if file.endswith(suffix) and name in names:
+                out[part] += cumulative
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args()
+    profs = sorted(args.dir.glob("*.prof"))
+    if not profs:
+        raise SystemExit(f"no .prof files in {args.dir}")
+    by_op: dict[str, list[Path]] = collections.defaultdict(list)
+    for prof in profs:
+        by_op[op_of(prof)].append(prof)
+    names = [p[0] for p in PARTS]
+    print(f"{'op':<52} {'runs':>4} {'run s':>6} " + " ".join(f"{n[:10]:>10}" for n in names) + f" {'rest':>6}")
+    total = None
+    for op, files in sorted(by_op.items()):
+        stats = pstats.Stats(*map(str, files))
+        total = stats if total is None else total.add(*map(str, files)) or total
+        found = parts(stats)
+        run = found["run"] / len(files)
+        shown = [found[n] / len(files) for n in names]
+        print(f"{op:<52} {len(files):>4} {run:>6.2f} " + " ".join(f"{s:>10.3f}" for s in shown)
+              + f" {run - sum(shown):>6.2f}")
+    total.files = []  # no header line a profile file
+    print("\nover all runs, by cumulative seconds:")
+    total.sort_stats("cumulative").print_stats(args.top)
+    print("by own seconds:")
+    total.sort_stats("tottime").print_stats(args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
