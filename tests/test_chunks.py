@@ -5,6 +5,7 @@ process does not reach the next op's; an interrupted chunk goes on from its last
 steps and hosts are real processes on the interpreter."""
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -482,3 +483,58 @@ def test_a_stop_during_a_record_beside_the_repeats_stops_that_record_too_and_rep
                                                                                          state["steps"]]
     outcome = load(Path(record["run_dir"]) / "run.json")["observed"]["outcome"]
     assert outcome["status"] == "INCOMPLETE" and "interrupted" in outcome["reason"]
+
+
+@pytest.mark.e2e
+def test_each_ops_own_report_is_written_and_one_that_fails_costs_its_op_alone(tmp_path, capsys, monkeypatch):
+    """A chunk's ops' own reports (--op-dir, as a corpus A/B gives them) are written in processes forked from
+    the A/B (harness.sessions.ab.reporting.op_reports): one that cannot be written fails that op's report alone,
+    said, the A/B's exit 1."""
+    from reports import ab_report
+
+    dirs = {op: tmp_path / "ops" / op for op in ("switch_probe", "add")}
+    write = ab_report.write
+
+    def write_or_fail(out_dir, *args, **kwargs):
+        if out_dir == dirs["switch_probe"]:
+            raise OSError(28, "No space left on device")
+        return write(out_dir, *args, **kwargs)
+
+    monkeypatch.setattr(ab_report, "write", write_or_fail)
+    code = ab.run_from_args(ab_request(tmp_path, ["switch_probe", "add"], "--ops-path", str(PROBE), "--repeats", "2",
+                                     "--chunk", "2", *(a for op, d in dirs.items() for a in ("--op-dir", f"{op}={d}"))))
+    captured = capsys.readouterr()
+    assert code == 1, captured.out
+    assert f"error: the report of {dirs['switch_probe']} could not be written" in captured.err
+    rows = load(dirs["add"] / "report.json")["rows"]
+    assert {r["op"] for r in rows} == {"add"} and all(len(r["a_ms"]) == 2 for r in rows)
+    assert (dirs["add"] / "report.html").is_file() and (dirs["add"] / "ratios.png").is_file()
+    assert not (dirs["switch_probe"] / "report.json").exists() and (dirs["switch_probe"] / "ab.json").is_file()
+    assert {r["op"] for r in load(ab_dir_in(captured.out) / "report.json")["rows"]} == {"switch_probe", "add"}
+
+
+def test_op_reports_run_in_forked_processes_at_most_report_jobs_at_once(tmp_path, monkeypatch):
+    from harness.sessions.ab import reporting
+
+    running = tmp_path / "running"
+    running.mkdir()
+
+    def report(op_dir, groups, context, warnings, *args):
+        mine = running / op_dir.name
+        mine.touch()
+        # Two under way at once before either ends: the reports overlap, whatever the machine's load.
+        wait_for(lambda: len(list(running.iterdir())) >= 2 or op_dir.name in ("op4", "op5"), timeout=15)
+        (op_dir / "report.txt").write_text(f"{os.getpid()} {len(list(running.iterdir()))}")
+        mine.unlink()
+        return 0
+
+    monkeypatch.setattr(reporting, "report", report)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    jobs = []
+    for n in range(6):
+        (tmp_path / f"op{n}").mkdir()
+        jobs.append((tmp_path / f"op{n}", {"A": [], "B": []}, {}, []))
+    assert reporting.op_reports(jobs, {"interpreter"}, 2, 0.05) == []
+    written = [(tmp_path / f"op{n}" / "report.txt").read_text().split() for n in range(6)]
+    assert all(int(pid) != os.getpid() for pid, _ in written)
+    assert 2 <= max(int(at_once) for _, at_once in written) <= reporting.REPORT_JOBS

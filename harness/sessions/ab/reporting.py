@@ -4,12 +4,16 @@ runs paired, judged and written (report), and the report's modules imported besi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
+import io
+import os
 import threading
 from pathlib import Path
 
 import backends
-from harness.core import rundir
+from harness.core import launch, rundir
 from harness.core.options import FDR
 from harness.measure import ir
 
@@ -18,6 +22,12 @@ from harness.measure import ir
 # matplotlib (with the Agg canvas its savefig picks; 1-2.5 s and 0.3-1 s).
 REPORT_MODULES = ("reports.ab_report", "reports.corpus", "reports.explain", "scipy.stats", "matplotlib.figure",
                   "matplotlib.ticker", "matplotlib.backends.backend_agg")
+
+
+# A chunk's ops' own reports, written this many at once, each in a process forked from the A/B: ~1 s an op on an
+# H100 host (two matplotlib figures, most of it), one after another with the device idle (docs/performance.md,
+# "At chunk 8").
+REPORT_JOBS = 4
 
 
 def preload_reports() -> threading.Thread:
@@ -115,3 +125,33 @@ def report(ab_dir: Path, groups: list[dict[str, list[Path]]], context: dict, war
     rundir.atomic_write_text(files[-1], corpus_html.render(page, corpus.headline(page)))
     print("report: " + ", ".join(str(f) for f in files))
     return 0 if rows and summary.headline_rows == summary.rows else 1
+
+
+def op_reports(jobs: list[tuple[Path, dict[str, list[Path]], dict, list[str]]], backend_names: set[str],
+               expected: int | None, fdr: float, schedule=None) -> list[Path]:
+    """Each op's own report (its dir, its runs, context and warnings), as `report` writes it, up to REPORT_JOBS
+    (and half the host's CPUs) at once, each in a forked process; the dirs whose report failed (its error on
+    our stderr). A stop (Ctrl-C) ends those under way."""
+    at_once = max(1, min(REPORT_JOBS, (os.cpu_count() or 2) // 2))
+    pending, running, failed = list(jobs), [], []
+
+    def write(op_dir, runs, context, warnings) -> int:
+        with contextlib.redirect_stdout(io.StringIO()):  # the A/B's own report said it all
+            report(op_dir, [runs], context, warnings, backend_names, expected, fdr, schedule)
+        return 0
+
+    try:
+        while pending or running:
+            while pending and len(running) < at_once:
+                op_dir, runs, context, warnings = pending.pop(0)
+                child = launch.start([f"report {op_dir}"], own_group=False, with_parent=False,
+                                     call=functools.partial(write, op_dir, runs, context, warnings))
+                running.append((op_dir, child))
+            op_dir, child = running.pop(0)
+            if child.wait() != 0:
+                failed.append(op_dir)
+    finally:
+        for _, child in running:  # a stop: none left writing
+            child.kill()
+            child.wait()
+    return failed

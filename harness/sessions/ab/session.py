@@ -4,12 +4,11 @@ the first step, run (runner) and reported (reporting); or two run dirs compared 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import io
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import backends
@@ -22,7 +21,7 @@ from harness.core.results import ResultsError
 from harness.providers import catalog, flaggems, probe, registry
 from harness.sessions import resolve
 from harness.sessions.ab.plan import DEFAULT_PLAN, Plan, PlanError, Side, plan_from_data
-from harness.sessions.ab.reporting import report, validity
+from harness.sessions.ab.reporting import op_reports, report, validity
 from harness.sessions.ab.runner import LOG_FILE, Runner
 from harness.sessions.ab.steps import StepInterrupted
 
@@ -269,12 +268,13 @@ def run_from_args(request: ABRequest) -> int:
         schedule = sequential.Schedule(first=plan.first, cap=plan.max_repeats, resolve=plan.resolve)
     code = report(ab_dir, list(results.values()), context, warnings, {plan.options.backend},
                   plan.first_repeats, plan.fdr, schedule)
-    for op, op_dir in runner.op_dirs.items():  # each op's own report, as a single-op A/B of it writes it
-        if op in results:
-            with contextlib.redirect_stdout(io.StringIO()):  # the A/B's report above said it all
-                report(op_dir, [results[op]], {**context, "ir": {op: ir_per_op.get(op)}, "chunk": str(ab_dir)},
-                       [w for w in warnings if op in w or "INCOMPLETE" in w], {plan.options.backend},
-                       plan.first_repeats, plan.fdr, schedule)
+    # Each op's own report, as a single-op A/B of it writes it.
+    failed_reports = op_reports([(op_dir, results[op], {**context, "ir": {op: ir_per_op.get(op)}, "chunk": str(ab_dir)},
+                                  [w for w in warnings if op in w or "INCOMPLETE" in w])
+                                 for op, op_dir in runner.op_dirs.items() if op in results],
+                                {plan.options.backend}, plan.first_repeats, plan.fdr, schedule)
+    for op_dir in failed_reports:
+        print(f"error: the report of {op_dir} could not be written (its error above)", file=sys.stderr, flush=True)
     if write_failed:
         return rundir.EXIT_DISK_FULL
-    return 128 + interrupted if interrupted else 1 if failed or unmeasured else code
+    return 128 + interrupted if interrupted else 1 if failed or unmeasured or failed_reports else code
