@@ -420,3 +420,39 @@ def test_a_stop_that_comes_during_a_gated_start_is_said_before_the_child_is_wait
                               on_stop=lambda s: order.append(f"said {signal.Signals(s).name}"))
     assert (code, signum) == (-signal.SIGINT, signal.SIGINT)
     assert order == ["said SIGINT", "waited"]
+
+
+def test_a_forked_childs_exit_is_not_lost_to_a_handler_that_raises_as_it_is_read(monkeypatch):
+    """A signal handler that raises (launch.run's Ctrl-C) between reading a forked child's exit and keeping it:
+    the next wait still gives the exit, where a reap before the keep would have lost it (ECHILD)."""
+    child = launch.start(["(a fork)"], call=lambda: 3)
+    waitid, interrupted = os.waitid, []
+
+    def read_then_interrupted(*args):
+        found = waitid(*args)
+        if found is not None and found.si_pid and not interrupted:
+            interrupted.append(found.si_pid)
+            raise KeyboardInterrupt
+        return found
+
+    monkeypatch.setattr(os, "waitid", read_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        child.wait()
+    assert interrupted == [child.pid] and child.wait() == 3
+
+
+def test_a_forked_childs_exit_kept_before_a_handler_raised_as_it_was_reaped_is_given(monkeypatch):
+    child = launch.start(["(a fork)"], call=lambda: os.kill(os.getpid(), signal.SIGKILL))
+    waitpid = os.waitpid
+
+    def reaped_then_interrupted(pid, options):
+        found = waitpid(pid, options)
+        if found[0]:  # reaped: the handler raises before the reap is known
+            monkeypatch.setattr(os, "waitpid", waitpid)
+            raise KeyboardInterrupt
+        return found
+
+    monkeypatch.setattr(os, "waitpid", reaped_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        child.wait()
+    assert child.wait() == -signal.SIGKILL

@@ -231,12 +231,20 @@ class Forked:
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
+        self._reaped = False
 
     def poll(self) -> int | None:
+        # Its exit is read without reaping it (WNOWAIT), then reaped: a signal handler that raises (launch.run's)
+        # between the two leaves the child to be read or reaped by the next poll, never its status lost to a
+        # reap that no one saw.
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if exited is not None and exited.si_pid:
+                self.returncode = exited.si_status if exited.si_code == os.CLD_EXITED else -exited.si_status
+        if self.returncode is not None and not self._reaped:
+            with contextlib.suppress(ChildProcessError):  # reaped by the poll a handler broke into
+                os.waitpid(self.pid, 0)
+            self._reaped = True
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
