@@ -395,7 +395,7 @@ def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_f
     monkeypatch.setattr(sys, "modules", dict(sys.modules))  # the imports below leave with the test
     base, test_ints, elsewhere = (importlib.import_module(m) for m in ("benchmark.base", "benchmark.test_ints",
                                                                         "elsewhere"))
-    plugin = types.SimpleNamespace(patched=[])
+    plugin = types.SimpleNamespace(patched=[], host_draws={"moved": {}, "refused": {}})
     patched = flaggems_plugin.FlagGemsPlugin._draw_integers_on_device(plugin, package)
     assert patched == ["benchmark.base", "benchmark.test_ints"] and elsewhere.generate_tensor_input(0, 0, 0) == "mine"
     for module in (base, test_ints):
@@ -420,6 +420,7 @@ def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_f
 
     monkeypatch.setattr(torch, "randint", randint_without_int8_once)
     assert base.generate_tensor_input((8,), torch.int8, "cpu").dtype == torch.int8 and base.calls[-1] == torch.int8
+    assert plugin.host_draws["refused"] == {"generate_tensor_input": 1}  # said in run.json, not silent
     monkeypatch.setattr(torch, "randint", real_randint)
     for owner, name, original in reversed(plugin.patched):
         setattr(owner, name, original)

@@ -251,7 +251,8 @@ class FlagGemsPlugin:
         every case of every step of an A/B (upstream pays it once a case): bitwise_or_scalar's passes steps
         (15 rows, 8 of them 1G-element int16, int32 and bool tensors) took 40 s on an H100 host, as long as
         its record. Here they are drawn on the device, from the same distribution (the same bounds), seeded
-        as every input is; floating tensors stay upstream's. The benchmark modules whose name was patched."""
+        as every input is; floating tensors stay upstream's (and a dtype the device's randint refuses, counted in
+        `host_draws` refused). The benchmark modules whose name was patched."""
         import torch
 
         patched = []
@@ -266,8 +267,9 @@ class FlagGemsPlugin:
                     low, high = (0, 2) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
                     try:
                         return torch.randint(low, high, shape, dtype=dtype, device=device)
-                    except (RuntimeError, TypeError):  # a dtype the device's randint lacks: upstream's own draw
-                        pass
+                    except (RuntimeError, TypeError):  # a dtype its randint lacks: upstream's own draw, counted
+                        refused = self.host_draws["refused"]
+                        refused["generate_tensor_input"] = refused.get("generate_tensor_input", 0) + 1
                 return _original(shape, dtype, device)
 
             self.patched.append((module, "generate_tensor_input", original))
