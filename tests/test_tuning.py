@@ -682,7 +682,9 @@ def test_a_sweep_screens_every_config_and_times_again_only_those_near_the_fastes
     assert tuner.run((1,)).kwargs["BLOCK"] == 32  # the tuner's own budget's pick among 16, 32, 256
     assert tuner.timed == [(b, "screen") for b in AT_SCREEN] + [(16, "own"), (32, "own"), (256, "own")]
     assert patch.store.data["kernels"][KID]["[1]"]["config"] == tuning.config_to_json(SWEPT[1])
-    assert patch.sweeps["screened"] == 6 and patch.sweeps["timed_again"] == 3
+    assert patch.sweeps["screened"] == 6 and patch.sweeps["timed_again"] == 3 and patch.sweeps["pick_moved"] == 1
+    # 256 at 1.08x the screen's fastest, at 1.01/1.02 of it on the own budget: the screen's largest ranking error.
+    assert patch.sweeps["rank_error_max"] == round(abs(math.log((1.01 / 1.02) / 1.08)), 4)
     assert said(log)[-1] == "autotune: swept kernel_fn key=[1] in T s (6 configs screened, 3 timed again)"
     tuner.timed.clear()
     assert tuner.run((1,)).kwargs["BLOCK"] == 32 and tuner.timed == []  # the pick stays the key's
@@ -697,6 +699,7 @@ def test_a_screen_with_one_config_near_the_fastest_times_nothing_again(patch_on)
     assert tuner.run((1,)).kwargs["BLOCK"] == 16
     assert [by for _, by in tuner.timed] == ["screen"] * 6
     assert patch.sweeps["screened"] == 6 and patch.sweeps["timed_again"] == 0
+    assert patch.sweeps["pick_moved"] == 0 and patch.sweeps["rank_error_max"] == 0.0
 
 
 def test_without_a_screen_every_config_is_timed_with_the_tuners_own_benchmarker(patch_on):
