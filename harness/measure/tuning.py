@@ -355,9 +355,10 @@ class AutotunePatch:
         # Wall time of the sweeps (benchmarking every config of a key, after its precompile): where a
         # record's time goes, beside the precompile's.
         # `screened`, `timed_again`: the configs of the sweeps that screened, and those timed again (SCREEN_KEEP).
-        # `rank_error_max`, `pick_moved`: how far a screen ranked its contenders off the own budget (on_picked).
-        self.sweeps = {"keys": 0, "seconds": 0.0, "screened": 0, "timed_again": 0, "rank_error_max": 0.0,
-                       "pick_moved": 0}
+        # `rank_error_max`, `pick_moved`: how far a screen ranked its contenders off the own budget (on_picked), where
+        # the timings are the device's (not host_autotune's: its timings are no performance numbers).
+        self.sweeps = {"keys": 0, "seconds": 0.0, "screened": 0, "timed_again": 0,
+                       **({} if host_autotune else {"rank_error_max": 0.0, "pick_moved": 0})}
         self._sweep: tuple[str, float] | None = None  # (kernel key label, start) of the sweep under way
         # The screen's benchmarker (None: sweeps time every config with the tuner's own, as Triton does), and the
         # sweep under way's screen: id(config) -> (config, its screen time, the call's args and meta).
@@ -450,6 +451,8 @@ class AutotunePatch:
         # How far the screen's ranking was off the own budget's (what SCREEN_KEEP must cover): each contender's
         # time over the screen's fastest, own budget against screen, as |log|; and the keys whose pick moved.
         fastest = again[id(config)][1]
+        if "pick_moved" not in self.sweeps:
+            return pick
         for i, (_, t) in again.items():
             if i != id(config) and math.isfinite(t) and fastest > 0 and times[i] > 0:
                 error = abs(math.log((t / fastest) / (times[i] / times[id(config)])))
