@@ -20,14 +20,6 @@ from harness.core import bounded, rundir
 
 RECORD_FORMAT = 1
 ANY_KEY = "*"  # single-config kernels: their only config, whatever the key
-# A sweep screens its configs first, each at a short budget (SCREEN_BUDGET_MS: warmup, rep of Triton's do_bench,
-# against the 25 and 100 ms of the tuners' own), then times again, with the tuner's own benchmarker, those within
-# SCREEN_KEEP of the screen's best, and picks the fastest of them: the pick of the tuner's own budget wherever the
-# screen reads within 10% (a median of >= 20 ms of calls). A sweep held the device for ~125 ms a config: in an
-# H100 corpus chunk the records' sweeps were ~58 of the ~71 s its records and passes held the device (one op's 24
-# keys 43 s), and the records waited on each other for it (docs/performance.md, "Screened sweeps").
-SCREEN_BUDGET_MS = (5, 20)
-SCREEN_KEEP = 1.10
 
 
 def records_path(run_dir, op: str) -> Path:
@@ -200,39 +192,6 @@ def host_bench(kernel_call, quantiles=None, **_ignored):
     return [ms, ms, ms] if quantiles else ms
 
 
-def screen_bench(warmup_ms: float = SCREEN_BUDGET_MS[0], rep_ms: float = SCREEN_BUDGET_MS[1]) -> Callable:
-    """The screen's benchmarker on a backend with a Triton driver: Triton's do_bench at the screen's budget."""
-    import functools
-
-    import triton.testing
-
-    return functools.partial(triton.testing.do_bench, warmup=warmup_ms, rep=rep_ms)
-
-
-def _median_ms(timings) -> float:
-    """A benchmarker's answer as one time: Triton's _bench gives (p50, p20, p80), some backends a float."""
-    value = timings[0] if isinstance(timings, (list, tuple)) else timings
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.inf
-
-
-_NOT_SET = object()
-
-
-class _ScreenedBench:
-    """A tuner's `_bench` while a patch is installed (AutotunePatch._bench): an instance attribute, found before
-    the class's method, and told apart from the tuner's own as the patch goes."""
-
-    def __init__(self, patch: AutotunePatch, tuner):
-        self.patch = patch
-        self.tuner = tuner
-
-    def __call__(self, *args, config, **meta):
-        return self.patch._bench(self.tuner, *args, config=config, **meta)
-
-
 class _ObservedCache(dict):
     """Triton's Autotuner cache (a dict), with each lookup reported to the patch. A copy: `original`, the
     tuner's own, is left as it was, and given back as the patch goes."""
@@ -253,9 +212,6 @@ class _ObservedCache(dict):
         config = dict.__getitem__(self, key)
         self._patch.on_chosen(self._tuner, key, config, self.hook_reattached)
         return config
-
-    def __setitem__(self, key, config):
-        dict.__setitem__(self, key, self._patch.on_picked(self._tuner, key, config))
 
     def has_own(self, key) -> bool:
         return dict.__contains__(self, key)
@@ -300,7 +256,6 @@ class _OverlayCache:
         return config
 
     def __setitem__(self, key, config):
-        config = self._patch.on_picked(self._tuner, key, config)
         if key in self.overlay:  # a masked key's live sweep stays in this process
             self.overlay[key] = config
         else:
@@ -328,7 +283,7 @@ class AutotunePatch:
                  mark: Callable[[str], None], chosen: Callable[[str, str], None],
                  case: Callable[[], str], host_autotune: bool = False,
                  progress: Callable[[str], None] = lambda line: None,
-                 precompile: Callable | None = None, screen_bench: Callable | None = None):
+                 precompile: Callable | None = None):
         self.mode = mode
         self.store = store
         # Replay injects; so does a record run measuring a parallel sweep's merged picks.
@@ -354,17 +309,8 @@ class AutotunePatch:
         self._compile_errors = compile_error_types()
         # Wall time of the sweeps (benchmarking every config of a key, after its precompile): where a
         # record's time goes, beside the precompile's.
-        # `screened`, `timed_again`: the configs of the sweeps that screened, and those timed again (SCREEN_KEEP).
-        # `rank_error_max`, `pick_moved`: how far a screen ranked its contenders off the own budget (on_picked), where
-        # the timings are the device's (not host_autotune's: its timings are no performance numbers).
-        self.sweeps = {"keys": 0, "seconds": 0.0, "screened": 0, "timed_again": 0,
-                       **({} if host_autotune else {"rank_error_max": 0.0, "pick_moved": 0})}
+        self.sweeps = {"keys": 0, "seconds": 0.0}
         self._sweep: tuple[str, float] | None = None  # (kernel key label, start) of the sweep under way
-        # The screen's benchmarker (None: sweeps time every config with the tuner's own, as Triton does), and the
-        # sweep under way's screen: id(config) -> (config, its screen time, the call's args and meta).
-        self.screen_bench = screen_bench
-        self._screen: dict[int, tuple] | None = None
-        self._screen_said = ""  # what the sweep under way's screen did, for its progress line
 
     # --- hooks from the observed cache ---------------------------------------------------------
     def on_lookup(self, tuner, key, cache) -> None:
@@ -374,7 +320,7 @@ class AutotunePatch:
                 label = f"{kernel_id(tuner).rsplit('.', 1)[-1]} key={key_str(key)}"
                 self.progress(f"autotune: sweeping {label} over {len(tuner.configs)} configs")
                 self._precompile(tuner, key)
-                self._start_sweep(label)
+                self._sweep = (label, time.perf_counter())
             return
         kernel, k = kernel_id(tuner), key_str(key)
         state = self.state.get((kernel, k))
@@ -404,61 +350,7 @@ class AutotunePatch:
                 self.progress(f"autotune: sweeping {label} live ({state})")
                 if len(tuner.configs) > 1:
                     self._precompile(tuner, key)
-                    self._start_sweep(label)
-
-    def _start_sweep(self, label: str) -> None:
-        self._sweep = (label, time.perf_counter())
-        self._screen = {} if self.screen_bench is not None else None
-
-    def _bench(self, tuner, *args, config, **meta):
-        """The tuner's `_bench` while this patch is installed: in a sweep that screens, the config timed with the
-        screen's benchmarker (its time kept for on_picked); else as the tuner's own."""
-        bench = type(tuner)._bench
-        if self._screen is None:
-            return bench(tuner, *args, config=config, **meta)
-        own = vars(tuner).get("do_bench", _NOT_SET)
-        vars(tuner)["do_bench"] = self.screen_bench
-        try:
-            timings = bench(tuner, *args, config=config, **meta)
-        finally:
-            if own is _NOT_SET:
-                del vars(tuner)["do_bench"]
-            else:
-                vars(tuner)["do_bench"] = own
-        self._screen[id(config)] = (config, _median_ms(timings), args, meta)
-        return timings
-
-    def on_picked(self, tuner, key, config):
-        """The config a tuner stores as its pick for `key`: after a screened sweep that picked the screen's
-        fastest, the fastest of those within SCREEN_KEEP of it, timed again with the tuner's own benchmarker;
-        else `config` (a pick from a disk cache, or a tuner's own policy that did not pick the fastest)."""
-        screen, self._screen = self._screen, None
-        if not screen:
-            return config
-        times = {i: t for i, (_, t, _, _) in screen.items() if math.isfinite(t)}
-        if not times or id(config) not in times or times[id(config)] != min(times.values()):
-            return config
-        contenders = [screen[i] for i, t in times.items() if t <= times[id(config)] * SCREEN_KEEP]
-        self.sweeps["screened"] += len(screen)
-        again_n = len(contenders) if len(contenders) > 1 else 0
-        self.sweeps["timed_again"] += again_n
-        self._screen_said = f" ({len(screen)} configs screened, {again_n} timed again)"
-        if not again_n:
-            return config
-        bench = type(tuner)._bench
-        again = {id(c): (c, _median_ms(bench(tuner, *args, config=c, **meta))) for c, _, args, meta in contenders}
-        pick = min(again.values(), key=lambda pair: pair[1])[0]
-        # How far the screen's ranking was off the own budget's (what SCREEN_KEEP must cover): each contender's
-        # time over the screen's fastest, own budget against screen, as |log|; and the keys whose pick moved.
-        fastest = again[id(config)][1]
-        if "pick_moved" not in self.sweeps:
-            return pick
-        for i, (_, t) in again.items():
-            if i != id(config) and math.isfinite(t) and fastest > 0 and times[i] > 0:
-                error = abs(math.log((t / fastest) / (times[i] / times[id(config)])))
-                self.sweeps["rank_error_max"] = round(max(self.sweeps["rank_error_max"], error), 4)
-        self.sweeps["pick_moved"] += pick is not config
-        return pick
+                    self._sweep = (label, time.perf_counter())
 
     def _precompile(self, tuner, key) -> None:
         """Compile the key's configs in parallel before its sweep; a config that could not be
@@ -507,12 +399,6 @@ class AutotunePatch:
     def _run(self, original, tuner, *args, **kwargs):
         if self.host_autotune and "do_bench" not in vars(tuner):
             vars(tuner)["do_bench"] = host_bench
-        screened = vars(tuner).get("_bench")
-        if isinstance(screened, _ScreenedBench) and screened.patch is not self:  # an earlier run's (it crashed)
-            del vars(tuner)["_bench"]
-            screened = None
-        if self.screen_bench is not None and screened is None:
-            vars(tuner)["_bench"] = _ScreenedBench(self, tuner)
         # Re-checked on every call: a LibTuner swaps its cache object when its tuning space changes.
         cache = tuner.cache
         if not isinstance(cache, (_ObservedCache, _OverlayCache)) or cache._patch is not self:
@@ -523,8 +409,6 @@ class AutotunePatch:
             self._tuners[id(tuner)] = tuner
         self._injected_now = None
         self._sweep = None
-        self._screen = None
-        self._screen_said = ""
         self._call = (args, kwargs)
         try:
             result = original(tuner, *args, **kwargs)
@@ -541,14 +425,13 @@ class AutotunePatch:
             self.mark(f"AUTOTUNE_REPLAY_FALLBACK kernel={kernel} key={k} reason=compile_failed "
                       f"detail={first_line[:200]!r}")
             result = original(tuner, *args, **kwargs)
-        self._screen = None  # a sweep that stored no pick (a tuner's run mode that bypasses its cache)
         if self._sweep is not None:
             label, start = self._sweep
             self._sweep = None
             seconds = time.perf_counter() - start
             self.sweeps["keys"] += 1
             self.sweeps["seconds"] = round(self.sweeps["seconds"] + seconds, 3)
-            self.progress(f"autotune: swept {label} in {seconds:.2f} s{self._screen_said}")
+            self.progress(f"autotune: swept {label} in {seconds:.2f} s")
         if len(tuner.configs) == 1:
             self.on_chosen(tuner, None, tuner.configs[0], isinstance(tuner.cache, _OverlayCache))
         return result
@@ -580,6 +463,4 @@ class AutotunePatch:
                 tuner.cache = tuner.cache.original
             if vars(tuner).get("do_bench") is host_bench:
                 del vars(tuner)["do_bench"]
-            if isinstance(vars(tuner).get("_bench"), _ScreenedBench):
-                del vars(tuner)["_bench"]
         self._tuners.clear()

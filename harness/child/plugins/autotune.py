@@ -68,10 +68,8 @@ class AutotunePlugin:
         self._set_up_pool()
         if self.off:
             self.ctx.say(f"precompile off: {self.off}")
-        host_autotune = not self.ctx.backend.triton_driver
         common = dict(mark=self.ctx.mark, chosen=self._chosen, case=lambda: self.ctx.case_id,
-                      host_autotune=host_autotune, progress=self._progress(),
-                      screen_bench=tuning.host_bench if host_autotune else tuning.screen_bench(),
+                      host_autotune=not self.ctx.backend.triton_driver, progress=self._progress(),
                       precompile=self.unheld(self.precompiler.run) if self.precompiler else None)
         if spec.mode == "record":
             rundir.make_dir(records_dir)
