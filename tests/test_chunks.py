@@ -529,7 +529,7 @@ def test_op_reports_run_in_forked_processes_at_most_report_jobs_at_once(tmp_path
         return 0
 
     monkeypatch.setattr(reporting, "report", report)
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(reporting.precompile, "usable_cpus", lambda: 8)
     jobs = []
     for n in range(6):
         (tmp_path / f"op{n}").mkdir()

@@ -2,6 +2,7 @@
 input iterators), LibTuner record/replay with a persistent cache, level and FlagTune pinning.
 The checkout is our own fixture (tests/resources/flaggems_checkout), run on the interpreter."""
 
+import collections
 import contextlib
 import json
 import re
@@ -395,7 +396,8 @@ def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_f
     monkeypatch.setattr(sys, "modules", dict(sys.modules))  # the imports below leave with the test
     base, test_ints, elsewhere = (importlib.import_module(m) for m in ("benchmark.base", "benchmark.test_ints",
                                                                         "elsewhere"))
-    plugin = types.SimpleNamespace(patched=[], host_draws={"moved": {}, "refused": {}})
+    plugin = types.SimpleNamespace(patched=[],
+                                   host_draws={"moved": collections.Counter(), "refused": collections.Counter()})
     patched = flaggems_plugin.FlagGemsPlugin._draw_integers_on_device(plugin, package)
     assert patched == ["benchmark.base", "benchmark.test_ints"] and elsewhere.generate_tensor_input(0, 0, 0) == "mine"
     for module in (base, test_ints):
@@ -476,7 +478,7 @@ def test_a_benchmark_on_a_device_draws_its_inputs_through_it_and_the_run_counts_
         yield torch.randn(4), torch.randint(0, 8, BIG, device="cpu")
         yield torch.randint(0, 8, BIG, dtype=torch.int32), torch.randint(0, 8, (2,))
 
-    plugin = types.SimpleNamespace(host_draws={"moved": {}, "refused": {}})
+    plugin = types.SimpleNamespace(host_draws={"moved": collections.Counter(), "refused": collections.Counter()})
     on_device, on_host, it = types.SimpleNamespace(device="meta"), types.SimpleNamespace(device="cpu"), inputs()
     first = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
     flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
@@ -506,7 +508,8 @@ def test_each_input_the_benchmarks_iterator_yields_is_drawn_through_it(monkeypat
     handed, begun = [], []
     monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: meta_draws(handed))
     plugin = flaggems_plugin.FlagGemsPlugin.__new__(flaggems_plugin.FlagGemsPlugin)
-    plugin.our_shapes, plugin.case_counts, plugin.host_draws = None, {}, {"moved": {}, "refused": {}}
+    plugin.our_shapes, plugin.case_counts = None, {}
+    plugin.host_draws = {"moved": collections.Counter(), "refused": collections.Counter()}
     plugin.ctx = types.SimpleNamespace(spec=types.SimpleNamespace(seed=0), selects=lambda case: True)
     plugin._begin_case = lambda bench, dtype, item, case_id, label: begun.append(case_id)
 

@@ -19,6 +19,7 @@ conftest's Config, made per session, at its import).
 
 from __future__ import annotations
 
+import collections
 import inspect
 import math
 import os
@@ -105,8 +106,8 @@ class HostDrawsOnDevice:
     def __init__(self, device, to_host=lambda tensor: tensor.cpu()):
         self.device = device
         self.to_host = to_host
-        self.moved: dict[str, int] = {}
-        self.refused: dict[str, int] = {}
+        self.moved: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[str] = collections.Counter()
         self.originals: dict = {}
 
     def _draw(self, name: str, original):
@@ -121,9 +122,9 @@ class HostDrawsOnDevice:
             try:
                 drawn = original(*args, **{**kwargs, "device": self.device})
             except (RuntimeError, TypeError):  # a dtype the device's generator lacks: upstream's own draw
-                self.refused[name] = self.refused.get(name, 0) + 1
+                self.refused[name] += 1
                 return original(*args, **kwargs)
-            self.moved[name] = self.moved.get(name, 0) + 1
+            self.moved[name] += 1
             return self.to_host(drawn)
 
         return draw
@@ -166,7 +167,7 @@ class FlagGemsPlugin:
         self.notes: list[str] = []
         self.current: dict | None = None  # the case being measured: benchmark, dtype, label, id
         # HostDrawsOnDevice's counts over the run's input iterators: {"moved": {function: n}, "refused": {...}}
-        self.host_draws: dict[str, dict[str, int]] = {"moved": {}, "refused": {}}
+        self.host_draws = {"moved": collections.Counter(), "refused": collections.Counter()}
 
     def pytest_configure(self, config):
         self.hook = config.hook
@@ -268,8 +269,7 @@ class FlagGemsPlugin:
                     try:
                         return torch.randint(low, high, shape, dtype=dtype, device=device)
                     except (RuntimeError, TypeError):  # a dtype its randint lacks: upstream's own draw, counted
-                        refused = self.host_draws["refused"]
-                        refused["generate_tensor_input"] = refused.get("generate_tensor_input", 0) + 1
+                        self.host_draws["refused"]["generate_tensor_input"] += 1
                 return _original(shape, dtype, device)
 
             self.patched.append((module, "generate_tensor_input", original))
@@ -422,9 +422,8 @@ class FlagGemsPlugin:
             try:
                 return next(inputs)
             finally:
-                for kind, counts in (("moved", draws.moved), ("refused", draws.refused)):
-                    for name, n in counts.items():
-                        self.host_draws[kind][name] = self.host_draws[kind].get(name, 0) + n
+                self.host_draws["moved"].update(draws.moved)
+                self.host_draws["refused"].update(draws.refused)
 
     def _flush_pending(self) -> None:
         """Timings of a case that ended with fewer than its metrics promised (a benchmark timing

@@ -8,14 +8,13 @@ import contextlib
 import functools
 import importlib
 import io
-import os
 import threading
 from pathlib import Path
 
 import backends
 from harness.core import launch, rundir
 from harness.core.options import FDR
-from harness.measure import ir
+from harness.measure import ir, precompile
 
 # What the report imports that the A/B's start does not: our report modules (numpy, jinja2: 0.25 s of the
 # A/B's 0.44 s of imports on an H200 host, before any worker was begun), its statistics and its plot's
@@ -132,7 +131,7 @@ def op_reports(jobs: list[tuple[Path, dict[str, list[Path]], dict, list[str]]], 
     """Each op's own report (its dir, its runs, context and warnings), as `report` writes it, up to REPORT_JOBS
     (and half the host's CPUs) at once, each in a forked process; the dirs whose report failed (its error on
     our stderr). A stop (Ctrl-C) ends those under way."""
-    at_once = max(1, min(REPORT_JOBS, (os.cpu_count() or 2) // 2))
+    at_once = max(1, min(REPORT_JOBS, precompile.usable_cpus() // 2))
     pending, running, failed = list(jobs), [], []
 
     def write(op_dir, runs, context, warnings) -> int:
