@@ -249,7 +249,7 @@ def test_upstreams_shape_file_is_parsed_in_c_to_the_same_shapes_and_put_back_as_
     facts = load(run_dir / "run.json")["observed"]["flaggems"]
     assert facts["shape_file_parser"] == ("libyaml" if yaml.__with_libyaml__ else "pyyaml")
     # The interpreter's device is the host: its draws are upstream's.
-    assert facts["host_draws_on_device"] == {"moved": {}, "refused": {}}
+    assert facts["host_draws_on_device"] == {"moved": {}, "handed": {}, "copied_back": {}, "refused": {}}
     if not yaml.__with_libyaml__:
         return
     base = types.SimpleNamespace(yaml=yaml)
@@ -371,145 +371,135 @@ def test_sparse_inputs_are_digested_not_failed_and_replay_matches(tmp_path, harn
     assert [r["input_sha256"] for r in rows_of(run_dir_of(replay))] == [r["input_sha256"] for r in rows]
 
 
-def test_integer_and_bool_inputs_are_drawn_on_the_device_from_upstreams_bounds_floating_ones_left_to_it(
-        tmp_path, monkeypatch):
-    """Upstream's generate_tensor_input draws integers on the CPU and copies them: in every step, for every
-    case. Each benchmark module's name for it (base's own, a test file's import of it) draws them on the
-    device; a function of that name from outside the checkout is left alone; the run's end puts them back."""
-    import importlib
-    import sys
-
-    import torch
-
-    package = tmp_path / "benchmark"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "base.py").write_text(
-        "import torch\ncalls = []\n\n\ndef generate_tensor_input(shape, dtype, device):\n"
-        "    calls.append(dtype)\n"
-        "    if dtype.is_floating_point:\n        return torch.randn(shape, dtype=dtype, device=device)\n"
-        "    return torch.randint(torch.iinfo(dtype).min, torch.iinfo(dtype).max, shape, dtype=dtype,\n"
-        "                         device='cpu').to(device)\n")
-    (package / "test_ints.py").write_text("from .base import generate_tensor_input  # noqa: F401\n")
-    (tmp_path / "elsewhere.py").write_text("def generate_tensor_input(shape, dtype, device):\n    return 'mine'\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys, "modules", dict(sys.modules))  # the imports below leave with the test
-    base, test_ints, elsewhere = (importlib.import_module(m) for m in ("benchmark.base", "benchmark.test_ints",
-                                                                        "elsewhere"))
-    plugin = types.SimpleNamespace(patched=[],
-                                   host_draws={"moved": collections.Counter(), "refused": collections.Counter()})
-    patched = flaggems_plugin.FlagGemsPlugin._draw_integers_on_device(plugin, package)
-    assert patched == ["benchmark.base", "benchmark.test_ints"] and elsewhere.generate_tensor_input(0, 0, 0) == "mine"
-    for module in (base, test_ints):
-        for dtype in (torch.int16, torch.uint8, torch.bool):
-            drawn = module.generate_tensor_input((4096,), dtype, "cpu")
-            info = torch.iinfo(dtype) if dtype != torch.bool else types.SimpleNamespace(min=0, max=1)
-            assert drawn.dtype == dtype and drawn.shape == (4096,)
-            assert info.min <= int(drawn.min()) and int(drawn.max()) <= info.max and drawn.unique().numel() > 1
-        assert module.generate_tensor_input((8,), torch.float16, "cpu").dtype == torch.float16
-    assert base.calls == [torch.float16, torch.float16]  # upstream's own draw for floating tensors alone
-    torch.manual_seed(3)
-    first = base.generate_tensor_input((64,), torch.int32, "cpu")
-    torch.manual_seed(3)
-    assert torch.equal(first, base.generate_tensor_input((64,), torch.int32, "cpu"))  # seeded as every input
-    real_randint, refused = torch.randint, []
-
-    def randint_without_int8_once(*args, **kwargs):  # the device's randint lacking a dtype: upstream's draw
-        if kwargs.get("dtype") == torch.int8 and not refused:
-            refused.append(True)
-            raise RuntimeError("\"random_\" not implemented for 'Char'")
-        return real_randint(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "randint", randint_without_int8_once)
-    assert base.generate_tensor_input((8,), torch.int8, "cpu").dtype == torch.int8 and base.calls[-1] == torch.int8
-    assert plugin.host_draws["refused"] == {"generate_tensor_input": 1}  # said in run.json, not silent
-    monkeypatch.setattr(torch, "randint", real_randint)
-    for owner, name, original in reversed(plugin.patched):
-        setattr(owner, name, original)
-    assert base.generate_tensor_input((8,), torch.int16, "cpu").device.type == "cpu" and len(base.calls) == 4
-
-
 BIG = (1024, flaggems_plugin.HOST_DRAW_MIN_ELEMENTS // 1024)
 
 
-REAL_HOST_DRAWS = flaggems_plugin.HostDrawsOnDevice
-
-
-def meta_draws(handed: list):
+class MetaDraws(flaggems_plugin.HostDrawsOnDevice):
     """HostDrawsOnDevice onto the meta device (what a CPU machine has besides the host), its copy back a
-    stand-in that records what it was handed and gives back host zeros of that dtype and shape."""
+    stand-in that records what it filled (zeros: a meta tensor has no values); its generator lacks int8."""
+
+    def __init__(self, filled: list):
+        def copy_back(host, drawn):
+            filled.append((drawn.device.type, drawn.dtype, tuple(drawn.shape)))
+            host.zero_()
+
+        super().__init__("meta", copy_back)
+
+    def _on_device(self, func, args, kwargs):
+        import torch
+
+        if kwargs.get("dtype") == torch.int8:
+            raise RuntimeError("\"random_\" not implemented for 'Char'")
+        return super()._on_device(func, args, kwargs)
+
+
+def upstreams_draws(device):
+    """The host draws FlagGems' input functions make, as they make them (generate_tensor_input's integers,
+    bitwise_right_shift_'s shift amounts, margin_ranking_loss's signs, a name imported from torch)."""
+    import torch
+    from torch import randint
+
+    made = {"ints": torch.randint(-2**15, 2**15 - 1, BIG, dtype=torch.int16, device="cpu").to(device)}
+    shift = randint(0, 8, BIG, dtype=torch.int32, device="cpu")
+    made["shift"] = shift.to(device) if shift.shape == BIG and shift.dim() == 2 else None  # read, not its values
+    made["signs"] = (torch.randint(0, 2, BIG, dtype=torch.int16, device="cpu") * 2 - 1).to(device)
+    made["kept"] = torch.randn(*BIG)  # yielded on the host
+    made["widened"] = torch.rand(size=BIG).to(torch.float64)  # a new dtype on the host
+    made["small"] = torch.randint(0, 8, (BIG[0] - 1, BIG[1]), device="cpu").to(device)  # one element short
+    made["own_generator"] = torch.randint(-3, 4, BIG, generator=torch.Generator().manual_seed(1))
+    made["with_grad"] = torch.randn(BIG, requires_grad=True)
+    made["asked_on_device"] = torch.randint(0, 8, BIG, device=device)
+    return made
+
+
+def test_big_host_draws_are_made_on_the_device_and_cross_the_bus_only_where_the_host_reads_them():
     import torch
 
-    def to_host(tensor):
-        handed.append((tensor.device.type, tensor.dtype, tuple(tensor.shape)))
-        return torch.zeros(tensor.shape, dtype=tensor.dtype)
+    filled = []
+    with MetaDraws(filled) as draws:
+        made = upstreams_draws("meta")
+    # A `.to(device)` of a draw got a copy made on the device: nothing copied back, a tensor of its own.
+    assert draws.moved == {"randint": 3, "randn": 1, "rand": 1}
+    assert draws.handed == {"randint": 2} and made["ints"].device.type == made["shift"].device.type == "meta"
+    # Read on the host (an arithmetic op, a dtype change there) or kept there: filled from the device first.
+    assert draws.copied_back == {"randint": 1, "randn": 1, "rand": 1}
+    assert collections.Counter(filled) == {("meta", torch.int16, BIG): 1, ("meta", torch.float32, BIG): 2}
+    assert made["kept"].device.type == "cpu" and made["widened"].dtype == torch.float64
+    assert made["signs"].device.type == "meta" and draws.waiting == {}
+    for name in ("own_generator", "with_grad"):  # upstream's own draws, on the host
+        assert made[name].device.type == "cpu" and made[name].unique().numel() > 1
+    assert made["with_grad"].requires_grad and made["asked_on_device"].device.type == "meta"
+    assert made["small"].device.type == "meta"
 
-    return REAL_HOST_DRAWS("meta", to_host)
 
-
-def test_an_input_iterators_big_host_draws_are_made_on_its_device_and_handed_back_on_the_host():
+def test_big_host_draws_made_on_the_device_hold_upstreams_values_wherever_they_land():
+    """On a machine whose device is the host, a draw made 'on the device' is upstream's own, seeded alike: what
+    each pattern gets, handed over, filled or kept, holds the values upstream's draws hold."""
     import torch
 
-    real = {name: getattr(torch, name) for name in flaggems_plugin.HOST_DRAWS}
-    handed = []
-    with meta_draws(handed) as draws:
-        drawn = [torch.randint(0, 8, BIG, dtype=torch.int16, device="cpu"),  # bitwise_right_shift_'s
-                 torch.randn(*BIG),  # sizes as arguments, the default device (the host)
-                 torch.rand(size=BIG, dtype=torch.float16)]
-        kept = [torch.randint(0, 8, (BIG[0] - 1, BIG[1])),  # one element short of the least moved
-                torch.randint(-3, 4, BIG, generator=torch.Generator().manual_seed(1)),  # its own generator
-                torch.randn(BIG, requires_grad=True)]
-        asked_on_device = torch.randint(0, 8, BIG, device="meta")
-    assert handed == [("meta", torch.int16, BIG), ("meta", torch.float32, BIG), ("meta", torch.float16, BIG)]
-    assert draws.moved == {"randint": 1, "randn": 1, "rand": 1}
-    assert all(t.device.type == "cpu" and tuple(t.shape) in (BIG, (BIG[0] - 1, BIG[1])) for t in drawn + kept)
-    assert all(t.unique().numel() > 1 for t in kept) and kept[2].requires_grad  # upstream's own draws
-    assert asked_on_device.device.type == "meta"
-    assert {name: getattr(torch, name) for name in flaggems_plugin.HOST_DRAWS} == real  # put back
+    torch.manual_seed(7)
+    upstream = upstreams_draws("cpu")
+    torch.manual_seed(7)
+    with flaggems_plugin.HostDrawsOnDevice("cpu") as draws:
+        ours = upstreams_draws("cpu")
+    # Asked for on the device, which here is the host: moved too.
+    assert draws.moved == {"randint": 4, "randn": 1, "rand": 1} and draws.handed == {"randint": 2}
+    for name in upstream:
+        assert torch.equal(ours[name], upstream[name]), name
+    # A copy handed over is a tensor of its own, as upstream's `.to` of a host tensor was.
+    with flaggems_plugin.HostDrawsOnDevice("cpu") as draws:
+        host = torch.randint(0, 8, BIG, device="cpu")
+        first, second = host.to("cpu"), host.to("cpu")
+        first.add_(1)
+        assert len(draws.waiting) == 1
+        del host  # gone unread: its device draw is let go at once, not at the exit
+        assert draws.waiting == {} and draws.copied_back == {}
+    assert torch.equal(first - 1, second)
+
+
+def test_a_draw_the_device_refuses_is_upstreams_on_the_host_and_counted():
+    import torch
+
+    with MetaDraws([]) as draws:
+        drawn = torch.randint(0, 8, BIG, dtype=torch.int8, device="cpu")
+    assert draws.refused == {"randint": 1} and draws.moved == {}
+    assert drawn.device.type == "cpu" and drawn.dtype == torch.int8 and drawn.unique().numel() > 1
 
 
 def test_a_benchmark_on_a_device_draws_its_inputs_through_it_and_the_run_counts_them(monkeypatch):
     import torch
 
-    handed = []
-    monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: meta_draws(handed))
+    filled = []
+    monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: MetaDraws(filled))
 
     def inputs():
         yield torch.randn(4), torch.randint(0, 8, BIG, device="cpu")
-        yield torch.randint(0, 8, BIG, dtype=torch.int32), torch.randint(0, 8, (2,))
+        yield torch.randint(0, 8, BIG, dtype=torch.int32).to("meta"), torch.randint(0, 8, (2,))
+        yield (torch.randint(0, 8, BIG, dtype=torch.int8),)
 
-    plugin = types.SimpleNamespace(host_draws={"moved": collections.Counter(), "refused": collections.Counter()})
+    plugin = types.SimpleNamespace(host_draws={name: collections.Counter()
+                                               for name in MetaDraws.COUNTS})
     on_device, on_host, it = types.SimpleNamespace(device="meta"), types.SimpleNamespace(device="cpu"), inputs()
     first = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
+    second = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
+    assert plugin.host_draws == {"moved": {"randint": 2}, "handed": {"randint": 1}, "copied_back": {"randint": 1},
+                                 "refused": {}}
+    assert first[1].device.type == "cpu" and second[0].device.type == "meta" and len(filled) == 1
     flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, it)
-    assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {}} and len(handed) == 2
-    assert first[1].device.type == "cpu"
+    assert plugin.host_draws["refused"] == {"randint": 1}  # said in run.json, not silent
     # A benchmark on the host (the interpreter's) draws as upstream does.
     assert flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_host, iter([(torch.randn(*BIG),)]))
-    assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {}} and len(handed) == 2
-    # A draw the device refuses (a dtype its generator lacks) is upstream's, on the host, and counted.
-    real_randint = torch.randint
-
-    def no_int8_on_device(*args, **kwargs):
-        if kwargs.get("device") == "meta" and kwargs.get("dtype") == torch.int8:
-            raise RuntimeError("\"random_\" not implemented for 'Char'")
-        return real_randint(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "randint", no_int8_on_device)
-    drawn, = flaggems_plugin.FlagGemsPlugin._next_input(plugin, on_device, (
-        (torch.randint(0, 8, BIG, dtype=torch.int8),) for _ in range(1)))
-    assert plugin.host_draws == {"moved": {"randint": 2}, "refused": {"randint": 1}} and len(handed) == 2
-    assert drawn.device.type == "cpu" and drawn.dtype == torch.int8 and drawn.unique().numel() > 1
+    assert plugin.host_draws["moved"] == {"randint": 2} and len(filled) == 1
 
 
 def test_each_input_the_benchmarks_iterator_yields_is_drawn_through_it(monkeypatch):
     import torch
 
     handed, begun = [], []
-    monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: meta_draws(handed))
+    monkeypatch.setattr(flaggems_plugin, "HostDrawsOnDevice", lambda device: MetaDraws(handed))
     plugin = flaggems_plugin.FlagGemsPlugin.__new__(flaggems_plugin.FlagGemsPlugin)
     plugin.our_shapes, plugin.case_counts = None, {}
-    plugin.host_draws = {"moved": collections.Counter(), "refused": collections.Counter()}
+    plugin.host_draws = {name: collections.Counter() for name in MetaDraws.COUNTS}
     plugin.ctx = types.SimpleNamespace(spec=types.SimpleNamespace(seed=0), selects=lambda case: True)
     plugin._begin_case = lambda bench, dtype, item, case_id, label: begun.append(case_id)
 
@@ -521,4 +511,5 @@ def test_each_input_the_benchmarks_iterator_yields_is_drawn_through_it(monkeypat
     plugin._take_inputs(bench)
     assert len(list(bench.get_input_iter(torch.int16))) == 2
     assert begun == [f"int16-{BIG[0]}x{BIG[1]},{BIG[0]}x{BIG[1]}", f"int16-8x{BIG[1]},8x{BIG[1]}"]
-    assert plugin.host_draws["moved"] == {"randn": 1, "randint": 1} and len(handed) == 2  # the big case's alone
+    # The big case's alone, kept on the host as yielded: filled from the device.
+    assert plugin.host_draws["moved"] == {"randn": 1, "randint": 1} and len(handed) == 2

@@ -20,10 +20,12 @@ conftest's Config, made per session, at its import).
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import math
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -76,13 +78,16 @@ def _roles(metrics) -> list[str]:
 # to be drawn on the device instead. Torch draws on the host one element at a time (1G int16 in 3.1 s on a
 # loaded 2-core CPU machine); bitwise_right_shift_ draws its shift amounts so, `torch.randint(0, 8, shape,
 # device="cpu").to(device)`, 1G elements in 4 of its 10 cases, and each of its steps (record, passes, every
-# repeat) took ~47 s on an H100 host for 0.65 s of timing; ~15 benchmark files draw so. Such a draw is made on
-# the benchmark's device from the same distribution (the same arguments), seeded as every input is, and handed
-# back on the host as asked (copied back); smaller draws, and any that names a generator, an output,
-# pinned memory, a gradient or a layout, stay upstream's.
+# repeat) took ~47 s on an H100 host for 0.65 s of timing; ~15 benchmark files draw so, upstream's own
+# generate_tensor_input among them (its integer and bool tensors). Such a draw is made on the benchmark's device
+# from the same distribution (the same arguments), seeded as every input is; smaller draws, and any that names a
+# generator, an output, pinned memory, a gradient or a layout, stay upstream's.
 HOST_DRAWS = ("randint", "randn", "rand")
 HOST_DRAW_MIN_ELEMENTS = 1 << 20
 UPSTREAM_DRAW_KEYWORDS = ("generator", "out", "pin_memory", "requires_grad", "layout")  # any named: upstream's draw
+# What a host tensor may be asked without its values: a draw still on the device stays there.
+TENSOR_METADATA = (("size", "dim", "numel", "nelement", "stride", "is_contiguous", "element_size"),
+                   ("shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"))
 
 
 def _drawn_elements(args, kwargs) -> int:
@@ -98,51 +103,153 @@ def _drawn_elements(args, kwargs) -> int:
         return 0
 
 
+def _copy_back(host, drawn) -> None:
+    host.copy_(drawn)
+
+
 class HostDrawsOnDevice:
-    """While entered, torch's HOST_DRAWS of HOST_DRAW_MIN_ELEMENTS or more on the host are made on `device` and
-    copied back (`to_host`); `moved` counts them by function, `refused` those the device refused (drawn on the
-    host, as upstream does)."""
+    """While entered, torch's HOST_DRAWS of HOST_DRAW_MIN_ELEMENTS or more on the host are made on `device`. The
+    caller gets a host tensor of the draw's shape and dtype whose values cross the bus only when read: its
+    `.to(device)` or `.cuda()` onto the draw's device (upstream's `torch.randint(..., device="cpu").to(device)`)
+    gets a copy made on the device, and the host tensor is filled (`copy_back(host, drawn)`) only where anything
+    else reads it, or where it is still alive at the exit. Counts by function: `moved` (drawn on the device),
+    `handed` (a device copy handed to a `.to`), `copied_back`, and `refused` (the device's generator lacks the
+    dtype: upstream's own draw, on the host)."""
 
-    def __init__(self, device, to_host=lambda tensor: tensor.cpu()):
+    COUNTS = ("moved", "handed", "copied_back", "refused")
+
+    def __init__(self, device, copy_back=_copy_back):
         self.device = device
-        self.to_host = to_host
-        self.moved: collections.Counter[str] = collections.Counter()
-        self.refused: collections.Counter[str] = collections.Counter()
-        self.originals: dict = {}
+        self.copy_back = copy_back
+        self.moved, self.handed, self.copied_back, self.refused = (collections.Counter() for _ in self.COUNTS)
+        self.waiting: dict[int, tuple] = {}  # id(host tensor) -> (weakref to it, the device draw, function name)
+        self.mode = None
 
-    def _draw(self, name: str, original):
-        import torch
-
-        def draw(*args, **kwargs):
-            target = kwargs.get("device")
-            where = torch.device(target) if target is not None else torch.get_default_device()
-            if (where.type != "cpu" or any(kwargs.get(k) for k in UPSTREAM_DRAW_KEYWORDS)
-                    or _drawn_elements(args, kwargs) < HOST_DRAW_MIN_ELEMENTS):
-                return original(*args, **kwargs)
-            try:
-                drawn = original(*args, **{**kwargs, "device": self.device})
-            except (RuntimeError, TypeError):  # a dtype the device's generator lacks: upstream's own draw
-                self.refused[name] += 1
-                return original(*args, **kwargs)
-            self.moved[name] += 1
-            return self.to_host(drawn)
-
-        return draw
+    def counts(self) -> dict[str, collections.Counter]:
+        return {name: getattr(self, name) for name in self.COUNTS}
 
     def __enter__(self):
-        import torch
-
-        self.originals = {name: getattr(torch, name) for name in HOST_DRAWS}
-        for name, original in self.originals.items():
-            setattr(torch, name, self._draw(name, original))
+        self.mode = _draws_mode()(self)
+        self.mode.__enter__()
         return self
 
     def __exit__(self, *exc):
+        try:
+            self.mode.__exit__(*exc)
+        finally:
+            self.mode = None
+            for key in list(self.waiting):  # what the caller kept (an input yielded on the host) gets its values
+                host = self.waiting[key][0]()
+                if host is not None:
+                    self._fill(host)
+            self.waiting.clear()
+
+    def _draw(self, func, args, kwargs):
         import torch
 
-        for name, original in self.originals.items():
-            setattr(torch, name, original)
-        self.originals = {}
+        name = func.__name__
+        target = kwargs.get("device")
+        where = torch.device(target) if target is not None else torch.get_default_device()
+        if (where.type != "cpu" or any(kwargs.get(k) for k in UPSTREAM_DRAW_KEYWORDS)
+                or _drawn_elements(args, kwargs) < HOST_DRAW_MIN_ELEMENTS):
+            return func(*args, **kwargs)
+        try:
+            drawn = self._on_device(func, args, kwargs)
+        except (RuntimeError, TypeError):  # a dtype the device's generator lacks: upstream's own draw
+            self.refused[name] += 1
+            return func(*args, **kwargs)
+        self.moved[name] += 1
+        host = torch.empty(drawn.shape, dtype=drawn.dtype)  # its pages untouched until filled
+        key = id(host)
+        self.waiting[key] = (weakref.ref(host), drawn, name)
+        weakref.finalize(host, self.waiting.pop, key, None)  # gone unread: the device draw is let go with it
+        return host
+
+    def _on_device(self, func, args, kwargs):
+        return func(*args, **{**kwargs, "device": self.device})
+
+    def _fill(self, host) -> None:
+        _, drawn, name = self.waiting.pop(id(host))
+        self.copy_back(host, drawn)
+        self.copied_back[name] += 1
+
+    def _waiting_in(self, args, kwargs) -> list:
+        import torch
+        from torch.utils import _pytree
+
+        found = []
+        for leaf in _pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and id(leaf) in self.waiting and self.waiting[id(leaf)][0]() is leaf:
+                found.append(leaf)
+        return found
+
+    def _handed_over(self, func, args, kwargs):
+        """A `.to` / `.cuda` of a waiting host tensor onto its draw's device: a copy made there (upstream's
+        copy was a new tensor too); None where the call is not one."""
+        import torch
+
+        if func is torch.Tensor.to:
+            target = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+        elif func is torch.Tensor.cuda:
+            index = args[1] if len(args) > 1 else kwargs.get("device")
+            target = torch.device("cuda") if index is None else torch.device("cuda", index) \
+                if isinstance(index, int) else torch.device(index)
+        else:
+            return None
+        _, drawn, name = self.waiting[id(args[0])]
+        if target is None or target.type != drawn.device.type or target.index not in (None, drawn.device.index):
+            return None
+        moved = func(drawn, *args[1:], **kwargs)
+        if moved is drawn:
+            moved = drawn.clone()
+        self.handed[name] += 1
+        return moved
+
+    def _call(self, func, args, kwargs):
+        """The mode's handler: a draw redirected, a hand-over, or any other call once the waiting host tensors it
+        names have their values."""
+        if func in _host_draw_functions():
+            return self._draw(func, args, kwargs)
+        waiting = self._waiting_in(args, kwargs)
+        if waiting and func not in _metadata_functions():
+            if waiting == [args[0]] and (moved := self._handed_over(func, args, kwargs)) is not None:
+                return moved
+            for host in waiting:
+                self._fill(host)
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _host_draw_functions() -> frozenset:
+    import torch
+
+    return frozenset(getattr(torch, name) for name in HOST_DRAWS)
+
+
+@functools.cache
+def _metadata_functions() -> frozenset:
+    import torch
+
+    methods, properties = TENSOR_METADATA
+    return frozenset([*(getattr(torch.Tensor, n) for n in methods), *(getattr(torch.Tensor, n).__get__
+                                                                      for n in properties)])
+
+
+@functools.cache
+def _draws_mode():
+    """HostDrawsOnDevice's torch function mode (torch imported only where a run draws its inputs): every torch
+    call the input iterator makes, whatever name it was imported under, passes through `draws._call`."""
+    from torch.overrides import TorchFunctionMode
+
+    class DrawsMode(TorchFunctionMode):
+        def __init__(self, draws):
+            super().__init__()
+            self.draws = draws
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self.draws._call(func, args, kwargs or {})
+
+    return DrawsMode
 
 
 _INHERITED = object()  # a patched attribute the class did not define itself: deleted, not set, when put back
@@ -166,8 +273,8 @@ class FlagGemsPlugin:
         self.dtype_rows: list[dict] = []  # rows of the current (benchmark, dtype), in input order
         self.notes: list[str] = []
         self.current: dict | None = None  # the case being measured: benchmark, dtype, label, id
-        # HostDrawsOnDevice's counts over the run's input iterators: {"moved": {function: n}, "refused": {...}}
-        self.host_draws = {"moved": collections.Counter(), "refused": collections.Counter()}
+        # HostDrawsOnDevice's counts over the run's input iterators: {"moved": {function: n}, "handed": {...}, ...}
+        self.host_draws = {name: collections.Counter() for name in HostDrawsOnDevice.COUNTS}
 
     def pytest_configure(self, config):
         self.hook = config.hook
@@ -192,8 +299,7 @@ class FlagGemsPlugin:
         facts = {"level": self.options.level, "flagtune": self.options.flagtune,
                  "shape_file_parser": self._parse_yaml_in_c(base),
                  "shapes": self.options.shapes_file or flaggems.UPSTREAM, "node": self.options.node,
-                 "checkout": self.options.root,
-                 "integer_inputs_drawn_on_device": self._draw_integers_on_device(Path(self.options.root) / "benchmark")}
+                 "checkout": self.options.root}
         for name in flaggems.PACKAGES:
             package = sys.modules.get(name)
             if package is None:
@@ -246,36 +352,6 @@ class FlagGemsPlugin:
         self.patched.append((base, "yaml", yaml))
         base.yaml = in_c
         return "libyaml"
-
-    def _draw_integers_on_device(self, root: Path) -> list[str]:
-        """Upstream's generate_tensor_input draws integer and bool tensors on the CPU and copies them over, for
-        every case of every step of an A/B (upstream pays it once a case): bitwise_or_scalar's passes steps
-        (15 rows, 8 of them 1G-element int16, int32 and bool tensors) took 40 s on an H100 host, as long as
-        its record. Here they are drawn on the device, from the same distribution (the same bounds), seeded
-        as every input is; floating tensors stay upstream's (and a dtype the device's randint refuses, counted in
-        `host_draws` refused). The benchmark modules whose name was patched."""
-        import torch
-
-        patched = []
-        found = dict(_modules_under(root))
-        for name, module in found.items():
-            original = vars(module).get("generate_tensor_input")
-            if not callable(original) or getattr(original, "__module__", None) not in found:
-                continue
-
-            def on_device(shape, dtype, device, _original=original):
-                if isinstance(dtype, torch.dtype) and not dtype.is_floating_point and not dtype.is_complex:
-                    low, high = (0, 2) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
-                    try:
-                        return torch.randint(low, high, shape, dtype=dtype, device=device)
-                    except (RuntimeError, TypeError):  # a dtype its randint lacks: upstream's own draw, counted
-                        self.host_draws["refused"]["generate_tensor_input"] += 1
-                return _original(shape, dtype, device)
-
-            self.patched.append((module, "generate_tensor_input", original))
-            module.generate_tensor_input = on_device
-            patched.append(name)
-        return sorted(patched)
 
     def _empty_entries_as_first_called(self, entry_cls) -> None:
         """A LibEntry's first call in this run empties its caches (what an earlier run in this process
@@ -418,12 +494,13 @@ class FlagGemsPlugin:
             on_device = False
         if not on_device:
             return next(inputs)
-        with HostDrawsOnDevice(device) as draws:
-            try:
+        draws = HostDrawsOnDevice(device)
+        try:
+            with draws:
                 return next(inputs)
-            finally:
-                self.host_draws["moved"].update(draws.moved)
-                self.host_draws["refused"].update(draws.refused)
+        finally:  # counted once the exit has filled what the input kept on the host
+            for name, counted in draws.counts().items():
+                self.host_draws[name].update(counted)
 
     def _flush_pending(self) -> None:
         """Timings of a case that ended with fewer than its metrics promised (a benchmark timing
