@@ -196,6 +196,13 @@ def pids_mentioning(text: str) -> list[int]:
     return found
 
 
+def exits_of(signum: int) -> tuple[int, ...]:
+    """The exit statuses of a harness stopped by `signum`: 128 + signum; after a SIGINT also killed by it once
+    its report or line is out (Python ends so when a KeyboardInterrupt reaches its top; seen on loaded CI
+    machines only). A shell reads both as 130."""
+    return (128 + signum, -signum) if signum == signal.SIGINT else (128 + signum,)
+
+
 def wait_gone(text: str, seconds: float = 20) -> list[int]:
     """Wait until no process mentions `text`; those still there after `seconds`."""
     deadline = time.monotonic() + seconds

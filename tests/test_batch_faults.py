@@ -120,7 +120,7 @@ def _parent(pid: int) -> int:
 @pytest.mark.e2e
 def test_a_crash_takes_no_worker_and_a_worker_that_dies_is_replaced_for_the_retry(harness_batch, tmp_path,
                                                                                    monkeypatch):
-    monkeypatch.setenv("ZL_TEST_SLOW_S", "5")
+    monkeypatch.setenv("ZL_TEST_SLOW_S", "300")  # killed with its worker long before: no window to miss
     monkeypatch.setenv("ZL_TEST_SLOW_FIRST_ONLY", "1")  # the retry, under a new worker, need not wait too
     d = tmp_path / "batch"
     proc = harness_batch("--backend", "interpreter", "--ops-path", OPS, "--ops", "crash_op", "slow_op", "fp32_op",

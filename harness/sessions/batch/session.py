@@ -99,7 +99,11 @@ def run_from_args(request: BatchRequest, runner_cls: type[Batch] = Batch) -> int
         if corpus.resume:
             for line in slurm_executor.settle_leftovers(runner, runner.device_of):
                 print(line)
-        todo = [e for e in selected if not (corpus.resume and batchdir.completed(batch_dir, e.key, opts.op_timeout))]
+        # Done: marked complete and its row in ops_status.csv. The marker is written first, so a batch killed
+        # between the two left an op whose row is lost: it runs again.
+        rows = batchdir.read_status(batch_dir) if corpus.resume else {}
+        todo = [e for e in selected
+                if not (e.id in rows and batchdir.completed(batch_dir, e.key, opts.op_timeout))]
         print(f"batch dir: {batch_dir}\n{len(selected)} selected, {len(selected) - len(todo)} already done, "
               f"{len(excluded)} excluded; devices {devices}; backend {backend.name}")
         for e, why in excluded:
