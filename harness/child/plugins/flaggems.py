@@ -210,6 +210,8 @@ class HostDrawsOnDevice:
         names have their values."""
         if func in _host_draw_functions():
             return self._draw(func, args, kwargs)
+        if not self.waiting:  # the common case: no argument to look through
+            return func(*args, **kwargs)
         waiting = self._waiting_in(args, kwargs)
         if waiting and func not in _metadata_functions():
             if waiting == [args[0]] and (moved := self._handed_over(func, args, kwargs)) is not None:
