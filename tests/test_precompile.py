@@ -270,7 +270,9 @@ def test_closing_the_pool_drops_the_compiles_still_queued_and_ends_its_workers()
     pre = precompile.Precompiler(cpus=1)
     executor = pre._executor(4)
     assert executor._max_workers == 1
-    futures = [executor.submit(time.sleep, 0.5) for _ in range(6)]
+    # The later ones long enough that the last is still queued when the pool closes, however late this thread
+    # gets there (the pool hands a worker its next ones ahead: the last leaves the queue after 4 s at least).
+    futures = [executor.submit(time.sleep, 0.2), *(executor.submit(time.sleep, 2) for _ in range(5))]
     futures[0].result()
     workers = list(executor._processes)
     pre.close()
