@@ -81,7 +81,7 @@ def test_a_corpus_chunk_is_one_ab_whose_ops_each_keep_their_own_dir_row_and_repo
     assert load(d / "report.json")["summary"]["ops_compared"] == 2  # the corpus report reads each op's own dir
 
 
-OP_TIMEOUT = 75
+OP_TIMEOUT = 120  # fp32_op's own A/B: ~20 s alone, over 45 s on a loaded 2-core host (75 s left too thin a margin)
 
 
 @pytest.mark.e2e
@@ -94,7 +94,6 @@ def test_an_op_past_its_timeout_in_a_chunk_times_out_there_and_the_others_go_on_
     # beside the hung record wait for the device it holds: not charged to fp32_op. Together is a corpus A/B's default.
     how = {"first": ("--chunk-records", "first", "--record-jobs", "1"), "beside": ("--chunk-records", "beside"),
            "together": ()}[records]
-    # fp32_op's own A/B takes ~20 s alone, over 45 s on a 2-core host running 4 tests at once.
     proc = corpus("--ops", "fp32_op", "hang_op", "--op-timeout", str(OP_TIMEOUT), *how)
     out, _ = proc.communicate(timeout=OP_TIMEOUT * 3 + 240)
     assert proc.returncode == 1, out
