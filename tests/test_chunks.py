@@ -513,6 +513,27 @@ def test_each_ops_own_report_is_written_and_one_that_fails_costs_its_op_alone(tm
     assert {r["op"] for r in load(ab_dir_in(captured.out) / "report.json")["rows"]} == {"switch_probe", "add"}
 
 
+def test_a_slow_op_report_holds_its_own_slot_alone_while_the_later_ones_are_written(tmp_path, monkeypatch):
+    from harness.sessions.ab import reporting
+
+    def report(op_dir, *args):
+        if op_dir.name == "op0":  # slow: under way until the last op's report is written, or 20 s
+            seen = wait_for(lambda: (tmp_path / "op3" / "report.txt").is_file(), timeout=20)
+            (op_dir / "report.txt").write_text(f"saw op3 written: {seen}")
+        else:
+            (op_dir / "report.txt").write_text("written")
+        return 0
+
+    monkeypatch.setattr(reporting, "report", report)
+    monkeypatch.setattr(reporting.precompile, "usable_cpus", lambda: 4)  # two at once
+    jobs = []
+    for n in range(4):
+        (tmp_path / f"op{n}").mkdir()
+        jobs.append((tmp_path / f"op{n}", {"A": [], "B": []}, {}, []))
+    assert reporting.op_reports(jobs, {"interpreter"}, 2, 0.05) == []
+    assert (tmp_path / "op0" / "report.txt").read_text() == "saw op3 written: True"
+
+
 def test_op_reports_run_in_forked_processes_at_most_report_jobs_at_once(tmp_path, monkeypatch):
     from harness.sessions.ab import reporting
 

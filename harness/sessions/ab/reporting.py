@@ -9,6 +9,7 @@ import functools
 import importlib
 import io
 import threading
+import time
 from pathlib import Path
 
 import backends
@@ -146,9 +147,14 @@ def op_reports(jobs: list[tuple[Path, dict[str, list[Path]], dict, list[str]]], 
                 child = launch.start([f"report {op_dir}"], own_group=False, with_parent=False,
                                      call=functools.partial(write, op_dir, runs, context, warnings))
                 running.append((op_dir, child))
-            op_dir, child = running.pop(0)
-            if child.wait() != 0:
-                failed.append(op_dir)
+            # Whichever ends first frees its slot: a slow report holds its own, not the next op's.
+            ended = next(((op_dir, child) for op_dir, child in running if child.wait(0) is not None), None)
+            if ended is None:
+                time.sleep(launch.FORK_POLL_S)
+                continue
+            running.remove(ended)
+            if ended[1].wait() != 0:
+                failed.append(ended[0])
     finally:
         for _, child in running:  # a stop: none left writing
             child.kill()
