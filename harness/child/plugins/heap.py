@@ -9,8 +9,9 @@ inside a timed loop. Frozen, a collection walks only what the cases made; their 
 as before. The child ends without the interpreter's teardown, so nothing frozen needs unfreezing. In a
 measuring host (harness.child.host), which froze what its worker imported as it started, a run freezes
 nothing: what it made (its pytest session, plugins, timer) is freed as it ends, not kept for the host's life.
-What is left to walk is counted (run.json `observed.gc`, with `frozen`: the objects out of its walk
-as the run ends). A process of its own once froze only where nothing was frozen yet, which is never
+What is left to walk is counted (run.json `observed.gc`, with `imports_frozen`: whether this process froze
+its imports; not the count of frozen objects, which CPython counts by walking them: ~40 ms of every run with
+torch and Triton imported). A process of its own once froze only where nothing was frozen yet, which is never
 on CPython 3.12 (as of 504efe4): its record and passes steps' collections walked every import, 2.5-10.6 s a
 FlagGems step on an H100, while the hosts' repeats took 0.03 s for the same 15 collections."""
 
@@ -63,4 +64,4 @@ class HeapPlugin:
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"gc": {
             "collections": dict(sorted(self.collections.items())),
             "seconds": {k: round(v, 3) for k, v in sorted(self.seconds.items())},
-            "frozen": gc.get_freeze_count()}}})
+            "imports_frozen": _imports_frozen}}})
