@@ -403,6 +403,7 @@ def upstreams_draws(device):
     shift = randint(0, 8, BIG, dtype=torch.int32, device="cpu")
     made["shift"] = shift.to(device) if shift.shape == BIG and shift.dim() == 2 else None  # read, not its values
     made["signs"] = (torch.randint(0, 2, BIG, dtype=torch.int16, device="cpu") * 2 - 1).to(device)
+    made["offset"] = (torch.ones(BIG, dtype=torch.int16) + torch.randint(0, 8, BIG, dtype=torch.int16)).to(device)
     made["kept"] = torch.randn(*BIG)  # yielded on the host
     made["widened"] = torch.rand(size=BIG).to(torch.float64)  # a new dtype on the host
     made["small"] = torch.randint(0, 8, (BIG[0] - 1, BIG[1]), device="cpu").to(device)  # one element short
@@ -419,11 +420,12 @@ def test_big_host_draws_are_made_on_the_device_and_cross_the_bus_only_where_the_
     with MetaDraws(filled) as draws:
         made = upstreams_draws("meta")
     # A `.to(device)` of a draw got a copy made on the device: nothing copied back, a tensor of its own.
-    assert draws.moved == {"randint": 3, "randn": 1, "rand": 1}
+    assert draws.moved == {"randint": 4, "randn": 1, "rand": 1}
     assert draws.handed == {"randint": 2} and made["ints"].device.type == made["shift"].device.type == "meta"
-    # Read on the host (an arithmetic op, a dtype change there) or kept there: filled from the device first.
-    assert draws.copied_back == {"randint": 1, "randn": 1, "rand": 1}
-    assert collections.Counter(filled) == {("meta", torch.int16, BIG): 1, ("meta", torch.float32, BIG): 2}
+    # Read on the host (an arithmetic op, first or second operand; a dtype change there) or kept there: filled
+    # from the device first.
+    assert draws.copied_back == {"randint": 2, "randn": 1, "rand": 1}
+    assert collections.Counter(filled) == {("meta", torch.int16, BIG): 2, ("meta", torch.float32, BIG): 2}
     assert made["kept"].device.type == "cpu" and made["widened"].dtype == torch.float64
     assert made["signs"].device.type == "meta" and draws.waiting == {}
     for name in ("own_generator", "with_grad"):  # upstream's own draws, on the host
@@ -443,7 +445,7 @@ def test_big_host_draws_made_on_the_device_hold_upstreams_values_wherever_they_l
     with flaggems_plugin.HostDrawsOnDevice("cpu") as draws:
         ours = upstreams_draws("cpu")
     # Asked for on the device, which here is the host: moved too.
-    assert draws.moved == {"randint": 4, "randn": 1, "rand": 1} and draws.handed == {"randint": 2}
+    assert draws.moved == {"randint": 5, "randn": 1, "rand": 1} and draws.handed == {"randint": 2}
     for name in upstream:
         assert torch.equal(ours[name], upstream[name]), name
     # A copy handed over is a tensor of its own, as upstream's `.to` of a host tensor was.

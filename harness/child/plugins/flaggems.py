@@ -214,7 +214,9 @@ class HostDrawsOnDevice:
             return func(*args, **kwargs)
         waiting = self._waiting_in(args, kwargs)
         if waiting and func not in _metadata_functions():
-            if waiting == [args[0]] and (moved := self._handed_over(func, args, kwargs)) is not None:
+            alone = len(waiting) == 1 and waiting[0] is args[0]  # by identity: `==` on tensors compares elements
+            moved = self._handed_over(func, args, kwargs) if alone else None
+            if moved is not None:
                 return moved
             for host in waiting:
                 self._fill(host)
