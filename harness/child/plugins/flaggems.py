@@ -191,9 +191,8 @@ class HostDrawsOnDevice:
         if func is torch.Tensor.to:
             target = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
         elif func is torch.Tensor.cuda:
-            index = args[1] if len(args) > 1 else kwargs.get("device")
-            target = torch.device("cuda") if index is None else torch.device("cuda", index) \
-                if isinstance(index, int) else torch.device(index)
+            device = args[1] if len(args) > 1 else kwargs.get("device")
+            target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
         else:
             return None
         _, drawn, name = self.waiting[id(args[0])]

@@ -147,14 +147,14 @@ def op_reports(jobs: list[tuple[Path, dict[str, list[Path]], dict, list[str]]], 
                 child = launch.start([f"report {op_dir}"], own_group=False, with_parent=False,
                                      call=functools.partial(write, op_dir, runs, context, warnings))
                 running.append((op_dir, child))
-            # Whichever ends first frees its slot: a slow report holds its own, not the next op's.
-            ended = next(((op_dir, child) for op_dir, child in running if child.wait(0) is not None), None)
-            if ended is None:
+            # Those that ended free their slots: a slow report holds its own, not the next op's.
+            ended = [(op_dir, child, code) for op_dir, child in running if (code := child.wait(0)) is not None]
+            if not ended:
                 time.sleep(launch.FORK_POLL_S)
-                continue
-            running.remove(ended)
-            if ended[1].wait() != 0:
-                failed.append(ended[0])
+            for op_dir, child, code in ended:
+                running.remove((op_dir, child))
+                if code != 0:
+                    failed.append(op_dir)
     finally:
         for _, child in running:  # a stop: none left writing
             child.kill()
