@@ -32,8 +32,6 @@ PARTS = (
     ("run.json", "harness/core/rundir.py", ("merge_json",)),
 )
 ENTRY = ("harness/child/runner.py", "entry")
-
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -41,10 +39,10 @@ def unfound_parts() -> list[str]:
     """The parts (and the entry) of our own modules whose functions the module no longer defines: a rename
     would zero its column without a word."""
     unfound = []
-    for part, suffix, names in (*PARTS, ("run", *ENTRY[:1], ENTRY[1:])):
-        source = REPO / suffix
+    for part, suffix, names in (*PARTS, ("run", ENTRY[0], (ENTRY[1],))):
         if not suffix.startswith("harness/"):
             continue  # torch's, pytest's, flag_gems': not ours to check
+        source = REPO / suffix
         text = source.read_text() if source.is_file() else ""
         unfound += [f"{part}: {suffix} defines no {name}()" for name in names
                     if not re.search(rf"^\s*def {re.escape(name)}\(", text, re.MULTILINE)]
