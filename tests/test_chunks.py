@@ -513,6 +513,13 @@ def test_each_ops_own_report_is_written_and_one_that_fails_costs_its_op_alone(tm
     assert {r["op"] for r in load(ab_dir_in(captured.out) / "report.json")["rows"]} == {"switch_probe", "add"}
 
 
+def _report_jobs(tmp_path: Path, n: int) -> list[tuple]:
+    """op_reports' jobs for ops op0..op<n-1>, each a dir of its own under tmp_path."""
+    for i in range(n):
+        (tmp_path / f"op{i}").mkdir()
+    return [(tmp_path / f"op{i}", {"A": [], "B": []}, {}, []) for i in range(n)]
+
+
 def test_a_slow_op_report_holds_its_own_slot_alone_while_the_later_ones_are_written(tmp_path, monkeypatch):
     from harness.sessions.ab import reporting
 
@@ -526,11 +533,7 @@ def test_a_slow_op_report_holds_its_own_slot_alone_while_the_later_ones_are_writ
 
     monkeypatch.setattr(reporting, "report", report)
     monkeypatch.setattr(reporting.precompile, "usable_cpus", lambda: 4)  # two at once
-    jobs = []
-    for n in range(4):
-        (tmp_path / f"op{n}").mkdir()
-        jobs.append((tmp_path / f"op{n}", {"A": [], "B": []}, {}, []))
-    assert reporting.op_reports(jobs, {"interpreter"}, 2, 0.05) == []
+    assert reporting.op_reports(_report_jobs(tmp_path, 4), {"interpreter"}, 2, 0.05) == []
     assert (tmp_path / "op0" / "report.txt").read_text() == "saw op3 written: True"
 
 
@@ -551,11 +554,7 @@ def test_op_reports_run_in_forked_processes_at_most_report_jobs_at_once(tmp_path
 
     monkeypatch.setattr(reporting, "report", report)
     monkeypatch.setattr(reporting.precompile, "usable_cpus", lambda: 8)
-    jobs = []
-    for n in range(6):
-        (tmp_path / f"op{n}").mkdir()
-        jobs.append((tmp_path / f"op{n}", {"A": [], "B": []}, {}, []))
-    assert reporting.op_reports(jobs, {"interpreter"}, 2, 0.05) == []
+    assert reporting.op_reports(_report_jobs(tmp_path, 6), {"interpreter"}, 2, 0.05) == []
     written = [(tmp_path / f"op{n}" / "report.txt").read_text().split() for n in range(6)]
     assert all(int(pid) != os.getpid() for pid, _ in written)
     assert 2 <= max(int(at_once) for _, at_once in written) <= reporting.REPORT_JOBS
