@@ -751,6 +751,16 @@ def test_the_graph_timer_discards_one_call_estimates_from_three_and_warms_up_bef
     assert accel.log[first_capture - 1] == ("synchronize",)  # the warmup has finished when capture starts
 
 
+@pytest.mark.parametrize(("host_ms", "warmups"), [(0.5, 8), (0.3, 14), (10.0, timers.WARMUP_RANGE[0])])
+def test_a_call_slower_on_the_host_than_on_the_device_is_warmed_up_for_the_budget_of_host_time(
+        monkeypatch, host_ms, warmups):
+    # 4 ms of warmup at 2**-7 ms of device a call would be 512 calls: 256 ms of host at 0.5 ms a call. The
+    # host's clock stops it once the budget is spent (ceil(4 / host_ms)), never before the range's least.
+    t, accel, _ = standin_timer(monkeypatch, warmup_ms=4.0)
+    t.measure_pair("op", {"x": accel.op(CALL_MS, host_ms=host_ms)})
+    assert accel.launches_before_first_capture() == 1 + 3 + warmups
+
+
 def test_the_graph_timer_unrolls_a_short_graph_from_a_probe_and_chains_its_replays_into_samples(monkeypatch):
     # The device's 2nd replay (the probe's first timed one) is disturbed: the probe takes the fastest of three.
     t, accel, marks = standin_timer(monkeypatch, disturbed={1: 0.5})
@@ -1122,14 +1132,15 @@ def test_a_stored_spec_with_max_noise_out_of_range_is_refused(tmp_path):
 
 
 def test_the_timer_adds_up_the_host_seconds_of_each_phase(monkeypatch):
-    # 1/64 ms of Python a call: the 512 warmups, the 3-call estimate and its discarded first call, the
-    # probe's 10 captured calls and the unroll's 54 are what each phase cost the host, over two sides.
+    # 1/64 ms of Python a call: the 4 ms of warmup (256 calls, half the device's count: the host is the slower),
+    # the 3-call estimate and its discarded first call, the probe's 10 captured calls and the unroll's 54 are
+    # what each phase cost the host, over two sides.
     host_ms = 2 ** -6
     t, accel, _ = standin_timer(monkeypatch)
     t.measure_pair("op", {"a": accel.op(CALL_MS, host_ms=host_ms), "b": accel.op(CALL_MS, host_ms=host_ms)})
     assert dict(t.seconds).keys() == {"estimate", "warmup", "capture", "probe", "samples"}
     assert t.seconds["estimate"] == pytest.approx(2 * 4 * host_ms / 1000)
-    assert t.seconds["warmup"] == pytest.approx(2 * 512 * host_ms / 1000)
+    assert t.seconds["warmup"] == pytest.approx(2 * 256 * host_ms / 1000)
     assert t.seconds["capture"] == pytest.approx(2 * (timers.GRAPH_PROBE_CALLS + 54) * host_ms / 1000)
     assert t.seconds["probe"] == t.seconds["samples"] == 0.0  # replays cost the stand-in's host nothing
 
