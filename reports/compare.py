@@ -148,10 +148,14 @@ def _first_line(error: str | None) -> str:
 
 
 def _latencies(rows: list[ResultRow], side: str, single: bool) -> list[float]:
-    """Per-repeat medians; a single run's raw samples when there is only one run per side."""
+    """Per-repeat medians; a single run's raw samples when there is only one run per side. None for the
+    baseline where a run did not time it (a timing-only replay times it only where a process factor reads
+    it: control_cases): a row's control is all of its runs' or none."""
     if single and rows and rows[0].samples:
-        return list(rows[0].samples[side]["raw"])
-    return [r.candidate_ms if side == "candidate" else r.baseline_ms for r in rows]
+        summary = rows[0].samples.get(side)
+        return list(summary["raw"]) if summary else []
+    values = [r.candidate_ms if side == "candidate" else r.baseline_ms for r in rows]
+    return [] if side == "baseline" and any(v is None for v in values) else values
 
 
 def passes_key(side: str) -> str:
@@ -253,6 +257,37 @@ MIN_FACTOR_ROWS = 4
 # Below this p the baseline moved between the sides by more than its processes did (_baseline_moved):
 # such a band keeps its latencies. Wrongly kept, a band only loses the factor's gain, never validity.
 BASELINE_MOVED_P = 0.05
+
+
+# A timing-only replay (an A/B's repeat) times the torch baseline only where process_factors can read it
+# (control_cases): a band's factor is a median over its rows, and a band of fewer than MIN_FACTOR_ROWS
+# rows takes none. Up to this many rows a band, spread over its latencies, and every row near a band's edge,
+# whose band in the report (by its repeats' latency) may not be its record's.
+CONTROLS_PER_BAND = 8
+BAND_EDGE = 0.15  # relative distance to an edge within which a row keeps its baseline whatever its band
+
+
+def control_cases(rows: list[ResultRow]) -> set[str]:
+    """The cases of a record (its rows) whose torch baselines its timing-only replays time: in each latency
+    band (by the record's candidate latency) of at least MIN_FACTOR_ROWS rows timed with a baseline, up to
+    CONTROLS_PER_BAND of them, spread over the band's latencies, and every such row within BAND_EDGE of a
+    band's edge. The rest are rows no process factor reads: half the timing of a row, and of a FlagGems
+    repeat step, for a baseline the report would only print."""
+    timed = [r for r in rows if r.status == "SUCCESS" and r.case and r.candidate_ms and r.baseline_ms
+             and r.candidate_ms > 0]
+    edges = [upper for upper, _ in BANDS if math.isfinite(upper)]
+    chosen = {r.case for r in timed
+              if any(abs(math.log(r.candidate_ms / edge)) < math.log1p(BAND_EDGE) for edge in edges)}
+    by_band: dict[str, list[ResultRow]] = collections.defaultdict(list)
+    for r in timed:
+        by_band[band(r.candidate_ms)].append(r)
+    for members in by_band.values():
+        if len(members) < MIN_FACTOR_ROWS:
+            continue
+        members.sort(key=lambda r: r.candidate_ms)
+        picks = np.linspace(0, len(members) - 1, min(CONTROLS_PER_BAND, len(members))).round().astype(int)
+        chosen.update(members[i].case for i in picks)
+    return chosen
 
 
 def _processes(rows: list[PairedRow]) -> list[list[PairedRow]]:

@@ -93,6 +93,21 @@ def test_one_run_per_side_compares_raw_samples(tmp_path):
     assert paired.comparison.n_a == 3 and paired.comparison.verdict == stats.FASTER
 
 
+def test_a_row_whose_baseline_a_run_did_not_time_has_no_control_rather_than_a_nan_one(tmp_path):
+    # A timing-only replay times the baseline only where a process factor reads it (control_cases): a row
+    # left out in some run has no control at all, repeated or single, and the report's control stays a number.
+    a = runs(tmp_path, "a", [row(base=None), row(dtype="bf16")], [row(base=None), row(dtype="bf16", base=2.2)])
+    b = runs(tmp_path, "b", [row(base=None), row(dtype="bf16")], [row(base=2.0), row(dtype="bf16", base=2.2)])
+    fp16, bf16 = compare.pair(a, b)
+    assert (fp16.a_control_ms, fp16.b_control_ms) == ([], []) and fp16.comparison is not None
+    assert (bf16.a_control_ms, bf16.b_control_ms) == ([2.0, 2.2], [2.0, 2.2])
+    assert compare.summarize([fp16, bf16]).control[0] == pytest.approx(1.0)
+    one = row(cand=1.0)
+    one["samples"] = {"candidate": {"raw": [1.0, 1.01, 0.99]}}
+    (single,) = compare.pair(runs(tmp_path, "c", [one]), runs(tmp_path, "d", [one]))
+    assert single.single and (single.a_control_ms, single.b_control_ms) == ([], [])
+
+
 def test_an_ab_stopped_after_its_first_repeat_takes_no_raw_samples_for_repeats_and_calls_nothing(tmp_path):
     a = runs(tmp_path, "a", [row(cand=1.0, raw=([1.0, 1.01, 0.99], [2.0, 2.02]))])
     b = runs(tmp_path, "b", [row(cand=0.5, raw=([0.5, 0.51, 0.49], [2.1, 2.12]))])

@@ -17,7 +17,7 @@ from result_rows import result_row
 import backends
 from harness import cli
 from harness.child.plugins.flaggems import FlagGemsPlugin
-from harness.child.plugins.timing import TimingPlugin, recorded_sizes
+from harness.child.plugins.timing import TimingPlugin, record_rows, recorded_sizes
 from harness.core import paths, rundir
 from harness.core import spec as spec_mod
 from harness.core.errors import UsageError
@@ -1283,10 +1283,64 @@ def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_
 def test_a_replay_without_sizes_to_go_by_probes_and_says_why(tmp_path, content, reason):
     if content is not None:
         (tmp_path / rundir.RESULTS_JSON).write_text(json.dumps(content))
-    sizes, why = recorded_sizes(tmp_path)
+    sizes, why = recorded_sizes(*record_rows(tmp_path))
     assert sizes == {} and why.startswith(reason)
 
 
 def test_a_record_and_a_run_of_another_timer_read_no_sizes(tmp_path):
     plugin, _ = timing_plugin(tmp_path, "cuda")
     assert plugin.sizes == {} and plugin.sizes_missing is None
+
+
+# --- a timing-only replay times the baseline only where a process factor reads it -----------------------
+def controlled_replay(tmp_path, only="timing"):
+    """A replay's timing plugin over a record of 12 rows: ten of 2-3 us (one band, ten rows: eight are its
+    controls), one of 40 us alone in its band, one of 9.5 us (5% under the 10 us edge)."""
+    record = tmp_path / "record"
+    record.mkdir()
+    latencies = {f"fp16-{i}": 0.002 + i * 0.0001 for i in range(10)} | {"alone": 0.040, "edge": 0.0095}
+    rows = [result_row(case=case, baseline_ms=ms, candidate_ms=ms) for case, ms in latencies.items()]
+    (record / rundir.RESULTS_JSON).write_text(json.dumps({"format": RESULTS_FORMAT, "rows": rows}))
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    spec = spec_mod.RunSpec("add", "cuda", "replay", 0, ["fp16"], "default", replay_from=str(record), only=only)
+    ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), mark=lambda m: None, say=print, run_dir=replay)
+    plugin = TimingPlugin(ctx)
+    plugin.pytest_configure(None)
+    timed = []
+
+    def measure_pair(name, fns, relocate, attributed, sizes):
+        timed.append(sorted(fns))
+        return timers.Timed({k: Measurement([1.0], "graph") for k in fns}, "graph")
+
+    plugin.timer.measure_pair = measure_pair
+    return plugin, replay, timed
+
+
+def test_a_timing_only_replay_times_the_baseline_only_of_the_rows_a_process_factor_reads(tmp_path):
+    plugin, replay, timed = controlled_replay(tmp_path)
+    controls = {"fp16-0", "fp16-1", "fp16-3", "fp16-4", "fp16-5", "fp16-6", "fp16-8", "fp16-9", "edge"}
+    assert plugin.controls == controls  # 8 of the band's 10, spread; 'alone' feeds no factor; 'edge' may move
+    got = {}
+    for case in ("fp16-0", "fp16-2", "alone", "edge"):
+        plugin.pytest_zl_case_started(case, case)
+        got[case] = sorted(plugin.measure("add", {"baseline": None, "candidate": None}).measurements)
+    assert got == {"fp16-0": ["baseline", "candidate"], "fp16-2": ["candidate"], "alone": ["candidate"],
+                   "edge": ["baseline", "candidate"]}
+    assert timed == list(got.values())  # nothing timed for a baseline left out
+    # FlagGems times one side a call: its baseline before its candidate (not carried) is left out, and
+    # timed where the benchmark times nothing else (carried: the row's one side).
+    plugin.pytest_zl_case_started("alone", "alone")
+    assert plugin.measure("exp", {"baseline": None}, carried=False).measurements == {}
+    assert list(plugin.measure("exp", {"baseline": None}, carried=True).measurements) == ["baseline"]
+    plugin.pytest_sessionfinish(None)
+    assert load(replay / rundir.RUN_JSON)["observed"]["controls"] == {"cases": 9, "of": 12, "baselines_left": 3}
+
+
+@pytest.mark.parametrize("only", [None, "passes"])
+def test_a_replay_that_is_not_timing_only_times_every_baseline(tmp_path, only):
+    plugin, replay, timed = controlled_replay(tmp_path, only=only)
+    plugin.pytest_zl_case_started("alone", "alone")
+    timed_sides = plugin.measure("add", {"baseline": None, "candidate": None}).measurements
+    assert sorted(timed_sides) == ["baseline", "candidate"]
+    assert plugin.controls is None and "controls" not in load(replay / rundir.RUN_JSON)["observed"]

@@ -186,6 +186,34 @@ def test_the_process_factor_adds_no_false_calls():
     assert sum(any(_called(r)) for r in reports) <= 5 + 4
 
 
+def _controls_on(rows, keep):
+    """The rows with their baseline left out (a timing-only replay's, compare.control_cases) but on `keep`
+    of them a band, spread: each op's process factor read from those alone."""
+    for op in dict.fromkeys(r.op for r in rows):
+        mine = sorted((r for r in rows if r.op == op), key=lambda r: stats.center(r.a_ms))
+        kept = set(np.linspace(0, len(mine) - 1, keep).round().astype(int))
+        for i, r in enumerate(mine):
+            if i not in kept:
+                r.a_control_ms, r.b_control_ms = [], []
+    return rows
+
+
+def test_a_process_factor_read_from_a_bands_controls_alone_calls_as_many_and_no_more_falsely():
+    # 20 rows an op, one band, 5 repeats: the baseline timed on 8 of them (compare.CONTROLS_PER_BAND)
+    # against all 20. The factor is a median over the controls' offsets: fewer of them widen it a little.
+    n = compare.CONTROLS_PER_BAND
+    rng = np.random.default_rng(40)
+    every = _judged([r for k in range(40) for r in _op_rows(rng, f"op{k}", 20, 5, 1.01)])
+    rng = np.random.default_rng(40)
+    some = _judged(_controls_on([r for k in range(40) for r in _op_rows(rng, f"op{k}", 20, 5, 1.01)], n))
+    called = {name: sum(r.verdict == stats.SLOWER for r in rows) for name, rows in (("every", every), ("some", some))}
+    assert called["some"] >= 0.9 * 800 and called["some"] >= 0.97 * called["every"]
+    assert all(r.process_factor is not None for r in some[::20][:30])  # the rows without a baseline adjusted too
+    rng = np.random.default_rng(41)
+    null = [_judged(_controls_on([r for k in range(10) for r in _op_rows(rng, f"op{k}", 20, 3)], n)) for _ in range(60)]
+    assert sum(any(_called(r)) for r in null) <= 3 + 4  # FDR 5%: ~3 of 60 reports, and binomial room
+
+
 def test_the_change_under_test_is_not_taken_out_with_the_process_factor():
     # No noise but the processes' factors, shared by candidate and baseline: the whole 1% stays in the
     # ratio, the factors (A's processes 1% slow on average against B's) go.

@@ -572,14 +572,15 @@ class FlagGemsPlugin:
         side = roles[min(len(self.pending), len(roles) - 1)]
         # The row carries the kernels of the side timed last.
         carried = len(self.pending) >= len(roles) - 1
-        measurement = self.measure(self.ctx.spec.op, {side: fn}, carried=carried).measurements[side]
-        self.pending.append(measurement)
+        measurement = self.measure(self.ctx.spec.op, {side: fn}, carried=carried).measurements.get(side)
+        self.pending.append(measurement)  # None: a baseline this replay does not time (TimingPlugin.times_baseline)
         if len(self.pending) == len(roles):
             self._row(bench, roles)
-        return measurement.latency_ms
+        # Upstream divides by what it is handed (its speedup): an untimed baseline hands it NaN, not a number.
+        return measurement.latency_ms if measurement is not None else math.nan
 
     def _row(self, bench, roles) -> None:
-        measured = dict(zip(roles, self.pending, strict=False))
+        measured = {role: m for role, m in zip(roles, self.pending, strict=False) if m is not None}
         timers = {m.timer for m in measured.values()}
         timer = timers.pop() if len(timers) == 1 else "mixed"
         if timer == "mixed":

@@ -21,17 +21,26 @@ from harness.measure.timers import (
     WINDOWED_TIMERS,
     CapturePoisoned,
     GraphSizes,
+    Timed,
     Timer,
 )
+from reports.compare import control_cases
 
 
-def recorded_sizes(record_dir: Path) -> tuple[dict[str, dict[str, GraphSizes]], str | None]:
-    """({case id: {side: its graph sizes}} from the rows of the record at `record_dir`, the reason there
-    are none or None). A case id on more than one row is left out: its rows would not say which is which."""
+def record_rows(record_dir: Path) -> tuple[list, str | None]:
+    """(the rows of the record at `record_dir`, None), or ([], why they could not be read)."""
     try:
-        rows = read_results(Path(record_dir))
+        return read_results(Path(record_dir)), None
     except ResultsError as exc:
-        return {}, f"its record's rows could not be read: {exc}"
+        return [], f"its record's rows could not be read: {exc}"
+
+
+def recorded_sizes(rows: list, unread: str | None = None) -> tuple[dict[str, dict[str, GraphSizes]], str | None]:
+    """({case id: {side: its graph sizes}} from a record's rows, the reason there are none or None; `unread`:
+    why its rows could not be read (record_rows). A case id on more than one row is left out: its rows would
+    not say which is which."""
+    if unread is not None:
+        return {}, unread
     found: dict[str, dict[str, GraphSizes]] = {}
     seen: set[str] = set()
     for row in rows:
@@ -58,6 +67,9 @@ class TimingPlugin:
         # A replay's graphs are sized by its record's (harness.measure.timers.GraphSizes), case by case.
         self.sizes: dict[str, dict[str, GraphSizes]] = {}
         self.sizes_missing: str | None = None
+        # A timing-only replay's cases whose torch baseline it times (reports.compare.control_cases); None: all.
+        self.controls: set[str] | None = None
+        self.baselines_left = 0
 
     def pytest_configure(self, config):
         spec, backend = self.ctx.spec, self.ctx.backend
@@ -88,8 +100,13 @@ class TimingPlugin:
             reason = f"the {self.timer.timer} timer samples in one profile"
             self.ctx.say(f"--max-noise not applied: {reason}; each side times its whole --rep-ms budget")
             observed["max_noise"] = {"applied": False, "reason": reason}
-        if spec.replay_from is not None and self.timer.timer == "graph":
-            self.sizes, self.sizes_missing = recorded_sizes(Path(spec.replay_from))
+        if spec.replay_from is not None:
+            rows, unread = record_rows(Path(spec.replay_from))
+            if self.timer.timer == "graph":
+                self.sizes, self.sizes_missing = recorded_sizes(rows, unread)
+            if spec.only == "timing" and unread is None:
+                self.controls = control_cases(rows)
+                observed["controls"] = {"cases": len(self.controls), "of": len({r.case for r in rows})}
         rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": observed})
 
     def measure(self, test_name, fns, relocate=None, carried=True):
@@ -97,8 +114,15 @@ class TimingPlugin:
         hands the FlagGems plugin for upstream's `get_latency` (one side per call, the candidate last;
         `carried`: whether the row carries this call's kernels). Only the side whose kernels the row
         carries is attributed: the candidate, or a call's one side. The baseline's profiler pass was
-        half of every passes step's profiling, for kernels no report reads."""
+        half of every passes step's profiling, for kernels no report reads. A baseline timed with its
+        candidate (the same call's, or a FlagGems call before its candidate's: not `carried`) is left out
+        where times_baseline says so: the Timed then lacks it."""
         attributed = ("candidate",) if "candidate" in fns else fns if carried else ()
+        if "baseline" in fns and ("candidate" in fns or not carried) and not self.times_baseline():
+            fns = {side: fn for side, fn in fns.items() if side != "baseline"}
+            self.baselines_left += 1
+            if not fns:
+                return Timed({}, self.timer.timer)
         try:
             with self.timing():
                 timed = self.timer.measure_pair(test_name, fns, relocate, attributed, self.sizes.get(self.case_id))
@@ -108,6 +132,11 @@ class TimingPlugin:
         sides = timed.measurements
         self.kernels = (sides.get("candidate") or list(sides.values())[-1]).kernels
         return timed
+
+    def times_baseline(self) -> bool:
+        """Whether the case under way times its torch baseline beside its candidate: in a timing-only
+        replay, only where a process factor can read it (control_cases)."""
+        return self.controls is None or self.case_id in self.controls
 
     @pytest.fixture
     def measure_pair(self):
@@ -129,6 +158,10 @@ class TimingPlugin:
         if self.timer is not None and self.timer.seconds:
             seconds = {k: round(v, 3) for k, v in sorted(self.timer.seconds.items())}
             rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"timer_seconds": seconds}})
+        if self.controls is not None:
+            # The cases it timed without their baseline, as their rows show (baseline_ms None).
+            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
+                              {"observed": {"controls": {"baselines_left": self.baselines_left}}})
         if self.timer is not None and self.timer.sized:
             # Graph sides by how each graph was sized: by its own probe, by the record's sizes, or afresh
             # where the record's call time no longer held; and why a replay had no sizes to go by.
