@@ -262,8 +262,10 @@ BASELINE_MOVED_P = 0.05
 # A timing-only replay (an A/B's repeat) times the torch baseline only where process_factors can read it
 # (control_cases): a band's factor is a median over its rows, and a band of fewer than MIN_FACTOR_ROWS
 # rows takes none. Up to this many rows a band, spread over its latencies, and every row near a band's edge,
-# whose band in the report (by its repeats' latency) may not be its record's.
-CONTROLS_PER_BAND = 8
+# whose band in the report (by its repeats' latency) may not be its record's. Re-judged offline with 8 a band,
+# apply_rotary_pos_emb's 15-row band read 4-10% wider intervals (median) than with all 15 on two H200 runs; with
+# 12, 1-3% (docs/performance.md, "The torch baseline in every repeat").
+CONTROLS_PER_BAND = 12
 BAND_EDGE = 0.15  # relative distance to an edge within which a row keeps its baseline whatever its band
 
 
