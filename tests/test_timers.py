@@ -204,9 +204,10 @@ class FakeResults:
         pass
 
 
-def flaggems_row(timers_by_side):
+def flaggems_row(timers_by_side, handed=None):
     """The row FlagGemsPlugin writes for one upstream input whose two `get_latency` calls (torch,
-    then the FlagGems op) our timer measured with the given timers."""
+    then the FlagGems op) our timer measured with the given timers (None: a side left untimed, as a
+    baseline off the control rows). `handed`: a list to put what upstream's calls were handed back."""
     sides = iter(timers_by_side)
     markers = []
     ctx = types.SimpleNamespace(
@@ -220,14 +221,17 @@ def flaggems_row(timers_by_side):
     def measure(name, fns, carried):
         (side,) = fns
         timed_sides.append((side, carried))
-        return timers.Timed({side: Measurement([1.0], next(sides))}, "unused")
+        timer = next(sides)
+        return timers.Timed({side: Measurement([1.0], timer)} if timer else {}, "unused")
 
     plugin = FlagGemsPlugin(ctx, results, measure=measure, autotune=None)
     bench = types.SimpleNamespace(to_bench_metrics=["latency_base", "latency"])
     item = (torch.ones(2, 3),)
     plugin._begin_case(bench, torch.float32, item, *plugin._case_id(torch.float32, item))
     for _ in timers_by_side:
-        plugin._latency(bench, lambda x: x, (torch.ones(2, 3),), {})
+        latency = plugin._latency(bench, lambda x: x, (torch.ones(2, 3),), {})
+        if handed is not None:
+            handed.append(latency)
     (row,) = results.rows
     # Named as upstream times them (its markers say which); the row carries the candidate's kernels alone.
     assert timed_sides == [("baseline", False), ("candidate", True)]
@@ -240,6 +244,33 @@ def test_a_flaggems_row_timed_on_two_calibers_is_marked_mixed():
     assert row["markers"] == ["TIMER_MIXED baseline=graph candidate=direct"]
     same = flaggems_row(["graph", "graph"])
     assert same["timer"] == "graph" and same["markers"] == []
+
+
+def test_a_flaggems_baseline_left_untimed_hands_upstream_nan_and_its_row_the_candidate_alone():
+    handed = []
+    row = flaggems_row([None, "graph"], handed)
+    assert math.isnan(handed[0]) and handed[1] == 1.0  # upstream's speedup is NaN, never a made-up number
+    assert (row["baseline_ms"], row["candidate_ms"], row["speedup"]) == (None, 1.0, None)
+    assert set(row["samples"]) == {"candidate"} and row["timer"] == "graph" and row["markers"] == []
+
+
+def test_a_flaggems_run_collects_only_its_benchmark_file_and_the_directories_to_it(tmp_path):
+    root = tmp_path / "FlagGems"
+    (root / "benchmark").mkdir(parents=True)
+    for name in ("test_mm.py", "test_exp.py", "conftest.py"):
+        (root / "benchmark" / name).write_text("")
+    alias = tmp_path / "gems"
+    alias.symlink_to(root)  # the checkout named through a link: its paths resolve to ours
+    ctx = types.SimpleNamespace(spec=types.SimpleNamespace(
+        flaggems=FlagGemsOptions("flaggems", str(alias), "benchmark/test_mm.py", "test_mm"), op="flaggems:mm", seed=0))
+    plugin = FlagGemsPlugin(ctx, FakeResults(), measure=None, autotune=None)
+    plugin.pytest_configure(types.SimpleNamespace(hook=None))
+    ignored = {p: plugin.pytest_ignore_collect(p, None) for p in (
+        alias, alias / "benchmark", alias / "benchmark" / "test_mm.py", root / "benchmark" / "test_mm.py",
+        alias / "benchmark" / "test_exp.py", alias / "benchmark" / "conftest.py", tmp_path / "other" / "test_mm.py")}
+    assert ignored == {alias: None, alias / "benchmark": None, alias / "benchmark" / "test_mm.py": None,
+                       root / "benchmark" / "test_mm.py": None, alias / "benchmark" / "test_exp.py": True,
+                       alias / "benchmark" / "conftest.py": True, tmp_path / "other" / "test_mm.py": True}
 
 
 class FakeGenerator:
