@@ -56,3 +56,4 @@ def test_each_run_a_chunks_hosts_serve_is_profiled_and_summed_per_op_by_part(tmp
         assert figures["runs"] == 4, (op, figures)
         # Our own parts were found in the profiles: the run, its timer and its rows written took time.
         assert figures["run"] > 0 and figures["timer"] > 0 and figures["rows written"] > 0, (op, figures)
+        assert figures["rest"] >= 0, (op, figures)  # no part holds another's
