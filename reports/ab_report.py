@@ -48,7 +48,7 @@ def _interval(lo: float, hi: float) -> str:
 def _cells(row: PairedRow, performance: bool) -> list:
     c = row.comparison
     control = stats.compare(row.a_control_ms, row.b_control_ms).ratio if row.a_control_ms and row.b_control_ms else None
-    flags = (row.marks + (["config_differs"] if row.config_differs else [])
+    flags = (list(row.flags) + (["config_differs"] if row.config_differs else [])
              + ([] if performance else [table.NOT_PERFORMANCE]))
     a, b = _center(row.a_ms), _center(row.b_ms)
     ratio = f"{c.ratio:.4f}" if c else "-"
@@ -188,7 +188,7 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
             q = c.q if c and c.q is not None else ""
             w.writerow([r.op, r.dtype, _shape(r), _center(r.a_ms), _center(r.b_ms), c.ratio if c else "",
                         c.lo if c else "", c.hi if c else "", r.verdict, c.margin if c else "", q,
-                        len(r.a_ms), len(r.b_ms), ";".join(r.marks), r.config_differs, note is None])
+                        len(r.a_ms), len(r.b_ms), ";".join(r.flags), r.config_differs, note is None])
     js = out_dir / "report.json"
     rundir.atomic_write_json(js, {
         "format": REPORT_FORMAT, "measures_performance": note is None, "note": note, "context": context,
@@ -196,7 +196,7 @@ def write(out_dir: Path, rows: list[PairedRow], summary: Summary, warnings: list
         "summary": dataclasses.asdict(summary),
         "rows": [{"op": r.op, "dtype": r.dtype, "shape": list(r.shape), "a_ms": r.a_ms, "b_ms": r.b_ms,
                   "a_control_ms": r.a_control_ms, "b_control_ms": r.b_control_ms, "timers": sorted(r.timers),
-                  "flags": r.marks, "configs_a": r.configs_a, "configs_b": r.configs_b,
+                  "flags": r.flags, "configs_a": r.configs_a, "configs_b": r.configs_b,
                   "config_differs": r.config_differs, "throttled": r.throttled, "kernels": r.kernels,
                   "errors": r.errors, "what_changed": _what_changed(r, what_changed),
                   "process_factor": r.process_factor, "measures_performance": note is None,

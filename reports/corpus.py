@@ -190,7 +190,7 @@ def _row_dict(op: _OpResult, r: PairedRow, basis: str, ir_indexes: tuple, perfor
         "margin": c.margin if c else None, "q": _num(c.q) if c and c.q is not None else None,
         "sd": _num(c.sd) if c else None, "process_factor": _num(r.process_factor),
         "verdict": r.verdict, "control_ratio": _num(control),
-        "flags": r.marks, "errors": dict(r.errors), "in_headline": r.in_headline,
+        "flags": list(r.flags), "errors": dict(r.errors), "in_headline": r.in_headline,
         "config_differs": r.config_differs,
         "configs_a": r.configs_a, "configs_b": r.configs_b, "timers": sorted(r.timers),
         "run_a": str(op.run_a) if op.run_a else None, "run_b": str(op.run_b) if op.run_b else None,

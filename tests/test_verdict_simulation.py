@@ -183,7 +183,7 @@ def test_taking_out_the_process_factor_calls_a_one_percent_change_that_it_hides(
 @pytest.mark.parametrize("rows", [10, 20])
 def test_the_process_factor_adds_no_false_calls(rows):
     # 100 null reports of 10 ops: at most 5 may call anything (FDR 5%). A band whose sides' factors differed
-    # beyond their spread within a side (compare.BASELINE_MOVED_P) kept them in and was called: 7 and 11 reports.
+    # beyond their spread within a side at p 0.05 (compare.BASELINE_MOVED_P) kept them in: 7 and 11 reports.
     rng = np.random.default_rng(29)
     reports = [_judged([r for k in range(10) for r in _op_rows(rng, f"op{k}", rows, 3)]) for _ in range(100)]
     assert sum(any(_called(r)) for r in reports) <= 5
@@ -279,18 +279,3 @@ def test_a_baseline_that_a_side_moved_is_not_taken_for_the_processes_factor():
     compare.judge(rows)
     assert all(r.process_factor is None for r in rows)
     assert [r.comparison.ratio for r in rows] == pytest.approx(as_measured)
-    # Its latencies keep the processes' factors, so nothing is called on them, and the report says why.
-    assert all(r.baseline_moved and not r.in_headline and r.marks == ["baseline_moved"] for r in rows)
-    assert not any(_called(rows))
-    assert compare.summarize(rows).excluded == {"baseline_moved": len(rows)}
-
-
-def test_a_band_whose_sides_processes_differ_by_chance_calls_nothing_on_them():
-    # Every process of B 1.5% slower than A's, the candidates following: to the baseline it looks like a side
-    # that moved torch. Kept in, that factor would be a 1.5% SLOWER on every row.
-    rng = np.random.default_rng(34)
-    factor = {"a": np.log([1.0, 1.001, 0.999, 1.0, 1.0005]), "b": np.log([1.015, 1.016, 1.014, 1.015, 1.0155])}
-    rows = _judged(_op_rows(rng, "op", 10, 5, factor=factor))
-    assert all(r.baseline_moved for r in rows)
-    assert all(r.comparison.ratio > 1.01 for r in rows) and not any(_called(rows))
-    assert {r.verdict for r in rows} <= {stats.NOISY, stats.SAME}
