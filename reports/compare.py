@@ -277,8 +277,8 @@ def control_cases(rows: list[ResultRow]) -> set[str]:
     """The cases of a record (its rows) whose torch baselines its timing-only replays time: in each latency
     band (by the record's candidate latency) of at least MIN_FACTOR_ROWS rows timed with a baseline, up to
     CONTROLS_PER_BAND of them, spread over the band's latencies, and every such row within BAND_EDGE of a
-    band's edge. The rest are rows no process factor reads: half the timing of a row, and of a FlagGems
-    repeat step, for a baseline the report would only print."""
+    band's edge. The rest are rows no process factor reads: half of each one's timing, for a baseline the
+    report would only print."""
     timed = [r for r in rows if r.status == "SUCCESS" and r.case and r.candidate_ms and r.baseline_ms
              and r.candidate_ms > 0]
     edges = [upper for upper, _ in BANDS if math.isfinite(upper)]
