@@ -291,9 +291,13 @@ def control_cases(rows: list[ResultRow]) -> set[str]:
         if len(members) < MIN_FACTOR_ROWS:
             continue
         members.sort(key=lambda r: r.candidate_ms)
-        picks = np.linspace(0, len(members) - 1, min(CONTROLS_PER_BAND, len(members))).round().astype(int)
-        chosen.update(members[i].case for i in picks)
+        chosen.update(members[i].case for i in spread(len(members), CONTROLS_PER_BAND))
     return chosen
+
+
+def spread(n: int, k: int) -> set[int]:
+    """Up to k of the indices 0..n-1, evenly spread from the first to the last."""
+    return set(np.linspace(0, n - 1, min(k, n)).round().astype(int).tolist())
 
 
 def _processes(rows: list[PairedRow]) -> list[list[PairedRow]]:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1272,19 +1273,24 @@ def sized_row(case, **sides):
                                           for side, s in sides.items()})
 
 
-def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_it_sized(tmp_path, monkeypatch):
-    record = tmp_path / "record"
+def replay_plugin(tmp_path, rows: list[dict], only=None) -> tuple[TimingPlugin, Path]:
+    """A replay's timing plugin (configured) over a record of `rows`, and the replay's run dir."""
+    record, replay = tmp_path / "record", tmp_path / "replay"
     record.mkdir()
-    one, two = timers.GraphSizes(CALL_MS, CALL_MS, 54), timers.GraphSizes(0.5, 0.5, 1)
-    rows = [sized_row("fp16-8", baseline=one, candidate=two), sized_row("fp16-16", baseline=None, candidate=two),
-            sized_row("twice", candidate=one), sized_row("twice", candidate=one), sized_row("none", candidate=None)]
-    (record / rundir.RESULTS_JSON).write_text(json.dumps({"format": RESULTS_FORMAT, "rows": rows}))
-    replay = tmp_path / "replay"
     replay.mkdir()
-    spec = spec_mod.RunSpec("add", "cuda", "replay", 0, ["fp16"], "default", replay_from=str(record))
+    (record / rundir.RESULTS_JSON).write_text(json.dumps({"format": RESULTS_FORMAT, "rows": rows}))
+    spec = spec_mod.RunSpec("add", "cuda", "replay", 0, ["fp16"], "default", replay_from=str(record), only=only)
     ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), mark=lambda m: None, say=print, run_dir=replay)
     plugin = TimingPlugin(ctx)
     plugin.pytest_configure(None)
+    return plugin, replay
+
+
+def test_a_replays_timing_plugin_hands_each_case_its_records_sizes_and_says_how_it_sized(tmp_path, monkeypatch):
+    one, two = timers.GraphSizes(CALL_MS, CALL_MS, 54), timers.GraphSizes(0.5, 0.5, 1)
+    rows = [sized_row("fp16-8", baseline=one, candidate=two), sized_row("fp16-16", baseline=None, candidate=two),
+            sized_row("twice", candidate=one), sized_row("twice", candidate=one), sized_row("none", candidate=None)]
+    plugin, replay = replay_plugin(tmp_path, rows)
     # A case on two rows would not say which row's sizes are whose: neither is used.
     assert plugin.sizes == {"fp16-8": {"baseline": one, "candidate": two}, "fp16-16": {"candidate": two}}
     asked = []
@@ -1327,17 +1333,9 @@ def test_a_record_and_a_run_of_another_timer_read_no_sizes(tmp_path):
 def controlled_replay(tmp_path, only="timing"):
     """A replay's timing plugin over a record of 18 rows: 16 of 2-3.5 us (one band, 16 rows: 12 are its
     controls), one of 40 us alone in its band, one of 9.5 us (5% under the 10 us edge)."""
-    record = tmp_path / "record"
-    record.mkdir()
     latencies = {f"fp16-{i}": 0.002 + i * 0.0001 for i in range(16)} | {"alone": 0.040, "edge": 0.0095}
-    rows = [result_row(case=case, baseline_ms=ms, candidate_ms=ms) for case, ms in latencies.items()]
-    (record / rundir.RESULTS_JSON).write_text(json.dumps({"format": RESULTS_FORMAT, "rows": rows}))
-    replay = tmp_path / "replay"
-    replay.mkdir()
-    spec = spec_mod.RunSpec("add", "cuda", "replay", 0, ["fp16"], "default", replay_from=str(record), only=only)
-    ctx = types.SimpleNamespace(spec=spec, backend=backends.get("cuda"), mark=lambda m: None, say=print, run_dir=replay)
-    plugin = TimingPlugin(ctx)
-    plugin.pytest_configure(None)
+    plugin, replay = replay_plugin(
+        tmp_path, [result_row(case=case, baseline_ms=ms, candidate_ms=ms) for case, ms in latencies.items()], only)
     timed = []
 
     def measure_pair(name, fns, relocate, attributed, sizes):

@@ -194,7 +194,7 @@ def _controls_on(rows, keep):
     of them a band, spread: each op's process factor read from those alone."""
     for op in dict.fromkeys(r.op for r in rows):
         mine = sorted((r for r in rows if r.op == op), key=lambda r: stats.center(r.a_ms))
-        kept = set(np.linspace(0, len(mine) - 1, keep).round().astype(int))
+        kept = compare.spread(len(mine), keep)
         for i, r in enumerate(mine):
             if i not in kept:
                 r.a_control_ms, r.b_control_ms = [], []

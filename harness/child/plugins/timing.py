@@ -153,21 +153,21 @@ class TimingPlugin:
         self.kernels = None
 
     def pytest_sessionfinish(self, session):
+        observed = {}  # one merge of run.json: each is a locked read and a durable write
         # Host seconds by timer phase (estimate, warmup, capture, probe, samples, attribution): what the
         # rows' timing cost beyond the samples; the rest of a step is its inputs, checks and start.
         if self.timer is not None and self.timer.seconds:
-            seconds = {k: round(v, 3) for k, v in sorted(self.timer.seconds.items())}
-            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"timer_seconds": seconds}})
+            observed["timer_seconds"] = {k: round(v, 3) for k, v in sorted(self.timer.seconds.items())}
         if self.controls is not None:
             # The cases it timed without their baseline, as their rows show (baseline_ms None).
-            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON,
-                              {"observed": {"controls": {"baselines_left": self.baselines_left}}})
+            observed["controls"] = {"baselines_left": self.baselines_left}
         if self.timer is not None and self.timer.sized:
             # Graph sides by how each graph was sized: by its own probe, by the record's sizes, or afresh
             # where the record's call time no longer held; and why a replay had no sizes to go by.
-            sized = {**dict(sorted(self.timer.sized.items())),
-                     **({"no_record_sizes": self.sizes_missing} if self.sizes_missing else {})}
-            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": {"graph_sizes": sized}})
+            observed["graph_sizes"] = {**dict(sorted(self.timer.sized.items())),
+                                       **({"no_record_sizes": self.sizes_missing} if self.sizes_missing else {})}
+        if observed:
+            rundir.merge_json(self.ctx.run_dir / rundir.RUN_JSON, {"observed": observed})
 
     def pytest_runtest_teardown(self, item):
         if self.poisoned is not None:
